@@ -1,0 +1,1 @@
+//! GPU memory management (issue 3): not written yet.
