@@ -1,0 +1,1 @@
+//! Logical commands and command buffers (being written).

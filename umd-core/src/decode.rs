@@ -1,0 +1,1 @@
+//! Command-stream decoder (being written).

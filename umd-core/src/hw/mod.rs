@@ -1,0 +1,3 @@
+//! Per-generation hardware descriptions (being written).
+
+pub mod mmu;
