@@ -1,0 +1,2 @@
+//! `umd-dump`: decode a refgpu command stream (being written).
+fn main() {}
