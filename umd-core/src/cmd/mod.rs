@@ -1,1 +1,11 @@
-//! Logical commands and command buffers (being written).
+//! Commands: what the user asks for ([`Command`]), how one generation turns
+//! it into packets ([`Encoder`]), and where the packets go
+//! ([`CommandBuffer`], chunked and chained).
+
+mod buffer;
+mod command;
+mod encode;
+
+pub use buffer::{split_region, Chunk, ChunkSource, CommandBuffer, Finished, SliceChunks};
+pub use command::{Command, CompareOp, DispatchOp, FieldValues, OperandError, Payload, PayloadIter};
+pub use encode::{EncodeError, Encoder, Placement};

@@ -1,0 +1,293 @@
+//! The command-buffer builder: packets into caller-provided chunks of
+//! GPU-visible memory, chained with CHAIN packets when a chunk fills.
+//!
+//! Every chunk keeps room at its end for one CHAIN packet. When a packet does
+//! not fit, the builder takes the next chunk from its [`ChunkSource`], writes
+//! a CHAIN to it in the full chunk, and continues. A CHAIN must carry the
+//! size of the chunk it jumps to, which is only known once that chunk is
+//! closed, so the builder keeps the CHAIN's dwords (split off the old chunk)
+//! and patches the size when the next chunk is closed.
+//!
+//! Errors are sticky: after the first failure every later call returns it
+//! and writes nothing, so a caller can emit a whole sequence and check once
+//! at [`CommandBuffer::finish`]. Memory written before the failing packet is
+//! left intact.
+
+use super::command::{Command, CompareOp, DispatchOp};
+use super::encode::{EncodeError, Encoder};
+use crate::hw::Generation;
+
+/// A piece of GPU-visible memory the builder may fill with packets.
+#[derive(Debug)]
+pub struct Chunk<'a> {
+    /// CPU view of the chunk.
+    pub mem: &'a mut [u32],
+    /// GPU address of `mem[0]`.
+    pub gpu_va: u64,
+}
+
+/// Where the builder gets its next chunk: a static array in firmware, the
+/// IB pool (which records the chunk against the submission's fence) later.
+pub trait ChunkSource<'a> {
+    /// The next chunk, or `None` when none is available.
+    fn next_chunk(&mut self) -> Option<Chunk<'a>>;
+}
+
+/// A chunk source over a fixed list of chunks, for firmware with a static
+/// carve-out and for tests.
+#[derive(Debug)]
+pub struct SliceChunks<'a, I: Iterator<Item = Chunk<'a>>> {
+    chunks: I,
+}
+
+impl<'a, I: Iterator<Item = Chunk<'a>>> SliceChunks<'a, I> {
+    /// Hands out the chunks of `chunks` in order.
+    pub fn new(chunks: I) -> Self {
+        SliceChunks { chunks }
+    }
+}
+
+impl<'a, I: Iterator<Item = Chunk<'a>>> ChunkSource<'a> for SliceChunks<'a, I> {
+    fn next_chunk(&mut self) -> Option<Chunk<'a>> {
+        self.chunks.next()
+    }
+}
+
+/// Splits one contiguous region at `gpu_va` into chunks of `chunk_dwords`
+/// (the last one may be shorter); a convenience for [`SliceChunks`].
+pub fn split_region(mem: &mut [u32], gpu_va: u64, chunk_dwords: usize) -> impl Iterator<Item = Chunk<'_>> {
+    let step = chunk_dwords.max(1);
+    mem.chunks_mut(step).enumerate().map(move |(i, mem)| Chunk {
+        mem,
+        gpu_va: gpu_va.wrapping_add((i as u64).wrapping_mul(step as u64).wrapping_mul(4)),
+    })
+}
+
+/// What a finished command buffer is: the first chunk to call from the
+/// ring (an INDIRECT_BUFFER to `gpu_va`, `size_dw` dwords) and totals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Finished {
+    /// GPU address of the first chunk.
+    pub gpu_va: u64,
+    /// Dwords used in the first chunk (including its CHAIN, if any).
+    pub size_dw: u32,
+    /// Chunks used.
+    pub chunks: u32,
+    /// Packets written (padding and CHAINs excluded).
+    pub packets: u32,
+    /// Dwords written over all chunks (padding and CHAINs included).
+    pub total_dwords: u64,
+}
+
+/// Dwords of a CHAIN packet (header + 3), the same in every generation.
+const CHAIN_DWORDS: usize = 4;
+
+/// Builds a command stream for one generation into chunks from `S`.
+#[derive(Debug)]
+pub struct CommandBuffer<'a, S: ChunkSource<'a>> {
+    enc: Encoder,
+    source: S,
+    cur: Option<Chunk<'a>>,
+    pos: usize,
+    first: Option<(u64, u32)>,
+    /// CHAIN dwords in the previous chunk, waiting for this chunk's size.
+    pending_chain: Option<&'a mut [u32]>,
+    error: Option<EncodeError>,
+    chunks: u32,
+    packets: u32,
+    total: u64,
+}
+
+impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
+    /// A builder for `generation` taking chunks from `source`. No chunk is
+    /// taken until the first packet.
+    pub fn new(generation: Generation, source: S) -> Self {
+        Self::with_encoder(Encoder::new(generation), source)
+    }
+
+    /// A builder with an explicit encoder (e.g. from a probed chip).
+    pub fn with_encoder(enc: Encoder, source: S) -> Self {
+        CommandBuffer {
+            enc,
+            source,
+            cur: None,
+            pos: 0,
+            first: None,
+            pending_chain: None,
+            error: None,
+            chunks: 0,
+            packets: 0,
+            total: 0,
+        }
+    }
+
+    /// The encoder in use.
+    pub fn encoder(&self) -> Encoder {
+        self.enc
+    }
+
+    /// The sticky error, if any call has failed.
+    pub fn error(&self) -> Option<EncodeError> {
+        self.error
+    }
+
+    /// Packets written so far.
+    pub fn packets(&self) -> u32 {
+        self.packets
+    }
+
+    /// Usable dwords of a chunk: its length capped at the generation's IB
+    /// limit, less the room kept for a CHAIN.
+    fn usable(&self, chunk: &Chunk<'_>) -> usize {
+        let max_ib = self.enc.desc().limits.max_ib_dwords as usize;
+        chunk.mem.len().min(max_ib).saturating_sub(CHAIN_DWORDS)
+    }
+
+    fn take_chunk(&mut self) -> Result<Chunk<'a>, EncodeError> {
+        let chunk = self.source.next_chunk().ok_or(EncodeError::ChunkUnavailable)?;
+        let align = self.enc.desc().rules.ib_align;
+        if crate::hw::misalignment(chunk.gpu_va, align) != 0 {
+            return Err(EncodeError::ChunkMisaligned { va: chunk.gpu_va, align });
+        }
+        if self.usable(&chunk) == 0 {
+            return Err(EncodeError::PacketTooLargeForChunk { needed: 1, capacity: 0 });
+        }
+        self.chunks = self.chunks.saturating_add(1);
+        Ok(chunk)
+    }
+
+    /// Appends one command. Errors are sticky (see the module docs).
+    pub fn push(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let r = self.push_inner(cmd);
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+        r
+    }
+
+    fn push_inner(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
+        // Validate first: a bad command never costs a chunk or a CHAIN.
+        self.enc.check(cmd)?;
+        if self.cur.is_none() {
+            let chunk = self.take_chunk()?;
+            self.first = Some((chunk.gpu_va, 0));
+            self.cur = Some(chunk);
+            self.pos = 0;
+        }
+        let (va, usable) = match &self.cur {
+            Some(c) => (c.gpu_va, self.usable(c)),
+            None => return Err(EncodeError::ChunkUnavailable),
+        };
+        let here = va.wrapping_add((self.pos as u64).wrapping_mul(4));
+        let need = self.enc.placement(cmd, here)?.total();
+        if self.pos.saturating_add(need) > usable {
+            // Would it fit a fresh chunk at all (worst-case padding)?
+            let worst = self.enc.placement(cmd, 0)?.packet.saturating_add(self.enc.max_pad());
+            if worst > usable {
+                return Err(EncodeError::PacketTooLargeForChunk { needed: worst, capacity: usable });
+            }
+            self.chain_to_next()?;
+        }
+        let Some(cur) = self.cur.as_mut() else {
+            return Err(EncodeError::ChunkUnavailable);
+        };
+        let usable = cur.mem.len().min(self.enc.desc().limits.max_ib_dwords as usize).saturating_sub(CHAIN_DWORDS);
+        let limit = cur.mem.get_mut(..usable).ok_or(EncodeError::ChunkUnavailable)?;
+        let n = self.enc.encode(cmd, limit, self.pos, cur.gpu_va)?;
+        self.pos = self.pos.saturating_add(n);
+        self.total = self.total.saturating_add(n as u64);
+        self.packets = self.packets.saturating_add(1);
+        Ok(())
+    }
+
+    /// Closes the current chunk with a CHAIN to a new one.
+    fn chain_to_next(&mut self) -> Result<(), EncodeError> {
+        let next = self.take_chunk()?;
+        let Some(cur) = self.cur.take() else {
+            return Err(EncodeError::ChunkUnavailable);
+        };
+        let cur_va = cur.gpu_va;
+        let chain_end = self.pos.saturating_add(CHAIN_DWORDS);
+        let (_, rest) = cur.mem.split_at_mut(self.pos.min(cur.mem.len()));
+        let slot = rest.get_mut(..CHAIN_DWORDS).ok_or(EncodeError::ChunkUnavailable)?;
+        // Size 1 is a placeholder; the real size is patched when `next` closes.
+        self.enc.encode(&Command::Chain { addr: next.gpu_va, size_dw: 1 }, slot, 0, 0)?;
+        let closed_size = u32::try_from(chain_end).map_err(|_| EncodeError::ChunkUnavailable)?;
+        self.close_chunk(cur_va, closed_size);
+        self.pending_chain = Some(slot);
+        self.total = self.total.saturating_add(CHAIN_DWORDS as u64);
+        self.cur = Some(next);
+        self.pos = 0;
+        Ok(())
+    }
+
+    /// Records the final size of the chunk at `va`: in the CHAIN that jumps
+    /// to it, or as the first chunk's size.
+    fn close_chunk(&mut self, va: u64, size_dw: u32) {
+        if let Some(slot) = self.pending_chain.take() {
+            let _ = self.enc.encode(&Command::Chain { addr: va, size_dw }, slot, 0, 0);
+        } else if let Some((first_va, size)) = self.first.as_mut() {
+            if *first_va == va {
+                *size = size_dw;
+            }
+        }
+    }
+
+    /// Closes the stream and says what to call from the ring.
+    pub fn finish(mut self) -> Result<Finished, EncodeError> {
+        if let Some(e) = self.error {
+            return Err(e);
+        }
+        let Some(cur) = self.cur.take() else {
+            return Err(EncodeError::Empty);
+        };
+        let size = u32::try_from(self.pos).map_err(|_| EncodeError::Empty)?;
+        self.close_chunk(cur.gpu_va, size);
+        let (gpu_va, size_dw) = self.first.ok_or(EncodeError::Empty)?;
+        Ok(Finished { gpu_va, size_dw, chunks: self.chunks, packets: self.packets, total_dwords: self.total })
+    }
+
+    /// WRITE_DATA of `data` at `dst`.
+    pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
+        self.push(&Command::write_data(dst, data))
+    }
+
+    /// DMA_COPY of `size` bytes.
+    pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
+        self.push(&Command::Copy { src, dst, size })
+    }
+
+    /// FILL of `size` bytes with `value`.
+    pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
+        self.push(&Command::Fill { dst, size, value })
+    }
+
+    /// FENCE writing `value` at `addr`.
+    pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
+        self.push(&Command::Fence { addr, value, irq })
+    }
+
+    /// WAIT_MEM until the 64-bit value at `addr` has reached `seqno`
+    /// (wrap-safe): the semaphore wait on another queue's fence.
+    pub fn wait_seqno(&mut self, addr: u64, seqno: u64) -> Result<(), EncodeError> {
+        self.push(&Command::WaitMem { addr, reference: seqno, mask: u64::MAX, op: CompareOp::SeqGe, wide: true })
+    }
+
+    /// TIMESTAMP at `addr`.
+    pub fn timestamp(&mut self, addr: u64) -> Result<(), EncodeError> {
+        self.push(&Command::Timestamp { addr })
+    }
+
+    /// BARRIER (wait idle and invalidate).
+    pub fn barrier(&mut self) -> Result<(), EncodeError> {
+        self.push(&Command::Barrier { wait_idle: true, invalidate: true })
+    }
+
+    /// DISPATCH of `op` over `count` elements.
+    pub fn dispatch(&mut self, op: DispatchOp, a: u64, b: u64, dst: u64, count: u32, scalar: f32) -> Result<(), EncodeError> {
+        self.push(&Command::Dispatch { op, a, b, dst, count, scalar_bits: scalar.to_bits() })
+    }
+}

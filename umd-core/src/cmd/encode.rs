@@ -1,0 +1,420 @@
+//! The packet encoder, driven entirely by a generation's [`GenDesc`].
+//!
+//! It validates a [`Command`] against the generation's limits and rules,
+//! computes the NOP padding the generation needs in front of it, and writes
+//! header, fields and tail where the description says they live. Nothing in
+//! here knows which generation it is encoding for.
+
+use core::fmt;
+
+use super::command::{Command, Payload};
+use crate::hw::{misalignment, Field, GenDesc, Generation, Loc, MisalignedFence, Ndw, PacketDesc, PacketKind};
+
+/// Why a command could not be encoded or a command buffer could not grow.
+/// After any of these the output memory before the failing packet is intact.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum EncodeError {
+    /// Not enough room: `needed` dwords (padding included), `available` left.
+    BufferFull {
+        /// Dwords the packet needs.
+        needed: usize,
+        /// Dwords left.
+        available: usize,
+    },
+    /// A size or count of zero (the device would do nothing; almost always a
+    /// caller bug).
+    ZeroSize {
+        /// The packet.
+        kind: PacketKind,
+    },
+    /// An operand above the generation's limit or its field's width.
+    LimitExceeded {
+        /// The packet.
+        kind: PacketKind,
+        /// The operand.
+        field: Field,
+        /// The value given.
+        value: u64,
+        /// The largest allowed.
+        max: u64,
+    },
+    /// The payload would exceed the generation's maximum NDW.
+    PayloadTooLarge {
+        /// The packet.
+        kind: PacketKind,
+        /// Payload dwords requested.
+        ndw: u64,
+        /// The generation's maximum.
+        max: u32,
+    },
+    /// An address at or above 2^`va_bits`.
+    AddressOutOfRange {
+        /// The packet.
+        kind: PacketKind,
+        /// The operand.
+        field: Field,
+        /// The address given.
+        addr: u64,
+        /// The generation's address width.
+        va_bits: u32,
+    },
+    /// An operand not aligned as the packet requires.
+    Misaligned {
+        /// The packet.
+        kind: PacketKind,
+        /// The operand.
+        field: Field,
+        /// The value given.
+        value: u64,
+        /// Required alignment.
+        align: u64,
+    },
+    /// A FENCE address not aligned for this generation; `device` says what
+    /// the hardware would have done with it (gen2 silently drops it).
+    MisalignedFence {
+        /// The fence address.
+        addr: u64,
+        /// Required alignment.
+        align: u64,
+        /// What the device would do.
+        device: MisalignedFence,
+    },
+    /// Operands that contradict each other (a 32-bit WAIT_MEM with non-zero
+    /// high reference or mask bits).
+    InvalidOperand {
+        /// The packet.
+        kind: PacketKind,
+        /// The operand.
+        field: Field,
+    },
+    /// The generation description has no such packet.
+    Unsupported {
+        /// The packet.
+        kind: PacketKind,
+    },
+    /// The chunk source had no chunk to give.
+    ChunkUnavailable,
+    /// A chunk whose GPU address breaks the generation's IB alignment.
+    ChunkMisaligned {
+        /// The chunk's address.
+        va: u64,
+        /// Required alignment.
+        align: u64,
+    },
+    /// A packet that would not fit even in an empty chunk.
+    PacketTooLargeForChunk {
+        /// Dwords the packet needs.
+        needed: usize,
+        /// Usable dwords in a chunk.
+        capacity: usize,
+    },
+    /// `finish` on a command buffer with no packets.
+    Empty,
+}
+
+impl fmt::Display for EncodeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            EncodeError::BufferFull { needed, available } => {
+                write!(f, "command buffer full: {needed} dwords needed, {available} left")
+            }
+            EncodeError::ZeroSize { kind } => write!(f, "{}: size or count of zero", kind.name()),
+            EncodeError::LimitExceeded { kind, field, value, max } => {
+                write!(f, "{}: {} = {value:#x} exceeds the limit {max:#x}", kind.name(), field.name())
+            }
+            EncodeError::PayloadTooLarge { kind, ndw, max } => {
+                write!(f, "{}: {ndw} payload dwords exceed the maximum {max}", kind.name())
+            }
+            EncodeError::AddressOutOfRange { kind, field, addr, va_bits } => write!(
+                f,
+                "{}: {} = {addr:#x} is outside the {va_bits}-bit address space",
+                kind.name(),
+                field.name()
+            ),
+            EncodeError::Misaligned { kind, field, value, align } => {
+                write!(f, "{}: {} = {value:#x} is not {align}-byte aligned", kind.name(), field.name())
+            }
+            EncodeError::MisalignedFence { addr, align, device } => write!(
+                f,
+                "FENCE address {addr:#x} is not {align}-byte aligned (the device would {})",
+                match device {
+                    MisalignedFence::Fault => "fault",
+                    MisalignedFence::Dropped => "silently drop the fence",
+                }
+            ),
+            EncodeError::InvalidOperand { kind, field } => {
+                write!(f, "{}: operand {} is invalid for this form", kind.name(), field.name())
+            }
+            EncodeError::Unsupported { kind } => write!(f, "{} is not described for this generation", kind.name()),
+            EncodeError::ChunkUnavailable => write!(f, "no command-buffer chunk available"),
+            EncodeError::ChunkMisaligned { va, align } => {
+                write!(f, "chunk at {va:#x} is not {align}-byte aligned")
+            }
+            EncodeError::PacketTooLargeForChunk { needed, capacity } => {
+                write!(f, "a {needed}-dword packet does not fit a {capacity}-dword chunk")
+            }
+            EncodeError::Empty => write!(f, "command buffer is empty"),
+        }
+    }
+}
+
+/// Where a command lands: `pad` NOP dwords, then a `packet`-dword packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Placement {
+    /// Padding dwords in front (0 when already aligned).
+    pub pad: usize,
+    /// Packet dwords (header included).
+    pub packet: usize,
+}
+
+impl Placement {
+    /// Total dwords.
+    pub const fn total(&self) -> usize {
+        self.pad.saturating_add(self.packet)
+    }
+}
+
+/// A generation's encoder: a thin handle on its description.
+#[derive(Clone, Copy, Debug)]
+pub struct Encoder {
+    desc: &'static GenDesc,
+}
+
+impl Encoder {
+    /// The encoder for `generation`.
+    pub const fn new(generation: Generation) -> Encoder {
+        Encoder { desc: generation.desc() }
+    }
+
+    /// The encoder for an explicit description.
+    pub const fn for_desc(desc: &'static GenDesc) -> Encoder {
+        Encoder { desc }
+    }
+
+    /// The description this encoder follows.
+    pub const fn desc(&self) -> &'static GenDesc {
+        self.desc
+    }
+
+    fn packet(&self, kind: PacketKind) -> Result<&'static PacketDesc, EncodeError> {
+        self.desc.packet(kind).ok_or(EncodeError::Unsupported { kind })
+    }
+
+    /// Payload dwords of `cmd` in this generation, after validating it.
+    fn ndw(&self, p: &PacketDesc, cmd: &Command<'_>, tail: Option<Payload<'_>>) -> Result<u32, EncodeError> {
+        let kind = p.kind;
+        let too_large = |ndw: u64| EncodeError::PayloadTooLarge { kind, ndw, max: self.desc.limits.max_ndw };
+        let ndw: u64 = match (p.ndw, cmd) {
+            (Ndw::Fixed(n), _) => n.into(),
+            (Ndw::Tail { min, .. }, Command::Nop { dwords }) => u64::from(min).saturating_add((*dwords).into()),
+            (Ndw::Tail { min, min_tail }, _) => {
+                let t = tail.map_or(0, |t| t.len()) as u64;
+                if t < min_tail.into() {
+                    return Err(EncodeError::ZeroSize { kind });
+                }
+                u64::from(min).saturating_add(t)
+            }
+        };
+        if ndw > self.desc.limits.max_ndw.into() {
+            return Err(too_large(ndw));
+        }
+        u32::try_from(ndw).map_err(|_| too_large(ndw))
+    }
+
+    /// Checks `cmd` against this generation's limits and rules without
+    /// writing anything. This is also what the decoder uses to flag rule
+    /// violations in a stream.
+    pub fn check(&self, cmd: &Command<'_>) -> Result<(), EncodeError> {
+        let p = self.packet(cmd.kind())?;
+        let (vals, tail) = cmd.operands();
+        self.ndw(p, cmd, tail)?;
+        self.check_rules(p, cmd)?;
+        let va_limit = self.desc.va_limit();
+        for fd in p.fields {
+            let value = vals.get(fd.field);
+            if fd.field.is_address() && value >= va_limit {
+                return Err(EncodeError::AddressOutOfRange {
+                    kind: p.kind,
+                    field: fd.field,
+                    addr: value,
+                    va_bits: self.desc.limits.va_bits,
+                });
+            }
+            if value > fd.loc.max() {
+                return Err(EncodeError::LimitExceeded { kind: p.kind, field: fd.field, value, max: fd.loc.max() });
+            }
+        }
+        Ok(())
+    }
+
+    /// Packet-specific rules, with every number taken from the description.
+    fn check_rules(&self, p: &PacketDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
+        let kind = p.kind;
+        let lim = &self.desc.limits;
+        let rules = &self.desc.rules;
+        let align = |field: Field, value: u64, align: u64| {
+            if align > 1 && misalignment(value, align) != 0 {
+                Err(EncodeError::Misaligned { kind, field, value, align })
+            } else {
+                Ok(())
+            }
+        };
+        let range = |field: Field, value: u64, max: u64| {
+            if value == 0 {
+                Err(EncodeError::ZeroSize { kind })
+            } else if value > max {
+                Err(EncodeError::LimitExceeded { kind, field, value, max })
+            } else {
+                Ok(())
+            }
+        };
+        match *cmd {
+            Command::Nop { .. } | Command::Barrier { .. } => Ok(()),
+            Command::WriteData { dst, .. } => align(Field::Dst, dst, 4),
+            Command::Copy { size, .. } => range(Field::Size, size, lim.max_copy_bytes),
+            Command::Fill { dst, size, .. } => {
+                range(Field::Size, size, lim.max_fill_bytes)?;
+                align(Field::Size, size, 4)?;
+                align(Field::Dst, dst, 4)
+            }
+            Command::Fence { addr, .. } => {
+                if misalignment(addr, rules.fence_align) != 0 {
+                    Err(EncodeError::MisalignedFence {
+                        addr,
+                        align: rules.fence_align,
+                        device: rules.misaligned_fence,
+                    })
+                } else {
+                    Ok(())
+                }
+            }
+            Command::WaitMem { addr, reference, mask, wide, .. } => {
+                if !wide && reference >> 32 != 0 {
+                    return Err(EncodeError::InvalidOperand { kind, field: Field::Ref });
+                }
+                if !wide && mask >> 32 != 0 {
+                    return Err(EncodeError::InvalidOperand { kind, field: Field::Mask });
+                }
+                align(Field::Addr, addr, if wide { 8 } else { 4 })
+            }
+            Command::Timestamp { addr } => align(Field::Addr, addr, 8),
+            Command::IndirectBuffer { addr, size_dw } | Command::Chain { addr, size_dw } => {
+                range(Field::Size, size_dw.into(), lim.max_ib_dwords.into())?;
+                align(Field::Addr, addr, rules.ib_align)
+            }
+            Command::Dispatch { a, b, dst, count, .. } => {
+                range(Field::Count, count.into(), lim.max_dispatch_count)?;
+                align(Field::A, a, 4)?;
+                align(Field::B, b, 4)?;
+                align(Field::Dst, dst, 4)
+            }
+        }
+    }
+
+    /// Where `cmd` would land if written at GPU address `va`: the padding
+    /// the generation requires in front, and the packet size. Validates.
+    pub fn placement(&self, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
+        self.check(cmd)?;
+        let p = self.packet(cmd.kind())?;
+        let (_, tail) = cmd.operands();
+        let ndw = self.ndw(p, cmd, tail)?;
+        Ok(Placement { pad: self.pad_before(p.kind, va), packet: GenDesc::packet_dwords(ndw) as usize })
+    }
+
+    /// NOP dwords needed before a `kind` packet at `va`.
+    pub fn pad_before(&self, kind: PacketKind, va: u64) -> usize {
+        let align = self.desc.rules.exec_align;
+        if !kind.needs_exec_alignment() || align <= 4 {
+            return 0;
+        }
+        let misalign = misalignment(va, align);
+        if misalign == 0 {
+            0
+        } else {
+            (align.saturating_sub(misalign) / 4) as usize
+        }
+    }
+
+    /// The largest padding any packet can need.
+    pub fn max_pad(&self) -> usize {
+        (self.desc.rules.exec_align / 4).saturating_sub(1) as usize
+    }
+
+    /// Writes NOP padding over all of `out` (one NOP packet; nothing for an
+    /// empty slice). Fails only if `out` exceeds the maximum NDW + 1.
+    pub fn write_nops(&self, out: &mut [u32]) -> Result<(), EncodeError> {
+        let Some((head, payload)) = out.split_first_mut() else {
+            return Ok(());
+        };
+        let ndw = payload.len();
+        if ndw > self.desc.limits.max_ndw as usize {
+            return Err(EncodeError::PayloadTooLarge {
+                kind: PacketKind::Nop,
+                ndw: ndw as u64,
+                max: self.desc.limits.max_ndw,
+            });
+        }
+        let nop = self.packet(PacketKind::Nop)?;
+        *head = self.desc.header.encode(nop.opcode, 0, ndw as u32);
+        payload.fill(0);
+        Ok(())
+    }
+
+    /// Encodes `cmd` into `out[pos..]`, where `out[0]` is at GPU address
+    /// `base_va`, padding with NOPs first if the generation requires.
+    /// Returns the dwords written. On error `out` is untouched.
+    pub fn encode(&self, cmd: &Command<'_>, out: &mut [u32], pos: usize, base_va: u64) -> Result<usize, EncodeError> {
+        let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
+        let place = self.placement(cmd, va)?;
+        let available = out.len().saturating_sub(pos);
+        let total = place.total();
+        if total > available {
+            return Err(EncodeError::BufferFull { needed: total, available });
+        }
+        let end = pos.saturating_add(total);
+        let dst = out.get_mut(pos..end).ok_or(EncodeError::BufferFull { needed: total, available })?;
+        let (pad, pkt) = dst.split_at_mut(place.pad);
+        self.write_nops(pad)?;
+        self.write_packet(cmd, pkt)?;
+        Ok(total)
+    }
+
+    /// Writes the packet for an already validated `cmd` into `pkt`, which is
+    /// exactly the packet's size.
+    fn write_packet(&self, cmd: &Command<'_>, pkt: &mut [u32]) -> Result<(), EncodeError> {
+        let p = self.packet(cmd.kind())?;
+        let (vals, tail) = cmd.operands();
+        let Some((head, payload)) = pkt.split_first_mut() else {
+            return Err(EncodeError::BufferFull { needed: 1, available: 0 });
+        };
+        payload.fill(0);
+        let mut flags = 0u32;
+        for fd in p.fields {
+            let v = vals.get(fd.field);
+            match fd.loc {
+                Loc::Flags(bits) => flags = bits.put(flags, v as u32),
+                Loc::Payload { dw, bits } => {
+                    if let Some(d) = payload.get_mut(usize::from(dw)) {
+                        *d = bits.put(*d, v as u32);
+                    }
+                }
+                Loc::Wide(n) => {
+                    let n = usize::from(n);
+                    if let Some([lo, hi]) = payload.get_mut(n..n.saturating_add(2)) {
+                        *lo = v as u32;
+                        *hi = (v >> 32) as u32;
+                    }
+                }
+            }
+        }
+        if let Some(tail) = tail {
+            let start = usize::from(p.fixed_ndw());
+            if let Some(t) = payload.get_mut(start..) {
+                tail.copy_to(t);
+            }
+        }
+        *head = self.desc.header.encode(p.opcode, flags, payload.len() as u32);
+        Ok(())
+    }
+}
