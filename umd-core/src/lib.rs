@@ -30,3 +30,4 @@ pub mod cmd;
 pub mod decode;
 pub mod hw;
 pub mod mem;
+pub mod sync;
