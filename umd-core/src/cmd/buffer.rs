@@ -184,10 +184,12 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         let here = va.wrapping_add((self.pos as u64).wrapping_mul(4));
         let need = self.enc.placement(cmd, here)?.total();
         if self.pos.saturating_add(need) > usable {
-            // Would it fit a fresh chunk at all (worst-case padding)?
-            let worst = self.enc.placement(cmd, 0)?.packet.saturating_add(self.enc.max_pad());
-            if worst > usable {
-                return Err(EncodeError::PacketTooLargeForChunk { needed: worst, capacity: usable });
+            // Would it fit a fresh chunk at all? Chunks start IB-aligned,
+            // which every generation makes at least packet-aligned (checked
+            // by the `descriptions_are_consistent` test), so no padding.
+            let fresh = self.enc.placement(cmd, 0)?.total();
+            if fresh > usable {
+                return Err(EncodeError::PacketTooLargeForChunk { needed: fresh, capacity: usable });
             }
             self.chain_to_next()?;
         }

@@ -6,7 +6,7 @@ use crate::hw::{Field, PacketKind};
 /// A read-only run of dwords: either native `u32`s (what callers hand the
 /// encoder) or little-endian bytes (what the decoder finds in a stream, which
 /// may not be 4-byte aligned in host memory).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub enum Payload<'a> {
     /// Native dwords.
     Words(&'a [u32]),
@@ -48,6 +48,12 @@ impl<'a> Payload<'a> {
             }
         }
         true
+    }
+}
+
+impl core::fmt::Debug for Payload<'_> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
     }
 }
 
