@@ -258,7 +258,7 @@ impl<'a> Iterator for Decoder<'a> {
             return None;
         }
         let (result, advance) = self.step();
-        let end = self.pos.saturating_add(advance.max(4)).min(self.bytes.len());
+        let end = if advance == 0 { self.bytes.len() } else { self.pos.saturating_add(advance).min(self.bytes.len()) };
         let item = Item {
             offset: self.pos,
             va: self.base_va.wrapping_add(self.pos as u64),
@@ -271,5 +271,133 @@ impl<'a> Iterator for Decoder<'a> {
             self.pos = self.pos.saturating_add(advance);
         }
         Some(item)
+    }
+}
+
+impl fmt::Display for Packet<'_> {
+    /// `NAME FIELD=value ...`, fields in the description's order, then the
+    /// data of a WRITE_DATA (first 8 dwords) and any rule violation.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.desc.kind.name())?;
+        for fd in self.desc.fields {
+            let v = self.values.get(fd.field);
+            match (fd.field, &self.command) {
+                (crate::hw::Field::Op, Command::WaitMem { op, .. }) => write!(f, " OP={}", op.name())?,
+                (crate::hw::Field::Op, Command::Dispatch { op, .. }) => write!(f, " OP={}", op.name())?,
+                (crate::hw::Field::Scalar, _) => write!(f, " SCALAR={:?}", f32::from_bits(v as u32))?,
+                (field, _) if matches!(fd.loc, Loc::Flags(b) | Loc::Payload { bits: b, .. } if b.width == 1) => {
+                    if v != 0 {
+                        write!(f, " {}", field.name())?;
+                    }
+                }
+                (field, _) if v < 10 => write!(f, " {}={v}", field.name())?,
+                (field, _) => write!(f, " {}={v:#x}", field.name())?,
+            }
+        }
+        match self.command {
+            Command::WriteData { data, .. } => {
+                write!(f, " DATA=[")?;
+                for (i, d) in data.iter().take(8).enumerate() {
+                    write!(f, "{}{d:#010x}", if i == 0 { "" } else { ", " })?;
+                }
+                if data.len() > 8 {
+                    write!(f, ", … {} more", data.len().saturating_sub(8))?;
+                }
+                write!(f, "]")?;
+            }
+            Command::Nop { dwords } if dwords > 0 => write!(f, " +{dwords} dwords")?,
+            _ => {}
+        }
+        if let Some(v) = self.violation {
+            write!(f, "  !! {v}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Magic of a `.rgcs` command-stream file (`docs/refgpu.md` section 8).
+pub const STREAM_MAGIC: [u8; 4] = *b"RGCS";
+/// Size of the `.rgcs` header.
+pub const STREAM_HEADER_LEN: usize = 24;
+
+/// Why a byte slice is not a `.rgcs` stream file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFileError {
+    /// Shorter than the header.
+    TooShort,
+    /// Not starting with `RGCS`.
+    BadMagic,
+    /// A format version this code does not read.
+    UnsupportedVersion(u32),
+    /// The ID field names no known device.
+    Probe(crate::hw::ProbeError),
+}
+
+impl fmt::Display for StreamFileError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StreamFileError::TooShort => write!(f, "shorter than the {STREAM_HEADER_LEN}-byte RGCS header"),
+            StreamFileError::BadMagic => write!(f, "no RGCS magic"),
+            StreamFileError::UnsupportedVersion(v) => write!(f, "RGCS format version {v} is not supported"),
+            StreamFileError::Probe(e) => write!(f, "RGCS header: {e}"),
+        }
+    }
+}
+
+/// A parsed `.rgcs` file: which chip, where the stream lives, the packets.
+#[derive(Clone, Copy, Debug)]
+pub struct StreamFile<'a> {
+    /// The chip the stream was built for.
+    pub chip: crate::hw::ChipId,
+    /// GPU address of the first packet byte.
+    pub base_va: u64,
+    /// The packet bytes.
+    pub packets: &'a [u8],
+}
+
+impl<'a> StreamFile<'a> {
+    /// Whether `bytes` start with the `.rgcs` magic.
+    pub fn is_stream_file(bytes: &[u8]) -> bool {
+        bytes.get(..4) == Some(&STREAM_MAGIC[..])
+    }
+
+    /// Parses a `.rgcs` file.
+    pub fn parse(bytes: &'a [u8]) -> Result<StreamFile<'a>, StreamFileError> {
+        let (head, packets) = bytes.split_at_checked(STREAM_HEADER_LEN).ok_or(StreamFileError::TooShort)?;
+        let u32_at = |o: usize| {
+            head.get(o..o.saturating_add(4)).and_then(|b| b.try_into().ok()).map_or(0, u32::from_le_bytes)
+        };
+        if head.get(..4) != Some(&STREAM_MAGIC[..]) {
+            return Err(StreamFileError::BadMagic);
+        }
+        let version = u32_at(4);
+        if version != 1 {
+            return Err(StreamFileError::UnsupportedVersion(version));
+        }
+        let chip = crate::hw::probe(u32_at(8)).map_err(StreamFileError::Probe)?;
+        let base_va = u64::from(u32_at(16)) | (u64::from(u32_at(20)) << 32);
+        Ok(StreamFile { chip, base_va, packets })
+    }
+
+    /// The header for a stream of `chip` placed at `base_va`.
+    pub fn header(chip: crate::hw::ChipId, base_va: u64) -> [u8; STREAM_HEADER_LEN] {
+        let mut h = [0u8; STREAM_HEADER_LEN];
+        let fields: [(usize, &[u8]); 4] = [
+            (0, &STREAM_MAGIC),
+            (4, &1u32.to_le_bytes()),
+            (8, &chip.id_register().to_le_bytes()),
+            (16, &base_va.to_le_bytes()),
+        ];
+        for (at, bytes) in fields {
+            if let Some(dst) = h.get_mut(at..at.saturating_add(bytes.len())) {
+                dst.copy_from_slice(bytes);
+            }
+        }
+        h
+    }
+
+    /// A decoder over the packets.
+    pub fn decoder(&self) -> Decoder<'a> {
+        Decoder::new(self.chip.generation, self.packets, self.base_va)
     }
 }
