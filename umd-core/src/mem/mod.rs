@@ -6,13 +6,27 @@
 //! - [`va`]: the fixed-arena GPU virtual-address allocator (AVL trees, O(log n));
 //! - [`pool`]: size-class pools (small / medium slabs with power-of-two bins,
 //!   large ranges straight from the VA allocator) with fence-gated reuse;
-//! - [`deferred`]: the FIFO of frees waiting for a fence;
+//! - [`deferred`]: the per-queue FIFO of frees waiting for a fence;
 //! - [`pagetable`]: the refgpu page-table builder (4 KiB pages, 2 MiB blocks);
 //! - [`buffer`]: generation-counted buffer handles and the leak report;
-//! - [`stats`]: the statistics snapshot shared by the above.
+//! - [`stats`]: statistics types, all O(1) to read.
 //!
 //! `docs/memory.md` explains the design.
 
+pub mod buffer;
+pub mod deferred;
+pub mod pagetable;
+pub mod pool;
+pub mod stats;
 pub mod va;
 
-pub use va::{Placement, VaAllocator, VaError, VaNode, VaRange, VaStats, MIN_ALIGN};
+pub use buffer::{
+    BufferError, BufferFlags, BufferHandle, BufferInfo, BufferTable, Buffers, LeakEntry,
+};
+pub use deferred::{DeferredError, DeferredFifo};
+pub use pagetable::{
+    ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,
+};
+pub use pool::{Pool, PoolAlloc, PoolError, PoolStats, SizeClass};
+pub use stats::VaStats;
+pub use va::{Placement, VaAllocator, VaError, VaNode, VaRange, MIN_ALIGN};

@@ -43,6 +43,8 @@
 
 use core::fmt;
 
+pub use crate::mem::stats::{fragmentation_ppm, VaStats};
+
 /// Granule of the arena: every address and size is a multiple of it, and it
 /// is the smallest alignment (the article's smallest hardware requirement).
 pub const MIN_ALIGN: u64 = 128;
@@ -160,49 +162,6 @@ pub struct VaRange {
     pub size: u64,
     /// Retired: freed by its owner but not yet returned (fence pending).
     pub retired: bool,
-}
-
-/// Allocator statistics, all O(1) to read.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct VaStats {
-    /// Arena size in bytes.
-    pub arena: u64,
-    /// Bytes in live and retired allocations.
-    pub used: u64,
-    /// Bytes in holes.
-    pub free: u64,
-    /// Length of the largest hole.
-    pub largest_free: u64,
-    /// Highest `used` ever seen.
-    pub high_water: u64,
-    /// Number of live and retired allocations.
-    pub allocations: u64,
-    /// Number of holes.
-    pub holes: u64,
-    /// Nodes in use (holes + allocations).
-    pub nodes_used: u64,
-    /// Highest `nodes_used` ever seen.
-    pub nodes_high_water: u64,
-    /// Size of the node storage.
-    pub nodes_capacity: u64,
-}
-
-impl VaStats {
-    /// External fragmentation `1 - largest_free / free` in parts per million
-    /// (0 when nothing or everything is free in one hole).
-    pub fn fragmentation_ppm(&self) -> u32 {
-        fragmentation_ppm(self.largest_free, self.free)
-    }
-}
-
-/// `1 - largest / free` in parts per million, 0 when `free` is 0.
-pub fn fragmentation_ppm(largest: u64, free: u64) -> u32 {
-    if free == 0 || largest >= free {
-        return 0;
-    }
-    let lost = u128::from(free.saturating_sub(largest));
-    let ppm = lost.saturating_mul(1_000_000) / u128::from(free);
-    u32::try_from(ppm).unwrap_or(1_000_000)
 }
 
 #[inline]
@@ -538,7 +497,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         let end = addr.wrapping_add(size);
         let front = addr > hs;
         let back = end < he;
-        let new_nodes = u32::from(front) + u32::from(back);
+        let new_nodes = u32::from(front).wrapping_add(u32::from(back));
         if self.available_nodes() < new_nodes {
             return Err(VaError::NodeCapacity);
         }
