@@ -87,7 +87,9 @@ impl fmt::Display for DecodeError {
             DecodeError::ReservedBits { kind, dword: Some(d), bits } => {
                 write!(f, "{}: reserved bits {bits:#010x} set in payload dword {d}", kind.name())
             }
-            DecodeError::ReservedOp { kind, value } => write!(f, "{}: reserved operation {value}", kind.name()),
+            DecodeError::ReservedOp { kind, value } => {
+                write!(f, "{}: reserved operation {value}", kind.name())
+            }
         }
     }
 }
@@ -109,7 +111,9 @@ impl fmt::Display for Violation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Violation::Operand(e) => e.fmt(f),
-            Violation::PacketMisaligned { align } => write!(f, "packet header not {align}-byte aligned"),
+            Violation::PacketMisaligned { align } => {
+                write!(f, "packet header not {align}-byte aligned")
+            }
         }
     }
 }
@@ -201,7 +205,9 @@ impl<'a> Decoder<'a> {
         let fixed = u32::from(p.fixed_ndw());
         let (min, max) = match p.ndw {
             Ndw::Fixed(n) => (u32::from(n), u32::from(n)),
-            Ndw::Tail { min, min_tail } => (u32::from(min).saturating_add(min_tail.into()), desc.limits.max_ndw),
+            Ndw::Tail { min, min_tail } => {
+                (u32::from(min).saturating_add(min_tail.into()), desc.limits.max_ndw)
+            }
         };
         if ndw < min || ndw > max {
             return Err(DecodeError::BadLength { kind, ndw, min, max });
@@ -229,7 +235,9 @@ impl<'a> Decoder<'a> {
             let v = match fd.loc {
                 Loc::Flags(bits) => bits.get(flags).into(),
                 Loc::Payload { dw, bits } => bits.get(pd(dw.into())).into(),
-                Loc::Wide(n) => u64::from(pd(n.into())) | (u64::from(pd(u32::from(n).saturating_add(1))) << 32),
+                Loc::Wide(n) => {
+                    u64::from(pd(n.into())) | (u64::from(pd(u32::from(n).saturating_add(1))) << 32)
+                }
             };
             values.set(fd.field, v);
         }
@@ -258,7 +266,11 @@ impl<'a> Iterator for Decoder<'a> {
             return None;
         }
         let (result, advance) = self.step();
-        let end = if advance == 0 { self.bytes.len() } else { self.pos.saturating_add(advance).min(self.bytes.len()) };
+        let end = if advance == 0 {
+            self.bytes.len()
+        } else {
+            self.pos.saturating_add(advance).min(self.bytes.len())
+        };
         let item = Item {
             offset: self.pos,
             va: self.base_va.wrapping_add(self.pos as u64),
@@ -336,9 +348,13 @@ pub enum StreamFileError {
 impl fmt::Display for StreamFileError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StreamFileError::TooShort => write!(f, "shorter than the {STREAM_HEADER_LEN}-byte RGCS header"),
+            StreamFileError::TooShort => {
+                write!(f, "shorter than the {STREAM_HEADER_LEN}-byte RGCS header")
+            }
             StreamFileError::BadMagic => write!(f, "no RGCS magic"),
-            StreamFileError::UnsupportedVersion(v) => write!(f, "RGCS format version {v} is not supported"),
+            StreamFileError::UnsupportedVersion(v) => {
+                write!(f, "RGCS format version {v} is not supported")
+            }
             StreamFileError::Probe(e) => write!(f, "RGCS header: {e}"),
         }
     }

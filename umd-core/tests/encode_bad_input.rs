@@ -48,9 +48,15 @@ fn counts_and_sizes_over_the_limit() {
     let e = fails_after_good(Generation::Gen1, Command::Copy { src: 0, dst: 0x1000, size: 1 << 24 }, 32);
     assert_eq!(
         e,
-        EncodeError::LimitExceeded { kind: PacketKind::DmaCopy, field: Field::Size, value: 1 << 24, max: 0xFF_FFFF }
+        EncodeError::LimitExceeded {
+            kind: PacketKind::DmaCopy,
+            field: Field::Size,
+            value: 1 << 24,
+            max: 0xFF_FFFF
+        }
     );
-    let e = fails_after_good(Generation::Gen2, Command::Copy { src: 0, dst: 0x1000, size: (1 << 30) + 1 }, 32);
+    let e =
+        fails_after_good(Generation::Gen2, Command::Copy { src: 0, dst: 0x1000, size: (1 << 30) + 1 }, 32);
     assert!(matches!(e, EncodeError::LimitExceeded { field: Field::Size, max: 0x4000_0000, .. }));
     let big = Command::Dispatch {
         op: umd_core::cmd::DispatchOp::AddU32,
@@ -63,7 +69,8 @@ fn counts_and_sizes_over_the_limit() {
     let e = fails_after_good(Generation::Gen1, big, 32);
     assert!(matches!(e, EncodeError::LimitExceeded { field: Field::Count, max: 0xFFFF, .. }));
     assert!(Encoder::new(Generation::Gen2).check(&big).is_ok());
-    let e = fails_after_good(Generation::Gen1, Command::IndirectBuffer { addr: 0x1000, size_dw: 262_145 }, 32);
+    let e =
+        fails_after_good(Generation::Gen1, Command::IndirectBuffer { addr: 0x1000, size_dw: 262_145 }, 32);
     assert!(matches!(e, EncodeError::LimitExceeded { kind: PacketKind::IndirectBuffer, .. }));
 }
 
@@ -119,7 +126,8 @@ fn buffer_full_keeps_earlier_packets() {
 #[test]
 fn command_buffer_errors_are_sticky() {
     let mut mem = vec![0u32; 64];
-    let mut cb = CommandBuffer::new(Generation::Gen2, SliceChunks::new(split_region(&mut mem, 0x10_0000, 64)));
+    let mut cb =
+        CommandBuffer::new(Generation::Gen2, SliceChunks::new(split_region(&mut mem, 0x10_0000, 64)));
     cb.fence(0x2000, 1, false).unwrap();
     let bad = cb.fence(0x2004, 2, false).unwrap_err();
     assert!(matches!(bad, EncodeError::MisalignedFence { .. }));
@@ -137,19 +145,22 @@ fn command_buffer_bad_chunks() {
     assert_eq!(cb.timestamp(0x3000), Err(EncodeError::ChunkUnavailable));
     // Misaligned chunk on gen2 (IBs must be 32-byte aligned).
     let mut mem = vec![0u32; 64];
-    let mut cb = CommandBuffer::new(Generation::Gen2, SliceChunks::new(split_region(&mut mem, 0x10_0004, 64)));
+    let mut cb =
+        CommandBuffer::new(Generation::Gen2, SliceChunks::new(split_region(&mut mem, 0x10_0004, 64)));
     assert_eq!(cb.timestamp(0x3000), Err(EncodeError::ChunkMisaligned { va: 0x10_0004, align: 32 }));
     // Empty buffer.
     let cb = CommandBuffer::new(Generation::Gen1, SliceChunks::new(std::iter::empty()));
     assert_eq!(cb.finish(), Err(EncodeError::Empty));
     // A packet bigger than a whole chunk.
     let mut mem = vec![0u32; 64];
-    let mut cb = CommandBuffer::new(Generation::Gen1, SliceChunks::new(split_region(&mut mem, 0x10_0000, 16)));
+    let mut cb =
+        CommandBuffer::new(Generation::Gen1, SliceChunks::new(split_region(&mut mem, 0x10_0000, 16)));
     let data = [1u32; 20];
     assert!(matches!(cb.write_data(0x2000, &data), Err(EncodeError::PacketTooLargeForChunk { .. })));
     // Running out of chunks mid-stream.
     let mut mem = vec![0u32; 32];
-    let mut cb = CommandBuffer::new(Generation::Gen1, SliceChunks::new(split_region(&mut mem, 0x10_0000, 16)));
+    let mut cb =
+        CommandBuffer::new(Generation::Gen1, SliceChunks::new(split_region(&mut mem, 0x10_0000, 16)));
     let mut last = Ok(());
     for i in 0..20 {
         last = cb.timestamp(0x2000 + 8 * i);

@@ -22,7 +22,9 @@ fn command_for(key: &str) -> Command<'static> {
         "DMA_COPY" => Command::Copy { src: S, dst: D, size: 0x1000 },
         "FILL" => Command::Fill { dst: D, size: 64, value: 0xA5A5_A5A5 },
         "FENCE" => Command::Fence { addr: F, value: 0x1_0000_0002, irq: true },
-        "WAIT_MEM" => Command::WaitMem { addr: F, reference: 5, mask: u64::MAX, op: CompareOp::SeqGe, wide: true },
+        "WAIT_MEM" => {
+            Command::WaitMem { addr: F, reference: 5, mask: u64::MAX, op: CompareOp::SeqGe, wide: true }
+        }
         "TIMESTAMP" => Command::Timestamp { addr: D },
         "INDIRECT_BUFFER" => Command::IndirectBuffer { addr: S, size_dw: 64 },
         "CHAIN" => Command::Chain { addr: S, size_dw: 16 },
@@ -78,7 +80,11 @@ fn check_generation(gen: Generation, heading: &str) {
         let n = enc.encode(&cmd, &mut out, 0, 0x1000).unwrap_or_else(|e| panic!("{gen} {}: {e}", ex.key));
         let got: Vec<u8> = out[..n].iter().flat_map(|d| d.to_le_bytes()).collect();
         assert_eq!(got, ex.bytes, "{gen} {}: encoder output matches the spec", ex.key);
-        assert!(out[n..].iter().all(|&d| d == 0xFFFF_FFFF), "{gen} {}: nothing written past the packet", ex.key);
+        assert!(
+            out[n..].iter().all(|&d| d == 0xFFFF_FFFF),
+            "{gen} {}: nothing written past the packet",
+            ex.key
+        );
 
         let items: Vec<_> = Decoder::new(gen, &ex.bytes, 0x1000).collect();
         assert_eq!(items.len(), 1, "{gen} {}: one packet", ex.key);

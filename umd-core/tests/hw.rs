@@ -11,7 +11,12 @@ fn descriptions_are_consistent() {
         for (i, kind) in PacketKind::ALL.iter().enumerate() {
             let p = d.packet(*kind).unwrap_or_else(|| panic!("{gen} describes {}", kind.name()));
             assert_eq!(d.packets[i].kind, *kind, "{gen}: table order");
-            assert_eq!(d.by_opcode(p.opcode).map(|q| q.kind), Some(*kind), "{gen}: opcode {:#x} unique", p.opcode);
+            assert_eq!(
+                d.by_opcode(p.opcode).map(|q| q.kind),
+                Some(*kind),
+                "{gen}: opcode {:#x} unique",
+                p.opcode
+            );
             // Fields never overlap and lie inside the fixed payload / FLAGS.
             let fixed = p.fixed_ndw();
             let mut used = vec![0u32; usize::from(fixed)];

@@ -4,7 +4,9 @@
 //! execute, when followed CHAIN by CHAIN, exactly the commands pushed.
 
 use proptest::prelude::*;
-use umd_core::cmd::{split_region, Command, CommandBuffer, CompareOp, DispatchOp, Encoder, Payload, SliceChunks};
+use umd_core::cmd::{
+    split_region, Command, CommandBuffer, CompareOp, DispatchOp, Encoder, Payload, SliceChunks,
+};
 use umd_core::decode::{DecodeError, Decoder};
 use umd_core::hw::{Generation, PacketKind};
 
@@ -39,23 +41,36 @@ fn command_strategy() -> impl Strategy<Value = Owned> {
     let dop = (0u64..3).prop_map(|v| DispatchOp::from_bits(v).unwrap());
     prop_oneof![
         (0u32..16).prop_map(|dwords| Owned::Cmd(Command::Nop { dwords })),
-        (addr4.clone(), prop::collection::vec(any::<u32>(), 1..40)).prop_map(|(dst, data)| Owned::Write { dst, data }),
+        (addr4.clone(), prop::collection::vec(any::<u32>(), 1..40))
+            .prop_map(|(dst, data)| Owned::Write { dst, data }),
         (0u64..(1 << 40), 0u64..(1 << 40), 1u64..0x00FF_FFFF)
             .prop_map(|(src, dst, size)| Owned::Cmd(Command::Copy { src, dst, size })),
         (addr4.clone(), 1u64..0x3F_FFFF, any::<u32>())
             .prop_map(|(dst, n, value)| Owned::Cmd(Command::Fill { dst, size: n * 4, value })),
-        (addr64, any::<u64>(), any::<bool>()).prop_map(|(addr, value, irq)| Owned::Cmd(Command::Fence { addr, value, irq })),
+        (addr64, any::<u64>(), any::<bool>()).prop_map(|(addr, value, irq)| Owned::Cmd(Command::Fence {
+            addr,
+            value,
+            irq
+        })),
         (addr8.clone(), any::<u64>(), any::<u64>(), op, any::<bool>()).prop_map(|(addr, r, m, op, wide)| {
             let (reference, mask) = if wide { (r, m) } else { (r & 0xFFFF_FFFF, m & 0xFFFF_FFFF) };
             Owned::Cmd(Command::WaitMem { addr, reference, mask, op, wide })
         }),
         addr8.prop_map(|addr| Owned::Cmd(Command::Timestamp { addr })),
-        (addr32.clone(), 1u32..262_144).prop_map(|(addr, size_dw)| Owned::Cmd(Command::IndirectBuffer { addr, size_dw })),
+        (addr32.clone(), 1u32..262_144)
+            .prop_map(|(addr, size_dw)| Owned::Cmd(Command::IndirectBuffer { addr, size_dw })),
         (addr32, 1u32..262_144).prop_map(|(addr, size_dw)| Owned::Cmd(Command::Chain { addr, size_dw })),
         (any::<bool>(), any::<bool>())
             .prop_map(|(wait_idle, invalidate)| Owned::Cmd(Command::Barrier { wait_idle, invalidate })),
         (dop, addr4.clone(), addr4.clone(), addr4, 1u32..0xFFFF, any::<u32>()).prop_map(
-            |(op, a, b, dst, count, scalar_bits)| Owned::Cmd(Command::Dispatch { op, a, b, dst, count, scalar_bits })
+            |(op, a, b, dst, count, scalar_bits)| Owned::Cmd(Command::Dispatch {
+                op,
+                a,
+                b,
+                dst,
+                count,
+                scalar_bits
+            })
         ),
     ]
 }
@@ -131,7 +146,8 @@ fn decoder_survives_100k_random_streams() {
         let mut bytes: Vec<u8> = (0..len).map(|_| next() as u8).collect();
         let gen = if i % 2 == 0 { Generation::Gen1 } else { Generation::Gen2 };
         if len >= 4 && i % 3 == 0 {
-            let op = [0x00u8, 0x01, 0x02, 0x04, 0x05, 0x0A, 0x10, 0x20, 0x30, 0x31, 0x60][(next() % 11) as usize];
+            let op =
+                [0x00u8, 0x01, 0x02, 0x04, 0x05, 0x0A, 0x10, 0x20, 0x30, 0x31, 0x60][(next() % 11) as usize];
             let ndw = (next() % 10) as u32;
             let h = match gen {
                 Generation::Gen1 => (u32::from(op) << 24) | ndw,
@@ -224,7 +240,10 @@ fn decoder_flags_rule_violations() {
     }
     let items: Vec<_> = Decoder::new(Generation::Gen2, &s, 0).collect();
     let p = items[0].result.unwrap();
-    assert!(matches!(p.violation, Some(Violation::Operand(umd_core::cmd::EncodeError::MisalignedFence { .. }))));
+    assert!(matches!(
+        p.violation,
+        Some(Violation::Operand(umd_core::cmd::EncodeError::MisalignedFence { .. }))
+    ));
     // A gen2 FILL at byte offset 4 is flagged as a misaligned packet.
     let mut s = Vec::new();
     for d in [0x7000_0000u32, 0x7004_0021, 4, 0x1000, 0, 0] {

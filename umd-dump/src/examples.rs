@@ -52,11 +52,20 @@ pub fn all() -> Vec<(&'static str, Vec<u8>)> {
     // a FILL that is not 32-byte aligned (the device faults), a reserved
     // opcode, and a WRITE_DATA whose length runs past the end.
     for d in [
-        0x7004_0030u32, 0x3456_7808, 0x12, 1, 0, // FENCE 8 bytes past a 64-byte boundary
+        0x7004_0030u32,
+        0x3456_7808,
+        0x12,
+        1,
+        0,           // FENCE 8 bytes past a 64-byte boundary
         0x7000_0000, // NOP, so that the FILL lands at offset 36
-        0x7004_0021, 64, 0x3456_7800, 0x12, 0, // FILL not 32-byte aligned
+        0x7004_0021,
+        64,
+        0x3456_7800,
+        0x12,
+        0,           // FILL not 32-byte aligned
         0x7000_00EE, // reserved opcode 0xEE
-        0x7010_0010, 0x3456_7800, // WRITE_DATA claiming 16 dwords
+        0x7010_0010,
+        0x3456_7800, // WRITE_DATA claiming 16 dwords
     ] {
         broken.extend_from_slice(&d.to_le_bytes());
     }

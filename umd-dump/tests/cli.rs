@@ -31,12 +31,24 @@ fn worked_examples_decode_cleanly() {
         assert!(o.status.success(), "{file}: {}", String::from_utf8_lossy(&o.stderr));
         let text = stdout(&o);
         assert!(
-            text.contains(&format!("-- gen{gen}: ")) && text.contains(&format!("{packets} packets, 0 decode errors, 0 rule violations")),
+            text.contains(&format!("-- gen{gen}: "))
+                && text.contains(&format!("{packets} packets, 0 decode errors, 0 rule violations")),
             "{file}:\n{text}"
         );
         // One line per packet plus the summary.
         assert_eq!(text.lines().count(), packets + 1);
-        for name in ["WRITE_DATA", "DMA_COPY", "FILL", "FENCE", "WAIT_MEM", "TIMESTAMP", "INDIRECT_BUFFER", "CHAIN", "BARRIER", "DISPATCH"] {
+        for name in [
+            "WRITE_DATA",
+            "DMA_COPY",
+            "FILL",
+            "FENCE",
+            "WAIT_MEM",
+            "TIMESTAMP",
+            "INDIRECT_BUFFER",
+            "CHAIN",
+            "BARRIER",
+            "DISPATCH",
+        ] {
             assert!(text.contains(name), "{file} shows {name}");
         }
     }

@@ -196,7 +196,8 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         let Some(cur) = self.cur.as_mut() else {
             return Err(EncodeError::ChunkUnavailable);
         };
-        let usable = cur.mem.len().min(self.enc.desc().limits.max_ib_dwords as usize).saturating_sub(CHAIN_DWORDS);
+        let usable =
+            cur.mem.len().min(self.enc.desc().limits.max_ib_dwords as usize).saturating_sub(CHAIN_DWORDS);
         let limit = cur.mem.get_mut(..usable).ok_or(EncodeError::ChunkUnavailable)?;
         let n = self.enc.encode(cmd, limit, self.pos, cur.gpu_va)?;
         self.pos = self.pos.saturating_add(n);
@@ -213,7 +214,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         };
         let cur_va = cur.gpu_va;
         let chain_end = self.pos.saturating_add(CHAIN_DWORDS);
-        let (_, rest) = cur.mem.split_at_mut(self.pos.min(cur.mem.len()));
+        let (_, rest) = cur.mem.split_at_mut_checked(self.pos).ok_or(EncodeError::ChunkUnavailable)?;
         let slot = rest.get_mut(..CHAIN_DWORDS).ok_or(EncodeError::ChunkUnavailable)?;
         // Size 1 is a placeholder; the real size is patched when `next` closes.
         self.enc.encode(&Command::Chain { addr: next.gpu_va, size_dw: 1 }, slot, 0, 0)?;
@@ -275,7 +276,13 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// WAIT_MEM until the 64-bit value at `addr` has reached `seqno`
     /// (wrap-safe): the semaphore wait on another queue's fence.
     pub fn wait_seqno(&mut self, addr: u64, seqno: u64) -> Result<(), EncodeError> {
-        self.push(&Command::WaitMem { addr, reference: seqno, mask: u64::MAX, op: CompareOp::SeqGe, wide: true })
+        self.push(&Command::WaitMem {
+            addr,
+            reference: seqno,
+            mask: u64::MAX,
+            op: CompareOp::SeqGe,
+            wide: true,
+        })
     }
 
     /// TIMESTAMP at `addr`.
@@ -289,7 +296,15 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     /// DISPATCH of `op` over `count` elements.
-    pub fn dispatch(&mut self, op: DispatchOp, a: u64, b: u64, dst: u64, count: u32, scalar: f32) -> Result<(), EncodeError> {
+    pub fn dispatch(
+        &mut self,
+        op: DispatchOp,
+        a: u64,
+        b: u64,
+        dst: u64,
+        count: u32,
+        scalar: f32,
+    ) -> Result<(), EncodeError> {
         self.push(&Command::Dispatch { op, a, b, dst, count, scalar_bits: scalar.to_bits() })
     }
 }

@@ -35,12 +35,18 @@ impl<'a> Payload<'a> {
 
     /// Copies the dwords into `out` (which must be exactly `len()` long);
     /// returns false, touching nothing, if the lengths differ.
+    #[inline]
     pub fn copy_to(&self, out: &mut [u32]) -> bool {
         if out.len() != self.len() {
             return false;
         }
         match self {
-            Payload::Words(w) => out.copy_from_slice(w),
+            // `get_mut(..n)` has length n by construction, so the copy has
+            // no length-mismatch panic path (checked by tools/footprint.sh).
+            Payload::Words(w) => match out.get_mut(..w.len()) {
+                Some(dst) => dst.copy_from_slice(w),
+                None => return false,
+            },
             Payload::Bytes(b) => {
                 for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
                     *o = c.try_into().map_or(0, u32::from_le_bytes);
@@ -81,9 +87,7 @@ impl Iterator for PayloadIter<'_> {
             Payload::Bytes(b) => {
                 let start = i.checked_mul(4)?;
                 let end = start.checked_add(4)?;
-                b.get(start..end)
-                    .and_then(|c| c.try_into().ok())
-                    .map(u32::from_le_bytes)
+                b.get(start..end).and_then(|c| c.try_into().ok()).map(u32::from_le_bytes)
             }
         }?;
         self.next = i.saturating_add(1);
@@ -277,17 +281,20 @@ pub struct FieldValues([u64; Field::COUNT]);
 
 impl FieldValues {
     /// The value of `field` (0 when the packet has no such field).
+    #[inline]
     pub fn get(&self, field: Field) -> u64 {
         self.0.get(field as usize).copied().unwrap_or(0)
     }
 
     /// Sets `field`.
+    #[inline]
     pub fn set(&mut self, field: Field, value: u64) {
         if let Some(v) = self.0.get_mut(field as usize) {
             *v = value;
         }
     }
 
+    #[inline]
     fn with(mut self, field: Field, value: u64) -> Self {
         self.set(field, value);
         self
@@ -323,6 +330,7 @@ impl<'a> Command<'a> {
     }
 
     /// The packet this command becomes.
+    #[inline]
     pub const fn kind(&self) -> PacketKind {
         match self {
             Command::Nop { .. } => PacketKind::Nop,
@@ -341,6 +349,7 @@ impl<'a> Command<'a> {
 
     /// The operand values, by field, and the variable tail (WRITE_DATA
     /// data; NOP's zero payload is represented by its length only).
+    #[inline]
     pub fn operands(&self) -> (FieldValues, Option<Payload<'a>>) {
         let v = FieldValues::default();
         match *self {
@@ -349,14 +358,12 @@ impl<'a> Command<'a> {
             Command::Copy { src, dst, size } => {
                 (v.with(Field::Src, src).with(Field::Dst, dst).with(Field::Size, size), None)
             }
-            Command::Fill { dst, size, value } => (
-                v.with(Field::Dst, dst).with(Field::Size, size).with(Field::Value, value.into()),
-                None,
-            ),
-            Command::Fence { addr, value, irq } => (
-                v.with(Field::Addr, addr).with(Field::Value, value).with(Field::Irq, irq.into()),
-                None,
-            ),
+            Command::Fill { dst, size, value } => {
+                (v.with(Field::Dst, dst).with(Field::Size, size).with(Field::Value, value.into()), None)
+            }
+            Command::Fence { addr, value, irq } => {
+                (v.with(Field::Addr, addr).with(Field::Value, value).with(Field::Irq, irq.into()), None)
+            }
             Command::WaitMem { addr, reference, mask, op, wide } => (
                 v.with(Field::Addr, addr)
                     .with(Field::Ref, reference)
@@ -369,10 +376,9 @@ impl<'a> Command<'a> {
             Command::IndirectBuffer { addr, size_dw } | Command::Chain { addr, size_dw } => {
                 (v.with(Field::Addr, addr).with(Field::Size, size_dw.into()), None)
             }
-            Command::Barrier { wait_idle, invalidate } => (
-                v.with(Field::WaitIdle, wait_idle.into()).with(Field::Invalidate, invalidate.into()),
-                None,
-            ),
+            Command::Barrier { wait_idle, invalidate } => {
+                (v.with(Field::WaitIdle, wait_idle.into()).with(Field::Invalidate, invalidate.into()), None)
+            }
             Command::Dispatch { op, a, b, dst, count, scalar_bits } => (
                 v.with(Field::Op, op as u64)
                     .with(Field::A, a)
@@ -398,18 +404,23 @@ impl<'a> Command<'a> {
         };
         Ok(match kind {
             PacketKind::Nop => Command::Nop {
-                dwords: u32::try_from(tail.len()).map_err(|_| OperandError::TooWide { field: Field::Size })?,
+                dwords: u32::try_from(tail.len())
+                    .map_err(|_| OperandError::TooWide { field: Field::Size })?,
             },
             PacketKind::WriteData => Command::WriteData { dst: v.get(Field::Dst), data: tail },
             PacketKind::DmaCopy => {
                 Command::Copy { src: v.get(Field::Src), dst: v.get(Field::Dst), size: v.get(Field::Size) }
             }
-            PacketKind::Fill => {
-                Command::Fill { dst: v.get(Field::Dst), size: v.get(Field::Size), value: u32_of(Field::Value)? }
-            }
-            PacketKind::Fence => {
-                Command::Fence { addr: v.get(Field::Addr), value: v.get(Field::Value), irq: v.get(Field::Irq) != 0 }
-            }
+            PacketKind::Fill => Command::Fill {
+                dst: v.get(Field::Dst),
+                size: v.get(Field::Size),
+                value: u32_of(Field::Value)?,
+            },
+            PacketKind::Fence => Command::Fence {
+                addr: v.get(Field::Addr),
+                value: v.get(Field::Value),
+                irq: v.get(Field::Irq) != 0,
+            },
             PacketKind::WaitMem => Command::WaitMem {
                 addr: v.get(Field::Addr),
                 reference: v.get(Field::Ref),

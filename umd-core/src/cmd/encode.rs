@@ -7,8 +7,10 @@
 
 use core::fmt;
 
-use super::command::{Command, Payload};
-use crate::hw::{misalignment, Field, GenDesc, Generation, Loc, MisalignedFence, Ndw, PacketDesc, PacketKind};
+use super::command::{Command, FieldValues, Payload};
+use crate::hw::{
+    misalignment, Field, GenDesc, Generation, Loc, MisalignedFence, Ndw, PacketDesc, PacketKind,
+};
 
 /// Why a command could not be encoded or a command buffer could not grow.
 /// After any of these the output memory before the failing packet is intact.
@@ -146,7 +148,9 @@ impl fmt::Display for EncodeError {
             EncodeError::InvalidOperand { kind, field } => {
                 write!(f, "{}: operand {} is invalid for this form", kind.name(), field.name())
             }
-            EncodeError::Unsupported { kind } => write!(f, "{} is not described for this generation", kind.name()),
+            EncodeError::Unsupported { kind } => {
+                write!(f, "{} is not described for this generation", kind.name())
+            }
             EncodeError::ChunkUnavailable => write!(f, "no command-buffer chunk available"),
             EncodeError::ChunkMisaligned { va, align } => {
                 write!(f, "chunk at {va:#x} is not {align}-byte aligned")
@@ -197,17 +201,56 @@ impl Encoder {
         self.desc
     }
 
+    #[inline]
     fn packet(&self, kind: PacketKind) -> Result<&'static PacketDesc, EncodeError> {
-        self.desc.packet(kind).ok_or(EncodeError::Unsupported { kind })
+        // Tables are in `PacketKind::ALL` order (checked by a test), so the
+        // kind indexes its entry; the comparison guards a malformed table.
+        match self.desc.packets.get(kind as usize) {
+            Some(p) if p.kind == kind => Ok(p),
+            _ => self.desc.packet(kind).ok_or(EncodeError::Unsupported { kind }),
+        }
+    }
+
+    /// Validates `cmd` once and gathers what writing it needs.
+    #[inline(always)]
+    fn prepare<'c>(&self, cmd: &Command<'c>) -> Result<Prepared<'c>, EncodeError> {
+        let p = self.packet(cmd.kind())?;
+        let (vals, tail) = cmd.operands();
+        let ndw = self.ndw(p, cmd, tail)?;
+        self.check_rules(p, cmd)?;
+        let va_limit = self.desc.va_limit();
+        for fd in p.fields {
+            let value = vals.get(fd.field);
+            if fd.field.is_address() && value >= va_limit {
+                return Err(EncodeError::AddressOutOfRange {
+                    kind: p.kind,
+                    field: fd.field,
+                    addr: value,
+                    va_bits: self.desc.limits.va_bits,
+                });
+            }
+            if value > fd.loc.max() {
+                return Err(EncodeError::LimitExceeded {
+                    kind: p.kind,
+                    field: fd.field,
+                    value,
+                    max: fd.loc.max(),
+                });
+            }
+        }
+        Ok(Prepared { p, vals, tail, ndw })
     }
 
     /// Payload dwords of `cmd` in this generation, after validating it.
+    #[inline]
     fn ndw(&self, p: &PacketDesc, cmd: &Command<'_>, tail: Option<Payload<'_>>) -> Result<u32, EncodeError> {
         let kind = p.kind;
         let too_large = |ndw: u64| EncodeError::PayloadTooLarge { kind, ndw, max: self.desc.limits.max_ndw };
         let ndw: u64 = match (p.ndw, cmd) {
             (Ndw::Fixed(n), _) => n.into(),
-            (Ndw::Tail { min, .. }, Command::Nop { dwords }) => u64::from(min).saturating_add((*dwords).into()),
+            (Ndw::Tail { min, .. }, Command::Nop { dwords }) => {
+                u64::from(min).saturating_add((*dwords).into())
+            }
             (Ndw::Tail { min, min_tail }, _) => {
                 let t = tail.map_or(0, |t| t.len()) as u64;
                 if t < min_tail.into() {
@@ -226,29 +269,11 @@ impl Encoder {
     /// writing anything. This is also what the decoder uses to flag rule
     /// violations in a stream.
     pub fn check(&self, cmd: &Command<'_>) -> Result<(), EncodeError> {
-        let p = self.packet(cmd.kind())?;
-        let (vals, tail) = cmd.operands();
-        self.ndw(p, cmd, tail)?;
-        self.check_rules(p, cmd)?;
-        let va_limit = self.desc.va_limit();
-        for fd in p.fields {
-            let value = vals.get(fd.field);
-            if fd.field.is_address() && value >= va_limit {
-                return Err(EncodeError::AddressOutOfRange {
-                    kind: p.kind,
-                    field: fd.field,
-                    addr: value,
-                    va_bits: self.desc.limits.va_bits,
-                });
-            }
-            if value > fd.loc.max() {
-                return Err(EncodeError::LimitExceeded { kind: p.kind, field: fd.field, value, max: fd.loc.max() });
-            }
-        }
-        Ok(())
+        self.prepare(cmd).map(|_| ())
     }
 
     /// Packet-specific rules, with every number taken from the description.
+    #[inline]
     fn check_rules(&self, p: &PacketDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
         let kind = p.kind;
         let lim = &self.desc.limits;
@@ -315,14 +340,12 @@ impl Encoder {
     /// Where `cmd` would land if written at GPU address `va`: the padding
     /// the generation requires in front, and the packet size. Validates.
     pub fn placement(&self, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
-        self.check(cmd)?;
-        let p = self.packet(cmd.kind())?;
-        let (_, tail) = cmd.operands();
-        let ndw = self.ndw(p, cmd, tail)?;
-        Ok(Placement { pad: self.pad_before(p.kind, va), packet: GenDesc::packet_dwords(ndw) as usize })
+        let prep = self.prepare(cmd)?;
+        Ok(prep.placement(self, va))
     }
 
     /// NOP dwords needed before a `kind` packet at `va`.
+    #[inline]
     pub fn pad_before(&self, kind: PacketKind, va: u64) -> usize {
         let align = self.desc.rules.exec_align;
         if !kind.needs_exec_alignment() || align <= 4 {
@@ -364,9 +387,16 @@ impl Encoder {
     /// Encodes `cmd` into `out[pos..]`, where `out[0]` is at GPU address
     /// `base_va`, padding with NOPs first if the generation requires.
     /// Returns the dwords written. On error `out` is untouched.
-    pub fn encode(&self, cmd: &Command<'_>, out: &mut [u32], pos: usize, base_va: u64) -> Result<usize, EncodeError> {
+    pub fn encode(
+        &self,
+        cmd: &Command<'_>,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
         let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
-        let place = self.placement(cmd, va)?;
+        let prep = self.prepare(cmd)?;
+        let place = prep.placement(self, va);
         let available = out.len().saturating_sub(pos);
         let total = place.total();
         if total > available {
@@ -374,24 +404,43 @@ impl Encoder {
         }
         let end = pos.saturating_add(total);
         let dst = out.get_mut(pos..end).ok_or(EncodeError::BufferFull { needed: total, available })?;
-        let (pad, pkt) = dst.split_at_mut(place.pad);
+        let (pad, pkt) = dst
+            .split_at_mut_checked(place.pad)
+            .ok_or(EncodeError::BufferFull { needed: total, available })?;
         self.write_nops(pad)?;
-        self.write_packet(cmd, pkt)?;
+        prep.write(self, pkt);
         Ok(total)
     }
+}
 
-    /// Writes the packet for an already validated `cmd` into `pkt`, which is
-    /// exactly the packet's size.
-    fn write_packet(&self, cmd: &Command<'_>, pkt: &mut [u32]) -> Result<(), EncodeError> {
-        let p = self.packet(cmd.kind())?;
-        let (vals, tail) = cmd.operands();
+/// A validated command, ready to be written.
+struct Prepared<'c> {
+    p: &'static PacketDesc,
+    vals: FieldValues,
+    tail: Option<Payload<'c>>,
+    ndw: u32,
+}
+
+impl Prepared<'_> {
+    #[inline]
+    fn placement(&self, enc: &Encoder, va: u64) -> Placement {
+        Placement { pad: enc.pad_before(self.p.kind, va), packet: GenDesc::packet_dwords(self.ndw) as usize }
+    }
+
+    /// Writes the packet into `pkt`, which is exactly its size.
+    #[inline(always)]
+    fn write(&self, enc: &Encoder, pkt: &mut [u32]) {
         let Some((head, payload)) = pkt.split_first_mut() else {
-            return Err(EncodeError::BufferFull { needed: 1, available: 0 });
+            return;
         };
-        payload.fill(0);
+        // Zero only the fixed operands; the tail is overwritten whole.
+        let fixed = usize::from(self.p.fixed_ndw());
+        if let Some(f) = payload.get_mut(..fixed) {
+            f.iter_mut().for_each(|d| *d = 0);
+        }
         let mut flags = 0u32;
-        for fd in p.fields {
-            let v = vals.get(fd.field);
+        for fd in self.p.fields {
+            let v = self.vals.get(fd.field);
             match fd.loc {
                 Loc::Flags(bits) => flags = bits.put(flags, v as u32),
                 Loc::Payload { dw, bits } => {
@@ -408,13 +457,19 @@ impl Encoder {
                 }
             }
         }
-        if let Some(tail) = tail {
-            let start = usize::from(p.fixed_ndw());
-            if let Some(t) = payload.get_mut(start..) {
-                tail.copy_to(t);
+        match self.tail {
+            Some(tail) => {
+                if let Some(t) = payload.get_mut(fixed..) {
+                    tail.copy_to(t);
+                }
+            }
+            // A NOP's payload is padding: zero it.
+            None => {
+                if let Some(t) = payload.get_mut(fixed..) {
+                    t.fill(0);
+                }
             }
         }
-        *head = self.desc.header.encode(p.opcode, flags, payload.len() as u32);
-        Ok(())
+        *head = enc.desc.header.encode(self.p.opcode, flags, self.ndw);
     }
 }

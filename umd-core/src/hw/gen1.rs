@@ -4,11 +4,11 @@
 //! 4-byte packet alignment; FENCE addresses 8-byte aligned or the engine
 //! faults.
 
-use super::{
-    Bits, FieldDesc, GenDesc, Generation, HeaderLayout, Limits, Loc, MisalignedFence, Ndw,
-    PacketDesc, PacketKind, Rules,
-};
 use super::Field::*;
+use super::{
+    Bits, FieldDesc, GenDesc, Generation, HeaderLayout, Limits, Loc, MisalignedFence, Ndw, PacketDesc,
+    PacketKind, Rules,
+};
 
 const fn f(field: super::Field, loc: Loc) -> FieldDesc {
     FieldDesc { field, loc }
@@ -31,14 +31,14 @@ pub static DESC: GenDesc = GenDesc {
         max_fill_bytes: 0x00FF_FFFC,
         max_dispatch_count: 0xFFFF,
     },
-    rules: Rules {
-        ib_align: 4,
-        exec_align: 4,
-        fence_align: 8,
-        misaligned_fence: MisalignedFence::Fault,
-    },
+    rules: Rules { ib_align: 4, exec_align: 4, fence_align: 8, misaligned_fence: MisalignedFence::Fault },
     packets: [
-        PacketDesc { kind: PacketKind::Nop, opcode: 0x00, ndw: Ndw::Tail { min: 0, min_tail: 0 }, fields: &[] },
+        PacketDesc {
+            kind: PacketKind::Nop,
+            opcode: 0x00,
+            ndw: Ndw::Tail { min: 0, min_tail: 0 },
+            fields: &[],
+        },
         PacketDesc {
             kind: PacketKind::WriteData,
             opcode: 0x01,
@@ -69,11 +69,7 @@ pub static DESC: GenDesc = GenDesc {
             kind: PacketKind::Fence,
             opcode: 0x04,
             ndw: Ndw::Fixed(4),
-            fields: &[
-                f(Addr, Loc::Wide(0)),
-                f(Value, Loc::Wide(2)),
-                f(Irq, Loc::Flags(Bits::new(0, 1))),
-            ],
+            fields: &[f(Addr, Loc::Wide(0)), f(Value, Loc::Wide(2)), f(Irq, Loc::Flags(Bits::new(0, 1)))],
         },
         PacketDesc {
             kind: PacketKind::WaitMem,
@@ -109,10 +105,7 @@ pub static DESC: GenDesc = GenDesc {
             kind: PacketKind::Barrier,
             opcode: 0x09,
             ndw: Ndw::Fixed(0),
-            fields: &[
-                f(WaitIdle, Loc::Flags(Bits::new(0, 1))),
-                f(Invalidate, Loc::Flags(Bits::new(1, 1))),
-            ],
+            fields: &[f(WaitIdle, Loc::Flags(Bits::new(0, 1))), f(Invalidate, Loc::Flags(Bits::new(1, 1)))],
         },
         PacketDesc {
             kind: PacketKind::Dispatch,

@@ -5,11 +5,11 @@
 //! FENCE addresses 64-byte aligned, and a misaligned FENCE is silently
 //! dropped by the device.
 
-use super::{
-    Bits, FieldDesc, GenDesc, Generation, HeaderLayout, Limits, Loc, MisalignedFence, Ndw,
-    PacketDesc, PacketKind, Rules,
-};
 use super::Field::*;
+use super::{
+    Bits, FieldDesc, GenDesc, Generation, HeaderLayout, Limits, Loc, MisalignedFence, Ndw, PacketDesc,
+    PacketKind, Rules,
+};
 
 const fn f(field: super::Field, loc: Loc) -> FieldDesc {
     FieldDesc { field, loc }
@@ -39,7 +39,12 @@ pub static DESC: GenDesc = GenDesc {
         misaligned_fence: MisalignedFence::Dropped,
     },
     packets: [
-        PacketDesc { kind: PacketKind::Nop, opcode: 0x00, ndw: Ndw::Tail { min: 0, min_tail: 0 }, fields: &[] },
+        PacketDesc {
+            kind: PacketKind::Nop,
+            opcode: 0x00,
+            ndw: Ndw::Tail { min: 0, min_tail: 0 },
+            fields: &[],
+        },
         PacketDesc {
             kind: PacketKind::WriteData,
             opcode: 0x10,
@@ -62,11 +67,7 @@ pub static DESC: GenDesc = GenDesc {
             kind: PacketKind::Fence,
             opcode: 0x30,
             ndw: Ndw::Fixed(4),
-            fields: &[
-                f(Addr, Loc::Wide(0)),
-                f(Value, Loc::Wide(2)),
-                f(Irq, Loc::Flags(Bits::new(0, 1))),
-            ],
+            fields: &[f(Addr, Loc::Wide(0)), f(Value, Loc::Wide(2)), f(Irq, Loc::Flags(Bits::new(0, 1)))],
         },
         PacketDesc {
             kind: PacketKind::WaitMem,

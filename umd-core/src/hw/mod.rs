@@ -123,6 +123,7 @@ pub fn probe(id: u32) -> Result<ChipId, ProbeError> {
 }
 
 /// `value mod align` without a panic path (0 when `align` is 0).
+#[inline]
 pub const fn misalignment(value: u64, align: u64) -> u64 {
     match value.checked_rem(align) {
         Some(r) => r,
@@ -146,6 +147,7 @@ impl Bits {
     }
 
     /// The largest value the field holds.
+    #[inline]
     pub const fn max(self) -> u32 {
         if self.width >= 32 {
             u32::MAX
@@ -155,16 +157,19 @@ impl Bits {
     }
 
     /// The field's bits in place within the dword.
+    #[inline]
     pub const fn mask(self) -> u32 {
         self.max() << self.shift
     }
 
     /// Extracts the field from `dword`.
+    #[inline]
     pub const fn get(self, dword: u32) -> u32 {
         (dword >> self.shift) & self.max()
     }
 
     /// `dword` with the field set to `value` (truncated to the field).
+    #[inline]
     pub const fn put(self, dword: u32, value: u32) -> u32 {
         (dword & !self.mask()) | ((value & self.max()) << self.shift)
     }
@@ -185,6 +190,7 @@ pub struct HeaderLayout {
 
 impl HeaderLayout {
     /// Builds a header dword.
+    #[inline]
     pub const fn encode(&self, opcode: u8, flags: u32, ndw: u32) -> u32 {
         let mut h = 0;
         h = self.opcode.put(h, opcode as u32);
@@ -356,6 +362,7 @@ impl Loc {
     }
 
     /// The largest value this location can hold.
+    #[inline]
     pub const fn max(self) -> u64 {
         match self {
             Loc::Flags(b) | Loc::Payload { bits: b, .. } => b.max() as u64,

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Builds the footprint probe (umd-core encoder + decoder behind extern "C"
+# entry points, fat LTO, opt-level s) for the embedded targets, prints the
+# section sizes of its own object (compiler-builtins excluded), and fails if
+# a panic path survived optimisation (a function of ours that still
+# references a core::panicking routine after fat LTO).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+status=0
+printf '%-24s %8s %8s %8s %8s\n' target .text .rodata .data .bss
+for t in thumbv7em-none-eabihf aarch64-unknown-none; do
+    cargo build -q -p footprint --profile footprint --target "$t"
+    lib="target/$t/footprint/libfootprint.a"
+    sizes=$(llvm-size -A "$lib" | awk '
+        /\(ex / { own = ($1 ~ /^footprint-/) ; next }
+        own && $1 ~ /^\.text/   { t += $2 }
+        own && $1 ~ /^\.rodata/ { r += $2 }
+        own && $1 ~ /^\.data/   { d += $2 }
+        own && $1 ~ /^\.bss/    { b += $2 }
+        END { printf "%d %d %d %d", t, r, d, b }')
+    read -r text rodata data bss <<<"$sizes"
+    printf '%-24s %8s %8s %8s %8s\n' "$t" "$text" "$rodata" "$data" "$bss"
+    # Code of ours (umd_core, the probe's entry points) that branches to a
+    # panic routine means a panic path survived optimisation.
+    offenders=$(llvm-objdump -r "$lib" 2>/dev/null | awk '
+        /^RELOCATION RECORDS FOR/ { sec = $4; next }
+        sec ~ /^\[\.text\..*(umd_core|umd_fp_)/ && $3 ~ /panicking|_fail|panic_/ { print sec " -> " $3 }' | sort -u)
+    if [ -n "$offenders" ]; then
+        echo "$t: panic paths survive in umd-core:" >&2
+        echo "$offenders" >&2
+        status=1
+    fi
+done
+exit $status
