@@ -76,7 +76,13 @@ fn ring_and_ib_through_the_mmu() {
     }
 }
 
-fn write_fault_case(gen: Generation, setup: impl Fn(&Rig, &mut PageTables), va: u64, kind: FaultKind, fault_va: u64) {
+fn write_fault_case(
+    gen: Generation,
+    setup: impl Fn(&Rig, &mut PageTables),
+    va: u64,
+    kind: FaultKind,
+    fault_va: u64,
+) {
     let (mut r, mut pt) = mmu_rig(gen);
     setup(&r, &mut pt);
     let s = r.enc.write_data(va, &[0x1234]);
@@ -137,8 +143,14 @@ fn bad_pte_faults() {
     const VAB: u64 = 0x80_3456_7000;
     for gen in gens() {
         let cases: Vec<(&str, Box<dyn Fn(&Rig, &mut PageTables)>)> = vec![
-            ("reserved bit 6 in leaf", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 1 << 6))),
-            ("reserved bit 48 in leaf", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 1 << 48))),
+            (
+                "reserved bit 6 in leaf",
+                Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 1 << 6)),
+            ),
+            (
+                "reserved bit 48 in leaf",
+                Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 1 << 48)),
+            ),
             ("L3 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | RW))),
             ("CACHE = 3", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 3 << 4))),
             ("L0 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 0, PT_POOL + 0x8_0000 | PTE_V))),
@@ -195,7 +207,13 @@ fn cache_hints_and_table_perm_bits_are_accepted() {
 fn bus_faults() {
     for gen in gens() {
         // Leaf pointing outside system memory.
-        write_fault_case(gen, |r, pt| pt.map_4k(&r.m, VA4K, 0x1000_0000, RW), VA4K + 4, FaultKind::Bus, VA4K + 4);
+        write_fault_case(
+            gen,
+            |r, pt| pt.map_4k(&r.m, VA4K, 0x1000_0000, RW),
+            VA4K + 4,
+            FaultKind::Bus,
+            VA4K + 4,
+        );
         // Table pointer outside system memory.
         write_fault_case(
             gen,

@@ -13,11 +13,7 @@ fn writer_matches_spec_section_7() {
     const D: u64 = 0x12_3456_7800;
     const S: u64 = 0x12_3456_9000;
     const F: u64 = 0x12_3456_7840;
-    let hex = |s: &str| {
-        s.split_whitespace()
-            .map(|w| u32::from_str_radix(w, 16).unwrap())
-            .collect::<Vec<_>>()
-    };
+    let hex = |s: &str| s.split_whitespace().map(|w| u32::from_str_radix(w, 16).unwrap()).collect::<Vec<_>>();
     for (gen, table) in [
         (
             Generation::Gen1,
@@ -79,10 +75,7 @@ fn writer_matches_spec_section_7() {
 fn id_and_engine_count() {
     for gen in gens() {
         let r = Rig::new(gen);
-        assert_eq!(
-            r.m.read_reg(regs::ID),
-            0x5247_0007 | (u32::from(gen.number()) << 8)
-        );
+        assert_eq!(r.m.read_reg(regs::ID), 0x5247_0007 | (u32::from(gen.number()) << 8));
         assert_eq!(r.m.read_reg(regs::ENGINE_COUNT), 3);
         assert_eq!(r.m.read_reg(0x008), 0, "unlisted offset reads 0");
         r.m.write_reg(0x008, 5);
@@ -112,21 +105,12 @@ fn nop_any_payload() {
         let mut r = Rig::new(gen);
         let e = r.enc;
         let mut s = e.nop(0);
-        s.extend(
-            e.nop(5)
-                .iter()
-                .enumerate()
-                .map(|(i, &d)| if i == 0 { d } else { 0xFFFF_FFFF }),
-        );
+        s.extend(e.nop(5).iter().enumerate().map(|(i, &d)| if i == 0 { d } else { 0xFFFF_FFFF }));
         s.extend(e.nop(1));
         r.submit(GFX, &s);
         r.wait_idle(GFX);
         assert_eq!(r.snap(GFX).rptr, 4 * 9);
-        assert_eq!(
-            r.snap(GFX).cur_addr,
-            r.ring_va[GFX] + 4 * 7,
-            "CUR_ADDR = last header"
-        );
+        assert_eq!(r.snap(GFX).cur_addr, r.ring_va[GFX] + 4 * 7, "CUR_ADDR = last header");
     }
 }
 
@@ -151,9 +135,7 @@ fn write_data_max_ndw() {
         r.ring_size = 65536;
         r.setup_ring(GFX, r.ring_va[GFX], 65536);
         let max = gen.rules().max_ndw as usize;
-        let data: Vec<u32> = (0..max as u32 - 2)
-            .map(|i| i.wrapping_mul(0x9E37_79B9))
-            .collect();
+        let data: Vec<u32> = (0..max as u32 - 2).map(|i| i.wrapping_mul(0x9E37_79B9)).collect();
         let s = r.enc.write_data(DATA, &data);
         assert_eq!(s.len(), max + 1);
         r.submit(GFX, &s);
@@ -163,9 +145,7 @@ fn write_data_max_ndw() {
 }
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-        .collect()
+    (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
 }
 
 #[test]
@@ -173,13 +153,8 @@ fn dma_copy_sizes_and_offsets() {
     for gen in gens() {
         let mut r = Rig::new(gen);
         let src = DATA + 0x10_0000;
-        let cases: [(u64, u64, u32); 5] = [
-            (0, 0, 1),
-            (3, 5, 7),
-            (0, 0, 4096),
-            (1, 2, 70_001),
-            (4095, 9, 200_000),
-        ];
+        let cases: [(u64, u64, u32); 5] =
+            [(0, 0, 1), (3, 5, 7), (0, 0, 4096), (1, 2, 70_001), (4095, 9, 200_000)];
         let mut st = Stream::new(r.enc, r.ring_va[COPY]);
         let mut expect = Vec::new();
         for (i, &(so, dofs, size)) in cases.iter().enumerate() {
@@ -218,10 +193,7 @@ fn dma_copy_overlap_is_memmove() {
             r.submit(COPY, &dw);
             r.wait_idle(COPY);
             let mut model = p.clone();
-            model.copy_within(
-                src_off as usize..(src_off as usize + size as usize),
-                dst_off as usize,
-            );
+            model.copy_within(src_off as usize..(src_off as usize + size as usize), dst_off as usize);
             let mut got = vec![0u8; model.len()];
             r.m.read_mem(base, &mut got).unwrap();
             assert!(got == model, "{gen:?} overlap {src_off}->{dst_off}");
@@ -276,12 +248,7 @@ fn fence_irq_masked_then_unmasked() {
     r.submit(GFX, &s);
     r.wait_idle(GFX);
     assert_eq!(r.m.read_reg(regs::IRQ_STATUS), 1);
-    assert!(
-        r.irq
-            .recv_timeout(std::time::Duration::from_millis(50))
-            .is_err(),
-        "masked: no vector"
-    );
+    assert!(r.irq.recv_timeout(std::time::Duration::from_millis(50)).is_err(), "masked: no vector");
     // Unmasking a pending bit is a 0 -> 1 edge of STATUS & MASK.
     r.m.write_reg(regs::IRQ_MASK, 1);
     assert_eq!(r.next_irq(), 0);
@@ -289,10 +256,7 @@ fn fence_irq_masked_then_unmasked() {
     let s = r.enc.fence(DATA, 2, true);
     r.submit(GFX, &s);
     r.wait_idle(GFX);
-    assert!(r
-        .irq
-        .recv_timeout(std::time::Duration::from_millis(50))
-        .is_err());
+    assert!(r.irq.recv_timeout(std::time::Duration::from_millis(50)).is_err());
     r.m.write_reg(regs::IRQ_STATUS, 1);
     let s = r.enc.fence(DATA, 3, true);
     r.submit(GFX, &s);
@@ -352,22 +316,12 @@ fn wait_mem_ops_block_until_true() {
             let mut r = Rig::new(gen);
             let a = DATA;
             r.m.write_u64(a, init).unwrap();
-            let mut s = r.enc.wait_mem(
-                a,
-                reference,
-                if wide { u64::MAX } else { 0xFFFF_FFFF },
-                op,
-                wide,
-            );
+            let mut s = r.enc.wait_mem(a, reference, if wide { u64::MAX } else { 0xFFFF_FFFF }, op, wide);
             s.extend(r.enc.write_data(DATA + 0x100, &[1]));
             r.submit(GFX, &s);
             r.wait_for("WAITING", || r.snap(GFX).waiting());
             std::thread::sleep(std::time::Duration::from_millis(5));
-            assert_eq!(
-                r.read_u32s(DATA + 0x100, 1),
-                [0],
-                "op {op} must still block"
-            );
+            assert_eq!(r.read_u32s(DATA + 0x100, 1), [0], "op {op} must still block");
             let st = r.snap(GFX);
             assert!(st.busy() && st.waiting() && st.rptr == 0, "{st:?}");
             r.m.write_u64(a, fin).unwrap();
@@ -421,10 +375,7 @@ fn indirect_buffer_and_chain() {
         assert_eq!(r.read_u32s(DATA + 0x100, 4), [1, 2, 3, 4]);
         assert_eq!(r.read_u32s(DATA + 0x1F0, 1), [0]);
         let st = r.snap(GFX);
-        assert_eq!(
-            (st.ib_base, st.ib_size, st.status & regs::STATUS_IN_IB),
-            (0, 0, 0)
-        );
+        assert_eq!((st.ib_base, st.ib_size, st.status & regs::STATUS_IN_IB), (0, 0, 0));
         assert_eq!(st.cur_addr, r.ring_va[GFX] + 16);
     }
 }
@@ -458,9 +409,7 @@ fn dispatch_ops() {
         let add_dst = DATA + 0x4_0000;
         let mul_dst = DATA + 0x6_0000;
         let saxpy_dst = DATA + 0x8_0000;
-        let av: Vec<u32> = (0..n)
-            .map(|i| i.wrapping_mul(0x0100_0193) ^ 0xDEAD)
-            .collect();
+        let av: Vec<u32> = (0..n).map(|i| i.wrapping_mul(0x0100_0193) ^ 0xDEAD).collect();
         let bv: Vec<u32> = (0..n).map(|i| 0xFFFF_FFF0u32.wrapping_add(i)).collect();
         r.m.write_dwords(a, &av).unwrap();
         r.m.write_dwords(b, &bv).unwrap();
@@ -551,9 +500,5 @@ fn status_and_registers_after_work() {
     assert_eq!(st.status, 0);
     assert_eq!(st.rptr, 20);
     assert_eq!(r.m.read_reg(Rig::ereg(GFX, eng::RING_WPTR)), 20);
-    assert_eq!(
-        r.m.read_reg(Rig::ereg(GFX, eng::DOORBELL)),
-        0,
-        "DOORBELL is write-only"
-    );
+    assert_eq!(r.m.read_reg(Rig::ereg(GFX, eng::DOORBELL)), 0, "DOORBELL is write-only");
 }

@@ -51,9 +51,7 @@ impl Enc {
     /// Header from spec 5.1.
     pub fn header(&self, opcode: u8, flags: u8, ndw: u32) -> u32 {
         match self.0 {
-            Generation::Gen1 => {
-                (u32::from(opcode) << 24) | (u32::from(flags) << 16) | (ndw & 0xFFFF)
-            }
+            Generation::Gen1 => (u32::from(opcode) << 24) | (u32::from(flags) << 16) | (ndw & 0xFFFF),
             Generation::Gen2 => {
                 (0x7 << 28) | ((ndw & 0xFFF) << 16) | (u32::from(flags) << 8) | u32::from(opcode)
             }
@@ -89,11 +87,7 @@ impl Enc {
     }
 
     pub fn write_data(&self, dst: u64, data: &[u32]) -> Vec<u32> {
-        let mut v = vec![
-            self.header(self.op("WRITE_DATA"), 0, 2 + data.len() as u32),
-            lo(dst),
-            hi(dst),
-        ];
+        let mut v = vec![self.header(self.op("WRITE_DATA"), 0, 2 + data.len() as u32), lo(dst), hi(dst)];
         v.extend_from_slice(data);
         v
     }
@@ -115,13 +109,7 @@ impl Enc {
     }
 
     pub fn fence(&self, addr: u64, value: u64, irq: bool) -> Vec<u32> {
-        vec![
-            self.header(self.op("FENCE"), irq as u8, 4),
-            lo(addr),
-            hi(addr),
-            lo(value),
-            hi(value),
-        ]
+        vec![self.header(self.op("FENCE"), irq as u8, 4), lo(addr), hi(addr), lo(value), hi(value)]
     }
 
     /// `op`: 0 EQ .. 6 SEQ_GE.
@@ -155,21 +143,11 @@ impl Enc {
     }
 
     pub fn ib(&self, addr: u64, size_dw: u32) -> Vec<u32> {
-        vec![
-            self.header(self.op("INDIRECT_BUFFER"), 0, 3),
-            lo(addr),
-            hi(addr),
-            size_dw,
-        ]
+        vec![self.header(self.op("INDIRECT_BUFFER"), 0, 3), lo(addr), hi(addr), size_dw]
     }
 
     pub fn chain(&self, addr: u64, size_dw: u32) -> Vec<u32> {
-        vec![
-            self.header(self.op("CHAIN"), 0, 3),
-            lo(addr),
-            hi(addr),
-            size_dw,
-        ]
+        vec![self.header(self.op("CHAIN"), 0, 3), lo(addr), hi(addr), size_dw]
     }
 
     pub fn barrier(&self, wait_idle: bool, invalidate: bool) -> Vec<u32> {
@@ -219,11 +197,7 @@ pub struct Stream {
 
 impl Stream {
     pub fn new(enc: Enc, base: u64) -> Self {
-        Self {
-            enc,
-            base,
-            dw: Vec::new(),
-        }
+        Self { enc, base, dw: Vec::new() }
     }
 
     pub fn addr(&self) -> u64 {
@@ -274,11 +248,7 @@ pub struct PageTables {
 
 impl PageTables {
     pub fn new(m: &Model, pool: u64, size: u64) -> Self {
-        let mut pt = Self {
-            root: 0,
-            next: pool,
-            end: pool + size,
-        };
+        let mut pt = Self { root: 0, next: pool, end: pool + size };
         pt.root = pt.alloc(m);
         pt
     }
@@ -382,19 +352,8 @@ impl Rig {
         let gen = cfg.generation;
         let (sink, irq) = ChannelSink::new();
         let m = Model::with_irq_sink(cfg, sink as Arc<_>).unwrap();
-        let ring_va = [
-            RING_AREA,
-            RING_AREA + RING_STRIDE,
-            RING_AREA + 2 * RING_STRIDE,
-        ];
-        let r = Self {
-            m,
-            irq,
-            enc: Enc(gen),
-            ring_va,
-            ring_size: 4096,
-            wptr: [0; 3],
-        };
+        let ring_va = [RING_AREA, RING_AREA + RING_STRIDE, RING_AREA + 2 * RING_STRIDE];
+        let r = Self { m, irq, enc: Enc(gen), ring_va, ring_size: 4096, wptr: [0; 3] };
         for e in 0..3 {
             r.setup_ring(e, ring_va[e], 4096);
         }
@@ -407,13 +366,10 @@ impl Rig {
     }
 
     pub fn setup_ring(&self, e: usize, va: u64, size: u32) {
-        self.m
-            .write_reg(Self::ereg(e, eng::RING_BASE_LO), va as u32);
-        self.m
-            .write_reg(Self::ereg(e, eng::RING_BASE_HI), (va >> 32) as u32);
+        self.m.write_reg(Self::ereg(e, eng::RING_BASE_LO), va as u32);
+        self.m.write_reg(Self::ereg(e, eng::RING_BASE_HI), (va >> 32) as u32);
         self.m.write_reg(Self::ereg(e, eng::RING_SIZE), size);
-        self.m
-            .write_reg(Self::ereg(e, eng::CTRL), regs::CTRL_ENABLE);
+        self.m.write_reg(Self::ereg(e, eng::CTRL), regs::CTRL_ENABLE);
     }
 
     /// Physical address of a ring offset (MMU off or identity mapped).
@@ -462,9 +418,7 @@ impl Rig {
     /// Waits until engine `e` halts and returns its fault.
     pub fn wait_fault(&self, e: usize) -> Fault {
         self.wait_for("engine fault", || self.snap(e).halted());
-        self.snap(e)
-            .fault
-            .expect("halted engine without VALID fault")
+        self.snap(e).fault.expect("halted engine without VALID fault")
     }
 
     /// Expects a fault with this kind/access/address/opcode and the IRQ bit.
@@ -482,20 +436,13 @@ impl Rig {
             (kind, access, addr, opcode),
             "unexpected fault {f}"
         );
-        assert_ne!(
-            self.m.read_reg(regs::IRQ_STATUS) & regs::irq_fault_bit(e),
-            0,
-            "fault IRQ bit"
-        );
+        assert_ne!(self.m.read_reg(regs::IRQ_STATUS) & regs::irq_fault_bit(e), 0, "fault IRQ bit");
         f
     }
 
     /// Resets engine `e` via CTRL (keeps ENABLE) and forgets the driver wptr.
     pub fn reset(&mut self, e: usize) {
-        self.m.write_reg(
-            Self::ereg(e, eng::CTRL),
-            regs::CTRL_ENABLE | regs::CTRL_RESET,
-        );
+        self.m.write_reg(Self::ereg(e, eng::CTRL), regs::CTRL_ENABLE | regs::CTRL_RESET);
         assert_eq!(self.m.read_reg(Self::ereg(e, eng::CTRL)), regs::CTRL_ENABLE);
         self.wptr[e] = 0;
     }
