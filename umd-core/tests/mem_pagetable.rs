@@ -20,12 +20,7 @@ struct Fake {
 
 impl Fake {
     fn new(limit: usize) -> Self {
-        Fake {
-            pages: HashMap::new(),
-            next: 0x8000_0000,
-            free: Vec::new(),
-            limit,
-        }
+        Fake { pages: HashMap::new(), next: 0x8000_0000, free: Vec::new(), limit }
     }
     fn read_phys(&self, pa: u64) -> Option<u64> {
         let page = self.pages.get(&(pa & !0xFFF))?;
@@ -46,10 +41,7 @@ impl PageSource for Fake {
         Some(pa)
     }
     fn free_table(&mut self, phys: u64) {
-        let page = self
-            .pages
-            .remove(&phys)
-            .expect("free of a page that is not a table");
+        let page = self.pages.remove(&phys).expect("free of a page that is not a table");
         assert!(page.iter().all(|&e| e == 0), "freed table is not empty");
         self.free.push(phys);
     }
@@ -59,9 +51,7 @@ impl PageSource for Fake {
     }
     fn write_entry(&mut self, phys: u64, index: usize, value: u64) {
         assert!(index < 512);
-        self.pages
-            .get_mut(&phys)
-            .expect("write to a non-table page")[index] = value;
+        self.pages.get_mut(&phys).expect("write to a non-table page")[index] = value;
     }
 }
 
@@ -75,12 +65,7 @@ impl TlbInvalidate for CountTlb {
 
 #[derive(Debug, PartialEq, Eq)]
 enum Walk {
-    Ok {
-        pa: u64,
-        read: bool,
-        write: bool,
-        cache: u64,
-    },
+    Ok { pa: u64, read: bool, write: bool, cache: u64 },
     Translation,
     BadPte,
     Bus,
@@ -131,52 +116,26 @@ fn device_walk(mem: &Fake, root: u64, va: u64) -> Walk {
         if cache == 3 {
             return Walk::BadPte;
         }
-        let (mask, ok) = if level == 2 {
-            (0x1F_FFFF, addr & 0x1F_F000 == 0)
-        } else {
-            (0xFFF, true)
-        };
+        let (mask, ok) = if level == 2 { (0x1F_FFFF, addr & 0x1F_F000 == 0) } else { (0xFFF, true) };
         if !ok {
             return Walk::BadPte;
         }
-        return Walk::Ok {
-            pa: addr | (va & mask),
-            read: e & 4 != 0,
-            write: e & 8 != 0,
-            cache,
-        };
+        return Walk::Ok { pa: addr | (va & mask), read: e & 4 != 0, write: e & 8 != 0, cache };
     }
     unreachable!()
 }
 
-const RW_WC: Perms = Perms {
-    read: true,
-    write: true,
-    cache: CachePolicy::WriteCombined,
-};
+const RW_WC: Perms = Perms { read: true, write: true, cache: CachePolicy::WriteCombined };
 
 #[test]
 fn spec_example_walk() {
     let mut mem = Fake::new(64);
     let mut pt = PageTable::new(&mut mem).unwrap();
     let mut tlb = CountTlb::default();
-    pt.map(
-        &mut mem,
-        &mut tlb,
-        0x12_3456_7000,
-        0x4010_3000,
-        4096,
-        Perms::RW,
-    )
-    .unwrap();
+    pt.map(&mut mem, &mut tlb, 0x12_3456_7000, 0x4010_3000, 4096, Perms::RW).unwrap();
     assert_eq!(
         device_walk(&mem, pt.root(), 0x12_3456_7800),
-        Walk::Ok {
-            pa: 0x4010_3800,
-            read: true,
-            write: true,
-            cache: 0
-        }
+        Walk::Ok { pa: 0x4010_3800, read: true, write: true, cache: 0 }
     );
     // The L3 entry is exactly the spec's example value.
     let mut t = pt.root();
@@ -186,29 +145,13 @@ fn spec_example_walk() {
     }
     assert_eq!(mem.read_entry(t, 0x167), 0x0000_0000_4010_300F);
     // A 2 MiB block elsewhere: VA 0x20_0000_0000 aligned, PA 0x4020_0000.
-    pt.map(
-        &mut mem,
-        &mut tlb,
-        0x20_0000_0000,
-        0x4020_0000,
-        2 << 20,
-        Perms::RW,
-    )
-    .unwrap();
+    pt.map(&mut mem, &mut tlb, 0x20_0000_0000, 0x4020_0000, 2 << 20, Perms::RW).unwrap();
     assert_eq!(pt.stats().blocks_2m, 1);
     assert_eq!(
         device_walk(&mem, pt.root(), 0x20_0016_7800),
-        Walk::Ok {
-            pa: 0x4036_7800,
-            read: true,
-            write: true,
-            cache: 0
-        }
+        Walk::Ok { pa: 0x4036_7800, read: true, write: true, cache: 0 }
     );
-    assert!(
-        tlb.0.is_empty(),
-        "mapping invalid entries needs no invalidation"
-    );
+    assert!(tlb.0.is_empty(), "mapping invalid entries needs no invalidation");
 }
 
 #[test]
@@ -227,30 +170,19 @@ fn picks_2m_where_aligned_and_frees_tables() {
     for off in (0..size).step_by(4096) {
         assert_eq!(
             device_walk(&mem, pt.root(), va + off + 8),
-            Walk::Ok {
-                pa: pa + off + 8,
-                read: true,
-                write: true,
-                cache: 1
-            }
+            Walk::Ok { pa: pa + off + 8, read: true, write: true, cache: 1 }
         );
     }
     assert_eq!(device_walk(&mem, pt.root(), va - 4096), Walk::Translation);
     assert_eq!(device_walk(&mem, pt.root(), va + size), Walk::Translation);
     // Misaligned PA: the same VA range must use only 4 KiB pages.
     let va2 = 0x80_0000_0000u64;
-    pt.map(&mut mem, &mut tlb, va2, 0x4000_1000, 2 << 20, Perms::RO)
-        .unwrap();
+    pt.map(&mut mem, &mut tlb, va2, 0x4000_1000, 2 << 20, Perms::RO).unwrap();
     assert_eq!(pt.stats().blocks_2m, 4);
     assert_eq!(pt.stats().pages_4k, 5 + 512);
     assert_eq!(
         device_walk(&mem, pt.root(), va2 + 0x1234),
-        Walk::Ok {
-            pa: 0x4000_2234,
-            read: true,
-            write: false,
-            cache: 0
-        }
+        Walk::Ok { pa: 0x4000_2234, read: true, write: false, cache: 0 }
     );
     pt.unmap(&mut mem, &mut tlb, va2, 2 << 20).unwrap();
     pt.unmap(&mut mem, &mut tlb, va, size).unwrap();
@@ -280,17 +212,10 @@ fn bad_input_leaves_tables_unchanged() {
     let mut mem = Fake::new(8);
     let mut pt = PageTable::new(&mut mem).unwrap();
     let mut tlb = CountTlb::default();
-    pt.map(&mut mem, &mut tlb, 0x20_0000, 0x20_0000, 2 << 20, Perms::RW)
-        .unwrap(); // block
-    pt.map(&mut mem, &mut tlb, 0x60_0000, 0x1000, 8192, Perms::RW)
-        .unwrap(); // pages
+    pt.map(&mut mem, &mut tlb, 0x20_0000, 0x20_0000, 2 << 20, Perms::RW).unwrap(); // block
+    pt.map(&mut mem, &mut tlb, 0x60_0000, 0x1000, 8192, Perms::RW).unwrap(); // pages
     let mut t = CountTlb::default();
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.map(m, &mut t, 0x1000, 0, 0, Perms::RW),
-        PtError::ZeroSize,
-    );
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.map(m, &mut t, 0x1000, 0, 0, Perms::RW), PtError::ZeroSize);
     expect_unchanged(
         &mut mem,
         &mut pt,
@@ -347,36 +272,11 @@ fn bad_input_leaves_tables_unchanged() {
         PtError::AlreadyMapped,
     );
     // Unmaps of ranges never (fully) mapped, or cutting the block.
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.unmap(m, &mut t, 0x1_0000_0000, 4096),
-        PtError::NotMapped,
-    );
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.unmap(m, &mut t, 0x60_0000, 3 * 4096),
-        PtError::NotMapped,
-    );
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.unmap(m, &mut t, 0x5F_F000, 2 * 4096),
-        PtError::NotMapped,
-    );
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.unmap(m, &mut t, 0x20_0000, 4096),
-        PtError::SplitsBlock,
-    );
-    expect_unchanged(
-        &mut mem,
-        &mut pt,
-        |m, p| p.unmap(m, &mut t, 0x20_0000, 0),
-        PtError::ZeroSize,
-    );
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.unmap(m, &mut t, 0x1_0000_0000, 4096), PtError::NotMapped);
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.unmap(m, &mut t, 0x60_0000, 3 * 4096), PtError::NotMapped);
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.unmap(m, &mut t, 0x5F_F000, 2 * 4096), PtError::NotMapped);
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.unmap(m, &mut t, 0x20_0000, 4096), PtError::SplitsBlock);
+    expect_unchanged(&mut mem, &mut pt, |m, p| p.unmap(m, &mut t, 0x20_0000, 0), PtError::ZeroSize);
     assert!(t.0.is_empty(), "no invalidation for refused operations");
     // Out of table pages half-way: 4 used (root, L1, L2, L3); 8 allowed.
     // A map far away needs L1+L2+L3 per 1 GiB region: two regions need 6.
@@ -395,15 +295,8 @@ fn bad_input_leaves_tables_unchanged() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Map {
-        page: u64,
-        pages: u64,
-        pa_page: u64,
-        write: bool,
-    },
-    Unmap {
-        pick: usize,
-    },
+    Map { page: u64, pages: u64, pa_page: u64, write: bool },
+    Unmap { pick: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -503,29 +396,15 @@ fn array_page_source_reuses_pages() {
     let mut tlb = CountTlb::default();
     let mut pt = PageTable::new(&mut src).unwrap();
     for round in 0..3u64 {
-        pt.map(
-            &mut src,
-            &mut tlb,
-            0x1000 * (round + 1),
-            0x5000,
-            0x3000,
-            Perms::RW,
-        )
-        .unwrap();
+        pt.map(&mut src, &mut tlb, 0x1000 * (round + 1), 0x5000, 0x3000, Perms::RW).unwrap();
         assert_eq!(src.in_use(), 4);
-        assert_eq!(
-            pt.translate(&src, 0x1000 * (round + 1) + 0x10)
-                .unwrap()
-                .phys,
-            0x5010
-        );
+        assert_eq!(pt.translate(&src, 0x1000 * (round + 1) + 0x10).unwrap().phys, 0x5010);
         assert_eq!(
             pt.map(&mut src, &mut tlb, 0x100_0000_0000, 0, 0x1000, Perms::RW),
             Err(PtError::OutOfTables)
         );
         assert_eq!(src.in_use(), 4);
-        pt.unmap(&mut src, &mut tlb, 0x1000 * (round + 1), 0x3000)
-            .unwrap();
+        pt.unmap(&mut src, &mut tlb, 0x1000 * (round + 1), 0x3000).unwrap();
         assert_eq!(src.in_use(), 1);
     }
     let root = pt.root();

@@ -12,12 +12,7 @@ const MIB: u64 = 1 << 20;
 type P = Pool<Box<[VaNode]>, 64, 16, 3>;
 
 fn pool(nodes: usize, size: u64) -> P {
-    let va = VaAllocator::new(
-        vec![VaNode::EMPTY; nodes].into_boxed_slice(),
-        0x1000_0000,
-        size,
-    )
-    .unwrap();
+    let va = VaAllocator::new(vec![VaNode::EMPTY; nodes].into_boxed_slice(), 0x1000_0000, size).unwrap();
     Pool::new(va)
 }
 
@@ -101,26 +96,11 @@ fn bad_input_leaves_pool_unchanged() {
     let keep = p.alloc(200, 1).unwrap();
     let before = p.stats();
     assert_eq!(p.alloc(0, 1).unwrap_err(), PoolError::Va(VaError::ZeroSize));
-    assert_eq!(
-        p.alloc(10, 3).unwrap_err(),
-        PoolError::Va(VaError::BadAlignment)
-    );
-    assert_eq!(
-        p.alloc(u64::MAX, 1).unwrap_err(),
-        PoolError::Va(VaError::Overflow)
-    );
-    assert_eq!(
-        p.alloc(u64::MAX - 4000, 4096).unwrap_err(),
-        PoolError::Va(VaError::Overflow)
-    );
-    assert_eq!(
-        p.alloc(8 * MIB, 1).unwrap_err(),
-        PoolError::Va(VaError::NoSpace)
-    );
-    assert_eq!(
-        p.alloc(4096, 1 << 63).unwrap_err(),
-        PoolError::Va(VaError::NoSpace)
-    );
+    assert_eq!(p.alloc(10, 3).unwrap_err(), PoolError::Va(VaError::BadAlignment));
+    assert_eq!(p.alloc(u64::MAX, 1).unwrap_err(), PoolError::Va(VaError::Overflow));
+    assert_eq!(p.alloc(u64::MAX - 4000, 4096).unwrap_err(), PoolError::Va(VaError::Overflow));
+    assert_eq!(p.alloc(8 * MIB, 1).unwrap_err(), PoolError::Va(VaError::NoSpace));
+    assert_eq!(p.alloc(4096, 1 << 63).unwrap_err(), PoolError::Va(VaError::NoSpace));
     assert_eq!(p.stats(), before);
     // A deferred free on a queue the pool does not track hands the token back.
     let (e, keep) = p.free_after(keep, fence(7, 1)).unwrap_err();
@@ -130,10 +110,7 @@ fn bad_input_leaves_pool_unchanged() {
     let l1 = p.alloc(MIB, 1).unwrap();
     let l2 = p.alloc(MIB, 1).unwrap();
     let before = p.stats();
-    assert_eq!(
-        p.alloc(MIB, 1).unwrap_err(),
-        PoolError::Va(VaError::NodeCapacity)
-    );
+    assert_eq!(p.alloc(MIB, 1).unwrap_err(), PoolError::Va(VaError::NodeCapacity));
     assert_eq!(p.stats(), before);
     for a in [keep, l1, l2] {
         p.free(a).unwrap();
@@ -172,11 +149,7 @@ fn fence_gated_reuse_stops_at_first_unsignalled() {
     let x = p.alloc(MIB, 1).unwrap();
     assert_ne!(x.addr(), a_addr);
     assert_eq!(p.reclaim(0, Seqno(9), 100), 0);
-    assert_eq!(
-        p.reclaim(1, Seqno(100), 100),
-        0,
-        "other queue's fences do not help"
-    );
+    assert_eq!(p.reclaim(1, Seqno(100), 100), 0, "other queue's fences do not help");
     assert_eq!(p.reclaim(0, Seqno(25), 100), 1, "stops at seqno 30");
     assert_eq!(p.stats().pending, 2);
     assert_eq!(p.reclaim(0, Seqno(30), 1), 1, "budget bounds the work");
@@ -239,27 +212,16 @@ fn pool_deferred_full() {
 type B = Buffers<Box<[VaNode]>, 4, 16, 8, 2>;
 
 fn buffers() -> B {
-    let va = VaAllocator::new(
-        vec![VaNode::EMPTY; 64].into_boxed_slice(),
-        0x10_0000,
-        256 * MIB,
-    )
-    .unwrap();
+    let va = VaAllocator::new(vec![VaNode::EMPTY; 64].into_boxed_slice(), 0x10_0000, 256 * MIB).unwrap();
     Buffers::new(Pool::new(va))
 }
 
 #[test]
 fn buffer_handles_and_leak_report() {
     let mut b = buffers();
-    let flags = BufferFlags {
-        cpu_visible: true,
-        gpu_read_only: false,
-        cache: CachePolicy::WriteCombined,
-    };
+    let flags = BufferFlags { cpu_visible: true, gpu_read_only: false, cache: CachePolicy::WriteCombined };
     let h1 = b.create(4096, 4096, flags, "ring").unwrap();
-    let h2 = b
-        .create(300, 64, BufferFlags::default(), "fence slots")
-        .unwrap();
+    let h2 = b.create(300, 64, BufferFlags::default(), "fence slots").unwrap();
     let info = b.info(h1).unwrap();
     assert_eq!((info.size, info.tag, info.flags), (4096, "ring", flags));
     assert_eq!(info.va % 4096, 0);
@@ -284,30 +246,13 @@ fn buffer_handles_and_leak_report() {
     // Unknown handles: never issued, forged.
     let forged = umd_core::mem::BufferHandle::from_bits((1u64 << 32) | 3);
     assert_eq!(b.info(forged), Err(BufferError::Unknown));
-    assert_eq!(
-        b.destroy(umd_core::mem::BufferHandle::from_bits(99)),
-        Err(BufferError::Unknown)
-    );
-    assert_eq!(
-        b.info(umd_core::mem::BufferHandle::from_bits(h3.to_bits()))
-            .unwrap()
-            .size,
-        8192
-    );
+    assert_eq!(b.destroy(umd_core::mem::BufferHandle::from_bits(99)), Err(BufferError::Unknown));
+    assert_eq!(b.info(umd_core::mem::BufferHandle::from_bits(h3.to_bits())).unwrap().size, 8192);
     // Zero size / bad alignment / overflow are pool errors, state unchanged.
     let s = b.stats();
-    assert_eq!(
-        b.create(0, 1, flags, "x"),
-        Err(BufferError::Pool(PoolError::Va(VaError::ZeroSize)))
-    );
-    assert_eq!(
-        b.create(10, 6, flags, "x"),
-        Err(BufferError::Pool(PoolError::Va(VaError::BadAlignment)))
-    );
-    assert_eq!(
-        b.create(u64::MAX, 1, flags, "x"),
-        Err(BufferError::Pool(PoolError::Va(VaError::Overflow)))
-    );
+    assert_eq!(b.create(0, 1, flags, "x"), Err(BufferError::Pool(PoolError::Va(VaError::ZeroSize))));
+    assert_eq!(b.create(10, 6, flags, "x"), Err(BufferError::Pool(PoolError::Va(VaError::BadAlignment))));
+    assert_eq!(b.create(u64::MAX, 1, flags, "x"), Err(BufferError::Pool(PoolError::Va(VaError::Overflow))));
     assert_eq!(b.stats(), s);
     assert_eq!(b.live(), 2);
     // Table full (capacity 4).
@@ -322,9 +267,7 @@ fn buffer_handles_and_leak_report() {
     assert_eq!(b.stats().pending, 1);
     assert_eq!(
         b.destroy_after(h5, fence(2, 5)),
-        Err(BufferError::Pool(PoolError::Deferred(
-            DeferredError::BadQueue
-        )))
+        Err(BufferError::Pool(PoolError::Deferred(DeferredError::BadQueue)))
     );
     assert_eq!(b.reclaim(1, Seqno(5), 8), 1);
     for h in [h2, h3, h5] {
@@ -340,24 +283,10 @@ fn buffer_handles_and_leak_report() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc {
-        class: u8,
-        size: u64,
-        align_log2: u32,
-    },
-    Free {
-        pick: usize,
-    },
-    FreeAfter {
-        pick: usize,
-        queue: u8,
-        ahead: u64,
-    },
-    Signal {
-        queue: u8,
-        by: u64,
-        budget: usize,
-    },
+    Alloc { class: u8, size: u64, align_log2: u32 },
+    Free { pick: usize },
+    FreeAfter { pick: usize, queue: u8, ahead: u64 },
+    Signal { queue: u8, by: u64, budget: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -57,19 +57,14 @@ fn alignment_2m_exact_fit_found() {
     assert_eq!(f1, 0);
     let x = a.alloc(2 * MIB, 2 * MIB, Placement::BottomUp).unwrap();
     assert_eq!(x, 2 * MIB);
-    assert_eq!(
-        a.alloc(128, 128, Placement::BottomUp),
-        Err(VaError::NoSpace)
-    );
+    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Err(VaError::NoSpace));
     a.validate().unwrap();
 }
 
 #[test]
 fn coalescing_both_sides() {
     let mut a = arena(64, 0, MIB);
-    let p: Vec<u64> = (0..4)
-        .map(|_| a.alloc(4096, 4096, Placement::BottomUp).unwrap())
-        .collect();
+    let p: Vec<u64> = (0..4).map(|_| a.alloc(4096, 4096, Placement::BottomUp).unwrap()).collect();
     a.free(p[0]).unwrap();
     a.free(p[2]).unwrap();
     assert_eq!(a.stats().holes, 3);
@@ -101,68 +96,20 @@ fn bad_input_leaves_state_unchanged() {
     let mut a = arena(5, 0x10_0000, 16 * MIB);
     let x = a.alloc(4096, 4096, Placement::BottomUp).unwrap();
     let y = a.alloc_fixed(0x10_0000 + 8 * MIB, MIB).unwrap();
-    unchanged(
-        &mut a,
-        |a| a.alloc(0, 4096, Placement::BottomUp),
-        VaError::ZeroSize,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(4096, 3, Placement::BottomUp),
-        VaError::BadAlignment,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(4096, 0, Placement::BottomUp),
-        VaError::BadAlignment,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(u64::MAX, 128, Placement::BottomUp),
-        VaError::Overflow,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(u64::MAX - 100, 128, Placement::TopDown),
-        VaError::Overflow,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(64 * MIB, 4096, Placement::BottomUp),
-        VaError::NoSpace,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(4096, 1 << 63, Placement::BottomUp),
-        VaError::NoSpace,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc(MIB, 1 << 63, Placement::TopDown),
-        VaError::NoSpace,
-    );
+    unchanged(&mut a, |a| a.alloc(0, 4096, Placement::BottomUp), VaError::ZeroSize);
+    unchanged(&mut a, |a| a.alloc(4096, 3, Placement::BottomUp), VaError::BadAlignment);
+    unchanged(&mut a, |a| a.alloc(4096, 0, Placement::BottomUp), VaError::BadAlignment);
+    unchanged(&mut a, |a| a.alloc(u64::MAX, 128, Placement::BottomUp), VaError::Overflow);
+    unchanged(&mut a, |a| a.alloc(u64::MAX - 100, 128, Placement::TopDown), VaError::Overflow);
+    unchanged(&mut a, |a| a.alloc(64 * MIB, 4096, Placement::BottomUp), VaError::NoSpace);
+    unchanged(&mut a, |a| a.alloc(4096, 1 << 63, Placement::BottomUp), VaError::NoSpace);
+    unchanged(&mut a, |a| a.alloc(MIB, 1 << 63, Placement::TopDown), VaError::NoSpace);
     unchanged(&mut a, |a| a.alloc_fixed(0, 4096), VaError::OutOfRange);
-    unchanged(
-        &mut a,
-        |a| a.alloc_fixed(0x10_0000 + 16 * MIB - 4096, 8192),
-        VaError::OutOfRange,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc_fixed(u64::MAX - 127, 4096),
-        VaError::Overflow,
-    );
-    unchanged(
-        &mut a,
-        |a| a.alloc_fixed(0x10_0000 + 8 * MIB - 4096, 8192),
-        VaError::Overlap,
-    );
+    unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 16 * MIB - 4096, 8192), VaError::OutOfRange);
+    unchanged(&mut a, |a| a.alloc_fixed(u64::MAX - 127, 4096), VaError::Overflow);
+    unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 8 * MIB - 4096, 8192), VaError::Overlap);
     unchanged(&mut a, |a| a.alloc_fixed(x, 128), VaError::Overlap);
-    unchanged(
-        &mut a,
-        |a| a.alloc_fixed(0x10_0000 + 100, 128),
-        VaError::BadAlignment,
-    );
+    unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 100, 128), VaError::BadAlignment);
     unchanged(&mut a, |a| a.free(x + 128), VaError::NotAllocated);
     unchanged(&mut a, |a| a.free(0xdead_0000), VaError::NotAllocated);
     a.free(x).unwrap();
@@ -174,11 +121,7 @@ fn bad_input_leaves_state_unchanged() {
     let q = a.alloc(4096, 4096, Placement::TopDown).unwrap(); // 5 nodes
     assert_eq!(a.stats().nodes_used, 5);
     // A request that needs one new node fails cleanly.
-    unchanged(
-        &mut a,
-        |a| a.alloc_fixed(0x10_0000 + 2 * MIB, 4096),
-        VaError::NodeCapacity,
-    );
+    unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 2 * MIB, 4096), VaError::NodeCapacity);
     // One that consumes a hole exactly needs no new node... there is none here;
     // freeing gives nodes back.
     a.free(q).unwrap();
@@ -189,18 +132,9 @@ fn bad_input_leaves_state_unchanged() {
 
 #[test]
 fn bad_arena() {
-    assert_eq!(
-        VaAllocator::new([VaNode::EMPTY; 0], 0, 4096).err(),
-        Some(VaError::BadArena)
-    );
-    assert_eq!(
-        VaAllocator::new([VaNode::EMPTY; 4], 0, 0).err(),
-        Some(VaError::BadArena)
-    );
-    assert_eq!(
-        VaAllocator::new([VaNode::EMPTY; 4], 100, 4096).err(),
-        Some(VaError::BadArena)
-    );
+    assert_eq!(VaAllocator::new([VaNode::EMPTY; 0], 0, 4096).err(), Some(VaError::BadArena));
+    assert_eq!(VaAllocator::new([VaNode::EMPTY; 4], 0, 0).err(), Some(VaError::BadArena));
+    assert_eq!(VaAllocator::new([VaNode::EMPTY; 4], 100, 4096).err(), Some(VaError::BadArena));
     assert_eq!(
         VaAllocator::new([VaNode::EMPTY; 4], u64::MAX - 4095 - 127, 8192).err(),
         Some(VaError::BadArena)
@@ -212,21 +146,10 @@ fn bad_arena() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc {
-        size: u64,
-        align_log2: u32,
-        top: bool,
-    },
-    Fixed {
-        slot: u64,
-        size: u64,
-    },
-    Free {
-        pick: usize,
-    },
-    Retire {
-        pick: usize,
-    },
+    Alloc { size: u64, align_log2: u32, top: bool },
+    Fixed { slot: u64, size: u64 },
+    Free { pick: usize },
+    Retire { pick: usize },
 }
 
 fn op() -> impl Strategy<Value = Op> {

@@ -167,14 +167,8 @@ mod tests {
         assert_eq!(va_index(1, va), 0x48);
         assert_eq!(va_index(2, va), 0x1A2);
         assert_eq!(va_index(3, va), 0x167);
-        assert_eq!(
-            leaf_entry(3, 0x4010_3000, true, true, CACHE_UNCACHED),
-            0x0000_0000_4010_300F
-        );
-        assert_eq!(
-            leaf_entry(2, 0x4020_0000, true, true, CACHE_UNCACHED),
-            0x0000_0000_4020_000D
-        );
+        assert_eq!(leaf_entry(3, 0x4010_3000, true, true, CACHE_UNCACHED), 0x0000_0000_4010_300F);
+        assert_eq!(leaf_entry(2, 0x4020_0000, true, true, CACHE_UNCACHED), 0x0000_0000_4020_000D);
         assert!(!is_bad(3, 0x4010_300F));
         assert!(!is_bad(2, 0x4020_000D));
         assert!(is_bad(2, 0x4020_100D));

@@ -57,10 +57,7 @@ impl BufferHandle {
     /// Unpacks a value made by [`BufferHandle::to_bits`]; validity is
     /// checked when it is used.
     pub const fn from_bits(bits: u64) -> Self {
-        BufferHandle {
-            index: bits as u32,
-            gen: (bits >> 32) as u32,
-        }
+        BufferHandle { index: bits as u32, gen: (bits >> 32) as u32 }
     }
 }
 
@@ -137,13 +134,7 @@ impl<T, const N: usize> BufferTable<T, N> {
     /// An empty table.
     pub const fn new() -> Self {
         BufferTable {
-            slots: [const {
-                Slot {
-                    gen: 0,
-                    next_free: NIL,
-                    entry: None,
-                }
-            }; N],
+            slots: [const { Slot { gen: 0, next_free: NIL, entry: None } }; N],
             free_head: NIL,
             bump: 0,
             live: 0,
@@ -167,11 +158,7 @@ impl<T, const N: usize> BufferTable<T, N> {
     }
 
     /// Adds a buffer; O(1). On a full table the payload is handed back.
-    pub fn insert(
-        &mut self,
-        info: BufferInfo,
-        payload: T,
-    ) -> Result<BufferHandle, (BufferError, T)> {
+    pub fn insert(&mut self, info: BufferInfo, payload: T) -> Result<BufferHandle, (BufferError, T)> {
         let index = if self.free_head != NIL {
             self.free_head
         } else if (self.bump as usize) < N && self.bump != NIL {
@@ -193,10 +180,7 @@ impl<T, const N: usize> BufferTable<T, N> {
         slot.entry = Some((info, payload));
         self.live = self.live.wrapping_add(1);
         self.live_bytes = self.live_bytes.wrapping_add(info.size);
-        Ok(BufferHandle {
-            index,
-            gen: slot.gen,
-        })
+        Ok(BufferHandle { index, gen: slot.gen })
     }
 
     /// The buffer `h` names; O(1).
@@ -236,10 +220,7 @@ impl<T, const N: usize> BufferTable<T, N> {
         for (i, slot) in self.slots.iter().enumerate() {
             if let Some((info, _)) = &slot.entry {
                 f(LeakEntry {
-                    handle: BufferHandle {
-                        index: u32::try_from(i).unwrap_or(NIL),
-                        gen: slot.gen,
-                    },
+                    handle: BufferHandle { index: u32::try_from(i).unwrap_or(NIL), gen: slot.gen },
                     info: *info,
                 });
             }
@@ -247,10 +228,7 @@ impl<T, const N: usize> BufferTable<T, N> {
     }
 
     fn slot(&self, h: BufferHandle) -> Result<&Slot<T>, BufferError> {
-        let slot = self
-            .slots
-            .get(h.index as usize)
-            .ok_or(BufferError::Unknown)?;
+        let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
         if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
             return Err(BufferError::Unknown);
         }
@@ -264,13 +242,7 @@ impl<T, const N: usize> BufferTable<T, N> {
 /// Buffers backed by a [`Pool`]: creation reserves VA, destruction returns
 /// it now or after a fence. `N` is the buffer capacity; the other parameters
 /// are the pool's.
-pub struct Buffers<
-    S,
-    const N: usize,
-    const SLABS: usize,
-    const DEFERRED: usize,
-    const QUEUES: usize,
-> {
+pub struct Buffers<S, const N: usize, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize> {
     pool: Pool<S, SLABS, DEFERRED, QUEUES>,
     table: BufferTable<PoolAlloc, N>,
 }
@@ -282,10 +254,7 @@ where
 {
     /// Buffers over `pool`.
     pub fn new(pool: Pool<S, SLABS, DEFERRED, QUEUES>) -> Self {
-        Buffers {
-            pool,
-            table: BufferTable::new(),
-        }
+        Buffers { pool, table: BufferTable::new() }
     }
 
     /// Creates a buffer of `size` bytes aligned to `align`.
@@ -300,12 +269,7 @@ where
             return Err(BufferError::TableFull);
         }
         let a = self.pool.alloc(size, align)?;
-        let info = BufferInfo {
-            va: a.addr(),
-            size,
-            flags,
-            tag,
-        };
+        let info = BufferInfo { va: a.addr(), size, flags, tag };
         match self.table.insert(info, a) {
             Ok(h) => Ok(h),
             Err((e, a)) => {

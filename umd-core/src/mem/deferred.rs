@@ -51,11 +51,7 @@ impl<T, const N: usize> Default for DeferredFifo<T, N> {
 impl<T, const N: usize> DeferredFifo<T, N> {
     /// An empty FIFO.
     pub const fn new() -> Self {
-        DeferredFifo {
-            slots: [const { None }; N],
-            head: 0,
-            len: 0,
-        }
+        DeferredFifo { slots: [const { None }; N], head: 0, len: 0 }
     }
 
     #[inline]
@@ -101,9 +97,7 @@ impl<T, const N: usize> DeferredFifo<T, N> {
         if self.len == 0 {
             return None;
         }
-        self.slots
-            .get(self.head)
-            .and_then(|s| s.as_ref().map(|(f, _)| *f))
+        self.slots.get(self.head).and_then(|s| s.as_ref().map(|(f, _)| *f))
     }
 
     /// Removes and returns the oldest entry if its fence is signalled by

@@ -20,9 +20,7 @@ pub mod pool;
 pub mod stats;
 pub mod va;
 
-pub use buffer::{
-    BufferError, BufferFlags, BufferHandle, BufferInfo, BufferTable, Buffers, LeakEntry,
-};
+pub use buffer::{BufferError, BufferFlags, BufferHandle, BufferInfo, BufferTable, Buffers, LeakEntry};
 pub use deferred::{DeferredError, DeferredFifo};
 pub use pagetable::{
     ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,

@@ -23,8 +23,8 @@
 use core::fmt;
 
 use crate::hw::mmu::{
-    self, entry_addr, entry_span, is_table, is_valid, leaf_entry, table_entry, va_index,
-    BLOCK_LEVEL, ENTRIES_PER_TABLE, PAGE_LEVEL, PAGE_SIZE_2M, PAGE_SIZE_4K,
+    self, entry_addr, entry_span, is_table, is_valid, leaf_entry, table_entry, va_index, BLOCK_LEVEL,
+    ENTRIES_PER_TABLE, PAGE_LEVEL, PAGE_SIZE_2M, PAGE_SIZE_4K,
 };
 
 /// Where page-table pages come from and how they are accessed.
@@ -95,17 +95,9 @@ pub struct Perms {
 
 impl Perms {
     /// Read-write, uncached: the safe default for shared buffers.
-    pub const RW: Perms = Perms {
-        read: true,
-        write: true,
-        cache: CachePolicy::Uncached,
-    };
+    pub const RW: Perms = Perms { read: true, write: true, cache: CachePolicy::Uncached };
     /// Read-only, uncached: command buffers and constants.
-    pub const RO: Perms = Perms {
-        read: true,
-        write: false,
-        cache: CachePolicy::Uncached,
-    };
+    pub const RO: Perms = Perms { read: true, write: false, cache: CachePolicy::Uncached };
 }
 
 /// Why a page-table operation was refused. Tables are unchanged after any error.
@@ -186,9 +178,7 @@ pub struct PtStats {
 impl PtStats {
     /// Bytes of VA currently mapped.
     pub fn mapped_bytes(&self) -> u64 {
-        self.pages_4k
-            .saturating_mul(PAGE_SIZE_4K)
-            .saturating_add(self.blocks_2m.saturating_mul(PAGE_SIZE_2M))
+        self.pages_4k.saturating_mul(PAGE_SIZE_4K).saturating_add(self.blocks_2m.saturating_mul(PAGE_SIZE_2M))
     }
 }
 
@@ -205,13 +195,7 @@ impl PageTable {
     /// Allocates an empty root table.
     pub fn new(src: &mut impl PageSource) -> Result<Self, PtError> {
         let root = src.alloc_table().ok_or(PtError::OutOfTables)?;
-        Ok(PageTable {
-            root,
-            stats: PtStats {
-                tables: 1,
-                ..PtStats::default()
-            },
-        })
+        Ok(PageTable { root, stats: PtStats { tables: 1, ..PtStats::default() } })
     }
 
     /// Physical address of the level-0 table, for `MMU_ROOT`.
@@ -375,22 +359,14 @@ impl PageTable {
             let pa = leaf.pa.wrapping_add(rs.wrapping_sub(leaf.va));
             let p = leaf.perms;
             if level == PAGE_LEVEL {
-                src.write_entry(
-                    table,
-                    idx,
-                    leaf_entry(level, pa, p.read, p.write, p.cache.bits()),
-                );
+                src.write_entry(table, idx, leaf_entry(level, pa, p.read, p.write, p.cache.bits()));
                 self.stats.pages_4k = self.stats.pages_4k.wrapping_add(1);
                 return true;
             }
             let e = src.read_entry(table, idx);
             let whole = re.wrapping_sub(rs) == PAGE_SIZE_2M;
             if level == BLOCK_LEVEL && !is_valid(e) && whole && pa % PAGE_SIZE_2M == 0 {
-                src.write_entry(
-                    table,
-                    idx,
-                    leaf_entry(level, pa, p.read, p.write, p.cache.bits()),
-                );
+                src.write_entry(table, idx, leaf_entry(level, pa, p.read, p.write, p.cache.bits()));
                 self.stats.blocks_2m = self.stats.blocks_2m.wrapping_add(1);
                 return true;
             }
@@ -514,13 +490,7 @@ const NO_PAGE: usize = usize::MAX;
 impl<'a> ArrayPageSource<'a> {
     /// Serves `pages`, which the device sees at `phys_base` (4 KiB aligned).
     pub fn new(pages: &'a mut [[u64; ENTRIES_PER_TABLE]], phys_base: u64) -> Self {
-        ArrayPageSource {
-            pages,
-            phys_base,
-            free_head: NO_PAGE,
-            bump: 0,
-            in_use: 0,
-        }
+        ArrayPageSource { pages, phys_base, free_head: NO_PAGE, bump: 0, in_use: 0 }
     }
 
     /// Pages handed out and not yet freed.
@@ -540,10 +510,7 @@ impl PageSource for ArrayPageSource<'_> {
             let i = self.free_head;
             let next = self.pages.get(i)?.first().copied().unwrap_or(0);
             // Free pages keep "next + 1" in entry 0 (0 = end of list).
-            self.free_head = usize::try_from(next)
-                .ok()?
-                .checked_sub(1)
-                .unwrap_or(NO_PAGE);
+            self.free_head = usize::try_from(next).ok()?.checked_sub(1).unwrap_or(NO_PAGE);
             i
         } else if self.bump < self.pages.len() {
             let i = self.bump;
@@ -563,11 +530,7 @@ impl PageSource for ArrayPageSource<'_> {
         let Some(i) = self.index(phys) else {
             return;
         };
-        let link = if self.free_head == NO_PAGE {
-            0
-        } else {
-            self.free_head.wrapping_add(1) as u64
-        };
+        let link = if self.free_head == NO_PAGE { 0 } else { self.free_head.wrapping_add(1) as u64 };
         if let Some(page) = self.pages.get_mut(i) {
             *page = [0; ENTRIES_PER_TABLE];
             if let Some(e) = page.first_mut() {
@@ -579,19 +542,11 @@ impl PageSource for ArrayPageSource<'_> {
     }
 
     fn read_entry(&self, phys: u64, index: usize) -> u64 {
-        self.index(phys)
-            .and_then(|i| self.pages.get(i))
-            .and_then(|p| p.get(index))
-            .copied()
-            .unwrap_or(0)
+        self.index(phys).and_then(|i| self.pages.get(i)).and_then(|p| p.get(index)).copied().unwrap_or(0)
     }
 
     fn write_entry(&mut self, phys: u64, index: usize, value: u64) {
-        if let Some(e) = self
-            .index(phys)
-            .and_then(|i| self.pages.get_mut(i))
-            .and_then(|p| p.get_mut(index))
-        {
+        if let Some(e) = self.index(phys).and_then(|i| self.pages.get_mut(i)).and_then(|p| p.get_mut(index)) {
             *e = value;
         }
     }

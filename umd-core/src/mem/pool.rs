@@ -100,9 +100,7 @@ impl fmt::Display for PoolError {
             PoolError::Va(e) => write!(f, "pool: {e}"),
             PoolError::SlabCapacity => f.write_str("pool: slab descriptors exhausted"),
             PoolError::Deferred(e) => write!(f, "pool: {e}"),
-            PoolError::ForeignToken => {
-                f.write_str("pool: token is not a live allocation of this pool")
-            }
+            PoolError::ForeignToken => f.write_str("pool: token is not a live allocation of this pool"),
         }
     }
 }
@@ -157,16 +155,8 @@ struct Slab {
     live: bool,
 }
 
-const EMPTY_SLAB: Slab = Slab {
-    base: 0,
-    used: 0,
-    gen: 0,
-    next: NIL,
-    prev: NIL,
-    bin: 0,
-    slots: 0,
-    live: false,
-};
+const EMPTY_SLAB: Slab =
+    Slab { base: 0, used: 0, gen: 0, next: NIL, prev: NIL, bin: 0, slots: 0, live: false };
 
 /// Per-class counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -214,8 +204,7 @@ pub struct Pool<S, const SLABS: usize, const DEFERRED: usize, const QUEUES: usiz
     pending_bytes: u64,
 }
 
-impl<S, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize>
-    Pool<S, SLABS, DEFERRED, QUEUES>
+impl<S, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize> Pool<S, SLABS, DEFERRED, QUEUES>
 where
     S: AsRef<[VaNode]> + AsMut<[VaNode]>,
 {
@@ -264,11 +253,7 @@ where
 
     /// Defers the free of `a` until `fence` has signalled. On error the
     /// allocation is handed back untouched.
-    pub fn free_after(
-        &mut self,
-        a: PoolAlloc,
-        fence: FenceId,
-    ) -> Result<(), (PoolError, PoolAlloc)> {
+    pub fn free_after(&mut self, a: PoolAlloc, fence: FenceId) -> Result<(), (PoolError, PoolAlloc)> {
         if !self.owns(&a) {
             return Err((PoolError::ForeignToken, a));
         }
@@ -278,8 +263,7 @@ where
         };
         let addr = a.addr;
         let large = a.kind == Kind::Large;
-        q.push(fence, a)
-            .map_err(|(e, a)| (PoolError::Deferred(e), a))?;
+        q.push(fence, a).map_err(|(e, a)| (PoolError::Deferred(e), a))?;
         if large {
             // Keep the VA view consistent for dumps; cannot fail: owns() checked it.
             let _ = self.va.retire(addr);
@@ -338,9 +322,7 @@ where
 
     /// Number of deferred entries waiting on `queue`.
     pub fn pending_on(&self, queue: u8) -> usize {
-        self.deferred
-            .get(usize::from(queue))
-            .map_or(0, DeferredFifo::len)
+        self.deferred.get(usize::from(queue)).map_or(0, DeferredFifo::len)
     }
 
     /// Statistics snapshot. O(1).
@@ -362,18 +344,13 @@ where
         if s == NIL {
             s = self.new_slab(bin)?;
         }
-        let slab = self
-            .slabs
-            .get_mut(s as usize)
-            .ok_or(PoolError::SlabCapacity)?;
+        let slab = self.slabs.get_mut(s as usize).ok_or(PoolError::SlabCapacity)?;
         let free = !slab.used & slot_mask(slab.slots);
         let slot = free.trailing_zeros();
         slab.used |= 1u64 << (slot & 63);
         let full = slab.used == slot_mask(slab.slots);
         let slot_size = bin_size(bin);
-        let addr = slab
-            .base
-            .wrapping_add(u64::from(slot).wrapping_mul(slot_size));
+        let addr = slab.base.wrapping_add(u64::from(slot).wrapping_mul(slot_size));
         let gen = slab.gen;
         if full {
             self.unlink(s);
@@ -383,11 +360,7 @@ where
             addr,
             size,
             reserved: slot_size,
-            kind: Kind::Slab {
-                slab: s,
-                slot: u8::try_from(slot).unwrap_or(0),
-                gen,
-            },
+            kind: Kind::Slab { slab: s, slot: u8::try_from(slot).unwrap_or(0), gen },
         })
     }
 
@@ -402,9 +375,7 @@ where
         let slot = bin_size(bin);
         let slots = slots_per_slab(bin);
         let bytes = slot.wrapping_mul(u64::from(slots));
-        let base = self
-            .va
-            .alloc(bytes, slot.max(LARGE_GRANULE), Placement::TopDown)?;
+        let base = self.va.alloc(bytes, slot.max(LARGE_GRANULE), Placement::TopDown)?;
         // Committed: take the descriptor.
         if idx == self.free_slab {
             self.free_slab = self.slabs.get(idx as usize).map_or(NIL, |s| s.next);
@@ -433,10 +404,7 @@ where
     }
 
     fn unlink(&mut self, s: u32) {
-        let Some(&Slab {
-            next, prev, bin, ..
-        }) = self.slabs.get(s as usize)
-        else {
+        let Some(&Slab { next, prev, bin, .. }) = self.slabs.get(s as usize) else {
             return;
         };
         if let Some(p) = self.slabs.get_mut(prev as usize) {
@@ -471,16 +439,9 @@ where
 
     fn alloc_large(&mut self, size: u64, align: u64) -> Result<PoolAlloc, PoolError> {
         let rounded = round_up(size, LARGE_GRANULE).ok_or(VaError::Overflow)?;
-        let addr = self
-            .va
-            .alloc(rounded, align.max(LARGE_GRANULE), Placement::BottomUp)?;
+        let addr = self.va.alloc(rounded, align.max(LARGE_GRANULE), Placement::BottomUp)?;
         self.count(size, rounded, true);
-        Ok(PoolAlloc {
-            addr,
-            size,
-            reserved: rounded,
-            kind: Kind::Large,
-        })
+        Ok(PoolAlloc { addr, size, reserved: rounded, kind: Kind::Large })
     }
 
     // ----- common ----------------------------------------------------------
@@ -585,9 +546,7 @@ fn slot_for(size: u64, align: u64) -> Option<(usize, u64)> {
         return None;
     }
     let slot = need.checked_next_power_of_two()?;
-    let bin = (slot
-        .trailing_zeros()
-        .wrapping_sub(MIN_SLOT.trailing_zeros())) as usize;
+    let bin = (slot.trailing_zeros().wrapping_sub(MIN_SLOT.trailing_zeros())) as usize;
     Some((bin, slot))
 }
 

@@ -43,8 +43,7 @@ impl VaStats {
 
     /// Bytes of node storage in use (out-of-band metadata).
     pub fn metadata_bytes(&self) -> u64 {
-        self.nodes_used
-            .saturating_mul(core::mem::size_of::<crate::mem::va::VaNode>() as u64)
+        self.nodes_used.saturating_mul(core::mem::size_of::<crate::mem::va::VaNode>() as u64)
     }
 }
 
@@ -54,9 +53,6 @@ pub fn fragmentation_ppm(largest: u64, free: u64) -> u32 {
         return 0;
     }
     let lost = u128::from(free.saturating_sub(largest));
-    let ppm = lost
-        .saturating_mul(1_000_000)
-        .checked_div(u128::from(free))
-        .unwrap_or(0);
+    let ppm = lost.saturating_mul(1_000_000).checked_div(u128::from(free)).unwrap_or(0);
     u32::try_from(ppm).unwrap_or(1_000_000)
 }

@@ -79,15 +79,8 @@ pub struct VaNode {
 
 impl VaNode {
     /// An unused node, to initialise storage arrays.
-    pub const EMPTY: VaNode = VaNode {
-        start: 0,
-        len: 0,
-        max_len: 0,
-        left: NIL,
-        right: NIL,
-        height: 0,
-        state: UNUSED,
-    };
+    pub const EMPTY: VaNode =
+        VaNode { start: 0, len: 0, max_len: 0, left: NIL, right: NIL, height: 0, state: UNUSED };
 }
 
 impl Default for VaNode {
@@ -127,9 +120,7 @@ impl fmt::Display for VaError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
             VaError::ZeroSize => "zero-sized VA request",
-            VaError::BadAlignment => {
-                "alignment is not a power of two or address is not 128-byte aligned"
-            }
+            VaError::BadAlignment => "alignment is not a power of two or address is not 128-byte aligned",
             VaError::Overflow => "size or alignment overflows the address space",
             VaError::NoSpace => "no free VA range is large enough",
             VaError::OutOfRange => "fixed VA range is outside the arena",
@@ -284,11 +275,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// The allocation starting at `addr`, if any. O(log n).
     pub fn lookup(&self, addr: u64) -> Option<VaRange> {
         let x = self.find(self.allocs, addr)?;
-        Some(VaRange {
-            addr,
-            size: self.len(x),
-            retired: self.state(x) == RETIRED,
-        })
+        Some(VaRange { addr, size: self.len(x), retired: self.state(x) == RETIRED })
     }
 
     /// Marks the allocation at `addr` as retired: its owner freed it but the
@@ -309,34 +296,54 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// coalesces it with adjacent holes. Returns its size. An unknown
     /// address, or a second free, is [`VaError::NotAllocated`]. O(log n).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
-        let x = self.find(self.allocs, addr).ok_or(VaError::NotAllocated)?;
+        let (root, removed) = self.remove(self.allocs, addr);
+        self.allocs = root;
+        let x = removed.ok_or(VaError::NotAllocated)?;
         let size = self.len(x);
         let end = addr.wrapping_add(size);
-        self.allocs = self.remove(self.allocs, addr);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
-        let mut start = addr;
-        let mut len = size;
-        if addr > self.base {
-            if let Some(l) = self.pred_or_eq(self.holes, addr.wrapping_sub(1)) {
-                if self.start(l).wrapping_add(self.len(l)) == addr {
-                    start = self.start(l);
-                    len = len.wrapping_add(self.len(l));
-                    self.holes = self.remove(self.holes, start);
-                    self.hole_count = self.hole_count.wrapping_sub(1);
-                    self.release(l);
+        // One descent finds both neighbouring holes.
+        let (pred, succ) = self.neighbours(self.holes, addr);
+        let left = pred.filter(|&l| self.start(l).wrapping_add(self.len(l)) == addr);
+        let right = succ.filter(|&r| self.start(r) == end);
+        match (left, right) {
+            (Some(l), Some(r)) => {
+                // [L][x][R] -> L grows over both; R leaves the tree. L's key
+                // is unchanged, so only max_len on its path changes.
+                let rlen = self.len(r);
+                let (root, _) = self.remove(self.holes, end);
+                self.holes = root;
+                self.release(r);
+                self.hole_count = self.hole_count.wrapping_sub(1);
+                let ls = self.start(l);
+                self.set_len(l, self.len(l).wrapping_add(size).wrapping_add(rlen));
+                self.refresh_path(ls);
+                self.release(x);
+            }
+            (Some(l), None) => {
+                let ls = self.start(l);
+                self.set_len(l, self.len(l).wrapping_add(size));
+                self.refresh_path(ls);
+                self.release(x);
+            }
+            (None, Some(r)) => {
+                // R's start moves down to addr: still above the previous
+                // hole's end, so its place in the order is unchanged.
+                let rlen = self.len(r);
+                if let Some(n) = self.node_mut(r) {
+                    n.start = addr;
+                    n.len = rlen.wrapping_add(size);
                 }
+                self.refresh_path(addr);
+                self.release(x);
+            }
+            (None, None) => {
+                self.set(x, addr, size, HOLE);
+                self.holes = self.insert(self.holes, x);
+                self.hole_count = self.hole_count.wrapping_add(1);
             }
         }
-        if let Some(r) = self.find(self.holes, end) {
-            len = len.wrapping_add(self.len(r));
-            self.holes = self.remove(self.holes, end);
-            self.hole_count = self.hole_count.wrapping_sub(1);
-            self.release(r);
-        }
-        self.set(x, start, len, HOLE);
-        self.holes = self.insert(self.holes, x);
-        self.hole_count = self.hole_count.wrapping_add(1);
         Ok(size)
     }
 
@@ -366,11 +373,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// for leak reports and tests.
     pub fn for_each_allocation(&self, mut f: impl FnMut(VaRange)) {
         self.in_order(self.allocs, 0, &mut |a: &Self, x| {
-            f(VaRange {
-                addr: a.start(x),
-                size: a.len(x),
-                retired: a.state(x) == RETIRED,
-            })
+            f(VaRange { addr: a.start(x), size: a.len(x), retired: a.state(x) == RETIRED })
         });
     }
 
@@ -378,21 +381,11 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// ranges tile the arena exactly, holes coalesced, counters). O(n); for
     /// tests and debug builds.
     pub fn validate(&self) -> Result<(), &'static str> {
-        let mut v = Validator {
-            prev_end: None,
-            ok: Ok(()),
-            count: 0,
-            bytes: 0,
-        };
+        let mut v = Validator { prev_end: None, ok: Ok(()), count: 0, bytes: 0 };
         self.check_tree(self.holes, 0, &mut v, true)?;
         let holes = v.count;
         let free = v.bytes;
-        let mut w = Validator {
-            prev_end: None,
-            ok: Ok(()),
-            count: 0,
-            bytes: 0,
-        };
+        let mut w = Validator { prev_end: None, ok: Ok(()), count: 0, bytes: 0 };
         self.check_tree(self.allocs, 0, &mut w, false)?;
         v.ok?;
         w.ok?;
@@ -449,9 +442,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                 after = Some(s);
             }
         }
-        let need = size
-            .checked_add(align.wrapping_sub(MIN_ALIGN))
-            .ok_or(VaError::Overflow)?;
+        let need = size.checked_add(align.wrapping_sub(MIN_ALIGN)).ok_or(VaError::Overflow)?;
         let h = self.first_fit(self.holes, need).ok_or(VaError::NoSpace)?;
         let a = align_up(self.start(h), align).ok_or(VaError::NoSpace)?;
         Ok((h, a))
@@ -477,9 +468,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                 before = Some(s);
             }
         }
-        let need = size
-            .checked_add(align.wrapping_sub(MIN_ALIGN))
-            .ok_or(VaError::Overflow)?;
+        let need = size.checked_add(align.wrapping_sub(MIN_ALIGN)).ok_or(VaError::Overflow)?;
         let h = self.last_fit(self.holes, need).ok_or(VaError::NoSpace)?;
         let s = self.start(h);
         let end = s.wrapping_add(self.len(h));
@@ -501,22 +490,39 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if self.available_nodes() < new_nodes {
             return Err(VaError::NodeCapacity);
         }
-        self.holes = self.remove(self.holes, hs);
-        self.hole_count = self.hole_count.wrapping_sub(1);
-        let mut spare = Some(h);
-        if front {
-            let n = spare.take().or_else(|| self.take_node()).unwrap_or(NIL);
-            self.set(n, hs, addr.wrapping_sub(hs), HOLE);
-            self.holes = self.insert(self.holes, n);
-            self.hole_count = self.hole_count.wrapping_add(1);
-        }
-        if back {
-            let n = spare.take().or_else(|| self.take_node()).unwrap_or(NIL);
-            self.set(n, end, he.wrapping_sub(end), HOLE);
-            self.holes = self.insert(self.holes, n);
-            self.hole_count = self.hole_count.wrapping_add(1);
-        }
-        let n = spare.take().or_else(|| self.take_node()).unwrap_or(NIL);
+        let n = match (front, back) {
+            (true, true) => {
+                // h keeps the front part in place; the back part is new.
+                self.set_len(h, addr.wrapping_sub(hs));
+                self.refresh_path(hs);
+                let b = self.take_node().unwrap_or(NIL);
+                self.set(b, end, he.wrapping_sub(end), HOLE);
+                self.holes = self.insert(self.holes, b);
+                self.hole_count = self.hole_count.wrapping_add(1);
+                self.take_node().unwrap_or(NIL)
+            }
+            (true, false) => {
+                self.set_len(h, addr.wrapping_sub(hs));
+                self.refresh_path(hs);
+                self.take_node().unwrap_or(NIL)
+            }
+            (false, true) => {
+                // h's start moves up to `end`, still below the next hole:
+                // its place in the order is unchanged.
+                if let Some(x) = self.node_mut(h) {
+                    x.start = end;
+                    x.len = he.wrapping_sub(end);
+                }
+                self.refresh_path(end);
+                self.take_node().unwrap_or(NIL)
+            }
+            (false, false) => {
+                let (root, _) = self.remove(self.holes, hs);
+                self.holes = root;
+                self.hole_count = self.hole_count.wrapping_sub(1);
+                h
+            }
+        };
         self.set(n, addr, size, ALLOC);
         self.allocs = self.insert(self.allocs, n);
         self.alloc_count = self.alloc_count.wrapping_add(1);
@@ -684,14 +690,26 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             self.update(x);
             return x;
         }
-        if self.start(x) < self.start(root) {
-            let l = self.insert(self.left(root), x);
-            self.set_left(root, l);
+        let go_left = self.start(x) < self.start(root);
+        let c = if go_left { self.left(root) } else { self.right(root) };
+        let before = self.summary(c);
+        let nc = self.insert(c, x);
+        if go_left {
+            self.set_left(root, nc);
         } else {
-            let r = self.insert(self.right(root), x);
-            self.set_right(root, r);
+            self.set_right(root, nc);
+        }
+        if nc == c && self.summary(nc) == before {
+            // Nothing this node depends on changed: skip the update.
+            return root;
         }
         self.rebalance(root)
+    }
+
+    /// What a parent's height and `max_len` depend on in a child.
+    #[inline]
+    fn summary(&self, n: u32) -> (u8, u64) {
+        self.node(n).map_or((0, 0), |x| (x.height, x.max_len))
     }
 
     /// Detaches the minimum of `root`; returns (new root, min node).
@@ -705,30 +723,102 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         (self.rebalance(root), m)
     }
 
-    /// Detaches the node whose start is `key` (it must exist); returns the
-    /// new root. The detached node keeps its index and fields.
-    fn remove(&mut self, root: u32, key: u64) -> u32 {
+    /// Detaches the node whose start is `key`; returns the new root and the
+    /// detached node (which keeps its index and fields), or `None` and an
+    /// unchanged tree when no node has that key.
+    fn remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
         if root == NIL {
-            return NIL;
+            return (NIL, None);
         }
         let s = self.start(root);
-        if key < s {
-            let l = self.remove(self.left(root), key);
-            self.set_left(root, l);
-        } else if key > s {
-            let r = self.remove(self.right(root), key);
-            self.set_right(root, r);
+        let found = if key != s {
+            let go_left = key < s;
+            let c = if go_left { self.left(root) } else { self.right(root) };
+            let before = self.summary(c);
+            let (nc, f) = self.remove(c, key);
+            if go_left {
+                self.set_left(root, nc);
+            } else {
+                self.set_right(root, nc);
+            }
+            if nc == c && self.summary(nc) == before {
+                return (root, f);
+            }
+            f
         } else {
             let (l, r) = (self.left(root), self.right(root));
             if r == NIL {
-                return l;
+                return (l, Some(root));
             }
             let (nr, m) = self.remove_min(r);
             self.set_left(m, l);
             self.set_right(m, nr);
-            return self.rebalance(m);
+            return (self.rebalance(m), Some(root));
+        };
+        if found.is_none() {
+            return (root, None);
         }
-        self.rebalance(root)
+        (self.rebalance(root), found)
+    }
+
+    /// Recomputes `max_len` on the path from the root to the hole starting
+    /// at `key`, after that hole's length changed in place (heights are
+    /// unchanged). Stops early once a value does not change.
+    fn refresh_path(&mut self, key: u64) {
+        let mut path = [NIL; MAX_HEIGHT];
+        let mut depth = 0usize;
+        let mut x = self.holes;
+        for slot in path.iter_mut() {
+            if x == NIL {
+                break;
+            }
+            *slot = x;
+            depth = depth.wrapping_add(1);
+            let s = self.start(x);
+            if key == s {
+                break;
+            }
+            x = if key < s { self.left(x) } else { self.right(x) };
+        }
+        for i in (0..depth).rev() {
+            let n = path.get(i).copied().unwrap_or(NIL);
+            let old = self.max_len(n);
+            let m = max3(self.len(n), self.max_len(self.left(n)), self.max_len(self.right(n)));
+            if m == old && i.wrapping_add(1) < depth {
+                break;
+            }
+            if let Some(node) = self.node_mut(n) {
+                node.max_len = m;
+            }
+        }
+    }
+
+    /// Greatest node with start < key and least node with start > key.
+    fn neighbours(&self, root: u32, key: u64) -> (Option<u32>, Option<u32>) {
+        let mut x = root;
+        let (mut pred, mut succ) = (None, None);
+        for _ in 0..MAX_HEIGHT {
+            if x == NIL {
+                break;
+            }
+            let s = self.start(x);
+            if s < key {
+                pred = Some(x);
+                x = self.right(x);
+            } else if s > key {
+                succ = Some(x);
+                x = self.left(x);
+            } else {
+                break;
+            }
+        }
+        (pred, succ)
+    }
+
+    fn set_len(&mut self, n: u32, len: u64) {
+        if let Some(x) = self.node_mut(n) {
+            x.len = len;
+        }
     }
 
     fn find(&self, root: u32, key: u64) -> Option<u32> {

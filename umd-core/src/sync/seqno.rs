@@ -89,10 +89,7 @@ impl FenceId {
     /// A fence on `queue` at `seqno`.
     #[inline]
     pub const fn new(queue: QueueId, seqno: u64) -> Self {
-        FenceId {
-            queue,
-            seqno: Seqno(seqno),
-        }
+        FenceId { queue, seqno: Seqno(seqno) }
     }
 
     /// True when this fence is signalled, given the completed value of its
