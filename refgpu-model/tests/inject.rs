@@ -45,25 +45,6 @@ fn drop_the_nth_fence() {
         });
         let mut s = Vec::new();
         for i in 0..4u64 {
-            s.extend(r.enc.fence(DATA + 64 * i, i + 1, false));
-        }
-        r.submit(COMPUTE, &s);
-        r.submit(GFX, &s.iter().map(|&d| d).collect::<Vec<_>>());
-        r.wait_idle(COMPUTE);
-        let got: Vec<u64> = (0..4).map(|i| r.m.read_u64(DATA + 64 * i).unwrap()).collect();
-        // GFX is not affected and rewrites all four after or before COMPUTE;
-        // check COMPUTE alone with distinct addresses below instead.
-        let _ = got;
-        r.wait_idle(GFX);
-
-        let mut r = Rig::new(gen);
-        r.m.set_fault_injection(FaultInjection {
-            drop_fence_nth: Some(2),
-            drop_fence_engines: 1 << COMPUTE,
-            ..FaultInjection::default()
-        });
-        let mut s = Vec::new();
-        for i in 0..4u64 {
             s.extend(r.enc.fence(DATA + 64 * i, i + 1, true));
         }
         r.submit(COMPUTE, &s);

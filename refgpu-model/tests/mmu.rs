@@ -137,12 +137,14 @@ fn permission_faults() {
     }
 }
 
+type Setup = Box<dyn Fn(&Rig, &mut PageTables)>;
+
 #[test]
 fn bad_pte_faults() {
     // L0 index 1: not shared with the identity-mapped rings.
     const VAB: u64 = 0x80_3456_7000;
     for gen in gens() {
-        let cases: Vec<(&str, Box<dyn Fn(&Rig, &mut PageTables)>)> = vec![
+        let cases: Vec<(&str, Setup)> = vec![
             (
                 "reserved bit 6 in leaf",
                 Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 1 << 6)),
@@ -153,8 +155,8 @@ fn bad_pte_faults() {
             ),
             ("L3 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | RW))),
             ("CACHE = 3", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 3, DATA | PTE_V | PTE_T | RW | 3 << 4))),
-            ("L0 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 0, PT_POOL + 0x8_0000 | PTE_V))),
-            ("L1 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 1, PT_POOL + 0x8_0000 | PTE_V))),
+            ("L0 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 0, (PT_POOL + 0x8_0000) | PTE_V))),
+            ("L1 with TABLE = 0", Box::new(|r, pt| pt.set_raw(&r.m, VAB, 1, (PT_POOL + 0x8_0000) | PTE_V))),
             (
                 "reserved bit in a table entry",
                 Box::new(|r, pt| {

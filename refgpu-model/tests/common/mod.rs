@@ -354,8 +354,8 @@ impl Rig {
         let m = Model::with_irq_sink(cfg, sink as Arc<_>).unwrap();
         let ring_va = [RING_AREA, RING_AREA + RING_STRIDE, RING_AREA + 2 * RING_STRIDE];
         let r = Self { m, irq, enc: Enc(gen), ring_va, ring_size: 4096, wptr: [0; 3] };
-        for e in 0..3 {
-            r.setup_ring(e, ring_va[e], 4096);
+        for (e, va) in ring_va.into_iter().enumerate() {
+            r.setup_ring(e, va, 4096);
         }
         r.m.write_reg(regs::IRQ_MASK, 0x707);
         r
