@@ -17,9 +17,7 @@ impl Default for Clock {
 impl Clock {
     /// A clock reading 0 now.
     pub fn new() -> Self {
-        Self {
-            start: Instant::now(),
-        }
+        Self { start: Instant::now() }
     }
 
     /// Nanoseconds since the model started.

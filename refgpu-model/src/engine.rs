@@ -110,13 +110,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(
-        gen: Generation,
-        regs: Arc<RegPage>,
-        mem: SysMem,
-        irq: Irq,
-        wait_poll: Duration,
-    ) -> Self {
+    pub fn new(gen: Generation, regs: Arc<RegPage>, mem: SysMem, irq: Irq, wait_poll: Duration) -> Self {
         Self {
             gen,
             regs,
@@ -125,11 +119,7 @@ impl Shared {
             irq,
             clock: Clock::new(),
             mem_waker: Waker::default(),
-            engines: [
-                EngineShared::new(),
-                EngineShared::new(),
-                EngineShared::new(),
-            ],
+            engines: [EngineShared::new(), EngineShared::new(), EngineShared::new()],
             inject: Mutex::new(FaultInjection::default()),
             inject_version: AtomicU64::new(0),
             wait_poll,
@@ -151,8 +141,7 @@ impl Shared {
             let w = self.ereg(e, eng::RING_WPTR);
             es.wptr.store(w, Ordering::SeqCst);
             if w != es.rptr.load(Ordering::SeqCst) {
-                self.regs
-                    .fetch_or(regs::engine_base(e) + eng::STATUS, regs::STATUS_BUSY);
+                self.regs.fetch_or(regs::engine_base(e) + eng::STATUS, regs::STATUS_BUSY);
             }
         }
         es.waker.wake();
@@ -304,11 +293,7 @@ impl Engine {
         let sh = Arc::clone(&self.sh);
         let es = &sh.engines[self.id];
         let _g = es.status_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let busy = if self.rptr != es.wptr.load(Ordering::SeqCst) {
-            regs::STATUS_BUSY
-        } else {
-            0
-        };
+        let busy = if self.rptr != es.wptr.load(Ordering::SeqCst) { regs::STATUS_BUSY } else { 0 };
         let keep = self.status & (regs::STATUS_HALTED | regs::STATUS_IN_IB);
         // Store unconditionally: a doorbell may have set BUSY in the page.
         self.status = keep | busy;
@@ -350,9 +335,7 @@ impl Engine {
         }
         self.xlat.flush();
         self.sh.irq.clear_status(regs::irq_engine_bits(self.id));
-        self.sh
-            .regs
-            .fetch_and(regs::engine_base(self.id) + eng::CTRL, !regs::CTRL_RESET);
+        self.sh.regs.fetch_and(regs::engine_base(self.id) + eng::CTRL, !regs::CTRL_RESET);
         self.es().reset_done.store(req, Ordering::SeqCst);
         self.es().reset_waker.wake();
     }
@@ -361,11 +344,7 @@ impl Engine {
         self.reg_store64(eng::FAULT_ADDR_LO, f.addr);
         self.reg_store(eng::FAULT_STATUS, f.status_bits());
         self.halted = true;
-        let busy = if self.rptr != self.es().wptr.load(Ordering::SeqCst) {
-            regs::STATUS_BUSY
-        } else {
-            0
-        };
+        let busy = if self.rptr != self.es().wptr.load(Ordering::SeqCst) { regs::STATUS_BUSY } else { 0 };
         let s = (self.status & regs::STATUS_IN_IB) | regs::STATUS_HALTED | busy;
         self.set_status(s);
         self.sh.irq.set_status(regs::irq_fault_bit(self.id));
@@ -387,11 +366,7 @@ impl Engine {
             return Err(Fault::invalid(hdr, 0).into());
         }
         // Packets may not cross WPTR nor the end of the ring.
-        let avail = if wptr > rptr {
-            wptr - rptr
-        } else {
-            size - rptr
-        };
+        let avail = if wptr > rptr { wptr - rptr } else { size - rptr };
         let (header, pkt) = self.fetch(hdr, avail / 4, false)?;
         self.execute(hdr, header, pkt)?;
         let mut next = rptr + 4 * (1 + header.ndw);
@@ -427,12 +402,10 @@ impl Engine {
 
     /// Translates with the fault's opcode filled in.
     pub fn xl(&mut self, va: u64, access: Access, opcode: u8) -> Res<Translation> {
-        self.xlat
-            .translate(&self.sh.mmu, &self.sh.mem, va, access)
-            .map_err(|mut f| {
-                f.opcode = opcode;
-                Stop::Fault(f)
-            })
+        self.xlat.translate(&self.sh.mmu, &self.sh.mem, va, access).map_err(|mut f| {
+            f.opcode = opcode;
+            Stop::Fault(f)
+        })
     }
 
     /// Fetches the packet at `hdr` with at most `avail` dwords before the
@@ -445,11 +418,7 @@ impl Engine {
         }
         let gen = self.sh.gen;
         let t = self.xl(hdr, Access::Fetch, 0)?;
-        let h = self
-            .sh
-            .mem
-            .read_u32(t.pa)
-            .map_err(|_| bus(hdr, Access::Fetch, 0))?;
+        let h = self.sh.mem.read_u32(t.pa).map_err(|_| bus(hdr, Access::Fetch, 0))?;
         let raw = packet::raw_opcode(gen, h);
         let header = packet::decode_header(gen, h).map_err(|e| Fault::invalid(hdr, e.opcode))?;
         if avail == 0 || header.ndw > avail - 1 {
@@ -479,13 +448,9 @@ impl Engine {
             }
             i += n;
         };
-        let ctx = Context {
-            engine: self.id,
-            in_ib,
-            addr: hdr,
-        };
-        let decoded = result
-            .and_then(|()| packet::decode_payload(gen, ctx, header, &buf).map_err(Stop::Fault));
+        let ctx = Context { engine: self.id, in_ib, addr: hdr };
+        let decoded =
+            result.and_then(|()| packet::decode_payload(gen, ctx, header, &buf).map_err(Stop::Fault));
         self.buf = buf;
         decoded.map(|p| (header, p))
     }
@@ -539,21 +504,12 @@ impl Engine {
 
     /// Sets or clears STATUS.WAITING.
     pub fn set_waiting(&mut self, on: bool) {
-        let s = if on {
-            self.status | regs::STATUS_WAITING
-        } else {
-            self.status & !regs::STATUS_WAITING
-        };
+        let s = if on { self.status | regs::STATUS_WAITING } else { self.status & !regs::STATUS_WAITING };
         self.set_status(s);
     }
 }
 
 /// A BUS fault (used when a checked translation still misses the window).
 pub(crate) fn bus(va: u64, access: Access, opcode: u8) -> Fault {
-    Fault {
-        kind: crate::FaultKind::Bus,
-        access,
-        addr: va,
-        opcode,
-    }
+    Fault { kind: crate::FaultKind::Bus, access, addr: va, opcode }
 }

@@ -76,10 +76,7 @@ impl Fault {
 
     /// The FAULT_STATUS register value for this fault.
     pub fn status_bits(&self) -> u32 {
-        Self::VALID
-            | (self.kind as u32)
-            | ((self.access as u32) << 4)
-            | (u32::from(self.opcode) << 8)
+        Self::VALID | (self.kind as u32) | ((self.access as u32) << 4) | (u32::from(self.opcode) << 8)
     }
 
     /// Decodes FAULT_STATUS and FAULT_ADDR; `None` when VALID is clear or a
@@ -98,12 +95,7 @@ impl Fault {
 
     /// An INVALID_PACKET fault at a packet header.
     pub(crate) fn invalid(header_addr: u64, opcode: u8) -> Self {
-        Self {
-            kind: FaultKind::InvalidPacket,
-            access: Access::Fetch,
-            addr: header_addr,
-            opcode,
-        }
+        Self { kind: FaultKind::InvalidPacket, access: Access::Fetch, addr: header_addr, opcode }
     }
 }
 
@@ -145,10 +137,7 @@ impl fmt::Display for ModelError {
         match self {
             Self::Config(why) => write!(f, "invalid model configuration: {why}"),
             Self::OutOfRange { addr, len } => {
-                write!(
-                    f,
-                    "host access of {len} bytes at {addr:#x} is outside system memory"
-                )
+                write!(f, "host access of {len} bytes at {addr:#x} is outside system memory")
             }
             Self::Misaligned { addr } => write!(f, "misaligned host access at {addr:#x}"),
             Self::EngineGone(e) => write!(f, "engine {e} thread is not running"),

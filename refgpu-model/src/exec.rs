@@ -35,19 +35,10 @@ impl Engine {
             Packet::WriteData { dst, count } => self.write_data(dst, count, opcode),
             Packet::DmaCopy { src, dst, size } => self.dma_copy(src, dst, size, opcode),
             Packet::Fill { dst, size, value } => self.fill(dst, size, value, opcode),
-            Packet::Fence {
-                addr,
-                value,
-                irq,
-                dropped,
-            } => self.fence(addr, value, irq, dropped, opcode),
-            Packet::WaitMem {
-                addr,
-                reference,
-                mask,
-                op,
-                wide,
-            } => self.wait_mem(addr, reference, mask, op, wide, opcode),
+            Packet::Fence { addr, value, irq, dropped } => self.fence(addr, value, irq, dropped, opcode),
+            Packet::WaitMem { addr, reference, mask, op, wide } => {
+                self.wait_mem(addr, reference, mask, op, wide, opcode)
+            }
             Packet::Timestamp { addr } => {
                 let t = self.xl(addr, Access::Write, opcode)?;
                 let now = self.sh.clock.now_ns();
@@ -58,10 +49,7 @@ impl Engine {
                 self.sh.mem_waker.wake();
                 Ok(())
             }
-            Packet::Barrier {
-                wait_idle,
-                invalidate: _,
-            } => {
+            Packet::Barrier { wait_idle, invalidate: _ } => {
                 // Every write of this engine is already complete when its
                 // packet ends; WAIT_IDLE adds a full fence for visibility.
                 // The model keeps no read caches, so INVALIDATE has nothing
@@ -71,14 +59,9 @@ impl Engine {
                 }
                 Ok(())
             }
-            Packet::Dispatch {
-                op,
-                a,
-                b,
-                dst,
-                count,
-                scalar,
-            } => self.dispatch(op, a, b, dst, count, scalar, opcode),
+            Packet::Dispatch { op, a, b, dst, count, scalar } => {
+                self.dispatch(op, a, b, dst, count, scalar, opcode)
+            }
         }
     }
 
@@ -136,24 +119,14 @@ impl Engine {
         r
     }
 
-    fn copy_chunk_with(
-        &mut self,
-        tmp: &mut [u8],
-        src: u64,
-        dst: u64,
-        len: usize,
-        opcode: u8,
-    ) -> Res<()> {
+    fn copy_chunk_with(&mut self, tmp: &mut [u8], src: u64, dst: u64, len: usize, opcode: u8) -> Res<()> {
         let len = len.min(tmp.len());
         let mut i = 0usize;
         while i < len {
             let va = src + i as u64;
             let t = self.xl(va, Access::Read, opcode)?;
             let n = (t.extent.min((len - i) as u64) as usize).max(1);
-            self.sh
-                .mem
-                .read_bytes(t.pa, &mut tmp[i..i + n])
-                .map_err(|_| bus(va, Access::Read, opcode))?;
+            self.sh.mem.read_bytes(t.pa, &mut tmp[i..i + n]).map_err(|_| bus(va, Access::Read, opcode))?;
             i += n;
         }
         let mut i = 0usize;
@@ -161,10 +134,7 @@ impl Engine {
             let va = dst + i as u64;
             let t = self.xl(va, Access::Write, opcode)?;
             let n = (t.extent.min((len - i) as u64) as usize).max(1);
-            self.sh
-                .mem
-                .write_bytes(t.pa, &tmp[i..i + n])
-                .map_err(|_| bus(va, Access::Write, opcode))?;
+            self.sh.mem.write_bytes(t.pa, &tmp[i..i + n]).map_err(|_| bus(va, Access::Write, opcode))?;
             i += n;
         }
         Ok(())
@@ -268,11 +238,7 @@ impl Engine {
     fn read_wait_value(&mut self, addr: u64, wide: bool, opcode: u8) -> Res<u64> {
         let t = self.xl(addr, Access::Read, opcode)?;
         let mem = &self.sh.mem;
-        let v = if wide {
-            mem.read_u64(t.pa)
-        } else {
-            mem.read_u32(t.pa).map(u64::from)
-        };
+        let v = if wide { mem.read_u64(t.pa) } else { mem.read_u32(t.pa).map(u64::from) };
         v.map_err(|_| bus(addr, Access::Read, opcode).into())
     }
 
@@ -344,9 +310,7 @@ impl Engine {
                 Ok(t) => t,
                 Err(e) => break Err(e),
             };
-            let run = (ta.extent.min(tb.extent).min(td.extent) / 4)
-                .clamp(1, count - i)
-                .min(CHUNK as u64 / 4);
+            let run = (ta.extent.min(tb.extent).min(td.extent) / 4).clamp(1, count - i).min(CHUNK as u64 / 4);
             let mem = &self.sh.mem;
             let mut err = None;
             for k in 0..run {
@@ -363,10 +327,7 @@ impl Engine {
                         break;
                     }
                 };
-                if mem
-                    .write_u32(td.pa + 4 * k, dispatch::element(op, x, y, scalar))
-                    .is_err()
-                {
+                if mem.write_u32(td.pa + 4 * k, dispatch::element(op, x, y, scalar)).is_err() {
                     err = Some(bus(dst + 4 * (i + k), Access::Write, opcode));
                     break;
                 }

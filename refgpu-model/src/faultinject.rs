@@ -97,21 +97,11 @@ impl EngineInjection {
         let drops = cfg.drop_fence_engines & bit != 0;
         Self {
             version,
-            latency: if cfg.latency_engines & bit != 0 {
-                cfg.packet_latency
-            } else {
-                Duration::ZERO
-            },
+            latency: if cfg.latency_engines & bit != 0 { cfg.packet_latency } else { Duration::ZERO },
             drop_nth: if drops { cfg.drop_fence_nth } else { None },
-            drop_probability: if drops {
-                cfg.drop_fence_probability
-            } else {
-                0.0
-            },
+            drop_probability: if drops { cfg.drop_fence_probability } else { 0.0 },
             fences: 0,
-            rng: SplitMix64::new(
-                cfg.seed ^ (engine as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F),
-            ),
+            rng: SplitMix64::new(cfg.seed ^ (engine as u64 + 1).wrapping_mul(0xA076_1D64_78BD_642F)),
         }
     }
 

@@ -46,11 +46,7 @@ impl ChannelSink {
 impl IrqSink for ChannelSink {
     fn raise(&self, vector: u32) {
         // A closed receiver just means nobody listens any more.
-        let _ = self
-            .0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .send(vector);
+        let _ = self.0.lock().unwrap_or_else(|p| p.into_inner()).send(vector);
     }
 }
 
@@ -99,10 +95,7 @@ impl Irq {
 
     /// Sets the injected delivery delay.
     pub fn set_delay(&self, d: Duration) {
-        self.delay_ns.store(
-            u64::try_from(d.as_nanos()).unwrap_or(u64::MAX),
-            Ordering::Relaxed,
-        );
+        self.delay_ns.store(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX), Ordering::Relaxed);
     }
 
     /// Number of times vector `v` was raised.
@@ -114,8 +107,7 @@ impl Irq {
         for e in 0..NUM_ENGINES {
             if rising & regs::irq_engine_bits(e) != 0 {
                 self.counts[e].fetch_add(1, Ordering::SeqCst);
-                let at =
-                    Instant::now() + Duration::from_nanos(self.delay_ns.load(Ordering::Relaxed));
+                let at = Instant::now() + Duration::from_nanos(self.delay_ns.load(Ordering::Relaxed));
                 if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
                     let _ = tx.send((at, e as u32));
                 }

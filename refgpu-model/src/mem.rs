@@ -63,19 +63,13 @@ impl Drop for SysMem {
 impl SysMem {
     fn check_geometry(base: u64, size: u64) -> Result<(), ModelError> {
         if size == 0 || size % 8 != 0 || base % 8 != 0 {
-            return Err(ModelError::Config(
-                "mem_base and mem_size must be multiples of 8, size > 0",
-            ));
+            return Err(ModelError::Config("mem_base and mem_size must be multiples of 8, size > 0"));
         }
         if base.checked_add(size).is_none_or(|end| end > 1 << 48) {
-            return Err(ModelError::Config(
-                "the memory window must end at or below 2^48",
-            ));
+            return Err(ModelError::Config("the memory window must end at or below 2^48"));
         }
         if usize::try_from(size).is_err() {
-            return Err(ModelError::Config(
-                "mem_size does not fit the host address space",
-            ));
+            return Err(ModelError::Config("mem_size does not fit the host address space"));
         }
         Ok(())
     }
@@ -89,12 +83,7 @@ impl SysMem {
         let b: Box<[u64]> = vec![0u64; words].into_boxed_slice();
         let raw = Box::into_raw(b);
         let ptr = NonNull::new(raw.cast::<u8>()).ok_or(ModelError::Config("allocation failed"))?;
-        Ok(Self {
-            base,
-            size,
-            ptr,
-            backing: Backing::Owned { words },
-        })
+        Ok(Self { base, size, ptr, backing: Backing::Owned { words } })
     }
 
     /// A window over a caller-provided mapping of `size` bytes whose first
@@ -109,16 +98,9 @@ impl SysMem {
     pub unsafe fn from_raw(base: u64, size: u64, ptr: NonNull<u8>) -> Result<Self, ModelError> {
         Self::check_geometry(base, size)?;
         if ptr.as_ptr() as usize % 8 != 0 {
-            return Err(ModelError::Config(
-                "the memory mapping must be 8-byte aligned",
-            ));
+            return Err(ModelError::Config("the memory mapping must be 8-byte aligned"));
         }
-        Ok(Self {
-            base,
-            size,
-            ptr,
-            backing: Backing::Shared,
-        })
+        Ok(Self { base, size, ptr, backing: Backing::Shared })
     }
 
     /// First physical address of the window.
@@ -133,10 +115,7 @@ impl SysMem {
 
     /// Whether `[pa, pa + len)` lies in the window.
     pub fn contains(&self, pa: u64, len: u64) -> bool {
-        pa >= self.base
-            && pa
-                .checked_add(len)
-                .is_some_and(|end| end <= self.base + self.size)
+        pa >= self.base && pa.checked_add(len).is_some_and(|end| end <= self.base + self.size)
     }
 
     /// Bytes from `pa` to the end of the window (0 if `pa` is outside).
@@ -151,11 +130,7 @@ impl SysMem {
     /// Host pointer of `[pa, pa + len)`, checked.
     fn host(&self, pa: u64, len: u64) -> Result<*mut u8, OutOfWindow> {
         if !self.contains(pa, len) {
-            let first_bad = if pa < self.base {
-                pa
-            } else {
-                pa.max(self.base + self.size)
-            };
+            let first_bad = if pa < self.base { pa } else { pa.max(self.base + self.size) };
             return Err(OutOfWindow(first_bad));
         }
         // SAFETY: `pa - base < size` (checked just above), so the offset
@@ -209,11 +184,8 @@ impl SysMem {
     /// Writes the 64-bit value at 8-aligned `pa` with the given ordering
     /// (`Release` for FENCE).
     pub fn write_u64(&self, pa: u64, v: u64, order: Ordering) -> Result<(), OutOfWindow> {
-        let order = if order == Ordering::Acquire || order == Ordering::AcqRel {
-            Ordering::Release
-        } else {
-            order
-        };
+        let order =
+            if order == Ordering::Acquire || order == Ordering::AcqRel { Ordering::Release } else { order };
         self.u64_at(pa & !7)?.store(v, order);
         Ok(())
     }
@@ -222,9 +194,7 @@ impl SysMem {
     pub fn read_u32s(&self, pa: u64, out: &mut [u32]) -> Result<(), OutOfWindow> {
         self.host(pa & !3, out.len() as u64 * 4)?;
         for (i, o) in out.iter_mut().enumerate() {
-            *o = self
-                .u32_at((pa & !3) + 4 * i as u64)?
-                .load(Ordering::Relaxed);
+            *o = self.u32_at((pa & !3) + 4 * i as u64)?.load(Ordering::Relaxed);
         }
         Ok(())
     }
@@ -233,8 +203,7 @@ impl SysMem {
     pub fn write_u32s(&self, pa: u64, data: &[u32]) -> Result<(), OutOfWindow> {
         self.host(pa & !3, data.len() as u64 * 4)?;
         for (i, d) in data.iter().enumerate() {
-            self.u32_at((pa & !3) + 4 * i as u64)?
-                .store(*d, Ordering::Relaxed);
+            self.u32_at((pa & !3) + 4 * i as u64)?.store(*d, Ordering::Relaxed);
         }
         Ok(())
     }
@@ -267,8 +236,7 @@ impl SysMem {
             if a % 8 == 0 && data.len() - i >= 8 {
                 let mut w = [0u8; 8];
                 w.copy_from_slice(&data[i..i + 8]);
-                self.u64_at(a)?
-                    .store(u64::from_le_bytes(w), Ordering::Relaxed);
+                self.u64_at(a)?.store(u64::from_le_bytes(w), Ordering::Relaxed);
                 i += 8;
             } else {
                 self.u8_at(a)?.store(data[i], Ordering::Relaxed);

@@ -110,12 +110,7 @@ struct Leaf {
 }
 
 fn fault(kind: FaultKind, access: Access, va: u64) -> Fault {
-    Fault {
-        kind,
-        access,
-        addr: va,
-        opcode: 0,
-    }
+    Fault { kind, access, addr: va, opcode: 0 }
 }
 
 /// Walks the page tables for `va` (no permission check).
@@ -126,9 +121,7 @@ fn walk(mem: &SysMem, root: u64, va: u64, access: Access) -> Result<Leaf, Fault>
     let mut table = root;
     for level in 0..4u32 {
         let idx = (va >> (39 - 9 * level)) & 0x1FF;
-        let pte = mem
-            .read_u64(table + 8 * idx)
-            .map_err(|_| fault(FaultKind::Bus, access, va))?;
+        let pte = mem.read_u64(table + 8 * idx).map_err(|_| fault(FaultKind::Bus, access, va))?;
         if pte & PTE_VALID == 0 {
             return Err(fault(FaultKind::Translation, access, va));
         }
@@ -185,10 +178,7 @@ fn allowed(read: bool, write: bool, access: Access) -> bool {
 impl Translator {
     /// An empty translator.
     pub fn new() -> Self {
-        Self {
-            tlb: [TlbEntry::default(); TLB_ENTRIES],
-            generation: u64::MAX,
-        }
+        Self { tlb: [TlbEntry::default(); TLB_ENTRIES], generation: u64::MAX }
     }
 
     /// Empties the TLB.
@@ -223,13 +213,7 @@ impl Translator {
             if !allowed(e.read, e.write, access) {
                 return Err(fault(FaultKind::Permission, access, va));
             }
-            return self.finish(
-                mem,
-                e.pa_page + (va & (PAGE - 1)),
-                PAGE - (va & (PAGE - 1)),
-                va,
-                access,
-            );
+            return self.finish(mem, e.pa_page + (va & (PAGE - 1)), PAGE - (va & (PAGE - 1)), va, access);
         }
         let root = mmu.root.load(Ordering::Acquire);
         let leaf = walk(mem, root, va, access)?;
@@ -259,10 +243,7 @@ impl Translator {
         if in_window == 0 {
             return Err(fault(FaultKind::Bus, access, va));
         }
-        Ok(Translation {
-            pa,
-            extent: extent.min(in_window),
-        })
+        Ok(Translation { pa, extent: extent.min(in_window) })
     }
 }
 
@@ -270,7 +251,5 @@ impl Translator {
 /// with the given root, ignoring permissions. Returns the physical address
 /// or the fault kind.
 pub fn walk_host(mem: &SysMem, root: u64, va: u64) -> Result<u64, FaultKind> {
-    walk(mem, root, va, Access::Read)
-        .map(|l| l.pa_base + (va & (l.size - 1)))
-        .map_err(|f| f.kind)
+    walk(mem, root, va, Access::Read).map(|l| l.pa_base + (va & (l.size - 1))).map_err(|f| f.kind)
 }

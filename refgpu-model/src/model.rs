@@ -124,10 +124,8 @@ pub struct Model {
 }
 
 fn is_listed(off: u32) -> bool {
-    matches!(
-        off,
-        0x000 | 0x004 | 0x010 | 0x014 | 0x020 | 0x024 | 0x028 | 0x02C | 0x030 | 0x034
-    ) || (0x100..0x100 + 0x40 * NUM_ENGINES as u32).contains(&off) && off % 4 == 0
+    matches!(off, 0x000 | 0x004 | 0x010 | 0x014 | 0x020 | 0x024 | 0x028 | 0x02C | 0x030 | 0x034)
+        || (0x100..0x100 + 0x40 * NUM_ENGINES as u32).contains(&off) && off % 4 == 0
 }
 
 impl Model {
@@ -160,9 +158,7 @@ impl Model {
         sink: Option<Arc<dyn IrqSink>>,
     ) -> Result<Self, ModelError> {
         if regs.as_ptr() as usize % 8 != 0 {
-            return Err(ModelError::Config(
-                "the register page must be 8-byte aligned",
-            ));
+            return Err(ModelError::Config("the register page must be 8-byte aligned"));
         }
         // SAFETY: forwarded from this function's contract.
         let page = unsafe { RegPage::from_raw(regs) };
@@ -185,20 +181,12 @@ impl Model {
         page.clear();
         page.store(
             regs::ID,
-            (regs::ID_MAGIC << 16)
-                | (u32::from(cfg.generation.number()) << 8)
-                | u32::from(cfg.revision),
+            (regs::ID_MAGIC << 16) | (u32::from(cfg.generation.number()) << 8) | u32::from(cfg.revision),
         );
         page.store(regs::ENGINE_COUNT, NUM_ENGINES as u32);
         let (irq, irq_rx) = Irq::new(Arc::clone(&page));
         irq.set_delay(cfg.fault_injection.irq_delay);
-        let sh = Arc::new(Shared::new(
-            cfg.generation,
-            page,
-            mem,
-            irq,
-            cfg.wait_poll_interval,
-        ));
+        let sh = Arc::new(Shared::new(cfg.generation, page, mem, irq, cfg.wait_poll_interval));
         let model = Self {
             sh,
             engines: Mutex::new(Vec::new()),
@@ -354,11 +342,7 @@ impl Model {
 
     fn apply_mmu(&self) {
         let r = &self.sh.regs;
-        self.sh.mmu.apply(
-            r.load(regs::MMU_CTRL),
-            r.load(regs::MMU_ROOT_LO),
-            r.load(regs::MMU_ROOT_HI),
-        );
+        self.sh.mmu.apply(r.load(regs::MMU_CTRL), r.load(regs::MMU_ROOT_LO), r.load(regs::MMU_ROOT_HI));
     }
 
     fn apply_enable(&self, e: usize, ctrl: u32) {
@@ -385,9 +369,7 @@ impl Model {
         if e >= NUM_ENGINES {
             return Err(ModelError::Config("no such engine"));
         }
-        self.sh
-            .regs
-            .fetch_or(regs::engine_base(e) + eng::CTRL, regs::CTRL_RESET);
+        self.sh.regs.fetch_or(regs::engine_base(e) + eng::CTRL, regs::CTRL_RESET);
         let my = self.request_reset(e);
         let es = &self.sh.engines[e];
         loop {
@@ -453,8 +435,7 @@ impl Model {
         let sh = &self.sh;
         sh.irq.set_delay(fi.irq_delay);
         for (e, es) in sh.engines.iter().enumerate() {
-            es.stalled
-                .store(fi.stalled_engines & (1 << e) != 0, Ordering::SeqCst);
+            es.stalled.store(fi.stalled_engines & (1 << e) != 0, Ordering::SeqCst);
         }
         *lock(&sh.inject) = fi;
         sh.inject_version.fetch_add(1, Ordering::SeqCst);
@@ -474,10 +455,7 @@ impl Model {
         if self.sh.mem.contains(pa, len as u64) {
             Ok(())
         } else {
-            Err(ModelError::OutOfRange {
-                addr: pa,
-                len: len as u64,
-            })
+            Err(ModelError::OutOfRange { addr: pa, len: len as u64 })
         }
     }
 
@@ -487,10 +465,7 @@ impl Model {
         self.sh
             .mem
             .read_bytes(pa, out)
-            .map_err(|_| ModelError::OutOfRange {
-                addr: pa,
-                len: out.len() as u64,
-            })
+            .map_err(|_| ModelError::OutOfRange { addr: pa, len: out.len() as u64 })
     }
 
     /// Writes bytes of system memory (wakes engines in WAIT_MEM).
@@ -499,10 +474,7 @@ impl Model {
         let r = self.sh.mem.write_bytes(pa, data);
         core::sync::atomic::fence(Ordering::Release);
         self.sh.mem_waker.wake();
-        r.map_err(|_| ModelError::OutOfRange {
-            addr: pa,
-            len: data.len() as u64,
-        })
+        r.map_err(|_| ModelError::OutOfRange { addr: pa, len: data.len() as u64 })
     }
 
     /// Writes dwords (little-endian) at 4-aligned `pa`.
@@ -514,10 +486,7 @@ impl Model {
         let r = self.sh.mem.write_u32s(pa, data);
         core::sync::atomic::fence(Ordering::Release);
         self.sh.mem_waker.wake();
-        r.map_err(|_| ModelError::OutOfRange {
-            addr: pa,
-            len: data.len() as u64 * 4,
-        })
+        r.map_err(|_| ModelError::OutOfRange { addr: pa, len: data.len() as u64 * 4 })
     }
 
     /// Reads dwords at 4-aligned `pa`.
@@ -530,10 +499,7 @@ impl Model {
         self.sh
             .mem
             .read_u32s(pa, out)
-            .map_err(|_| ModelError::OutOfRange {
-                addr: pa,
-                len: out.len() as u64 * 4,
-            })
+            .map_err(|_| ModelError::OutOfRange { addr: pa, len: out.len() as u64 * 4 })
     }
 
     /// Reads the dword at 4-aligned `pa` (acquire).
@@ -541,10 +507,7 @@ impl Model {
         if pa % 4 != 0 {
             return Err(ModelError::Misaligned { addr: pa });
         }
-        self.sh
-            .mem
-            .read_u32(pa)
-            .map_err(|_| ModelError::OutOfRange { addr: pa, len: 4 })
+        self.sh.mem.read_u32(pa).map_err(|_| ModelError::OutOfRange { addr: pa, len: 4 })
     }
 
     /// Writes the dword at 4-aligned `pa`.
@@ -558,10 +521,7 @@ impl Model {
         if pa % 8 != 0 {
             return Err(ModelError::Misaligned { addr: pa });
         }
-        self.sh
-            .mem
-            .read_u64(pa)
-            .map_err(|_| ModelError::OutOfRange { addr: pa, len: 8 })
+        self.sh.mem.read_u64(pa).map_err(|_| ModelError::OutOfRange { addr: pa, len: 8 })
     }
 
     /// Writes the 64-bit value at 8-aligned `pa` (release).

@@ -211,9 +211,7 @@ pub struct InvalidHeader {
 
 /// Decodes and checks a header. `Err` means INVALID_PACKET.
 pub fn decode_header(gen: Generation, h: u32) -> Result<Header, InvalidHeader> {
-    let err = InvalidHeader {
-        opcode: raw_opcode(gen, h),
-    };
+    let err = InvalidHeader { opcode: raw_opcode(gen, h) };
     let (opcode, flags, ndw) = match gen {
         Generation::Gen1 => ((h >> 24) as u8, (h >> 16) as u8, h & 0xFFFF),
         Generation::Gen2 => {
@@ -453,10 +451,7 @@ pub fn decode_payload(
         Op::WriteData => {
             let dst = addr(p(0)?, p(1)?);
             check(in_width(dst) && dst % 4 == 0)?;
-            Ok(Packet::WriteData {
-                dst,
-                count: header.ndw - 2,
-            })
+            Ok(Packet::WriteData { dst, count: header.ndw - 2 })
         }
         Op::DmaCopy => {
             check(ctx.addr % r.dma_header_align == 0)?;
@@ -469,11 +464,7 @@ pub fn decode_payload(
                 Generation::Gen2 => (addr(p(1)?, p(2)?), addr(p(3)?, p(4)?), p(0)?),
             };
             check(size >= 1 && size <= r.max_dma && in_width(src) && in_width(dst))?;
-            Ok(Packet::DmaCopy {
-                src,
-                dst,
-                size: u64::from(size),
-            })
+            Ok(Packet::DmaCopy { src, dst, size: u64::from(size) })
         }
         Op::Fill => {
             check(ctx.addr % r.dma_header_align == 0)?;
@@ -485,14 +476,8 @@ pub fn decode_payload(
                 }
                 Generation::Gen2 => (addr(p(1)?, p(2)?), p(0)?),
             };
-            check(
-                size >= 4 && size <= r.max_fill && size % 4 == 0 && in_width(dst) && dst % 4 == 0,
-            )?;
-            Ok(Packet::Fill {
-                dst,
-                size: u64::from(size),
-                value: p(3)?,
-            })
+            check(size >= 4 && size <= r.max_fill && size % 4 == 0 && in_width(dst) && dst % 4 == 0)?;
+            Ok(Packet::Fill { dst, size: u64::from(size), value: p(3)? })
         }
         Op::Fence => {
             check(flags & !1 == 0)?;
@@ -500,12 +485,7 @@ pub fn decode_payload(
             check(in_width(a))?;
             let aligned = a % r.fence_align == 0;
             check(aligned || r.misaligned_fence_dropped)?;
-            Ok(Packet::Fence {
-                addr: a,
-                value: addr(p(2)?, p(3)?),
-                irq: flags & 1 != 0,
-                dropped: !aligned,
-            })
+            Ok(Packet::Fence { addr: a, value: addr(p(2)?, p(3)?), irq: flags & 1 != 0, dropped: !aligned })
         }
         Op::WaitMem => {
             let (ctl, base) = match gen {
@@ -539,11 +519,7 @@ pub fn decode_payload(
             let a = addr(p(0)?, p(1)?);
             let size = p(2)?;
             check(in_width(a) && a % r.ib_align == 0 && size >= 1 && size <= r.max_ib_dwords)?;
-            Ok(if is_ib {
-                Packet::IndirectBuffer { addr: a, size }
-            } else {
-                Packet::Chain { addr: a, size }
-            })
+            Ok(if is_ib { Packet::IndirectBuffer { addr: a, size } } else { Packet::Chain { addr: a, size } })
         }
         Op::Barrier => {
             let bits = match gen {
@@ -551,10 +527,7 @@ pub fn decode_payload(
                 Generation::Gen2 => p(0)?,
             };
             check(bits & !3 == 0)?;
-            Ok(Packet::Barrier {
-                wait_idle: bits & 1 != 0,
-                invalidate: bits & 2 != 0,
-            })
+            Ok(Packet::Barrier { wait_idle: bits & 1 != 0, invalidate: bits & 2 != 0 })
         }
         Op::Dispatch => {
             check(ctx.engine == COMPUTE_ENGINE && ctx.addr % r.dma_header_align == 0)?;
@@ -579,14 +552,7 @@ pub fn decode_payload(
             for x in [a, b, dst] {
                 check(in_width(x) && x % 4 == 0)?;
             }
-            Ok(Packet::Dispatch {
-                op,
-                a,
-                b,
-                dst,
-                count,
-                scalar: p(7)?,
-            })
+            Ok(Packet::Dispatch { op, a, b, dst, count, scalar: p(7)? })
         }
     }
 }

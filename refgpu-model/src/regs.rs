@@ -149,10 +149,7 @@ impl RegPage {
         // every register; atomics have interior mutability, so writing
         // through it is allowed.
         let ptr = NonNull::from(&*b).cast::<AtomicU32>();
-        Self {
-            ptr,
-            _backing: Backing::Owned(b),
-        }
+        Self { ptr, _backing: Backing::Owned(b) }
     }
 
     /// A page over a caller-provided mapping (the first 4 KiB of the ivshmem
@@ -166,10 +163,7 @@ impl RegPage {
     /// the memory concurrently, but only with atomic (or, from another
     /// process, at least single-copy-atomic aligned 32-bit) accesses.
     pub unsafe fn from_raw(ptr: NonNull<u8>) -> Self {
-        Self {
-            ptr: ptr.cast(),
-            _backing: Backing::Shared,
-        }
+        Self { ptr: ptr.cast(), _backing: Backing::Shared }
     }
 
     /// The register at byte offset `off` (must be < 4096, 4-aligned;
@@ -200,14 +194,12 @@ impl RegPage {
 
     /// Atomic OR; returns the previous value.
     pub fn fetch_or(&self, off: u32, v: u32) -> u32 {
-        self.slot(off)
-            .map_or(0, |r| r.fetch_or(v, Ordering::AcqRel))
+        self.slot(off).map_or(0, |r| r.fetch_or(v, Ordering::AcqRel))
     }
 
     /// Atomic AND; returns the previous value.
     pub fn fetch_and(&self, off: u32, v: u32) -> u32 {
-        self.slot(off)
-            .map_or(0, |r| r.fetch_and(v, Ordering::AcqRel))
+        self.slot(off).map_or(0, |r| r.fetch_and(v, Ordering::AcqRel))
     }
 
     /// Stores a 64-bit value as one atomic write at an 8-aligned offset (the
