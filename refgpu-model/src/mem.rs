@@ -139,22 +139,21 @@ impl SysMem {
         Ok(unsafe { self.ptr.as_ptr().add((pa - self.base) as usize) })
     }
 
+    /// The dword containing `pa` (rounded down to 4-byte alignment).
     fn u32_at(&self, pa: u64) -> Result<&AtomicU32, OutOfWindow> {
-        let p = self.host(pa, 4)?;
-        debug_assert!(pa % 4 == 0);
+        let p = self.host(pa & !3, 4)?;
         // SAFETY: `p` points at 4 bytes inside the window (checked by
         // `host`), 4-aligned because the mapping base is 8-aligned, `base`
-        // is a multiple of 8 and the callers pass 4-aligned `pa` (they check
-        // alignment first: all device dword accesses are 4-aligned). The
-        // memory is only accessed atomically.
+        // is a multiple of 8 and the address was rounded down to a multiple
+        // of 4. The memory is only accessed atomically.
         Ok(unsafe { AtomicU32::from_ptr(p.cast::<u32>()) })
     }
 
+    /// The 64-bit word containing `pa` (rounded down to 8-byte alignment).
     fn u64_at(&self, pa: u64) -> Result<&AtomicU64, OutOfWindow> {
-        let p = self.host(pa, 8)?;
-        debug_assert!(pa % 8 == 0);
-        // SAFETY: as in `u32_at`, with 8-byte size and alignment (callers
-        // pass 8-aligned `pa`).
+        let p = self.host(pa & !7, 8)?;
+        // SAFETY: as in `u32_at`, with 8-byte size and alignment (the
+        // address was rounded down to a multiple of 8).
         Ok(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
     }
 
@@ -165,9 +164,10 @@ impl SysMem {
         Ok(unsafe { AtomicU8::from_ptr(p) })
     }
 
-    /// Reads the dword at 4-aligned `pa`. Misaligned `pa` is rounded down.
+    /// Reads the dword at 4-aligned `pa`. A misaligned `pa` is rounded down
+    /// (as in every dword/qword accessor here).
     pub fn read_u32(&self, pa: u64) -> Result<u32, OutOfWindow> {
-        Ok(self.u32_at(pa & !3)?.load(Ordering::Acquire))
+        Ok(self.u32_at(pa)?.load(Ordering::Acquire))
     }
 
     /// Writes the dword at 4-aligned `pa` (relaxed).

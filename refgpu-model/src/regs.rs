@@ -10,7 +10,7 @@
 //! ever formed over the page.
 //!
 //! The register *semantics* (RW1C, doorbells, RESET, the clock latch) live
-//! in [`crate::model`]; this module only stores values.
+//! in [`crate::Model`]; this module only stores values.
 
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, AtomicU64, Ordering};

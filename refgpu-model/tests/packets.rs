@@ -502,3 +502,10 @@ fn status_and_registers_after_work() {
     assert_eq!(r.m.read_reg(Rig::ereg(GFX, eng::RING_WPTR)), 20);
     assert_eq!(r.m.read_reg(Rig::ereg(GFX, eng::DOORBELL)), 0, "DOORBELL is write-only");
 }
+
+#[test]
+fn model_is_send_and_sync() {
+    fn check<T: Send + Sync>() {}
+    check::<refgpu_model::Model>();
+    check::<refgpu_model::SysMem>();
+}
