@@ -10,7 +10,16 @@
 //! - [`cmd`]: logical commands, the description-driven packet encoder and the
 //!   chunked command-buffer builder;
 //! - [`decode`]: the description-driven decoder behind dumps and hang reports;
-//! - [`mem`]: GPU virtual-address allocator, pools, page tables, buffers.
+//! - [`mem`]: GPU virtual-address allocator, pools, page tables, buffers;
+//! - [`platform`]: the traits an integrator implements (memory, time,
+//!   interrupts, and direct register access or kernel submission);
+//! - [`ring`], [`ibpool`], [`gpuvm`]: the direct-mode ring, the IB chunk
+//!   pool with fence-gated reuse, and the GPU's view of memory;
+//! - [`sync`]: fences, timelines, cross-queue dependencies;
+//! - [`device`]: a refgpu in direct mode: submit, wait, hang recovery;
+//! - [`queue`]: submission and wait errors;
+//! - [`debug`]: hang reports and the event trace;
+//! - [`config`]: every tunable, with documented defaults.
 #![no_std]
 #![cfg_attr(
     not(test),
@@ -27,7 +36,15 @@
 )]
 
 pub mod cmd;
+pub mod config;
+pub mod debug;
 pub mod decode;
+pub mod device;
+pub mod gpuvm;
 pub mod hw;
+pub mod ibpool;
 pub mod mem;
+pub mod platform;
+pub mod queue;
+pub mod ring;
 pub mod sync;

@@ -31,6 +31,13 @@ pub struct Chunk<'a> {
 pub trait ChunkSource<'a> {
     /// The next chunk, or `None` when none is available.
     fn next_chunk(&mut self) -> Option<Chunk<'a>>;
+
+    /// The builder is done with the chunk at `gpu_va`: it used `dwords`
+    /// (its CHAIN included). Sources that batch several submissions into
+    /// one chunk use this to know where the next one may start.
+    fn close_chunk(&mut self, gpu_va: u64, dwords: usize) {
+        let _ = (gpu_va, dwords);
+    }
 }
 
 /// A chunk source over a fixed list of chunks, for firmware with a static
@@ -230,6 +237,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// Records the final size of the chunk at `va`: in the CHAIN that jumps
     /// to it, or as the first chunk's size.
     fn close_chunk(&mut self, va: u64, size_dw: u32) {
+        self.source.close_chunk(va, size_dw as usize);
         if let Some(slot) = self.pending_chain.take() {
             let _ = self.enc.encode(&Command::Chain { addr: va, size_dw }, slot, 0, 0);
         } else if let Some((first_va, size)) = self.first.as_mut() {
@@ -240,7 +248,18 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     /// Closes the stream and says what to call from the ring.
-    pub fn finish(mut self) -> Result<Finished, EncodeError> {
+    pub fn finish(self) -> Result<Finished, EncodeError> {
+        self.finish_into_source().0
+    }
+
+    /// [`CommandBuffer::finish`], also handing back the chunk source (the
+    /// IB pool needs it to mark the chunks as in flight).
+    pub fn finish_into_source(mut self) -> (Result<Finished, EncodeError>, S) {
+        let r = self.close();
+        (r, self.source)
+    }
+
+    fn close(&mut self) -> Result<Finished, EncodeError> {
         if let Some(e) = self.error {
             return Err(e);
         }

@@ -1,8 +1,15 @@
 //! Synchronisation primitives shared by the queues and the memory manager.
 //!
-//! Only the sequence-number type lives here so far: the memory manager needs
-//! it for fence-gated reuse, and the submission code (later) for timelines.
+//! Sequence numbers (wrap-safe), fences and their errors, the atomic
+//! per-queue timeline, and the cross-queue dependency graph that rejects
+//! wait cycles.
 
+pub(crate) mod atomic;
+pub mod deps;
+pub mod fence;
 pub mod seqno;
+pub mod timeline;
 
+pub use fence::{Access, ErroredRange, FaultInfo, FaultKind, Fence, FenceError};
 pub use seqno::{FenceId, QueueId, Seqno};
+pub use timeline::Timeline;

@@ -1,0 +1,158 @@
+//! The state dump taken when a queue hangs or faults: where the engine
+//! stopped, which packet, which fault, and the decoded commands around it.
+//!
+//! The report is plain data of fixed size (no allocation), captured before
+//! the engine is reset; its `Display` decodes the captured command windows
+//! with the generation's decoder, so the same text appears on a UART and in
+//! a host log.
+
+use core::fmt;
+
+use crate::decode::Decoder;
+use crate::hw::Generation;
+use crate::sync::{FaultInfo, QueueId, Seqno};
+
+/// Dwords captured around the engine's position.
+pub const WINDOW_DWORDS: usize = 48;
+
+/// A copy of command memory starting at a packet boundary.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    /// GPU address of `words[0]`.
+    pub va: u64,
+    /// The dwords.
+    pub words: [u32; WINDOW_DWORDS],
+    /// How many of `words` are valid.
+    pub len: usize,
+    /// GPU address of the packet the engine was at (marked in the dump).
+    pub mark: u64,
+}
+
+impl Window {
+    /// An empty window.
+    pub const EMPTY: Window = Window { va: 0, words: [0; WINDOW_DWORDS], len: 0, mark: 0 };
+
+    /// Copies up to [`WINDOW_DWORDS`] dwords from `src`, which starts at `va`.
+    pub fn capture(va: u64, src: &[u32], mark: u64) -> Window {
+        let mut w = Window { va, mark, ..Window::EMPTY };
+        for (d, s) in w.words.iter_mut().zip(src) {
+            *d = *s;
+            w.len = w.len.saturating_add(1);
+        }
+        w
+    }
+
+    fn write_decoded(&self, f: &mut fmt::Formatter<'_>, generation: Generation) -> fmt::Result {
+        let mut bytes = [0u8; WINDOW_DWORDS * 4];
+        for (c, w) in bytes.chunks_exact_mut(4).zip(self.words.iter().take(self.len)) {
+            c.copy_from_slice(&w.to_le_bytes());
+        }
+        let used = bytes.get(..self.len.saturating_mul(4)).unwrap_or(&[]);
+        for item in Decoder::new(generation, used, self.va) {
+            let here = if item.va == self.mark { "=>" } else { "  " };
+            match item.result {
+                Ok(p) => writeln!(f, "    {here} {:#014x}  {p}", item.va)?,
+                Err(e) => writeln!(f, "    {here} {:#014x}  !! {e}", item.va)?,
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Why the queue was declared stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HangReason {
+    /// Read pointer, packet address and fence did not move for a window.
+    NoProgress {
+        /// The window in ns.
+        window_ns: u64,
+    },
+    /// Addresses moved but the fence did not for this many windows (a
+    /// loop such as a CHAIN to itself).
+    FenceStalled {
+        /// Windows without a fence.
+        windows: u32,
+    },
+    /// The engine stopped on a fault.
+    Fault(FaultInfo),
+    /// The device stopped answering (register access failed).
+    DeviceLost,
+}
+
+impl fmt::Display for HangReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HangReason::NoProgress { window_ns } => write!(f, "no progress for {} ms", window_ns / 1_000_000),
+            HangReason::FenceStalled { windows } => {
+                write!(f, "engine busy but no fence for {windows} hang windows (loop?)")
+            }
+            HangReason::Fault(i) => write!(f, "{i}"),
+            HangReason::DeviceLost => write!(f, "device lost"),
+        }
+    }
+}
+
+/// Everything known about a stuck queue at the moment it was declared
+/// stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HangReport {
+    /// The queue.
+    pub queue: QueueId,
+    /// Why.
+    pub reason: HangReason,
+    /// When (platform ns).
+    pub at_ns: u64,
+    /// The generation (for decoding the windows).
+    pub generation: Generation,
+    /// RING_RPTR.
+    pub rptr: u32,
+    /// Our write pointer.
+    pub wptr: u32,
+    /// STATUS register.
+    pub status: u32,
+    /// CUR_ADDR: the packet executing.
+    pub cur_addr: u64,
+    /// IB_BASE / IB_SIZE (0 when in the ring).
+    pub ib_base: u64,
+    /// IB size in dwords.
+    pub ib_size: u32,
+    /// Last fence emitted on the queue.
+    pub emitted: Seqno,
+    /// Last fence completed on the queue.
+    pub completed: Seqno,
+    /// The latched fault, if any.
+    pub fault: Option<FaultInfo>,
+    /// Ring contents from the read pointer.
+    pub ring: Window,
+    /// IB contents around the current packet (empty when in the ring).
+    pub ib: Window,
+}
+
+impl fmt::Display for HangReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "queue {} stuck at {} ns: {}", self.queue, self.at_ns, self.reason)?;
+        writeln!(
+            f,
+            "  rptr {:#x} wptr {:#x} status {:#x} fences emitted {} completed {} ({} pending)",
+            self.rptr,
+            self.wptr,
+            self.status,
+            self.emitted,
+            self.completed,
+            self.emitted.distance(self.completed).max(0)
+        )?;
+        writeln!(f, "  current packet {:#x}, IB {:#x} ({} dwords)", self.cur_addr, self.ib_base, self.ib_size)?;
+        if let Some(fault) = self.fault {
+            writeln!(f, "  fault: {fault}")?;
+        }
+        if self.ring.len > 0 {
+            writeln!(f, "  ring from the read pointer:")?;
+            self.ring.write_decoded(f, self.generation)?;
+        }
+        if self.ib.len > 0 {
+            writeln!(f, "  indirect buffer around the current packet:")?;
+            self.ib.write_decoded(f, self.generation)?;
+        }
+        Ok(())
+    }
+}

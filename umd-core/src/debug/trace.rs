@@ -1,0 +1,180 @@
+//! A fixed-size ring of timestamped driver events, and its export to the
+//! Chrome / Perfetto JSON trace format ("print the whole timeline").
+//!
+//! Recording is O(1) and never fails: when full, the oldest event is
+//! overwritten (and counted). The exporter writes through
+//! [`core::fmt::Write`], so firmware can stream it over a UART and a host
+//! tool can write it to a file for `ui.perfetto.dev` or `chrome://tracing`.
+
+use core::fmt::{self, Write};
+
+/// What happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TraceKind {
+    /// A command buffer was recorded (`arg` = dwords).
+    Encode,
+    /// A submission reached the ring (`arg` = IB address).
+    Submit,
+    /// The doorbell was rung (`arg` = new write pointer).
+    Doorbell,
+    /// A fence was seen signalled (`arg` = submit timestamp, for spans).
+    FenceSignalled,
+    /// A host wait began (`arg` = timeout ns).
+    WaitBegin,
+    /// A host wait ended (`arg` = 0 ok, 1 timeout, 2 error).
+    WaitEnd,
+    /// A hang was detected (`arg` = current packet address).
+    Hang,
+    /// A fault was reported (`arg` = fault address).
+    Fault,
+    /// An engine was reset (`arg` = fences completed with an error).
+    Reset,
+}
+
+impl TraceKind {
+    /// Name in the exported trace.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TraceKind::Encode => "encode",
+            TraceKind::Submit => "submit",
+            TraceKind::Doorbell => "doorbell",
+            TraceKind::FenceSignalled => "fence",
+            TraceKind::WaitBegin => "wait_begin",
+            TraceKind::WaitEnd => "wait_end",
+            TraceKind::Hang => "hang",
+            TraceKind::Fault => "fault",
+            TraceKind::Reset => "reset",
+        }
+    }
+}
+
+/// One event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Platform time in ns.
+    pub ts_ns: u64,
+    /// What.
+    pub kind: TraceKind,
+    /// Queue (engine) it concerns.
+    pub queue: u8,
+    /// Fence value it concerns (0 if none).
+    pub seqno: u64,
+    /// Kind-specific detail.
+    pub arg: u64,
+}
+
+/// The last `N` events.
+#[derive(Debug)]
+pub struct TraceRing<const N: usize> {
+    events: [Option<TraceEvent>; N],
+    next: usize,
+    dropped: u64,
+    enabled: bool,
+}
+
+impl<const N: usize> Default for TraceRing<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> TraceRing<N> {
+    /// An empty, enabled ring.
+    pub const fn new() -> Self {
+        TraceRing { events: [None; N], next: 0, dropped: 0, enabled: true }
+    }
+
+    /// Turns recording on or off (off costs one branch per event).
+    pub fn set_enabled(&mut self, on: bool) {
+        self.enabled = on;
+    }
+
+    /// Records an event, overwriting the oldest when full.
+    pub fn record(&mut self, ev: TraceEvent) {
+        if !self.enabled || N == 0 {
+            return;
+        }
+        if let Some(slot) = self.events.get_mut(self.next) {
+            if slot.is_some() {
+                self.dropped = self.dropped.saturating_add(1);
+            }
+            *slot = Some(ev);
+        }
+        self.next = self.next.saturating_add(1).checked_rem(N).unwrap_or(0);
+    }
+
+    /// Events overwritten since the start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The events held, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &TraceEvent> {
+        let (newer, older) = self.events.split_at(self.next.min(N));
+        older.iter().chain(newer.iter()).filter_map(Option::as_ref)
+    }
+
+    /// Forgets every event.
+    pub fn clear(&mut self) {
+        self.events = [None; N];
+        self.next = 0;
+    }
+
+    /// Writes the events as a Chrome / Perfetto JSON trace: one track per
+    /// queue, an instant event per driver event, and a duration slice from
+    /// submit to fence for every signalled fence.
+    pub fn write_chrome_json(&self, out: &mut impl Write) -> fmt::Result {
+        out.write_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
+        let mut first = true;
+        for q in 0..4u8 {
+            sep(out, &mut first)?;
+            write!(
+                out,
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{q},\"args\":{{\"name\":\"{}\"}}}}",
+                match q {
+                    0 => "GFX",
+                    1 => "COMPUTE",
+                    2 => "COPY",
+                    _ => "host",
+                }
+            )?;
+        }
+        for e in self.iter() {
+            sep(out, &mut first)?;
+            if e.kind == TraceKind::FenceSignalled && e.arg != 0 && e.arg <= e.ts_ns {
+                let start = e.arg;
+                write!(
+                    out,
+                    "{{\"name\":\"job {}\",\"ph\":\"X\",\"pid\":1,\"tid\":{},\"ts\":{}.{:03},\"dur\":{}.{:03}}}",
+                    e.seqno,
+                    e.queue,
+                    start / 1000,
+                    start % 1000,
+                    e.ts_ns.saturating_sub(start) / 1000,
+                    e.ts_ns.saturating_sub(start) % 1000
+                )?;
+                sep(out, &mut first)?;
+            }
+            write!(
+                out,
+                "{{\"name\":\"{}\",\"ph\":\"i\",\"s\":\"t\",\"pid\":1,\"tid\":{},\"ts\":{}.{:03},\"args\":{{\"seqno\":{},\"arg\":{}}}}}",
+                e.kind.name(),
+                e.queue,
+                e.ts_ns / 1000,
+                e.ts_ns % 1000,
+                e.seqno,
+                e.arg
+            )?;
+        }
+        write!(out, "],\"otherData\":{{\"dropped_events\":{}}}}}", self.dropped)
+    }
+}
+
+fn sep(out: &mut impl Write, first: &mut bool) -> fmt::Result {
+    if *first {
+        *first = false;
+        Ok(())
+    } else {
+        out.write_char(',')
+    }
+}

@@ -1,0 +1,110 @@
+//! Errors and results of submission and waiting, shared by every
+//! submission mode.
+
+use core::fmt;
+
+use crate::cmd::EncodeError;
+use crate::platform::PlatformError;
+use crate::ring::RingError;
+use crate::sync::deps::Cycle;
+use crate::sync::{Fence, FenceError, QueueId};
+
+/// Why a submission was refused. Nothing reached the GPU after any of
+/// these, and the queue is usable for the next submission.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// No such queue.
+    UnknownQueue(QueueId),
+    /// The command buffer recorded nothing.
+    Empty,
+    /// An IB longer than the generation allows.
+    IbTooLarge {
+        /// Dwords given.
+        dwords: u64,
+        /// The generation's limit.
+        max: u32,
+    },
+    /// Recording failed (the command that failed and why).
+    Encode(EncodeError),
+    /// No IB chunk free and the policy is to fail (or waiting for one
+    /// timed out).
+    PoolEmpty,
+    /// The ring stayed full for the whole wait (the engine is not
+    /// consuming).
+    RingFull(RingError),
+    /// The submission would close a wait cycle between queues.
+    Cycle(Cycle),
+    /// More waits than a submission can carry.
+    TooManyWaits {
+        /// Waits given.
+        given: usize,
+    },
+    /// Too many submissions with waits are still pending on the queue.
+    TooManyPending(QueueId),
+    /// A wait on a fence that a queue reset completed with an error.
+    FenceFromResetQueue(Fence),
+    /// A wait on a fence of the submitting queue that is not emitted yet
+    /// (the queue would wait for itself).
+    WaitsOnItself(Fence),
+    /// The device is gone.
+    DeviceLost,
+    /// A platform call failed.
+    Platform(PlatformError),
+}
+
+impl fmt::Display for SubmitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SubmitError::UnknownQueue(q) => write!(f, "unknown queue {q}"),
+            SubmitError::Empty => write!(f, "empty submission"),
+            SubmitError::IbTooLarge { dwords, max } => write!(f, "IB of {dwords} dwords exceeds the limit {max}"),
+            SubmitError::Encode(e) => write!(f, "recording failed: {e}"),
+            SubmitError::PoolEmpty => write!(f, "no IB chunk available"),
+            SubmitError::RingFull(e) => write!(f, "{e}"),
+            SubmitError::Cycle(c) => write!(f, "wait cycle: {c}"),
+            SubmitError::TooManyWaits { given } => write!(f, "{given} waits exceed the limit"),
+            SubmitError::TooManyPending(q) => write!(f, "too many pending submissions with waits on {q}"),
+            SubmitError::FenceFromResetQueue(fence) => write!(f, "fence {fence} was cancelled by a queue reset"),
+            SubmitError::WaitsOnItself(fence) => write!(f, "submission waits on its own queue's future fence {fence}"),
+            SubmitError::DeviceLost => write!(f, "device lost"),
+            SubmitError::Platform(e) => write!(f, "platform: {e}"),
+        }
+    }
+}
+
+/// Why a wait ended without the fence signalling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitError {
+    /// The timeout passed (a timeout of 0 is a non-blocking query).
+    Timeout,
+    /// The fence's work was abandoned (hang, fault, device lost).
+    Failed(FenceError),
+    /// The fence was never emitted: waiting would never end.
+    NotSubmitted(Fence),
+    /// No such queue.
+    UnknownQueue(QueueId),
+}
+
+impl fmt::Display for WaitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WaitError::Timeout => write!(f, "timed out"),
+            WaitError::Failed(e) => write!(f, "{e}"),
+            WaitError::NotSubmitted(fence) => write!(f, "fence {fence} was never submitted"),
+            WaitError::UnknownQueue(q) => write!(f, "unknown queue {q}"),
+        }
+    }
+}
+
+/// Where a fence stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FenceStatus {
+    /// Its work is done.
+    Signalled,
+    /// Its work is not done yet.
+    Pending,
+    /// Its work was abandoned.
+    Failed(FenceError),
+}

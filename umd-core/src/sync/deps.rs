@@ -1,0 +1,294 @@
+//! Cross-queue dependencies and deadlock rejection.
+//!
+//! A submission may make its engine wait (WAIT_MEM) for a fence of another
+//! queue, including a fence that has not been emitted yet (wait before
+//! signal). Engines run in order, so a submission on queue `q` at seqno `s`
+//! also waits for everything before it on `q`. A new submission closes a
+//! cycle when what it waits for, followed transitively through the waits
+//! of pending submissions, needs its own queue to reach its own seqno: the
+//! engines would then wait for each other forever. [`DepGraph::check`]
+//! finds that before anything reaches the GPU and names the cycle.
+//!
+//! The search is a fixpoint over "the highest seqno needed per queue":
+//! bounded by `QUEUES × PENDING` steps, no recursion, no allocation.
+
+use core::fmt;
+
+use super::seqno::{FenceId, QueueId, Seqno};
+
+/// Most waits one submission can carry.
+pub const MAX_WAITS: usize = 4;
+/// Longest cycle reported (one submission per queue, plus the closing one).
+pub const MAX_CYCLE: usize = 8;
+
+/// A wait cycle: `fences[0]` is the rejected submission; each entry waits
+/// (directly or by queue order) for the queue of the next, and the last
+/// waits for `fences[0]`'s queue at or after `fences[0]`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Cycle {
+    fences: [FenceId; MAX_CYCLE],
+    len: usize,
+}
+
+impl Cycle {
+    /// The submissions in the cycle, starting with the rejected one.
+    pub fn fences(&self) -> &[FenceId] {
+        self.fences.get(..self.len).unwrap_or(&[])
+    }
+}
+
+impl fmt::Debug for Cycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl fmt::Display for Cycle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, fence) in self.fences().iter().enumerate() {
+            if i > 0 {
+                write!(f, " waits for ")?;
+            }
+            write!(f, "{fence}")?;
+        }
+        if let Some(first) = self.fences().first() {
+            write!(f, " waits for {first}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Why a dependency could not be recorded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DepError {
+    /// The submission would deadlock the engines.
+    Cycle(Cycle),
+    /// More than [`MAX_WAITS`] waits.
+    TooManyWaits {
+        /// Waits given.
+        given: usize,
+    },
+    /// The queue already tracks `PENDING` submissions with waits.
+    Full {
+        /// The queue.
+        queue: QueueId,
+    },
+    /// A queue index outside the graph.
+    UnknownQueue {
+        /// The queue.
+        queue: QueueId,
+    },
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Entry {
+    seqno: Seqno,
+    waits: [FenceId; MAX_WAITS],
+    nwaits: usize,
+}
+
+impl Entry {
+    fn waits(&self) -> &[FenceId] {
+        self.waits.get(..self.nwaits).unwrap_or(&[])
+    }
+}
+
+/// Pending submissions with waits, per queue, oldest first.
+#[derive(Debug)]
+pub struct DepGraph<const QUEUES: usize, const PENDING: usize> {
+    entries: [[Entry; PENDING]; QUEUES],
+    head: [usize; QUEUES],
+    len: [usize; QUEUES],
+}
+
+impl<const QUEUES: usize, const PENDING: usize> Default for DepGraph<QUEUES, PENDING> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
+    /// An empty graph.
+    pub fn new() -> Self {
+        DepGraph {
+            entries: [[Entry::default(); PENDING]; QUEUES],
+            head: [0; QUEUES],
+            len: [0; QUEUES],
+        }
+    }
+
+    fn slot(&self, q: usize, i: usize) -> Option<&Entry> {
+        let head = *self.head.get(q)?;
+        let idx = head.checked_add(i)?.checked_rem(PENDING)?;
+        self.entries.get(q)?.get(idx)
+    }
+
+    /// Pending entries of queue `q`, oldest first.
+    fn pending(&self, q: usize) -> impl Iterator<Item = &Entry> {
+        let n = self.len.get(q).copied().unwrap_or(0);
+        (0..n).filter_map(move |i| self.slot(q, i))
+    }
+
+    /// Submissions with waits tracked on `queue`.
+    pub fn tracked(&self, queue: QueueId) -> usize {
+        self.len.get(usize::from(queue.0)).copied().unwrap_or(0)
+    }
+
+    /// Would a submission on `queue` at `seqno` waiting for `waits`
+    /// deadlock? `completed(q)` is each queue's completed value.
+    pub fn check(
+        &self,
+        queue: QueueId,
+        seqno: Seqno,
+        waits: &[FenceId],
+        completed: impl Fn(QueueId) -> Seqno,
+    ) -> Result<(), DepError> {
+        let qi = usize::from(queue.0);
+        if qi >= QUEUES {
+            return Err(DepError::UnknownQueue { queue });
+        }
+        if waits.len() > MAX_WAITS {
+            return Err(DepError::TooManyWaits { given: waits.len() });
+        }
+        // need[q]: highest seqno on q the new submission transitively waits
+        // for; via[q]: the pending submission whose wait raised it (None:
+        // the new submission itself).
+        let mut need: [Option<Seqno>; QUEUES] = [None; QUEUES];
+        let mut via: [Option<FenceId>; QUEUES] = [None; QUEUES];
+        for w in waits {
+            let wq = usize::from(w.queue.0);
+            let Some(n) = need.get_mut(wq) else {
+                return Err(DepError::UnknownQueue { queue: w.queue });
+            };
+            if n.is_none_or(|cur| w.seqno.is_after(cur)) {
+                *n = Some(w.seqno);
+            }
+        }
+        // Each round raises at least one need or stops; a need can only be
+        // raised by a pending entry, so QUEUES * PENDING + 1 rounds suffice.
+        let rounds = QUEUES.saturating_mul(PENDING).saturating_add(1);
+        for _ in 0..rounds {
+            let mut changed = false;
+            for q in 0..QUEUES {
+                let Some(upto) = need.get(q).copied().flatten() else { continue };
+                let done = completed(QueueId(q as u8));
+                for e in self.pending(q) {
+                    if !e.seqno.is_after(done) || e.seqno.is_after(upto) {
+                        continue;
+                    }
+                    for w in e.waits() {
+                        let wq = usize::from(w.queue.0);
+                        if let (Some(n), Some(v)) = (need.get_mut(wq), via.get_mut(wq)) {
+                            if n.is_none_or(|cur| w.seqno.is_after(cur)) {
+                                *n = Some(w.seqno);
+                                *v = Some(FenceId { queue: QueueId(q as u8), seqno: e.seqno });
+                                changed = true;
+                            }
+                        }
+                    }
+                }
+            }
+            if !changed {
+                break;
+            }
+        }
+        match need.get(qi).copied().flatten() {
+            Some(n) if seqno.is_signalled_by(n) => Err(DepError::Cycle(self.name_cycle(queue, seqno, &via))),
+            _ => Ok(()),
+        }
+    }
+
+    /// Walks `via` back from the new submission's queue to name the cycle.
+    fn name_cycle(&self, queue: QueueId, seqno: Seqno, via: &[Option<FenceId>; QUEUES]) -> Cycle {
+        let mut back = [FenceId::default(); MAX_CYCLE];
+        let mut n = 0;
+        let mut q = usize::from(queue.0);
+        while n < MAX_CYCLE.saturating_sub(1) {
+            match via.get(q).copied().flatten() {
+                Some(f) => {
+                    if let Some(slot) = back.get_mut(n) {
+                        *slot = f;
+                    }
+                    n = n.saturating_add(1);
+                    q = usize::from(f.queue.0);
+                    if q == usize::from(queue.0) {
+                        break;
+                    }
+                }
+                None => break,
+            }
+        }
+        // `back` lists waiters from the closing one back to the first; the
+        // cycle reads new -> first waiter's queue ... -> closing waiter.
+        let mut fences = [FenceId::default(); MAX_CYCLE];
+        if let Some(first) = fences.first_mut() {
+            *first = FenceId { queue, seqno };
+        }
+        let mut len = 1;
+        for f in back.iter().take(n).rev() {
+            if let Some(slot) = fences.get_mut(len) {
+                *slot = *f;
+                len = len.saturating_add(1);
+            }
+        }
+        Cycle { fences, len }
+    }
+
+    /// Records a submission's waits (call after [`DepGraph::check`]
+    /// passed and the submission reached the ring). Submissions without
+    /// waits need no entry.
+    pub fn record(&mut self, queue: QueueId, seqno: Seqno, waits: &[FenceId]) -> Result<(), DepError> {
+        if waits.is_empty() {
+            return Ok(());
+        }
+        let q = usize::from(queue.0);
+        if waits.len() > MAX_WAITS {
+            return Err(DepError::TooManyWaits { given: waits.len() });
+        }
+        let (Some(head), Some(len)) = (self.head.get(q).copied(), self.len.get(q).copied()) else {
+            return Err(DepError::UnknownQueue { queue });
+        };
+        if len >= PENDING {
+            return Err(DepError::Full { queue });
+        }
+        let idx = head.checked_add(len).and_then(|i| i.checked_rem(PENDING)).ok_or(DepError::Full { queue })?;
+        let mut entry = Entry { seqno, nwaits: waits.len(), ..Entry::default() };
+        for (dst, w) in entry.waits.iter_mut().zip(waits) {
+            *dst = *w;
+        }
+        let slot = self.entries.get_mut(q).and_then(|e| e.get_mut(idx)).ok_or(DepError::Full { queue })?;
+        *slot = entry;
+        if let Some(l) = self.len.get_mut(q) {
+            *l = len.saturating_add(1);
+        }
+        Ok(())
+    }
+
+    /// Forgets `queue`'s entries that `completed` covers (oldest first,
+    /// stopping at the first pending one).
+    pub fn retire(&mut self, queue: QueueId, completed: Seqno) {
+        let q = usize::from(queue.0);
+        for _ in 0..PENDING {
+            let done = match self.slot(q, 0) {
+                Some(e) if self.len.get(q).is_some_and(|l| *l > 0) => e.seqno.is_signalled_by(completed),
+                _ => false,
+            };
+            if !done {
+                break;
+            }
+            if let (Some(h), Some(l)) = (self.head.get_mut(q), self.len.get_mut(q)) {
+                *h = h.saturating_add(1).checked_rem(PENDING).unwrap_or(0);
+                *l = l.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Forgets every entry of `queue` (after a reset completed them all).
+    pub fn clear(&mut self, queue: QueueId) {
+        let q = usize::from(queue.0);
+        if let (Some(h), Some(l)) = (self.head.get_mut(q), self.len.get_mut(q)) {
+            *h = 0;
+            *l = 0;
+        }
+    }
+}
