@@ -1,4 +1,5 @@
-//! Fixed-arena GPU virtual-address allocator with O(log n) worst-case operations.
+//! Fixed-arena GPU virtual-address allocator: O(1) good-fit allocation and
+//! O(1) coalescing, O(log n) worst case for every operation.
 //!
 //! GPU virtual addresses are not CPU memory, so the allocator keeps its
 //! bookkeeping *out of band*, in a node array the integrator provides (a
@@ -7,39 +8,55 @@
 //!
 //! # Data structure
 //!
-//! Every range of the arena is a node: either a *hole* (free) or an
-//! *allocation*. Holes live in one AVL tree keyed by start address, and each
-//! node also stores the largest hole length in its subtree (`max_len`).
-//! Allocations live in a second AVL tree keyed by start address. Both trees
-//! share the node array and the link fields (a node is in exactly one tree).
+//! Every range of the arena is a node, either a *hole* (free) or an
+//! *allocation*; together they tile the arena exactly.
 //!
-//! Because an AVL tree of `n` nodes has height at most `1.44 log2(n + 2)`, and
-//! every operation is a constant number of root-to-leaf walks, each operation
-//! is O(log n) in the *worst case* (not amortised):
+//! - All nodes are on a doubly-linked list in address order, so the
+//!   neighbours of a range are one link away (boundary tags, kept out of band).
+//! - Holes are on TLSF-style segregated free lists: 64 power-of-two classes,
+//!   each cut into 16 linear sub-classes, with a bitmap of non-empty classes
+//!   per level. Finding a class whose every hole is large enough is two
+//!   `trailing_zeros`; inserting and removing a hole is O(1).
+//! - Allocations are indexed by start address for `free(addr)`: the arena is
+//!   cut into at most [`MAX_REGIONS`] equal power-of-two regions, and each
+//!   region has a small AVL tree of the allocations that start in it. Its root
+//!   lives in the node with the region's number, so the directory takes no
+//!   extra storage. A two-level bitmap of non-empty regions answers "the last
+//!   allocation before this address" for fixed-address requests.
 //!
-//! | operation | walks |
+//! # Cost
+//!
+//! | operation | work |
 //! | --- | --- |
-//! | [`VaAllocator::alloc`] bottom-up / top-down | one descent guided by `max_len` for alignment ≤ 128 B; for larger alignment at most [`EXACT_PROBES`] successor searches plus one descent |
-//! | [`VaAllocator::alloc_fixed`] | one predecessor search, one carve |
-//! | [`VaAllocator::free`] | one lookup, one predecessor and one exact search for the neighbour holes, then ≤ 3 removals and 1 insertion |
-//! | [`VaAllocator::stats`] | O(1): counters plus the root's `max_len` |
+//! | [`VaAllocator::alloc`] | two bitmap lookups, one hole (for alignment > 128 B: at most [`EXACT_PROBES`] + 1 holes), a split, one insertion into a region tree |
+//! | [`VaAllocator::alloc_fixed`] | one region-tree search, at most one bitmap lookup and one more tree search, a split |
+//! | [`VaAllocator::free`] | one region-tree removal, then O(1): both neighbours via links, ≤ 2 free-list moves |
+//! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
+//! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
-//! A carve removes the hole and inserts at most two holes and one allocation.
-//! Tree operations are recursive with depth bounded by the tree height (at
-//! most 46 frames for the largest possible node array).
+//! A region tree holds only the allocations that start in its region, so it
+//! is a handful of nodes when allocations are spread over the arena, and at
+//! worst (everything in one region) an AVL tree of all `n` allocations:
+//! height ≤ 1.44 log2(n + 2). Every operation is therefore O(log n) in the
+//! worst case and O(1) apart from that tree; there is no loop over holes.
 //!
 //! # Placement
 //!
-//! Bottom-up is address-ordered first fit (low fragmentation in the
-//! literature); top-down is the mirror image, so two populations (for example
-//! slabs of small objects and large buffers) grow from opposite ends and do
-//! not interleave. Addresses and sizes are multiples of [`MIN_ALIGN`]; for an
-//! alignment above that, the allocator checks the first [`EXACT_PROBES`] holes
-//! that are large enough, in placement order, for an exact fit, and otherwise
-//! takes the first hole of length `size + align - MIN_ALIGN`, which fits
-//! whatever its address. Both steps are bounded, so the worst case stays
-//! O(log n); the price is that with very large alignments a request can fail
-//! while some far hole would have fitted exactly.
+//! Requests are *good fit*: the hole comes from the smallest non-empty size
+//! class whose every hole is large enough (so at most ~6 % larger than the
+//! request's class). [`Placement::BottomUp`] takes the low end of that hole,
+//! [`Placement::TopDown`] the high end, so two populations that use opposite
+//! placements share holes from opposite ends. This is not address-ordered:
+//! holes anywhere in the arena are used.
+//!
+//! For an alignment above [`MIN_ALIGN`], the good-fit hole is tried first;
+//! then the smallest class that holds `size + align - MIN_ALIGN` (fits
+//! whatever the address). If neither exists, up to [`EXACT_PROBES`] holes
+//! from the request's own class upwards are tried one by one. The same probes
+//! catch holes in the request's own class that happen to be large enough
+//! (TLSF's known blind spot). So [`VaError::NoSpace`] means: no class above
+//! the request's holds a usable hole, and none of the first [`EXACT_PROBES`]
+//! candidates fits.
 
 use core::fmt;
 
@@ -48,10 +65,16 @@ pub use crate::mem::stats::{fragmentation_ppm, VaStats};
 /// Granule of the arena: every address and size is a multiple of it, and it
 /// is the smallest alignment (the article's smallest hardware requirement).
 pub const MIN_ALIGN: u64 = 128;
+const GRANULE_SHIFT: u32 = 7;
 
-/// How many "large enough" holes are tested for an exact aligned fit before
-/// falling back to a guaranteed fit. Bounds the worst case of `alloc`.
+/// How many holes are tried one by one when the constant-time searches find
+/// nothing (alignment misses and holes of the request's own size class).
+/// Bounds the worst case of `alloc`.
 pub const EXACT_PROBES: usize = 8;
+
+/// Most regions the allocation index cuts the arena into (a 64 × 64 bitmap).
+/// The real number is also at most the node capacity.
+pub const MAX_REGIONS: usize = 4096;
 
 /// Upper bound on the height of any tree the allocator builds (AVL height for
 /// `u32::MAX` nodes is below 46), used to bound iterative descents.
@@ -64,15 +87,29 @@ const HOLE: u8 = 1;
 const ALLOC: u8 = 2;
 const RETIRED: u8 = 3;
 
+/// log2 of the number of sub-classes per power of two.
+const SL_LOG2: u32 = 4;
+const SL_COUNT: usize = 1 << SL_LOG2;
+const FL_COUNT: usize = 64;
+const CLASSES: usize = FL_COUNT * SL_COUNT;
+const REGION_WORDS: usize = MAX_REGIONS / 64;
+
 /// One node of bookkeeping storage. Opaque: integrators only create arrays
 /// of [`VaNode::EMPTY`] and hand them to [`VaAllocator::new`].
 #[derive(Clone, Copy, Debug)]
 pub struct VaNode {
     start: u64,
     len: u64,
-    max_len: u64,
-    left: u32,
-    right: u32,
+    /// Address order: previous and next range.
+    prev: u32,
+    next: u32,
+    /// Hole: previous / next in its size class. Allocation: left / right
+    /// child in its region tree. Unused: `b` links the free node list.
+    a: u32,
+    b: u32,
+    /// Directory slot, independent of this node's own role: root of the
+    /// allocation tree of region number `index of this node`.
+    root: u32,
     height: u8,
     state: u8,
 }
@@ -80,7 +117,7 @@ pub struct VaNode {
 impl VaNode {
     /// An unused node, to initialise storage arrays.
     pub const EMPTY: VaNode =
-        VaNode { start: 0, len: 0, max_len: 0, left: NIL, right: NIL, height: 0, state: UNUSED };
+        VaNode { start: 0, len: 0, prev: NIL, next: NIL, a: NIL, b: NIL, root: NIL, height: 0, state: UNUSED };
 }
 
 impl Default for VaNode {
@@ -155,16 +192,6 @@ pub struct VaRange {
     pub retired: bool,
 }
 
-#[inline]
-const fn max3(a: u64, b: u64, c: u64) -> u64 {
-    let m = if a > b { a } else { b };
-    if m > c {
-        m
-    } else {
-        c
-    }
-}
-
 /// The VA allocator over `[base, base + size)` with node storage `S`.
 ///
 /// `S` is anything that derefs to a node slice: `[VaNode; N]` (const
@@ -175,8 +202,8 @@ pub struct VaAllocator<S> {
     nodes: S,
     base: u64,
     size: u64,
-    holes: u32,
-    allocs: u32,
+    /// The range starting at `base`.
+    head: u32,
     free_list: u32,
     bump: u32,
     capacity: u32,
@@ -186,6 +213,41 @@ pub struct VaAllocator<S> {
     alloc_count: u64,
     used: u64,
     high_water: u64,
+    /// Regions are `1 << region_shift` bytes; `regions` of them.
+    region_shift: u32,
+    regions: u32,
+    /// Bit `f`: some class of level `f` is non-empty.
+    fl_bits: u64,
+    /// Bit `s` of word `f`: class `f * 16 + s` is non-empty.
+    sl_bits: [u32; FL_COUNT],
+    /// First hole of every class.
+    heads: [u32; CLASSES],
+    /// Bit per region: its allocation tree is non-empty; plus a summary word.
+    region_bits: [u64; REGION_WORDS],
+    region_top: u64,
+}
+
+/// Size class of a hole of `g` granules (`g >= 1`).
+#[inline]
+fn class_of(g: u64) -> usize {
+    let t = 63u32.wrapping_sub(g.max(1).leading_zeros());
+    if t < SL_LOG2 {
+        return g as usize;
+    }
+    let fl = t.wrapping_sub(SL_LOG2 - 1) as usize;
+    let sl = (g.wrapping_shr(t.wrapping_sub(SL_LOG2)) as usize) & (SL_COUNT - 1);
+    fl.wrapping_mul(SL_COUNT) | sl
+}
+
+/// Smallest class whose every hole has at least `g` granules.
+#[inline]
+fn class_at_least(g: u64) -> usize {
+    let t = 63u32.wrapping_sub(g.max(1).leading_zeros());
+    if t < SL_LOG2 {
+        return g as usize;
+    }
+    let step = 1u64.wrapping_shl(t.wrapping_sub(SL_LOG2)).wrapping_sub(1);
+    class_of(g.saturating_add(step))
 }
 
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
@@ -193,7 +255,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     ///
     /// `base` and `size` must be non-zero multiples of [`MIN_ALIGN`] (base may
     /// be 0), the range must not wrap, and the storage must hold at least one
-    /// node. O(1): storage is used lazily.
+    /// node. O(min(capacity, [`MAX_REGIONS`])): the region directory is reset;
+    /// the rest of the storage is used lazily.
     pub fn new(nodes: S, base: u64, size: u64) -> Result<Self, VaError> {
         let n = nodes.as_ref().len();
         if n == 0 || size == 0 || base % MIN_ALIGN != 0 || size % MIN_ALIGN != 0 {
@@ -201,12 +264,19 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         }
         base.checked_add(size).ok_or(VaError::BadArena)?;
         let capacity = u32::try_from(n).unwrap_or(NIL - 1).min(NIL - 1);
+        // Regions: a power of two of bytes, at least one granule, at most
+        // min(capacity, MAX_REGIONS) of them.
+        let max_regions = capacity.min(MAX_REGIONS as u32).max(1);
+        let log_m = 31u32.wrapping_sub(max_regions.leading_zeros());
+        let ceil_log2 = 64u32.wrapping_sub(size.wrapping_sub(1).leading_zeros());
+        let region_shift = ceil_log2.saturating_sub(log_m).max(GRANULE_SHIFT);
+        let regions = size.wrapping_sub(1).checked_shr(region_shift).unwrap_or(0).wrapping_add(1);
+        let regions = u32::try_from(regions).map_err(|_| VaError::BadArena)?;
         let mut a = VaAllocator {
             nodes,
             base,
             size,
-            holes: NIL,
-            allocs: NIL,
+            head: NIL,
             free_list: NIL,
             bump: 0,
             capacity,
@@ -216,10 +286,23 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             alloc_count: 0,
             used: 0,
             high_water: 0,
+            region_shift,
+            regions,
+            fl_bits: 0,
+            sl_bits: [0; FL_COUNT],
+            heads: [NIL; CLASSES],
+            region_bits: [0; REGION_WORDS],
+            region_top: 0,
         };
+        // The storage may have served an earlier allocator: reset the
+        // directory slots this one uses.
+        for slot in a.nodes.as_mut().iter_mut().take(regions as usize) {
+            slot.root = NIL;
+        }
         let h = a.take_node().ok_or(VaError::BadArena)?;
         a.set(h, base, size, HOLE);
-        a.holes = a.insert(a.holes, h);
+        a.head = h;
+        a.list_push(h);
         a.hole_count = 1;
         Ok(a)
     }
@@ -236,16 +319,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 
     /// Allocates `size` bytes aligned to `align` (a power of two; values
     /// below [`MIN_ALIGN`] are raised to it). The size is rounded up to
-    /// [`MIN_ALIGN`]. Worst case O(log n).
+    /// [`MIN_ALIGN`]. Good fit; see the module documentation for placement.
+    /// O(1) plus one region-tree insertion (O(log n) worst case).
     pub fn alloc(&mut self, size: u64, align: u64, placement: Placement) -> Result<u64, VaError> {
         let (size, align) = normalize(size, align)?;
         if size > self.size {
             return Err(VaError::NoSpace);
         }
-        let (hole, addr) = match placement {
-            Placement::BottomUp => self.find_bottom_up(size, align)?,
-            Placement::TopDown => self.find_top_down(size, align)?,
-        };
+        let (hole, addr) = self.find_fit(size, align, placement)?;
         self.carve(hole, addr, size)?;
         Ok(addr)
     }
@@ -263,26 +344,29 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if addr < self.base || end > arena_end {
             return Err(VaError::OutOfRange);
         }
-        let h = self.pred_or_eq(self.holes, addr).ok_or(VaError::Overlap)?;
-        let hend = self.start(h).wrapping_add(self.len(h));
-        if hend < end {
+        let h = self.containing(addr);
+        if self.state(h) != HOLE {
+            return Err(VaError::Overlap);
+        }
+        if self.start(h).wrapping_add(self.len(h)) < end {
             return Err(VaError::Overlap);
         }
         self.carve(h, addr, size)?;
         Ok(addr)
     }
 
-    /// The allocation starting at `addr`, if any. O(log n).
+    /// The allocation starting at `addr`, if any. O(1) plus one region-tree
+    /// search.
     pub fn lookup(&self, addr: u64) -> Option<VaRange> {
-        let x = self.find(self.allocs, addr)?;
+        let x = self.find_alloc(addr)?;
         Some(VaRange { addr, size: self.len(x), retired: self.state(x) == RETIRED })
     }
 
     /// Marks the allocation at `addr` as retired: its owner freed it but the
     /// GPU may still use it, so it stays reserved until [`VaAllocator::free`].
-    /// Returns its size. O(log n).
+    /// Returns its size. O(1) plus one region-tree search.
     pub fn retire(&mut self, addr: u64) -> Result<u64, VaError> {
-        let x = self.find(self.allocs, addr).ok_or(VaError::NotAllocated)?;
+        let x = self.find_alloc(addr).ok_or(VaError::NotAllocated)?;
         if self.state(x) == RETIRED {
             return Err(VaError::AlreadyRetired);
         }
@@ -294,66 +378,66 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 
     /// Frees the allocation starting at `addr` (live or retired) and
     /// coalesces it with adjacent holes. Returns its size. An unknown
-    /// address, or a second free, is [`VaError::NotAllocated`]. O(log n).
+    /// address, or a second free, is [`VaError::NotAllocated`]. One
+    /// region-tree removal (O(log n) worst case), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
-        let (root, removed) = self.remove(self.allocs, addr);
-        self.allocs = root;
+        let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
+        let (root, removed) = self.tree_remove(self.root(r), addr);
         let x = removed.ok_or(VaError::NotAllocated)?;
+        self.set_root(r, root);
         let size = self.len(x);
-        let end = addr.wrapping_add(size);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
-        // One descent finds both neighbouring holes.
-        let (pred, succ) = self.neighbours(self.holes, addr);
-        let left = pred.filter(|&l| self.start(l).wrapping_add(self.len(l)) == addr);
-        let right = succ.filter(|&r| self.start(r) == end);
+        let (p, n) = self.node(x).map_or((NIL, NIL), |v| (v.prev, v.next));
+        let left = self.state(p) == HOLE;
+        let right = self.state(n) == HOLE;
         match (left, right) {
-            (Some(l), Some(r)) => {
-                // [L][x][R] -> L grows over both; R leaves the tree. L's key
-                // is unchanged, so only max_len on its path changes.
-                let rlen = self.len(r);
-                let (root, _) = self.remove(self.holes, end);
-                self.holes = root;
-                self.release(r);
+            (true, true) => {
+                // [L][x][R] -> L grows over both.
+                let rlen = self.len(n);
+                self.list_unlink(n);
+                self.addr_unlink(n);
+                self.release(n);
                 self.hole_count = self.hole_count.wrapping_sub(1);
-                let ls = self.start(l);
-                self.set_len(l, self.len(l).wrapping_add(size).wrapping_add(rlen));
-                self.refresh_path(ls);
+                self.addr_unlink(x);
                 self.release(x);
+                let ls = self.start(p);
+                let llen = self.len(p).wrapping_add(size).wrapping_add(rlen);
+                self.resize_hole(p, ls, llen);
             }
-            (Some(l), None) => {
-                let ls = self.start(l);
-                self.set_len(l, self.len(l).wrapping_add(size));
-                self.refresh_path(ls);
+            (true, false) => {
+                self.addr_unlink(x);
                 self.release(x);
+                let ls = self.start(p);
+                let llen = self.len(p).wrapping_add(size);
+                self.resize_hole(p, ls, llen);
             }
-            (None, Some(r)) => {
-                // R's start moves down to addr: still above the previous
-                // hole's end, so its place in the order is unchanged.
-                let rlen = self.len(r);
-                if let Some(n) = self.node_mut(r) {
-                    n.start = addr;
-                    n.len = rlen.wrapping_add(size);
+            (false, true) => {
+                self.addr_unlink(x);
+                self.release(x);
+                let rlen = self.len(n).wrapping_add(size);
+                self.resize_hole(n, addr, rlen);
+            }
+            (false, false) => {
+                if let Some(v) = self.node_mut(x) {
+                    v.state = HOLE;
                 }
-                self.refresh_path(addr);
-                self.release(x);
-            }
-            (None, None) => {
-                self.set(x, addr, size, HOLE);
-                self.holes = self.insert(self.holes, x);
+                self.list_push(x);
                 self.hole_count = self.hole_count.wrapping_add(1);
             }
         }
         Ok(size)
     }
 
-    /// Current statistics. O(1).
+    /// Current statistics. O(1), except `largest_free`, which walks the
+    /// largest non-empty size class (holes within ~6 % of each other in
+    /// size; usually one).
     pub fn stats(&self) -> VaStats {
         VaStats {
             arena: self.size,
             used: self.used,
             free: self.size.wrapping_sub(self.used),
-            largest_free: self.max_len(self.holes),
+            largest_free: self.largest_hole(),
             high_water: self.high_water,
             allocations: self.alloc_count,
             holes: self.hole_count,
@@ -366,117 +450,197 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// Calls `f(addr, len)` for every hole in address order. O(n); meant for
     /// dumps and tests.
     pub fn for_each_hole(&self, mut f: impl FnMut(u64, u64)) {
-        self.in_order(self.holes, 0, &mut |a: &Self, x| f(a.start(x), a.len(x)));
+        self.walk(|v| {
+            if v.state == HOLE {
+                f(v.start, v.len);
+            }
+        });
     }
 
     /// Calls `f(range)` for every allocation in address order. O(n); meant
     /// for leak reports and tests.
     pub fn for_each_allocation(&self, mut f: impl FnMut(VaRange)) {
-        self.in_order(self.allocs, 0, &mut |a: &Self, x| {
-            f(VaRange { addr: a.start(x), size: a.len(x), retired: a.state(x) == RETIRED })
+        self.walk(|v| {
+            if v.state == ALLOC || v.state == RETIRED {
+                f(VaRange { addr: v.start, size: v.len, retired: v.state == RETIRED });
+            }
         });
     }
 
-    /// Checks every internal invariant (ordering, AVL balance, `max_len`,
-    /// ranges tile the arena exactly, holes coalesced, counters). O(n); for
-    /// tests and debug builds.
+    /// Checks every internal invariant (ranges tile the arena exactly, links
+    /// agree, holes coalesced and on the right size-class lists, bitmaps,
+    /// region trees ordered and balanced, counters). O(n); for tests and
+    /// debug builds.
     pub fn validate(&self) -> Result<(), &'static str> {
-        let mut v = Validator { prev_end: None, ok: Ok(()), count: 0, bytes: 0 };
-        self.check_tree(self.holes, 0, &mut v, true)?;
-        let holes = v.count;
-        let free = v.bytes;
-        let mut w = Validator { prev_end: None, ok: Ok(()), count: 0, bytes: 0 };
-        self.check_tree(self.allocs, 0, &mut w, false)?;
-        v.ok?;
-        w.ok?;
-        if holes != self.hole_count || w.count != self.alloc_count {
-            return Err("node counters disagree with the trees");
-        }
-        if w.bytes != self.used || free.wrapping_add(w.bytes) != self.size {
-            return Err("holes and allocations do not tile the arena");
-        }
-        if u64::from(self.nodes_used) != holes.wrapping_add(w.count) {
-            return Err("nodes_used disagrees with the trees");
-        }
-        // Tiling + coalescing: merge the two in-order sequences.
-        let mut ends_ok = Ok(());
+        // 1. The address list tiles the arena.
+        let limit = u64::from(self.capacity).wrapping_add(1);
+        let (mut holes, mut allocs, mut free, mut used, mut steps) = (0u64, 0u64, 0u64, 0u64, 0u64);
         let mut expect = self.base;
+        let mut prev = NIL;
         let mut last_was_hole = false;
-        self.merged_walk(&mut |start, len, hole| {
-            if start != expect {
-                ends_ok = Err("ranges leave a gap or overlap");
+        let mut x = self.head;
+        while x != NIL {
+            steps = steps.wrapping_add(1);
+            if steps > limit {
+                return Err("address list has a cycle");
             }
-            if hole && last_was_hole {
-                ends_ok = Err("two adjacent holes were not coalesced");
+            let v = self.node(x).ok_or("link out of range")?;
+            if v.prev != prev {
+                return Err("prev link disagrees with the address list");
             }
-            last_was_hole = hole;
-            expect = start.wrapping_add(len);
-        });
-        ends_ok?;
+            if v.start != expect {
+                return Err("ranges leave a gap or overlap");
+            }
+            if v.len == 0 || v.start % MIN_ALIGN != 0 || v.len % MIN_ALIGN != 0 {
+                return Err("empty or misaligned range");
+            }
+            match v.state {
+                HOLE => {
+                    if last_was_hole {
+                        return Err("two adjacent holes were not coalesced");
+                    }
+                    holes = holes.wrapping_add(1);
+                    free = free.wrapping_add(v.len);
+                }
+                ALLOC | RETIRED => {
+                    allocs = allocs.wrapping_add(1);
+                    used = used.wrapping_add(v.len);
+                    if self.find_alloc(v.start) != Some(x) {
+                        return Err("allocation missing from its region tree");
+                    }
+                }
+                _ => return Err("unused node on the address list"),
+            }
+            last_was_hole = v.state == HOLE;
+            expect = v.start.checked_add(v.len).ok_or("range wraps")?;
+            prev = x;
+            x = v.next;
+        }
         if expect != self.base.wrapping_add(self.size) {
             return Err("ranges do not reach the end of the arena");
+        }
+        if holes != self.hole_count || allocs != self.alloc_count {
+            return Err("node counters disagree with the address list");
+        }
+        if used != self.used || free.wrapping_add(used) != self.size {
+            return Err("holes and allocations do not tile the arena");
+        }
+        if u64::from(self.nodes_used) != holes.wrapping_add(allocs) {
+            return Err("nodes_used disagrees with the address list");
+        }
+        // 2. Size-class lists and their bitmaps.
+        let mut listed = 0u64;
+        for c in 0..CLASSES {
+            let h = self.heads.get(c).copied().unwrap_or(NIL);
+            let (fl, sl) = (c / SL_COUNT, c % SL_COUNT);
+            let sl_bit = self.sl_bits.get(fl).is_some_and(|w| w & (1u32 << sl) != 0);
+            if sl_bit != (h != NIL) {
+                return Err("second-level bitmap disagrees with the lists");
+            }
+            let fl_bit = self.fl_bits & (1u64 << fl) != 0;
+            if fl_bit != self.sl_bits.get(fl).is_some_and(|&w| w != 0) {
+                return Err("first-level bitmap disagrees with the lists");
+            }
+            let mut p = NIL;
+            let mut y = h;
+            while y != NIL {
+                listed = listed.wrapping_add(1);
+                if listed > limit {
+                    return Err("size-class list has a cycle");
+                }
+                let v = self.node(y).ok_or("link out of range")?;
+                if v.state != HOLE {
+                    return Err("non-hole on a size-class list");
+                }
+                if class_of(v.len >> GRANULE_SHIFT) != c {
+                    return Err("hole on the wrong size-class list");
+                }
+                if v.a != p {
+                    return Err("size-class list back link is wrong");
+                }
+                p = y;
+                y = v.b;
+            }
+        }
+        if listed != holes {
+            return Err("a hole is missing from the size-class lists");
+        }
+        // 3. Region trees and their bitmap.
+        let mut indexed = 0u64;
+        for r in 0..self.regions {
+            let root = self.root(r);
+            let w = self.region_bits.get((r / 64) as usize).copied().unwrap_or(0);
+            if (w & (1u64 << (r % 64)) != 0) != (root != NIL) {
+                return Err("region bitmap disagrees with the region trees");
+            }
+            if (self.region_top & (1u64 << (r / 64)) != 0) != (w != 0) {
+                return Err("region summary bitmap is wrong");
+            }
+            let mut prev_key = None;
+            self.check_tree(root, 0, r, &mut prev_key, &mut indexed)?;
+        }
+        if indexed != allocs {
+            return Err("region trees hold a different number of allocations");
         }
         Ok(())
     }
 
     // ----- placement -------------------------------------------------------
 
-    fn find_bottom_up(&self, size: u64, align: u64) -> Result<(u32, u64), VaError> {
-        if align > MIN_ALIGN {
-            let mut after: Option<u64> = None;
-            for _ in 0..EXACT_PROBES {
-                let c = match after {
-                    None => self.first_fit(self.holes, size),
-                    Some(k) => self.next_fit(self.holes, k, size),
-                };
-                let Some(h) = c else {
-                    return Err(VaError::NoSpace);
-                };
-                let s = self.start(h);
-                let end = s.wrapping_add(self.len(h));
-                if let Some(a) = align_up(s, align) {
-                    if a.checked_add(size).is_some_and(|e| e <= end) {
-                        return Ok((h, a));
-                    }
-                }
-                after = Some(s);
+    /// Address at which `[size]` aligned to `align` fits in hole `h`.
+    #[inline]
+    fn fit(&self, h: u32, size: u64, align: u64, placement: Placement) -> Option<u64> {
+        let v = self.node(h)?;
+        let end = v.start.wrapping_add(v.len);
+        match placement {
+            Placement::BottomUp => {
+                let a = align_up(v.start, align)?;
+                (a.checked_add(size)? <= end).then_some(a)
+            }
+            Placement::TopDown => {
+                let a = end.checked_sub(size)? & !(align.wrapping_sub(1));
+                (a >= v.start).then_some(a)
             }
         }
-        let need = size.checked_add(align.wrapping_sub(MIN_ALIGN)).ok_or(VaError::Overflow)?;
-        let h = self.first_fit(self.holes, need).ok_or(VaError::NoSpace)?;
-        let a = align_up(self.start(h), align).ok_or(VaError::NoSpace)?;
-        Ok((h, a))
     }
 
-    fn find_top_down(&self, size: u64, align: u64) -> Result<(u32, u64), VaError> {
-        if align > MIN_ALIGN {
-            let mut before: Option<u64> = None;
-            for _ in 0..EXACT_PROBES {
-                let c = match before {
-                    None => self.last_fit(self.holes, size),
-                    Some(k) => self.prev_fit(self.holes, k, size),
-                };
-                let Some(h) = c else {
-                    return Err(VaError::NoSpace);
-                };
-                let s = self.start(h);
-                let end = s.wrapping_add(self.len(h));
-                let a = end.wrapping_sub(size) & !(align.wrapping_sub(1));
-                if a >= s {
-                    return Ok((h, a));
-                }
-                before = Some(s);
+    fn find_fit(&self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+        let g = size >> GRANULE_SHIFT;
+        // 1. Good fit: first hole of the smallest class whose every hole
+        //    holds `size`. Always fits at 128 B alignment.
+        if let Some(c) = self.find_class(class_at_least(g)) {
+            let h = self.head_of(c);
+            if let Some(a) = self.fit(h, size, align, placement) {
+                return Ok((h, a));
             }
         }
-        let need = size.checked_add(align.wrapping_sub(MIN_ALIGN)).ok_or(VaError::Overflow)?;
-        let h = self.last_fit(self.holes, need).ok_or(VaError::NoSpace)?;
-        let s = self.start(h);
-        let end = s.wrapping_add(self.len(h));
-        let a = end.wrapping_sub(size) & !(align.wrapping_sub(1));
-        if a < s {
-            return Err(VaError::NoSpace);
+        // 2. Larger alignment: a hole that fits whatever its address.
+        if align > MIN_ALIGN {
+            let need = size.checked_add(align.wrapping_sub(MIN_ALIGN)).ok_or(VaError::Overflow)?;
+            if let Some(c) = self.find_class(class_at_least(need >> GRANULE_SHIFT)) {
+                let h = self.head_of(c);
+                if let Some(a) = self.fit(h, size, align, placement) {
+                    return Ok((h, a));
+                }
+            }
         }
-        Ok((h, a))
+        // 3. Bounded probing from the request's own class upwards.
+        let mut c = self.find_class(class_of(g));
+        let mut h = c.map_or(NIL, |c| self.head_of(c));
+        for _ in 0..EXACT_PROBES {
+            if h == NIL {
+                break;
+            }
+            if let Some(a) = self.fit(h, size, align, placement) {
+                return Ok((h, a));
+            }
+            h = self.node(h).map_or(NIL, |v| v.b);
+            if h == NIL {
+                c = c.and_then(|x| self.find_class(x.wrapping_add(1)));
+                h = c.map_or(NIL, |c| self.head_of(c));
+            }
+        }
+        Err(VaError::NoSpace)
     }
 
     /// Splits hole `h` into [front hole] [allocation] [back hole].
@@ -491,46 +655,236 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             return Err(VaError::NodeCapacity);
         }
         let n = match (front, back) {
-            (true, true) => {
-                // h keeps the front part in place; the back part is new.
-                self.set_len(h, addr.wrapping_sub(hs));
-                self.refresh_path(hs);
-                let b = self.take_node().unwrap_or(NIL);
-                self.set(b, end, he.wrapping_sub(end), HOLE);
-                self.holes = self.insert(self.holes, b);
-                self.hole_count = self.hole_count.wrapping_add(1);
-                self.take_node().unwrap_or(NIL)
-            }
-            (true, false) => {
-                self.set_len(h, addr.wrapping_sub(hs));
-                self.refresh_path(hs);
-                self.take_node().unwrap_or(NIL)
-            }
-            (false, true) => {
-                // h's start moves up to `end`, still below the next hole:
-                // its place in the order is unchanged.
-                if let Some(x) = self.node_mut(h) {
-                    x.start = end;
-                    x.len = he.wrapping_sub(end);
-                }
-                self.refresh_path(end);
-                self.take_node().unwrap_or(NIL)
-            }
             (false, false) => {
-                let (root, _) = self.remove(self.holes, hs);
-                self.holes = root;
+                self.list_unlink(h);
                 self.hole_count = self.hole_count.wrapping_sub(1);
                 h
             }
+            (false, true) => {
+                // The allocation takes the front; h keeps the back, moving
+                // its start up (it stays on its list if its class holds).
+                let n = self.take_node().unwrap_or(NIL);
+                self.addr_insert_before(h, n);
+                self.resize_hole(h, end, he.wrapping_sub(end));
+                n
+            }
+            (true, false) => {
+                let n = self.take_node().unwrap_or(NIL);
+                self.addr_insert_after(h, n);
+                self.resize_hole(h, hs, addr.wrapping_sub(hs));
+                n
+            }
+            (true, true) => {
+                let n = self.take_node().unwrap_or(NIL);
+                let b = self.take_node().unwrap_or(NIL);
+                self.addr_insert_after(h, n);
+                self.addr_insert_after(n, b);
+                self.set(b, end, he.wrapping_sub(end), HOLE);
+                self.list_push(b);
+                self.hole_count = self.hole_count.wrapping_add(1);
+                self.resize_hole(h, hs, addr.wrapping_sub(hs));
+                n
+            }
         };
         self.set(n, addr, size, ALLOC);
-        self.allocs = self.insert(self.allocs, n);
+        if let Some(r) = self.region_of(addr) {
+            let root = self.tree_insert(self.root(r), n);
+            self.set_root(r, root);
+        }
         self.alloc_count = self.alloc_count.wrapping_add(1);
         self.used = self.used.wrapping_add(size);
         if self.used > self.high_water {
             self.high_water = self.used;
         }
         Ok(())
+    }
+
+    /// The range (hole or allocation) that contains `addr`, which must be
+    /// inside the arena.
+    fn containing(&self, addr: u64) -> u32 {
+        let Some(r) = self.region_of(addr) else {
+            return NIL;
+        };
+        let a = self.tree_pred_or_eq(self.root(r), addr).or_else(|| {
+            let p = self.prev_region(r)?;
+            self.tree_max(self.root(p))
+        });
+        match a {
+            // Holes are coalesced, so whatever follows the last allocation
+            // at or before `addr` is a hole reaching past `addr`.
+            Some(a) if self.start(a).wrapping_add(self.len(a)) <= addr => self.next(a),
+            Some(a) => a,
+            None => self.head,
+        }
+    }
+
+    fn largest_hole(&self) -> u64 {
+        if self.fl_bits == 0 {
+            return 0;
+        }
+        let fl = 63u32.wrapping_sub(self.fl_bits.leading_zeros()) as usize;
+        let w = self.sl_bits.get(fl).copied().unwrap_or(0);
+        let sl = 31u32.wrapping_sub(w.leading_zeros()) as usize;
+        let mut x = self.head_of(fl.wrapping_mul(SL_COUNT) | sl);
+        let mut best = 0;
+        let mut steps = 0u64;
+        while x != NIL && steps <= self.hole_count {
+            steps = steps.wrapping_add(1);
+            let Some(v) = self.node(x) else { break };
+            best = best.max(v.len);
+            x = v.b;
+        }
+        best
+    }
+
+    // ----- segregated size-class lists -------------------------------------
+
+    #[inline]
+    fn head_of(&self, c: usize) -> u32 {
+        self.heads.get(c).copied().unwrap_or(NIL)
+    }
+
+    /// First non-empty class `>= c`.
+    #[inline]
+    fn find_class(&self, c: usize) -> Option<usize> {
+        let fl = c / SL_COUNT;
+        let sl = (c % SL_COUNT) as u32;
+        let w = self.sl_bits.get(fl).copied().unwrap_or(0) & u32::MAX.wrapping_shl(sl);
+        if w != 0 {
+            return Some(fl.wrapping_mul(SL_COUNT) | w.trailing_zeros() as usize);
+        }
+        let above = u64::MAX.checked_shl(fl.wrapping_add(1) as u32).unwrap_or(0);
+        let f = self.fl_bits & above;
+        if f == 0 {
+            return None;
+        }
+        let fl = f.trailing_zeros() as usize;
+        let w = self.sl_bits.get(fl).copied().unwrap_or(0);
+        Some(fl.wrapping_mul(SL_COUNT) | w.trailing_zeros() as usize)
+    }
+
+    fn list_push(&mut self, h: u32) {
+        let c = class_of(self.len(h) >> GRANULE_SHIFT);
+        let old = self.head_of(c);
+        if let Some(v) = self.node_mut(h) {
+            v.a = NIL;
+            v.b = old;
+        }
+        if let Some(v) = self.node_mut(old) {
+            v.a = h;
+        }
+        if let Some(slot) = self.heads.get_mut(c) {
+            *slot = h;
+        }
+        let fl = c / SL_COUNT;
+        if let Some(w) = self.sl_bits.get_mut(fl) {
+            *w |= 1u32.wrapping_shl((c % SL_COUNT) as u32);
+        }
+        self.fl_bits |= 1u64.wrapping_shl(fl as u32);
+    }
+
+    fn list_unlink(&mut self, h: u32) {
+        let c = class_of(self.len(h) >> GRANULE_SHIFT);
+        let (p, n) = self.node(h).map_or((NIL, NIL), |v| (v.a, v.b));
+        if let Some(v) = self.node_mut(n) {
+            v.a = p;
+        }
+        if p != NIL {
+            if let Some(v) = self.node_mut(p) {
+                v.b = n;
+            }
+            return;
+        }
+        if let Some(slot) = self.heads.get_mut(c) {
+            *slot = n;
+        }
+        if n == NIL {
+            let fl = c / SL_COUNT;
+            if let Some(w) = self.sl_bits.get_mut(fl) {
+                *w &= !1u32.wrapping_shl((c % SL_COUNT) as u32);
+                if *w == 0 {
+                    self.fl_bits &= !1u64.wrapping_shl(fl as u32);
+                }
+            }
+        }
+    }
+
+    /// Gives hole `h` a new start and length, moving it to another list if
+    /// its class changes. The new range must keep its place in address order.
+    #[inline]
+    fn resize_hole(&mut self, h: u32, start: u64, len: u64) {
+        let old = class_of(self.len(h) >> GRANULE_SHIFT);
+        let moved = old != class_of(len >> GRANULE_SHIFT);
+        if moved {
+            self.list_unlink(h);
+        }
+        if let Some(v) = self.node_mut(h) {
+            v.start = start;
+            v.len = len;
+        }
+        if moved {
+            self.list_push(h);
+        }
+    }
+
+    // ----- address-ordered list --------------------------------------------
+
+    #[inline]
+    fn next(&self, n: u32) -> u32 {
+        self.node(n).map_or(NIL, |x| x.next)
+    }
+
+    /// Links detached node `x` right before `y`.
+    fn addr_insert_before(&mut self, y: u32, x: u32) {
+        let p = self.node(y).map_or(NIL, |v| v.prev);
+        if let Some(v) = self.node_mut(x) {
+            v.prev = p;
+            v.next = y;
+        }
+        if let Some(v) = self.node_mut(y) {
+            v.prev = x;
+        }
+        if p == NIL {
+            self.head = x;
+        } else if let Some(v) = self.node_mut(p) {
+            v.next = x;
+        }
+    }
+
+    /// Links detached node `x` right after `y`.
+    fn addr_insert_after(&mut self, y: u32, x: u32) {
+        let n = self.next(y);
+        if let Some(v) = self.node_mut(x) {
+            v.prev = y;
+            v.next = n;
+        }
+        if let Some(v) = self.node_mut(y) {
+            v.next = x;
+        }
+        if let Some(v) = self.node_mut(n) {
+            v.prev = x;
+        }
+    }
+
+    fn addr_unlink(&mut self, x: u32) {
+        let (p, n) = self.node(x).map_or((NIL, NIL), |v| (v.prev, v.next));
+        if let Some(v) = self.node_mut(n) {
+            v.prev = p;
+        }
+        if p == NIL {
+            self.head = n;
+        } else if let Some(v) = self.node_mut(p) {
+            v.next = n;
+        }
+    }
+
+    fn walk(&self, mut f: impl FnMut(&VaNode)) {
+        let mut x = self.head;
+        for _ in 0..=self.capacity {
+            let Some(v) = self.node(x) else { return };
+            f(v);
+            x = v.next;
+        }
     }
 
     // ----- node storage ----------------------------------------------------
@@ -542,7 +896,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     fn take_node(&mut self) -> Option<u32> {
         let n = if self.free_list != NIL {
             let n = self.free_list;
-            self.free_list = self.left(n);
+            self.free_list = self.node(n).map_or(NIL, |v| v.b);
             n
         } else if self.bump < self.capacity {
             let n = self.bump;
@@ -561,21 +915,20 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     fn release(&mut self, n: u32) {
         let next = self.free_list;
         if let Some(x) = self.node_mut(n) {
-            *x = VaNode::EMPTY;
-            x.left = next;
+            // Keep the directory slot: it belongs to region `n`, not to
+            // this node's role.
+            *x = VaNode { root: x.root, b: next, ..VaNode::EMPTY };
         }
         self.free_list = n;
         self.nodes_used = self.nodes_used.wrapping_sub(1);
     }
 
+    /// Sets a node's range and state; links are left to the caller.
+    #[inline]
     fn set(&mut self, n: u32, start: u64, len: u64, state: u8) {
         if let Some(x) = self.node_mut(n) {
             x.start = start;
             x.len = len;
-            x.max_len = len;
-            x.left = NIL;
-            x.right = NIL;
-            x.height = 1;
             x.state = state;
         }
     }
@@ -599,16 +952,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         self.node(n).map_or(0, |x| x.len)
     }
     #[inline]
-    fn max_len(&self, n: u32) -> u64 {
-        self.node(n).map_or(0, |x| x.max_len)
-    }
-    #[inline]
     fn left(&self, n: u32) -> u32 {
-        self.node(n).map_or(NIL, |x| x.left)
+        self.node(n).map_or(NIL, |x| x.a)
     }
     #[inline]
     fn right(&self, n: u32) -> u32 {
-        self.node(n).map_or(NIL, |x| x.right)
+        self.node(n).map_or(NIL, |x| x.b)
     }
     #[inline]
     fn height(&self, n: u32) -> u8 {
@@ -619,27 +968,97 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         self.node(n).map_or(UNUSED, |x| x.state)
     }
 
-    // ----- AVL tree keyed by `start`, augmented with `max_len` -------------
+    // ----- region directory ------------------------------------------------
 
+    /// Region of an address inside the arena.
+    #[inline]
+    fn region_of(&self, addr: u64) -> Option<u32> {
+        let off = addr.checked_sub(self.base)?;
+        if off >= self.size {
+            return None;
+        }
+        Some(off.checked_shr(self.region_shift).unwrap_or(0) as u32)
+    }
+
+    #[inline]
+    fn root(&self, r: u32) -> u32 {
+        self.node(r).map_or(NIL, |x| x.root)
+    }
+
+    #[inline]
+    fn set_root(&mut self, r: u32, root: u32) {
+        let Some(x) = self.node_mut(r) else { return };
+        let was = x.root;
+        x.root = root;
+        if (was == NIL) == (root == NIL) {
+            return;
+        }
+        let w = (r / 64) as usize;
+        let bit = 1u64.wrapping_shl(r % 64);
+        if let Some(word) = self.region_bits.get_mut(w) {
+            if root == NIL {
+                *word &= !bit;
+            } else {
+                *word |= bit;
+            }
+            let top = 1u64.wrapping_shl(w as u32);
+            if *word == 0 {
+                self.region_top &= !top;
+            } else {
+                self.region_top |= top;
+            }
+        }
+    }
+
+    /// Greatest non-empty region below `r`.
+    fn prev_region(&self, r: u32) -> Option<u32> {
+        let w = r / 64;
+        let below = 1u64.wrapping_shl(r % 64).wrapping_sub(1);
+        let bits = self.region_bits.get(w as usize).copied().unwrap_or(0) & below;
+        if bits != 0 {
+            return Some(w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros()));
+        }
+        let words = self.region_top & 1u64.wrapping_shl(w).wrapping_sub(1);
+        if words == 0 {
+            return None;
+        }
+        let w = 63u32.wrapping_sub(words.leading_zeros());
+        let bits = self.region_bits.get(w as usize).copied().unwrap_or(0);
+        Some(w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros()))
+    }
+
+    fn find_alloc(&self, addr: u64) -> Option<u32> {
+        let r = self.region_of(addr)?;
+        let mut x = self.root(r);
+        for _ in 0..MAX_HEIGHT {
+            let v = self.node(x)?;
+            if addr == v.start {
+                return Some(x);
+            }
+            x = if addr < v.start { v.a } else { v.b };
+        }
+        None
+    }
+
+    // ----- region trees: AVL keyed by `start` ------------------------------
+
+    #[inline]
     fn update(&mut self, n: u32) {
-        let (l, r) = (self.left(n), self.right(n));
-        let h = self.height(l).max(self.height(r)).wrapping_add(1);
-        let m = max3(self.len(n), self.max_len(l), self.max_len(r));
+        let h = self.height(self.left(n)).max(self.height(self.right(n))).wrapping_add(1);
         if let Some(x) = self.node_mut(n) {
             x.height = h;
-            x.max_len = m;
         }
     }
 
     fn set_left(&mut self, n: u32, v: u32) {
         if let Some(x) = self.node_mut(n) {
-            x.left = v;
+            x.a = v;
         }
     }
 
     fn set_right(&mut self, n: u32, v: u32) {
         if let Some(x) = self.node_mut(n) {
-            x.right = v;
+            x.b = v;
         }
     }
 
@@ -683,345 +1102,139 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     }
 
     /// Inserts detached node `x` under `root`; returns the new root.
-    fn insert(&mut self, root: u32, x: u32) -> u32 {
+    fn tree_insert(&mut self, root: u32, x: u32) -> u32 {
         if root == NIL {
-            self.set_left(x, NIL);
-            self.set_right(x, NIL);
-            self.update(x);
+            if let Some(v) = self.node_mut(x) {
+                v.a = NIL;
+                v.b = NIL;
+                v.height = 1;
+            }
             return x;
         }
         let go_left = self.start(x) < self.start(root);
         let c = if go_left { self.left(root) } else { self.right(root) };
-        let before = self.summary(c);
-        let nc = self.insert(c, x);
+        let before = self.height(c);
+        let nc = self.tree_insert(c, x);
         if go_left {
             self.set_left(root, nc);
         } else {
             self.set_right(root, nc);
         }
-        if nc == c && self.summary(nc) == before {
-            // Nothing this node depends on changed: skip the update.
+        if nc == c && self.height(nc) == before {
             return root;
         }
         self.rebalance(root)
     }
 
-    /// What a parent's height and `max_len` depend on in a child.
-    #[inline]
-    fn summary(&self, n: u32) -> (u8, u64) {
-        self.node(n).map_or((0, 0), |x| (x.height, x.max_len))
-    }
-
     /// Detaches the minimum of `root`; returns (new root, min node).
-    fn remove_min(&mut self, root: u32) -> (u32, u32) {
+    fn tree_remove_min(&mut self, root: u32) -> (u32, u32) {
         let l = self.left(root);
         if l == NIL {
             return (self.right(root), root);
         }
-        let (nl, m) = self.remove_min(l);
+        let (nl, m) = self.tree_remove_min(l);
         self.set_left(root, nl);
         (self.rebalance(root), m)
     }
 
     /// Detaches the node whose start is `key`; returns the new root and the
-    /// detached node (which keeps its index and fields), or `None` and an
-    /// unchanged tree when no node has that key.
-    fn remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
+    /// detached node, or `None` and an unchanged tree.
+    fn tree_remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
         if root == NIL {
             return (NIL, None);
         }
         let s = self.start(root);
-        let found = if key != s {
-            let go_left = key < s;
-            let c = if go_left { self.left(root) } else { self.right(root) };
-            let before = self.summary(c);
-            let (nc, f) = self.remove(c, key);
-            if go_left {
-                self.set_left(root, nc);
-            } else {
-                self.set_right(root, nc);
-            }
-            if nc == c && self.summary(nc) == before {
-                return (root, f);
-            }
-            f
-        } else {
+        if key == s {
             let (l, r) = (self.left(root), self.right(root));
             if r == NIL {
                 return (l, Some(root));
             }
-            let (nr, m) = self.remove_min(r);
+            let (nr, m) = self.tree_remove_min(r);
             self.set_left(m, l);
             self.set_right(m, nr);
             return (self.rebalance(m), Some(root));
-        };
-        if found.is_none() {
+        }
+        let go_left = key < s;
+        let c = if go_left { self.left(root) } else { self.right(root) };
+        let before = self.height(c);
+        let (nc, f) = self.tree_remove(c, key);
+        if f.is_none() {
             return (root, None);
         }
-        (self.rebalance(root), found)
-    }
-
-    /// Recomputes `max_len` on the path from the root to the hole starting
-    /// at `key`, after that hole's length changed in place (heights are
-    /// unchanged). Stops early once a value does not change.
-    fn refresh_path(&mut self, key: u64) {
-        let mut path = [NIL; MAX_HEIGHT];
-        let mut depth = 0usize;
-        let mut x = self.holes;
-        for slot in path.iter_mut() {
-            if x == NIL {
-                break;
-            }
-            *slot = x;
-            depth = depth.wrapping_add(1);
-            let s = self.start(x);
-            if key == s {
-                break;
-            }
-            x = if key < s { self.left(x) } else { self.right(x) };
+        if go_left {
+            self.set_left(root, nc);
+        } else {
+            self.set_right(root, nc);
         }
-        for i in (0..depth).rev() {
-            let n = path.get(i).copied().unwrap_or(NIL);
-            let old = self.max_len(n);
-            let m = max3(self.len(n), self.max_len(self.left(n)), self.max_len(self.right(n)));
-            if m == old && i.wrapping_add(1) < depth {
-                break;
-            }
-            if let Some(node) = self.node_mut(n) {
-                node.max_len = m;
-            }
+        if nc == c && self.height(nc) == before {
+            return (root, f);
         }
-    }
-
-    /// Greatest node with start < key and least node with start > key.
-    fn neighbours(&self, root: u32, key: u64) -> (Option<u32>, Option<u32>) {
-        let mut x = root;
-        let (mut pred, mut succ) = (None, None);
-        for _ in 0..MAX_HEIGHT {
-            if x == NIL {
-                break;
-            }
-            let s = self.start(x);
-            if s < key {
-                pred = Some(x);
-                x = self.right(x);
-            } else if s > key {
-                succ = Some(x);
-                x = self.left(x);
-            } else {
-                break;
-            }
-        }
-        (pred, succ)
-    }
-
-    fn set_len(&mut self, n: u32, len: u64) {
-        if let Some(x) = self.node_mut(n) {
-            x.len = len;
-        }
-    }
-
-    fn find(&self, root: u32, key: u64) -> Option<u32> {
-        let mut x = root;
-        for _ in 0..MAX_HEIGHT {
-            if x == NIL {
-                return None;
-            }
-            let s = self.start(x);
-            if key == s {
-                return Some(x);
-            }
-            x = if key < s { self.left(x) } else { self.right(x) };
-        }
-        None
+        (self.rebalance(root), f)
     }
 
     /// Node with the greatest start <= key.
-    fn pred_or_eq(&self, root: u32, key: u64) -> Option<u32> {
+    fn tree_pred_or_eq(&self, root: u32, key: u64) -> Option<u32> {
         let mut x = root;
         let mut best = None;
         for _ in 0..MAX_HEIGHT {
-            if x == NIL {
-                break;
-            }
-            if self.start(x) <= key {
+            let Some(v) = self.node(x) else { break };
+            if v.start <= key {
                 best = Some(x);
-                x = self.right(x);
+                x = v.b;
             } else {
-                x = self.left(x);
+                x = v.a;
             }
         }
         best
     }
 
-    /// Leftmost node of `root` with len >= need.
-    fn first_fit(&self, root: u32, need: u64) -> Option<u32> {
+    fn tree_max(&self, root: u32) -> Option<u32> {
         let mut x = root;
-        if self.max_len(x) < need {
-            return None;
-        }
+        let mut best = None;
         for _ in 0..MAX_HEIGHT {
-            if x == NIL {
-                return None;
-            }
-            let l = self.left(x);
-            if self.max_len(l) >= need {
-                x = l;
-            } else if self.len(x) >= need {
-                return Some(x);
-            } else {
-                x = self.right(x);
-            }
+            let Some(v) = self.node(x) else { break };
+            best = Some(x);
+            x = v.b;
         }
-        None
-    }
-
-    /// Rightmost node of `root` with len >= need.
-    fn last_fit(&self, root: u32, need: u64) -> Option<u32> {
-        let mut x = root;
-        if self.max_len(x) < need {
-            return None;
-        }
-        for _ in 0..MAX_HEIGHT {
-            if x == NIL {
-                return None;
-            }
-            let r = self.right(x);
-            if self.max_len(r) >= need {
-                x = r;
-            } else if self.len(x) >= need {
-                return Some(x);
-            } else {
-                x = self.left(x);
-            }
-        }
-        None
-    }
-
-    /// Leftmost node with start > key and len >= need.
-    fn next_fit(&self, root: u32, key: u64, need: u64) -> Option<u32> {
-        if root == NIL || self.max_len(root) < need {
-            return None;
-        }
-        if self.start(root) > key {
-            if let Some(x) = self.next_fit(self.left(root), key, need) {
-                return Some(x);
-            }
-            if self.len(root) >= need {
-                return Some(root);
-            }
-            self.first_fit(self.right(root), need)
-        } else {
-            self.next_fit(self.right(root), key, need)
-        }
-    }
-
-    /// Rightmost node with start < key and len >= need.
-    fn prev_fit(&self, root: u32, key: u64, need: u64) -> Option<u32> {
-        if root == NIL || self.max_len(root) < need {
-            return None;
-        }
-        if self.start(root) < key {
-            if let Some(x) = self.prev_fit(self.right(root), key, need) {
-                return Some(x);
-            }
-            if self.len(root) >= need {
-                return Some(root);
-            }
-            self.last_fit(self.left(root), need)
-        } else {
-            self.prev_fit(self.left(root), key, need)
-        }
-    }
-
-    // ----- walks for dumps and validation ----------------------------------
-
-    fn in_order(&self, x: u32, depth: usize, f: &mut dyn FnMut(&Self, u32)) {
-        if x == NIL || depth > MAX_HEIGHT {
-            return;
-        }
-        self.in_order(self.left(x), depth.wrapping_add(1), f);
-        f(self, x);
-        self.in_order(self.right(x), depth.wrapping_add(1), f);
-    }
-
-    fn merged_walk(&self, f: &mut dyn FnMut(u64, u64, bool)) {
-        // Follow the tiling from the arena base, looking up the range that
-        // starts at each address: O(n log n), for validation only.
-        let mut addr = self.base;
-        let end = self.base.wrapping_add(self.size);
-        let limit = u64::from(self.nodes_used).wrapping_add(1);
-        let mut steps = 0u64;
-        while addr < end && steps < limit {
-            steps = steps.wrapping_add(1);
-            if let Some(h) = self.find(self.holes, addr) {
-                let l = self.len(h);
-                f(addr, l, true);
-                addr = addr.wrapping_add(l);
-            } else if let Some(a) = self.find(self.allocs, addr) {
-                let l = self.len(a);
-                f(addr, l, false);
-                addr = addr.wrapping_add(l);
-            } else {
-                // Nothing starts here: report a gap and stop.
-                f(addr.wrapping_add(1), 0, false);
-                return;
-            }
-        }
+        best
     }
 
     fn check_tree(
         &self,
         x: u32,
         depth: usize,
-        v: &mut Validator,
-        holes: bool,
-    ) -> Result<(u8, u64), &'static str> {
+        region: u32,
+        prev_key: &mut Option<u64>,
+        count: &mut u64,
+    ) -> Result<u8, &'static str> {
         if x == NIL {
-            return Ok((0, 0));
+            return Ok(0);
         }
         if depth > MAX_HEIGHT {
             return Err("tree deeper than the AVL bound");
         }
-        let (hl, ml) = self.check_tree(self.left(x), depth.wrapping_add(1), v, holes)?;
-        let s = self.start(x);
-        let l = self.len(x);
-        let st = self.state(x);
-        if holes && st != HOLE || !holes && st != ALLOC && st != RETIRED {
-            return Err("node in the wrong tree");
+        let v = self.node(x).ok_or("link out of range")?;
+        let hl = self.check_tree(v.a, depth.wrapping_add(1), region, prev_key, count)?;
+        if v.state != ALLOC && v.state != RETIRED {
+            return Err("hole in a region tree");
         }
-        if l == 0 || s % MIN_ALIGN != 0 || l % MIN_ALIGN != 0 {
-            return Err("empty or misaligned range");
+        if self.region_of(v.start) != Some(region) {
+            return Err("allocation in the wrong region tree");
         }
-        if let Some(pe) = v.prev_end {
-            if s < pe {
-                v.ok = Err("ranges out of order or overlapping");
-            }
+        if prev_key.is_some_and(|p| p >= v.start) {
+            return Err("region tree out of order");
         }
-        v.prev_end = Some(s.wrapping_add(l));
-        v.count = v.count.wrapping_add(1);
-        v.bytes = v.bytes.wrapping_add(l);
-        let (hr, mr) = self.check_tree(self.right(x), depth.wrapping_add(1), v, holes)?;
+        *prev_key = Some(v.start);
+        *count = count.wrapping_add(1);
+        let hr = self.check_tree(v.b, depth.wrapping_add(1), region, prev_key, count)?;
         if hl.abs_diff(hr) > 1 {
             return Err("AVL balance violated");
         }
-        let h = hl.max(hr).wrapping_add(1);
-        if h != self.height(x) {
+        if hl.max(hr).wrapping_add(1) != v.height {
             return Err("stored height is wrong");
         }
-        let m = max3(l, ml, mr);
-        if m != self.max_len(x) {
-            return Err("stored max_len is wrong");
-        }
-        Ok((h, m))
+        Ok(v.height)
     }
-}
-
-struct Validator {
-    prev_end: Option<u64>,
-    ok: Result<(), &'static str>,
-    count: u64,
-    bytes: u64,
 }
 
 /// Validates and rounds a (size, align) request.
