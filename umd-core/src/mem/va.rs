@@ -72,9 +72,13 @@ const GRANULE_SHIFT: u32 = 7;
 /// Bounds the worst case of `alloc`.
 pub const EXACT_PROBES: usize = 8;
 
-/// Most regions the allocation index cuts the arena into (a 64 × 64 bitmap).
-/// The real number is also at most the node capacity.
-pub const MAX_REGIONS: usize = 4096;
+/// Regions per group: the directory bitmap has one bit per group, and each
+/// group keeps a count of its non-empty regions.
+const GROUP: u32 = 16;
+
+/// Most regions the allocation index cuts the arena into (64 × 64 groups of
+/// [`GROUP`] regions). The real number is also at most the node capacity.
+pub const MAX_REGIONS: usize = 64 * 64 * GROUP as usize;
 
 /// Upper bound on the height of any tree the allocator builds (AVL height for
 /// `u32::MAX` nodes is below 46), used to bound iterative descents.
@@ -92,7 +96,7 @@ const SL_LOG2: u32 = 4;
 const SL_COUNT: usize = 1 << SL_LOG2;
 const FL_COUNT: usize = 64;
 const CLASSES: usize = FL_COUNT * SL_COUNT;
-const REGION_WORDS: usize = MAX_REGIONS / 64;
+const GROUP_WORDS: usize = 64;
 
 /// One node of bookkeeping storage. Opaque: integrators only create arrays
 /// of [`VaNode::EMPTY`] and hand them to [`VaAllocator::new`].
@@ -110,6 +114,9 @@ pub struct VaNode {
     /// Directory slot, independent of this node's own role: root of the
     /// allocation tree of region number `index of this node`.
     root: u32,
+    /// Directory slot too: number of non-empty regions in group number
+    /// `index of this node` (fits the struct's padding).
+    group: u8,
     height: u8,
     state: u8,
 }
@@ -117,7 +124,7 @@ pub struct VaNode {
 impl VaNode {
     /// An unused node, to initialise storage arrays.
     pub const EMPTY: VaNode =
-        VaNode { start: 0, len: 0, prev: NIL, next: NIL, a: NIL, b: NIL, root: NIL, height: 0, state: UNUSED };
+        VaNode { start: 0, len: 0, prev: NIL, next: NIL, a: NIL, b: NIL, root: NIL, group: 0, height: 0, state: UNUSED };
 }
 
 impl Default for VaNode {
@@ -222,9 +229,10 @@ pub struct VaAllocator<S> {
     sl_bits: [u32; FL_COUNT],
     /// First hole of every class.
     heads: [u32; CLASSES],
-    /// Bit per region: its allocation tree is non-empty; plus a summary word.
-    region_bits: [u64; REGION_WORDS],
-    region_top: u64,
+    /// Bit per group of regions: some tree of the group is non-empty; plus a
+    /// summary bit per word.
+    group_bits: [u64; GROUP_WORDS],
+    group_top: u64,
 }
 
 /// Size class of a hole of `g` granules (`g >= 1`).
@@ -291,13 +299,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             fl_bits: 0,
             sl_bits: [0; FL_COUNT],
             heads: [NIL; CLASSES],
-            region_bits: [0; REGION_WORDS],
-            region_top: 0,
+            group_bits: [0; GROUP_WORDS],
+            group_top: 0,
         };
         // The storage may have served an earlier allocator: reset the
         // directory slots this one uses.
         for slot in a.nodes.as_mut().iter_mut().take(regions as usize) {
             slot.root = NIL;
+            slot.group = 0;
         }
         let h = a.take_node().ok_or(VaError::BadArena)?;
         a.set(h, base, size, HOLE);
@@ -565,19 +574,30 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if listed != holes {
             return Err("a hole is missing from the size-class lists");
         }
-        // 3. Region trees and their bitmap.
+        // 3. Region trees, group counts and the group bitmap.
         let mut indexed = 0u64;
+        let mut in_group = 0u8;
         for r in 0..self.regions {
             let root = self.root(r);
-            let w = self.region_bits.get((r / 64) as usize).copied().unwrap_or(0);
-            if (w & (1u64 << (r % 64)) != 0) != (root != NIL) {
-                return Err("region bitmap disagrees with the region trees");
-            }
-            if (self.region_top & (1u64 << (r / 64)) != 0) != (w != 0) {
-                return Err("region summary bitmap is wrong");
+            if root != NIL {
+                in_group = in_group.wrapping_add(1);
             }
             let mut prev_key = None;
             self.check_tree(root, 0, r, &mut prev_key, &mut indexed)?;
+            let g = r / GROUP;
+            if r.wrapping_add(1) % GROUP == 0 || r.wrapping_add(1) == self.regions {
+                if self.node(g).map(|x| x.group) != Some(in_group) {
+                    return Err("group count disagrees with the region trees");
+                }
+                let w = self.group_bits.get((g / 64) as usize).copied().unwrap_or(0);
+                if (w & (1u64 << (g % 64)) != 0) != (in_group != 0) {
+                    return Err("group bitmap disagrees with the region trees");
+                }
+                if (self.group_top & (1u64 << (g / 64)) != 0) != (w != 0) {
+                    return Err("group summary bitmap is wrong");
+                }
+                in_group = 0;
+            }
         }
         if indexed != allocs {
             return Err("region trees hold a different number of allocations");
@@ -917,7 +937,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if let Some(x) = self.node_mut(n) {
             // Keep the directory slot: it belongs to region `n`, not to
             // this node's role.
-            *x = VaNode { root: x.root, b: next, ..VaNode::EMPTY };
+            *x = VaNode { root: x.root, group: x.group, b: next, ..VaNode::EMPTY };
         }
         self.free_list = n;
         self.nodes_used = self.nodes_used.wrapping_sub(1);
@@ -993,38 +1013,60 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if (was == NIL) == (root == NIL) {
             return;
         }
-        let w = (r / 64) as usize;
-        let bit = 1u64.wrapping_shl(r % 64);
-        if let Some(word) = self.region_bits.get_mut(w) {
-            if root == NIL {
+        let g = r / GROUP;
+        let Some(gx) = self.node_mut(g) else { return };
+        let (before, after) = if root == NIL {
+            (gx.group, gx.group.wrapping_sub(1))
+        } else {
+            (gx.group, gx.group.wrapping_add(1))
+        };
+        gx.group = after;
+        if (before == 0) == (after == 0) {
+            return;
+        }
+        let w = (g / 64) as usize;
+        let bit = 1u64.wrapping_shl(g % 64);
+        if let Some(word) = self.group_bits.get_mut(w) {
+            if after == 0 {
                 *word &= !bit;
             } else {
                 *word |= bit;
             }
             let top = 1u64.wrapping_shl(w as u32);
             if *word == 0 {
-                self.region_top &= !top;
+                self.group_top &= !top;
             } else {
-                self.region_top |= top;
+                self.group_top |= top;
             }
         }
     }
 
-    /// Greatest non-empty region below `r`.
+    /// Greatest non-empty region below `r`: at most [`GROUP`] directory
+    /// slots of `r`'s group, a bitmap search, and [`GROUP`] slots of the
+    /// group found.
     fn prev_region(&self, r: u32) -> Option<u32> {
-        let w = r / 64;
-        let below = 1u64.wrapping_shl(r % 64).wrapping_sub(1);
-        let bits = self.region_bits.get(w as usize).copied().unwrap_or(0) & below;
-        if bits != 0 {
-            return Some(w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros()));
+        let g = r / GROUP;
+        let first = g.wrapping_mul(GROUP);
+        if let Some(q) = (first..r).rev().find(|&q| self.root(q) != NIL) {
+            return Some(q);
         }
-        let words = self.region_top & 1u64.wrapping_shl(w).wrapping_sub(1);
-        if words == 0 {
-            return None;
-        }
-        let w = 63u32.wrapping_sub(words.leading_zeros());
-        let bits = self.region_bits.get(w as usize).copied().unwrap_or(0);
-        Some(w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros()))
+        let w = g / 64;
+        let below = 1u64.wrapping_shl(g % 64).wrapping_sub(1);
+        let bits = self.group_bits.get(w as usize).copied().unwrap_or(0) & below;
+        let pg = if bits != 0 {
+            w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros())
+        } else {
+            let words = self.group_top & 1u64.wrapping_shl(w).wrapping_sub(1);
+            if words == 0 {
+                return None;
+            }
+            let w = 63u32.wrapping_sub(words.leading_zeros());
+            let bits = self.group_bits.get(w as usize).copied().unwrap_or(0);
+            w.wrapping_mul(64) | 63u32.wrapping_sub(bits.leading_zeros())
+        };
+        let first = pg.wrapping_mul(GROUP);
+        let last = first.wrapping_add(GROUP).min(self.regions);
+        (first..last).rev().find(|&q| self.root(q) != NIL)
     }
 
     fn find_alloc(&self, addr: u64) -> Option<u32> {
