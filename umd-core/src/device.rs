@@ -258,6 +258,11 @@ fn refresh<P: DirectIo>(p: &mut P, fence_mem: &DmaRegion, q: usize, tl: &Timelin
     }
 }
 
+/// Slot of `s` in a queue's submit-time ring.
+fn ts_slot(s: Seqno) -> usize {
+    s.0.checked_rem(SUBMIT_TIMES as u64).unwrap_or(0) as usize
+}
+
 /// Frees every region in `regions` (init failure paths).
 fn free_all<P: DirectIo>(p: &mut P, regions: impl IntoIterator<Item = Option<DmaRegion>>) {
     for r in regions.into_iter().flatten() {
@@ -318,13 +323,18 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             return Err((InitError::BadConfig("allocation"), p));
         };
         let mut vm = match (mmu, tables) {
-            (MmuMode::Enabled { va_base, va_size, .. }, Some(t)) => match GpuVm::mapped(va_base, va_size, t) {
-                Ok(vm) => vm,
-                Err((e, t)) => {
-                    free_all(&mut p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), Some(t)]);
-                    return Err((InitError::Vm(e), p));
+            (MmuMode::Enabled { va_base, va_size, .. }, Some(t)) => {
+                match GpuVm::mapped(va_base, va_size, t) {
+                    Ok(vm) => vm,
+                    Err((e, t)) => {
+                        free_all(
+                            &mut p,
+                            [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), Some(t)],
+                        );
+                        return Err((InitError::Vm(e), p));
+                    }
                 }
-            },
+            }
             (MmuMode::Enabled { .. }, None) => {
                 free_all(&mut p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem)]);
                 return Err((InitError::BadConfig("MMU needs table pages"), p));
@@ -334,20 +344,41 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 GpuVm::Bypass
             }
         };
-        let mapped = [(&fence_mem, Perms::RW), (&r0, Perms::RO), (&r1, Perms::RO), (&r2, Perms::RO), (&pool_mem, Perms::RO)]
-            .map(|(r, perms)| vm.map(r, perms));
+        let mapped = [
+            (&fence_mem, Perms::RW),
+            (&r0, Perms::RO),
+            (&r1, Perms::RO),
+            (&r2, Perms::RO),
+            (&pool_mem, Perms::RO),
+        ]
+        .map(|(r, perms)| vm.map(r, perms));
         let [Ok(fence_va), Ok(v0), Ok(v1), Ok(v2), Ok(pool_va)] = mapped else {
-            let e = mapped.into_iter().find_map(Result::err).unwrap_or(VmError::Va(crate::mem::VaError::NoSpace));
+            let e =
+                mapped.into_iter().find_map(Result::err).unwrap_or(VmError::Va(crate::mem::VaError::NoSpace));
             let t = vm.into_region();
             free_all(&mut p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), t]);
             return Err((InitError::Vm(e), p));
         };
-        let rings = [Ring::new(r0, v0, cfg.ring_bytes), Ring::new(r1, v1, cfg.ring_bytes), Ring::new(r2, v2, cfg.ring_bytes)];
+        let rings = [
+            Ring::new(r0, v0, cfg.ring_bytes),
+            Ring::new(r1, v1, cfg.ring_bytes),
+            Ring::new(r2, v2, cfg.ring_bytes),
+        ];
         let rings = match rings {
             [Ok(a), Ok(b), Ok(c)] => [a, b, c],
             [a, b, c] => {
                 let t = vm.into_region();
-                free_all(&mut p, [Some(fence_mem), Some(ring_back(a)), Some(ring_back(b)), Some(ring_back(c)), Some(pool_mem), t]);
+                free_all(
+                    &mut p,
+                    [
+                        Some(fence_mem),
+                        Some(ring_back(a)),
+                        Some(ring_back(b)),
+                        Some(ring_back(c)),
+                        Some(pool_mem),
+                        t,
+                    ],
+                );
                 return Err((InitError::BadConfig("ring"), p));
             }
         };
@@ -356,7 +387,17 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             Err(e) => {
                 let t = vm.into_region();
                 let [a, b, c] = rings;
-                free_all(&mut p, [Some(fence_mem), Some(a.into_region()), Some(b.into_region()), Some(c.into_region()), Some(pool_mem), t]);
+                free_all(
+                    &mut p,
+                    [
+                        Some(fence_mem),
+                        Some(a.into_region()),
+                        Some(b.into_region()),
+                        Some(c.into_region()),
+                        Some(pool_mem),
+                        t,
+                    ],
+                );
                 return Err((InitError::Pool(e), p));
             }
         };
@@ -459,7 +500,14 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         let t = vm.into_region();
         free_all(
             &mut p,
-            [Some(fence_mem), Some(a.ring.into_region()), Some(b.ring.into_region()), Some(c.ring.into_region()), Some(pool_mem), t],
+            [
+                Some(fence_mem),
+                Some(a.ring.into_region()),
+                Some(b.ring.into_region()),
+                Some(c.ring.into_region()),
+                Some(pool_mem),
+                t,
+            ],
         );
         p
     }
@@ -521,7 +569,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
 
     /// GPU address of `queue`'s fence slot (for WAIT_MEM in user IBs).
     pub fn fence_slot_va(&self, queue: QueueId) -> Option<u64> {
-        (usize::from(queue.0) < QUEUES).then(|| self.fence_va.wrapping_add(u64::from(queue.0) * FENCE_STRIDE as u64))
+        (usize::from(queue.0) < QUEUES)
+            .then(|| self.fence_va.wrapping_add(u64::from(queue.0).wrapping_mul(FENCE_STRIDE as u64)))
     }
 
     /// The last fence emitted on `queue`.
@@ -649,7 +698,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         let mut waited = false;
         let Device { p, cfg, pool, pool_mem, queues, fence_mem, enc, fence_va, stats, .. } = &mut *self;
         let policy = cfg.pool_exhaustion;
-        let wait_limit = cfg.hang.window_ns.saturating_mul(u64::from(cfg.hang.max_windows_without_fence.max(1)));
+        let wait_limit =
+            cfg.hang.window_ns.saturating_mul(u64::from(cfg.hang.max_windows_without_fence.max(1)));
         let mut make_room = |f: FenceId| -> Option<Seqno> {
             if policy == PoolExhaustion::Error {
                 return None;
@@ -669,7 +719,12 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 p.delay_ns(10_000);
             }
         };
-        let source = pool.recorder(pool_mem, queue, cfg.batching, &mut make_room as &mut dyn FnMut(FenceId) -> Option<Seqno>);
+        let source = pool.recorder(
+            pool_mem,
+            queue,
+            cfg.batching,
+            &mut make_room as &mut dyn FnMut(FenceId) -> Option<Seqno>,
+        );
         let mut cb = CommandBuffer::with_encoder(*enc, source);
         let recorded = record(&mut cb);
         let (finished, source) = cb.finish_into_source();
@@ -709,7 +764,13 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
 
     /// Submits an IB the caller built and placed in GPU memory itself
     /// (`size_dw` dwords at `ib_va`).
-    pub fn submit_ib(&mut self, queue: QueueId, waits: &[Fence], ib_va: u64, size_dw: u64) -> Result<Fence, SubmitError> {
+    pub fn submit_ib(
+        &mut self,
+        queue: QueueId,
+        waits: &[Fence],
+        ib_va: u64,
+        size_dw: u64,
+    ) -> Result<Fence, SubmitError> {
         let max = self.enc.desc().limits.max_ib_dwords;
         if size_dw == 0 {
             return Err(SubmitError::Empty);
@@ -728,7 +789,14 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         self.after_submit(qi, seqno, ids.get(..n).unwrap_or(&[]), size_dw, ib_va)
     }
 
-    fn after_submit(&mut self, qi: usize, seqno: Seqno, waits: &[FenceId], dwords: u64, ib_va: u64) -> Result<Fence, SubmitError> {
+    fn after_submit(
+        &mut self,
+        qi: usize,
+        seqno: Seqno,
+        waits: &[FenceId],
+        dwords: u64,
+        ib_va: u64,
+    ) -> Result<Fence, SubmitError> {
         let queue = QueueId(qi as u8);
         // The check passed before anything was written; record cannot fail
         // for capacity because prepare_submit checked it too.
@@ -736,7 +804,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         let now = self.p.now_ns();
         let q = self.queues.get_mut(qi).ok_or(SubmitError::UnknownQueue(queue))?;
         q.emitted = seqno;
-        if let Some(slot) = q.submit_ts.get_mut((seqno.0 % SUBMIT_TIMES as u64) as usize) {
+        if let Some(slot) = q.submit_ts.get_mut(ts_slot(seqno)) {
             *slot = (seqno, now);
         }
         let epoch = q.epoch;
@@ -776,10 +844,16 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 let submitted = self
                     .queues
                     .get(qi)
-                    .and_then(|q| q.submit_ts.get((s.0 % SUBMIT_TIMES as u64) as usize))
+                    .and_then(|q| q.submit_ts.get(ts_slot(s)))
                     .filter(|(sq, _)| *sq == s)
                     .map_or(0, |(_, t)| *t);
-                self.trace.record(TraceEvent { ts_ns: ts, kind: TraceKind::FenceSignalled, queue: qi as u8, seqno: s.0, arg: submitted });
+                self.trace.record(TraceEvent {
+                    ts_ns: ts,
+                    kind: TraceKind::FenceSignalled,
+                    queue: qi as u8,
+                    seqno: s.0,
+                    arg: submitted,
+                });
             }
         }
         now
@@ -915,9 +989,23 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             return self.recover(qi, info.map_or(HangReason::DeviceLost, HangReason::Fault)).map(Some);
         }
         let hang = self.cfg.hang;
+        // Blocked on another queue's emitted, unsignalled fence: waiting on
+        // purpose; if anything is hung it is that queue, checked on its own.
+        let queues = &self.queues;
+        let completed_of =
+            |q: QueueId| queues.get(usize::from(q.0)).map_or(Seqno(0), |s| s.timeline.completed());
+        let own_completed = completed_of(QueueId(qi as u8));
+        let blocked = self.deps.blocked_on(QueueId(qi as u8), own_completed, completed_of).is_some_and(|f| {
+            queues.get(usize::from(f.queue.0)).is_some_and(|other| f.seqno.is_signalled_by(other.emitted))
+        });
         let Some(q) = self.queues.get_mut(qi) else { return Ok(None) };
         q.rptr = rptr;
         let completed = q.timeline.completed();
+        if blocked {
+            q.watch =
+                Watch { armed: true, rptr, cur_addr: cur, completed, since_ns: now, fence_since_ns: now };
+            return Ok(None);
+        }
         let w = &mut q.watch;
         if !w.armed {
             *w = Watch { armed: true, rptr, cur_addr: cur, completed, since_ns: now, fence_since_ns: now };
@@ -1015,8 +1103,10 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         for qi in 0..QUEUES {
             let pending = self.queues.get(qi).is_some_and(QueueState::pending);
             if pending {
-                let (emitted, completed, wptr) =
-                    self.queues.get(qi).map_or((Seqno(0), Seqno(0), 0), |q| (q.emitted, q.timeline.completed(), q.ring.wptr()));
+                let (emitted, completed, wptr) = self
+                    .queues
+                    .get(qi)
+                    .map_or((Seqno(0), Seqno(0), 0), |q| (q.emitted, q.timeline.completed(), q.ring.wptr()));
                 report = Some(HangReport {
                     queue: QueueId(qi as u8),
                     reason: HangReason::DeviceLost,
@@ -1094,7 +1184,9 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     /// packets before it (found by walking packet lengths from the IB start).
     fn capture_ib(&mut self, ib_base: u64, ib_size: u32, cur: u64) -> Window {
         let (pool_va, pool_len) = (self.pool_va, self.pool_mem.len());
-        let Some(off) = ib_base.checked_sub(pool_va).filter(|o| *o < pool_len as u64) else { return Window::EMPTY };
+        let Some(off) = ib_base.checked_sub(pool_va).filter(|o| *o < pool_len as u64) else {
+            return Window::EMPTY;
+        };
         let words = self.pool_mem.words();
         let start = (off / 4) as usize;
         let end = start.saturating_add(ib_size as usize).min(words.len());
@@ -1114,9 +1206,19 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             let Some(h) = ib.get(pos) else { break };
             pos = pos.saturating_add(ndw.get(*h) as usize).saturating_add(1);
         }
-        let from = if pos < ib.len() && ib_base.wrapping_add((pos as u64) * 4) == cur { recent[1].min(pos) } else { recent[0] };
+        // Start up to three packets before the current one.
+        let at_cur = pos < ib.len() && ib_base.wrapping_add((pos as u64).wrapping_mul(4)) == cur;
+        let from = if at_cur {
+            recent.get(1).copied().unwrap_or(0).min(pos)
+        } else {
+            recent.first().copied().unwrap_or(0)
+        };
         let from = from.min(ib.len());
-        Window::capture(ib_base.wrapping_add((from as u64).wrapping_mul(4)), ib.get(from..).unwrap_or(&[]), cur)
+        Window::capture(
+            ib_base.wrapping_add((from as u64).wrapping_mul(4)),
+            ib.get(from..).unwrap_or(&[]),
+            cur,
+        )
     }
 }
 
@@ -1161,11 +1263,14 @@ fn emit<P: DirectIo>(
     let start = p.now_ns();
     let limit = cfg.hang.window_ns;
     let written = loop {
-        let rptr = p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| SubmitError::DeviceLost)? as usize;
+        let rptr =
+            p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| SubmitError::DeviceLost)? as usize;
         match q.ring.write(enc, cmds, rptr) {
             Ok(w) => break w,
             Err(RingError::Full { .. }) if p.now_ns().saturating_sub(start) < limit => p.delay_ns(10_000),
-            Err(e @ RingError::Full { .. }) | Err(e @ RingError::TooLarge { .. }) => return Err(SubmitError::RingFull(e)),
+            Err(e @ RingError::Full { .. }) | Err(e @ RingError::TooLarge { .. }) => {
+                return Err(SubmitError::RingFull(e))
+            }
             Err(RingError::Encode(x)) => return Err(SubmitError::Encode(x)),
             Err(e @ RingError::BadSize { .. }) => return Err(SubmitError::RingFull(e)),
         }
@@ -1175,7 +1280,8 @@ fn emit<P: DirectIo>(
     let from = if written.wrapped { 0 } else { written.start };
     p.cache_clean(q.ring.region(), from, len);
     mem_fence(Ordering::Release);
-    p.write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32).map_err(|_| SubmitError::DeviceLost)?;
+    p.write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
+        .map_err(|_| SubmitError::DeviceLost)?;
     p.doorbell(e).map_err(|_| SubmitError::DeviceLost)?;
     Ok(written.wrapped)
 }

@@ -55,7 +55,8 @@ impl DmaPageSource {
 
 impl PageSource for DmaPageSource {
     fn alloc_table(&mut self) -> Option<u64> {
-        let page = (0..self.pages).find(|p| self.used.get(p / 64).is_some_and(|w| w & (1u64 << (p % 64)) == 0))?;
+        let page =
+            (0..self.pages).find(|p| self.used.get(p / 64).is_some_and(|w| w & (1u64 << (p % 64)) == 0))?;
         let word = self.used.get_mut(page / 64)?;
         *word |= 1u64 << (page % 64);
         let base = page.checked_mul(4096)?;
@@ -104,6 +105,9 @@ impl fmt::Display for VmError {
 }
 
 /// How the GPU addresses memory.
+// The mapped variant carries the allocator's node array inline: there is
+// no heap to box it on, and a device holds exactly one of these.
+#[allow(clippy::large_enum_variant)]
 pub enum GpuVm {
     /// MMU off: GPU address = device address.
     Bypass,
@@ -135,7 +139,11 @@ impl fmt::Debug for GpuVm {
 impl GpuVm {
     /// An MMU-mapped VM over `[va_base, va_base + va_size)` with table
     /// pages from `table_region`.
-    pub fn mapped(va_base: u64, va_size: u64, table_region: DmaRegion) -> Result<GpuVm, (VmError, DmaRegion)> {
+    pub fn mapped(
+        va_base: u64,
+        va_size: u64,
+        table_region: DmaRegion,
+    ) -> Result<GpuVm, (VmError, DmaRegion)> {
         let va = match VaAllocator::new([VaNode::EMPTY; VA_NODES], va_base, va_size) {
             Ok(v) => v,
             Err(e) => return Err((VmError::Va(e), table_region)),

@@ -106,7 +106,12 @@ impl<const CHUNKS: usize> IbPool<CHUNKS> {
         if region_len < needed {
             return Err(PoolSetupError::RegionTooSmall { needed, given: region_len });
         }
-        Ok(IbPool { gpu_va, chunk_dwords: chunk_bytes / 4, state: [ChunkState::Free; CHUNKS], open: [None; MAX_QUEUES] })
+        Ok(IbPool {
+            gpu_va,
+            chunk_dwords: chunk_bytes / 4,
+            state: [ChunkState::Free; CHUNKS],
+            open: [None; MAX_QUEUES],
+        })
     }
 
     /// Dwords per chunk.
@@ -342,7 +347,9 @@ impl<const CHUNKS: usize> Pending<'_, CHUNKS> {
     }
 }
 
-impl<'a, const CHUNKS: usize, F: FnMut(FenceId) -> Option<Seqno>> ChunkSource<'a> for PoolSource<'a, '_, CHUNKS, F> {
+impl<'a, const CHUNKS: usize, F: FnMut(FenceId) -> Option<Seqno>> ChunkSource<'a>
+    for PoolSource<'a, '_, CHUNKS, F>
+{
     fn next_chunk(&mut self) -> Option<Chunk<'a>> {
         if let Some((i, used)) = self.resume {
             if self.used_last.is_none() {

@@ -109,7 +109,7 @@ impl DmaRegion {
 
     fn word_ptr(&self, byte_offset: usize, size: usize) -> Option<*mut u32> {
         let end = byte_offset.checked_add(size)?;
-        if end > self.len || byte_offset % size != 0 {
+        if end > self.len || byte_offset.checked_rem(size) != Some(0) {
             return None;
         }
         // SAFETY: offset checked to lie inside the region.
@@ -230,7 +230,13 @@ pub struct KernelSync {
 pub trait KernelIo: Platform {
     /// Binds `len` bytes of `region` at GPU address `va` (the UMD chose
     /// `va`, as libdrm's VA manager does).
-    fn bind_va(&mut self, va: u64, region: &DmaRegion, len: usize, writable: bool) -> Result<(), PlatformError>;
+    fn bind_va(
+        &mut self,
+        va: u64,
+        region: &DmaRegion,
+        len: usize,
+        writable: bool,
+    ) -> Result<(), PlatformError>;
 
     /// Removes a binding made by [`KernelIo::bind_va`].
     fn unbind_va(&mut self, va: u64, len: usize) -> Result<(), PlatformError>;

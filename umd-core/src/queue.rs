@@ -58,15 +58,21 @@ impl fmt::Display for SubmitError {
         match self {
             SubmitError::UnknownQueue(q) => write!(f, "unknown queue {q}"),
             SubmitError::Empty => write!(f, "empty submission"),
-            SubmitError::IbTooLarge { dwords, max } => write!(f, "IB of {dwords} dwords exceeds the limit {max}"),
+            SubmitError::IbTooLarge { dwords, max } => {
+                write!(f, "IB of {dwords} dwords exceeds the limit {max}")
+            }
             SubmitError::Encode(e) => write!(f, "recording failed: {e}"),
             SubmitError::PoolEmpty => write!(f, "no IB chunk available"),
             SubmitError::RingFull(e) => write!(f, "{e}"),
             SubmitError::Cycle(c) => write!(f, "wait cycle: {c}"),
             SubmitError::TooManyWaits { given } => write!(f, "{given} waits exceed the limit"),
             SubmitError::TooManyPending(q) => write!(f, "too many pending submissions with waits on {q}"),
-            SubmitError::FenceFromResetQueue(fence) => write!(f, "fence {fence} was cancelled by a queue reset"),
-            SubmitError::WaitsOnItself(fence) => write!(f, "submission waits on its own queue's future fence {fence}"),
+            SubmitError::FenceFromResetQueue(fence) => {
+                write!(f, "fence {fence} was cancelled by a queue reset")
+            }
+            SubmitError::WaitsOnItself(fence) => {
+                write!(f, "submission waits on its own queue's future fence {fence}")
+            }
             SubmitError::DeviceLost => write!(f, "device lost"),
             SubmitError::Platform(e) => write!(f, "platform: {e}"),
         }

@@ -172,8 +172,9 @@ impl Ring {
         }
         let words = self.region.words_mut();
         if pad > 0 {
-            let tail = words.get_mut(self.wptr / 4..self.size / 4).ok_or(RingError::BadSize { size: self.size })?;
-            let max = enc.desc().limits.max_ndw as usize + 1;
+            let tail =
+                words.get_mut(self.wptr / 4..self.size / 4).ok_or(RingError::BadSize { size: self.size })?;
+            let max = (enc.desc().limits.max_ndw as usize).saturating_add(1);
             for nop in tail.chunks_mut(max.max(1)) {
                 enc.write_nops(nop).map_err(RingError::Encode)?;
             }

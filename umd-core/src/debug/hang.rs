@@ -141,7 +141,11 @@ impl fmt::Display for HangReport {
             self.completed,
             self.emitted.distance(self.completed).max(0)
         )?;
-        writeln!(f, "  current packet {:#x}, IB {:#x} ({} dwords)", self.cur_addr, self.ib_base, self.ib_size)?;
+        writeln!(
+            f,
+            "  current packet {:#x}, IB {:#x} ({} dwords)",
+            self.cur_addr, self.ib_base, self.ib_size
+        )?;
         if let Some(fault) = self.fault {
             writeln!(f, "  fault: {fault}")?;
         }

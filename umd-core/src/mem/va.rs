@@ -123,8 +123,18 @@ pub struct VaNode {
 
 impl VaNode {
     /// An unused node, to initialise storage arrays.
-    pub const EMPTY: VaNode =
-        VaNode { start: 0, len: 0, prev: NIL, next: NIL, a: NIL, b: NIL, root: NIL, group: 0, height: 0, state: UNUSED };
+    pub const EMPTY: VaNode = VaNode {
+        start: 0,
+        len: 0,
+        prev: NIL,
+        next: NIL,
+        a: NIL,
+        b: NIL,
+        root: NIL,
+        group: 0,
+        height: 0,
+        state: UNUSED,
+    };
 }
 
 impl Default for VaNode {
@@ -309,6 +319,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             slot.group = 0;
         }
         let h = a.take_node().ok_or(VaError::BadArena)?;
+        if let Some(v) = a.node_mut(h) {
+            *v = VaNode { root: v.root, group: v.group, ..VaNode::EMPTY };
+        }
         a.set(h, base, size, HOLE);
         a.head = h;
         a.list_push(h);

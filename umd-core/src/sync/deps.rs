@@ -18,8 +18,10 @@ use super::seqno::{FenceId, QueueId, Seqno};
 
 /// Most waits one submission can carry.
 pub const MAX_WAITS: usize = 4;
-/// Longest cycle reported (one submission per queue, plus the closing one).
-pub const MAX_CYCLE: usize = 8;
+/// Submissions a reported cycle names (a cycle through refgpu's three
+/// queues has at most three; longer ones, with more queues, are detected
+/// all the same and named by their first four).
+pub const MAX_CYCLE: usize = 4;
 
 /// A wait cycle: `fences[0]` is the rejected submission; each entry waits
 /// (directly or by queue order) for the queue of the next, and the last
@@ -110,11 +112,7 @@ impl<const QUEUES: usize, const PENDING: usize> Default for DepGraph<QUEUES, PEN
 impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
     /// An empty graph.
     pub fn new() -> Self {
-        DepGraph {
-            entries: [[Entry::default(); PENDING]; QUEUES],
-            head: [0; QUEUES],
-            len: [0; QUEUES],
-        }
+        DepGraph { entries: [[Entry::default(); PENDING]; QUEUES], head: [0; QUEUES], len: [0; QUEUES] }
     }
 
     fn slot(&self, q: usize, i: usize) -> Option<&Entry> {
@@ -251,7 +249,8 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
         if len >= PENDING {
             return Err(DepError::Full { queue });
         }
-        let idx = head.checked_add(len).and_then(|i| i.checked_rem(PENDING)).ok_or(DepError::Full { queue })?;
+        let idx =
+            head.checked_add(len).and_then(|i| i.checked_rem(PENDING)).ok_or(DepError::Full { queue })?;
         let mut entry = Entry { seqno, nwaits: waits.len(), ..Entry::default() };
         for (dst, w) in entry.waits.iter_mut().zip(waits) {
             *dst = *w;
@@ -262,6 +261,21 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
             *l = len.saturating_add(1);
         }
         Ok(())
+    }
+
+    /// The unsignalled fence of another queue that `queue`'s next
+    /// submission (the one after `completed`) waits for, if any: the engine
+    /// is then blocked on purpose, and a hang is the other queue's.
+    pub fn blocked_on(
+        &self,
+        queue: QueueId,
+        completed: Seqno,
+        completed_of: impl Fn(QueueId) -> Seqno,
+    ) -> Option<FenceId> {
+        let next = completed.next();
+        self.pending(usize::from(queue.0))
+            .find(|e| e.seqno == next)
+            .and_then(|e| e.waits().iter().find(|w| !w.is_signalled_by(completed_of(w.queue))).copied())
     }
 
     /// Forgets `queue`'s entries that `completed` covers (oldest first,

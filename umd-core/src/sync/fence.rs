@@ -102,7 +102,11 @@ impl FaultInfo {
 
 impl fmt::Display for FaultInfo {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:?} fault on {:?} at {:#x} (opcode {:#04x})", self.kind, self.access, self.addr, self.opcode)
+        write!(
+            f,
+            "{:?} fault on {:?} at {:#x} (opcode {:#04x})",
+            self.kind, self.access, self.addr, self.opcode
+        )
     }
 }
 

@@ -1,0 +1,411 @@
+//! The direct-mode device against a scripted fake refgpu: submission, ring
+//! wrap-around, IB pool exhaustion and reclaim, cross-queue waits and
+//! out-of-order completion, deadlock rejection, hangs and faults with
+//! reset and recovery, and every bad input of the issue.
+
+mod support;
+
+use support::{EngineFault, Fake, Mode};
+use umd_core::config::{Config, PoolExhaustion};
+use umd_core::debug::HangReason;
+use umd_core::device::{Device, MmuMode};
+use umd_core::hw::Generation;
+use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::sync::{FaultKind, Fence, FenceError, QueueId};
+
+const GFX: QueueId = QueueId(0);
+const COMPUTE: QueueId = QueueId(1);
+const COPY: QueueId = QueueId(2);
+
+fn small_cfg() -> Config {
+    Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
+}
+
+fn device<const C: usize>(gen: Generation, cfg: Config) -> Device<Fake, C> {
+    Device::new(Fake::new(gen, 4 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).expect("device comes up")
+}
+
+#[test]
+fn copy_fill_write_land_and_fences_signal() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut dev: Device<Fake, 4> = device(gen, small_cfg());
+        let mut src = dev.alloc_buffer(4096).unwrap();
+        let dst = dev.alloc_buffer(4096).unwrap();
+        for (i, w) in src.words_mut().iter_mut().enumerate() {
+            *w = i as u32 * 3;
+        }
+        let (s, d) = (src.va(), dst.va());
+        let f = dev
+            .submit(COPY, &[], |cb| {
+                cb.copy(s, d, 1024)?;
+                cb.fill(d + 1024, 256, 0xA5A5_A5A5)?;
+                cb.write_data(d + 2048, &[7, 8, 9])
+            })
+            .unwrap();
+        dev.wait(f, 1_000_000_000).unwrap();
+        assert_eq!(dev.query(f), Ok(FenceStatus::Signalled));
+        assert_eq!(dst.read_u32(10), Some(30));
+        assert_eq!(dst.read_u32(256), Some(0xA5A5_A5A5));
+        assert_eq!(dst.read_u32(512), Some(7));
+        assert_eq!(dst.read_u32(514), Some(9));
+        assert_eq!(dev.stats().submissions, 1);
+        let p = dev.shutdown();
+        assert_eq!(p.allocs, 2, "only the two user buffers are left");
+    }
+}
+
+#[test]
+fn fences_signal_in_order() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let fences: Vec<Fence> =
+        (0..5).map(|i| dev.submit(GFX, &[], |cb| cb.timestamp(0x8010_0000 + 8 * i)).unwrap()).collect();
+    for f in &fences {
+        assert_eq!(dev.query(*f), Ok(FenceStatus::Pending));
+    }
+    dev.platform().run(0);
+    for (i, f) in fences.iter().enumerate() {
+        assert_eq!(dev.query(*f), Ok(FenceStatus::Signalled), "fence {i}");
+        assert_eq!(f.seqno().0, i as u64 + 1);
+    }
+}
+
+#[test]
+fn ring_wraps_at_every_offset() {
+    // A 4 KiB ring and 36-byte submissions (IB + FENCE): 9 and 1024 dwords
+    // are coprime, so over 1024+ submissions the write pointer takes every
+    // dword offset, and each wrap pads the tail with NOPs.
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut dev: Device<Fake, 4> = device(gen, Config { batching: true, ..small_cfg() });
+        let mut seen = std::collections::HashSet::new();
+        let mut last = None;
+        for i in 0..1200u64 {
+            let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
+            seen.insert(dev.platform().engines[2].wptr);
+            if i % 7 == 0 {
+                dev.wait(f, 1_000_000_000).unwrap();
+            }
+            last = Some(f);
+        }
+        dev.wait(last.unwrap(), 1_000_000_000).unwrap();
+        assert!(dev.stats().ring_wraps >= 10, "{gen}: wrapped {} times", dev.stats().ring_wraps);
+        assert!(seen.len() > 100, "{gen}: {} distinct write pointers", seen.len());
+        assert_eq!(dev.stats().fences_signalled, 1200, "{gen}: every fence seen");
+    }
+}
+
+#[test]
+fn ring_full_is_an_error_when_the_engine_does_not_consume() {
+    let mut dev: Device<Fake, 16> = device(
+        Generation::Gen1,
+        Config { batching: true, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() },
+    );
+    dev.platform().mode = Mode::Manual;
+    dev.platform().engines[0].fault = EngineFault::Stuck;
+    let mut err = None;
+    for i in 0..200u64 {
+        match dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
+            Ok(_) => {}
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(matches!(err, Some(SubmitError::RingFull(_))), "{err:?}");
+    // The failed submission left nothing behind: the queue still works
+    // once the engine runs again.
+    dev.platform().engines[0].fault = EngineFault::None;
+    dev.platform().run(0);
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.platform().run(0);
+    dev.wait(f, 1_000_000_000).unwrap();
+}
+
+#[test]
+fn pool_exhaustion_errors_or_waits_by_policy() {
+    // Two chunks, no batching: the third submission needs a chunk back.
+    let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() };
+    let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
+    dev.platform().mode = Mode::Manual;
+    let a = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let _b = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    assert_eq!(dev.pool_stats().in_flight, 2);
+    assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::PoolEmpty));
+    // Reclaim after the fences signal.
+    dev.platform().run(0);
+    dev.wait(a, 1_000_000_000).unwrap();
+    assert_eq!(dev.pool_stats().free, 2);
+    dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+
+    // WaitOldest: the recording waits for the oldest fence (the fake runs
+    // its engines while the driver sleeps).
+    let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::WaitOldest, ..small_cfg() };
+    let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
+    dev.platform().mode = Mode::OnDelay;
+    for i in 0..10u64 {
+        dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+    }
+    assert!(dev.stats().pool_waits > 0);
+}
+
+#[test]
+fn batching_puts_small_submissions_in_one_chunk() {
+    let mut on: Device<Fake, 4> = device(Generation::Gen2, Config { batching: true, ..small_cfg() });
+    on.platform().mode = Mode::Manual;
+    for i in 0..10u64 {
+        on.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+    }
+    let s = on.pool_stats();
+    assert_eq!(s.open + s.in_flight, 1, "one chunk holds all ten: {s:?}");
+    let mut off: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
+    off.platform().mode = Mode::OnDoorbell;
+    for i in 0..3u64 {
+        let f = off.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        off.wait(f, 1_000_000_000).unwrap();
+    }
+}
+
+#[test]
+fn cross_queue_waits_and_out_of_order_completion() {
+    let mut dev: Device<Fake, 8> = device(Generation::Gen2, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let buf = dev.alloc_buffer(4096).unwrap();
+    let b = buf.va();
+    let copy = dev.submit(COPY, &[], |cb| cb.write_data(b, &[41])).unwrap();
+    let compute = dev.submit(COMPUTE, &[copy], |cb| cb.write_data(b + 4, &[42])).unwrap();
+    let gfx = dev.submit(GFX, &[], |cb| cb.write_data(b + 8, &[43])).unwrap();
+    // GFX finishes first; COMPUTE is blocked on COPY.
+    dev.platform().run(0);
+    dev.platform().run(1);
+    assert_eq!(dev.query(gfx), Ok(FenceStatus::Signalled));
+    assert_eq!(dev.query(compute), Ok(FenceStatus::Pending));
+    assert_eq!(buf.read_u32(1), Some(0), "compute waited on the copy fence");
+    dev.platform().run(2);
+    dev.platform().run(1);
+    assert_eq!(dev.query(copy), Ok(FenceStatus::Signalled));
+    assert_eq!(dev.query(compute), Ok(FenceStatus::Signalled));
+    assert_eq!(buf.read_u32(1), Some(42));
+}
+
+#[test]
+fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
+    let mut dev: Device<Fake, 8> = device(Generation::Gen1, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    // COMPUTE waits for COPY's *next* fence (wait before signal) ...
+    let copy_next = Fence { id: umd_core::sync::FenceId::new(COPY, 1), epoch: 0 };
+    let compute = dev.submit(COMPUTE, &[copy_next], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    // ... so COPY's next submission may not wait for that COMPUTE work.
+    let before = dev.platform().doorbells;
+    let err = dev.submit(COPY, &[compute], |cb| cb.timestamp(0x8030_0008)).unwrap_err();
+    let SubmitError::Cycle(c) = err else { panic!("{err:?}") };
+    assert_eq!(c.fences().len(), 2, "{c}");
+    assert_eq!(c.fences()[0].queue, COPY);
+    assert_eq!(c.fences()[1].queue, COMPUTE);
+    assert!(c.to_string().contains("q2:1 waits for q1:1"), "{c}");
+    assert_eq!(dev.platform().doorbells, before, "nothing reached the GPU");
+    // A three-queue cycle: GFX waits COMPUTE's future, COMPUTE (above) waits COPY's future.
+    let compute_next = Fence { id: umd_core::sync::FenceId::new(COMPUTE, 2), epoch: 0 };
+    let gfx = dev.submit(GFX, &[compute_next], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let compute2 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
+    assert_eq!(compute2.seqno().0, 2);
+    let err = dev.submit(COPY, &[gfx], |cb| cb.timestamp(0x8030_0020)).unwrap_err();
+    let SubmitError::Cycle(c) = err else { panic!("{err:?}") };
+    assert_eq!(c.fences().len(), 3, "{c}");
+    // Without the cycle the same submission is fine, and everything runs.
+    dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0020)).unwrap();
+    dev.platform().run_all();
+    dev.wait(gfx, 1_000_000_000).unwrap();
+}
+
+#[test]
+fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut dev: Device<Fake, 4> = device(gen, small_cfg());
+        dev.platform().engines[0].fault = EngineFault::Stuck;
+        let buf = dev.alloc_buffer(4096).unwrap();
+        let b = buf.va();
+        let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+        let f2 = dev.submit(GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
+        // A COMPUTE submission waiting on the hung queue is released by the reset.
+        let c = dev.submit(COMPUTE, &[f2], |cb| cb.write_data(b + 8, &[3])).unwrap();
+        let err = dev.wait(f1, 10_000_000_000).unwrap_err();
+        assert_eq!(err, WaitError::Failed(FenceError::DeviceHung));
+        assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
+        let report = *dev.last_hang().expect("a hang report");
+        assert_eq!(report.queue, GFX);
+        assert!(matches!(report.reason, HangReason::NoProgress { .. }));
+        assert_eq!((report.emitted.0, report.completed.0), (2, 0));
+        let text = report.to_string();
+        assert!(text.contains("INDIRECT_BUFFER") && text.contains("FENCE"), "{text}");
+        assert!(text.contains("no progress"), "{text}");
+        assert_eq!(dev.stats().resets, 1);
+        // The engine is usable again; the waiting COMPUTE work went through.
+        dev.platform().run_all();
+        dev.wait(c, 1_000_000_000).unwrap();
+        let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
+        dev.wait(f3, 1_000_000_000).unwrap();
+        assert_eq!(buf.read_u32(3), Some(4));
+        assert_eq!(f3.epoch, 1);
+        // A fence cancelled by the reset can not be waited on by new work.
+        assert_eq!(
+            dev.submit(COPY, &[f1], |cb| cb.timestamp(0x8030_0000)),
+            Err(SubmitError::FenceFromResetQueue(f1))
+        );
+    }
+}
+
+#[test]
+fn a_loop_that_moves_but_never_signals_is_a_hang() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    dev.platform().engines[1].fault = EngineFault::Spinning;
+    dev.platform().mode = Mode::OnDelay;
+    let f = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+    assert!(matches!(dev.last_hang().unwrap().reason, HangReason::FenceStalled { .. }));
+}
+
+#[test]
+fn faults_are_reported_with_address_engine_and_access() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let f = dev.submit(COPY, &[], |cb| cb.copy(0x1_0000_0000, 0x8030_0000, 64)).unwrap();
+    dev.platform().inject_fault(2, 1, 0, 0x1_0000_0000);
+    let err = dev.wait(f, 1_000_000_000).unwrap_err();
+    let WaitError::Failed(FenceError::Fault(info)) = err else { panic!("{err:?}") };
+    assert_eq!(info.kind, FaultKind::Translation);
+    assert_eq!(info.addr, 0x1_0000_0000);
+    assert_eq!(info.access, umd_core::sync::Access::Read);
+    let report = dev.last_hang().unwrap();
+    assert_eq!(report.queue, COPY);
+    assert!(report.to_string().contains("Translation fault on Read at 0x100000000"), "{report}");
+    assert_eq!(dev.stats().faults, 1);
+    // Recovered.
+    dev.platform().mode = Mode::OnDoorbell;
+    let g = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.wait(g, 1_000_000_000).unwrap();
+}
+
+#[test]
+fn timeouts() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let delays = dev.platform().delays;
+    // Timeout 0 is a query: no sleeping, no spinning beyond one check.
+    assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
+    assert_eq!(dev.platform().delays, delays);
+    // A short timeout well inside the hang window.
+    assert_eq!(dev.wait(f, 2_000_000), Err(WaitError::Timeout));
+    assert!(dev.platform().delays > delays);
+    assert_eq!(dev.stats().hangs, 0);
+    dev.platform().run(0);
+    dev.wait(f, 2_000_000).unwrap();
+}
+
+#[test]
+fn wait_schedule_follows_the_config() {
+    // With the default steps the driver spins first, then sleeps 1 us, 10
+    // us and 100 us. Check the sleeps the fake saw over a 5 ms wait.
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let (d0, n0) = (dev.platform().delayed_ns, dev.platform().delays);
+    let _ = dev.wait(f, 5_000_000);
+    let (slept, count) = (dev.platform().delayed_ns - d0, dev.platform().delays - n0);
+    // ~98 x 1 us + 90 x 10 us + 40 x 100 us: far fewer wake-ups than 1 us polling.
+    assert!(count < 400, "{count} wake-ups");
+    assert!(slept >= 4_000_000, "{slept} ns slept");
+}
+
+#[test]
+fn bad_inputs_get_typed_errors() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    // Unknown queue.
+    assert_eq!(
+        dev.submit(QueueId(3), &[], |cb| cb.timestamp(0x8030_0000)),
+        Err(SubmitError::UnknownQueue(QueueId(3)))
+    );
+    // Zero-length submission.
+    assert_eq!(dev.submit(GFX, &[], |_| Ok(())), Err(SubmitError::Empty));
+    // A recording error names the command.
+    let e = dev.submit(GFX, &[], |cb| cb.fence(0x8030_0004, 1, false)).unwrap_err();
+    assert!(matches!(e, SubmitError::Encode(_)), "{e:?}");
+    // An IB larger than the generation allows (gen1: 262144 dwords).
+    assert_eq!(
+        dev.submit_ib(GFX, &[], 0x8030_0000, 262_145),
+        Err(SubmitError::IbTooLarge { dwords: 262_145, max: 262_144 })
+    );
+    assert_eq!(dev.submit_ib(GFX, &[], 0x8030_0000, 0), Err(SubmitError::Empty));
+    // Waiting on a fence from the future.
+    let future = Fence { id: umd_core::sync::FenceId::new(GFX, 7), epoch: 0 };
+    assert_eq!(dev.wait(future, 1_000), Err(WaitError::NotSubmitted(future)));
+    assert_eq!(
+        dev.wait(Fence { id: umd_core::sync::FenceId::new(QueueId(9), 1), epoch: 0 }, 1),
+        Err(WaitError::UnknownQueue(QueueId(9)))
+    );
+    // A queue waiting on its own future.
+    assert_eq!(
+        dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)),
+        Err(SubmitError::WaitsOnItself(future))
+    );
+    // Too many waits.
+    let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    assert_eq!(
+        dev.submit(GFX, &[f; 5], |cb| cb.timestamp(0x8030_0000)),
+        Err(SubmitError::TooManyWaits { given: 5 })
+    );
+    // None of that consumed a sequence number or touched the GFX ring.
+    assert_eq!(dev.last_emitted(GFX).unwrap().seqno().0, 0);
+    assert_eq!(dev.platform().engines[0].wptr, 0);
+}
+
+#[test]
+fn init_rejects_bad_config_and_foreign_devices() {
+    let bad = Config { ring_bytes: 3000, ..Config::DEFAULT };
+    let r = Device::<Fake, 4>::new(Fake::new(Generation::Gen1, 1 << 20), bad, MmuMode::Bypass);
+    let (e, p) = r.err().unwrap();
+    assert!(matches!(e, umd_core::device::InitError::BadConfig(_)));
+    assert_eq!(p.allocs, 0);
+    let mut fake = Fake::new(Generation::Gen1, 1 << 20);
+    fake.regs[0] = 0x1234_0100;
+    let (e, _) = Device::<Fake, 4>::new(fake, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, umd_core::device::InitError::Probe(_)));
+    // Out of memory half-way: everything allocated so far is freed.
+    let (e, p) =
+        Device::<Fake, 64>::new(Fake::new(Generation::Gen1, 256 << 10), Config::DEFAULT, MmuMode::Bypass)
+            .err()
+            .unwrap();
+    assert!(matches!(e, umd_core::device::InitError::Platform(_)));
+    assert_eq!(p.allocs, 0);
+}
+
+#[test]
+fn device_loss_fails_pending_fences() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    dev.platform().mode = Mode::Manual;
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.platform().lost = true;
+    assert_eq!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
+    assert!(dev.is_lost());
+    assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::DeviceLost));
+}
+
+#[test]
+fn trace_exports_chrome_json() {
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    for i in 0..3u64 {
+        let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        dev.wait(f, 1_000_000_000).unwrap();
+    }
+    let mut json = String::new();
+    dev.trace().write_chrome_json(&mut json).unwrap();
+    assert!(json.starts_with("{\"displayTimeUnit\""));
+    for name in ["\"submit\"", "\"doorbell\"", "\"fence\"", "\"wait_begin\"", "\"wait_end\"", "\"ph\":\"X\""]
+    {
+        assert!(json.contains(name), "{name} in {json}");
+    }
+    let kinds: Vec<_> = dev.trace().iter().map(|e| e.kind).collect();
+    assert!(kinds.len() >= 12);
+}

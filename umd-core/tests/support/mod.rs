@@ -1,0 +1,415 @@
+//! A deterministic, scripted fake refgpu for the device tests.
+//!
+//! It implements `Platform + DirectIo` over a plain memory array and a
+//! register file with the spec's semantics (CTRL.RESET handshake, W1C
+//! IRQ_STATUS, MMU_INVALIDATE). Its engines execute only when the test says
+//! so (or, in `Mode::OnDoorbell` / `Mode::OnDelay`, when the driver rings or
+//! sleeps), using the decoder to walk the ring and the IBs, so tests decide
+//! exactly when fences land. Time is virtual: `delay_ns` advances the clock,
+//! so hang windows pass instantly and deterministically. MMU: bypass only.
+#![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing, missing_docs)]
+
+use std::ptr::NonNull;
+
+use umd_core::cmd::Command;
+use umd_core::decode::Decoder;
+use umd_core::hw::regs::{self, engine as er};
+use umd_core::hw::{ChipId, Generation};
+use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+
+pub const MEM_BASE: u64 = 0x8000_0000;
+const PAGE: usize = 4096;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Engines run only when the test calls `run`.
+    Manual,
+    /// Engines run everything on each doorbell.
+    OnDoorbell,
+    /// Engines run when the driver sleeps (delay_ns / wait_irq).
+    OnDelay,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EngineFault {
+    #[default]
+    None,
+    /// The engine never moves (a WAIT_MEM that never holds).
+    Stuck,
+    /// The engine's current address keeps moving but nothing completes
+    /// (a CHAIN loop).
+    Spinning,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct Engine {
+    pub rptr: u32,
+    pub wptr: u32,
+    pub cur: u64,
+    pub fault: EngineFault,
+    pub halted: Option<(u32, u64)>,
+    pub executed: u64,
+}
+
+pub struct Fake {
+    mem: Vec<u64>,
+    pages_used: Vec<bool>,
+    pub regs: Vec<u32>,
+    pub engines: [Engine; 3],
+    pub mode: Mode,
+    pub now: u64,
+    pub delays: u64,
+    pub delayed_ns: u64,
+    pub doorbells: u64,
+    pub irq_capable: bool,
+    pub lost: bool,
+    pub allocs: usize,
+}
+
+impl Fake {
+    pub fn new(gen: Generation, mem_bytes: usize) -> Fake {
+        let mut regs = vec![0u32; 1024];
+        regs[(regs::ID / 4) as usize] = ChipId { generation: gen, revision: 1 }.id_register();
+        regs[(regs::ENGINE_COUNT / 4) as usize] = 3;
+        Fake {
+            mem: vec![0u64; mem_bytes / 8],
+            pages_used: vec![false; mem_bytes / PAGE],
+            regs,
+            engines: Default::default(),
+            mode: Mode::OnDoorbell,
+            now: 1_000,
+            delays: 0,
+            delayed_ns: 0,
+            doorbells: 0,
+            irq_capable: false,
+            lost: false,
+            allocs: 0,
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: u64 storage viewed as bytes; same length, no padding.
+        unsafe { std::slice::from_raw_parts(self.mem.as_ptr().cast::<u8>(), self.mem.len() * 8) }
+    }
+
+    fn offset(&self, addr: u64, len: usize) -> Option<usize> {
+        let off = usize::try_from(addr.checked_sub(MEM_BASE)?).ok()?;
+        (off + len <= self.mem.len() * 8).then_some(off)
+    }
+
+    pub fn read_u32(&self, addr: u64) -> Option<u32> {
+        let o = self.offset(addr, 4)?;
+        Some(u32::from_le_bytes(self.bytes()[o..o + 4].try_into().unwrap()))
+    }
+
+    pub fn write_u32(&mut self, addr: u64, v: u32) -> Option<()> {
+        let o = self.offset(addr, 4)?;
+        // SAFETY: in range per `offset`; u64 storage viewed as bytes.
+        let b =
+            unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<u8>(), self.mem.len() * 8) };
+        b[o..o + 4].copy_from_slice(&v.to_le_bytes());
+        Some(())
+    }
+
+    pub fn read_u64(&self, addr: u64) -> Option<u64> {
+        Some(u64::from(self.read_u32(addr)?) | (u64::from(self.read_u32(addr + 4)?) << 32))
+    }
+
+    fn write_u64(&mut self, addr: u64, v: u64) -> Option<()> {
+        self.write_u32(addr, v as u32)?;
+        self.write_u32(addr + 4, (v >> 32) as u32)
+    }
+
+    fn reg(&self, off: u32) -> u32 {
+        self.regs[(off / 4) as usize]
+    }
+
+    fn set_reg(&mut self, off: u32, v: u32) {
+        self.regs[(off / 4) as usize] = v;
+    }
+
+    fn ering(&self, e: usize) -> (u64, u32) {
+        let base = u64::from(self.reg(regs::engine_reg(e as u32, er::RING_BASE_LO)))
+            | (u64::from(self.reg(regs::engine_reg(e as u32, er::RING_BASE_HI))) << 32);
+        (base, self.reg(regs::engine_reg(e as u32, er::RING_SIZE)))
+    }
+
+    fn gen(&self) -> Generation {
+        umd_core::hw::probe(self.reg(regs::ID)).unwrap().generation
+    }
+
+    /// Runs engine `e` until its ring is empty, it blocks or it faults.
+    pub fn run(&mut self, e: usize) {
+        if self.engines[e].halted.is_some() {
+            return;
+        }
+        match self.engines[e].fault {
+            EngineFault::Stuck => return,
+            EngineFault::Spinning => {
+                self.engines[e].cur = self.engines[e].cur.wrapping_add(64);
+                return;
+            }
+            EngineFault::None => {}
+        }
+        let ctrl = self.reg(regs::engine_reg(e as u32, er::CTRL));
+        if ctrl & er::CTRL_ENABLE == 0 {
+            return;
+        }
+        let (base, size) = self.ering(e);
+        for _ in 0..100_000 {
+            let eng = &self.engines[e];
+            if eng.rptr == eng.wptr {
+                break;
+            }
+            let at = base + u64::from(eng.rptr);
+            let avail = (size - eng.rptr) as usize;
+            let Some(o) = self.offset(at, avail) else { return };
+            let bytes = self.bytes()[o..o + avail].to_vec();
+            let item = Decoder::new(self.gen(), &bytes, at).next().unwrap();
+            let len = item.raw.len() as u32;
+            let Ok(p) = item.result else {
+                self.engines[e].halted = Some((0x8000_0003 | 2 << 4, at));
+                return;
+            };
+            self.engines[e].cur = at;
+            if !self.exec(e, &p.command, true) {
+                return; // blocked
+            }
+            let eng = &mut self.engines[e];
+            eng.rptr = (eng.rptr + len) % size;
+            eng.executed += 1;
+        }
+    }
+
+    /// Executes one command; false if the engine blocks on it.
+    fn exec(&mut self, e: usize, c: &Command<'_>, in_ring: bool) -> bool {
+        match *c {
+            Command::IndirectBuffer { addr, size_dw } if in_ring => {
+                let (mut addr, mut size) = (addr, size_dw);
+                for _hop in 0..1000 {
+                    let Some(o) = self.offset(addr, size as usize * 4) else { return true };
+                    let bytes = self.bytes()[o..o + size as usize * 4].to_vec();
+                    let mut next = None;
+                    for item in Decoder::new(self.gen(), &bytes, addr) {
+                        let Ok(p) = item.result else { return true };
+                        self.engines[e].cur = item.va;
+                        if let Command::Chain { addr, size_dw } = p.command {
+                            next = Some((addr, size_dw));
+                            break;
+                        }
+                        self.exec(e, &p.command, false);
+                    }
+                    match next {
+                        Some((a, s)) => (addr, size) = (a, s),
+                        None => return true,
+                    }
+                }
+                true
+            }
+            Command::Fence { addr, value, irq } => {
+                self.write_u64(addr, value);
+                if irq {
+                    let st = regs::IRQ_STATUS;
+                    let v = self.reg(st) | regs::irq_fence(e as u32);
+                    self.set_reg(st, v);
+                }
+                true
+            }
+            Command::WaitMem { addr, reference, mask, wide, .. } => {
+                let v = if wide {
+                    self.read_u64(addr).unwrap_or(0)
+                } else {
+                    u64::from(self.read_u32(addr).unwrap_or(0))
+                };
+                ((v & mask).wrapping_sub(reference & mask) as i64) >= 0
+            }
+            Command::WriteData { dst, data } => {
+                for (i, d) in data.iter().enumerate() {
+                    self.write_u32(dst + 4 * i as u64, d);
+                }
+                true
+            }
+            Command::Fill { dst, size, value } => {
+                for i in 0..size / 4 {
+                    self.write_u32(dst + 4 * i, value);
+                }
+                true
+            }
+            Command::Copy { src, dst, size } => {
+                let so = self.offset(src, size as usize).unwrap();
+                let data = self.bytes()[so..so + size as usize].to_vec();
+                for (i, ch) in data.chunks(4).enumerate() {
+                    let mut w = [0u8; 4];
+                    w[..ch.len()].copy_from_slice(ch);
+                    if ch.len() == 4 {
+                        self.write_u32(dst + 4 * i as u64, u32::from_le_bytes(w));
+                    }
+                }
+                true
+            }
+            _ => true,
+        }
+    }
+
+    pub fn run_all(&mut self) {
+        // A few rounds so cross-engine waits settle.
+        for _ in 0..4 {
+            for e in 0..3 {
+                self.run(e);
+            }
+        }
+    }
+
+    /// Halts engine `e` with a fault as the spec describes.
+    pub fn inject_fault(&mut self, e: usize, kind: u32, access: u32, addr: u64) {
+        self.engines[e].halted = Some((0x8000_0000 | kind | (access << 4), addr));
+        let v = self.reg(regs::IRQ_STATUS) | regs::irq_fault(e as u32);
+        self.set_reg(regs::IRQ_STATUS, v);
+    }
+
+    pub fn fence_slot(&self, dev_fence_va: u64) -> u64 {
+        self.read_u64(dev_fence_va).unwrap_or(0)
+    }
+
+    fn tick(&mut self) {
+        if self.mode == Mode::OnDelay {
+            self.run_all();
+        }
+    }
+}
+
+// SAFETY: regions point into `mem`, which is never reallocated, are 4 KiB
+// aligned within it and handed out once until freed; time only grows.
+unsafe impl Platform for Fake {
+    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+        let pages = len.div_ceil(PAGE);
+        let total = self.pages_used.len();
+        let start = (0..total.saturating_sub(pages - 1))
+            .find(|s| self.pages_used[*s..*s + pages].iter().all(|u| !u))
+            .ok_or(PlatformError::OutOfMemory { len })?;
+        self.pages_used[start..start + pages].iter_mut().for_each(|u| *u = true);
+        self.allocs += 1;
+        let off = start * PAGE;
+        // Zero it.
+        self.mem[off / 8..(off + pages * PAGE) / 8].iter_mut().for_each(|w| *w = 0);
+        // SAFETY: `off` is inside `mem`; the Vec's buffer never moves.
+        let ptr = unsafe { NonNull::new_unchecked(self.mem.as_mut_ptr().cast::<u8>().add(off)) };
+        // SAFETY: valid for `pages * PAGE` bytes, exclusively handed out.
+        Ok(unsafe { DmaRegion::new(ptr, MEM_BASE + off as u64, pages * PAGE) })
+    }
+
+    fn dma_free(&mut self, region: DmaRegion) {
+        let off = (region.dev_addr() - MEM_BASE) as usize;
+        let pages = region.len() / PAGE;
+        self.pages_used[off / PAGE..off / PAGE + pages].iter_mut().for_each(|u| *u = false);
+        self.allocs -= 1;
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.now += 100;
+        self.now
+    }
+
+    fn delay_ns(&mut self, ns: u64) {
+        self.delays += 1;
+        self.delayed_ns += ns;
+        self.now += ns;
+        self.tick();
+    }
+
+    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+        if !self.irq_capable {
+            return IrqWait::Unsupported;
+        }
+        self.delay_ns(timeout_ns.min(50_000));
+        if self.reg(regs::IRQ_STATUS) != 0 {
+            IrqWait::Interrupt
+        } else {
+            IrqWait::TimedOut
+        }
+    }
+}
+
+impl DirectIo for Fake {
+    fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
+        }
+        let e =
+            off.checked_sub(regs::ENGINE_BASE).map(|o| (o / regs::ENGINE_STRIDE) as usize).filter(|e| *e < 3);
+        let v = match (e, off.checked_sub(regs::ENGINE_BASE).map(|o| o % regs::ENGINE_STRIDE)) {
+            (Some(e), Some(r)) => {
+                let eng = &self.engines[e];
+                match r {
+                    er::RING_RPTR => eng.rptr,
+                    er::STATUS => {
+                        let mut s = 0;
+                        if eng.rptr != eng.wptr || eng.fault != EngineFault::None {
+                            s |= er::STATUS_BUSY;
+                        }
+                        if eng.halted.is_some() {
+                            s |= er::STATUS_HALTED;
+                        }
+                        s
+                    }
+                    er::CUR_ADDR_LO => eng.cur as u32,
+                    er::CUR_ADDR_HI => (eng.cur >> 32) as u32,
+                    er::FAULT_STATUS => eng.halted.map_or(0, |h| h.0),
+                    er::FAULT_ADDR_LO => eng.halted.map_or(0, |h| h.1 as u32),
+                    er::FAULT_ADDR_HI => eng.halted.map_or(0, |h| (h.1 >> 32) as u32),
+                    _ => self.reg(off),
+                }
+            }
+            _ => self.reg(off),
+        };
+        Ok(v)
+    }
+
+    fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
+        }
+        if off == regs::IRQ_STATUS {
+            let cur = self.reg(off);
+            self.set_reg(off, cur & !v);
+            return Ok(());
+        }
+        if off == regs::MMU_INVALIDATE {
+            return Ok(()); // done at once: reads 0
+        }
+        if let Some(rel) = off.checked_sub(regs::ENGINE_BASE) {
+            let e = (rel / regs::ENGINE_STRIDE) as usize;
+            let r = rel % regs::ENGINE_STRIDE;
+            if e < 3 {
+                match r {
+                    er::CTRL => {
+                        if v & er::CTRL_RESET != 0 {
+                            self.engines[e] = Engine::default();
+                            let st = self.reg(regs::IRQ_STATUS)
+                                & !(regs::irq_fence(e as u32) | regs::irq_fault(e as u32));
+                            self.set_reg(regs::IRQ_STATUS, st);
+                        }
+                        self.set_reg(off, v & !er::CTRL_RESET);
+                        return Ok(());
+                    }
+                    er::RING_WPTR => {
+                        self.engines[e].wptr = v;
+                        self.set_reg(off, v);
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
+        }
+        self.set_reg(off, v);
+        Ok(())
+    }
+
+    fn doorbell(&mut self, _engine: u32) -> Result<(), PlatformError> {
+        self.doorbells += 1;
+        if self.mode == Mode::OnDoorbell {
+            self.run_all();
+        }
+        Ok(())
+    }
+}
