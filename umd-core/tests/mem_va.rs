@@ -248,3 +248,115 @@ proptest! {
         baseline(&a);
     }
 }
+
+#[test]
+fn fixed_addresses_across_regions_and_groups() {
+    // 4096 nodes -> 4096 regions of 16 KiB over 64 MiB, 256 groups.
+    let mut a = arena(4096, 0, 64 * MIB);
+    // The last allocation before a fixed address may be in the same region,
+    // an earlier region of the same group, or a far group.
+    let low = a.alloc_fixed(0x1000, 0x80).unwrap();
+    let far = a.alloc_fixed(40 * MIB, 4096).unwrap();
+    let mid = a.alloc_fixed(20 * MIB + 0x200, 0x100).unwrap();
+    for &(addr, len) in &[(20 * MIB + 0x100, 0x100), (20 * MIB + 0x400, 0x80), (30 * MIB, 4096), (0, 0x1000)] {
+        a.alloc_fixed(addr, len).unwrap();
+        a.validate().unwrap();
+    }
+    // Overlaps found through each path.
+    assert_eq!(a.alloc_fixed(20 * MIB + 0x280, 0x80), Err(VaError::Overlap));
+    assert_eq!(a.alloc_fixed(40 * MIB - 0x80, 0x100), Err(VaError::Overlap));
+    assert_eq!(a.alloc_fixed(0x1000, 0x80), Err(VaError::Overlap));
+    assert_eq!(a.alloc_fixed(0xf80, 0x100), Err(VaError::Overlap));
+    // A hole that starts in an earlier group and covers whole empty groups.
+    assert_eq!(a.alloc_fixed(35 * MIB, MIB), Ok(35 * MIB));
+    a.validate().unwrap();
+    for x in [low, far, mid] {
+        a.free(x).unwrap();
+    }
+    let mut rest = Vec::new();
+    a.for_each_allocation(|r| rest.push(r.addr));
+    for x in rest {
+        a.free(x).unwrap();
+        a.validate().unwrap();
+    }
+    baseline(&a);
+}
+
+#[test]
+fn storage_reused_by_a_new_allocator() {
+    let mut storage = vec![VaNode::EMPTY; 64];
+    {
+        let mut a = VaAllocator::new(&mut storage[..], 0, 64 * MIB).unwrap();
+        for i in 0..20 {
+            a.alloc_fixed(i * MIB, 4096).unwrap();
+        }
+    }
+    // Stale directory slots must not leak into the next allocator.
+    let mut b = VaAllocator::new(&mut storage[..], 0, 64 * MIB).unwrap();
+    b.validate().unwrap();
+    assert_eq!(b.lookup(0), None);
+    assert_eq!(b.free(MIB), Err(VaError::NotAllocated));
+    assert_eq!(b.alloc_fixed(MIB, 4096), Ok(MIB));
+    b.validate().unwrap();
+}
+
+#[test]
+fn hole_of_the_requests_own_class_is_found() {
+    // A single hole of 17 granules (class [16, 18) granules at this size):
+    // a 17-granule request rounds up past it, and must still find it.
+    let mut a = arena(16, 0, MIB);
+    a.alloc_fixed(17 * 128, MIB - 17 * 128).unwrap();
+    assert_eq!(a.alloc(17 * 128, 128, Placement::BottomUp), Ok(0));
+    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Err(VaError::NoSpace));
+    a.validate().unwrap();
+}
+
+#[test]
+fn placements_share_a_hole_from_opposite_ends() {
+    let mut a = arena(64, 0, 16 * MIB);
+    let lo: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, Placement::BottomUp).unwrap()).collect();
+    let hi: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, Placement::TopDown).unwrap()).collect();
+    assert_eq!(lo, vec![0, MIB, 2 * MIB, 3 * MIB]);
+    assert_eq!(hi, vec![15 * MIB, 14 * MIB, 13 * MIB, 12 * MIB]);
+    assert_eq!(a.stats().holes, 1);
+    assert_eq!(a.stats().largest_free, 8 * MIB);
+    a.validate().unwrap();
+}
+
+#[test]
+fn good_fit_prefers_the_smallest_class() {
+    let mut a = arena(64, 0, 16 * MIB);
+    // Holes of 1 MiB at 2 MiB and 64 KiB at 8 MiB, the rest reserved.
+    a.alloc_fixed(0, 2 * MIB).unwrap();
+    a.alloc_fixed(3 * MIB, 5 * MIB).unwrap();
+    a.alloc_fixed(8 * MIB + 64 * 1024, 8 * MIB - 64 * 1024).unwrap();
+    assert_eq!(a.alloc(60 * 1024, 128, Placement::BottomUp), Ok(8 * MIB));
+    // 4 KiB are left at 8 MiB + 60 KiB: an exact fit beats the 1 MiB hole.
+    assert_eq!(a.alloc(4096, 128, Placement::TopDown), Ok(8 * MIB + 60 * 1024));
+    assert_eq!(a.alloc(4096, 128, Placement::TopDown), Ok(3 * MIB - 4096));
+    // Large alignment: the 1 MiB hole is aligned, so it fits exactly.
+    assert_eq!(a.alloc(MIB - 4096, MIB, Placement::BottomUp), Ok(2 * MIB));
+    assert_eq!(a.stats().holes, 0);
+    a.validate().unwrap();
+}
+
+#[test]
+fn sparse_arena_degenerates_to_one_tree_and_stays_correct() {
+    // 2^47 bytes with 600 nodes: 512 regions of 256 GiB, so everything below
+    // lands in region 0's tree (the O(log n) worst case).
+    let mut a = arena(600, 0, 1 << 47);
+    let mut v = Vec::new();
+    for i in 0..256u64 {
+        let p = if i % 2 == 0 { Placement::BottomUp } else { Placement::TopDown };
+        v.push(a.alloc(128 * (1 + i % 7), 128 << (i % 5), p).unwrap());
+    }
+    a.validate().unwrap();
+    for (i, x) in v.iter().enumerate() {
+        if i % 3 == 0 {
+            a.free(*x).unwrap();
+        }
+    }
+    a.validate().unwrap();
+    assert_eq!(a.alloc_fixed(1 << 46, 1 << 20), Ok(1 << 46));
+    a.validate().unwrap();
+}
