@@ -113,6 +113,13 @@ impl SysMem {
         self.size
     }
 
+    /// Host address of the window's first byte (physical address `base`).
+    /// Obtaining it is safe; every access through it must follow
+    /// [`crate::Model::mem_host_ptr`]'s contract.
+    pub(crate) fn host_base(&self) -> NonNull<u8> {
+        self.ptr
+    }
+
     /// Whether `[pa, pa + len)` lies in the window.
     pub fn contains(&self, pa: u64, len: u64) -> bool {
         pa >= self.base && pa.checked_add(len).is_some_and(|end| end <= self.base + self.size)

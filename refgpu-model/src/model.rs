@@ -244,6 +244,27 @@ impl Model {
         self.sh.mem.size()
     }
 
+    /// Host address of system memory's first byte (physical address
+    /// [`Model::mem_base`]), for platforms that hand parts of the window to a
+    /// driver as DMA memory (the in-process platform of `platform-linux`).
+    ///
+    /// Getting the pointer is safe; using it is not. The contract for every
+    /// access through it:
+    ///
+    /// - the pointer is valid for reads and writes of [`Model::mem_size`]
+    ///   bytes while the model is alive (until it is dropped; for a model
+    ///   from [`Model::new_shared`], for as long as the caller's mapping);
+    /// - the engines access the window concurrently with atomic operations,
+    ///   so the caller must not create references to bytes an engine may be
+    ///   writing at the same time; plain (volatile) accesses to memory no
+    ///   queued command touches, and atomic accesses anywhere, are fine;
+    /// - writes made through the pointer do not wake an engine blocked in
+    ///   WAIT_MEM at once: it sees them at its next poll
+    ///   (`wait_poll_interval`), as for writes by another process.
+    pub fn mem_host_ptr(&self) -> NonNull<u8> {
+        self.sh.mem.host_base()
+    }
+
     /// The device clock (ns since the model started).
     pub fn clock_ns(&self) -> u64 {
         self.sh.clock.now_ns()

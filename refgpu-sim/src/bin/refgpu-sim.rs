@@ -1,0 +1,32 @@
+//! `refgpu-sim`: the reference GPU co-simulation server (see the crate
+//! docs and `platform-linux/README.md`).
+
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let opts = match refgpu_sim::parse_args(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(refgpu_sim::ArgError::Help) => {
+            println!("{}", refgpu_sim::USAGE);
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("refgpu-sim: {e}\n\n{}", refgpu_sim::USAGE);
+            return ExitCode::from(2);
+        }
+    };
+    let mut server = match refgpu_sim::Server::new(opts) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("refgpu-sim: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match server.run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("refgpu-sim: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,392 @@
+//! The model peer: shared memory, eventfds, the model, and the event loop.
+//!
+//! One thread (the caller of [`Server::run`]) polls the signalfd, the
+//! listening socket, the connected host's socket and the model's doorbell
+//! eventfds. A doorbell wakeup on vector `v` becomes `model.doorbell(v)`
+//! (vectors 0..2 ring the engines, 3 applies the control registers, higher
+//! vectors are ignored). Model interrupts (vector `e` = engine `e`) are
+//! written to the host's eventfd for vector `e` by the model's interrupt
+//! thread through [`HostIrq`].
+//!
+//! Host lifecycle:
+//!
+//! - **connect**: peer ids count up from 1 (0 is the model); the host gets
+//!   the protocol messages in QEMU's order (version, its id, -1 + shm fd,
+//!   the model's id with one eventfd per vector, its own id with one eventfd
+//!   per vector).
+//! - **a second host** while one is connected is refused: the server logs
+//!   `refusing connection: peer N is connected (one host at a time)` and
+//!   closes the new socket before sending anything.
+//! - **disconnect** (EOF, hang-up, or a protocol error): the host's
+//!   eventfds are dropped and the device is *parked* as by a function-level
+//!   reset: IRQ_MASK = 0, MMU off, every engine reset with CTRL = RESET
+//!   (which also disables it), IRQ_STATUS cleared, pending doorbells
+//!   discarded. System memory is left as it is. The model and the server
+//!   keep running for the next host.
+//! - **protocol errors**: ivshmem peers never send data to the server, so
+//!   any byte from the host is an error: it is logged (`peer N: protocol
+//!   error: ...`) and the host is disconnected.
+//! - **SIGINT / SIGTERM**: the loop ends, the model shuts down, the socket
+//!   file is removed (also on drop).
+
+use std::fmt;
+use std::fs::OpenOptions;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use refgpu_model::regs::{self, eng, CONTROL_VECTOR, NUM_ENGINES};
+use refgpu_model::{IrqSink, Model, ModelConfig, ModelError};
+use rustix::event::{poll, PollFd, PollFlags};
+use rustix::fs::{memfd_create, MemfdFlags};
+use rustix::net::RecvFlags;
+
+use crate::args::Options;
+use crate::proto::{self, info, send_msg};
+use crate::sys::{self, Mapping};
+
+/// Why the server could not start or stopped.
+#[derive(Debug)]
+pub enum ServerError {
+    /// A bad option combination found at start.
+    Config(String),
+    /// An OS call failed.
+    Io(&'static str, io::Error),
+    /// The model refused its configuration.
+    Model(ModelError),
+}
+
+impl fmt::Display for ServerError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ServerError::Config(s) => write!(f, "{s}"),
+            ServerError::Io(what, e) => write!(f, "{what}: {e}"),
+            ServerError::Model(e) => write!(f, "model: {e:?}"),
+        }
+    }
+}
+
+impl std::error::Error for ServerError {}
+
+fn io_err(what: &'static str) -> impl FnOnce(io::Error) -> ServerError {
+    move |e| ServerError::Io(what, e)
+}
+
+/// Forwards model interrupts to the connected host's eventfds.
+pub struct HostIrq {
+    fds: Mutex<Vec<OwnedFd>>,
+    raised: AtomicU64,
+}
+
+impl HostIrq {
+    fn set(&self, fds: Vec<OwnedFd>) {
+        *self.fds.lock().unwrap_or_else(|p| p.into_inner()) = fds;
+    }
+
+    /// Interrupts forwarded so far.
+    pub fn raised(&self) -> u64 {
+        self.raised.load(Ordering::Relaxed)
+    }
+}
+
+impl IrqSink for HostIrq {
+    fn raise(&self, vector: u32) {
+        let fds = self.fds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(fd) = fds.get(vector as usize) {
+            // A full counter (2^64 - 2 unread interrupts) is the only
+            // failure; the host sees the interrupt anyway.
+            let _ = sys::eventfd_signal(fd);
+            self.raised.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+struct Host {
+    id: u16,
+    stream: UnixStream,
+}
+
+/// The co-simulation server. Field order is drop order: the model stops
+/// before the mappings it uses go away.
+pub struct Server {
+    model: Model,
+    shm: Mapping,
+    _mem: Mapping,
+    shm_fd: OwnedFd,
+    model_efds: Vec<OwnedFd>,
+    irq: Arc<HostIrq>,
+    listener: UnixListener,
+    sigfd: OwnedFd,
+    host: Option<Host>,
+    next_id: u16,
+    socket: PathBuf,
+    opts: Options,
+}
+
+fn log(msg: fmt::Arguments<'_>) {
+    eprintln!("refgpu-sim: {msg}");
+}
+
+impl Server {
+    /// Creates the shared memory, eventfds, the model and the listening
+    /// socket. Blocks SIGINT/SIGTERM in the calling thread first (so the
+    /// model's threads inherit the mask and [`Server::run`] sees them):
+    /// call it before starting other threads.
+    pub fn new(opts: Options) -> Result<Self, ServerError> {
+        crate::args::validate(&opts).map_err(|e| ServerError::Config(e.to_string()))?;
+        let sigfd = sys::termination_signalfd().map_err(io_err("blocking SIGINT/SIGTERM"))?;
+
+        // System memory: open (or create) the file and map the window.
+        let need = opts.mem_file_offset + opts.mem_size;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&opts.mem_file)
+            .map_err(io_err("opening --mem-file"))?;
+        let len = file.metadata().map_err(io_err("stat --mem-file"))?.len();
+        if len == 0 {
+            file.set_len(need).map_err(io_err("sizing --mem-file"))?;
+        } else if len < need {
+            return Err(ServerError::Config(format!(
+                "--mem-file {} is {len:#x} bytes, the window needs {need:#x} (offset + size)",
+                opts.mem_file.display()
+            )));
+        }
+        let mem_size = usize::try_from(opts.mem_size).map_err(|_| ServerError::Config("--mem-size too large".into()))?;
+        let mem = Mapping::new(&file, mem_size, opts.mem_file_offset).map_err(io_err("mapping --mem-file"))?;
+        let mem_path = std::fs::canonicalize(&opts.mem_file).map_err(io_err("resolving --mem-file"))?;
+        let path_bytes = mem_path.to_string_lossy().into_owned().into_bytes();
+        if path_bytes.len() > info::PATH_MAX {
+            return Err(ServerError::Config(format!("--mem-file path longer than {} bytes", info::PATH_MAX)));
+        }
+
+        // ivshmem shared memory: register page + info page.
+        let shm_fd = memfd_create("refgpu-ivshmem", MemfdFlags::CLOEXEC)
+            .map_err(|e| ServerError::Io("memfd_create", e.into()))?;
+        rustix::fs::ftruncate(&shm_fd, opts.shm_size).map_err(|e| ServerError::Io("sizing shm", e.into()))?;
+        let shm = Mapping::new(&shm_fd, opts.shm_size as usize, 0).map_err(io_err("mapping shm"))?;
+        let base = info::OFFSET;
+        shm.u32_at(base + info::VERSION_OFF).store(info::VERSION, Ordering::Relaxed);
+        shm.u32_at(base + info::VECTORS_OFF).store(opts.vectors, Ordering::Relaxed);
+        shm.u32_at(base + info::MODEL_ID_OFF).store(u32::from(proto::MODEL_PEER_ID), Ordering::Relaxed);
+        shm.u64_at(base + info::MEM_BASE_OFF).store(opts.mem_base, Ordering::Relaxed);
+        shm.u64_at(base + info::MEM_SIZE_OFF).store(opts.mem_size, Ordering::Relaxed);
+        shm.u64_at(base + info::MEM_FILE_OFFSET_OFF).store(opts.mem_file_offset, Ordering::Relaxed);
+        shm.u32_at(base + info::PATH_LEN_OFF).store(path_bytes.len() as u32, Ordering::Relaxed);
+        shm.write_bytes(base + info::PATH_OFF, &path_bytes);
+        shm.u32_at(base + info::MAGIC_OFF).store(info::MAGIC, Ordering::Release);
+
+        let model_efds =
+            (0..opts.vectors).map(|_| sys::new_eventfd()).collect::<io::Result<Vec<_>>>().map_err(io_err("eventfd"))?;
+        let irq = Arc::new(HostIrq { fds: Mutex::new(Vec::new()), raised: AtomicU64::new(0) });
+        let cfg = ModelConfig {
+            generation: opts.generation,
+            revision: 0,
+            mem_base: opts.mem_base,
+            mem_size: opts.mem_size,
+            wait_poll_interval: opts.wait_poll,
+            clock_publish_interval: opts.clock_publish,
+            fault_injection: opts.fault.clone(),
+        };
+        let sink: Arc<dyn IrqSink> = irq.clone();
+        // SAFETY: both mappings are page aligned, `shm` holds at least 8 KiB
+        // (>= the 4 KiB register page) and `mem` exactly `mem_size` bytes;
+        // they are fields of the returned Server declared after `model`, so
+        // they outlive it (the model is dropped first). This process touches
+        // them only with atomics; the host process may write concurrently.
+        let model = unsafe { Model::new_shared(cfg, shm.ptr(), mem.ptr(), Some(sink)) }.map_err(ServerError::Model)?;
+
+        let listener = bind(&opts.socket)?;
+        log(format_args!(
+            "listening on {} (gen {}, system memory {:#x}+{:#x} from {} at offset {:#x}, shm {:#x} bytes, {} vectors)",
+            opts.socket.display(),
+            opts.generation.number(),
+            opts.mem_base,
+            opts.mem_size,
+            mem_path.display(),
+            opts.mem_file_offset,
+            opts.shm_size,
+            opts.vectors
+        ));
+        Ok(Self {
+            model,
+            shm,
+            _mem: mem,
+            shm_fd,
+            model_efds,
+            irq,
+            listener,
+            sigfd,
+            host: None,
+            next_id: 1,
+            socket: opts.socket.clone(),
+            opts,
+        })
+    }
+
+    /// The model (diagnostics).
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Interrupts forwarded to hosts so far.
+    pub fn irqs_forwarded(&self) -> u64 {
+        self.irq.raised()
+    }
+
+    /// Serves until SIGINT or SIGTERM.
+    pub fn run(&mut self) -> Result<(), ServerError> {
+        let n = self.model_efds.len();
+        loop {
+            let (sig, listen, bells, host) = {
+                let mut fds = Vec::with_capacity(n + 3);
+                fds.push(PollFd::new(&self.sigfd, PollFlags::IN));
+                fds.push(PollFd::new(&self.listener, PollFlags::IN));
+                for e in &self.model_efds {
+                    fds.push(PollFd::new(e, PollFlags::IN));
+                }
+                if let Some(h) = &self.host {
+                    fds.push(PollFd::new(&h.stream, PollFlags::IN));
+                }
+                match poll(&mut fds, None) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(ServerError::Io("poll", e.into())),
+                }
+                let ready = |f: &PollFd<'_>| !f.revents().is_empty();
+                let bells: Vec<bool> = fds[2..2 + n].iter().map(ready).collect();
+                (ready(&fds[0]), ready(&fds[1]), bells, fds.get(2 + n).is_some_and(ready))
+            };
+            for (v, _) in bells.iter().enumerate().filter(|(_, r)| **r) {
+                if sys::eventfd_drain(&self.model_efds[v]) > 0 {
+                    self.model.doorbell(v as u32);
+                }
+            }
+            if sig {
+                let signo = sys::read_signal(&self.sigfd).unwrap_or(0);
+                log(format_args!("signal {signo}: shutting down"));
+                return Ok(());
+            }
+            if host {
+                self.service_host();
+            }
+            if listen {
+                self.accept();
+            }
+        }
+    }
+
+    fn accept(&mut self) {
+        let stream = match self.listener.accept() {
+            Ok((s, _)) => s,
+            Err(e) => {
+                log(format_args!("accept failed: {e}"));
+                return;
+            }
+        };
+        if let Some(h) = &self.host {
+            log(format_args!("refusing connection: peer {} is connected (one host at a time)", h.id));
+            drop(stream);
+            return;
+        }
+        let id = self.next_id;
+        self.next_id = if self.next_id == u16::MAX { 1 } else { self.next_id + 1 };
+        match self.greet(&stream, id) {
+            Ok(fds) => {
+                self.irq.set(fds);
+                log(format_args!("peer {id} connected"));
+                self.host = Some(Host { id, stream });
+            }
+            Err(e) => {
+                log(format_args!("peer {id}: setup failed: {e}; disconnecting"));
+                self.park();
+            }
+        }
+    }
+
+    /// Sends the setup messages; returns the host's interrupt eventfds.
+    fn greet(&self, s: &UnixStream, id: u16) -> io::Result<Vec<OwnedFd>> {
+        let host_efds = (0..self.opts.vectors).map(|_| sys::new_eventfd()).collect::<io::Result<Vec<_>>>()?;
+        send_msg(s, proto::PROTOCOL_VERSION, None)?;
+        send_msg(s, i64::from(id), None)?;
+        send_msg(s, proto::SHM_MESSAGE, Some(self.shm_fd.as_fd()))?;
+        for fd in &self.model_efds {
+            send_msg(s, i64::from(proto::MODEL_PEER_ID), Some(fd.as_fd()))?;
+        }
+        for fd in &host_efds {
+            send_msg(s, i64::from(id), Some(fd.as_fd()))?;
+        }
+        Ok(host_efds)
+    }
+
+    fn service_host(&mut self) {
+        let Some(h) = &self.host else { return };
+        let mut buf = [0u8; 64];
+        let why = match rustix::net::recv(&h.stream, &mut buf[..], RecvFlags::DONTWAIT) {
+            Ok((0, _)) => None,
+            Ok((n, _)) => Some(format!(
+                "protocol error: received {n} byte(s) ({:02x?}...); ivshmem peers never send to the server",
+                &buf[..n.min(8)]
+            )),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::INTR) => return,
+            Err(e) => Some(format!("socket error: {e}")),
+        };
+        let id = h.id;
+        match why {
+            None => log(format_args!("peer {id} disconnected")),
+            Some(w) => log(format_args!("peer {id}: {w}; disconnecting")),
+        }
+        self.host = None;
+        self.park();
+    }
+
+    /// Resets and parks the device after a host left (see the module docs).
+    fn park(&mut self) {
+        self.irq.set(Vec::new());
+        let r = |off: u32| self.shm.u32_at(off as usize);
+        r(regs::IRQ_MASK).store(0, Ordering::SeqCst);
+        r(regs::MMU_CTRL).store(0, Ordering::SeqCst);
+        for e in 0..NUM_ENGINES {
+            r(regs::engine_base(e) + eng::CTRL).store(regs::CTRL_RESET, Ordering::SeqCst);
+        }
+        self.model.doorbell(CONTROL_VECTOR);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let busy =
+            || (0..NUM_ENGINES).any(|e| r(regs::engine_base(e) + eng::CTRL).load(Ordering::SeqCst) & regs::CTRL_RESET != 0);
+        while busy() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        if busy() {
+            log(format_args!("warning: an engine did not finish its reset while parking"));
+        }
+        r(regs::IRQ_STATUS).store(0, Ordering::SeqCst);
+        for fd in &self.model_efds {
+            sys::eventfd_drain(fd);
+        }
+        log(format_args!("device parked (engines reset and disabled, interrupts masked, MMU off)"));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.model.shutdown();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// Binds the socket, replacing a stale socket file but never a live server.
+fn bind(path: &Path) -> Result<UnixListener, ServerError> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(ServerError::Config(format!("{} is in use by a running server", path.display())));
+        }
+        std::fs::remove_file(path).map_err(io_err("removing stale socket"))?;
+    }
+    UnixListener::bind(path).map_err(io_err("binding --socket"))
+}
