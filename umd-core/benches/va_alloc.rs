@@ -12,7 +12,12 @@
 //!
 //! The baselines manage real memory, so each gets a 1 GiB zeroed allocation
 //! (pages are only touched where they keep headers) and addresses are
-//! translated to offsets. Run: `cargo bench -p umd-core --bench va_alloc`.
+//! translated to offsets. A second row of ours runs the same workload in a
+//! 128 TiB arena, where all allocations share one region tree (the
+//! allocation index's O(log n) worst-case shape); its fragmentation column
+//! is not comparable (the arena is mostly one hole).
+//! Run: `cargo bench -p umd-core --bench va_alloc`
+//! (`VA_BENCH_ONLY_OURS=1` for our two rows only, e.g. under `perf record`).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::hint::black_box;
@@ -36,15 +41,32 @@ trait RangeAlloc {
     fn metadata_bytes(&self) -> u64 {
         0
     }
+    /// Size of the managed range.
+    fn arena(&self) -> u64 {
+        ARENA
+    }
 }
 
 // ---- ours -----------------------------------------------------------------
 
-struct Ours(VaAllocator<Box<[VaNode]>>);
+/// Our allocator on the 1 GiB arena (`sparse == false`), or on a 128 TiB
+/// arena (`sparse == true`): the same workload then falls entirely in the
+/// first of its 8 GiB regions, so every lookup walks one AVL tree of all live
+/// allocations, the O(log n) worst-case shape of the allocation index.
+struct Ours(VaAllocator<Box<[VaNode]>>, bool);
+
+const SPARSE_ARENA: u64 = 1 << 47;
 
 impl RangeAlloc for Ours {
     fn name(&self) -> &'static str {
-        "umd-core VaAllocator (AVL)"
+        if self.1 {
+            "umd-core VaAllocator, 128 TiB arena (one region tree)"
+        } else {
+            "umd-core VaAllocator (TLSF + region trees)"
+        }
+    }
+    fn arena(&self) -> u64 {
+        self.0.size()
     }
     fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
         self.0.alloc(size, align, Placement::BottomUp).ok()
@@ -310,7 +332,7 @@ fn run<A: RangeAlloc>(mut make: impl FnMut() -> A) -> Result {
     }
     let largest = lo * 128;
     let requested: u64 = live.iter().map(|l| l.1).sum();
-    let consumed = ARENA - free;
+    let consumed = a.arena() - free;
     let n = live.len() as f64;
     Result {
         name: a.name(),
@@ -334,7 +356,8 @@ fn main() {
     // `cargo bench` passes --bench; `cargo test --benches` runs a smoke pass.
     let quick = !std::env::args().any(|a| a == "--bench");
     if quick {
-        let mut a = Ours(VaAllocator::new(vec![VaNode::EMPTY; 64].into_boxed_slice(), 0, ARENA).unwrap());
+        let mut a =
+            Ours(VaAllocator::new(vec![VaNode::EMPTY; 64].into_boxed_slice(), 0, ARENA).unwrap(), false);
         let x = a.alloc(4096, 4096).unwrap();
         a.free(x, 4096, 4096);
         println!("va_alloc: smoke run only; use `cargo bench` for figures");
@@ -342,13 +365,18 @@ fn main() {
     }
     let mut results = Vec::new();
     results.push(run(|| {
-        Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap())
+        Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap(), false)
+    }));
+    results.push(run(|| {
+        Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, SPARSE_ARENA).unwrap(), true)
     }));
     if std::env::var_os("VA_BENCH_ONLY_OURS").is_some() {
-        println!(
-            "ours: {:.3e} ops/s, mean {:.0} ns, max {} ns",
-            results[0].ops_per_s, results[0].mean_ns, results[0].max_ns
-        );
+        for r in &results {
+            println!(
+                "{}: {:.3e} ops/s, mean {:.0} ns, p99.9 {} ns, max {} ns",
+                r.name, r.ops_per_s, r.mean_ns, r.p999_ns, r.max_ns
+            );
+        }
         return;
     }
     results.push(run(|| {

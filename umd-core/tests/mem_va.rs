@@ -258,7 +258,8 @@ fn fixed_addresses_across_regions_and_groups() {
     let low = a.alloc_fixed(0x1000, 0x80).unwrap();
     let far = a.alloc_fixed(40 * MIB, 4096).unwrap();
     let mid = a.alloc_fixed(20 * MIB + 0x200, 0x100).unwrap();
-    for &(addr, len) in &[(20 * MIB + 0x100, 0x100), (20 * MIB + 0x400, 0x80), (30 * MIB, 4096), (0, 0x1000)] {
+    for &(addr, len) in &[(20 * MIB + 0x100, 0x100), (20 * MIB + 0x400, 0x80), (30 * MIB, 4096), (0, 0x1000)]
+    {
         a.alloc_fixed(addr, len).unwrap();
         a.validate().unwrap();
     }

@@ -1,10 +1,12 @@
 //! Statistics shared by the memory modules.
 //!
-//! Every figure here is maintained incrementally (counters, plus the
-//! largest-hole value the VA allocator's tree keeps at its root), so reading
-//! statistics is O(1) and can be done at any time, even from a hot path.
+//! Every figure here is maintained incrementally as counters, so reading it
+//! is O(1), with one exception: [`VaStats::largest_free`] is found by walking
+//! the VA allocator's largest non-empty size class (holes within ~6 % of each
+//! other in size, usually a single one). Statistics are cheap to read at any
+//! time but are not part of any allocation path.
 
-/// Allocator statistics, all O(1) to read.
+/// Allocator statistics (see the module documentation for their cost).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct VaStats {
     /// Arena size in bytes.
@@ -13,7 +15,7 @@ pub struct VaStats {
     pub used: u64,
     /// Bytes in holes.
     pub free: u64,
-    /// Length of the largest hole.
+    /// Length of the largest hole (exact).
     pub largest_free: u64,
     /// Highest `used` ever seen.
     pub high_water: u64,
