@@ -1,0 +1,159 @@
+//! The Linux co-sim backend (`platform_linux::Cosim`) end to end against a
+//! `refgpu-sim` child process: register-level checks, then
+//! `umd_core::device::Device` on both generations with the MMU on, waits
+//! with interrupts and polling-only, a refused second host, and the server
+//! dying under a waiting driver.
+
+mod common;
+
+use common::*;
+use platform_linux::{selftest, Cosim};
+use umd_core::config::Config;
+use umd_core::device::{Device, MmuMode};
+use umd_core::hw::regs::{self, engine as er};
+use umd_core::platform::{DirectIo, IrqWait, Platform};
+use umd_core::queue::{FenceStatus, WaitError};
+use umd_core::sync::{FenceError, QueueId};
+
+fn device(sim: &Sim, use_irq: bool) -> Device<Cosim> {
+    let p = Cosim::connect(&sim.socket).expect("connect");
+    match Device::new(p, Config { use_irq, ..Config::DEFAULT }, MmuMode::DEFAULT) {
+        Ok(d) => d,
+        Err((e, _)) => panic!("Device::new: {e}"),
+    }
+}
+
+fn run(gen: &str, use_irq: bool) {
+    let sim = Sim::start(&["--gen", gen]);
+    let mut dev = device(&sim, use_irq);
+    assert_eq!(u32::from(dev.chip().generation.number()), gen.parse::<u32>().unwrap());
+    selftest::all(&mut dev).unwrap_or_else(|e| panic!("gen{gen} irq={use_irq}: {e}\n{}", sim.log_text()));
+    let wakeups = dev.platform().irq_wakeups();
+    if use_irq {
+        assert!(wakeups > 0, "interrupt waits never woke on an interrupt");
+    } else {
+        assert_eq!(wakeups, 0, "polling-only device used interrupts");
+    }
+    let p = dev.shutdown();
+    assert_eq!(p.dma_pages_used(), 0, "regions leaked");
+}
+
+#[test]
+fn gen1_irq() {
+    run("1", true);
+}
+
+#[test]
+fn gen1_polling() {
+    run("1", false);
+}
+
+#[test]
+fn gen2_irq() {
+    run("2", true);
+}
+
+#[test]
+fn gen2_polling() {
+    run("2", false);
+}
+
+#[test]
+fn registers_doorbells_and_interrupts_without_device() {
+    let sim = Sim::start(&[]);
+    let mut p = Cosim::connect(&sim.socket).unwrap();
+    assert_eq!(p.peer_id(), 1);
+    assert_eq!(p.mem_window(), (MEM_BASE, MEM_SIZE as usize));
+    assert_eq!(p.read_reg(regs::ID).unwrap(), 0x5247_0100);
+    // CLOCK_LO latches CLOCK_HI; the pair moves.
+    let t0 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    std::thread::sleep(std::time::Duration::from_millis(2));
+    let t1 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    assert!(t1 > t0, "clock {t0} -> {t1}");
+    // Read-only registers are not writable through the platform.
+    p.write_reg(regs::ID, 0).unwrap();
+    assert_eq!(p.read_reg(regs::ID).unwrap(), 0x5247_0100);
+    // A gen1 WRITE_DATA + FENCE(irq) on COPY, MMU off.
+    let mut ring = p.dma_alloc(4096).unwrap();
+    let data = p.dma_alloc(4096).unwrap();
+    let d = data.dev_addr();
+    let words = [0x0100_0003, d as u32, (d >> 32) as u32, 0xC0DE, 0x0401_0004, (d + 64) as u32, 0, 7, 0];
+    ring.words_mut()[..words.len()].copy_from_slice(&words);
+    let e = 2;
+    p.write_reg(regs::IRQ_MASK, regs::irq_fence(e)).unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_BASE_LO), ring.dev_addr() as u32).unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_SIZE), 4096).unwrap();
+    p.write_reg(regs::engine_reg(e, er::CTRL), er::CTRL_ENABLE).unwrap();
+    p.control_doorbell().unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_WPTR), 36).unwrap();
+    p.doorbell(e).unwrap();
+    let mut woke = false;
+    for _ in 0..1000 {
+        if p.wait_irq(30_000_000) == IrqWait::Interrupt {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "no interrupt");
+    assert_eq!(data.read_u32(0), Some(0xC0DE));
+    assert_eq!(data.read_u64(64), Some(7));
+    assert_eq!(p.read_reg(regs::engine_reg(e, er::RING_RPTR)).unwrap(), 36);
+    // RW1C for the core = atomic AND of the complement on the page.
+    assert_eq!(p.read_reg(regs::IRQ_STATUS).unwrap(), regs::irq_fence(e));
+    p.write_reg(regs::IRQ_STATUS, regs::irq_fence(e)).unwrap();
+    assert_eq!(p.read_reg(regs::IRQ_STATUS).unwrap(), 0);
+    // A second FENCE through the engine's DOORBELL register.
+    let more = [0x0401_0004, (d + 128) as u32, 0, 8, 0];
+    ring.words_mut()[9..14].copy_from_slice(&more);
+    p.write_reg(regs::engine_reg(e, er::RING_WPTR), 56).unwrap();
+    p.write_reg(regs::engine_reg(e, er::DOORBELL), 1).unwrap();
+    let start = std::time::Instant::now();
+    while data.read_u64(128) != Some(8) {
+        assert!(start.elapsed() < GUARD, "second fence never landed");
+        std::hint::spin_loop();
+    }
+    p.dma_free(ring);
+    p.dma_free(data);
+    assert_eq!(p.dma_pages_used(), 0);
+}
+
+#[test]
+fn second_host_is_refused_while_the_first_runs() {
+    let sim = Sim::start(&[]);
+    let mut dev = device(&sim, true);
+    match Cosim::connect(&sim.socket) {
+        Err(platform_linux::CosimError::Closed) => {}
+        other => panic!("second host: {other:?}"),
+    }
+    selftest::copy_fill_write(&mut dev, QueueId(2), 7).unwrap();
+    dev.shutdown();
+}
+
+#[test]
+fn server_dying_fails_pending_fences_as_device_lost() {
+    let mut sim = Sim::start(&["--stall-engines", "0x4"]);
+    let mut dev = device(&sim, true);
+    let buf = dev.alloc_buffer(4096).unwrap();
+    let va = buf.va();
+    let f = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[1])).unwrap();
+    assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
+    sim.signal_and_wait(rustix::process::Signal::KILL);
+    assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
+    assert!(dev.is_lost());
+    assert!(dev.platform().is_lost());
+}
+
+#[test]
+fn info_page_layout_agrees() {
+    use platform_linux::cosim::info as c;
+    use refgpu_sim::proto::info as s;
+    assert_eq!(
+        [c::OFFSET, c::MAGIC_OFF, c::VERSION_OFF, c::VECTORS_OFF, c::MODEL_ID_OFF, c::MEM_BASE_OFF],
+        [s::OFFSET, s::MAGIC_OFF, s::VERSION_OFF, s::VECTORS_OFF, s::MODEL_ID_OFF, s::MEM_BASE_OFF]
+    );
+    assert_eq!(
+        [c::MEM_SIZE_OFF, c::MEM_FILE_OFFSET_OFF, c::PATH_LEN_OFF, c::PATH_OFF],
+        [s::MEM_SIZE_OFF, s::MEM_FILE_OFFSET_OFF, s::PATH_LEN_OFF, s::PATH_OFF]
+    );
+    assert_eq!((c::MAGIC, c::VERSION), (s::MAGIC, s::VERSION));
+}
