@@ -87,6 +87,14 @@ impl Fake {
         }
     }
 
+    /// Raw pointer to byte `off` of the fake's memory (benchmarks signal
+    /// fences from another thread through it).
+    pub fn mem_ptr_at(&mut self, off: u64) -> *mut u8 {
+        assert!((off as usize) < self.mem.len() * 8);
+        // SAFETY: checked to lie inside `mem`.
+        unsafe { self.mem.as_mut_ptr().cast::<u8>().add(off as usize) }
+    }
+
     fn bytes(&self) -> &[u8] {
         // SAFETY: u64 storage viewed as bytes; same length, no padding.
         unsafe { std::slice::from_raw_parts(self.mem.as_ptr().cast::<u8>(), self.mem.len() * 8) }

@@ -1,0 +1,89 @@
+//! CPU cost of one submission in direct mode, against the scripted fake
+//! device (tests/support), for 1, 10 and 100 packets per submission, with
+//! batching on and off. Baseline, in the same run: encoding the same
+//! packets into a plain buffer with `Encoder` (what a submission costs
+//! beyond encoding is the ring, the IB pool, fences and bookkeeping).
+//!
+//! Run: `cargo bench -p umd-core --bench submit`
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use support::{Fake, Mode};
+use umd_core::cmd::{Command, Encoder};
+use umd_core::config::Config;
+use umd_core::device::{Device, MmuMode};
+use umd_core::hw::Generation;
+use umd_core::sync::QueueId;
+
+const ROUNDS: usize = 31;
+const BATCH: usize = 24;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn submit_cost(packets: usize, batching: bool) -> f64 {
+    let cfg = Config { batching, ring_bytes: 64 << 10, ib_chunk_bytes: 64 << 10, use_irq: false, ..Config::DEFAULT };
+    let mut dev: Device<Fake, 32> =
+        Device::new(Fake::new(Generation::Gen2, 8 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).unwrap();
+    dev.platform().mode = Mode::Manual;
+    let data = [1u32, 2, 3, 4];
+    let mut samples = Vec::new();
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        let mut last = None;
+        for _ in 0..BATCH {
+            last = Some(
+                dev.submit(QueueId(0), &[], |cb| {
+                    for i in 0..packets as u64 {
+                        cb.write_data(0x8040_0000 + 16 * i, &data)?;
+                    }
+                    Ok(())
+                })
+                .unwrap(),
+            );
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+        // Let the fake engine drain the ring (untimed).
+        dev.platform().run(0);
+        dev.wait(last.unwrap(), 1_000_000_000).unwrap();
+    }
+    median(samples)
+}
+
+fn encode_cost(packets: usize) -> f64 {
+    let enc = Encoder::new(Generation::Gen2);
+    let mut out = vec![0u32; 64 << 10];
+    let data = [1u32, 2, 3, 4];
+    let mut samples = Vec::new();
+    for _ in 0..ROUNDS {
+        let t = Instant::now();
+        for _ in 0..BATCH {
+            let mut pos = 0;
+            for i in 0..packets as u64 {
+                pos += enc.encode(&Command::write_data(0x1_0000_0000 + 16 * i, &data), &mut out, pos, 0x10_0000).unwrap();
+            }
+            black_box(pos);
+        }
+        samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+    }
+    median(samples)
+}
+
+fn main() {
+    println!(
+        "{:>8} {:>16} {:>16} {:>16} {:>12} {:>12}",
+        "packets", "encode-only ns", "submit ns (on)", "submit ns (off)", "on/encode", "off/encode"
+    );
+    for packets in [1, 10, 100] {
+        let enc = encode_cost(packets);
+        let on = submit_cost(packets, true);
+        let off = submit_cost(packets, false);
+        println!("{packets:>8} {enc:>16.0} {on:>16.0} {off:>16.0} {:>12.2} {:>12.2}", on / enc, off / enc);
+    }
+}
