@@ -178,6 +178,7 @@ fn recv_msg(s: &UnixStream) -> Result<(i64, Option<OwnedFd>), CosimError> {
 pub struct Cosim {
     stream: UnixStream,
     peer_id: u16,
+    model_id: u32,
     shm: Mapping,
     mem: Mapping,
     doorbells: Vec<OwnedFd>,
@@ -264,6 +265,7 @@ impl Cosim {
         Ok(Self {
             stream,
             peer_id,
+            model_id,
             shm,
             mem,
             doorbells,
@@ -319,7 +321,7 @@ impl Cosim {
     fn drain_socket(&mut self) {
         loop {
             match recv_msg(&self.stream) {
-                Ok((id, None)) if id == 0 => self.lost = true, // the model peer left
+                Ok((id, None)) if id == i64::from(self.model_id) => self.lost = true, // the model peer left
                 Ok(_) => {}
                 Err(CosimError::Io(_, e)) if e.kind() == io::ErrorKind::TimedOut => return,
                 Err(_) => {
