@@ -74,3 +74,85 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
     // reachable the symbol would be undefined and the check fails.
     unsafe { umd_core_has_a_reachable_panic_path() }
 }
+
+/// A board platform as an integrator would write it: registers through
+/// MMIO accessors and memory from a carve-out, here declared as extern
+/// functions the probe never links against (it only measures).
+mod board {
+    use core::ptr::NonNull;
+    use umd_core::platform::{DirectIo, DmaRegion, Platform, PlatformError};
+
+    extern "C" {
+        fn board_read_reg(off: u32) -> u32;
+        fn board_write_reg(off: u32, v: u32);
+        fn board_alloc(len: usize, dev_addr: *mut u64) -> *mut u8;
+        fn board_free(p: *mut u8, len: usize);
+        fn board_now_ns() -> u64;
+        fn board_delay_ns(ns: u64);
+    }
+
+    /// The probe's platform.
+    pub struct Board;
+
+    // SAFETY: the board's allocator hands out exclusive, 4 KiB-aligned,
+    // device-visible blocks; its clock is monotonic (the integrator's
+    // obligations, stated here as they would be on a real board).
+    unsafe impl Platform for Board {
+        fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+            let mut dev = 0u64;
+            // SAFETY: FFI to the board allocator.
+            let p = unsafe { board_alloc(len, &mut dev) };
+            let p = NonNull::new(p).ok_or(PlatformError::OutOfMemory { len })?;
+            // SAFETY: the board allocator's contract (see above).
+            Ok(unsafe { DmaRegion::new(p, dev, len) })
+        }
+        fn dma_free(&mut self, region: DmaRegion) {
+            // SAFETY: returns a block from board_alloc.
+            unsafe { board_free(region.cpu_ptr().as_ptr(), region.len()) }
+        }
+        fn now_ns(&mut self) -> u64 {
+            // SAFETY: FFI, no preconditions.
+            unsafe { board_now_ns() }
+        }
+        fn delay_ns(&mut self, ns: u64) {
+            // SAFETY: FFI, no preconditions.
+            unsafe { board_delay_ns(ns) }
+        }
+    }
+
+    impl DirectIo for Board {
+        fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+            // SAFETY: FFI register read inside the register page.
+            Ok(unsafe { board_read_reg(off) })
+        }
+        fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
+            // SAFETY: FFI register write inside the register page.
+            unsafe { board_write_reg(off, v) };
+            Ok(())
+        }
+        fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+            let off = umd_core::hw::regs::engine_reg(engine, umd_core::hw::regs::engine::DOORBELL);
+            self.write_reg(off, 1)
+        }
+    }
+}
+
+/// Brings up the whole driver on the board platform, submits a copy and
+/// waits for it; returns 1 on success. Pulls device, ring, IB pool, page
+/// tables, VA allocator, dependency tracking and hang recovery into the
+/// measured image.
+#[no_mangle]
+pub extern "C" fn umd_fp_device_smoke() -> u32 {
+    use umd_core::config::Config;
+    use umd_core::device::{Device, MmuMode};
+    use umd_core::sync::QueueId;
+    let Ok(mut dev) = Device::<board::Board, 8>::new(board::Board, Config::DEFAULT, MmuMode::DEFAULT) else {
+        return 0;
+    };
+    let ok = match dev.submit(QueueId(2), &[], |cb| cb.copy(0x1_0000_0000, 0x1_0001_0000, 4096)) {
+        Ok(f) => dev.wait(f, 1_000_000_000).is_ok(),
+        Err(_) => false,
+    };
+    let _ = dev.service();
+    u32::from(ok)
+}

@@ -28,7 +28,13 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 fn submit_cost(packets: usize, batching: bool) -> f64 {
-    let cfg = Config { batching, ring_bytes: 64 << 10, ib_chunk_bytes: 64 << 10, use_irq: false, ..Config::DEFAULT };
+    let cfg = Config {
+        batching,
+        ring_bytes: 64 << 10,
+        ib_chunk_bytes: 64 << 10,
+        use_irq: false,
+        ..Config::DEFAULT
+    };
     let mut dev: Device<Fake, 32> =
         Device::new(Fake::new(Generation::Gen2, 8 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).unwrap();
     dev.platform().mode = Mode::Manual;
@@ -66,7 +72,9 @@ fn encode_cost(packets: usize) -> f64 {
         for _ in 0..BATCH {
             let mut pos = 0;
             for i in 0..packets as u64 {
-                pos += enc.encode(&Command::write_data(0x1_0000_0000 + 16 * i, &data), &mut out, pos, 0x10_0000).unwrap();
+                pos += enc
+                    .encode(&Command::write_data(0x1_0000_0000 + 16 * i, &data), &mut out, pos, 0x10_0000)
+                    .unwrap();
             }
             black_box(pos);
         }

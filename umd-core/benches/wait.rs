@@ -96,7 +96,12 @@ fn thread_cpu_ns() -> u64 {
 
 /// Signals `slot` with `value` at `at` (spinning the last 50 µs for
 /// precision), then raises `irq` if given.
-fn signal_at(slot: &'static AtomicU64, value: u64, at: Instant, irq: Option<Arc<Irq>>) -> std::thread::JoinHandle<Instant> {
+fn signal_at(
+    slot: &'static AtomicU64,
+    value: u64,
+    at: Instant,
+    irq: Option<Arc<Irq>>,
+) -> std::thread::JoinHandle<Instant> {
     std::thread::spawn(move || {
         let early = at.checked_sub(Duration::from_micros(50)).unwrap_or(at);
         let now = Instant::now();
@@ -161,10 +166,24 @@ fn main() {
     let intr: &'static mut Device<RealTime, 8> = Box::leak(Box::new(device(Some(irq.clone()))));
     let intr_slot = slot_of(intr);
 
-    println!("CPU/wall of a loop of sleeps on this machine: 1 us {:.3}, 10 us {:.3}, 100 us {:.3}", sleep_floor(1), sleep_floor(10), sleep_floor(100));
+    println!(
+        "CPU/wall of a loop of sleeps on this machine: 1 us {:.3}, 10 us {:.3}, 100 us {:.3}",
+        sleep_floor(1),
+        sleep_floor(10),
+        sleep_floor(100)
+    );
     println!(
         "{:>7} | {:>9} {:>9} {:>9} | {:>9} {:>9} {:>9} | {:>10} {:>10} {:>10}",
-        "signal", "busy wake", "poll wake", "irq wake", "busy cpu", "poll cpu", "irq cpu", "poll total", "irq total", "(÷ busy)"
+        "signal",
+        "busy wake",
+        "poll wake",
+        "irq wake",
+        "busy cpu",
+        "poll cpu",
+        "irq cpu",
+        "poll total",
+        "irq total",
+        "(÷ busy)"
     );
     for delay in [Duration::from_micros(10), Duration::from_millis(1), Duration::from_millis(10)] {
         let trials = if delay >= Duration::from_millis(10) { 15 } else { 41 };
@@ -179,17 +198,26 @@ fn main() {
             }
             let (t1, c1) = (Instant::now(), thread_cpu_ns());
             let sig = h.join().unwrap();
-            busy.push(Sample { wake_ns: t1.saturating_duration_since(sig).as_nanos() as f64, cpu_ratio: (c1 - c0) as f64 / (t1 - t0).as_nanos() as f64 });
+            busy.push(Sample {
+                wake_ns: t1.saturating_duration_since(sig).as_nanos() as f64,
+                cpu_ratio: (c1 - c0) as f64 / (t1 - t0).as_nanos() as f64,
+            });
             poll.wait(f, 1_000_000_000).unwrap();
 
-            for (dev, slot, irq, out) in [(&mut *poll, poll_slot, None, &mut pol), (&mut *intr, intr_slot, Some(irq.clone()), &mut int)] {
+            for (dev, slot, irq, out) in [
+                (&mut *poll, poll_slot, None, &mut pol),
+                (&mut *intr, intr_slot, Some(irq.clone()), &mut int),
+            ] {
                 let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
                 let (t0, c0) = (Instant::now(), thread_cpu_ns());
                 let h = signal_at(slot, f.seqno().0, t0 + delay, irq);
                 dev.wait(f, 1_000_000_000).unwrap();
                 let (t1, c1) = (Instant::now(), thread_cpu_ns());
                 let sig = h.join().unwrap();
-                out.push(Sample { wake_ns: t1.saturating_duration_since(sig).as_nanos() as f64, cpu_ratio: (c1 - c0) as f64 / (t1 - t0).as_nanos() as f64 });
+                out.push(Sample {
+                    wake_ns: t1.saturating_duration_since(sig).as_nanos() as f64,
+                    cpu_ratio: (c1 - c0) as f64 / (t1 - t0).as_nanos() as f64,
+                });
             }
         }
         let m = |v: &Vec<Sample>, f: fn(&Sample) -> f64| median(v.iter().map(f).collect());

@@ -5,8 +5,15 @@
 #[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
 
+// Targets without native 64-bit atomics (thumbv7em) get portable-atomic's
+// lock-based fallback: correct between threads, but not safe to use from an
+// interrupt handler that can preempt a holder of the lock on the same core.
+// `docs/porting.md` says so; on those targets call `Device::service` from
+// task context.
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU64, Ordering};
+pub(crate) use core::sync::atomic::Ordering;
+#[cfg(not(loom))]
+pub(crate) use portable_atomic::AtomicU64;
 
 /// A pause hint inside spin loops (loom: a yield so the checker moves on).
 #[inline]
