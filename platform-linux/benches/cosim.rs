@@ -40,9 +40,11 @@ fn stats(mut ns: Vec<u64>) -> Stats {
     Stats { median: at(0.5), p99: at(0.99), mean }
 }
 
+/// One table row; ratios against the floor with the same number of
+/// cross-process wakeups (`floor`: one for polling, two for interrupts).
 fn row(name: &str, s: &Stats, floor: &Stats) {
     println!(
-        "| {name} | {:.1} | {:.1} | {:.1} | {:.1}x | {:.1}x |",
+        "| {name} | {:.1} | {:.1} | {:.1} | {:.2}x | {:.2}x |",
         s.median,
         s.p99,
         s.mean,
@@ -52,6 +54,62 @@ fn row(name: &str, s: &Stats, floor: &Stats) {
 }
 
 // ----- eventfd ping-pong between two processes -----
+
+/// Child side of the one-wakeup floor: block on the eventfd, answer
+/// through a word of shared memory.
+fn pong_shm(args: &[String]) {
+    let num = |i: usize| args[i].parse::<i32>().expect("fd number");
+    // SAFETY: the parent passed these inherited fd numbers (an eventfd and
+    // a memfd) for us to own; nothing else in this process uses them.
+    let (rx, mfd) = unsafe { (OwnedFd::from_raw_fd(num(0)), OwnedFd::from_raw_fd(num(1))) };
+    let n: usize = args[2].parse().expect("count");
+    let word = map_word(&mfd);
+    let mut b = [0u8; 8];
+    for i in 1..=n as u64 {
+        rustix::io::read(&rx, &mut b).expect("read");
+        word.store(i, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// The first 8 bytes of a memfd, mapped shared (leaked: the benchmark
+/// process ends soon).
+fn map_word(fd: &OwnedFd) -> &'static std::sync::atomic::AtomicU64 {
+    use rustix::mm::{mmap, MapFlags, ProtFlags};
+    // SAFETY: a fresh 4 KiB shared mapping at a kernel-chosen address.
+    let p = unsafe { mmap(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, 0) }
+        .expect("mmap");
+    // SAFETY: page aligned, never unmapped, only accessed atomically.
+    unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
+}
+
+/// One cross-process wakeup, answer by shared memory: the floor of a
+/// doorbell whose completion the host polls for.
+fn ping_shm() -> Stats {
+    use rustix::event::{eventfd, EventfdFlags};
+    use rustix::fs::{memfd_create, MemfdFlags};
+    let a = eventfd(0, EventfdFlags::empty()).expect("eventfd");
+    let m = memfd_create("pong", MemfdFlags::empty()).expect("memfd");
+    rustix::fs::ftruncate(&m, 4096).expect("ftruncate");
+    let word = map_word(&m);
+    let total = WARMUP + ITERS;
+    let mut child = Command::new(std::env::current_exe().expect("exe"))
+        .args(["--pong-shm", &a.as_raw_fd().to_string(), &m.as_raw_fd().to_string(), &total.to_string()])
+        .spawn()
+        .expect("spawn pong");
+    let mut ns = Vec::with_capacity(ITERS);
+    for i in 1..=total as u64 {
+        let t = Instant::now();
+        rustix::io::write(&a, &1u64.to_ne_bytes()).expect("write");
+        while word.load(std::sync::atomic::Ordering::Acquire) != i {
+            std::hint::spin_loop();
+        }
+        if i as usize > WARMUP {
+            ns.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    child.wait().expect("pong");
+    stats(ns)
+}
 
 fn pong(args: &[String]) {
     let num = |i: usize| args[i].parse::<i32>().expect("fd number");
@@ -226,39 +284,42 @@ fn start_server() -> Server {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("--pong") {
-        pong(&args[2..]);
-        return;
+    match args.get(1).map(String::as_str) {
+        Some("--pong") => return pong(&args[2..]),
+        Some("--pong-shm") => return pong_shm(&args[2..]),
+        _ => {}
     }
     if args.iter().any(|a| a == "--list") {
         return; // `cargo bench -- --list` compatibility
     }
     println!("co-simulation round trips, {ITERS} iterations after {WARMUP} warm-up, times in µs");
-    let floor = ping_pong();
+    let floor2 = ping_pong();
+    let floor1 = ping_shm();
     println!();
     println!("| path | median | p99 | mean | median / floor | p99 / floor |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: |");
-    row("eventfd ping-pong, 2 processes (floor)", &floor, &floor);
+    row("floor 1: eventfd wake + shared-memory reply (1 wakeup)", &floor1, &floor1);
+    row("floor 2: eventfd ping-pong, 2 processes (2 wakeups)", &floor2, &floor2);
     let server = start_server();
     let mut cosim = Cosim::connect(&server.socket).expect("connect");
     let s = ring_round_trips(&mut cosim, false);
-    row("co-sim: doorbell → fence, polling", &s, &floor);
+    row("co-sim: doorbell → fence, polling (vs floor 1)", &s, &floor1);
     let s = ring_round_trips(&mut cosim, true);
-    row("co-sim: doorbell → fence, interrupt wait", &s, &floor);
+    row("co-sim: doorbell → fence, interrupt wait (vs floor 2)", &s, &floor2);
     let (s, cosim) = device_round_trips(cosim, false);
-    row("co-sim: Device submit + wait, polling", &s, &floor);
+    row("co-sim: Device submit + wait, polling (vs floor 1)", &s, &floor1);
     let (s, cosim) = device_round_trips(cosim, true);
-    row("co-sim: Device submit + wait, interrupts", &s, &floor);
+    row("co-sim: Device submit + wait, interrupts (vs floor 2)", &s, &floor2);
     drop(cosim);
     drop(server);
     let cfg = ModelConfig { mem_size: 32 << 20, ..Default::default() };
     let mut inproc = InProcess::new(cfg).expect("model");
     let s = ring_round_trips(&mut inproc, false);
-    row("in-process: doorbell → fence, polling", &s, &floor);
+    row("in-process: doorbell → fence, polling (vs floor 1)", &s, &floor1);
     let s = ring_round_trips(&mut inproc, true);
-    row("in-process: doorbell → fence, interrupt wait", &s, &floor);
+    row("in-process: doorbell → fence, interrupt wait (vs floor 2)", &s, &floor2);
     let (s, inproc) = device_round_trips(inproc, false);
-    row("in-process: Device submit + wait, polling", &s, &floor);
+    row("in-process: Device submit + wait, polling (vs floor 1)", &s, &floor1);
     let (s, _inproc) = device_round_trips(inproc, true);
-    row("in-process: Device submit + wait, interrupts", &s, &floor);
+    row("in-process: Device submit + wait, interrupts (vs floor 2)", &s, &floor2);
 }
