@@ -3,7 +3,8 @@
 //! Everything here is heap-free: capacities are const generics or storage the
 //! integrator provides, and every operation has a bounded worst case.
 //!
-//! - [`va`]: the fixed-arena GPU virtual-address allocator (AVL trees, O(log n));
+//! - [`va`]: the fixed-arena GPU virtual-address allocator (TLSF-style segregated
+//!   hole lists with address links, O(1) except one O(log n) region tree);
 //! - [`pool`]: size-class pools (small / medium slabs with power-of-two bins,
 //!   large ranges straight from the VA allocator) with fence-gated reuse;
 //! - [`deferred`]: the per-queue FIFO of frees waiting for a fence;

@@ -12,9 +12,10 @@
 //! A *slab* is one VA range carved into equal slots of one bin (sub-allocation
 //! of small objects out of a larger block, like Mesa's `pb_slab`). It has at
 //! most 64 slots (a `u64` bitmap, so a slot is found with one
-//! `trailing_zeros`) and at most [`SLAB_MAX_BYTES`]. Slabs are placed
-//! top-down in the arena and large ranges bottom-up, so the two populations
-//! grow from opposite ends. A slab is returned to the VA allocator as soon as
+//! `trailing_zeros`) and at most [`SLAB_MAX_BYTES`]. Slabs are placed at the
+//! high end of the hole the allocator picks and large ranges at the low end,
+//! so in a fresh arena the two populations grow from opposite ends; once
+//! holes open in the middle, good-fit placement may interleave them there. A slab is returned to the VA allocator as soon as
 //! its last slot is freed, so after everything is freed the arena is one hole.
 //!
 //! The large class is *not* rounded to powers of two: the VA allocator
