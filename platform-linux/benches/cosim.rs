@@ -76,8 +76,10 @@ fn pong_shm(args: &[String]) {
 fn map_word(fd: &OwnedFd) -> &'static std::sync::atomic::AtomicU64 {
     use rustix::mm::{mmap, MapFlags, ProtFlags};
     // SAFETY: a fresh 4 KiB shared mapping at a kernel-chosen address.
-    let p = unsafe { mmap(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, 0) }
-        .expect("mmap");
+    let p = unsafe {
+        mmap(std::ptr::null_mut(), 4096, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, 0)
+    }
+    .expect("mmap");
     // SAFETY: page aligned, never unmapped, only accessed atomically.
     unsafe { std::sync::atomic::AtomicU64::from_ptr(p.cast()) }
 }
@@ -255,7 +257,10 @@ fn sim_binary() -> PathBuf {
     // target/release/deps/cosim-HASH -> target/release/refgpu-sim
     let p = exe.parent().and_then(|d| d.parent()).expect("target dir").join("refgpu-sim");
     if !p.exists() {
-        eprintln!("{} not found: run `cargo build --release -p refgpu-sim` first (or set REFGPU_SIM)", p.display());
+        eprintln!(
+            "{} not found: run `cargo build --release -p refgpu-sim` first (or set REFGPU_SIM)",
+            p.display()
+        );
         std::process::exit(1);
     }
     p

@@ -148,7 +148,9 @@ pub fn from_lookup(base: Config, get: impl Fn(&str) -> Option<String>) -> Result
             "UMD_WAIT_SPIN_NS" => {
                 let n = v.int()?;
                 if n >= c.wait_steps[1].until_ns {
-                    return Err(v.err(ConfigErrorKind::OutOfRange("less than the end of the second wait step")));
+                    return Err(
+                        v.err(ConfigErrorKind::OutOfRange("less than the end of the second wait step"))
+                    );
                 }
                 c.wait_steps[0].until_ns = n;
             }
@@ -157,7 +159,8 @@ pub fn from_lookup(base: Config, get: impl Fn(&str) -> Option<String>) -> Result
                 if ms == 0 {
                     return Err(v.err(ConfigErrorKind::OutOfRange("at least 1 ms")));
                 }
-                c.hang.window_ns = ms.checked_mul(1_000_000).ok_or_else(|| v.err(ConfigErrorKind::TooLarge))?;
+                c.hang.window_ns =
+                    ms.checked_mul(1_000_000).ok_or_else(|| v.err(ConfigErrorKind::TooLarge))?;
             }
             "UMD_HANG_MIN_PROGRESS_BYTES" => c.hang.min_progress_bytes = v.int()?,
             "UMD_HANG_MAX_WINDOWS" => {
@@ -217,16 +220,28 @@ mod tests {
         let kind = |k: &str, v: &str| with(&[(k, v)]).unwrap_err();
         let e = kind("UMD_IB_CHUNK_BYTES", "lots");
         assert_eq!((e.var, e.kind), ("UMD_IB_CHUNK_BYTES", ConfigErrorKind::NotANumber));
-        assert_eq!(kind("UMD_IB_CHUNK_BYTES", "1000").kind, ConfigErrorKind::OutOfRange("a multiple of 256, at least 1 KiB"));
-        assert_eq!(kind("UMD_RING_BYTES", "12288").kind, ConfigErrorKind::OutOfRange("a power of two from 4 KiB to 4 MiB"));
+        assert_eq!(
+            kind("UMD_IB_CHUNK_BYTES", "1000").kind,
+            ConfigErrorKind::OutOfRange("a multiple of 256, at least 1 KiB")
+        );
+        assert_eq!(
+            kind("UMD_RING_BYTES", "12288").kind,
+            ConfigErrorKind::OutOfRange("a power of two from 4 KiB to 4 MiB")
+        );
         assert_eq!(kind("UMD_RING_BYTES", "99999999999999999999").kind, ConfigErrorKind::TooLarge);
         assert_eq!(kind("UMD_BATCHING", "maybe").kind, ConfigErrorKind::NotABool);
-        assert_eq!(kind("UMD_POOL_EXHAUSTION", "panic").kind, ConfigErrorKind::UnknownChoice(&["wait", "error"]));
+        assert_eq!(
+            kind("UMD_POOL_EXHAUSTION", "panic").kind,
+            ConfigErrorKind::UnknownChoice(&["wait", "error"])
+        );
         assert_eq!(kind("UMD_HANG_WINDOW_MS", "0").kind, ConfigErrorKind::OutOfRange("at least 1 ms"));
         assert_eq!(kind("UMD_HANG_WINDOW_MS", "18446744073709551615").kind, ConfigErrorKind::TooLarge);
         assert_eq!(kind("UMD_HANG_MAX_WINDOWS", "4294967296").kind, ConfigErrorKind::TooLarge);
         assert_eq!(kind("UMD_WAIT_SPIN_NS", "-5").kind, ConfigErrorKind::NotANumber);
         assert!(matches!(kind("UMD_WAIT_SPIN_NS", "100000").kind, ConfigErrorKind::OutOfRange(_)));
-        assert_eq!(kind("UMD_USE_IRQ", "2").to_string(), "UMD_USE_IRQ=\"2\": not a boolean (1/0, true/false, yes/no, on/off)");
+        assert_eq!(
+            kind("UMD_USE_IRQ", "2").to_string(),
+            "UMD_USE_IRQ=\"2\": not a boolean (1/0, true/false, yes/no, on/off)"
+        );
     }
 }

@@ -205,22 +205,25 @@ impl Cosim {
             return Err(CosimError::Protocol(format!("expected protocol version 0 without fd, got {v}")));
         }
         let (id, fd) = recv_msg(&stream)?;
-        let peer_id = u16::try_from(id)
-            .ok()
-            .filter(|_| fd.is_none())
-            .ok_or_else(|| CosimError::Protocol(format!("expected our peer id (0..=65535) without fd, got {id}")))?;
+        let peer_id = u16::try_from(id).ok().filter(|_| fd.is_none()).ok_or_else(|| {
+            CosimError::Protocol(format!("expected our peer id (0..=65535) without fd, got {id}"))
+        })?;
         let (m, shm_fd) = recv_msg(&stream)?;
         let shm_fd = match (m, shm_fd) {
             (-1, Some(f)) => f,
             _ => return Err(CosimError::Protocol(format!("expected -1 with the shared-memory fd, got {m}"))),
         };
-        let shm_len = rustix::fs::fstat(&shm_fd).map_err(|e| CosimError::Io("fstat shm", e.into()))?.st_size as usize;
+        let shm_len =
+            rustix::fs::fstat(&shm_fd).map_err(|e| CosimError::Io("fstat shm", e.into()))?.st_size as usize;
         if shm_len < 4096 {
-            return Err(CosimError::Protocol(format!("shared memory of {shm_len} bytes has no register page")));
+            return Err(CosimError::Protocol(format!(
+                "shared memory of {shm_len} bytes has no register page"
+            )));
         }
         let shm = Mapping::new(&shm_fd, shm_len, 0).map_err(io_err("mapping shared memory"))?;
         let word = |off: usize| shm.u32_at(info::OFFSET + off).map(|w| w.load(Ordering::Acquire));
-        let has_info = word(info::MAGIC_OFF) == Some(info::MAGIC) && word(info::VERSION_OFF) == Some(info::VERSION);
+        let has_info =
+            word(info::MAGIC_OFF) == Some(info::MAGIC) && word(info::VERSION_OFF) == Some(info::VERSION);
         let (vectors, model_id) = if has_info {
             (word(info::VECTORS_OFF).unwrap_or(4), word(info::MODEL_ID_OFF).unwrap_or(0))
         } else {
@@ -256,8 +259,13 @@ impl Cosim {
         }
         stream.set_nonblocking(true).map_err(io_err("socket non-blocking"))?;
 
-        let file = OpenOptions::new().read(true).write(true).open(&window.path).map_err(io_err("opening system memory"))?;
-        let size = usize::try_from(window.size).map_err(|_| CosimError::Protocol("window too large".into()))?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&window.path)
+            .map_err(io_err("opening system memory"))?;
+        let size =
+            usize::try_from(window.size).map_err(|_| CosimError::Protocol("window too large".into()))?;
         if size % PAGE != 0 || window.base % PAGE as u64 != 0 {
             return Err(CosimError::Protocol("system memory window not 4 KiB aligned".into()));
         }
@@ -374,7 +382,8 @@ fn read_window(shm: &Mapping) -> Result<MemWindow, CosimError> {
             shm.u32_at(o & !3).map_or(0, |w| (w.load(Ordering::Acquire) >> ((o & 3) * 8)) as u8)
         })
         .collect();
-    let path = String::from_utf8(bytes).map_err(|_| CosimError::Protocol("info page path is not UTF-8".into()))?;
+    let path =
+        String::from_utf8(bytes).map_err(|_| CosimError::Protocol("info page path is not UTF-8".into()))?;
     Ok(MemWindow {
         path: PathBuf::from(path),
         file_offset: d(info::MEM_FILE_OFFSET_OFF),
@@ -499,9 +508,11 @@ impl DirectIo for Cosim {
             regs::IRQ_STATUS => {
                 r.fetch_and(!value, Ordering::AcqRel);
             }
-            regs::IRQ_MASK | regs::MMU_CTRL | regs::MMU_ROOT_LO | regs::MMU_ROOT_HI | regs::MMU_INVALIDATE => {
-                r.store(value, Ordering::Release)
-            }
+            regs::IRQ_MASK
+            | regs::MMU_CTRL
+            | regs::MMU_ROOT_LO
+            | regs::MMU_ROOT_HI
+            | regs::MMU_INVALIDATE => r.store(value, Ordering::Release),
             _ => match engine_reg(offset) {
                 Some((e, er::DOORBELL)) => return self.ring(e as usize),
                 Some((_, er::RING_BASE_LO | er::RING_BASE_HI | er::RING_SIZE | er::RING_WPTR | er::CTRL)) => {

@@ -21,7 +21,11 @@ fn pattern(i: usize, seed: u32) -> u32 {
 
 /// Copies 8 KiB, fills 4 KiB and writes 4 dwords in one submission on
 /// `queue`, waits for its fence, and checks every dword of the destination.
-pub fn copy_fill_write<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, queue: QueueId, seed: u32) -> Result<(), String> {
+pub fn copy_fill_write<P: DirectIo, const C: usize>(
+    dev: &mut Device<P, C>,
+    queue: QueueId,
+    seed: u32,
+) -> Result<(), String> {
     let mut src = dev.alloc_buffer(16384).map_err(|e| format!("alloc src: {e:?}"))?;
     let mut dst = dev.alloc_buffer(16384).map_err(|e| format!("alloc dst: {e:?}"))?;
     for (i, w) in src.words_mut().iter_mut().enumerate() {
@@ -53,7 +57,10 @@ pub fn copy_fill_write<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, queu
         };
         let got = dst.read_u32(i).ok_or("read out of range")?;
         if got != want {
-            return Err(format!("queue {}: dword {i} of the destination is {got:#x}, expected {want:#x}", queue.0));
+            return Err(format!(
+                "queue {}: dword {i} of the destination is {got:#x}, expected {want:#x}",
+                queue.0
+            ));
         }
     }
     dev.free_buffer(src);
@@ -63,7 +70,11 @@ pub fn copy_fill_write<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, queu
 
 /// Submits `n` WRITE_DATA submissions to `queue`, waits for the last, and
 /// checks every earlier fence reads as signalled and every value landed.
-pub fn fences_in_order<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, queue: QueueId, n: u32) -> Result<(), String> {
+pub fn fences_in_order<P: DirectIo, const C: usize>(
+    dev: &mut Device<P, C>,
+    queue: QueueId,
+    n: u32,
+) -> Result<(), String> {
     let buf = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e:?}"))?;
     let va = buf.va();
     let mut fences = Vec::new();
@@ -103,8 +114,11 @@ pub fn cross_queue<P: DirectIo, const C: usize>(dev: &mut Device<P, C>) -> Resul
     }
     dev.flush(&a);
     let (va, vm, vd) = (a.va(), mid.va(), dst.va());
-    let f1 = dev.submit(QueueId(2), &[], |cb| cb.copy(va, vm, 4096)).map_err(|e| format!("submit copy: {e:?}"))?;
-    let f2 = dev.submit(QueueId(0), &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(|e| format!("submit gfx: {e:?}"))?;
+    let f1 =
+        dev.submit(QueueId(2), &[], |cb| cb.copy(va, vm, 4096)).map_err(|e| format!("submit copy: {e:?}"))?;
+    let f2 = dev
+        .submit(QueueId(0), &[f1], |cb| cb.copy(vm, vd, 4096))
+        .map_err(|e| format!("submit gfx: {e:?}"))?;
     dev.wait(f2, WAIT_GUARD_NS).map_err(|e| format!("wait {f2}: {e:?}"))?;
     dev.invalidate(&dst);
     for i in 0..1024 {

@@ -9,8 +9,13 @@ use umd_core::platform::DirectIo;
 use umd_core::sync::QueueId;
 
 fn platform(generation: Generation) -> InProcess {
-    InProcess::new(ModelConfig { generation, mem_base: 0x4000_0000, mem_size: 32 << 20, ..Default::default() })
-        .expect("model")
+    InProcess::new(ModelConfig {
+        generation,
+        mem_base: 0x4000_0000,
+        mem_size: 32 << 20,
+        ..Default::default()
+    })
+    .expect("model")
 }
 
 fn device(generation: Generation, use_irq: bool) -> Device<InProcess> {

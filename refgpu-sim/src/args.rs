@@ -203,7 +203,8 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Options, Ar
             None => it.next().ok_or(ArgError::MissingValue(opt))?,
         };
         let size = |why| parse_size(&v).ok_or_else(|| invalid(opt, &v, why));
-        let dur = || parse_duration(&v).ok_or_else(|| invalid(opt, &v, "a duration with a unit: ns, us, ms, s"));
+        let dur =
+            || parse_duration(&v).ok_or_else(|| invalid(opt, &v, "a duration with a unit: ns, us, ms, s"));
         match opt {
             "--socket" => socket = Some(PathBuf::from(&v)),
             "--mem-file" => mem_file = Some(PathBuf::from(&v)),
@@ -253,13 +254,21 @@ pub fn validate(o: &Options) -> Result<(), ArgError> {
         return Err(invalid("--shm-size", &show(o.shm_size), "a power of two of at least 8 KiB"));
     }
     if !(crate::proto::MIN_VECTORS..=64).contains(&o.vectors) {
-        return Err(invalid("--vectors", &o.vectors.to_string(), "4 ..= 64 (3 engines and the control doorbell)"));
+        return Err(invalid(
+            "--vectors",
+            &o.vectors.to_string(),
+            "4 ..= 64 (3 engines and the control doorbell)",
+        ));
     }
     if o.mem_size == 0 || o.mem_size % 4096 != 0 {
         return Err(invalid("--mem-size", &show(o.mem_size), "a non-zero multiple of 4 KiB"));
     }
     if o.mem_base % 4096 != 0 || o.mem_base.checked_add(o.mem_size).is_none_or(|e| e > 1 << 48) {
-        return Err(invalid("--mem-base", &show(o.mem_base), "4 KiB aligned, window ending at or below 2^48"));
+        return Err(invalid(
+            "--mem-base",
+            &show(o.mem_base),
+            "4 KiB aligned, window ending at or below 2^48",
+        ));
     }
     if o.mem_file_offset % 4096 != 0 {
         return Err(invalid("--mem-file-offset", &show(o.mem_file_offset), "a multiple of 4 KiB"));

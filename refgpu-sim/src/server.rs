@@ -158,8 +158,10 @@ impl Server {
                 opts.mem_file.display()
             )));
         }
-        let mem_size = usize::try_from(opts.mem_size).map_err(|_| ServerError::Config("--mem-size too large".into()))?;
-        let mem = Mapping::new(&file, mem_size, opts.mem_file_offset).map_err(io_err("mapping --mem-file"))?;
+        let mem_size =
+            usize::try_from(opts.mem_size).map_err(|_| ServerError::Config("--mem-size too large".into()))?;
+        let mem =
+            Mapping::new(&file, mem_size, opts.mem_file_offset).map_err(io_err("mapping --mem-file"))?;
         let mem_path = std::fs::canonicalize(&opts.mem_file).map_err(io_err("resolving --mem-file"))?;
         let path_bytes = mem_path.to_string_lossy().into_owned().into_bytes();
         if path_bytes.len() > info::PATH_MAX {
@@ -182,8 +184,10 @@ impl Server {
         shm.write_bytes(base + info::PATH_OFF, &path_bytes);
         shm.u32_at(base + info::MAGIC_OFF).store(info::MAGIC, Ordering::Release);
 
-        let model_efds =
-            (0..opts.vectors).map(|_| sys::new_eventfd()).collect::<io::Result<Vec<_>>>().map_err(io_err("eventfd"))?;
+        let model_efds = (0..opts.vectors)
+            .map(|_| sys::new_eventfd())
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(io_err("eventfd"))?;
         let irq = Arc::new(HostIrq { fds: Mutex::new(Vec::new()), raised: AtomicU64::new(0) });
         let cfg = ModelConfig {
             generation: opts.generation,
@@ -200,7 +204,8 @@ impl Server {
         // they are fields of the returned Server declared after `model`, so
         // they outlive it (the model is dropped first). This process touches
         // them only with atomics; the host process may write concurrently.
-        let model = unsafe { Model::new_shared(cfg, shm.ptr(), mem.ptr(), Some(sink)) }.map_err(ServerError::Model)?;
+        let model = unsafe { Model::new_shared(cfg, shm.ptr(), mem.ptr(), Some(sink)) }
+            .map_err(ServerError::Model)?;
 
         let listener = bind(&opts.socket)?;
         log(format_args!(
@@ -357,8 +362,10 @@ impl Server {
         }
         self.model.doorbell(CONTROL_VECTOR);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let busy =
-            || (0..NUM_ENGINES).any(|e| r(regs::engine_base(e) + eng::CTRL).load(Ordering::SeqCst) & regs::CTRL_RESET != 0);
+        let busy = || {
+            (0..NUM_ENGINES)
+                .any(|e| r(regs::engine_base(e) + eng::CTRL).load(Ordering::SeqCst) & regs::CTRL_RESET != 0)
+        };
         while busy() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }

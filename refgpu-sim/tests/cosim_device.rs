@@ -66,9 +66,11 @@ fn registers_doorbells_and_interrupts_without_device() {
     assert_eq!(p.mem_window(), (MEM_BASE, MEM_SIZE as usize));
     assert_eq!(p.read_reg(regs::ID).unwrap(), 0x5247_0100);
     // CLOCK_LO latches CLOCK_HI; the pair moves.
-    let t0 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    let t0 =
+        u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
     std::thread::sleep(std::time::Duration::from_millis(2));
-    let t1 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    let t1 =
+        u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
     assert!(t1 > t0, "clock {t0} -> {t1}");
     // Read-only registers are not writable through the platform.
     p.write_reg(regs::ID, 0).unwrap();

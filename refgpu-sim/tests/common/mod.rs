@@ -119,7 +119,8 @@ pub fn recv(s: &UnixStream) -> Option<(i64, Option<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut control = RecvAncillaryBuffer::new(&mut space);
     let mut iov = [IoSliceMut::new(&mut buf)];
-    let r = recvmsg(s, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL).expect("recvmsg");
+    let r =
+        recvmsg(s, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC | RecvFlags::WAITALL).expect("recvmsg");
     let mut fds: Vec<OwnedFd> = Vec::new();
     for m in control.drain() {
         if let RecvAncillaryMessage::ScmRights(it) = m {
@@ -210,8 +211,10 @@ impl Map {
     pub fn new(fd: impl AsFd, len: usize, off: u64) -> Map {
         use rustix::mm::{mmap, MapFlags, ProtFlags};
         // SAFETY: a fresh mapping at a kernel-chosen address.
-        let p = unsafe { mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, off) }
-            .expect("mmap");
+        let p = unsafe {
+            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, off)
+        }
+        .expect("mmap");
         Map { ptr: NonNull::new(p.cast()).unwrap(), len }
     }
 
