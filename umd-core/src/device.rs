@@ -12,13 +12,13 @@
 
 use core::sync::atomic::{fence as mem_fence, Ordering};
 
-use crate::cmd::{Command, CommandBuffer, CompareOp, EncodeError, Encoder};
+use crate::cmd::{Command, CompareOp, EncodeError, Encoder};
 use crate::config::{Config, PoolExhaustion};
 use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind, TraceRing, Window};
 use crate::gpuvm::{GpuVm, VmError};
 use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId, ProbeError};
-use crate::ibpool::{IbPool, IbPoolStats, PoolSetupError, PoolSource};
+use crate::ibpool::{record_into, IbPool, IbPoolStats, PoolSetupError};
 use crate::mem::Perms;
 use crate::platform::{DirectIo, DmaRegion, IrqWait, PlatformError};
 use crate::queue::{FenceStatus, SubmitError, WaitError};
@@ -186,10 +186,7 @@ impl QueueState {
     }
 }
 
-/// The recorder handed to a submission's closure: a command buffer over
-/// chunks of the IB pool.
-pub type Recorder<'a, 's, 'b, const CHUNKS: usize> =
-    CommandBuffer<'a, PoolSource<'a, 's, CHUNKS, &'b mut dyn FnMut(FenceId) -> Option<Seqno>>>;
+pub use crate::ibpool::Recorder;
 
 /// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
 #[derive(Debug)]
@@ -719,27 +716,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 p.delay_ns(10_000);
             }
         };
-        let source = pool.recorder(
-            pool_mem,
-            queue,
-            cfg.batching,
-            &mut make_room as &mut dyn FnMut(FenceId) -> Option<Seqno>,
-        );
-        let mut cb = CommandBuffer::with_encoder(*enc, source);
-        let recorded = record(&mut cb);
-        let (finished, source) = cb.finish_into_source();
-        let pending = source.finish();
-        let finished = match (recorded, finished) {
-            (Ok(()), Ok(f)) => f,
-            (Err(e), _) | (Ok(()), Err(e)) => {
-                pending.abort();
-                return Err(match e {
-                    EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
-                    EncodeError::Empty => SubmitError::Empty,
-                    e => SubmitError::Encode(e),
-                });
-            }
-        };
+        let (finished, pending) =
+            record_into(pool, pool_mem, *enc, queue, cfg.batching, &mut make_room, record)?;
         if waited {
             stats.pool_waits = stats.pool_waits.saturating_add(1);
         }

@@ -17,8 +17,9 @@
 
 use core::fmt;
 
-use crate::cmd::{Chunk, ChunkSource};
+use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Encoder, Finished};
 use crate::platform::DmaRegion;
+use crate::queue::SubmitError;
 use crate::sync::{FenceId, QueueId, Seqno};
 
 /// The smallest space left in an open chunk worth continuing in (dwords).
@@ -392,6 +393,45 @@ impl<'a, const CHUNKS: usize, F: FnMut(FenceId) -> Option<Seqno>> ChunkSource<'a
             if self.chunk_va(i, base) == gpu_va {
                 self.used_last = Some((i, base.saturating_add(dwords)));
             }
+        }
+    }
+}
+
+/// The recorder a submission's closure gets: a command buffer over chunks
+/// of the IB pool.
+pub type Recorder<'a, 's, 'b, const CHUNKS: usize> =
+    CommandBuffer<'a, PoolSource<'a, 's, CHUNKS, &'b mut dyn FnMut(FenceId) -> Option<Seqno>>>;
+
+/// Runs `record` over chunks of `pool` (memory `region`) for `queue`, and
+/// returns the finished command buffer with its chunks still pending: the
+/// caller commits them once the submission reached the GPU, or aborts.
+/// Shared by both submission modes.
+pub fn record_into<'s, const CHUNKS: usize, R>(
+    pool: &'s mut IbPool<CHUNKS>,
+    region: &mut DmaRegion,
+    enc: Encoder,
+    queue: QueueId,
+    batching: bool,
+    make_room: &mut dyn FnMut(FenceId) -> Option<Seqno>,
+    record: R,
+) -> Result<(Finished, Pending<'s, CHUNKS>), SubmitError>
+where
+    R: for<'a, 'x, 'b> FnOnce(&mut Recorder<'a, 'x, 'b, CHUNKS>) -> Result<(), EncodeError>,
+{
+    let source = pool.recorder(region, queue, batching, make_room);
+    let mut cb = CommandBuffer::with_encoder(enc, source);
+    let recorded = record(&mut cb);
+    let (finished, source) = cb.finish_into_source();
+    let pending = source.finish();
+    match (recorded, finished) {
+        (Ok(()), Ok(f)) => Ok((f, pending)),
+        (Err(e), _) | (Ok(()), Err(e)) => {
+            pending.abort();
+            Err(match e {
+                EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
+                EncodeError::Empty => SubmitError::Empty,
+                e => SubmitError::Encode(e),
+            })
         }
     }
 }

@@ -17,6 +17,7 @@
 //!   pool with fence-gated reuse, and the GPU's view of memory;
 //! - [`sync`]: fences, timelines, cross-queue dependencies;
 //! - [`device`]: a refgpu in direct mode: submit, wait, hang recovery;
+//! - [`kernel`]: the same over a kernel driver (kernel-mediated mode);
 //! - [`queue`]: submission and wait errors;
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
@@ -43,6 +44,7 @@ pub mod device;
 pub mod gpuvm;
 pub mod hw;
 pub mod ibpool;
+pub mod kernel;
 pub mod mem;
 pub mod platform;
 pub mod queue;

@@ -228,6 +228,10 @@ pub struct KernelSync {
 
 /// Kernel-mediated mode: the kernel owns the rings and the page tables.
 pub trait KernelIo: Platform {
+    /// The chip's ID register value, as the kernel driver reports it (a
+    /// DRM driver exposes it through its info ioctl).
+    fn chip_id(&mut self) -> Result<u32, PlatformError>;
+
     /// Binds `len` bytes of `region` at GPU address `va` (the UMD chose
     /// `va`, as libdrm's VA manager does).
     fn bind_va(
@@ -252,6 +256,21 @@ pub trait KernelIo: Platform {
         signal: KernelSync,
     ) -> Result<(), PlatformError>;
 
-    /// The last value `engine`'s timeline reached.
-    fn completed(&mut self, engine: u32) -> Result<u64, PlatformError>;
+    /// The last value `engine`'s timeline reached, or why the kernel
+    /// abandoned its work ([`KernelError`]).
+    fn completed(&mut self, engine: u32) -> Result<u64, KernelError>;
+}
+
+/// How a kernel reports that it gave up on an engine's work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KernelError {
+    /// The kernel reset the engine after a hang; work up to `upto` failed.
+    Reset {
+        /// The last value of the timeline the reset cancelled.
+        upto: u64,
+    },
+    /// The device is gone.
+    DeviceLost,
+    /// Another platform error.
+    Platform(PlatformError),
 }

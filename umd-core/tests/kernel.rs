@@ -1,0 +1,244 @@
+//! Kernel-mediated mode against a fake kernel driver: the core picks VAs
+//! and binds buffers, records IBs, passes wait/signal timeline points to the
+//! kernel, rejects cycles, and turns a kernel reset into failed fences.
+
+mod support;
+
+use support::Fake;
+use umd_core::cmd::Command;
+use umd_core::config::Config;
+use umd_core::decode::Decoder;
+use umd_core::hw::{ChipId, Generation};
+use umd_core::kernel::KernelDevice;
+use umd_core::platform::{DmaRegion, KernelError, KernelIo, KernelSync, Platform, PlatformError};
+use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::sync::{Fence, FenceError, FenceId, QueueId};
+
+struct Job {
+    engine: u32,
+    ib_va: u64,
+    ib_dw: u32,
+    waits: Vec<KernelSync>,
+    signal: KernelSync,
+}
+
+/// A kernel driver: owns "rings" (job lists) and VA bindings; runs jobs
+/// when told, in order per engine, once their waits have signalled.
+struct FakeKernel {
+    mem: Fake,
+    gen: Generation,
+    bindings: Vec<(u64, u64, usize, bool)>,
+    jobs: Vec<Job>,
+    completed: [u64; 3],
+    reset: [Option<u64>; 3],
+}
+
+impl FakeKernel {
+    fn new(gen: Generation) -> FakeKernel {
+        FakeKernel {
+            mem: Fake::new(gen, 4 << 20),
+            gen,
+            bindings: Vec::new(),
+            jobs: Vec::new(),
+            completed: [0; 3],
+            reset: [None; 3],
+        }
+    }
+
+    fn translate(&self, va: u64) -> Option<u64> {
+        self.bindings
+            .iter()
+            .find(|(v, _, len, _)| va >= *v && va < v + *len as u64)
+            .map(|(v, d, _, _)| d + (va - v))
+    }
+
+    /// Runs every runnable job (in order per engine).
+    fn run(&mut self) {
+        for _ in 0..8 {
+            let mut i = 0;
+            while i < self.jobs.len() {
+                let runnable = {
+                    let j = &self.jobs[i];
+                    let first_of_engine = !self.jobs[..i].iter().any(|o| o.engine == j.engine);
+                    first_of_engine && j.waits.iter().all(|w| self.completed[w.engine as usize] >= w.value)
+                };
+                if !runnable {
+                    i += 1;
+                    continue;
+                }
+                let j = self.jobs.remove(i);
+                let base = self.translate(j.ib_va).expect("IB is bound");
+                let bytes: Vec<u8> = (0..j.ib_dw as u64)
+                    .flat_map(|k| self.mem.read_u32(base + 4 * k).unwrap().to_le_bytes())
+                    .collect();
+                for item in Decoder::new(self.gen, &bytes, j.ib_va) {
+                    match item.result.expect("IB decodes").command {
+                        Command::WriteData { dst, data } => {
+                            let d = self.translate(dst).unwrap();
+                            for (k, w) in data.iter().enumerate() {
+                                self.mem.write_u32(d + 4 * k as u64, w);
+                            }
+                        }
+                        Command::Fill { dst, size, value } => {
+                            let d = self.translate(dst).unwrap();
+                            for k in 0..size / 4 {
+                                self.mem.write_u32(d + 4 * k, value);
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                self.completed[j.signal.engine as usize] = j.signal.value;
+            }
+        }
+    }
+}
+
+// SAFETY: memory comes from the fake, whose contract holds; time grows.
+unsafe impl Platform for FakeKernel {
+    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+        self.mem.dma_alloc(len)
+    }
+    fn dma_free(&mut self, r: DmaRegion) {
+        self.mem.dma_free(r)
+    }
+    fn now_ns(&mut self) -> u64 {
+        self.mem.now_ns()
+    }
+    fn delay_ns(&mut self, ns: u64) {
+        self.mem.delay_ns(ns)
+    }
+}
+
+impl KernelIo for FakeKernel {
+    fn chip_id(&mut self) -> Result<u32, PlatformError> {
+        Ok(ChipId { generation: self.gen, revision: 0 }.id_register())
+    }
+    fn bind_va(
+        &mut self,
+        va: u64,
+        region: &DmaRegion,
+        len: usize,
+        writable: bool,
+    ) -> Result<(), PlatformError> {
+        self.bindings.push((va, region.dev_addr(), len, writable));
+        Ok(())
+    }
+    fn unbind_va(&mut self, va: u64, _len: usize) -> Result<(), PlatformError> {
+        self.bindings.retain(|b| b.0 != va);
+        Ok(())
+    }
+    fn submit(
+        &mut self,
+        engine: u32,
+        ib_va: u64,
+        ib_dw: u32,
+        waits: &[KernelSync],
+        signal: KernelSync,
+    ) -> Result<(), PlatformError> {
+        self.jobs.push(Job { engine, ib_va, ib_dw, waits: waits.to_vec(), signal });
+        Ok(())
+    }
+    fn completed(&mut self, engine: u32) -> Result<u64, KernelError> {
+        if let Some(upto) = self.reset[engine as usize].take() {
+            self.completed[engine as usize] = upto;
+            return Err(KernelError::Reset { upto });
+        }
+        Ok(self.completed[engine as usize])
+    }
+}
+
+fn cfg() -> Config {
+    Config { ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
+}
+
+#[test]
+fn submit_wait_and_data_through_the_kernel() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut dev: KernelDevice<FakeKernel, 4> =
+            KernelDevice::new(FakeKernel::new(gen), cfg(), 1 << 32, 1 << 32).map_err(|(e, _)| e).unwrap();
+        assert_eq!(dev.chip().generation, gen);
+        let buf = dev.alloc_buffer(8192).unwrap();
+        assert!(buf.va() >= 1 << 32, "the core chose the VA");
+        let b = buf.va();
+        let f = dev
+            .submit(QueueId(2), &[], |cb| {
+                cb.fill(b, 4096, 0x5555_5555)?;
+                cb.write_data(b + 4096, &[1, 2, 3])
+            })
+            .unwrap();
+        assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
+        dev.platform().run();
+        dev.wait(f, 1_000_000_000).unwrap();
+        assert_eq!(buf.read_u32(100), Some(0x5555_5555));
+        assert_eq!(buf.read_u32(1026), Some(3));
+        dev.free_buffer(buf);
+        let p = dev.shutdown();
+        assert_eq!(p.mem.allocs, 0);
+        assert!(p.bindings.is_empty());
+    }
+}
+
+#[test]
+fn waits_become_kernel_sync_points_and_cycles_are_rejected() {
+    let mut dev: KernelDevice<FakeKernel, 8> =
+        KernelDevice::new(FakeKernel::new(Generation::Gen2), cfg(), 1 << 32, 1 << 32)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+    let compute = dev.submit(QueueId(1), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
+    {
+        let jobs = &dev.platform().jobs;
+        assert_eq!(jobs.len(), 2);
+        assert_eq!(jobs[1].waits, vec![KernelSync { engine: 2, value: 1 }]);
+        assert_eq!(jobs[1].signal, KernelSync { engine: 1, value: 1 });
+    }
+    // Wait-before-signal on COPY:2, then COPY waiting for that: a cycle.
+    let future = Fence { id: FenceId::new(QueueId(2), 2), epoch: 0 };
+    let gfx = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
+    let err = dev.submit(QueueId(2), &[gfx], |cb| cb.timestamp(0x1_0000_0018)).unwrap_err();
+    assert!(matches!(err, SubmitError::Cycle(_)), "{err:?}");
+    assert_eq!(dev.platform().jobs.len(), 3, "the rejected work never reached the kernel");
+    dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0018)).unwrap();
+    dev.platform().run();
+    dev.wait(gfx, 1_000_000_000).unwrap();
+    dev.wait(compute, 1_000_000_000).unwrap();
+}
+
+#[test]
+fn a_kernel_reset_fails_the_cancelled_fences() {
+    let mut dev: KernelDevice<FakeKernel, 4> =
+        KernelDevice::new(FakeKernel::new(Generation::Gen1), cfg(), 1 << 32, 1 << 32)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+    let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
+    dev.platform().jobs.clear();
+    dev.platform().reset[0] = Some(2);
+    assert_eq!(dev.wait(f1, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+    assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
+    assert_eq!(
+        dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x1_0000_0000)),
+        Err(SubmitError::FenceFromResetQueue(f2))
+    );
+    // The queue goes on in a new epoch.
+    let f3 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
+    assert_eq!(f3.epoch, 1);
+    dev.platform().run();
+    dev.wait(f3, 1_000_000_000).unwrap();
+}
+
+#[test]
+fn bad_inputs() {
+    let mut dev: KernelDevice<FakeKernel, 4> =
+        KernelDevice::new(FakeKernel::new(Generation::Gen2), cfg(), 1 << 32, 1 << 32)
+            .map_err(|(e, _)| e)
+            .unwrap();
+    assert_eq!(dev.submit(QueueId(5), &[], |cb| cb.timestamp(0)), Err(SubmitError::UnknownQueue(QueueId(5))));
+    assert_eq!(dev.submit(QueueId(0), &[], |_| Ok(())), Err(SubmitError::Empty));
+    let future = Fence { id: FenceId::new(QueueId(0), 9), epoch: 0 };
+    assert_eq!(dev.wait(future, 1), Err(WaitError::NotSubmitted(future)));
+    let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+    assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
+    assert!(dev.platform().jobs.len() == 1);
+}
