@@ -524,6 +524,24 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         &self.cfg
     }
 
+    /// Changes what recording does when every IB chunk is in flight (a
+    /// runtime tunable; the other `Config` fields are fixed at `new`).
+    pub fn set_pool_exhaustion(&mut self, policy: PoolExhaustion) {
+        self.cfg.pool_exhaustion = policy;
+    }
+
+    /// Changes the hang-check parameters (a runtime tunable).
+    pub fn set_hang_config(&mut self, hang: crate::config::HangConfig) {
+        if hang.window_ns > 0 {
+            self.cfg.hang = hang;
+        }
+    }
+
+    /// Whether GPU addresses go through the MMU (false: bypass).
+    pub fn mmu_enabled(&self) -> bool {
+        self.vm.root().is_some()
+    }
+
     /// The platform (for platform-specific calls).
     pub fn platform(&mut self) -> &mut P {
         &mut self.p
@@ -665,6 +683,9 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 n = n.saturating_add(1);
             }
         }
+        if n > 0 {
+            self.wait_for_dep_space(queue)?;
+        }
         let seqno = self.queues.get(qi).map(|q| q.emitted.next()).ok_or(SubmitError::UnknownQueue(queue))?;
         let queues = &self.queues;
         self.deps
@@ -677,10 +698,29 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 DepError::Full { queue } => SubmitError::TooManyPending(queue),
                 DepError::UnknownQueue { queue } => SubmitError::UnknownQueue(queue),
             })?;
-        if self.deps.tracked(queue) >= PENDING_WAITS && n > 0 {
-            return Err(SubmitError::TooManyPending(queue));
-        }
         Ok((qi, seqno, ids, n))
+    }
+
+    /// The dependency table of `queue` is a fixed size: when it is full,
+    /// wait (servicing the device) for its oldest entry to retire, up to
+    /// the hang window, like a full ring.
+    fn wait_for_dep_space(&mut self, queue: QueueId) -> Result<(), SubmitError> {
+        let start = self.p.now_ns();
+        while self.deps.tracked(queue) >= PENDING_WAITS {
+            self.refresh_all();
+            if self.deps.tracked(queue) < PENDING_WAITS {
+                break;
+            }
+            if self.lost {
+                return Err(SubmitError::DeviceLost);
+            }
+            if self.p.now_ns().saturating_sub(start) > self.cfg.hang.window_ns {
+                return Err(SubmitError::TooManyPending(queue));
+            }
+            self.service();
+            self.p.delay_ns(10_000);
+        }
+        Ok(())
     }
 
     /// Records commands with `record` and submits them to `queue` after

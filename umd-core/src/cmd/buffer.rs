@@ -191,14 +191,17 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         let here = va.wrapping_add((self.pos as u64).wrapping_mul(4));
         let need = self.enc.placement(cmd, here)?.total();
         if self.pos.saturating_add(need) > usable {
-            // Would it fit a fresh chunk at all? Chunks start IB-aligned,
-            // which every generation makes at least packet-aligned (checked
-            // by the `descriptions_are_consistent` test), so no padding.
-            let fresh = self.enc.placement(cmd, 0)?.total();
-            if fresh > usable {
-                return Err(EncodeError::PacketTooLargeForChunk { needed: fresh, capacity: usable });
-            }
+            // Move to a fresh chunk (which may be larger than what was left
+            // of this one, e.g. a batched chunk resumed part-way), and only
+            // then decide whether the packet can fit a chunk at all. Chunks
+            // start IB-aligned, which every generation makes packet-aligned
+            // (the `descriptions_are_consistent` test), so no padding there.
             self.chain_to_next()?;
+            let fresh = self.enc.placement(cmd, 0)?.total();
+            let capacity = self.cur.as_ref().map_or(0, |c| self.usable(c));
+            if fresh > capacity {
+                return Err(EncodeError::PacketTooLargeForChunk { needed: fresh, capacity });
+            }
         }
         let Some(cur) = self.cur.as_mut() else {
             return Err(EncodeError::ChunkUnavailable);
