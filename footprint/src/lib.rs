@@ -156,3 +156,22 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     let _ = dev.service();
     u32::from(ok)
 }
+
+/// Runs the whole conformance suite on the board platform; returns the
+/// number of scenarios that did not pass (built with `with-conformance`).
+#[cfg(feature = "with-conformance")]
+#[no_mangle]
+pub extern "C" fn umd_fp_conformance() -> u32 {
+    use conformance::{run_all, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+    use umd_core::device::Device;
+    let Ok(mut dev) = Device::<board::Board, SUITE_CHUNKS>::new(board::Board, SUITE_CONFIG, SUITE_MMU) else {
+        return u32::MAX;
+    };
+    let mut bad = 0u32;
+    run_all(&mut dev, |r| {
+        if r.outcome != Outcome::Pass {
+            bad = bad.saturating_add(1);
+        }
+    });
+    bad
+}
