@@ -68,9 +68,14 @@ fn registers_doorbells_and_interrupts_without_device() {
     // CLOCK_LO latches CLOCK_HI; the pair moves.
     let t0 =
         u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
-    std::thread::sleep(std::time::Duration::from_millis(2));
-    let t1 =
-        u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    // The server publishes the clock periodically; on a loaded machine the
+    // next update may take a while (10 s is a failure guard, not a bound).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut t1 = t0;
+    while t1 <= t0 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        t1 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+    }
     assert!(t1 > t0, "clock {t0} -> {t1}");
     // Read-only registers are not writable through the platform.
     p.write_reg(regs::ID, 0).unwrap();
