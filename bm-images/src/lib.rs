@@ -1,0 +1,22 @@
+//! Bare-metal aarch64 images for QEMU's `virt` machine, and the scenarios
+//! they run (shared so every image reports results the same way).
+//!
+//! The binaries (`src/bin/*.rs`) need the `image` feature and build only
+//! for `aarch64-unknown-none`; `qemu-tests` builds them with
+//! `cargo build --release --target aarch64-unknown-none --features image
+//! -p bm-images` and boots them. On the host only this library builds.
+//!
+//! Output protocol (parsed by `qemu-tests`): one line per fact, each
+//! starting with `@@ `:
+//!
+//! - `@@ BOOT <image> mode=<polling|msi>`
+//! - `@@ DEVICE gen=<n> rev=<n>`
+//! - `@@ RESULT <scenario> PASS` / `@@ RESULT <scenario> FAIL <why>` /
+//!   `@@ RESULT <scenario> SKIP <why>`
+//! - `@@ FATAL <why>` (bring-up failed), `@@ EXCEPTION ...`, `@@ PANIC ...`
+//! - `@@ DONE passed=<n> failed=<n>` then the semihosting exit status
+//!   (0 all passed, 1 a scenario failed, 2 bring-up failed, 3 CPU
+//!   exception, 101 panic).
+#![no_std]
+
+pub mod smoke;

@@ -1,0 +1,190 @@
+//! Board bring-up on `virt`: PCI ECAM access, finding and setting up the
+//! ivshmem-doorbell device, and the [`Hal`] the GPU transport runs on.
+
+use core::ptr::NonNull;
+
+use umd_core::platform::IrqWait;
+
+use crate::carveout::CarveOut;
+use crate::ivshmem::{self, Hal, IvshmemGpu};
+use crate::map;
+use crate::pci::{self, Bar, BarError, BarWindow, Bdf, ConfigSpace};
+
+/// Configuration space through the ECAM window.
+#[derive(Debug)]
+pub struct Ecam;
+
+impl Ecam {
+    fn ptr(bdf: Bdf, offset: u16) -> *mut u32 {
+        (map::ECAM + bdf.ecam_offset() + usize::from(offset & 0xffc)) as *mut u32
+    }
+}
+
+impl ConfigSpace for Ecam {
+    fn read(&mut self, bdf: Bdf, offset: u16) -> u32 {
+        // SAFETY: the ECAM window is mapped as Device memory (GiB 256 of the
+        // identity map); a dword inside a function's 4 KiB is a valid
+        // configuration read (absent functions read all-ones).
+        unsafe { Self::ptr(bdf, offset).read_volatile() }
+    }
+
+    fn write(&mut self, bdf: Bdf, offset: u16, value: u32) {
+        // SAFETY: as in `read`; configuration writes only affect the device.
+        unsafe { Self::ptr(bdf, offset).write_volatile(value) }
+    }
+}
+
+/// How GPU waits learn that the device is done.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IrqMode {
+    /// The core polls fences (no interrupts).
+    Polling,
+    /// MSI-X through the GICv2m frame; `wait_irq` sleeps in `wfi`.
+    Msi,
+}
+
+/// The CPU half of the GPU transport on `virt`.
+#[derive(Debug)]
+pub struct VirtHal {
+    mode: IrqMode,
+}
+
+impl Hal for VirtHal {
+    fn now_ns(&mut self) -> u64 {
+        crate::arch::timer::now_ns()
+    }
+
+    fn delay_ns(&mut self, ns: u64) {
+        crate::arch::timer::delay_ns(ns)
+    }
+
+    fn cache_clean(&mut self, addr: usize, len: usize) {
+        crate::arch::cache::clean(addr, len)
+    }
+
+    fn cache_invalidate(&mut self, addr: usize, len: usize) {
+        crate::arch::cache::invalidate(addr, len)
+    }
+
+    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+        match self.mode {
+            IrqMode::Polling => IrqWait::Unsupported,
+            IrqMode::Msi => {
+                let _ = timeout_ns;
+                IrqWait::Unsupported
+            }
+        }
+    }
+}
+
+/// Called by the IRQ vector.
+pub fn handle_irq() {}
+
+/// Why bring-up failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoardError {
+    /// No ivshmem device on bus 0 (QEMU started without `-device
+    /// ivshmem-doorbell`?).
+    NoIvshmem,
+    /// BAR assignment failed.
+    Bars(BarError),
+    /// BAR2 (shared memory) is too small for the register and info pages.
+    SmallShm(u64),
+    /// The model does not see the carve-out: its memory window (from the
+    /// info page) does not contain it (QEMU `-m` or `--mem-size` too small).
+    CarveOutOutsideModel {
+        /// Model memory base.
+        base: u64,
+        /// Model memory size.
+        size: u64,
+    },
+    /// The shared memory has no refgpu-sim info page (another server?).
+    NoInfoPage,
+}
+
+impl core::fmt::Display for BoardError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            BoardError::NoIvshmem => write!(f, "no ivshmem device (1af4:1110) on PCI bus 0"),
+            BoardError::Bars(e) => write!(f, "BAR assignment: {e}"),
+            BoardError::SmallShm(s) => write!(f, "ivshmem shared memory is {s:#x} bytes, need >= 8 KiB"),
+            BoardError::CarveOutOutsideModel { base, size } => write!(
+                f,
+                "the model's memory [{base:#x}, +{size:#x}) does not contain the GPU carve-out [{:#x}, +{:#x})",
+                map::CARVEOUT,
+                map::CARVEOUT_SIZE
+            ),
+            BoardError::NoInfoPage => write!(f, "no refgpu-sim info page in the shared memory"),
+        }
+    }
+}
+
+/// The GPU found on the bus, set up and wrapped for `umd-core`.
+pub struct Gpu {
+    /// The transport (implements `Platform` + `DirectIo`).
+    pub io: IvshmemGpu<VirtHal>,
+    /// Where the device is.
+    pub bdf: Bdf,
+    /// Its BARs after assignment.
+    pub bars: [Bar; 6],
+}
+
+/// Enumerates PCI, assigns BARs, finds the ivshmem-doorbell device and
+/// wraps it with the RAM carve-out. Call once.
+pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
+    let mut ecam = Ecam;
+    let mut found = None;
+    pci::enumerate_bus0(&mut ecam, |f| {
+        crate::println!(
+            "pci {:02x}:{:02x}.{} {:04x}:{:04x}",
+            f.bdf.bus,
+            f.bdf.dev,
+            f.bdf.func,
+            f.vendor,
+            f.device
+        );
+        if f.vendor == ivshmem::VENDOR_ID && f.device == ivshmem::DEVICE_ID && found.is_none() {
+            found = Some(f.bdf);
+        }
+    });
+    let bdf = found.ok_or(BoardError::NoIvshmem)?;
+    let mut window = BarWindow::new(map::PCI_MMIO, map::PCI_MMIO_LEN);
+    let bars = pci::assign_bars(&mut ecam, bdf, &mut window).map_err(BoardError::Bars)?;
+    for (i, b) in bars.iter().enumerate().filter(|(_, b)| b.size != 0) {
+        crate::println!(
+            "  BAR{i} {:#x} size {:#x}{}",
+            b.addr,
+            b.size,
+            if b.is_64 { " (64-bit)" } else { "" }
+        );
+    }
+    if bars[2].size < 0x2000 {
+        return Err(BoardError::SmallShm(bars[2].size));
+    }
+    let (Some(bar0), Some(shm)) =
+        (NonNull::new(bars[0].addr as *mut u32), NonNull::new(bars[2].addr as *mut u32))
+    else {
+        return Err(BoardError::NoIvshmem);
+    };
+    let carve = CarveOut::new(map::CARVEOUT, map::CARVEOUT as u64, map::CARVEOUT_SIZE)
+        .ok_or(BoardError::NoIvshmem)?;
+    // SAFETY: BAR0 and BAR2 were just assigned inside the PCI MMIO window,
+    // which the identity map covers as Device memory; nothing else uses
+    // them. The carve-out is RAM above the image (`map`), used by nothing
+    // else, and the model reaches it at the same physical addresses (the
+    // RAM file is mapped at 0x4000_0000; checked against the info page).
+    let io = unsafe { IvshmemGpu::new(bar0, shm, carve, VirtHal { mode }) };
+    let (base, size) = io.model_memory().ok_or(BoardError::NoInfoPage)?;
+    let (lo, hi) = (map::CARVEOUT as u64, (map::CARVEOUT + map::CARVEOUT_SIZE) as u64);
+    if lo < base || hi > base.saturating_add(size) {
+        return Err(BoardError::CarveOutOutsideModel { base, size });
+    }
+    crate::println!(
+        "ivshmem at {:02x}.{}: peer {} model peer {}",
+        bdf.dev,
+        bdf.func,
+        io.peer_id(),
+        io.model_peer()
+    );
+    Ok(Gpu { io, bdf, bars })
+}

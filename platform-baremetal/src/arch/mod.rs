@@ -1,0 +1,37 @@
+//! The aarch64 hardware half: boot glue, console, timer, caches,
+//! exceptions, GIC, PCI ECAM access and the board bring-up.
+
+pub mod board;
+pub mod cache;
+pub mod console;
+pub mod exceptions;
+pub mod exit;
+pub mod timer;
+
+pub use aarch64_rt as rt;
+
+// The initial page table: aarch64-rt's entry code loads it and turns the
+// MMU and caches on before the first Rust instruction, so nothing runs with
+// every access Device (where unaligned accesses fault).
+aarch64_rt::initial_pagetable!(aarch64_rt::InitialPagetable(crate::map::idmap()), crate::map::MAIR);
+
+/// Declares the image's entry point: `$main` is `fn() -> !`, called at EL1
+/// with the MMU, caches and FP/SIMD on and the exception vectors set. Also
+/// provides the panic handler (prints the message, exits with status 101).
+#[macro_export]
+macro_rules! image_main {
+    ($main:path) => {
+        fn __image_main(_x0: u64, _x1: u64, _x2: u64, _x3: u64) -> ! {
+            $crate::arch::console::init();
+            $main()
+        }
+        $crate::arch::rt::entry!(__image_main, 256);
+
+        #[panic_handler]
+        fn __panic(info: &core::panic::PanicInfo) -> ! {
+            $crate::arch::console::force_unlock();
+            $crate::println!("@@ PANIC {}", info);
+            $crate::arch::exit::exit(101)
+        }
+    };
+}

@@ -1,0 +1,452 @@
+//! The refgpu over QEMU's `ivshmem-doorbell` device (`docs/refgpu.md` 2.3),
+//! as a [`Platform`] + [`DirectIo`] for `umd-core`.
+//!
+//! | call | what happens |
+//! | --- | --- |
+//! | `read_reg` | 32-bit atomic load from the register page (BAR2 offset 0); CLOCK_LO reads HI, LO, HI until HI is stable and latches HI for the next CLOCK_HI read; DOORBELL reads 0 |
+//! | `write_reg` | 32-bit atomic store to the RW registers; IRQ_STATUS (write-1-to-clear for the core) becomes an atomic AND of the complement; a DOORBELL write rings that engine's vector; writes to read-only registers are dropped (on a plain shared page they would clobber the model's state) |
+//! | `doorbell(e)` | BAR0 offset 12 ← `(model_peer << 16) \| e` |
+//! | `control_doorbell` | the same with vector 3 |
+//! | `dma_alloc/free` | pages of the RAM carve-out ([`CarveOut`]), zeroed and cleaned to memory |
+//! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc ivac` by line, the generic timer, `wfi` on the GICv2m MSI) |
+//!
+//! Device loss: the model publishes CLOCK every 100 µs while it lives. When
+//! the core sits in `delay_ns` or `wait_irq` (its wait loop), the transport
+//! checks that CLOCK moved; a CLOCK frozen for [`IvshmemGpu::loss_window_ns`]
+//! marks the device lost, and every register call from then on fails with
+//! [`PlatformError::DeviceLost`] (the core turns that into failed fences).
+//!
+//! The type is portable: the hardware half is the [`Hal`] and two raw
+//! pointers, so host tests drive it over an ordinary page.
+
+use core::ptr::NonNull;
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use umd_core::hw::regs::{self, engine as er};
+use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+
+use crate::carveout::CarveOut;
+
+/// PCI IDs of QEMU's ivshmem device.
+pub const VENDOR_ID: u16 = 0x1af4;
+/// Device ID (ivshmem-plain and ivshmem-doorbell share it).
+pub const DEVICE_ID: u16 = 0x1110;
+
+/// BAR0 register offsets.
+pub mod bar0 {
+    /// Interrupt mask (INTx mode only).
+    pub const INTR_MASK: usize = 0x00;
+    /// Interrupt status (INTx mode only).
+    pub const INTR_STATUS: usize = 0x04;
+    /// Our peer id (read-only).
+    pub const IV_POSITION: usize = 0x08;
+    /// Doorbell: write `(peer << 16) | vector`.
+    pub const DOORBELL: usize = 0x0C;
+}
+
+/// The binding info page `refgpu-sim` writes at offset 0x1000 of the
+/// shared memory (mirrors `refgpu_sim::proto::info`).
+pub mod info {
+    /// Offset of the page in the shared memory.
+    pub const OFFSET: usize = 0x1000;
+    /// u32 magic "RGSI".
+    pub const MAGIC: u32 = u32::from_le_bytes(*b"RGSI");
+    /// u32: eventfds (vectors) per peer.
+    pub const VECTORS_OFF: usize = 0x08;
+    /// u32: the model's peer id.
+    pub const MODEL_ID_OFF: usize = 0x0C;
+    /// u64: physical base of system memory the model sees.
+    pub const MEM_BASE_OFF: usize = 0x10;
+    /// u64: size of that memory.
+    pub const MEM_SIZE_OFF: usize = 0x18;
+}
+
+/// What the transport needs from the CPU and board.
+pub trait Hal {
+    /// Monotonic nanoseconds.
+    fn now_ns(&mut self) -> u64;
+    /// Waits at least `ns`.
+    fn delay_ns(&mut self, ns: u64);
+    /// Cleans the data cache over `[addr, addr + len)` to the point of
+    /// coherency (CPU writes become visible to the device).
+    fn cache_clean(&mut self, addr: usize, len: usize);
+    /// Invalidates the data cache over `[addr, addr + len)` (device writes
+    /// become visible to the CPU).
+    fn cache_invalidate(&mut self, addr: usize, len: usize);
+    /// Waits for a device interrupt (MSI-X) for at most `timeout_ns`.
+    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+        let _ = timeout_ns;
+        IrqWait::Unsupported
+    }
+}
+
+/// The refgpu behind an ivshmem-doorbell device.
+pub struct IvshmemGpu<H: Hal> {
+    bar0: NonNull<u32>,
+    page: NonNull<AtomicU32>,
+    model_peer: u32,
+    carve: CarveOut,
+    hal: H,
+    clock_hi: u32,
+    lost: bool,
+    last_clock: u64,
+    last_clock_seen_ns: u64,
+    /// How long CLOCK may stay frozen before the device counts as lost.
+    pub loss_window_ns: u64,
+}
+
+/// Default for [`IvshmemGpu::loss_window_ns`]: 2 s (a failure guard).
+pub const LOSS_WINDOW_NS: u64 = 2_000_000_000;
+
+impl<H: Hal> IvshmemGpu<H> {
+    /// Wraps an ivshmem-doorbell device whose BAR0 registers are at `bar0`
+    /// and whose shared memory (register page, then the info page) is at
+    /// `shm`. The model's peer id comes from the info page when present
+    /// (else 0).
+    ///
+    /// # Safety
+    /// `bar0` must map the device's BAR0 (16 bytes at least) and `shm` its
+    /// BAR2 (8 KiB at least), both valid for the life of the value and
+    /// used by nothing else; the carve-out's pages must be memory the
+    /// device reaches at the carve-out's device addresses and that nothing
+    /// else uses.
+    pub unsafe fn new(bar0: NonNull<u32>, shm: NonNull<u32>, carve: CarveOut, hal: H) -> IvshmemGpu<H> {
+        let mut g = IvshmemGpu {
+            bar0,
+            page: shm.cast(),
+            model_peer: 0,
+            carve,
+            hal,
+            clock_hi: 0,
+            lost: false,
+            last_clock: 0,
+            last_clock_seen_ns: 0,
+            loss_window_ns: LOSS_WINDOW_NS,
+        };
+        if g.shm_word(info::OFFSET) == info::MAGIC {
+            g.model_peer = g.shm_word(info::OFFSET + info::MODEL_ID_OFF) & 0xffff;
+        }
+        g.last_clock_seen_ns = g.hal.now_ns();
+        g
+    }
+
+    fn shm_word(&self, byte_off: usize) -> u32 {
+        // SAFETY: `new`'s contract: the shared memory is at least 8 KiB;
+        // callers pass offsets below that, dword aligned.
+        unsafe { (*self.page.as_ptr().add(byte_off / 4)).load(Ordering::Acquire) }
+    }
+
+    /// Our ivshmem peer id (IVPosition).
+    pub fn peer_id(&self) -> u32 {
+        // SAFETY: BAR0 is mapped (contract of `new`); IVPosition is a
+        // read-only register.
+        unsafe { self.bar0.as_ptr().add(bar0::IV_POSITION / 4).read_volatile() }
+    }
+
+    /// The model's peer id.
+    pub fn model_peer(&self) -> u32 {
+        self.model_peer
+    }
+
+    /// System memory the model sees (base, size), from the info page.
+    pub fn model_memory(&self) -> Option<(u64, u64)> {
+        if self.shm_word(info::OFFSET) != info::MAGIC {
+            return None;
+        }
+        let d = |o| {
+            u64::from(self.shm_word(info::OFFSET + o))
+                | (u64::from(self.shm_word(info::OFFSET + o + 4)) << 32)
+        };
+        Some((d(info::MEM_BASE_OFF), d(info::MEM_SIZE_OFF)))
+    }
+
+    /// Whether the device was found lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost
+    }
+
+    /// The hardware half.
+    pub fn hal(&mut self) -> &mut H {
+        &mut self.hal
+    }
+
+    /// Pages of the carve-out in use.
+    pub fn dma_pages_used(&self) -> usize {
+        self.carve.used_pages()
+    }
+
+    fn reg(&self, off: u32) -> Result<&AtomicU32, PlatformError> {
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
+        }
+        if off >= 4096 || off % 4 != 0 {
+            return Err(PlatformError::Unsupported);
+        }
+        // SAFETY: the offset lies in the 4 KiB register page at the start
+        // of the shared memory (contract of `new`), dword aligned.
+        Ok(unsafe { &*self.page.as_ptr().add(off as usize / 4) })
+    }
+
+    fn ring(&mut self, vector: u32) -> Result<(), PlatformError> {
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
+        }
+        // Make the register-page and ring writes visible before the model
+        // wakes (the doorbell is a Device-memory store).
+        core::sync::atomic::fence(Ordering::SeqCst);
+        // SAFETY: BAR0 is mapped (contract of `new`); DOORBELL is at 12.
+        unsafe {
+            self.bar0.as_ptr().add(bar0::DOORBELL / 4).write_volatile((self.model_peer << 16) | vector)
+        };
+        Ok(())
+    }
+
+    fn raw_clock(&self) -> u64 {
+        let (hi, lo) = (self.shm_word(regs::CLOCK_HI as usize), self.shm_word(regs::CLOCK_LO as usize));
+        (u64::from(hi) << 32) | u64::from(lo)
+    }
+
+    /// Checks the model's heartbeat (CLOCK moving); marks the device lost
+    /// when it stood still for longer than the loss window.
+    pub fn check_heartbeat(&mut self) -> bool {
+        if self.lost {
+            return false;
+        }
+        let now = self.hal.now_ns();
+        let c = self.raw_clock();
+        if c != self.last_clock {
+            self.last_clock = c;
+            self.last_clock_seen_ns = now;
+        } else if now.saturating_sub(self.last_clock_seen_ns) > self.loss_window_ns {
+            self.lost = true;
+        }
+        !self.lost
+    }
+}
+
+/// Splits a register offset into (engine, offset in its block).
+fn engine_reg(off: u32) -> Option<(u32, u32)> {
+    let end = regs::ENGINE_BASE + regs::ENGINE_STRIDE * regs::ENGINES;
+    if !(regs::ENGINE_BASE..end).contains(&off) {
+        return None;
+    }
+    Some(((off - regs::ENGINE_BASE) / regs::ENGINE_STRIDE, (off - regs::ENGINE_BASE) % regs::ENGINE_STRIDE))
+}
+
+// SAFETY: every region comes from the carve-out, which never hands a page
+// out twice; `new`'s contract makes those pages ours and reachable by the
+// device at the carve-out's device addresses; they are zeroed and cleaned
+// before being returned. `now_ns` is the HAL's monotonic clock.
+unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
+    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+        let (cpu, dev) = self.carve.alloc(len).ok_or(PlatformError::OutOfMemory { len })?;
+        let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
+        let p = NonNull::new(cpu as *mut u8).ok_or(PlatformError::OutOfMemory { len })?;
+        // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
+        // anything else (contract of `new`).
+        unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
+        self.hal.cache_clean(cpu, len);
+        // SAFETY: see the impl-level comment.
+        Ok(unsafe { DmaRegion::new(p, dev, len) })
+    }
+
+    fn dma_free(&mut self, region: DmaRegion) {
+        self.carve.free(region.cpu_ptr().as_ptr() as usize, region.len());
+    }
+
+    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+        let len = len.min(region.len().saturating_sub(offset));
+        self.hal.cache_clean(region.cpu_ptr().as_ptr() as usize + offset, len);
+    }
+
+    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+        let len = len.min(region.len().saturating_sub(offset));
+        self.hal.cache_invalidate(region.cpu_ptr().as_ptr() as usize + offset, len);
+    }
+
+    fn now_ns(&mut self) -> u64 {
+        self.hal.now_ns()
+    }
+
+    fn delay_ns(&mut self, ns: u64) {
+        self.hal.delay_ns(ns);
+        self.check_heartbeat();
+    }
+
+    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+        if !self.check_heartbeat() {
+            return IrqWait::Interrupt; // the next register access reports the loss
+        }
+        // Wake at least every 10 ms to look at the heartbeat.
+        let r = self.hal.wait_irq(timeout_ns.min(10_000_000));
+        self.check_heartbeat();
+        match r {
+            IrqWait::TimedOut if timeout_ns > 10_000_000 => IrqWait::Interrupt, // the core re-checks and waits again
+            r => r,
+        }
+    }
+}
+
+impl<H: Hal> DirectIo for IvshmemGpu<H> {
+    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
+        match offset {
+            regs::CLOCK_LO => {
+                let hi = self.reg(regs::CLOCK_HI)?;
+                let lo = self.reg(regs::CLOCK_LO)?;
+                let mut h1 = hi.load(Ordering::Acquire);
+                loop {
+                    let l = lo.load(Ordering::Acquire);
+                    let h2 = hi.load(Ordering::Acquire);
+                    if h1 == h2 {
+                        self.clock_hi = h2;
+                        return Ok(l);
+                    }
+                    h1 = h2;
+                }
+            }
+            regs::CLOCK_HI => {
+                self.reg(offset)?;
+                Ok(self.clock_hi)
+            }
+            _ if engine_reg(offset).is_some_and(|(_, r)| r == er::DOORBELL) => {
+                self.reg(offset)?;
+                Ok(0)
+            }
+            _ => Ok(self.reg(offset)?.load(Ordering::Acquire)),
+        }
+    }
+
+    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
+        let r = self.reg(offset)?;
+        match offset {
+            regs::IRQ_STATUS => {
+                r.fetch_and(!value, Ordering::AcqRel);
+            }
+            regs::IRQ_MASK
+            | regs::MMU_CTRL
+            | regs::MMU_ROOT_LO
+            | regs::MMU_ROOT_HI
+            | regs::MMU_INVALIDATE => r.store(value, Ordering::Release),
+            _ => match engine_reg(offset) {
+                Some((e, er::DOORBELL)) => return self.ring(e),
+                Some((_, er::RING_BASE_LO | er::RING_BASE_HI | er::RING_SIZE | er::RING_WPTR | er::CTRL)) => {
+                    r.store(value, Ordering::Release)
+                }
+                _ => {} // read-only or unlisted: ignored, as on MMIO
+            },
+        }
+        Ok(())
+    }
+
+    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+        if engine >= regs::ENGINES {
+            return Err(PlatformError::Unsupported);
+        }
+        self.ring(engine)
+    }
+
+    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+        self.ring(regs::CONTROL_VECTOR)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::boxed::Box;
+    use std::vec::Vec;
+
+    struct FakeHal {
+        t: u64,
+        cleaned: Vec<(usize, usize)>,
+    }
+
+    impl Hal for FakeHal {
+        fn now_ns(&mut self) -> u64 {
+            self.t
+        }
+        fn delay_ns(&mut self, ns: u64) {
+            self.t += ns;
+        }
+        fn cache_clean(&mut self, addr: usize, len: usize) {
+            self.cleaned.push((addr, len));
+        }
+        fn cache_invalidate(&mut self, _addr: usize, _len: usize) {}
+    }
+
+    #[repr(align(4096))]
+    struct Pages([u32; 4096]);
+
+    fn gpu(shm: &mut Pages, bar0: &mut [u32; 4], dma: &mut Pages) -> IvshmemGpu<FakeHal> {
+        shm.0[info::OFFSET / 4] = info::MAGIC;
+        shm.0[(info::OFFSET + info::MODEL_ID_OFF) / 4] = 7;
+        let base = dma.0.as_mut_ptr() as usize;
+        let carve = CarveOut::new(base, 0x4100_0000, 4 * 4096).unwrap();
+        // SAFETY: all three live for the test, used through `g` only.
+        unsafe {
+            IvshmemGpu::new(
+                NonNull::new(bar0.as_mut_ptr()).unwrap(),
+                NonNull::new(shm.0.as_mut_ptr()).unwrap(),
+                carve,
+                FakeHal { t: 0, cleaned: Vec::new() },
+            )
+        }
+    }
+
+    #[test]
+    fn registers_doorbells_and_irq_status() {
+        let mut shm = Box::new(Pages([0; 4096]));
+        let mut bar0 = [0u32; 4];
+        let mut dma = Box::new(Pages([0; 4096]));
+        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        assert_eq!(g.model_peer(), 7);
+        g.write_reg(regs::IRQ_MASK, 0x707).unwrap();
+        g.write_reg(regs::engine_reg(1, er::RING_WPTR), 0x40).unwrap();
+        g.write_reg(regs::engine_reg(1, er::RING_RPTR), 0x99).unwrap(); // read-only: dropped
+        g.doorbell(2).unwrap();
+        g.control_doorbell().unwrap();
+        g.write_reg(regs::engine_reg(0, er::DOORBELL), 1).unwrap();
+        drop(g);
+        assert_eq!(shm.0[regs::IRQ_MASK as usize / 4], 0x707);
+        assert_eq!(shm.0[regs::engine_reg(1, er::RING_WPTR) as usize / 4], 0x40);
+        assert_eq!(shm.0[regs::engine_reg(1, er::RING_RPTR) as usize / 4], 0);
+        assert_eq!(bar0[3], 7 << 16, "the last ring was engine 0's DOORBELL write");
+        shm.0[regs::IRQ_STATUS as usize / 4] = 0x105;
+        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        g.write_reg(regs::IRQ_STATUS, 0x101).unwrap();
+        drop(g);
+        assert_eq!(shm.0[regs::IRQ_STATUS as usize / 4], 0x004, "atomic AND of the complement");
+    }
+
+    #[test]
+    fn dma_is_zeroed_cleaned_and_freed() {
+        let mut shm = Box::new(Pages([0; 4096]));
+        let mut bar0 = [0u32; 4];
+        let mut dma = Box::new(Pages([0xffff_ffff; 4096]));
+        let base = dma.0.as_ptr() as usize;
+        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        let r = g.dma_alloc(100).unwrap();
+        assert_eq!((r.dev_addr(), r.len()), (0x4100_0000, 4096));
+        assert!(r.words().iter().all(|&w| w == 0));
+        assert_eq!(g.hal().cleaned, [(base, 4096)]);
+        assert!(g.dma_alloc(4 * 4096).is_err());
+        g.dma_free(r);
+        assert_eq!(g.dma_pages_used(), 0);
+    }
+
+    #[test]
+    fn frozen_clock_means_device_lost() {
+        let mut shm = Box::new(Pages([0; 4096]));
+        let mut bar0 = [0u32; 4];
+        let mut dma = Box::new(Pages([0; 4096]));
+        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        // The fake page's CLOCK never moves.
+        for _ in 0..3 {
+            g.delay_ns(LOSS_WINDOW_NS);
+        }
+        assert!(g.is_lost());
+        assert_eq!(g.read_reg(regs::ID), Err(PlatformError::DeviceLost));
+        assert_eq!(g.doorbell(0), Err(PlatformError::DeviceLost));
+    }
+}
