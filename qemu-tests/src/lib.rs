@@ -1,4 +1,478 @@
-//! Host harness that builds the bare-metal images, starts the model and boots
-//! QEMU.
+//! Host harness for the bare-metal images (`bm-images`) under QEMU.
 //!
-//! Not written yet (issue 6).
+//! For one run ([`Run`]) it:
+//!
+//! 1. builds the images once per test process (`cargo build --release
+//!    --target aarch64-unknown-none --features image -p bm-images`) and
+//!    `refgpu-sim`, in their own target directory
+//!    (`$CARGO_TARGET_DIR/qemu-tests` or `target/qemu-tests`) so the nested
+//!    cargo never waits on the outer one's lock;
+//! 2. makes a temporary directory holding the guest RAM file and the
+//!    ivshmem socket, and starts `refgpu-sim --gen N` on them;
+//! 3. boots `qemu-system-aarch64 -M virt,gic-version=2` with that RAM file
+//!    as `memory-backend-file,share=on` and an `ivshmem-doorbell` device on
+//!    the socket, the image as `-kernel`, and the mode (`polling` or `msi`)
+//!    on the semihosting command line;
+//! 4. collects the console, parses the `@@` result lines
+//!    (`bm-images` documents the protocol) and QEMU's exit status (the
+//!    image's semihosting exit code).
+//!
+//! Everything started is owned by guards: QEMU and the model are killed
+//! and reaped, and the temporary directory removed, on every path,
+//! including a panicking test. A run that does not finish within
+//! [`RUN_TIMEOUT`] (a failure guard, not a performance threshold) kills
+//! both and reports the last console and model lines.
+//!
+//! Nothing is installed here: a missing `qemu-system-aarch64` is an error
+//! naming the package and `.ci/install-qemu.sh`, so the tests fail
+//! loudly instead of passing silently.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Failure guard for one QEMU run.
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// The QEMU binary.
+pub const QEMU: &str = "qemu-system-aarch64";
+
+/// What to tell someone without QEMU.
+pub const INSTALL_HINT: &str = "qemu-system-aarch64 was not found on PATH. Install QEMU 10 from Debian \
+     bookworm-backports: run `.ci/install-qemu.sh` (as root: adds bookworm-backports to apt's sources, \
+     then `apt-get install -t bookworm-backports qemu-system-arm`; plain bookworm's 7.2 conflicts with \
+     the preinstalled qemu-utils 10.0).";
+
+/// How the image waits for the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Mode {
+    /// Fences are polled.
+    Polling,
+    /// Fence waits sleep on MSI-X interrupts (GICv2m).
+    Msi,
+}
+
+impl Mode {
+    /// The word on the image's command line.
+    pub fn arg(self) -> &'static str {
+        match self {
+            Mode::Polling => "polling",
+            Mode::Msi => "msi",
+        }
+    }
+}
+
+/// One boot of an image.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Run {
+    /// Image (binary of `bm-images`).
+    pub image: &'static str,
+    /// GPU generation the model runs (`refgpu-sim --gen`).
+    pub generation: u8,
+    /// Wait mode.
+    pub mode: Mode,
+    /// Extra `refgpu-sim` arguments (fault injection).
+    pub sim_args: Vec<String>,
+}
+
+/// A scenario's reported status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Passed.
+    Pass,
+    /// Failed, with the reason printed.
+    Fail(String),
+    /// Cannot run here, with the reason.
+    Skip(String),
+}
+
+/// What a run produced.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// QEMU's exit code (the image's status); None if killed.
+    pub exit_code: Option<i32>,
+    /// Every console line.
+    pub console: Vec<String>,
+    /// The model's log lines.
+    pub model_log: Vec<String>,
+    /// `@@ RESULT` lines in order.
+    pub results: Vec<(String, Status)>,
+    /// Generation from `@@ DEVICE gen=`.
+    pub device_gen: Option<u8>,
+    /// Whether the run hit [`RUN_TIMEOUT`].
+    pub timed_out: bool,
+}
+
+impl Outcome {
+    /// The status of `scenario`, if reported.
+    pub fn status(&self, scenario: &str) -> Option<&Status> {
+        self.results.iter().find(|(n, _)| n == scenario).map(|(_, s)| s)
+    }
+
+    /// The last `n` console and model lines, for failure messages.
+    pub fn tail(&self, n: usize) -> String {
+        let c = &self.console[self.console.len().saturating_sub(n)..];
+        let m = &self.model_log[self.model_log.len().saturating_sub(n)..];
+        format!(
+            "--- last {} console lines ---\n{}\n--- last {} model lines ---\n{}",
+            c.len(),
+            c.join("\n"),
+            m.len(),
+            m.join("\n")
+        )
+    }
+}
+
+/// Why a run could not be made.
+#[derive(Debug)]
+pub enum HarnessError {
+    /// QEMU is not installed.
+    NoQemu,
+    /// Building the images or the model failed.
+    Build(String),
+    /// Starting a process or preparing files failed.
+    Setup(String),
+}
+
+impl fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HarnessError::NoQemu => write!(f, "{INSTALL_HINT}"),
+            HarnessError::Build(s) => write!(f, "build failed: {s}"),
+            HarnessError::Setup(s) => write!(f, "setup failed: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+fn target_dir() -> PathBuf {
+    let base = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| workspace_root().join("target"));
+    base.join("qemu-tests")
+}
+
+/// Whether `qemu-system-aarch64` runs.
+pub fn qemu_available() -> bool {
+    Command::new(QEMU)
+        .arg("--version")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Paths of the built artifacts.
+#[derive(Clone, Debug)]
+pub struct Artifacts {
+    /// Directory of the aarch64 images.
+    pub image_dir: PathBuf,
+    /// The model server.
+    pub sim: PathBuf,
+}
+
+fn cargo(args: &[&str]) -> Result<(), HarnessError> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .env("CARGO_TARGET_DIR", target_dir())
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .output()
+        .map_err(|e| HarnessError::Build(format!("running cargo: {e}")))?;
+    if !out.status.success() {
+        return Err(HarnessError::Build(format!(
+            "cargo {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the images and the model once per process.
+pub fn artifacts() -> Result<Artifacts, String> {
+    static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            cargo(&[
+                "build",
+                "--release",
+                "--target",
+                "aarch64-unknown-none",
+                "--features",
+                "image",
+                "-p",
+                "bm-images",
+            ])
+            .map_err(|e| e.to_string())?;
+            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"])
+                .map_err(|e| e.to_string())?;
+            let t = target_dir();
+            Ok(Artifacts {
+                image_dir: t.join("aarch64-unknown-none").join("release"),
+                sim: t.join("release").join("refgpu-sim"),
+            })
+        })
+        .clone()
+}
+
+/// A child process killed and reaped when dropped.
+struct Guard {
+    child: Child,
+    name: &'static str,
+    /// SIGTERM first (lets the model remove its socket), then SIGKILL.
+    polite: bool,
+}
+
+impl Guard {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if self.polite {
+            if let Ok(pid) = i32::try_from(self.child.id()) {
+                // SAFETY: kill(2) on our own child's pid; it is not reaped
+                // yet (try_wait saw it running), so the pid is still ours.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = self.name;
+    }
+}
+
+type Lines = Arc<Mutex<Vec<String>>>;
+
+fn collect(r: impl Read + Send + 'static, lines: Lines) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for l in BufReader::new(r).lines() {
+            let Ok(l) = l else { break };
+            if let Ok(mut v) = lines.lock() {
+                v.push(l);
+            }
+        }
+    })
+}
+
+fn snapshot(lines: &Lines) -> Vec<String> {
+    lines.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+/// Guest RAM (QEMU `-m`, the shared file, the model's window).
+pub const RAM_MB: u32 = 128;
+
+/// Boots `run` once and returns what happened.
+pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
+    if !qemu_available() {
+        return Err(HarnessError::NoQemu);
+    }
+    let art = artifacts().map_err(HarnessError::Build)?;
+    let image = art.image_dir.join(run.image);
+    if !image.exists() {
+        return Err(HarnessError::Build(format!("image {} was not built", image.display())));
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("qemu-tests-")
+        .tempdir()
+        .map_err(|e| HarnessError::Setup(format!("temp dir: {e}")))?;
+    let sock = dir.path().join("ivshmem.sock");
+    let ram = dir.path().join("guest-ram");
+    let ram_size = format!("{RAM_MB}M");
+
+    let model_lines: Lines = Arc::default();
+    let mut sim_cmd = Command::new(&art.sim);
+    sim_cmd
+        .arg("--socket")
+        .arg(&sock)
+        .arg("--mem-file")
+        .arg(&ram)
+        .args(["--mem-size", &ram_size, "--gen", &run.generation.to_string(), "--vectors", "4"])
+        .args(&run.sim_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut sim = Guard {
+        child: sim_cmd
+            .spawn()
+            .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?,
+        name: "refgpu-sim",
+        polite: true,
+    };
+    let mut readers = Vec::new();
+    if let Some(o) = sim.child.stdout.take() {
+        readers.push(collect(o, model_lines.clone()));
+    }
+    if let Some(e) = sim.child.stderr.take() {
+        readers.push(collect(e, model_lines.clone()));
+    }
+    // The model creates the RAM file and then listens; wait for the socket.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        if let Ok(Some(st)) = sim.child.try_wait() {
+            return Err(HarnessError::Setup(format!(
+                "refgpu-sim exited ({st}) before listening:\n{}",
+                snapshot(&model_lines).join("\n")
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Setup("refgpu-sim did not create its socket".into()));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+
+    let console: Lines = Arc::default();
+    let mut qemu_cmd = Command::new(QEMU);
+    qemu_cmd
+        .args(["-M", "virt,gic-version=2,memory-backend=mem", "-cpu", "cortex-a53", "-m", &ram_size])
+        .args(["-nographic", "-nic", "none", "-monitor", "none", "-serial", "stdio"])
+        .arg("-semihosting-config")
+        .arg(format!("enable=on,target=native,arg={},arg={}", run.image, run.mode.arg()))
+        .arg("-object")
+        .arg(format!("memory-backend-file,id=mem,size={ram_size},mem-path={},share=on", ram.display()))
+        .arg("-chardev")
+        .arg(format!("socket,path={},id=ivs", sock.display()))
+        .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"])
+        .arg("-kernel")
+        .arg(&image)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut qemu = Guard {
+        child: qemu_cmd.spawn().map_err(|e| HarnessError::Setup(format!("starting {QEMU}: {e}")))?,
+        name: "qemu",
+        polite: false,
+    };
+    if let Some(o) = qemu.child.stdout.take() {
+        readers.push(collect(o, console.clone()));
+    }
+    if let Some(e) = qemu.child.stderr.take() {
+        readers.push(collect(e, console.clone()));
+    }
+
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let mut status: Option<ExitStatus> = None;
+    let mut timed_out = false;
+    loop {
+        match qemu.child.try_wait() {
+            Ok(Some(s)) => {
+                status = Some(s);
+                break;
+            }
+            Ok(None) => {}
+            Err(_) => break,
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    qemu.stop();
+    sim.stop();
+    for r in readers {
+        let _ = r.join();
+    }
+    drop(dir);
+
+    let console = snapshot(&console);
+    let mut out = Outcome {
+        exit_code: status.and_then(|s| s.code()),
+        results: Vec::new(),
+        device_gen: None,
+        console,
+        model_log: snapshot(&model_lines),
+        timed_out,
+    };
+    for l in &out.console {
+        let Some(rest) = l.trim_start().strip_prefix("@@ ") else { continue };
+        if let Some(r) = rest.strip_prefix("RESULT ") {
+            let mut it = r.splitn(3, ' ');
+            let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
+            let st = match st {
+                "PASS" => Status::Pass,
+                "SKIP" => Status::Skip(why.to_string()),
+                _ => Status::Fail(format!("{st} {why}")),
+            };
+            out.results.push((name.to_string(), st));
+        } else if let Some(g) = rest.strip_prefix("DEVICE gen=") {
+            out.device_gen = g.split_whitespace().next().and_then(|n| n.parse().ok());
+        }
+    }
+    Ok(out)
+}
+
+/// Boots each distinct `run` once per test process and shares the outcome
+/// between the tests that look at it.
+pub fn boot_cached(run: &Run) -> Arc<Result<Outcome, String>> {
+    type Cell = Arc<OnceLock<Arc<Result<Outcome, String>>>>;
+    static RUNS: OnceLock<Mutex<HashMap<Run, Cell>>> = OnceLock::new();
+    let cell = {
+        let map = RUNS.get_or_init(Mutex::default);
+        let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(run.clone()).or_default().clone()
+    };
+    cell.get_or_init(|| Arc::new(boot(run).map_err(|e| e.to_string()))).clone()
+}
+
+/// Test body: the scenario must be reported and pass, or the test fails
+/// with the reason and the last lines of the run.
+pub fn check_scenario(run: &Run, scenario: &str) {
+    let out = boot_cached(run);
+    let out = match out.as_ref() {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    };
+    match out.status(scenario) {
+        Some(Status::Pass) => {}
+        Some(Status::Fail(why)) => panic!("{scenario} failed on {run:?}: {why}\n{}", out.tail(30)),
+        Some(Status::Skip(why)) => panic!("{scenario} was skipped on {run:?} ({why}): a skip is not a pass"),
+        None => panic!(
+            "{scenario} was not reported on {run:?} (exit {:?}{})\n{}",
+            out.exit_code,
+            if out.timed_out { ", timed out: QEMU and the model were killed" } else { "" },
+            out.tail(30)
+        ),
+    }
+}
+
+/// Test body: the run as a whole exited 0 on the expected generation.
+pub fn check_run(run: &Run) {
+    let out = boot_cached(run);
+    let out = match out.as_ref() {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    };
+    assert!(!out.timed_out, "run {run:?} timed out; QEMU and the model were killed\n{}", out.tail(30));
+    assert_eq!(out.device_gen, Some(run.generation), "device generation\n{}", out.tail(30));
+    assert_eq!(out.exit_code, Some(0), "QEMU exit status\n{}", out.tail(30));
+}
