@@ -106,6 +106,8 @@ pub struct Outcome {
     pub device_gen: Option<u8>,
     /// Whether the run hit [`RUN_TIMEOUT`].
     pub timed_out: bool,
+    /// MSIs the guest took, from `@@ IRQS msi=`.
+    pub msis: Option<u32>,
 }
 
 impl Outcome {
@@ -412,6 +414,7 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
         console,
         model_log: snapshot(&model_lines),
         timed_out,
+        msis: None,
     };
     for l in &out.console {
         let Some(rest) = l.trim_start().strip_prefix("@@ ") else { continue };
@@ -424,6 +427,8 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
                 _ => Status::Fail(format!("{st} {why}")),
             };
             out.results.push((name.to_string(), st));
+        } else if let Some(m) = rest.strip_prefix("IRQS msi=") {
+            out.msis = m.split_whitespace().next().and_then(|n| n.parse().ok());
         } else if let Some(g) = rest.strip_prefix("DEVICE gen=") {
             out.device_gen = g.split_whitespace().next().and_then(|n| n.parse().ok());
         }
@@ -475,4 +480,13 @@ pub fn check_run(run: &Run) {
     assert!(!out.timed_out, "run {run:?} timed out; QEMU and the model were killed\n{}", out.tail(30));
     assert_eq!(out.device_gen, Some(run.generation), "device generation\n{}", out.tail(30));
     assert_eq!(out.exit_code, Some(0), "QEMU exit status\n{}", out.tail(30));
+    match run.mode {
+        Mode::Msi => assert!(
+            out.msis.is_some_and(|n| n > 0),
+            "MSI mode took no MSI-X interrupt ({:?}): waits did not go through interrupts\n{}",
+            out.msis,
+            out.tail(30)
+        ),
+        Mode::Polling => assert_eq!(out.msis, Some(0), "polling mode took MSIs\n{}", out.tail(30)),
+    }
 }

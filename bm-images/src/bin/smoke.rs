@@ -52,6 +52,11 @@ fn main() -> ! {
     }
     let st = dev.stats();
     println!("stats: {st:?}");
+    println!(
+        "@@ IRQS msi={} total={}",
+        platform_baremetal::arch::irq::MSI_TOTAL.load(core::sync::atomic::Ordering::Relaxed),
+        platform_baremetal::arch::irq::IRQS_TAKEN.load(core::sync::atomic::Ordering::Relaxed)
+    );
     println!("@@ DONE passed={passed} failed={failed}");
     exit::exit(if failed == 0 { 0 } else { 1 })
 }

@@ -69,16 +69,55 @@ impl Hal for VirtHal {
     fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
         match self.mode {
             IrqMode::Polling => IrqWait::Unsupported,
-            IrqMode::Msi => {
-                let _ = timeout_ns;
-                IrqWait::Unsupported
-            }
+            IrqMode::Msi => crate::arch::irq::wait(timeout_ns),
         }
     }
 }
 
 /// Called by the IRQ vector.
-pub fn handle_irq() {}
+pub fn handle_irq() {
+    crate::arch::irq::handle_irq()
+}
+
+/// MSI-X capability ID.
+const CAP_MSIX: u8 = 0x11;
+/// Vectors the device is started with (QEMU `vectors=4`).
+const VECTORS: u32 = 4;
+
+/// Points the device's MSI-X vectors at the GICv2m frame (vector `i` →
+/// SPI `first + i`), unmasks them, enables MSI-X and sets the GIC up.
+fn setup_msix(ecam: &mut Ecam, bdf: Bdf, bars: &[Bar; 6]) -> Result<(), BoardError> {
+    let cap = pci::find_capability(ecam, bdf, CAP_MSIX).ok_or(BoardError::Msi("no MSI-X capability"))?;
+    let ctrl = ecam.read(bdf, cap);
+    let table_size = ((ctrl >> 16) & 0x7ff) + 1;
+    let table = ecam.read(bdf, cap + 4);
+    let bar = bars.get((table & 7) as usize).ok_or(BoardError::Msi("MSI-X table BIR out of range"))?;
+    if bar.size == 0 {
+        return Err(BoardError::Msi("MSI-X table BAR not assigned"));
+    }
+    let base = (bar.addr + u64::from(table & !7)) as *mut u32;
+    let (first, count) = crate::arch::irq::v2m_spis();
+    if count < VECTORS || table_size < VECTORS {
+        return Err(BoardError::Msi("fewer MSI SPIs or MSI-X entries than vectors"));
+    }
+    let doorbell = (map::GICV2M + crate::arch::irq::V2M_MSI_SETSPI_NS) as u64;
+    for i in 0..VECTORS as usize {
+        // SAFETY: entry `i` (16 bytes) of the MSI-X table lies in the BAR
+        // just assigned (table_size > i), mapped as Device memory.
+        unsafe {
+            let e = base.add(4 * i);
+            e.write_volatile(doorbell as u32);
+            e.add(1).write_volatile((doorbell >> 32) as u32);
+            e.add(2).write_volatile(first + i as u32);
+            e.add(3).write_volatile(0); // unmasked
+        }
+    }
+    crate::arch::irq::init(first, VECTORS).map_err(|_| BoardError::Msi("GIC refused to enable an SPI"))?;
+    // Message Control: enable (bit 15), function mask off (bit 14).
+    ecam.write(bdf, cap, (ctrl & !(1 << 30)) | (1 << 31));
+    crate::println!("MSI-X: {VECTORS} vectors -> GICv2m SPIs {first}..{}", first + VECTORS);
+    Ok(())
+}
 
 /// Why bring-up failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -100,6 +139,8 @@ pub enum BoardError {
     },
     /// The shared memory has no refgpu-sim info page (another server?).
     NoInfoPage,
+    /// MSI-X or GIC setup failed.
+    Msi(&'static str),
 }
 
 impl core::fmt::Display for BoardError {
@@ -115,6 +156,7 @@ impl core::fmt::Display for BoardError {
                 map::CARVEOUT_SIZE
             ),
             BoardError::NoInfoPage => write!(f, "no refgpu-sim info page in the shared memory"),
+            BoardError::Msi(why) => write!(f, "MSI-X setup: {why}"),
         }
     }
 }
@@ -178,6 +220,9 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     let (lo, hi) = (map::CARVEOUT as u64, (map::CARVEOUT + map::CARVEOUT_SIZE) as u64);
     if lo < base || hi > base.saturating_add(size) {
         return Err(BoardError::CarveOutOutsideModel { base, size });
+    }
+    if mode == IrqMode::Msi {
+        setup_msix(&mut ecam, bdf, &bars)?;
     }
     crate::println!(
         "ivshmem at {:02x}.{}: peer {} model peer {}",

@@ -6,6 +6,7 @@ pub mod cache;
 pub mod console;
 pub mod exceptions;
 pub mod exit;
+pub mod irq;
 pub mod timer;
 
 pub use aarch64_rt as rt;
