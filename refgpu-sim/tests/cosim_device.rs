@@ -74,7 +74,8 @@ fn registers_doorbells_and_interrupts_without_device() {
     let mut t1 = t0;
     while t1 <= t0 && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
-        t1 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap()) | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
+        t1 = u64::from(p.read_reg(regs::CLOCK_LO).unwrap())
+            | u64::from(p.read_reg(regs::CLOCK_HI).unwrap()) << 32;
     }
     assert!(t1 > t0, "clock {t0} -> {t1}");
     // Read-only registers are not writable through the platform.
