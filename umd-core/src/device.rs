@@ -32,8 +32,9 @@ pub const QUEUES: usize = regs::ENGINES as usize;
 const PENDING_WAITS: usize = 32;
 /// Resets remembered per queue (to answer for fences they cancelled).
 const ERROR_HISTORY: usize = 4;
-/// Events kept by the trace ring.
-pub const TRACE_EVENTS: usize = 1024;
+/// Events kept by the trace ring (~48 bytes each: 12 KiB, kept small for
+/// firmware stacks; the oldest are overwritten and counted).
+pub const TRACE_EVENTS: usize = 256;
 /// Submit timestamps kept per queue (for trace spans).
 const SUBMIT_TIMES: usize = 64;
 /// Fence slot stride: 64 bytes, the strictest generation's alignment.
