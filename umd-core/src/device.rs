@@ -20,7 +20,7 @@ use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId, ProbeError};
 use crate::ibpool::{record_into, IbPool, IbPoolStats, PoolSetupError};
 use crate::mem::Perms;
-use crate::platform::{DirectIo, DmaRegion, IrqWait, PlatformError};
+use crate::platform::{DirectIo, DmaRegion, PlatformError};
 use crate::queue::{FenceStatus, SubmitError, WaitError};
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
 use crate::sync::deps::{DepError, DepGraph, MAX_WAITS};
@@ -906,7 +906,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         let start = self.p.now_ns();
         let qi = usize::from(fence.id.queue.0);
         self.record_trace(TraceKind::WaitBegin, qi, fence.id.seqno, timeout_ns);
-        let r = self.wait_inner(fence, timeout_ns, start);
+        let r = crate::sync::wait::wait_for(self, fence, timeout_ns, start);
         let end = self.p.now_ns();
         self.stats.wait_ns = self.stats.wait_ns.saturating_add(end.saturating_sub(start));
         let code = match r {
@@ -916,42 +916,6 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         };
         self.record_trace(TraceKind::WaitEnd, qi, fence.id.seqno, code);
         r
-    }
-
-    fn wait_inner(&mut self, fence: Fence, timeout_ns: u64, start: u64) -> Result<(), WaitError> {
-        let mut irq_ok = self.cfg.use_irq;
-        // Bounded: every iteration either returns or sleeps/spins, and the
-        // elapsed time grows monotonically towards the timeout.
-        loop {
-            match self.query(fence)? {
-                FenceStatus::Signalled => return Ok(()),
-                FenceStatus::Failed(e) => return Err(WaitError::Failed(e)),
-                FenceStatus::Pending => {}
-            }
-            let elapsed = self.p.now_ns().saturating_sub(start);
-            if timeout_ns == 0 || elapsed >= timeout_ns {
-                return Err(WaitError::Timeout);
-            }
-            self.service();
-            if let FenceStatus::Failed(e) = self.query(fence)? {
-                return Err(WaitError::Failed(e));
-            }
-            let remaining = timeout_ns.saturating_sub(elapsed);
-            let interval = self.cfg.wait_interval(elapsed);
-            if interval == 0 {
-                crate::sync::atomic::spin_hint();
-                continue;
-            }
-            if irq_ok {
-                // Wake on the interrupt, but come back in time for the hang check.
-                let cap = (self.cfg.hang.window_ns / 4).max(1);
-                match self.p.wait_irq(remaining.min(cap)) {
-                    IrqWait::Unsupported => irq_ok = false,
-                    IrqWait::Interrupt | IrqWait::TimedOut => continue,
-                }
-            }
-            self.p.delay_ns(interval.min(remaining));
-        }
     }
 
     // ----- servicing: interrupts, faults, hangs ---------------------------
@@ -1303,4 +1267,20 @@ fn emit<P: DirectIo>(
         .map_err(|_| SubmitError::DeviceLost)?;
     p.doorbell(e).map_err(|_| SubmitError::DeviceLost)?;
     Ok(written.wrapped)
+}
+
+impl<P: DirectIo, const CHUNKS: usize> crate::sync::wait::Waiter for Device<P, CHUNKS> {
+    type P = P;
+    fn status(&mut self, fence: Fence) -> Result<FenceStatus, WaitError> {
+        self.query(fence)
+    }
+    fn between_checks(&mut self) {
+        self.service();
+    }
+    fn platform(&mut self) -> &mut P {
+        &mut self.p
+    }
+    fn config(&self) -> &Config {
+        &self.cfg
+    }
 }

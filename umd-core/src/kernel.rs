@@ -14,7 +14,7 @@ use crate::device::{InitError, QUEUES};
 use crate::hw::{probe, ChipId};
 use crate::ibpool::{record_into, IbPool, IbPoolStats, Recorder};
 use crate::mem::{Placement, VaAllocator, VaNode};
-use crate::platform::{DmaRegion, IrqWait, KernelError, KernelIo, KernelSync, PlatformError};
+use crate::platform::{DmaRegion, KernelError, KernelIo, KernelSync, PlatformError};
 use crate::queue::{FenceStatus, SubmitError, WaitError};
 use crate::sync::deps::{DepError, DepGraph, MAX_WAITS};
 use crate::sync::{ErroredRange, Fence, FenceError, FenceId, QueueId, Seqno, Timeline};
@@ -314,31 +314,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
     /// platform has them); 0 is a non-blocking query.
     pub fn wait(&mut self, fence: Fence, timeout_ns: u64) -> Result<(), WaitError> {
         let start = self.p.now_ns();
-        let mut irq = self.cfg.use_irq;
-        loop {
-            match self.query(fence)? {
-                FenceStatus::Signalled => return Ok(()),
-                FenceStatus::Failed(e) => return Err(WaitError::Failed(e)),
-                FenceStatus::Pending => {}
-            }
-            let elapsed = self.p.now_ns().saturating_sub(start);
-            if timeout_ns == 0 || elapsed >= timeout_ns {
-                return Err(WaitError::Timeout);
-            }
-            let remaining = timeout_ns.saturating_sub(elapsed);
-            let interval = self.cfg.wait_interval(elapsed);
-            if interval == 0 {
-                crate::sync::atomic::spin_hint();
-                continue;
-            }
-            if irq {
-                match self.p.wait_irq(remaining) {
-                    IrqWait::Unsupported => irq = false,
-                    IrqWait::Interrupt | IrqWait::TimedOut => continue,
-                }
-            }
-            self.p.delay_ns(interval.min(remaining));
-        }
+        crate::sync::wait::wait_for(self, fence, timeout_ns, start)
     }
 
     /// Unbinds and frees the pool; returns the platform.
@@ -347,5 +323,18 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
         let _ = p.unbind_va(pool_va, pool_mem.len());
         p.dma_free(pool_mem);
         p
+    }
+}
+
+impl<P: KernelIo, const CHUNKS: usize> crate::sync::wait::Waiter for KernelDevice<P, CHUNKS> {
+    type P = P;
+    fn status(&mut self, fence: Fence) -> Result<FenceStatus, WaitError> {
+        self.query(fence)
+    }
+    fn platform(&mut self) -> &mut P {
+        &mut self.p
+    }
+    fn config(&self) -> &Config {
+        &self.cfg
     }
 }

@@ -9,6 +9,7 @@ pub mod deps;
 pub mod fence;
 pub mod seqno;
 pub mod timeline;
+pub(crate) mod wait;
 
 pub use fence::{Access, ErroredRange, FaultInfo, FaultKind, Fence, FenceError};
 pub use seqno::{FenceId, QueueId, Seqno};
