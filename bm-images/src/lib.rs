@@ -19,4 +19,9 @@
 //!   exception, 101 panic).
 #![no_std]
 
+#[cfg(all(target_arch = "aarch64", target_os = "none"))]
+pub mod boot;
 pub mod smoke;
+
+#[cfg(all(target_arch = "aarch64", target_os = "none"))]
+pub use boot::report_line;

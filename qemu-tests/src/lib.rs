@@ -78,6 +78,18 @@ pub struct Run {
     pub mode: Mode,
     /// Extra `refgpu-sim` arguments (fault injection).
     pub sim_args: Vec<String>,
+    /// Extra words on the image's semihosting command line.
+    pub args: Vec<&'static str>,
+    /// Kill `refgpu-sim` (SIGKILL, as a crash) when a console line starts
+    /// with this text: the device-loss test.
+    pub kill_model_on: Option<&'static str>,
+}
+
+impl Run {
+    /// A plain run of `image` on `generation` in `mode`.
+    pub fn new(image: &'static str, generation: u8, mode: Mode) -> Run {
+        Run { image, generation, mode, sim_args: Vec::new(), args: Vec::new(), kill_model_on: None }
+    }
 }
 
 /// A scenario's reported status.
@@ -108,6 +120,13 @@ pub struct Outcome {
     pub timed_out: bool,
     /// MSIs the guest took, from `@@ IRQS msi=`.
     pub msis: Option<u32>,
+    /// Text blocks between `@@ REPORT <name> BEGIN` and `@@ REPORT END`.
+    pub reports: Vec<(String, Vec<String>)>,
+    /// The line between `@@ TRACE BEGIN` and `@@ TRACE END` (the Chrome
+    /// trace JSON), if any.
+    pub trace: Option<String>,
+    /// Whether the harness killed the model ([`Run::kill_model_on`]).
+    pub model_killed: bool,
 }
 
 impl Outcome {
@@ -295,6 +314,12 @@ pub const RAM_MB: u32 = 128;
 
 /// Boots `run` once and returns what happened.
 pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
+    boot_with(run, |_| {})
+}
+
+/// Boots `run` once, handing every console line to `on_line` as it
+/// arrives (the demo streams them), and returns what happened.
+pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, HarnessError> {
     if !qemu_available() {
         return Err(HarnessError::NoQemu);
     }
@@ -358,7 +383,12 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
         .args(["-M", "virt,gic-version=2,memory-backend=mem", "-cpu", "cortex-a53", "-m", &ram_size])
         .args(["-nographic", "-nic", "none", "-monitor", "none", "-serial", "stdio"])
         .arg("-semihosting-config")
-        .arg(format!("enable=on,target=native,arg={},arg={}", run.image, run.mode.arg()))
+        .arg(format!(
+            "enable=on,target=native,arg={},arg={}{}",
+            run.image,
+            run.mode.arg(),
+            run.args.iter().map(|a| format!(",arg={a}")).collect::<String>()
+        ))
         .arg("-object")
         .arg(format!("memory-backend-file,id=mem,size={ram_size},mem-path={},share=on", ram.display()))
         .arg("-chardev")
@@ -384,7 +414,25 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
     let deadline = Instant::now() + RUN_TIMEOUT;
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
+    let mut seen = 0;
+    let mut model_killed = false;
+    let mut pump = |model_killed: &mut bool, sim: &mut Guard| {
+        let new: Vec<String> =
+            console.lock().map(|v| v.get(seen..).unwrap_or(&[]).to_vec()).unwrap_or_default();
+        seen += new.len();
+        for l in &new {
+            on_line(l);
+            if let Some(t) = run.kill_model_on {
+                if !*model_killed && l.trim_start().starts_with(t) {
+                    // SIGKILL: the model crashes, it does not leave politely.
+                    let _ = sim.child.kill();
+                    *model_killed = true;
+                }
+            }
+        }
+    };
     loop {
+        pump(&mut model_killed, &mut sim);
         match qemu.child.try_wait() {
             Ok(Some(s)) => {
                 status = Some(s);
@@ -404,6 +452,7 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
     for r in readers {
         let _ = r.join();
     }
+    pump(&mut model_killed, &mut sim);
     drop(dir);
 
     let console = snapshot(&console);
@@ -415,12 +464,38 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
         model_log: snapshot(&model_lines),
         timed_out,
         msis: None,
+        reports: Vec::new(),
+        trace: None,
+        model_killed,
     };
+    let mut block: Option<(String, Vec<String>)> = None;
+    let mut in_trace = false;
     for l in &out.console {
+        if in_trace {
+            if l.trim() == "@@ TRACE END" {
+                in_trace = false;
+            } else {
+                out.trace.get_or_insert_with(String::new).push_str(l.trim_end());
+            }
+            continue;
+        }
+        if let Some((_, lines)) = block.as_mut() {
+            if l.trim() == "@@ REPORT END" {
+                out.reports.extend(block.take());
+            } else {
+                lines.push(l.clone());
+            }
+            continue;
+        }
         let Some(rest) = l.trim_start().strip_prefix("@@ ") else { continue };
-        if let Some(r) = rest.strip_prefix("RESULT ") {
+        if rest.trim() == "TRACE BEGIN" {
+            in_trace = true;
+        } else if let Some(name) = rest.strip_prefix("REPORT ").and_then(|r| r.strip_suffix(" BEGIN")) {
+            block = Some((name.to_string(), Vec::new()));
+        } else if let Some(r) = rest.strip_prefix("RESULT ") {
             let mut it = r.splitn(3, ' ');
-            let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
+            let (name, st, why) =
+                (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or("").trim());
             let st = match st {
                 "PASS" => Status::Pass,
                 "SKIP" => Status::Skip(why.to_string()),
@@ -447,6 +522,15 @@ pub fn boot_cached(run: &Run) -> Arc<Result<Outcome, String>> {
         m.entry(run.clone()).or_default().clone()
     };
     cell.get_or_init(|| Arc::new(boot(run).map_err(|e| e.to_string()))).clone()
+}
+
+/// The cached outcome of `run`, or a panic with the harness error.
+pub fn outcome(run: &Run) -> Arc<Result<Outcome, String>> {
+    let out = boot_cached(run);
+    if let Err(e) = out.as_ref() {
+        panic!("{e}");
+    }
+    out
 }
 
 /// Test body: the scenario must be reported and pass, or the test fails

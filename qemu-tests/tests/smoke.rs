@@ -4,7 +4,7 @@
 use qemu_tests::{check_run, check_scenario, Mode, Run};
 
 fn run(generation: u8, mode: Mode) -> Run {
-    Run { image: "smoke", generation, mode, sim_args: Vec::new() }
+    Run::new("smoke", generation, mode)
 }
 
 macro_rules! suite {

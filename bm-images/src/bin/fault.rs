@@ -1,0 +1,103 @@
+//! Fault image: failures on purpose, for the fault tests.
+//!
+//! Semihosting command line (after the image name):
+//!
+//! - `cpu`: reads an unmapped address (GiB 4, outside the identity map)
+//!   after printing `@@ FAULT_ADDR <addr>`; the exception handler prints
+//!   the decoded report (class, fault status, FAR, ELR, registers) and
+//!   exits with status 3.
+//! - `device_loss`: submits small jobs on every queue in a loop, waiting
+//!   for each; after a few prints `@@ KILL_MODEL_NOW` (the harness then
+//!   kills `refgpu-sim`). When a submit or wait fails, prints
+//!   `@@ DEVICE_LOST ...` with how long after the last completed fence the
+//!   loss was detected, the report, and exits with status 4.
+//!
+//! Plus `polling` (default) or `msi`.
+#![no_std]
+#![no_main]
+
+use bm_images::boot;
+use platform_baremetal::arch::{exit, timer};
+use platform_baremetal::{image_main, println};
+use umd_core::config::Config;
+use umd_core::device::MmuMode;
+use umd_core::sync::QueueId;
+
+image_main!(main);
+
+/// Exit status when the device was lost (and reported).
+const EXIT_DEVICE_LOST: i32 = 4;
+
+/// Unmapped: the identity map covers GiB 0, 1 and 256 only.
+const UNMAPPED: usize = 0x1_0000_0040;
+
+fn main() -> ! {
+    if boot::has_arg("cpu") {
+        println!("@@ BOOT fault mode={}", boot::mode_name(boot::mode()));
+        println!("@@ FAULT_ADDR {UNMAPPED:#x}");
+        // SAFETY: deliberately invalid: the read faults (translation fault,
+        // level 1) and the exception handler reports it and exits; it never
+        // returns a value.
+        let v = unsafe { (UNMAPPED as *const u64).read_volatile() };
+        println!("@@ FATAL read of an unmapped address returned {v:#x}");
+        exit::exit(1)
+    }
+    if boot::has_arg("device_loss") {
+        device_loss()
+    }
+    println!("@@ FATAL fault image: say `cpu` or `device_loss`");
+    exit::exit(2)
+}
+
+fn device_loss() -> ! {
+    let cfg = Config::DEFAULT;
+    let (mut io, _mode) = boot::transport("fault");
+    // The transport's heartbeat check gives up after one hang window, like
+    // the core's hang check.
+    io.loss_window_ns = cfg.hang.window_ns;
+    let mut dev = boot::device_on::<8>(io, cfg, MmuMode::DEFAULT);
+    let buf = match dev.alloc_buffer(4096) {
+        Ok(b) => b,
+        Err(e) => {
+            println!("@@ FATAL alloc: {e}");
+            exit::exit(2)
+        }
+    };
+    let va = buf.va();
+    let mut last_ok = timer::now_ns();
+    for i in 0..1_000_000u64 {
+        if i == 20 {
+            println!("@@ KILL_MODEL_NOW after {i} fences");
+        }
+        let q = QueueId((i % 3) as u8);
+        let err = match dev.submit(q, &[], |cb| cb.write_data(va + 4 * (i % 1024), &[i as u32])) {
+            Ok(f) => match dev.wait(f, 30_000_000_000) {
+                Ok(()) => None,
+                Err(e) => Some(Err(e)),
+            },
+            Err(e) => Some(Ok(e)),
+        };
+        let Some(err) = err else {
+            last_ok = timer::now_ns();
+            continue;
+        };
+        let ms = timer::now_ns().saturating_sub(last_ok) / 1_000_000;
+        let window_ms = cfg.hang.window_ns / 1_000_000;
+        match err {
+            Ok(e) => println!(
+                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): submit: {e}"
+            ),
+            Err(e) => println!(
+                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): wait: {e}"
+            ),
+        }
+        println!("device lost: {}, transport lost: {}", dev.is_lost(), dev.platform().is_lost());
+        if let Some(h) = dev.last_hang() {
+            println!("{h}");
+        }
+        println!("stats: {:?}", dev.stats());
+        exit::exit(EXIT_DEVICE_LOST)
+    }
+    println!("@@ FATAL the device was never lost");
+    exit::exit(1)
+}

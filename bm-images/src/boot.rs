@@ -1,0 +1,104 @@
+//! What every image does first: read the mode from the semihosting command
+//! line, bring the board up, make the `Device`, and print the `@@ BOOT` and
+//! `@@ DEVICE` lines (bare-metal target only).
+
+use core::sync::atomic::Ordering;
+
+use platform_baremetal::arch::board::{self, IrqMode, VirtHal};
+use platform_baremetal::arch::exit;
+use platform_baremetal::ivshmem::IvshmemGpu;
+use platform_baremetal::println;
+use umd_core::config::Config;
+use umd_core::device::{Device, MmuMode};
+
+/// The device type every image drives.
+pub type Gpu<const C: usize> = Device<IvshmemGpu<VirtHal>, C>;
+
+/// The semihosting command line, with a closure over its words.
+pub fn with_args<R>(f: impl FnOnce(core::str::SplitWhitespace<'_>) -> R) -> R {
+    let mut buf = [0u8; 256];
+    let cmd = exit::cmdline(&mut buf);
+    f(cmd.split_whitespace())
+}
+
+/// Whether `word` is on the semihosting command line.
+pub fn has_arg(word: &str) -> bool {
+    with_args(|mut it| it.any(|a| a == word))
+}
+
+/// The value of `key=value` on the command line.
+pub fn arg_u64(key: &str) -> Option<u64> {
+    with_args(|it| {
+        it.filter_map(|a| a.split_once('=')).find(|(k, _)| *k == key).and_then(|(_, v)| v.parse().ok())
+    })
+}
+
+/// The wait mode from the command line (`msi`, else polling).
+pub fn mode() -> IrqMode {
+    if has_arg("msi") {
+        IrqMode::Msi
+    } else {
+        IrqMode::Polling
+    }
+}
+
+/// The mode's word.
+pub fn mode_name(mode: IrqMode) -> &'static str {
+    match mode {
+        IrqMode::Msi => "msi",
+        IrqMode::Polling => "polling",
+    }
+}
+
+/// Brings the board up and returns the transport, or exits with status 2.
+pub fn transport(image: &str) -> (IvshmemGpu<VirtHal>, IrqMode) {
+    let mode = mode();
+    println!("@@ BOOT {image} mode={}", mode_name(mode));
+    match board::bring_up(mode) {
+        Ok(g) => (g.io, mode),
+        Err(e) => {
+            println!("@@ FATAL bring-up: {e}");
+            exit::exit(2)
+        }
+    }
+}
+
+/// Makes a device on `io`, or exits with status 2.
+pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuMode) -> Gpu<C> {
+    match Device::new(io, cfg, mmu) {
+        Ok(d) => {
+            let chip = d.chip();
+            println!("@@ DEVICE gen={} rev={}", chip.generation.number(), chip.revision);
+            d
+        }
+        Err((e, _)) => {
+            println!("@@ FATAL Device::new: {e}");
+            exit::exit(2)
+        }
+    }
+}
+
+/// [`transport`] then [`device_on`].
+pub fn device<const C: usize>(image: &str, cfg: Config, mmu: MmuMode) -> (Gpu<C>, IrqMode) {
+    let (io, mode) = transport(image);
+    (device_on(io, cfg, mmu), mode)
+}
+
+/// Prints `@@ IRQS msi=<n> total=<n>`.
+pub fn print_irqs(_mode: IrqMode) {
+    println!(
+        "@@ IRQS msi={} total={}",
+        platform_baremetal::arch::irq::MSI_TOTAL.load(Ordering::Relaxed),
+        platform_baremetal::arch::irq::IRQS_TAKEN.load(Ordering::Relaxed)
+    );
+}
+
+/// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
+pub fn report_line(r: &conformance::ScenarioResult) {
+    let tag = match r.outcome {
+        conformance::Outcome::Pass => "PASS",
+        conformance::Outcome::Fail => "FAIL",
+        conformance::Outcome::Skip => "SKIP",
+    };
+    println!("@@ RESULT {} {tag} {}", r.name, r.detail);
+}

@@ -1,0 +1,106 @@
+//! The whole conformance suite bare-metal: the `conformance` image on both
+//! generations, polling and MSI. One test per scenario and configuration
+//! (a FAIL or SKIP fails it, and so does a scenario that was never
+//! reported), one per configuration for the exit status and the complete
+//! listing, and the page-fault scenario's decoded report printed over the
+//! UART.
+
+use qemu_tests::{check_run, check_scenario, outcome, Mode, Run, Status};
+
+fn run(generation: u8, mode: Mode) -> Run {
+    Run::new("conformance", generation, mode)
+}
+
+/// Every scenario of the suite was reported exactly once, in order, and
+/// none failed; prints the listing.
+fn every_scenario_reported(r: &Run) {
+    let out = outcome(r);
+    let Ok(out) = out.as_ref() else { return };
+    let names: Vec<&str> = out.results.iter().map(|(n, _)| n.as_str()).collect();
+    for (n, s) in &out.results {
+        eprintln!("gen{} {} {n}: {s:?}", r.generation, r.mode.arg());
+    }
+    assert_eq!(names, conformance::SCENARIO_NAMES, "scenarios reported\n{}", out.tail(30));
+    let bad: Vec<_> = out.results.iter().filter(|(_, s)| *s != Status::Pass).collect();
+    assert!(bad.is_empty(), "scenarios not passing on {r:?}: {bad:?}\n{}", out.tail(30));
+}
+
+/// The page-fault scenario printed the decoded fault report over the UART:
+/// the fault, the ring and the IB around the faulting packet.
+fn page_fault_report_printed(r: &Run) {
+    let out = outcome(r);
+    let Ok(out) = out.as_ref() else { return };
+    let Some((_, lines)) = out.reports.iter().find(|(n, _)| n == "page_fault_reported") else {
+        panic!("no fault report printed\n{}", out.tail(40))
+    };
+    let text = lines.join("\n");
+    for want in [
+        "queue q2 stuck at",
+        "Translation fault on Read at 0x1c0000040",
+        "fault: Translation fault on Read at 0x1c0000040",
+        "ring from the read pointer:",
+        "INDIRECT_BUFFER",
+        "indirect buffer around the current packet:",
+        "DMA_COPY",
+        "SRC=0x1c0000040",
+        "SIZE=0x100",
+    ] {
+        assert!(text.contains(want), "fault report lacks {want:?}:\n{text}");
+    }
+    assert!(
+        lines.iter().any(|l| l.trim_start().starts_with("=> ") && l.contains("DMA_COPY")),
+        "the faulting packet is not marked:\n{text}"
+    );
+}
+
+macro_rules! suite {
+    ($m:ident, $gen:expr, $mode:expr) => {
+        mod $m {
+            use super::*;
+
+            #[test]
+            fn exits_zero_on_the_right_generation() {
+                check_run(&run($gen, $mode));
+            }
+            #[test]
+            fn every_scenario_reported_and_passing() {
+                every_scenario_reported(&run($gen, $mode));
+            }
+            #[test]
+            fn page_fault_report_over_the_uart() {
+                page_fault_report_printed(&run($gen, $mode));
+            }
+            scenarios!(
+                $gen,
+                $mode,
+                copy_fill_write,
+                fences_in_order,
+                ib_chaining,
+                ring_wraparound,
+                pipeline_copy_compute_copy,
+                deadlock_rejected,
+                page_fault_reported,
+                hang_detected_and_recovered,
+                pool_exhaustion,
+                gen2_misaligned_fence,
+                stress_random_dependencies
+            );
+        }
+    };
+}
+
+macro_rules! scenarios {
+    ($gen:expr, $mode:expr, $($name:ident),*) => {
+        $(
+            #[test]
+            fn $name() {
+                check_scenario(&run($gen, $mode), stringify!($name));
+            }
+        )*
+    };
+}
+
+suite!(gen1_polling, 1, Mode::Polling);
+suite!(gen2_polling, 2, Mode::Polling);
+suite!(gen1_msi, 1, Mode::Msi);
+suite!(gen2_msi, 2, Mode::Msi);
