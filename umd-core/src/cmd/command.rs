@@ -293,12 +293,6 @@ impl FieldValues {
             *v = value;
         }
     }
-
-    #[inline]
-    fn with(mut self, field: Field, value: u64) -> Self {
-        self.set(field, value);
-        self
-    }
 }
 
 /// Why decoded operand values make no [`Command`].
@@ -347,52 +341,55 @@ impl<'a> Command<'a> {
         }
     }
 
-    /// The operand values, by field, and the variable tail (WRITE_DATA
-    /// data; NOP's zero payload is represented by its length only).
+    /// The value of one operand (0 when the command has no such field):
+    /// what the encoder reads field by field, without building a table.
     #[inline]
-    pub fn operands(&self) -> (FieldValues, Option<Payload<'a>>) {
-        let v = FieldValues::default();
+    pub fn field(&self, field: Field) -> u64 {
+        match (*self, field) {
+            (Command::WriteData { dst, .. }, Field::Dst) => dst,
+            (Command::Copy { src, .. }, Field::Src) => src,
+            (Command::Copy { dst, .. }, Field::Dst) => dst,
+            (Command::Copy { size, .. }, Field::Size) => size,
+            (Command::Fill { dst, .. }, Field::Dst) => dst,
+            (Command::Fill { size, .. }, Field::Size) => size,
+            (Command::Fill { value, .. }, Field::Value) => value.into(),
+            (Command::Fence { addr, .. }, Field::Addr) => addr,
+            (Command::Fence { value, .. }, Field::Value) => value,
+            (Command::Fence { irq, .. }, Field::Irq) => irq.into(),
+            (Command::WaitMem { addr, .. }, Field::Addr) => addr,
+            (Command::WaitMem { reference, .. }, Field::Ref) => reference,
+            (Command::WaitMem { mask, .. }, Field::Mask) => mask,
+            (Command::WaitMem { op, .. }, Field::Op) => op as u64,
+            (Command::WaitMem { wide, .. }, Field::Wide) => wide.into(),
+            (Command::Timestamp { addr }, Field::Addr) => addr,
+            (Command::IndirectBuffer { addr, .. } | Command::Chain { addr, .. }, Field::Addr) => addr,
+            (Command::IndirectBuffer { size_dw, .. } | Command::Chain { size_dw, .. }, Field::Size) => {
+                size_dw.into()
+            }
+            (Command::Barrier { wait_idle, .. }, Field::WaitIdle) => wait_idle.into(),
+            (Command::Barrier { invalidate, .. }, Field::Invalidate) => invalidate.into(),
+            (Command::Dispatch { op, .. }, Field::Op) => op as u64,
+            (Command::Dispatch { a, .. }, Field::A) => a,
+            (Command::Dispatch { b, .. }, Field::B) => b,
+            (Command::Dispatch { dst, .. }, Field::Dst) => dst,
+            (Command::Dispatch { count, .. }, Field::Count) => count.into(),
+            (Command::Dispatch { scalar_bits, .. }, Field::Scalar) => scalar_bits.into(),
+            _ => 0,
+        }
+    }
+
+    /// The variable tail: WRITE_DATA's data (NOP's zero payload is
+    /// represented by its length only).
+    #[inline]
+    pub fn tail(&self) -> Option<Payload<'a>> {
         match *self {
-            Command::Nop { .. } => (v, None),
-            Command::WriteData { dst, data } => (v.with(Field::Dst, dst), Some(data)),
-            Command::Copy { src, dst, size } => {
-                (v.with(Field::Src, src).with(Field::Dst, dst).with(Field::Size, size), None)
-            }
-            Command::Fill { dst, size, value } => {
-                (v.with(Field::Dst, dst).with(Field::Size, size).with(Field::Value, value.into()), None)
-            }
-            Command::Fence { addr, value, irq } => {
-                (v.with(Field::Addr, addr).with(Field::Value, value).with(Field::Irq, irq.into()), None)
-            }
-            Command::WaitMem { addr, reference, mask, op, wide } => (
-                v.with(Field::Addr, addr)
-                    .with(Field::Ref, reference)
-                    .with(Field::Mask, mask)
-                    .with(Field::Op, op as u64)
-                    .with(Field::Wide, wide.into()),
-                None,
-            ),
-            Command::Timestamp { addr } => (v.with(Field::Addr, addr), None),
-            Command::IndirectBuffer { addr, size_dw } | Command::Chain { addr, size_dw } => {
-                (v.with(Field::Addr, addr).with(Field::Size, size_dw.into()), None)
-            }
-            Command::Barrier { wait_idle, invalidate } => {
-                (v.with(Field::WaitIdle, wait_idle.into()).with(Field::Invalidate, invalidate.into()), None)
-            }
-            Command::Dispatch { op, a, b, dst, count, scalar_bits } => (
-                v.with(Field::Op, op as u64)
-                    .with(Field::A, a)
-                    .with(Field::B, b)
-                    .with(Field::Dst, dst)
-                    .with(Field::Count, count.into())
-                    .with(Field::Scalar, scalar_bits.into()),
-                None,
-            ),
+            Command::WriteData { data, .. } => Some(data),
+            _ => None,
         }
     }
 
     /// Rebuilds a command from decoded operands: the inverse of
-    /// [`Command::operands`]. `tail` is the variable payload (NOP: ignored
+    /// [`Command::field`] and [`Command::tail`]. `tail` is the variable payload (NOP: ignored
     /// bytes, WRITE_DATA: data).
     pub fn from_operands(
         kind: PacketKind,

@@ -7,7 +7,7 @@
 
 use core::fmt;
 
-use super::command::{Command, FieldValues, Payload};
+use super::command::{Command, Payload};
 use crate::hw::{
     misalignment, Field, GenDesc, Generation, Loc, MisalignedFence, Ndw, PacketDesc, PacketKind,
 };
@@ -215,12 +215,12 @@ impl Encoder {
     #[inline(always)]
     fn prepare<'c>(&self, cmd: &Command<'c>) -> Result<Prepared<'c>, EncodeError> {
         let p = self.packet(cmd.kind())?;
-        let (vals, tail) = cmd.operands();
+        let tail = cmd.tail();
         let ndw = self.ndw(p, cmd, tail)?;
         self.check_rules(p, cmd)?;
         let va_limit = self.desc.va_limit();
         for fd in p.fields {
-            let value = vals.get(fd.field);
+            let value = cmd.field(fd.field);
             if fd.field.is_address() && value >= va_limit {
                 return Err(EncodeError::AddressOutOfRange {
                     kind: p.kind,
@@ -238,7 +238,7 @@ impl Encoder {
                 });
             }
         }
-        Ok(Prepared { p, vals, tail, ndw })
+        Ok(Prepared { p, cmd: *cmd, tail, ndw })
     }
 
     /// Payload dwords of `cmd` in this generation, after validating it.
@@ -416,7 +416,7 @@ impl Encoder {
 /// A validated command, ready to be written.
 struct Prepared<'c> {
     p: &'static PacketDesc,
-    vals: FieldValues,
+    cmd: Command<'c>,
     tail: Option<Payload<'c>>,
     ndw: u32,
 }
@@ -440,7 +440,7 @@ impl Prepared<'_> {
         }
         let mut flags = 0u32;
         for fd in self.p.fields {
-            let v = self.vals.get(fd.field);
+            let v = self.cmd.field(fd.field);
             match fd.loc {
                 Loc::Flags(bits) => flags = bits.put(flags, v as u32),
                 Loc::Payload { dw, bits } => {
