@@ -102,3 +102,14 @@ pub fn report_line(r: &conformance::ScenarioResult) {
     };
     println!("@@ RESULT {} {tag} {}", r.name, r.detail);
 }
+
+/// The PL011 as a [`core::fmt::Write`] (for code that writes reports).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Uart;
+
+impl core::fmt::Write for Uart {
+    fn write_str(&mut self, s: &str) -> core::fmt::Result {
+        platform_baremetal::arch::console::write_fmt(format_args!("{s}"));
+        Ok(())
+    }
+}

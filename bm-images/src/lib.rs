@@ -21,6 +21,7 @@
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub mod boot;
+pub mod demo;
 pub mod smoke;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]

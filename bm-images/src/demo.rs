@@ -1,0 +1,540 @@
+//! The demo workload: a frame pipeline over the three engines, and its
+//! report.
+//!
+//! Every frame:
+//!
+//! 1. the CPU writes two input arrays (`a`, `b`, `N` f32 each) into a
+//!    staging buffer;
+//! 2. **COPY** uploads them into the device-side input buffer in 256-byte
+//!    tiles and writes the frame's constant table with `WRITE_DATA`
+//!    packets: ~9 KB of commands through 4 KiB IB chunks, so the command
+//!    buffer is **chained** over three chunks;
+//! 3. **COMPUTE** waits for the COPY fence (a semaphore: `WAIT_MEM` in its
+//!    ring) and runs `DISPATCH saxpy` (`r = s * a + b`);
+//! 4. **GFX** waits for the COMPUTE fence and copies the result out to the
+//!    frame's output buffer ("present").
+//!
+//! Every job is bracketed by `TIMESTAMP` packets, so per-engine busy time
+//! comes from the GPU clock. Two frames are in flight: frame `f` reuses
+//! frame `f - 2`'s buffers after the CPU has waited for that frame's GFX
+//! fence and checked every output word bit-exactly. All buffers are
+//! sub-allocated from one GPU heap with the driver's VA allocator (one
+//! transient allocation per frame for its constants, freed when the frame
+//! retires), so the report has allocator figures.
+//!
+//! Generic over [`DirectIo`]: the bare-metal `demo` image runs it on the
+//! ivshmem transport; it would run as well over co-simulation.
+
+use core::fmt::{self, Write};
+
+use umd_core::cmd::{DispatchOp, EncodeError};
+use umd_core::config::Config;
+use umd_core::debug::{TraceKind, TraceRing};
+use umd_core::device::{Device, GpuBuffer};
+use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::VaStats;
+use umd_core::platform::DirectIo;
+use umd_core::sync::{Fence, QueueId};
+
+/// Graphics queue.
+const GFX: QueueId = QueueId(0);
+/// Compute queue.
+const COMPUTE: QueueId = QueueId(1);
+/// Copy queue.
+const COPY: QueueId = QueueId(2);
+
+/// Elements per array.
+pub const N: usize = 4096;
+/// Most frames one run can do (timestamp slots).
+pub const MAX_FRAMES: u32 = 64;
+/// IB chunks of the demo's device.
+pub const CHUNKS: usize = 16;
+/// Events the demo keeps for the exported trace (the device's own ring is
+/// drained into this after every wait).
+pub const TRACE_CAP: usize = 4096;
+
+/// The demo's device configuration: 4 KiB IB chunks (so the upload chains)
+/// and a 16 KiB ring; everything else default.
+pub const CONFIG: Config = Config { ib_chunk_bytes: 4096, ring_bytes: 16 * 1024, ..Config::DEFAULT };
+
+const HEAP_BYTES: usize = 256 * 1024;
+const TILE: u64 = 256;
+const CONST_DWORDS: usize = 1024;
+const CONST_PER_PACKET: usize = 16;
+const TS_BYTES: u64 = 4096;
+const FAIL_GUARD_NS: u64 = 30_000_000_000;
+
+/// Why the demo stopped (fixed size: the step and up to 96 bytes of the
+/// error's text).
+#[derive(Clone, Copy, Debug)]
+pub struct DemoError {
+    /// What failed.
+    pub what: &'static str,
+    text: [u8; 96],
+    len: u8,
+}
+
+impl DemoError {
+    /// The error's text (possibly truncated).
+    pub fn detail(&self) -> &str {
+        let b = self.text.get(..usize::from(self.len)).unwrap_or(&[]);
+        match core::str::from_utf8(b) {
+            Ok(s) => s,
+            Err(e) => core::str::from_utf8(b.get(..e.valid_up_to()).unwrap_or(&[])).unwrap_or(""),
+        }
+    }
+}
+
+impl Write for DemoError {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for b in s.bytes() {
+            if let Some(slot) = self.text.get_mut(usize::from(self.len)) {
+                *slot = b;
+                self.len = self.len.saturating_add(1);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for DemoError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.what, self.detail())
+    }
+}
+
+fn err(what: &'static str, e: impl fmt::Display) -> DemoError {
+    let mut d = DemoError { what, text: [0; 96], len: 0 };
+    let _ = write!(d, "{e}");
+    d
+}
+
+/// Per-queue figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct QueueFigures {
+    /// Jobs submitted.
+    pub jobs: u32,
+    /// Engine time inside the jobs, from the GPU's TIMESTAMPs (ns).
+    pub engine_ns: u64,
+    /// Union of submit -> fence-seen spans from the driver trace (ns).
+    pub host_span_ns: u64,
+    /// Largest command buffer (dwords, from the trace's encode events).
+    pub max_cmd_dwords: u64,
+}
+
+/// What a run did.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Summary {
+    /// Frames run.
+    pub frames: u32,
+    /// Frames whose every output word was right.
+    pub verified: u32,
+    /// Output words checked.
+    pub words_checked: u64,
+    /// First wrong word, if any: (frame, index, got, want).
+    pub first_mismatch: Option<(u32, usize, u32, u32)>,
+    /// GFX, COMPUTE, COPY.
+    pub queues: [QueueFigures; 3],
+    /// First job start to last job end on the GPU clock (ns).
+    pub gpu_span_ns: u64,
+    /// CPU time of the whole run (platform clock, ns).
+    pub cpu_ns: u64,
+    /// The demo heap's sub-allocator after the run.
+    pub heap_va: VaStats,
+    /// Allocations and frees made in the heap.
+    pub heap_allocs: u32,
+}
+
+fn pattern_a(frame: u32, i: usize) -> f32 {
+    (i as f32) * 0.25 - (frame as f32) * 3.0
+}
+
+fn pattern_b(frame: u32, i: usize) -> f32 {
+    1.0 / ((i + frame as usize) as f32 + 1.0)
+}
+
+fn scalar(frame: u32) -> f32 {
+    1.5 + frame as f32 * 0.125
+}
+
+/// `s * a + b` as the spec computes it (product rounded, then the sum).
+fn saxpy(s: f32, a: f32, b: f32) -> f32 {
+    let p = core::hint::black_box(s * a);
+    p + b
+}
+
+/// Moves the device's trace events into `big` (called after every wait,
+/// so the device's 256-event ring never overflows).
+pub fn drain_trace<P: DirectIo, const C: usize, const T: usize>(
+    dev: &mut Device<P, C>,
+    big: &mut TraceRing<T>,
+) {
+    for e in dev.trace().iter() {
+        big.record(*e);
+    }
+    dev.trace_mut().clear();
+}
+
+struct Heap {
+    buf: GpuBuffer,
+    va: VaAllocator<[VaNode; 64]>,
+    allocs: u32,
+}
+
+impl Heap {
+    fn alloc(&mut self, len: u64) -> Result<u64, DemoError> {
+        self.allocs = self.allocs.saturating_add(1);
+        self.va.alloc(len, 256, Placement::BottomUp).map_err(|e| err("heap alloc", DebugText(e)))
+    }
+
+    fn free(&mut self, va: u64) -> Result<(), DemoError> {
+        self.va.free(va).map(|_| ()).map_err(|e| err("heap free", DebugText(e)))
+    }
+
+    fn word_index(&self, va: u64) -> usize {
+        (va.saturating_sub(self.buf.va()) / 4) as usize
+    }
+}
+
+struct DebugText<T: fmt::Debug>(T);
+
+impl<T: fmt::Debug> fmt::Display for DebugText<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+struct Slot {
+    staging: u64,
+    input: u64,
+    result: u64,
+    output: u64,
+}
+
+struct InFlight {
+    frame: u32,
+    copy: Fence,
+    compute: Fence,
+    gfx: Fence,
+    consts: u64,
+}
+
+/// Runs `frames` frames (at most [`MAX_FRAMES`]) and returns the figures;
+/// every driver event lands in `trace`.
+pub fn run<P: DirectIo, const C: usize, const T: usize>(
+    dev: &mut Device<P, C>,
+    frames: u32,
+    trace: &mut TraceRing<T>,
+) -> Result<Summary, DemoError> {
+    let frames = frames.clamp(1, MAX_FRAMES);
+    let start = dev.platform().now_ns();
+    let buf = dev.alloc_buffer(HEAP_BYTES).map_err(|e| err("alloc heap", e))?;
+    let va = VaAllocator::new([VaNode::EMPTY; 64], buf.va(), HEAP_BYTES as u64)
+        .map_err(|e| err("heap allocator", DebugText(e)))?;
+    let mut heap = Heap { buf, va, allocs: 0 };
+    let n4 = (N * 4) as u64;
+    let mut slots = [(); 2].map(|_| Slot { staging: 0, input: 0, result: 0, output: 0 });
+    for s in slots.iter_mut() {
+        *s = Slot {
+            staging: heap.alloc(2 * n4)?,
+            input: heap.alloc(2 * n4)?,
+            result: heap.alloc(n4)?,
+            output: heap.alloc(n4)?,
+        };
+    }
+    let ts = heap.alloc(TS_BYTES)?;
+    let mut sum = Summary { frames, ..Summary::default() };
+    let mut inflight: [Option<InFlight>; 2] = [None, None];
+
+    for f in 0..frames + 2 {
+        let si = (f % 2) as usize;
+        // Retire the frame that used this slot two frames ago.
+        if let Some(old) = inflight.get_mut(si).and_then(Option::take) {
+            retire(dev, &mut heap, &slots[si], old, &mut sum, trace)?;
+        }
+        if f >= frames {
+            continue;
+        }
+        let slot = &slots[si];
+        // 1. CPU writes the inputs.
+        let (st, a0) = (heap.word_index(slot.staging), N);
+        if let Some(w) = heap.buf.words_mut().get_mut(st..st + 2 * N) {
+            for (i, x) in w.iter_mut().enumerate() {
+                *x = if i < a0 { pattern_a(f, i).to_bits() } else { pattern_b(f, i - a0).to_bits() };
+            }
+        }
+        dev.flush(&heap.buf);
+        let consts = heap.alloc((CONST_DWORDS * 4) as u64)?;
+        let t = ts + u64::from(f) * 48;
+        let (stg, inp, res, out) = (slot.staging, slot.input, slot.result, slot.output);
+        // 2. COPY: upload in tiles + the constant table (chained IB).
+        let copy = submit(dev, COPY, &[], |cb| {
+            cb.timestamp(t + 32)?;
+            let mut off = 0;
+            while off < 2 * n4 {
+                cb.copy(stg + off, inp + off, TILE)?;
+                off += TILE;
+            }
+            let mut row = [0u32; CONST_PER_PACKET];
+            for p in 0..CONST_DWORDS / CONST_PER_PACKET {
+                for (k, w) in row.iter_mut().enumerate() {
+                    *w = f << 16 | (p * CONST_PER_PACKET + k) as u32;
+                }
+                cb.write_data(consts + (p * CONST_PER_PACKET * 4) as u64, &row)?;
+            }
+            cb.timestamp(t + 40)
+        })?;
+        // 3. COMPUTE: waits for the upload, DISPATCH saxpy.
+        let compute = submit(dev, COMPUTE, &[copy], |cb| {
+            cb.timestamp(t + 16)?;
+            cb.dispatch(DispatchOp::SaxpyF32, inp, inp + n4, res, N as u32, scalar(f))?;
+            cb.timestamp(t + 24)
+        })?;
+        // 4. GFX: waits for the compute, copies the result out.
+        let gfx = submit(dev, GFX, &[compute], |cb| {
+            cb.timestamp(t)?;
+            cb.copy(res, out, n4)?;
+            cb.timestamp(t + 8)
+        })?;
+        for q in sum.queues.iter_mut() {
+            q.jobs += 1;
+        }
+        if let Some(s) = inflight.get_mut(si) {
+            *s = Some(InFlight { frame: f, copy, compute, gfx, consts });
+        }
+    }
+    drain_trace(dev, trace);
+    sum.cpu_ns = dev.platform().now_ns().saturating_sub(start);
+
+    // GPU timestamps: [GFX start, end, COMPUTE start, end, COPY start, end] per frame.
+    dev.invalidate(&heap.buf);
+    let base = heap.word_index(ts);
+    let read64 = |i: usize| {
+        u64::from(heap.buf.read_u32(base + 2 * i).unwrap_or(0))
+            | (u64::from(heap.buf.read_u32(base + 2 * i + 1).unwrap_or(0)) << 32)
+    };
+    let (mut first, mut last) = (u64::MAX, 0u64);
+    for f in 0..frames as usize {
+        for (q, fig) in sum.queues.iter_mut().enumerate() {
+            let (s, e) = (read64(6 * f + 2 * q), read64(6 * f + 2 * q + 1));
+            fig.engine_ns += e.saturating_sub(s);
+            first = first.min(s);
+            last = last.max(e);
+        }
+    }
+    sum.gpu_span_ns = last.saturating_sub(first);
+    host_spans(trace, &mut sum);
+    sum.heap_va = heap.va.stats();
+    sum.heap_allocs = heap.allocs;
+    dev.free_buffer(heap.buf);
+    Ok(sum)
+}
+
+fn submit<P: DirectIo, const C: usize, F>(
+    dev: &mut Device<P, C>,
+    q: QueueId,
+    waits: &[Fence],
+    f: F,
+) -> Result<Fence, DemoError>
+where
+    F: for<'a, 's, 'b> FnOnce(&mut umd_core::device::Recorder<'a, 's, 'b, C>) -> Result<(), EncodeError>,
+{
+    dev.submit(q, waits, f).map_err(|e| err("submit", e))
+}
+
+fn retire<P: DirectIo, const C: usize, const T: usize>(
+    dev: &mut Device<P, C>,
+    heap: &mut Heap,
+    slot: &Slot,
+    old: InFlight,
+    sum: &mut Summary,
+    trace: &mut TraceRing<T>,
+) -> Result<(), DemoError> {
+    let r = dev.wait(old.gfx, FAIL_GUARD_NS);
+    // GFX waited for COMPUTE, which waited for COPY: both are done; the
+    // queries record their fences (and submit -> fence spans) too.
+    let earlier = [dev.query(old.copy), dev.query(old.compute)];
+    drain_trace(dev, trace);
+    r.map_err(|e| err("wait for a frame", e))?;
+    for q in earlier {
+        match q {
+            Ok(umd_core::queue::FenceStatus::Signalled) => {}
+            other => return Err(err("an earlier stage's fence", DebugText(other))),
+        }
+    }
+    dev.invalidate(&heap.buf);
+    let o = heap.word_index(slot.output);
+    let s = scalar(old.frame);
+    let mut ok = true;
+    for i in 0..N {
+        let want = saxpy(s, pattern_a(old.frame, i), pattern_b(old.frame, i)).to_bits();
+        let got = heap.buf.read_u32(o + i).unwrap_or(!want);
+        sum.words_checked += 1;
+        if got != want {
+            ok = false;
+            sum.first_mismatch.get_or_insert((old.frame, i, got, want));
+            break;
+        }
+    }
+    // The constant table's last row.
+    let c = heap.word_index(old.consts) + CONST_DWORDS - 1;
+    let want = old.frame << 16 | (CONST_DWORDS - 1) as u32;
+    if heap.buf.read_u32(c) != Some(want) {
+        ok = false;
+        sum.first_mismatch.get_or_insert((
+            old.frame,
+            CONST_DWORDS - 1,
+            heap.buf.read_u32(c).unwrap_or(0),
+            want,
+        ));
+    }
+    if ok {
+        sum.verified += 1;
+    }
+    heap.free(old.consts)
+}
+
+/// Per queue: union of [submit, fence seen] spans and the largest encode.
+fn host_spans<const T: usize>(trace: &TraceRing<T>, sum: &mut Summary) {
+    for (q, fig) in sum.queues.iter_mut().enumerate() {
+        let (mut cur_s, mut cur_e, mut total) = (0u64, 0u64, 0u64);
+        for e in trace.iter().filter(|e| usize::from(e.queue) == q) {
+            match e.kind {
+                TraceKind::FenceSignalled if e.arg != 0 && e.arg <= e.ts_ns => {
+                    let (s, t) = (e.arg, e.ts_ns);
+                    if s > cur_e {
+                        total += cur_e - cur_s;
+                        (cur_s, cur_e) = (s, t);
+                    } else {
+                        cur_e = cur_e.max(t);
+                    }
+                }
+                TraceKind::Encode => fig.max_cmd_dwords = fig.max_cmd_dwords.max(e.arg),
+                _ => {}
+            }
+        }
+        fig.host_span_ns = total + (cur_e - cur_s);
+    }
+}
+
+struct Ms(u64);
+
+impl fmt::Display for Ms {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{:03} ms", self.0 / 1_000_000, (self.0 / 1000) % 1000)
+    }
+}
+
+/// Writes the human-readable report.
+pub fn write_report<P: DirectIo, const C: usize>(
+    out: &mut impl Write,
+    dev: &Device<P, C>,
+    sum: &Summary,
+    trace_events: usize,
+    trace_dropped: u64,
+) -> fmt::Result {
+    let st = dev.stats();
+    let chip = dev.chip();
+    let cfg = dev.config();
+    writeln!(out, "==================== refgpu demo report ====================")?;
+    writeln!(
+        out,
+        "device     : refgpu gen{} rev {}, GPU MMU {}",
+        chip.generation.number(),
+        chip.revision,
+        if dev.mmu_enabled() { "on" } else { "bypassed" }
+    )?;
+    writeln!(
+        out,
+        "workload   : {} frames x (COPY upload -> COMPUTE DISPATCH saxpy -> GFX copy-out), {} f32 per array, 2 frames in flight",
+        sum.frames, N
+    )?;
+    writeln!(
+        out,
+        "results    : {}/{} frames verified bit-exact ({} words checked){}",
+        sum.verified,
+        sum.frames,
+        sum.words_checked,
+        if sum.first_mismatch.is_some() { "  ** MISMATCH **" } else { "" }
+    )?;
+    if let Some((f, i, got, want)) = sum.first_mismatch {
+        writeln!(out, "             first mismatch: frame {f} word {i}: got {got:#010x}, want {want:#010x}")?;
+    }
+    writeln!(
+        out,
+        "driver     : {} submissions, {} fence signals observed, {} interrupts acknowledged, {} ring wraps, {} pool waits",
+        st.submissions, st.fences_signalled, st.interrupts, st.ring_wraps, st.pool_waits
+    )?;
+    writeln!(
+        out,
+        "time       : CPU {} for the run, {} of it waiting; GPU span {}",
+        Ms(sum.cpu_ns),
+        Ms(st.wait_ns),
+        Ms(sum.gpu_span_ns)
+    )?;
+    writeln!(
+        out,
+        "queue     jobs  engine busy (GPU TIMESTAMPs)   submit->fence (trace)   largest cmd buffer"
+    )?;
+    for (name, fig) in ["GFX", "COMPUTE", "COPY"].iter().zip(sum.queues.iter()) {
+        let pct = fig.engine_ns.saturating_mul(100).checked_div(sum.gpu_span_ns).unwrap_or(0);
+        let chunks = (fig.max_cmd_dwords * 4).div_ceil(cfg.ib_chunk_bytes.max(1) as u64);
+        writeln!(
+            out,
+            "{name:<8} {:>5}  {:>6}.{:03} ms ({pct:>3}% of span)    {:>6}.{:03} ms         {} dwords ({} chunk{}{})",
+            fig.jobs,
+            fig.engine_ns / 1_000_000,
+            (fig.engine_ns / 1000) % 1000,
+            fig.host_span_ns / 1_000_000,
+            (fig.host_span_ns / 1000) % 1000,
+            fig.max_cmd_dwords,
+            chunks,
+            if chunks == 1 { "" } else { "s" },
+            if chunks > 1 { ", chained" } else { "" }
+        )?;
+    }
+    let busy: u64 = sum.queues.iter().map(|q| q.engine_ns).sum();
+    if sum.gpu_span_ns > 0 {
+        writeln!(
+            out,
+            "overlap    : engines busy {} in a {} span: {}.{:02} engines active on average",
+            Ms(busy),
+            Ms(sum.gpu_span_ns),
+            busy / sum.gpu_span_ns,
+            (busy % sum.gpu_span_ns) * 100 / sum.gpu_span_ns
+        )?;
+    }
+    let p = dev.pool_stats();
+    writeln!(
+        out,
+        "IB pool    : {} chunks x {} B; now free {}, in flight {}, open {}, recording {}",
+        C, cfg.ib_chunk_bytes, p.free, p.in_flight, p.open, p.recording
+    )?;
+    let v = &sum.heap_va;
+    writeln!(
+        out,
+        "GPU VA     : demo heap {} KiB sub-allocated with umd-core's VA allocator: {} allocations made;",
+        v.arena / 1024,
+        sum.heap_allocs
+    )?;
+    writeln!(
+        out,
+        "             now {} live ({} KiB used, high water {} KiB), {} holes ({} KiB free, largest {} KiB), fragmentation {}.{}%, nodes {}/{}",
+        v.allocations,
+        v.used / 1024,
+        v.high_water / 1024,
+        v.holes,
+        v.free / 1024,
+        v.largest_free / 1024,
+        v.fragmentation_ppm() / 10_000,
+        (v.fragmentation_ppm() / 1000) % 10,
+        v.nodes_high_water,
+        v.nodes_capacity
+    )?;
+    writeln!(out, "faults     : {} faults, {} hangs, {} resets", st.faults, st.hangs, st.resets)?;
+    if let Some(h) = dev.last_hang() {
+        write!(out, "last fault/hang report:\n{h}")?;
+    }
+    writeln!(out, "trace      : {} events kept, {} dropped", trace_events, trace_dropped)?;
+    writeln!(out, "=============================================================")
+}

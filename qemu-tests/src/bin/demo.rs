@@ -1,0 +1,179 @@
+//! The demo, in one command: builds the bare-metal images and
+//! `refgpu-sim`, starts the model on a shared RAM file, boots the `demo`
+//! image in QEMU (`virt`, Cortex-A53, ivshmem-doorbell), streams its
+//! report, and writes the driver's timeline as a Chrome / Perfetto trace.
+//!
+//! ```sh
+//! cargo run -p qemu-tests --bin demo                 # gen2, MSI, 8 frames
+//! cargo run -p qemu-tests --bin demo -- --gen 1 --polling --frames 16 --trace /tmp/t.json
+//! ```
+//!
+//! On a machine without QEMU it runs `.ci/install-qemu.sh` when root (else
+//! it says what to install); a missing `aarch64-unknown-none` target is
+//! added with rustup. Exit status: the image's (0 = every frame verified).
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+
+use qemu_tests::{boot_with, qemu_available, Mode, Run, INSTALL_HINT};
+
+struct Args {
+    generation: u8,
+    mode: Mode,
+    frames: u32,
+    trace: PathBuf,
+}
+
+const USAGE: &str = "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--trace FILE]";
+
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+fn parse() -> Result<Args, String> {
+    let mut a = Args {
+        generation: 2,
+        mode: Mode::Msi,
+        frames: 8,
+        trace: workspace_root().join("target").join("demo-trace.json"),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(arg) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{USAGE}"));
+        match arg.as_str() {
+            "--gen" => {
+                a.generation = match value("--gen")?.as_str() {
+                    "1" => 1,
+                    "2" => 2,
+                    g => return Err(format!("--gen {g}: the model has generations 1 and 2")),
+                }
+            }
+            "--polling" => a.mode = Mode::Polling,
+            "--msi" => a.mode = Mode::Msi,
+            "--frames" => {
+                a.frames = value("--frames")?.parse().map_err(|e| format!("--frames: {e}"))?;
+            }
+            "--trace" => a.trace = PathBuf::from(value("--trace")?),
+            "-h" | "--help" => return Err(USAGE.to_string()),
+            other => return Err(format!("unknown argument {other}\n{USAGE}")),
+        }
+    }
+    Ok(a)
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// QEMU present, or installed now (root only).
+fn ensure_qemu() -> Result<(), String> {
+    if qemu_available() {
+        return Ok(());
+    }
+    if !is_root() {
+        return Err(INSTALL_HINT.to_string());
+    }
+    let script = workspace_root().join(".ci").join("install-qemu.sh");
+    eprintln!("demo: qemu-system-aarch64 not found; installing it with {}", script.display());
+    let st = Command::new("bash")
+        .arg(&script)
+        .status()
+        .map_err(|e| format!("running {}: {e}", script.display()))?;
+    if !st.success() || !qemu_available() {
+        return Err(format!("{} failed ({st})\n{INSTALL_HINT}", script.display()));
+    }
+    Ok(())
+}
+
+/// The bare-metal target, added with rustup when missing.
+fn ensure_target() {
+    let sysroot = Command::new("rustc")
+        .args(["--print", "sysroot"])
+        .current_dir(workspace_root())
+        .output()
+        .ok()
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    let have = sysroot.is_some_and(|s| s.join("lib/rustlib/aarch64-unknown-none").exists());
+    if !have {
+        eprintln!("demo: adding the aarch64-unknown-none target (rustup target add)");
+        let _ = Command::new("rustup")
+            .args(["target", "add", "aarch64-unknown-none"])
+            .current_dir(workspace_root())
+            .status();
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Err(e) = ensure_qemu() {
+        eprintln!("demo: {e}");
+        return ExitCode::from(2);
+    }
+    ensure_target();
+    eprintln!("demo: building the bare-metal images (aarch64-unknown-none) and refgpu-sim (first run: a few minutes)...");
+    if let Err(e) = qemu_tests::artifacts() {
+        eprintln!("demo: {e}");
+        return ExitCode::from(2);
+    }
+    let frames = format!("frames={}", args.frames);
+    let run = Run {
+        args: vec![Box::leak(frames.into_boxed_str())],
+        ..Run::new("demo", args.generation, args.mode)
+    };
+    eprintln!(
+        "demo: starting refgpu-sim --gen {} and booting the demo image in qemu-system-aarch64 ({} waits)\n",
+        args.generation,
+        args.mode.arg()
+    );
+    let mut in_trace = false;
+    let out = boot_with(&run, |l| {
+        let t = l.trim();
+        if t == "@@ TRACE BEGIN" {
+            in_trace = true;
+        } else if t == "@@ TRACE END" {
+            in_trace = false;
+        } else if !in_trace && !t.is_empty() {
+            println!("{l}");
+        }
+    });
+    let out = match out {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if out.timed_out {
+        eprintln!("demo: QEMU did not finish; it and the model were killed\n{}", out.tail(20));
+        return ExitCode::from(2);
+    }
+    match &out.trace {
+        Some(json) if json.starts_with('{') && json.ends_with('}') => {
+            if let Some(dir) = args.trace.parent() {
+                let _ = std::fs::create_dir_all(dir);
+            }
+            match std::fs::write(&args.trace, json) {
+                Ok(()) => println!(
+                    "\ntrace: {} ({} KB): open it in https://ui.perfetto.dev or chrome://tracing",
+                    args.trace.display(),
+                    json.len().div_ceil(1024)
+                ),
+                Err(e) => eprintln!("demo: writing {}: {e}", args.trace.display()),
+            }
+        }
+        _ => eprintln!("demo: the image printed no complete trace"),
+    }
+    let code = out.exit_code.unwrap_or(2);
+    println!("QEMU exit status {code} ({})", if code == 0 { "every frame verified" } else { "FAILED" });
+    ExitCode::from(u8::try_from(code).unwrap_or(2))
+}
