@@ -19,6 +19,7 @@
 //!   exception, 101 panic).
 #![no_std]
 
+pub mod bench;
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub mod boot;
 pub mod demo;

@@ -1,0 +1,113 @@
+//! Benchmark scenarios shared by the bare-metal `bench` image and the host
+//! co-simulation run of `qemu-tests`' `bare_metal` benchmark, so the two
+//! sides measure exactly the same driver calls.
+//!
+//! - [`submit_cost`]: CPU time of `Device::submit` of one WRITE_DATA on
+//!   COPY (recording, IB chunk, ring write, doorbell), no wait inside the
+//!   timed region; the queue is drained every [`BATCH`] submissions,
+//!   outside it.
+//! - [`round_trips`]: doorbell -> fence: `submit` of one WRITE_DATA then
+//!   `wait` for its fence, timed together (the wait polls or sleeps on an
+//!   interrupt depending on the platform and `Config::use_irq`).
+//!
+//! Times come from the platform clock (`now_ns`: `CNTVCT_EL0` on bare
+//! metal, CLOCK_MONOTONIC on Linux). No allocation: samples go into
+//! caller-provided arrays.
+
+use umd_core::device::Device;
+use umd_core::platform::DirectIo;
+use umd_core::sync::QueueId;
+
+/// Submissions between drains in [`submit_cost`].
+pub const BATCH: usize = 32;
+/// Failure guard for a wait.
+const GUARD_NS: u64 = 30_000_000_000;
+
+/// Summary of samples, in ns.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Figures {
+    /// Samples.
+    pub n: usize,
+    /// Median.
+    pub median: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// Mean.
+    pub mean: u64,
+}
+
+/// Sorts `s` and summarises it.
+pub fn figures(s: &mut [u64]) -> Figures {
+    s.sort_unstable();
+    let n = s.len();
+    if n == 0 {
+        return Figures::default();
+    }
+    let at = |q: usize| s.get((n * q / 100).min(n - 1)).copied().unwrap_or(0);
+    let sum: u128 = s.iter().map(|&x| u128::from(x)).sum();
+    Figures { n, median: at(50), p90: at(90), mean: (sum / n as u128) as u64 }
+}
+
+/// Why a benchmark stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchError {
+    /// `submit` failed.
+    Submit,
+    /// `wait` failed.
+    Wait,
+    /// `alloc_buffer` failed.
+    Alloc,
+}
+
+/// Per-submit CPU cost: one sample per `submit`, `samples.len()` of them.
+pub fn submit_cost<P: DirectIo, const C: usize>(
+    dev: &mut Device<P, C>,
+    samples: &mut [u64],
+) -> Result<Figures, BenchError> {
+    let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
+    let va = buf.va();
+    let q = QueueId(2);
+    let mut last = None;
+    for (i, s) in samples.iter_mut().enumerate() {
+        if i % BATCH == 0 {
+            if let Some(f) = last.take() {
+                dev.wait(f, GUARD_NS).map_err(|_| BenchError::Wait)?;
+            }
+        }
+        let t0 = dev.platform().now_ns();
+        let f = dev
+            .submit(q, &[], |cb| cb.write_data(va + 4 * (i as u64 % 1024), &[i as u32]))
+            .map_err(|_| BenchError::Submit)?;
+        *s = dev.platform().now_ns().saturating_sub(t0);
+        last = Some(f);
+    }
+    if let Some(f) = last {
+        dev.wait(f, GUARD_NS).map_err(|_| BenchError::Wait)?;
+    }
+    dev.free_buffer(buf);
+    Ok(figures(samples))
+}
+
+/// Doorbell -> fence round trips: `submit` + `wait`, one sample each, after
+/// `warmup` untimed ones.
+pub fn round_trips<P: DirectIo, const C: usize>(
+    dev: &mut Device<P, C>,
+    warmup: usize,
+    samples: &mut [u64],
+) -> Result<Figures, BenchError> {
+    let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
+    let va = buf.va();
+    let q = QueueId(2);
+    let n = samples.len();
+    for i in 0..warmup + n {
+        let t0 = dev.platform().now_ns();
+        let f = dev.submit(q, &[], |cb| cb.write_data(va, &[i as u32])).map_err(|_| BenchError::Submit)?;
+        dev.wait(f, GUARD_NS).map_err(|_| BenchError::Wait)?;
+        let dt = dev.platform().now_ns().saturating_sub(t0);
+        if let Some(s) = i.checked_sub(warmup).and_then(|k| samples.get_mut(k)) {
+            *s = dt;
+        }
+    }
+    dev.free_buffer(buf);
+    Ok(figures(samples))
+}
