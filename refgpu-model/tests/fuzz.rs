@@ -145,7 +145,10 @@ fn run_case(r: &mut Rig, e: usize, stream: &[u32]) -> Outcome {
                 s.fault_status
             );
             assert_eq!(f.opcode as u32, (s.fault_status >> 8) & 0xFF);
-            assert_ne!(r.m.read_reg(regs::IRQ_STATUS) & regs::irq_fault_bit(e), 0);
+            // The engine sets the IRQ bit just after publishing HALTED.
+            r.wait_for("fault IRQ_STATUS bit of a halted engine", || {
+                r.m.read_reg(regs::IRQ_STATUS) & regs::irq_fault_bit(e) != 0
+            });
             if std::env::var_os("FUZZ_VERBOSE").is_some() {
                 let mut d = [0u32; 10];
                 let _ = r.m.read_dwords(f.addr & !3, &mut d);

@@ -122,7 +122,13 @@ fn chain_loop_is_a_resettable_hang() {
         let mut s = e.ib(ia, 4);
         s.extend(e.fence(DATA + 0x40, 1, true));
         r.submit(GFX, &s);
-        std::thread::sleep(Duration::from_millis(50));
+        // Wait until the engine is in the loop (a fixed sleep would let a
+        // starved engine thread pass the checks below without ever having
+        // started), then check that it stays there.
+        r.wait_for("GFX in the CHAIN loop", || {
+            let st = r.snap(GFX);
+            st.status & regs::STATUS_IN_IB != 0 && (st.cur_addr == ia || st.cur_addr == ib)
+        });
         // The driver's view: RPTR and the fence do not move.
         let st = r.snap(GFX);
         assert!(st.busy() && !st.halted());
@@ -152,7 +158,12 @@ fn self_chain_keeps_cur_addr_still() {
     r.m.write_dwords(ia, &r.enc.chain(ia, 4)).unwrap();
     let s = r.enc.ib(ia, 4);
     r.submit(COMPUTE, &s);
-    std::thread::sleep(Duration::from_millis(30));
+    // Wait until the engine reached the self-CHAIN; only then can nothing
+    // move any more (before, CUR_ADDR goes from the ring to the IB).
+    r.wait_for("COMPUTE in the self-CHAIN", || {
+        let st = r.snap(COMPUTE);
+        st.status & regs::STATUS_IN_IB != 0 && st.cur_addr == ia
+    });
     assert!(!progressed(&r, COMPUTE, DATA + 0x40, Duration::from_millis(100)));
     assert_eq!(r.snap(COMPUTE).cur_addr, ia);
     r.reset(COMPUTE);
@@ -161,8 +172,11 @@ fn self_chain_keeps_cur_addr_still() {
 #[test]
 fn reset_during_long_dma() {
     // A 1 GiB gen2 DMA_COPY whose source and destination VAs alias one
-    // 2 MiB physical block each: long enough that the reset surely lands
-    // while it runs, cheap in host memory.
+    // 2 MiB physical block each, cheap in host memory, in an IB that CHAINs
+    // back to itself: the engine copies for as long as it is not reset, so
+    // the reset lands while a DMA runs (or in the instant of a CHAIN hop)
+    // however late this thread gets to it. A single DMA could finish first
+    // on a loaded machine, and the FENCE behind it would then run.
     let mut r = Rig::new(Generation::Gen2);
     let e = r.enc;
     let mut pt = PageTables::new(&r.m, PT_POOL, PT_POOL_SIZE);
@@ -175,16 +189,22 @@ fn reset_during_long_dma() {
     }
     pt.enable(&r.m);
     r.m.write_mem(MEM_BASE + (4 << 20), &[0x5Au8; 4096]).unwrap();
+    // The IB (32-byte aligned, identity mapped): DMA_COPY, CHAIN to itself.
+    let ib = DATA + 0x800;
+    let mut body = e.dma_copy(src_va, dst_va, 1 << 30);
+    body.extend(e.chain(ib, 10));
+    assert_eq!(body.len(), 10);
+    r.m.write_dwords(ib, &body).unwrap();
     let mut st = Stream::new(e, r.ring_va[COPY]);
     st.push(e.nop(0));
-    st.push_dma(e.dma_copy(src_va, dst_va, 1 << 30));
-    let dma_at = st.addr() - 24;
+    st.push(e.ib(ib, body.len() as u32));
     st.push(e.fence(DATA + 0x40, 1, false));
     let dw = st.dw.clone();
     r.submit(COPY, &dw);
-    r.wait_for("DMA under way", || r.m.read_u32(MEM_BASE + (8 << 20)).unwrap() != 0);
-    let s = r.snap(COPY);
-    assert_eq!((s.cur_addr, s.busy()), (dma_at, true));
+    r.wait_for("DMA under way, CUR_ADDR at the DMA", || {
+        let s = r.snap(COPY);
+        r.m.read_u32(MEM_BASE + (8 << 20)).unwrap() != 0 && (s.cur_addr, s.busy()) == (ib, true)
+    });
     r.reset(COPY);
     let s = r.snap(COPY);
     assert_eq!((s.status, s.rptr, s.fault_status), (0, 0, 0));
@@ -225,14 +245,17 @@ fn drop_of_a_hung_model_returns() {
         r.m.write_dwords(ia, &e.chain(ia, 4)).unwrap();
         let s = e.ib(ia, 4);
         r.submit(COPY, &s);
-        std::thread::sleep(Duration::from_millis(20));
+        // Hung for real before the shutdown: GFX waiting, COPY looping.
+        r.wait_for("GFX waiting", || r.snap(GFX).waiting());
+        r.wait_for("COPY in the self-CHAIN", || r.snap(COPY).cur_addr == ia);
         let m: Model = r.m;
         m.shutdown();
         assert!(!m.engines_alive());
         drop(m);
         tx.send(()).unwrap();
     });
-    rx.recv_timeout(GUARD).expect("shutdown of a hung model must return");
+    // The thread first waits (each with a GUARD) for the hang itself.
+    rx.recv_timeout(3 * GUARD).expect("shutdown of a hung model must return");
 }
 
 #[test]

@@ -39,6 +39,7 @@ fn hung_engines_do_not_spin() {
         let s = e.ib(ia, 4);
         r.submit(COPY, &s);
         r.wait_for("waiting", || r.snap(GFX).waiting());
+        r.wait_for("COPY in the self-CHAIN", || r.snap(COPY).cur_addr == ia);
         std::thread::sleep(Duration::from_millis(50));
         let share = cpu_share(Duration::from_millis(500));
         assert!(share < 0.5, "{gen:?}: two hung engines used {:.0}% of a core", share * 100.0);

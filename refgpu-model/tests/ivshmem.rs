@@ -87,10 +87,22 @@ fn clock_is_published_as_one_64_bit_value() {
             break (u64::from(hi) << 32) | u64::from(lo);
         }
     };
-    std::thread::sleep(Duration::from_millis(2));
-    let a = read();
-    std::thread::sleep(Duration::from_millis(5));
-    let b = read();
+    // The model publishes the clock every 100 µs from its own thread, which
+    // a loaded machine may not run for a while: poll (GUARD is a failure
+    // guard, not a bound) for a first value, then for a later one.
+    let poll = |what: &str, ok: &dyn Fn(u64) -> bool| {
+        let t0 = std::time::Instant::now();
+        loop {
+            let v = read();
+            if ok(v) {
+                break v;
+            }
+            assert!(t0.elapsed() < GUARD, "timed out: {what} (CLOCK {v})");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    let a = poll("CLOCK published", &|v| v > 0);
+    let b = poll("CLOCK moved", &|v| v > a);
     assert!(a > 0 && b > a, "{a} {b}");
 }
 
@@ -222,7 +234,13 @@ fn wait_mem_sees_writes_it_is_not_told_about() {
     m.doorbell(3);
     h.write(Host::ereg(0, eng::RING_WPTR), 4 * s.len() as u32);
     m.doorbell(0);
-    std::thread::sleep(Duration::from_millis(10));
+    // Blocked in WAIT_MEM before the write (a fixed sleep could end before
+    // the engine thread even fetched the packet).
+    let t0 = std::time::Instant::now();
+    while h.read(Host::ereg(0, eng::STATUS)) & regs::STATUS_WAITING == 0 {
+        assert!(t0.elapsed() < GUARD, "timed out: WAITING");
+        std::thread::sleep(Duration::from_micros(200));
+    }
     // Write the semaphore "behind the model's back", as another process
     // would: a raw atomic store into the mapping.
     let idx = ((DATA - MEM_BASE) / 8) as usize;

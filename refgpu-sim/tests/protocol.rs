@@ -73,6 +73,8 @@ fn setup_messages_and_one_job() {
     let start = Instant::now();
     while c.reg(regs::CLOCK_LO).load(SeqCst) == t0 {
         assert!(start.elapsed() < GUARD, "CLOCK never moved");
+        // Yield rather than spin: the server needs a core to publish it.
+        std::thread::yield_now();
     }
     drop(c);
     let st = sim.signal_and_wait(Signal::TERM);

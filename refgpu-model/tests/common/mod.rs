@@ -416,8 +416,17 @@ impl Rig {
     }
 
     /// Waits until engine `e` halts and returns its fault.
+    ///
+    /// A fault sets STATUS.HALTED and IRQ_STATUS bit `8+e` (spec 4.4), but
+    /// not atomically: the engine thread publishes HALTED first and sets
+    /// the IRQ bit right after, so a test that sees HALTED may still read
+    /// the IRQ bit as 0. Wait for both, so that callers can assert on
+    /// IRQ_STATUS without racing the engine thread.
     pub fn wait_fault(&self, e: usize) -> Fault {
         self.wait_for("engine fault", || self.snap(e).halted());
+        self.wait_for("fault IRQ_STATUS bit of a halted engine", || {
+            self.m.read_reg(regs::IRQ_STATUS) & regs::irq_fault_bit(e) != 0
+        });
         self.snap(e).fault.expect("halted engine without VALID fault")
     }
 
