@@ -764,7 +764,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
         }
         // The commands must be visible to the device before the ring
         // points at them (a no-op on coherent platforms).
-        p.cache_clean(pool_mem, 0, pool_mem.len());
+        pending.dirty(|off, len| p.cache_clean(pool_mem, off, len));
         let ib = Command::IndirectBuffer { addr: finished.gpu_va, size_dw: finished.size_dw };
         match emit(p, cfg, enc, *fence_va, queues, qi, seqno, ids.get(..n).unwrap_or(&[]), &ib) {
             Ok(wrapped) => {

@@ -304,6 +304,29 @@ pub struct Pending<'a, const CHUNKS: usize> {
 }
 
 impl<const CHUNKS: usize> Pending<'_, CHUNKS> {
+    /// Calls `f(byte_offset, bytes)` for each range of the pool's memory
+    /// this recording wrote: the ranges to clean from the data cache
+    /// before the GPU reads them (not the whole pool).
+    pub fn dirty(&self, mut f: impl FnMut(usize, usize)) {
+        let cd = self.chunk_dwords;
+        for (i, s) in self.state.iter().enumerate() {
+            let resumed = self.resume.filter(|(r, _)| *r == i);
+            if *s != ChunkState::Recording && resumed.is_none() {
+                continue;
+            }
+            let start = resumed.map_or(0, |(_, used)| used);
+            let end = match self.used_last {
+                Some((last, used)) if last == i => used,
+                _ => cd,
+            };
+            let base = i.saturating_mul(cd).saturating_add(start).saturating_mul(4);
+            let len = end.saturating_sub(start).saturating_mul(4);
+            if len > 0 {
+                f(base, len);
+            }
+        }
+    }
+
     /// The recording was submitted with `fence`: its chunks are in flight
     /// until it signals; with batching the last one stays open.
     pub fn commit(self, fence: FenceId) {

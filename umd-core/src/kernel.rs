@@ -273,7 +273,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
             }
         };
         let (fin, pending) = record_into(pool, pool_mem, *enc, queue, cfg.batching, &mut make_room, record)?;
-        p.cache_clean(pool_mem, 0, pool_mem.len());
+        pending.dirty(|off, len| p.cache_clean(pool_mem, off, len));
         let signal = KernelSync { engine: qi as u32, value: seqno.0 };
         match p.submit(qi as u32, fin.gpu_va, fin.size_dw, syncs.get(..n).unwrap_or(&[]), signal) {
             Ok(()) => pending.commit(FenceId { queue, seqno }),

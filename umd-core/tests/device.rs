@@ -409,3 +409,46 @@ fn trace_exports_chrome_json() {
     let kinds: Vec<_> = dev.trace().iter().map(|e| e.kind).collect();
     assert!(kinds.len() >= 12);
 }
+
+#[test]
+fn only_the_recorded_commands_are_cleaned_from_the_cache() {
+    use umd_core::debug::TraceKind;
+    for batching in [true, false] {
+        let cfg = Config { batching, ib_chunk_bytes: 16 << 10, ..small_cfg() };
+        let mut dev: Device<Fake, 8> = device(Generation::Gen2, cfg);
+        let (pool_va, pool_len) = dev.pool_range();
+        for round in 0..3u64 {
+            dev.platform().cleaned.clear();
+            let f = dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000 + 16 * round, &[1, 2, 3])).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            let ev = |k| {
+                dev.trace()
+                    .iter()
+                    .filter(|e| e.kind == k && e.seqno == f.seqno().0)
+                    .map(|e| e.arg)
+                    .last()
+                    .unwrap()
+            };
+            let (ib_va, ib_dw) = (ev(TraceKind::Submit), ev(TraceKind::Encode));
+            let in_pool: Vec<(u64, usize)> = dev
+                .platform()
+                .cleaned
+                .iter()
+                .copied()
+                .filter(|(a, _)| *a >= pool_va && *a < pool_va + pool_len as u64)
+                .collect();
+            let total: usize = in_pool.iter().map(|(_, l)| l).sum();
+            assert!(
+                total > 0 && total <= 16 << 10,
+                "batching={batching} round {round}: cleaned {total} of a {pool_len}-byte pool"
+            );
+            let covered = |a: u64| in_pool.iter().any(|(s, l)| a >= *s && a < s + *l as u64);
+            for k in 0..ib_dw {
+                assert!(
+                    covered(ib_va + 4 * k),
+                    "batching={batching} round {round}: IB dword {k} not cleaned"
+                );
+            }
+        }
+    }
+}

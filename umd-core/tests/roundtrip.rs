@@ -76,7 +76,13 @@ fn command_strategy() -> impl Strategy<Value = Owned> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(if cfg!(miri) { 8 } else { 2000 }))]
+    // No failure-persistence file: it needs the working directory, which
+    // Miri's isolation forbids (shrunk failures still print in full).
+    #![proptest_config(ProptestConfig {
+        cases: if cfg!(miri) { 8 } else { 2000 },
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn encode_then_decode_gives_the_same_commands(

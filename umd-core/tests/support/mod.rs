@@ -64,6 +64,8 @@ pub struct Fake {
     pub irq_capable: bool,
     pub lost: bool,
     pub allocs: usize,
+    /// Device ranges the driver cleaned from the data cache.
+    pub cleaned: Vec<(u64, usize)>,
 }
 
 impl Fake {
@@ -84,6 +86,7 @@ impl Fake {
             irq_capable: false,
             lost: false,
             allocs: 0,
+            cleaned: Vec::new(),
         }
     }
 
@@ -311,6 +314,10 @@ unsafe impl Platform for Fake {
         let pages = region.len() / PAGE;
         self.pages_used[off / PAGE..off / PAGE + pages].iter_mut().for_each(|u| *u = false);
         self.allocs -= 1;
+    }
+
+    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+        self.cleaned.push((region.dev_addr() + offset as u64, len));
     }
 
     fn now_ns(&mut self) -> u64 {
