@@ -46,34 +46,8 @@ use crate::heap::{PageHeap, PAGE};
 use crate::sys::{self, Mapping};
 
 /// The binding info page written by `refgpu-sim` at offset 0x1000 of the
-/// shared memory (layout mirrored from `refgpu_sim::proto::info`; a test in
-/// `refgpu-sim` checks that the two agree).
-pub mod info {
-    /// Offset of the page in the shared memory.
-    pub const OFFSET: usize = 0x1000;
-    /// u32: magic "RGSI".
-    pub const MAGIC_OFF: usize = 0x00;
-    /// The magic value.
-    pub const MAGIC: u32 = u32::from_le_bytes(*b"RGSI");
-    /// u32: layout version.
-    pub const VERSION_OFF: usize = 0x04;
-    /// Layout version understood here.
-    pub const VERSION: u32 = 1;
-    /// u32: eventfds per peer.
-    pub const VECTORS_OFF: usize = 0x08;
-    /// u32: the model's peer id.
-    pub const MODEL_ID_OFF: usize = 0x0C;
-    /// u64: physical address of system memory.
-    pub const MEM_BASE_OFF: usize = 0x10;
-    /// u64: size of system memory.
-    pub const MEM_SIZE_OFF: usize = 0x18;
-    /// u64: offset in the memory file of MEM_BASE.
-    pub const MEM_FILE_OFFSET_OFF: usize = 0x20;
-    /// u32: path length.
-    pub const PATH_LEN_OFF: usize = 0x28;
-    /// The memory file's absolute path.
-    pub const PATH_OFF: usize = 0x40;
-}
+/// shared memory (one definition, shared with the server).
+pub use refgpu_model::ivshmem_info as info;
 
 /// Where system memory is, when the server's info page should not be used.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -52,6 +52,7 @@ mod error;
 mod exec;
 pub mod faultinject;
 pub mod irq;
+pub mod ivshmem_info;
 pub mod mem;
 pub mod mmu;
 mod model;

@@ -167,21 +167,6 @@ fn server_dying_fails_pending_fences_as_device_lost() {
     assert!(dev.platform().is_lost());
 }
 
-#[test]
-fn info_page_layout_agrees() {
-    use platform_linux::cosim::info as c;
-    use refgpu_sim::proto::info as s;
-    assert_eq!(
-        [c::OFFSET, c::MAGIC_OFF, c::VERSION_OFF, c::VECTORS_OFF, c::MODEL_ID_OFF, c::MEM_BASE_OFF],
-        [s::OFFSET, s::MAGIC_OFF, s::VERSION_OFF, s::VECTORS_OFF, s::MODEL_ID_OFF, s::MEM_BASE_OFF]
-    );
-    assert_eq!(
-        [c::MEM_SIZE_OFF, c::MEM_FILE_OFFSET_OFF, c::PATH_LEN_OFF, c::PATH_OFF],
-        [s::MEM_SIZE_OFF, s::MEM_FILE_OFFSET_OFF, s::PATH_LEN_OFF, s::PATH_OFF]
-    );
-    assert_eq!((c::MAGIC, c::VERSION), (s::MAGIC, s::VERSION));
-}
-
 /// Forwards everything to `inner`, except that the first `wait_irq` call
 /// first sets the 64-bit semaphore at `sem` (once the test armed it) to 1.
 /// Work that waits for that semaphore can not complete before a fence wait
