@@ -429,7 +429,18 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             lost: false,
         };
         match dev.program() {
-            Ok(()) => Ok(dev),
+            Ok(()) => {
+                crate::log::log_info!(
+                    "refgpu gen{} rev {} up: MMU {}, {} IB chunks of {} bytes, rings of {} bytes",
+                    dev.chip.generation.number(),
+                    dev.chip.revision,
+                    dev.vm.root().is_some(),
+                    CHUNKS,
+                    dev.cfg.ib_chunk_bytes,
+                    dev.cfg.ring_bytes
+                );
+                Ok(dev)
+            }
             Err(e) => Err((e, dev.shutdown())),
         }
     }
@@ -761,6 +772,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             record_into(pool, pool_mem, *enc, queue, cfg.batching, &mut make_room, record)?;
         if waited {
             stats.pool_waits = stats.pool_waits.saturating_add(1);
+            crate::log::log_warn!("queue {}: IB pool was empty, waited for the oldest fence", qi);
         }
         // The commands must be visible to the device before the ring
         // points at them (a no-op on coherent platforms).
@@ -1038,6 +1050,30 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             }
         };
         let emitted = self.queues.get(qi).map_or(Seqno(0), |q| q.emitted);
+        crate::log::log_error!(
+            "queue {}: {} at packet {:#x} (rptr {:#x}, fences {}..={} pending); resetting the engine",
+            qi,
+            match reason {
+                HangReason::Fault(_) => "fault",
+                HangReason::NoProgress { .. } => "hang (no progress)",
+                HangReason::FenceStalled { .. } => "hang (no fence)",
+                HangReason::DeviceLost => "device lost",
+            },
+            report.cur_addr,
+            report.rptr,
+            report.completed.0.wrapping_add(1),
+            emitted.0
+        );
+        if let HangReason::Fault(info) = reason {
+            crate::log::log_error!(
+                "queue {}: {} fault on {} at {:#x} (opcode {:#x})",
+                qi,
+                info.kind.name(),
+                info.access.name(),
+                info.addr,
+                info.opcode
+            );
+        }
         self.record_trace(kind, qi, emitted, arg);
         if !reset_engine(&mut self.p, e, true)? {
             return Err(PlatformError::DeviceLost);
@@ -1082,6 +1118,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             return None;
         }
         self.lost = true;
+        crate::log::log_error!("device lost: failing every pending fence");
         let mut report = None;
         for qi in 0..QUEUES {
             let pending = self.queues.get(qi).is_some_and(QueueState::pending);

@@ -21,6 +21,9 @@
 //! - [`queue`]: submission and wait errors;
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
+//!
+//! Features: `defmt` (driver logs as defmt frames, for firmware) or `log`
+//! (the `log` facade, for Linux); neither by default (no logging code).
 #![no_std]
 #![cfg_attr(
     not(test),
@@ -45,6 +48,7 @@ pub mod gpuvm;
 pub mod hw;
 pub mod ibpool;
 pub mod kernel;
+mod log;
 pub mod mem;
 pub mod platform;
 pub mod queue;

@@ -76,6 +76,32 @@ pub enum Access {
     Unknown(u8),
 }
 
+impl FaultKind {
+    /// A short name, for logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            FaultKind::Translation => "translation",
+            FaultKind::Permission => "permission",
+            FaultKind::InvalidPacket => "invalid packet",
+            FaultKind::BadPte => "bad PTE",
+            FaultKind::Bus => "bus",
+            FaultKind::Unknown(_) => "unknown",
+        }
+    }
+}
+
+impl Access {
+    /// A short name, for logs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Write => "write",
+            Access::Fetch => "fetch",
+            Access::Unknown(_) => "unknown",
+        }
+    }
+}
+
 impl FaultInfo {
     /// Decodes FAULT_STATUS and FAULT_ADDR; None when VALID is clear.
     pub fn from_regs(status: u32, addr: u64) -> Option<FaultInfo> {

@@ -1,0 +1,46 @@
+//! Logging shim, in one file (as embassy does): the driver logs through
+//! these macros, which forward to `defmt` (feature `defmt`, for firmware:
+//! compact frames decoded on the host), to the `log` facade (feature `log`,
+//! for Linux), or compile to nothing (neither feature: no code, no strings).
+//!
+//! Call sites use only `{}` with integers, booleans and `&str` arguments,
+//! which both back ends format.
+
+#[cfg(all(feature = "defmt", feature = "log"))]
+compile_error!("umd-core: enable at most one of the `defmt` and `log` features");
+
+macro_rules! umd_log {
+    ($level:ident, $($arg:tt)*) => {{
+        #[cfg(feature = "defmt")]
+        defmt::$level!($($arg)*);
+        #[cfg(feature = "log")]
+        log::$level!($($arg)*);
+        #[cfg(not(any(feature = "defmt", feature = "log")))]
+        if false {
+            // Type-check the arguments; never evaluated, compiled away.
+            $crate::log::discard(core::format_args!($($arg)*));
+        }
+    }};
+}
+
+/// Swallows arguments when no logging back end is enabled.
+#[cfg(not(any(feature = "defmt", feature = "log")))]
+#[inline(always)]
+pub(crate) fn discard(_: core::fmt::Arguments<'_>) {}
+
+/// Error: the device faulted, hung or was lost.
+macro_rules! log_error {
+    ($($arg:tt)*) => { $crate::log::umd_log!(error, $($arg)*) };
+}
+
+/// Warning: something recoverable went wrong (pool or ring waits).
+macro_rules! log_warn {
+    ($($arg:tt)*) => { $crate::log::umd_log!(warn, $($arg)*) };
+}
+
+/// Info: bring-up and teardown.
+macro_rules! log_info {
+    ($($arg:tt)*) => { $crate::log::umd_log!(info, $($arg)*) };
+}
+
+pub(crate) use {log_error, log_info, log_warn, umd_log};
