@@ -1,5 +1,6 @@
 //! Links the images with aarch64-rt's `image.ld` and our `memory.ld`, on
-//! the bare-metal target only.
+//! the bare-metal target only (plus defmt's `defmt.x` with the `defmt`
+//! feature).
 
 fn main() {
     println!("cargo::rerun-if-changed=memory.ld");
@@ -9,5 +10,10 @@ fn main() {
         println!("cargo::rustc-link-search={dir}");
         println!("cargo::rustc-link-arg-bins=-Timage.ld");
         println!("cargo::rustc-link-arg-bins=-Tmemory.ld");
+        // defmt's interned strings and its `.defmt` section (feature
+        // `defmt`; the host decodes logs with the ELF's table).
+        if std::env::var_os("CARGO_FEATURE_DEFMT").is_some() {
+            println!("cargo::rustc-link-arg-bins=-Tdefmt.x");
+        }
     }
 }

@@ -7,6 +7,7 @@ use core::sync::atomic::Ordering;
 use platform_baremetal::arch::board::{self, IrqMode, VirtHal};
 use platform_baremetal::arch::exit;
 use platform_baremetal::ivshmem::IvshmemGpu;
+use platform_baremetal::log::Disp;
 use platform_baremetal::println;
 use umd_core::config::Config;
 use umd_core::device::{Device, MmuMode};
@@ -54,9 +55,11 @@ pub fn mode_name(mode: IrqMode) -> &'static str {
 pub fn transport(image: &str) -> (IvshmemGpu<VirtHal>, IrqMode) {
     let mode = mode();
     println!("@@ BOOT {image} mode={}", mode_name(mode));
+    platform_baremetal::info!("{}: bring-up in {} mode", image, mode_name(mode));
     match board::bring_up(mode) {
         Ok(g) => (g.io, mode),
         Err(e) => {
+            platform_baremetal::error!("bring-up failed: {}", Disp(&e));
             println!("@@ FATAL bring-up: {e}");
             exit::exit(2)
         }
@@ -68,10 +71,18 @@ pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuM
     match Device::new(io, cfg, mmu) {
         Ok(d) => {
             let chip = d.chip();
+            platform_baremetal::info!(
+                "Device::new: refgpu gen {} rev {}, {} IB chunks of {} B",
+                chip.generation.number(),
+                chip.revision,
+                C,
+                cfg.ib_chunk_bytes
+            );
             println!("@@ DEVICE gen={} rev={}", chip.generation.number(), chip.revision);
             d
         }
         Err((e, _)) => {
+            platform_baremetal::error!("Device::new failed: {}", Disp(&e));
             println!("@@ FATAL Device::new: {e}");
             exit::exit(2)
         }

@@ -390,6 +390,9 @@ fn retire<P: DirectIo, const C: usize, const T: usize>(
     }
     if ok {
         sum.verified += 1;
+        platform_baremetal::info!("frame {} retired: {} output words bit-exact", old.frame, N);
+    } else {
+        platform_baremetal::warn!("frame {} retired with a wrong word", old.frame);
     }
     heap.free(old.consts)
 }

@@ -6,6 +6,7 @@ use core::fmt;
 
 /// A decoded ESR_EL1 value.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Syndrome(pub u64);
 
 impl Syndrome {
@@ -62,6 +63,7 @@ impl Syndrome {
 
 /// A data/instruction fault status code (DFSC/IFSC).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct FaultStatus(pub u8);
 
 impl fmt::Display for FaultStatus {

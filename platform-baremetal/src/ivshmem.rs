@@ -219,6 +219,11 @@ impl<H: Hal> IvshmemGpu<H> {
             self.last_clock_seen_ns = now;
         } else if now.saturating_sub(self.last_clock_seen_ns) > self.loss_window_ns {
             self.lost = true;
+            crate::warn!(
+                "ivshmem: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
+                c,
+                now.saturating_sub(self.last_clock_seen_ns) / 1_000_000
+            );
         }
         !self.lost
     }

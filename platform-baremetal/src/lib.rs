@@ -13,6 +13,9 @@
 //!   exits non-zero;
 //! - **console**: the PL011 (`arm-pl011-uart`), a plain formatted log with
 //!   machine-readable result lines (see `docs/baremetal.md`, "Output");
+//! - **logs**: the [`log`] macros, defmt frames over semihosting with the
+//!   `defmt` feature (decoded on the host), plain text on the PL011
+//!   without;
 //! - **time**: the generic timer (`CNTVCT_EL0`), also as an
 //!   `embedded_hal::delay::DelayNs`;
 //! - **PCI**: ECAM enumeration of bus 0 and BAR assignment ([`pci`]);
@@ -40,6 +43,7 @@
 pub mod carveout;
 pub mod esr;
 pub mod ivshmem;
+pub mod log;
 pub mod map;
 pub mod pci;
 

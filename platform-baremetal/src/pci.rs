@@ -19,6 +19,7 @@ pub trait ConfigSpace {
 
 /// Bus, device, function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Bdf {
     /// Bus number.
     pub bus: u8,
@@ -59,6 +60,7 @@ pub mod cfg {
 
 /// A function found on the bus.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Function {
     /// Where it is.
     pub bdf: Bdf,
@@ -91,6 +93,7 @@ pub fn enumerate_bus0(cs: &mut impl ConfigSpace, mut found: impl FnMut(Function)
 
 /// A BAR after assignment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct Bar {
     /// Bus address assigned (0 if the BAR is absent).
     pub addr: u64,
@@ -102,6 +105,7 @@ pub struct Bar {
 
 /// A bump allocator over an MMIO window for BARs.
 #[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub struct BarWindow {
     next: u64,
     end: u64,
@@ -109,6 +113,7 @@ pub struct BarWindow {
 
 /// Why BAR assignment failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum BarError {
     /// The window has no room for a BAR of this size.
     WindowFull {

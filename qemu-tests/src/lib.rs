@@ -15,7 +15,12 @@
 //!    on the semihosting command line;
 //! 4. collects the console, parses the `@@` result lines
 //!    (`bm-images` documents the protocol) and QEMU's exit status (the
-//!    image's semihosting exit code).
+//!    image's semihosting exit code);
+//! 5. decodes the image's defmt logs ([`defmt_log`]): the images write
+//!    defmt frames over semihosting, which QEMU writes to its stdout; the
+//!    PL011 text goes to QEMU's stderr so the two never mix. They land in
+//!    [`Outcome::logs`] with level, timestamp, arguments and source
+//!    location.
 //!
 //! Everything started is owned by guards: QEMU and the model are killed
 //! and reaped, and the temporary directory removed, on every path,
@@ -35,6 +40,10 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+
+pub mod defmt_log;
+
+pub use defmt_log::LogLine;
 
 /// Failure guard for one QEMU run.
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(180);
@@ -127,6 +136,18 @@ pub struct Outcome {
     pub trace: Option<String>,
     /// Whether the harness killed the model ([`Run::kill_model_on`]).
     pub model_killed: bool,
+    /// The image's defmt logs, decoded (empty for an image built without
+    /// defmt).
+    pub logs: Vec<LogLine>,
+}
+
+/// A line of output as it arrives ([`boot_with`]).
+#[derive(Clone, Copy, Debug)]
+pub enum Output<'a> {
+    /// A console (PL011) line: `@@` protocol lines and plain text.
+    Console(&'a str),
+    /// A decoded defmt log line.
+    Log(&'a LogLine),
 }
 
 impl Outcome {
@@ -135,17 +156,26 @@ impl Outcome {
         self.results.iter().find(|(n, _)| n == scenario).map(|(_, s)| s)
     }
 
-    /// The last `n` console and model lines, for failure messages.
+    /// The last `n` console, defmt log and model lines, for failure
+    /// messages.
     pub fn tail(&self, n: usize) -> String {
         let c = &self.console[self.console.len().saturating_sub(n)..];
+        let l = &self.logs[self.logs.len().saturating_sub(n)..];
         let m = &self.model_log[self.model_log.len().saturating_sub(n)..];
         format!(
-            "--- last {} console lines ---\n{}\n--- last {} model lines ---\n{}",
+            "--- last {} console lines ---\n{}\n--- last {} defmt log lines ---\n{}\n--- last {} model lines ---\n{}",
             c.len(),
             c.join("\n"),
+            l.len(),
+            l.iter().map(|l| l.to_string()).collect::<Vec<_>>().join("\n"),
             m.len(),
             m.join("\n")
         )
+    }
+
+    /// The first defmt log line whose message contains `text`.
+    pub fn log(&self, text: &str) -> Option<&LogLine> {
+        self.logs.iter().find(|l| l.message.contains(text))
     }
 }
 
@@ -205,10 +235,11 @@ pub struct Artifacts {
     pub sim: PathBuf,
 }
 
-fn cargo(args: &[&str]) -> Result<(), HarnessError> {
+fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), HarnessError> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .args(args)
+        .envs(env.iter().copied())
         .current_dir(workspace_root())
         .env("CARGO_TARGET_DIR", target_dir())
         .env_remove("RUSTFLAGS")
@@ -231,18 +262,21 @@ pub fn artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            cargo(&[
-                "build",
-                "--release",
-                "--target",
-                "aarch64-unknown-none",
-                "--features",
-                "image",
-                "-p",
-                "bm-images",
-            ])
+            cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--target",
+                    "aarch64-unknown-none",
+                    "--features",
+                    "image,defmt",
+                    "-p",
+                    "bm-images",
+                ],
+                &IMAGE_ENV,
+            )
             .map_err(|e| e.to_string())?;
-            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"])
+            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"], &[])
                 .map_err(|e| e.to_string())?;
             let t = target_dir();
             Ok(Artifacts {
@@ -252,6 +286,15 @@ pub fn artifacts() -> Result<Artifacts, String> {
         })
         .clone()
 }
+
+/// The defmt log level the images are built with (`DEFMT_LOG`).
+pub const DEFMT_LOG: &str = "debug";
+
+/// The images' build environment: defmt keeps only `error` logs unless
+/// `DEFMT_LOG` says otherwise (it is read at compile time), and the log
+/// statements' locations come from DWARF variable entries, which the
+/// release profile's `debug = 1` (line tables only) leaves out.
+const IMAGE_ENV: [(&str, &str); 2] = [("DEFMT_LOG", DEFMT_LOG), ("CARGO_PROFILE_RELEASE_DEBUG", "2")];
 
 /// A child process killed and reaped when dropped.
 struct Guard {
@@ -305,7 +348,7 @@ fn collect(r: impl Read + Send + 'static, lines: Lines) -> thread::JoinHandle<()
     })
 }
 
-fn snapshot(lines: &Lines) -> Vec<String> {
+fn snapshot<T: Clone>(lines: &Mutex<Vec<T>>) -> Vec<T> {
     lines.lock().map(|v| v.clone()).unwrap_or_default()
 }
 
@@ -317,9 +360,11 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
     boot_with(run, |_| {})
 }
 
-/// Boots `run` once, handing every console line to `on_line` as it
-/// arrives (the demo streams them), and returns what happened.
-pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, HarnessError> {
+/// Boots `run` once, handing every console line and decoded defmt log
+/// line to `on_line` as it arrives (the demo streams them), and returns
+/// what happened. The two streams are read separately, so their relative
+/// order is only approximate.
+pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outcome, HarnessError> {
     if !qemu_available() {
         return Err(HarnessError::NoQemu);
     }
@@ -333,6 +378,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
         .tempdir()
         .map_err(|e| HarnessError::Setup(format!("temp dir: {e}")))?;
     let sock = dir.path().join("ivshmem.sock");
+    let decoder = defmt_log::Decoder::for_image(&image, &workspace_root()).map_err(HarnessError::Setup)?;
     let ram = dir.path().join("guest-ram");
     let ram_size = format!("{RAM_MB}M");
 
@@ -381,7 +427,11 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
     let mut qemu_cmd = Command::new(QEMU);
     qemu_cmd
         .args(["-M", "virt,gic-version=2,memory-backend=mem", "-cpu", "cortex-a53", "-m", &ram_size])
-        .args(["-nographic", "-nic", "none", "-monitor", "none", "-serial", "stdio"])
+        // QEMU's stdout: the semihosting `:tt` stream, i.e. the defmt
+        // frames alone. The PL011 text goes to QEMU's stderr (with QEMU's
+        // own messages, as before).
+        .args(["-nographic", "-nic", "none", "-monitor", "none"])
+        .args(["-chardev", "file,id=uart,path=/dev/stderr", "-serial", "chardev:uart"])
         .arg("-semihosting-config")
         .arg(format!(
             "enable=on,target=native,arg={},arg={}{}",
@@ -404,8 +454,13 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
         name: "qemu",
         polite: false,
     };
+    let logs: Arc<Mutex<Vec<LogLine>>> = Arc::default();
     if let Some(o) = qemu.child.stdout.take() {
-        readers.push(collect(o, console.clone()));
+        match decoder {
+            Some(d) => readers.push(d.spawn(o, logs.clone())),
+            // An image without defmt prints nothing there.
+            None => readers.push(collect(o, console.clone())),
+        }
     }
     if let Some(e) = qemu.child.stderr.take() {
         readers.push(collect(e, console.clone()));
@@ -414,14 +469,14 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
     let deadline = Instant::now() + RUN_TIMEOUT;
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
-    let mut seen = 0;
+    let (mut seen, mut logs_seen) = (0, 0);
     let mut model_killed = false;
     let mut pump = |model_killed: &mut bool, sim: &mut Guard| {
         let new: Vec<String> =
             console.lock().map(|v| v.get(seen..).unwrap_or(&[]).to_vec()).unwrap_or_default();
         seen += new.len();
         for l in &new {
-            on_line(l);
+            on_line(Output::Console(l));
             if let Some(t) = run.kill_model_on {
                 if !*model_killed && l.trim_start().starts_with(t) {
                     // SIGKILL: the model crashes, it does not leave politely.
@@ -429,6 +484,12 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
                     *model_killed = true;
                 }
             }
+        }
+        let new_logs: Vec<LogLine> =
+            logs.lock().map(|v| v.get(logs_seen..).unwrap_or(&[]).to_vec()).unwrap_or_default();
+        logs_seen += new_logs.len();
+        for l in &new_logs {
+            on_line(Output::Log(l));
         }
     };
     loop {
@@ -467,6 +528,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(&str)) -> Result<Outcome, Ha
         reports: Vec::new(),
         trace: None,
         model_killed,
+        logs: snapshot(&logs),
     };
     let mut block: Option<(String, Vec<String>)> = None;
     let mut in_trace = false;

@@ -36,6 +36,7 @@ impl ConfigSpace for Ecam {
 
 /// How GPU waits learn that the device is done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum IrqMode {
     /// The core polls fences (no interrupts).
     Polling,
@@ -115,12 +116,13 @@ fn setup_msix(ecam: &mut Ecam, bdf: Bdf, bars: &[Bar; 6]) -> Result<(), BoardErr
     crate::arch::irq::init(first, VECTORS).map_err(|_| BoardError::Msi("GIC refused to enable an SPI"))?;
     // Message Control: enable (bit 15), function mask off (bit 14).
     ecam.write(bdf, cap, (ctrl & !(1 << 30)) | (1 << 31));
-    crate::println!("MSI-X: {VECTORS} vectors -> GICv2m SPIs {first}..{}", first + VECTORS);
+    crate::info!("MSI-X: {} vectors -> GICv2m SPIs {}..{}", VECTORS, first, first + VECTORS);
     Ok(())
 }
 
 /// Why bring-up failed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "defmt", derive(defmt::Format))]
 pub enum BoardError {
     /// No ivshmem device on bus 0 (QEMU started without `-device
     /// ivshmem-doorbell`?).
@@ -177,7 +179,7 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     let mut ecam = Ecam;
     let mut found = None;
     pci::enumerate_bus0(&mut ecam, |f| {
-        crate::println!(
+        crate::info!(
             "pci {:02x}:{:02x}.{} {:04x}:{:04x}",
             f.bdf.bus,
             f.bdf.dev,
@@ -193,12 +195,7 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     let mut window = BarWindow::new(map::PCI_MMIO, map::PCI_MMIO_LEN);
     let bars = pci::assign_bars(&mut ecam, bdf, &mut window).map_err(BoardError::Bars)?;
     for (i, b) in bars.iter().enumerate().filter(|(_, b)| b.size != 0) {
-        crate::println!(
-            "  BAR{i} {:#x} size {:#x}{}",
-            b.addr,
-            b.size,
-            if b.is_64 { " (64-bit)" } else { "" }
-        );
+        crate::info!("  BAR{} {:#x} size {:#x}{}", i, b.addr, b.size, if b.is_64 { " (64-bit)" } else { "" });
     }
     if bars[2].size < 0x2000 {
         return Err(BoardError::SmallShm(bars[2].size));
@@ -221,10 +218,11 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     if lo < base || hi > base.saturating_add(size) {
         return Err(BoardError::CarveOutOutsideModel { base, size });
     }
+    crate::debug!("model memory {:#x} +{:#x}, GPU carve-out {:#x} +{:#x}", base, size, lo, hi - lo);
     if mode == IrqMode::Msi {
         setup_msix(&mut ecam, bdf, &bars)?;
     }
-    crate::println!(
+    crate::info!(
         "ivshmem at {:02x}.{}: peer {} model peer {}",
         bdf.dev,
         bdf.func,

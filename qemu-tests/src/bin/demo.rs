@@ -1,7 +1,8 @@
 //! The demo, in one command: builds the bare-metal images and
 //! `refgpu-sim`, starts the model on a shared RAM file, boots the `demo`
 //! image in QEMU (`virt`, Cortex-A53, ivshmem-doorbell), streams its
-//! report, and writes the driver's timeline as a Chrome / Perfetto trace.
+//! report and its defmt logs (decoded on the host, `[defmt]` lines), and
+//! writes the driver's timeline as a Chrome / Perfetto trace.
 //!
 //! ```sh
 //! cargo run -p qemu-tests --bin demo                 # gen2, MSI, 8 frames
@@ -15,7 +16,7 @@
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
-use qemu_tests::{boot_with, qemu_available, Mode, Run, INSTALL_HINT};
+use qemu_tests::{boot_with, qemu_available, Mode, Output, Run, INSTALL_HINT};
 
 struct Args {
     generation: u8,
@@ -136,15 +137,20 @@ fn main() -> ExitCode {
         args.mode.arg()
     );
     let mut in_trace = false;
-    let out = boot_with(&run, |l| {
-        let t = l.trim();
-        if t == "@@ TRACE BEGIN" {
-            in_trace = true;
-        } else if t == "@@ TRACE END" {
-            in_trace = false;
-        } else if !in_trace && !t.is_empty() {
-            println!("{l}");
+    let out = boot_with(&run, |o| match o {
+        Output::Console(l) => {
+            let t = l.trim();
+            if t == "@@ TRACE BEGIN" {
+                in_trace = true;
+            } else if t == "@@ TRACE END" {
+                in_trace = false;
+            } else if !in_trace && !t.is_empty() {
+                println!("{l}");
+            }
         }
+        // The image's defmt logs, decoded here (`[defmt]` marks them apart
+        // from the PL011 console).
+        Output::Log(l) => println!("[defmt] {l}"),
     });
     let out = match out {
         Ok(o) => o,
