@@ -343,7 +343,7 @@ impl<'a> Command<'a> {
 
     /// The value of one operand (0 when the command has no such field):
     /// what the encoder reads field by field, without building a table.
-    #[inline]
+    #[inline(always)]
     pub fn field(&self, field: Field) -> u64 {
         match (*self, field) {
             (Command::WriteData { dst, .. }, Field::Dst) => dst,
