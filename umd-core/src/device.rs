@@ -169,6 +169,10 @@ struct QueueState {
     ring: Ring,
     emitted: Seqno,
     timeline: Timeline,
+    /// Completions already processed (trace spans, pool and dependency
+    /// reclaim). The timeline may be advanced by any path that reads the
+    /// fence slot; this is how far the bookkeeping has followed it.
+    processed: Seqno,
     epoch: u32,
     errored: [Option<ErroredRange>; ERROR_HISTORY],
     errored_next: usize,
@@ -403,6 +407,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             ring,
             emitted: Seqno(0),
             timeline: Timeline::new(0),
+            processed: Seqno(0),
             epoch: 0,
             errored: [None; ERROR_HISTORY],
             errored_next: 0,
@@ -679,12 +684,13 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 // Completed before the reset: nothing to wait for.
                 continue;
             }
-            let done = refresh(&mut self.p, &self.fence_mem, wq, &state.timeline);
+            let emitted = state.emitted;
+            let done = self.refresh_queue(wq);
             if w.id.is_signalled_by(done) {
                 continue;
             }
             if wq == qi {
-                if w.id.seqno.is_after(state.emitted) {
+                if w.id.seqno.is_after(emitted) {
                     return Err(SubmitError::WaitsOnItself(*w));
                 }
                 // Earlier work on the same queue: ring order covers it.
@@ -859,7 +865,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
 
     fn refresh_queue(&mut self, qi: usize) -> Seqno {
         let Some(q) = self.queues.get(qi) else { return Seqno(0) };
-        let before = q.timeline.completed();
+        let before = q.processed;
         let now = refresh(&mut self.p, &self.fence_mem, qi, &q.timeline);
         if now.is_after(before) {
             let queue = QueueId(qi as u8);
@@ -885,6 +891,9 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                     seqno: s.0,
                     arg: submitted,
                 });
+            }
+            if let Some(q) = self.queues.get_mut(qi) {
+                q.processed = now;
             }
         }
         now
@@ -1104,6 +1113,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             q.errored_next = q.errored_next.wrapping_add(1);
         }
         q.timeline.force(upto);
+        // Cancelled fences are not "signalled": skip them in the bookkeeping.
+        q.processed = upto;
         q.ring.reset();
         q.watch = Watch::default();
         let off = qi.saturating_mul(FENCE_STRIDE);

@@ -4,11 +4,13 @@
 //! for Linux), or compile to nothing (neither feature: no code, no strings).
 //!
 //! Call sites use only `{}` with integers, booleans and `&str` arguments,
-//! which both back ends format.
+//! which both back ends format. The macros collapse their debug info, so
+//! decoded defmt locations name the caller, not this file.
 
 #[cfg(all(feature = "defmt", feature = "log"))]
 compile_error!("umd-core: enable at most one of the `defmt` and `log` features");
 
+#[collapse_debuginfo(yes)]
 macro_rules! umd_log {
     ($level:ident, $($arg:tt)*) => {{
         #[cfg(feature = "defmt")]
@@ -29,16 +31,19 @@ macro_rules! umd_log {
 pub(crate) fn discard(_: core::fmt::Arguments<'_>) {}
 
 /// Error: the device faulted, hung or was lost.
+#[collapse_debuginfo(yes)]
 macro_rules! log_error {
     ($($arg:tt)*) => { $crate::log::umd_log!(error, $($arg)*) };
 }
 
 /// Warning: something recoverable went wrong (pool or ring waits).
+#[collapse_debuginfo(yes)]
 macro_rules! log_warn {
     ($($arg:tt)*) => { $crate::log::umd_log!(warn, $($arg)*) };
 }
 
 /// Info: bring-up and teardown.
+#[collapse_debuginfo(yes)]
 macro_rules! log_info {
     ($($arg:tt)*) => { $crate::log::umd_log!(info, $($arg)*) };
 }

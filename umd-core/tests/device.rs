@@ -452,3 +452,26 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
         }
     }
 }
+
+#[test]
+fn completions_seen_by_any_path_are_traced_and_reclaimed() {
+    use umd_core::debug::TraceKind;
+    let mut dev: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
+    dev.platform().mode = Mode::Manual;
+    let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.platform().run(2);
+    // The COPY fence is first observed while checking this submission's
+    // wait list, not by a wait on it.
+    let compute = dev.submit(COMPUTE, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    dev.platform().run(1);
+    dev.wait(compute, 1_000_000_000).unwrap();
+    let span = dev
+        .trace()
+        .iter()
+        .find(|e| e.kind == TraceKind::FenceSignalled && e.queue == 2 && e.seqno == 1)
+        .copied();
+    let span = span.expect("COPY's fence was traced");
+    assert!(span.arg != 0 && span.arg <= span.ts_ns, "with its submit time: {span:?}");
+    assert_eq!(dev.stats().fences_signalled, 2);
+    assert_eq!(dev.pool_stats().in_flight, 0, "both chunks reclaimed");
+}
