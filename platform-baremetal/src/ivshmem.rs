@@ -22,7 +22,8 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
-use umd_core::hw::regs::{self, engine as er};
+use umd_core::hw::regs;
+use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::carveout::CarveOut;
@@ -87,7 +88,7 @@ pub struct IvshmemGpu<H: Hal> {
     model_peer: u32,
     carve: CarveOut,
     hal: H,
-    clock_hi: u32,
+    binding: Binding,
     lost: bool,
     last_clock: u64,
     last_clock_seen_ns: u64,
@@ -117,7 +118,7 @@ impl<H: Hal> IvshmemGpu<H> {
             model_peer: 0,
             carve,
             hal,
-            clock_hi: 0,
+            binding: Binding::new(),
             lost: false,
             last_clock: 0,
             last_clock_seen_ns: 0,
@@ -175,18 +176,6 @@ impl<H: Hal> IvshmemGpu<H> {
         self.carve.used_pages()
     }
 
-    fn reg(&self, off: u32) -> Result<&AtomicU32, PlatformError> {
-        if self.lost {
-            return Err(PlatformError::DeviceLost);
-        }
-        if off >= 4096 || off % 4 != 0 {
-            return Err(PlatformError::Unsupported);
-        }
-        // SAFETY: the offset lies in the 4 KiB register page at the start
-        // of the shared memory (contract of `new`), dword aligned.
-        Ok(unsafe { &*self.page.as_ptr().add(off as usize / 4) })
-    }
-
     fn ring(&mut self, vector: u32) -> Result<(), PlatformError> {
         if self.lost {
             return Err(PlatformError::DeviceLost);
@@ -227,15 +216,6 @@ impl<H: Hal> IvshmemGpu<H> {
         }
         !self.lost
     }
-}
-
-/// Splits a register offset into (engine, offset in its block).
-fn engine_reg(off: u32) -> Option<(u32, u32)> {
-    let end = regs::ENGINE_BASE + regs::ENGINE_STRIDE * regs::ENGINES;
-    if !(regs::ENGINE_BASE..end).contains(&off) {
-        return None;
-    }
-    Some(((off - regs::ENGINE_BASE) / regs::ENGINE_STRIDE, (off - regs::ENGINE_BASE) % regs::ENGINE_STRIDE))
 }
 
 // SAFETY: every region comes from the carve-out, which never hands a page
@@ -294,53 +274,20 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
 
 impl<H: Hal> DirectIo for IvshmemGpu<H> {
     fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
-        match offset {
-            regs::CLOCK_LO => {
-                let hi = self.reg(regs::CLOCK_HI)?;
-                let lo = self.reg(regs::CLOCK_LO)?;
-                let mut h1 = hi.load(Ordering::Acquire);
-                loop {
-                    let l = lo.load(Ordering::Acquire);
-                    let h2 = hi.load(Ordering::Acquire);
-                    if h1 == h2 {
-                        self.clock_hi = h2;
-                        return Ok(l);
-                    }
-                    h1 = h2;
-                }
-            }
-            regs::CLOCK_HI => {
-                self.reg(offset)?;
-                Ok(self.clock_hi)
-            }
-            _ if engine_reg(offset).is_some_and(|(_, r)| r == er::DOORBELL) => {
-                self.reg(offset)?;
-                Ok(0)
-            }
-            _ => Ok(self.reg(offset)?.load(Ordering::Acquire)),
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
         }
+        self.binding.read(&RegPage(self.page), offset)
     }
 
     fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        let r = self.reg(offset)?;
-        match offset {
-            regs::IRQ_STATUS => {
-                r.fetch_and(!value, Ordering::AcqRel);
-            }
-            regs::IRQ_MASK
-            | regs::MMU_CTRL
-            | regs::MMU_ROOT_LO
-            | regs::MMU_ROOT_HI
-            | regs::MMU_INVALIDATE => r.store(value, Ordering::Release),
-            _ => match engine_reg(offset) {
-                Some((e, er::DOORBELL)) => return self.ring(e),
-                Some((_, er::RING_BASE_LO | er::RING_BASE_HI | er::RING_SIZE | er::RING_WPTR | er::CTRL)) => {
-                    r.store(value, Ordering::Release)
-                }
-                _ => {} // read-only or unlisted: ignored, as on MMIO
-            },
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
         }
-        Ok(())
+        match self.binding.write(&RegPage(self.page), offset, value)? {
+            Written::Doorbell(e) => self.ring(e),
+            Written::Done => Ok(()),
+        }
     }
 
     fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
@@ -359,6 +306,7 @@ impl<H: Hal> DirectIo for IvshmemGpu<H> {
 mod tests {
     extern crate std;
     use super::*;
+    use umd_core::hw::regs::engine as er;
     use std::boxed::Box;
     use std::vec::Vec;
 
@@ -453,5 +401,21 @@ mod tests {
         assert!(g.is_lost());
         assert_eq!(g.read_reg(regs::ID), Err(PlatformError::DeviceLost));
         assert_eq!(g.doorbell(0), Err(PlatformError::DeviceLost));
+    }
+}
+
+/// The register page at the start of BAR2, as the binding sees it.
+#[derive(Clone, Copy)]
+struct RegPage(NonNull<AtomicU32>);
+
+impl SharedPage for RegPage {
+    fn word(&self, off: u32) -> Option<&AtomicU32> {
+        if off >= 4096 || off % 4 != 0 {
+            return None;
+        }
+        // SAFETY: the offset lies in the 4 KiB register page at the start of
+        // the shared memory (contract of `IvshmemGpu::new`), dword aligned;
+        // the page outlives the platform that holds the pointer.
+        Some(unsafe { &*self.0.as_ptr().add(off as usize / 4) })
     }
 }

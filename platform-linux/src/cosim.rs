@@ -34,12 +34,13 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
-use umd_core::hw::regs::{self, engine as er};
+use umd_core::hw::regs;
+use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::heap::{PageHeap, PAGE};
@@ -159,7 +160,7 @@ pub struct Cosim {
     irqs: Vec<OwnedFd>,
     mem_base: u64,
     heap: PageHeap,
-    clock_hi: u32,
+    binding: Binding,
     lost: bool,
     irq_wakeups: u64,
 }
@@ -254,7 +255,7 @@ impl Cosim {
             irqs,
             mem_base: window.base,
             heap: PageHeap::new(size / PAGE),
-            clock_hi: 0,
+            binding: Binding::new(),
             lost: false,
             irq_wakeups: 0,
         })
@@ -312,13 +313,6 @@ impl Cosim {
                 }
             }
         }
-    }
-
-    fn reg(&self, off: u32) -> Result<&std::sync::atomic::AtomicU32, PlatformError> {
-        if self.lost {
-            return Err(PlatformError::DeviceLost);
-        }
-        self.shm.u32_at(off as usize).filter(|_| off < 4096).ok_or(PlatformError::Unsupported)
     }
 
     /// Some physical address → host pointer, for tests and tools (None
@@ -449,53 +443,20 @@ unsafe impl Platform for Cosim {
 
 impl DirectIo for Cosim {
     fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
-        match offset {
-            regs::CLOCK_LO => {
-                let hi = self.reg(regs::CLOCK_HI)?;
-                let lo = self.reg(regs::CLOCK_LO)?;
-                let mut h1 = hi.load(Ordering::Acquire);
-                loop {
-                    let l = lo.load(Ordering::Acquire);
-                    let h2 = hi.load(Ordering::Acquire);
-                    if h1 == h2 {
-                        self.clock_hi = h2;
-                        return Ok(l);
-                    }
-                    h1 = h2;
-                }
-            }
-            regs::CLOCK_HI => {
-                self.reg(offset)?;
-                Ok(self.clock_hi)
-            }
-            _ if engine_reg(offset).is_some_and(|(_, r)| r == er::DOORBELL) => {
-                self.reg(offset)?;
-                Ok(0)
-            }
-            _ => Ok(self.reg(offset)?.load(Ordering::Acquire)),
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
         }
+        self.binding.read(&RegPage(&self.shm), offset)
     }
 
     fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        let r = self.reg(offset)?;
-        match offset {
-            regs::IRQ_STATUS => {
-                r.fetch_and(!value, Ordering::AcqRel);
-            }
-            regs::IRQ_MASK
-            | regs::MMU_CTRL
-            | regs::MMU_ROOT_LO
-            | regs::MMU_ROOT_HI
-            | regs::MMU_INVALIDATE => r.store(value, Ordering::Release),
-            _ => match engine_reg(offset) {
-                Some((e, er::DOORBELL)) => return self.ring(e as usize),
-                Some((_, er::RING_BASE_LO | er::RING_BASE_HI | er::RING_SIZE | er::RING_WPTR | er::CTRL)) => {
-                    r.store(value, Ordering::Release)
-                }
-                _ => {} // read-only or unlisted: ignored, as on MMIO
-            },
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
         }
-        Ok(())
+        match self.binding.write(&RegPage(&self.shm), offset, value)? {
+            Written::Doorbell(e) => self.ring(e as usize),
+            Written::Done => Ok(()),
+        }
     }
 
     fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
@@ -510,11 +471,11 @@ impl DirectIo for Cosim {
     }
 }
 
-/// Splits a register offset into (engine, offset in its block).
-pub(crate) fn engine_reg(off: u32) -> Option<(u32, u32)> {
-    let end = regs::ENGINE_BASE + regs::ENGINE_STRIDE * regs::ENGINES;
-    if !(regs::ENGINE_BASE..end).contains(&off) || off % 4 != 0 {
-        return None;
+/// The register page at the start of the shared memory, as the binding sees it.
+struct RegPage<'a>(&'a Mapping);
+
+impl SharedPage for RegPage<'_> {
+    fn word(&self, off: u32) -> Option<&AtomicU32> {
+        self.0.u32_at(off as usize).filter(|_| off < 4096)
     }
-    Some(((off - regs::ENGINE_BASE) / regs::ENGINE_STRIDE, (off - regs::ENGINE_BASE) % regs::ENGINE_STRIDE))
 }

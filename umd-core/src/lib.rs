@@ -16,6 +16,7 @@
 //! - [`ring`], [`ibpool`], [`gpuvm`]: the direct-mode ring, the IB chunk
 //!   pool with fence-gated reuse, and the GPU's view of memory;
 //! - [`sync`]: fences, timelines, cross-queue dependencies;
+//! - [`ivshmem`]: the shared-memory register binding for ivshmem platforms;
 //! - [`device`]: a refgpu in direct mode: submit, wait, hang recovery;
 //! - [`kernel`]: the same over a kernel driver (kernel-mediated mode);
 //! - [`queue`]: submission and wait errors;
@@ -47,6 +48,7 @@ pub mod device;
 pub mod gpuvm;
 pub mod hw;
 pub mod ibpool;
+pub mod ivshmem;
 pub mod kernel;
 mod log;
 pub mod mem;
