@@ -23,7 +23,7 @@ use crate::mem::Perms;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
 use crate::queue::{FenceStatus, SubmitError, WaitError};
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
-use crate::sync::deps::{DepError, DepGraph, MAX_WAITS};
+use crate::sync::deps::{DepGraph, MAX_WAITS};
 use crate::sync::{ErroredRange, FaultInfo, Fence, FenceError, FenceId, QueueId, Seqno, Timeline};
 
 /// Queues (engines) of a refgpu.
@@ -710,12 +710,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             .check(queue, seqno, ids.get(..n).unwrap_or(&[]), |q| {
                 queues.get(usize::from(q.0)).map_or(Seqno(0), |s| s.timeline.completed())
             })
-            .map_err(|e| match e {
-                DepError::Cycle(c) => SubmitError::Cycle(c),
-                DepError::TooManyWaits { given } => SubmitError::TooManyWaits { given },
-                DepError::Full { queue } => SubmitError::TooManyPending(queue),
-                DepError::UnknownQueue { queue } => SubmitError::UnknownQueue(queue),
-            })?;
+            .map_err(SubmitError::from)?;
         Ok((qi, seqno, ids, n))
     }
 

@@ -16,7 +16,7 @@ use crate::ibpool::{record_into, IbPool, IbPoolStats, Recorder};
 use crate::mem::{Placement, VaAllocator, VaNode};
 use crate::platform::{DmaRegion, KernelError, KernelIo, KernelSync, PlatformError};
 use crate::queue::{FenceStatus, SubmitError, WaitError};
-use crate::sync::deps::{DepError, DepGraph, MAX_WAITS};
+use crate::sync::deps::{DepGraph, MAX_WAITS};
 use crate::sync::{ErroredRange, Fence, FenceError, FenceId, QueueId, Seqno, Timeline};
 
 /// VA allocator nodes of a kernel-mode device.
@@ -246,12 +246,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
             .check(queue, seqno, ids.get(..n).unwrap_or(&[]), |q| {
                 queues.get(usize::from(q.0)).map_or(Seqno(0), |s| s.timeline.completed())
             })
-            .map_err(|e| match e {
-                DepError::Cycle(c) => SubmitError::Cycle(c),
-                DepError::TooManyWaits { given } => SubmitError::TooManyWaits { given },
-                DepError::Full { queue } => SubmitError::TooManyPending(queue),
-                DepError::UnknownQueue { queue } => SubmitError::UnknownQueue(queue),
-            })?;
+            .map_err(SubmitError::from)?;
         let KernelDevice { p, cfg, pool, pool_mem, queues, enc, .. } = &mut *self;
         let policy = cfg.pool_exhaustion;
         let limit = cfg.hang.window_ns;

@@ -6,7 +6,7 @@ use core::fmt;
 use crate::cmd::EncodeError;
 use crate::platform::PlatformError;
 use crate::ring::RingError;
-use crate::sync::deps::Cycle;
+use crate::sync::deps::{Cycle, DepError};
 use crate::sync::{Fence, FenceError, QueueId};
 
 /// Why a submission was refused. Nothing reached the GPU after any of
@@ -75,6 +75,17 @@ impl fmt::Display for SubmitError {
             }
             SubmitError::DeviceLost => write!(f, "device lost"),
             SubmitError::Platform(e) => write!(f, "platform: {e}"),
+        }
+    }
+}
+
+impl From<DepError> for SubmitError {
+    fn from(e: DepError) -> Self {
+        match e {
+            DepError::Cycle(c) => SubmitError::Cycle(c),
+            DepError::TooManyWaits { given } => SubmitError::TooManyWaits { given },
+            DepError::Full { queue } => SubmitError::TooManyPending(queue),
+            DepError::UnknownQueue { queue } => SubmitError::UnknownQueue(queue),
         }
     }
 }
