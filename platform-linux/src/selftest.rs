@@ -7,8 +7,12 @@
 //! smallest checks that prove a platform's memory, doorbells and waits
 //! work.
 
-use umd_core::device::Device;
-use umd_core::platform::DirectIo;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use umd_core::config::{Config, HangConfig};
+use umd_core::device::{Device, MmuMode};
+use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
 use umd_core::queue::FenceStatus;
 use umd_core::sync::QueueId;
 
@@ -140,4 +144,105 @@ pub fn all<P: DirectIo, const C: usize>(dev: &mut Device<P, C>) -> Result<(), St
         fences_in_order(dev, QueueId(q), 40)?;
     }
     cross_queue(dev)
+}
+
+/// Forwards everything to `inner`, except that the first `wait_irq` call
+/// first sets the 64-bit semaphore at `sem` (once the test armed it) to 1.
+/// Work that waits for that semaphore can not complete before a fence wait
+/// has gone to sleep, however the threads are scheduled.
+pub struct ReleaseOnWait<P> {
+    inner: P,
+    sem: Option<NonNull<u64>>,
+}
+
+// SAFETY: every method forwards to `inner`, which upholds the contract;
+// the wrapper hands out no memory of its own.
+unsafe impl<P: Platform> Platform for ReleaseOnWait<P> {
+    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+        self.inner.dma_alloc(len)
+    }
+    fn dma_free(&mut self, region: DmaRegion) {
+        self.inner.dma_free(region)
+    }
+    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+        self.inner.cache_clean(region, offset, len)
+    }
+    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+        self.inner.cache_invalidate(region, offset, len)
+    }
+    fn now_ns(&mut self) -> u64 {
+        self.inner.now_ns()
+    }
+    fn delay_ns(&mut self, ns: u64) {
+        self.inner.delay_ns(ns)
+    }
+    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+        if let Some(p) = self.sem.take() {
+            // SAFETY: `fence_wait_sleeps_on_the_interrupt` arms `sem` with the
+            // first word of a live GPU buffer (page aligned) that it frees
+            // only after the wait; the device only reads it.
+            unsafe { AtomicU64::from_ptr(p.as_ptr()) }.store(1, Ordering::Release);
+        }
+        self.inner.wait_irq(timeout_ns)
+    }
+}
+
+impl<P: DirectIo> DirectIo for ReleaseOnWait<P> {
+    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
+        self.inner.read_reg(offset)
+    }
+    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
+        self.inner.write_reg(offset, value)
+    }
+    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+        self.inner.doorbell(engine)
+    }
+    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+        self.inner.control_doorbell()
+    }
+}
+
+/// Checks a platform's interrupt path: a fence wait must sleep in
+/// `wait_irq` and be woken by the fence interrupt. The job first waits for
+/// a semaphore that [`ReleaseOnWait`] sets only when the wait calls
+/// `wait_irq`, so the fence can not land during the wait's initial spin
+/// however the threads are scheduled; a long hang window makes each
+/// `wait_irq` long (a quarter of it), so a slow device can not make the
+/// wait time out and then find the fence by polling. `irq_wakeups` reads
+/// the platform's count of interrupt wake-ups. Returns the platform.
+pub fn fence_wait_sleeps_on_the_interrupt<P: DirectIo>(
+    platform: P,
+    irq_wakeups: impl Fn(&mut P) -> u64,
+) -> Result<P, String> {
+    let cfg =
+        Config { hang: HangConfig { window_ns: 60_000_000_000, ..Config::DEFAULT.hang }, ..Config::DEFAULT };
+    let mut dev: Device<ReleaseOnWait<P>> =
+        Device::new(ReleaseOnWait { inner: platform, sem: None }, cfg, MmuMode::DEFAULT)
+            .map_err(|(e, _)| format!("Device::new: {e}"))?;
+    let mut sem = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
+    let buf = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
+    let (sem_va, va) = (sem.va(), buf.va());
+    // An interrupt left over from bringing the device up does not count.
+    let _ = dev.platform().inner.wait_irq(0);
+    let before = irq_wakeups(&mut dev.platform().inner);
+    let f = dev
+        .submit(QueueId(2), &[], |cb| {
+            cb.wait_seqno(sem_va, 1)?;
+            cb.write_data(va, &[77])
+        })
+        .map_err(|e| format!("submit: {e}"))?;
+    dev.platform().sem = NonNull::new(sem.words_mut().as_mut_ptr().cast::<u64>());
+    dev.wait(f, WAIT_GUARD_NS).map_err(|e| format!("wait: {e}"))?;
+    if dev.platform().sem.is_some() {
+        return Err("the wait never called wait_irq".into());
+    }
+    if buf.read_u32(0) != Some(77) {
+        return Err(format!("result {:?}, expected 77", buf.read_u32(0)));
+    }
+    if irq_wakeups(&mut dev.platform().inner) <= before {
+        return Err("the wait never woke on an interrupt".into());
+    }
+    dev.free_buffer(sem);
+    dev.free_buffer(buf);
+    Ok(dev.shutdown().inner)
 }

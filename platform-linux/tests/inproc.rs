@@ -1,14 +1,11 @@
 //! The in-process platform end to end: `umd_core::device::Device` on a
 //! model in this process, both generations, MMU on, interrupts and polling.
 
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use platform_linux::{selftest, InProcess};
 use refgpu_model::{Generation, ModelConfig};
-use umd_core::config::{Config, HangConfig};
+use umd_core::config::Config;
 use umd_core::device::{Device, MmuMode};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, IrqWait, Platform};
 use umd_core::sync::QueueId;
 
 fn platform(generation: Generation) -> InProcess {
@@ -111,96 +108,8 @@ fn single_fence_wait_with_interrupt() {
     dev.shutdown();
 }
 
-/// Forwards everything to `inner`, except that the first `wait_irq` call
-/// first sets the 64-bit semaphore at `sem` (once the test armed it) to 1.
-/// Work that waits for that semaphore can not complete before a fence wait
-/// has gone to sleep, however the threads are scheduled.
-struct ReleaseOnWait<P> {
-    inner: P,
-    sem: Option<NonNull<u64>>,
-}
-
-// SAFETY: every method forwards to `inner`, which upholds the contract;
-// the wrapper hands out no memory of its own.
-unsafe impl<P: Platform> Platform for ReleaseOnWait<P> {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
-        self.inner.dma_alloc(len)
-    }
-    fn dma_free(&mut self, region: DmaRegion) {
-        self.inner.dma_free(region)
-    }
-    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
-        self.inner.cache_clean(region, offset, len)
-    }
-    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
-        self.inner.cache_invalidate(region, offset, len)
-    }
-    fn now_ns(&mut self) -> u64 {
-        self.inner.now_ns()
-    }
-    fn delay_ns(&mut self, ns: u64) {
-        self.inner.delay_ns(ns)
-    }
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
-        if let Some(p) = self.sem.take() {
-            // SAFETY: the test arms `sem` with the first word of a live GPU
-            // buffer (page aligned) that it frees only after the wait; the
-            // device only reads it.
-            unsafe { AtomicU64::from_ptr(p.as_ptr()) }.store(1, Ordering::Release);
-        }
-        self.inner.wait_irq(timeout_ns)
-    }
-}
-
-impl<P: DirectIo> DirectIo for ReleaseOnWait<P> {
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
-        self.inner.read_reg(offset)
-    }
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        self.inner.write_reg(offset, value)
-    }
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
-        self.inner.doorbell(engine)
-    }
-    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
-        self.inner.control_doorbell()
-    }
-}
-
 #[test]
 fn fence_wait_sleeps_on_the_interrupt() {
-    // The job first waits for a semaphore that the platform sets only when
-    // the fence wait calls `wait_irq`, so the fence can not land during the
-    // wait's initial spin (an injected packet latency only makes that
-    // unlikely: a descheduled test thread lets it land first) and the wait
-    // must be woken by the interrupt. A long hang window makes each
-    // `wait_irq` long (a quarter of it), so a slow engine can not make the
-    // wait time out and then find the fence by polling.
     let p = platform(Generation::Gen2);
-    let cfg =
-        Config { hang: HangConfig { window_ns: 60_000_000_000, ..Config::DEFAULT.hang }, ..Config::DEFAULT };
-    let mut dev: Device<ReleaseOnWait<InProcess>> =
-        Device::new(ReleaseOnWait { inner: p, sem: None }, cfg, MmuMode::DEFAULT)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    let mut sem = dev.alloc_buffer(4096).unwrap();
-    let buf = dev.alloc_buffer(4096).unwrap();
-    let (sem_va, va) = (sem.va(), buf.va());
-    // An interrupt left over from bringing the device up does not count.
-    let _ = dev.platform().inner.wait_irq(0);
-    let wakeups = dev.platform().inner.irq_wakeups();
-    let f = dev
-        .submit(QueueId(2), &[], |cb| {
-            cb.wait_seqno(sem_va, 1)?;
-            cb.write_data(va, &[77])
-        })
-        .unwrap();
-    dev.platform().sem = NonNull::new(sem.words_mut().as_mut_ptr().cast::<u64>());
-    dev.wait(f, selftest::WAIT_GUARD_NS).unwrap();
-    assert!(dev.platform().sem.is_none(), "the wait never called wait_irq");
-    assert_eq!(buf.read_u32(0), Some(77));
-    assert!(dev.platform().inner.irq_wakeups() > wakeups, "the wait never woke on an interrupt");
-    dev.free_buffer(sem);
-    dev.free_buffer(buf);
-    dev.shutdown();
+    selftest::fence_wait_sleeps_on_the_interrupt(p, |p| p.irq_wakeups()).unwrap_or_else(|e| panic!("{e}"));
 }
