@@ -306,9 +306,9 @@ impl<H: Hal> DirectIo for IvshmemGpu<H> {
 mod tests {
     extern crate std;
     use super::*;
-    use umd_core::hw::regs::engine as er;
     use std::boxed::Box;
     use std::vec::Vec;
+    use umd_core::hw::regs::engine as er;
 
     struct FakeHal {
         t: u64,
