@@ -23,7 +23,9 @@ pub mod bench;
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub mod boot;
 pub mod demo;
-pub mod smoke;
+/// The bring-up checks the smoke image runs (shared with the Linux
+/// platforms' self-test).
+pub use conformance::bringup as smoke;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub use boot::report_line;

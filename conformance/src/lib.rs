@@ -15,6 +15,8 @@
 //! never a performance threshold.
 #![no_std]
 
+pub mod bringup;
+
 use core::fmt::{self, Write};
 
 use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};

@@ -1,6 +1,9 @@
 //! Bring-up checks over any direct-mode platform, without an allocator:
 //! copy + fill + write-data checked word by word, fences in order, and a
-//! cross-queue wait.
+//! cross-queue wait. The smallest checks that prove a platform's memory,
+//! doorbells and waits work: run them right after `Device::new` when
+//! porting. The bare-metal smoke image and the Linux platforms' self-test
+//! both use them; the scenarios of the crate root are the full suite.
 
 use core::fmt;
 
@@ -193,4 +196,19 @@ pub fn list<P: DirectIo, const C: usize>() -> [(&'static str, Check<P, C>); 7] {
         ("fences_in_order_copy", |d| fences_in_order(d, QueueId(2), 40)),
         ("cross_queue", cross_queue),
     ]
+}
+
+/// Runs every check of [`list`] in order and stops at the first failure,
+/// which it hands to `failed` with the check's name. True if all passed.
+pub fn all<P: DirectIo, const C: usize>(
+    dev: &mut Device<P, C>,
+    failed: impl FnOnce(&'static str, Failure),
+) -> bool {
+    for (name, check) in list::<P, C>() {
+        if let Err(f) = check(dev) {
+            failed(name, f);
+            return false;
+        }
+    }
+    true
 }
