@@ -80,7 +80,7 @@ fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
 /// functions the probe never links against (it only measures).
 mod board {
     use core::ptr::NonNull;
-    use umd_core::platform::{DirectIo, DmaRegion, Platform, PlatformError};
+    use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, Platform, PlatformError};
 
     extern "C" {
         fn board_read_reg(off: u32) -> u32;
@@ -98,7 +98,9 @@ mod board {
     // device-visible blocks; its clock is monotonic (the integrator's
     // obligations, stated here as they would be on a real board).
     unsafe impl Platform for Board {
-        fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+        type RawMutex = umd_core::platform::SpinLock;
+
+        fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
             let mut dev = 0u64;
             // SAFETY: FFI to the board allocator.
             let p = unsafe { board_alloc(len, &mut dev) };
@@ -106,31 +108,33 @@ mod board {
             // SAFETY: the board allocator's contract (see above).
             Ok(unsafe { DmaRegion::new(p, dev, len) })
         }
-        fn dma_free(&mut self, region: DmaRegion) {
-            // SAFETY: returns a block from board_alloc.
-            unsafe { board_free(region.cpu_ptr().as_ptr(), region.len()) }
+        fn dma_free(&self, region: DmaRegion) {
+            if let Some(p) = region.cpu_ptr() {
+                // SAFETY: returns a block from board_alloc.
+                unsafe { board_free(p.as_ptr(), region.len()) }
+            }
         }
-        fn now_ns(&mut self) -> u64 {
+        fn now_ns(&self) -> u64 {
             // SAFETY: FFI, no preconditions.
             unsafe { board_now_ns() }
         }
-        fn delay_ns(&mut self, ns: u64) {
+        fn delay_ns(&self, ns: u64) {
             // SAFETY: FFI, no preconditions.
             unsafe { board_delay_ns(ns) }
         }
     }
 
     impl DirectIo for Board {
-        fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+        fn read_reg(&self, off: u32) -> Result<u32, PlatformError> {
             // SAFETY: FFI register read inside the register page.
             Ok(unsafe { board_read_reg(off) })
         }
-        fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
+        fn write_reg(&self, off: u32, v: u32) -> Result<(), PlatformError> {
             // SAFETY: FFI register write inside the register page.
             unsafe { board_write_reg(off, v) };
             Ok(())
         }
-        fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+        fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
             let off = umd_core::hw::regs::engine_reg(engine, umd_core::hw::regs::engine::DOORBELL);
             self.write_reg(off, 1)
         }

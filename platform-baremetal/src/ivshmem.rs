@@ -20,11 +20,11 @@
 //! pointers, so host tests drive it over an ordinary page.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicU32, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::carveout::CarveOut;
 
@@ -65,17 +65,17 @@ pub mod info {
 /// What the transport needs from the CPU and board.
 pub trait Hal {
     /// Monotonic nanoseconds.
-    fn now_ns(&mut self) -> u64;
+    fn now_ns(&self) -> u64;
     /// Waits at least `ns`.
-    fn delay_ns(&mut self, ns: u64);
+    fn delay_ns(&self, ns: u64);
     /// Cleans the data cache over `[addr, addr + len)` to the point of
     /// coherency (CPU writes become visible to the device).
-    fn cache_clean(&mut self, addr: usize, len: usize);
+    fn cache_clean(&self, addr: usize, len: usize);
     /// Invalidates the data cache over `[addr, addr + len)` (device writes
     /// become visible to the CPU).
-    fn cache_invalidate(&mut self, addr: usize, len: usize);
+    fn cache_invalidate(&self, addr: usize, len: usize);
     /// Waits for a device interrupt (MSI-X) for at most `timeout_ns`.
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         let _ = timeout_ns;
         IrqWait::Unsupported
     }
@@ -86,12 +86,12 @@ pub struct IvshmemGpu<H: Hal> {
     bar0: NonNull<u32>,
     page: NonNull<AtomicU32>,
     model_peer: u32,
-    carve: CarveOut,
+    carve: spin::Mutex<CarveOut>,
     hal: H,
     binding: Binding,
-    lost: bool,
-    last_clock: u64,
-    last_clock_seen_ns: u64,
+    lost: AtomicBool,
+    last_clock: AtomicU64,
+    last_clock_seen_ns: AtomicU64,
     /// How long CLOCK may stay frozen before the device counts as lost.
     pub loss_window_ns: u64,
 }
@@ -116,18 +116,18 @@ impl<H: Hal> IvshmemGpu<H> {
             bar0,
             page: shm.cast(),
             model_peer: 0,
-            carve,
+            carve: spin::Mutex::new(carve),
             hal,
             binding: Binding::new(),
-            lost: false,
-            last_clock: 0,
-            last_clock_seen_ns: 0,
+            lost: AtomicBool::new(false),
+            last_clock: AtomicU64::new(0),
+            last_clock_seen_ns: AtomicU64::new(0),
             loss_window_ns: LOSS_WINDOW_NS,
         };
         if g.shm_word(info::OFFSET) == info::MAGIC {
             g.model_peer = g.shm_word(info::OFFSET + info::MODEL_ID_OFF) & 0xffff;
         }
-        g.last_clock_seen_ns = g.hal.now_ns();
+        g.last_clock_seen_ns.store(g.hal.now_ns(), Ordering::Relaxed);
         g
     }
 
@@ -163,21 +163,21 @@ impl<H: Hal> IvshmemGpu<H> {
 
     /// Whether the device was found lost.
     pub fn is_lost(&self) -> bool {
-        self.lost
+        self.lost.load(Ordering::Acquire)
     }
 
     /// The hardware half.
-    pub fn hal(&mut self) -> &mut H {
-        &mut self.hal
+    pub fn hal(&self) -> &H {
+        &self.hal
     }
 
     /// Pages of the carve-out in use.
     pub fn dma_pages_used(&self) -> usize {
-        self.carve.used_pages()
+        self.carve.lock().used_pages()
     }
 
-    fn ring(&mut self, vector: u32) -> Result<(), PlatformError> {
-        if self.lost {
+    fn ring(&self, vector: u32) -> Result<(), PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         // Make the register-page and ring writes visible before the model
@@ -197,24 +197,24 @@ impl<H: Hal> IvshmemGpu<H> {
 
     /// Checks the model's heartbeat (CLOCK moving); marks the device lost
     /// when it stood still for longer than the loss window.
-    pub fn check_heartbeat(&mut self) -> bool {
-        if self.lost {
+    pub fn check_heartbeat(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
             return false;
         }
         let now = self.hal.now_ns();
         let c = self.raw_clock();
-        if c != self.last_clock {
-            self.last_clock = c;
-            self.last_clock_seen_ns = now;
-        } else if now.saturating_sub(self.last_clock_seen_ns) > self.loss_window_ns {
-            self.lost = true;
+        let seen = self.last_clock_seen_ns.load(Ordering::Relaxed);
+        if self.last_clock.swap(c, Ordering::Relaxed) != c {
+            self.last_clock_seen_ns.store(now, Ordering::Relaxed);
+        } else if now.saturating_sub(seen) > self.loss_window_ns {
+            self.lost.store(true, Ordering::Release);
             crate::warn!(
                 "ivshmem: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
                 c,
-                now.saturating_sub(self.last_clock_seen_ns) / 1_000_000
+                now.saturating_sub(seen) / 1_000_000
             );
         }
-        !self.lost
+        !self.lost.load(Ordering::Acquire)
     }
 }
 
@@ -223,8 +223,10 @@ impl<H: Hal> IvshmemGpu<H> {
 // device at the carve-out's device addresses; they are zeroed and cleaned
 // before being returned. `now_ns` is the HAL's monotonic clock.
 unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
-        let (cpu, dev) = self.carve.alloc(len).ok_or(PlatformError::OutOfMemory { len })?;
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        let (cpu, dev) = self.carve.lock().alloc(len).ok_or(PlatformError::OutOfMemory { len })?;
         let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
         let p = NonNull::new(cpu as *mut u8).ok_or(PlatformError::OutOfMemory { len })?;
         // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
@@ -235,30 +237,36 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
         Ok(unsafe { DmaRegion::new(p, dev, len) })
     }
 
-    fn dma_free(&mut self, region: DmaRegion) {
-        self.carve.free(region.cpu_ptr().as_ptr() as usize, region.len());
+    fn dma_free(&self, region: DmaRegion) {
+        if let Some(p) = region.cpu_ptr() {
+            self.carve.lock().free(p.as_ptr() as usize, region.len());
+        }
     }
 
-    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
         let len = len.min(region.len().saturating_sub(offset));
-        self.hal.cache_clean(region.cpu_ptr().as_ptr() as usize + offset, len);
+        if let Some(p) = region.cpu_ptr() {
+            self.hal.cache_clean(p.as_ptr() as usize + offset, len);
+        }
     }
 
-    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
         let len = len.min(region.len().saturating_sub(offset));
-        self.hal.cache_invalidate(region.cpu_ptr().as_ptr() as usize + offset, len);
+        if let Some(p) = region.cpu_ptr() {
+            self.hal.cache_invalidate(p.as_ptr() as usize + offset, len);
+        }
     }
 
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         self.hal.now_ns()
     }
 
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         self.hal.delay_ns(ns);
         self.check_heartbeat();
     }
 
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         if !self.check_heartbeat() {
             return IrqWait::Interrupt; // the next register access reports the loss
         }
@@ -273,15 +281,15 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
 }
 
 impl<H: Hal> DirectIo for IvshmemGpu<H> {
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
-        if self.lost {
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         self.binding.read(&RegPage(self.page), offset)
     }
 
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        if self.lost {
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         match self.binding.write(&RegPage(self.page), offset, value)? {
@@ -290,14 +298,14 @@ impl<H: Hal> DirectIo for IvshmemGpu<H> {
         }
     }
 
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
         if engine >= regs::ENGINES {
             return Err(PlatformError::Unsupported);
         }
         self.ring(engine)
     }
 
-    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+    fn control_doorbell(&self) -> Result<(), PlatformError> {
         self.ring(regs::CONTROL_VECTOR)
     }
 }
@@ -311,21 +319,21 @@ mod tests {
     use umd_core::hw::regs::engine as er;
 
     struct FakeHal {
-        t: u64,
-        cleaned: Vec<(usize, usize)>,
+        t: core::cell::Cell<u64>,
+        cleaned: core::cell::RefCell<Vec<(usize, usize)>>,
     }
 
     impl Hal for FakeHal {
-        fn now_ns(&mut self) -> u64 {
-            self.t
+        fn now_ns(&self) -> u64 {
+            self.t.get()
         }
-        fn delay_ns(&mut self, ns: u64) {
-            self.t += ns;
+        fn delay_ns(&self, ns: u64) {
+            self.t.set(self.t.get() + ns);
         }
-        fn cache_clean(&mut self, addr: usize, len: usize) {
-            self.cleaned.push((addr, len));
+        fn cache_clean(&self, addr: usize, len: usize) {
+            self.cleaned.borrow_mut().push((addr, len));
         }
-        fn cache_invalidate(&mut self, _addr: usize, _len: usize) {}
+        fn cache_invalidate(&self, _addr: usize, _len: usize) {}
     }
 
     #[repr(align(4096))]
@@ -342,7 +350,7 @@ mod tests {
                 NonNull::new(bar0.as_mut_ptr()).unwrap(),
                 NonNull::new(shm.0.as_mut_ptr()).unwrap(),
                 carve,
-                FakeHal { t: 0, cleaned: Vec::new() },
+                FakeHal { t: Default::default(), cleaned: Default::default() },
             )
         }
     }
@@ -352,7 +360,7 @@ mod tests {
         let mut shm = Box::new(Pages([0; 4096]));
         let mut bar0 = [0u32; 4];
         let mut dma = Box::new(Pages([0; 4096]));
-        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
         assert_eq!(g.model_peer(), 7);
         g.write_reg(regs::IRQ_MASK, 0x707).unwrap();
         g.write_reg(regs::engine_reg(1, er::RING_WPTR), 0x40).unwrap();
@@ -366,7 +374,7 @@ mod tests {
         assert_eq!(shm.0[regs::engine_reg(1, er::RING_RPTR) as usize / 4], 0);
         assert_eq!(bar0[3], 7 << 16, "the last ring was engine 0's DOORBELL write");
         shm.0[regs::IRQ_STATUS as usize / 4] = 0x105;
-        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
         g.write_reg(regs::IRQ_STATUS, 0x101).unwrap();
         drop(g);
         assert_eq!(shm.0[regs::IRQ_STATUS as usize / 4], 0x004, "atomic AND of the complement");
@@ -378,12 +386,12 @@ mod tests {
         let mut bar0 = [0u32; 4];
         let mut dma = Box::new(Pages([0xffff_ffff; 4096]));
         let base = dma.0.as_ptr() as usize;
-        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
-        let r = g.dma_alloc(100).unwrap();
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
+        let r = g.dma_alloc(100, DmaFlags::CPU).unwrap();
         assert_eq!((r.dev_addr(), r.len()), (0x4100_0000, 4096));
         assert!(r.words().iter().all(|&w| w == 0));
-        assert_eq!(g.hal().cleaned, [(base, 4096)]);
-        assert!(g.dma_alloc(4 * 4096).is_err());
+        assert_eq!(*g.hal().cleaned.borrow(), [(base, 4096)]);
+        assert!(g.dma_alloc(4 * 4096, DmaFlags::CPU).is_err());
         g.dma_free(r);
         assert_eq!(g.dma_pages_used(), 0);
     }
@@ -393,7 +401,7 @@ mod tests {
         let mut shm = Box::new(Pages([0; 4096]));
         let mut bar0 = [0u32; 4];
         let mut dma = Box::new(Pages([0; 4096]));
-        let mut g = gpu(&mut shm, &mut bar0, &mut dma);
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
         // The fake page's CLOCK never moves.
         for _ in 0..3 {
             g.delay_ns(LOSS_WINDOW_NS);

@@ -156,8 +156,8 @@ fn ping_pong() -> Stats {
 /// on the fence word (`irq = false`) or `wait_irq` until it shows.
 fn ring_round_trips<P: DirectIo>(p: &mut P, irq: bool) -> Stats {
     let size = 64 * 1024usize;
-    let mut ring = p.dma_alloc(size).expect("ring");
-    let fence = p.dma_alloc(4096).expect("fence");
+    let mut ring = p.dma_alloc(size, umd_core::platform::DmaFlags::CPU).expect("ring");
+    let fence = p.dma_alloc(4096, umd_core::platform::DmaFlags::CPU).expect("fence");
     let f = fence.dev_addr();
     let e = 2u32;
     let w = |p: &mut P, r, v| p.write_reg(r, v).expect("reg");

@@ -34,14 +34,15 @@ use std::os::fd::OwnedFd;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::heap::{PageHeap, PAGE};
 use crate::sys::{self, Mapping};
@@ -159,10 +160,10 @@ pub struct Cosim {
     doorbells: Vec<OwnedFd>,
     irqs: Vec<OwnedFd>,
     mem_base: u64,
-    heap: PageHeap,
+    heap: Mutex<PageHeap>,
     binding: Binding,
-    lost: bool,
-    irq_wakeups: u64,
+    lost: AtomicBool,
+    irq_wakeups: AtomicU64,
 }
 
 impl Cosim {
@@ -254,10 +255,10 @@ impl Cosim {
             doorbells,
             irqs,
             mem_base: window.base,
-            heap: PageHeap::new(size / PAGE),
+            heap: Mutex::new(PageHeap::new(size / PAGE)),
             binding: Binding::new(),
-            lost: false,
-            irq_wakeups: 0,
+            lost: AtomicBool::new(false),
+            irq_wakeups: AtomicU64::new(0),
         })
     }
 
@@ -273,42 +274,42 @@ impl Cosim {
 
     /// Pages (4 KiB) of system memory in use by DMA allocations.
     pub fn dma_pages_used(&self) -> usize {
-        self.heap.used_pages()
+        self.heap.lock().unwrap_or_else(|p| p.into_inner()).used_pages()
     }
 
     /// How many times `wait_irq` woke up on an interrupt.
     pub fn irq_wakeups(&self) -> u64 {
-        self.irq_wakeups
+        self.irq_wakeups.load(Ordering::Relaxed)
     }
 
     /// Whether the server went away.
     pub fn is_lost(&self) -> bool {
-        self.lost
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Checks the socket without blocking; marks the device lost on EOF or
     /// error. Returns whether the link is up.
-    pub fn check_link(&mut self) -> bool {
-        if self.lost {
+    pub fn check_link(&self) -> bool {
+        if self.lost.load(Ordering::Acquire) {
             return false;
         }
         let mut fds = [PollFd::new(&self.stream, PollFlags::IN)];
         if matches!(poll(&mut fds, Some(&Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0) {
             self.drain_socket();
         }
-        !self.lost
+        !self.lost.load(Ordering::Acquire)
     }
 
     /// Reads whatever the server sent after setup (peer notifications); EOF
     /// means the server is gone.
-    fn drain_socket(&mut self) {
+    fn drain_socket(&self) {
         loop {
             match recv_msg(&self.stream) {
-                Ok((id, None)) if id == i64::from(self.model_id) => self.lost = true, // the model peer left
+                Ok((id, None)) if id == i64::from(self.model_id) => self.lost.store(true, Ordering::Release), // the model peer left
                 Ok(_) => {}
                 Err(CosimError::Io(_, e)) if e.kind() == io::ErrorKind::TimedOut => return,
                 Err(_) => {
-                    self.lost = true;
+                    self.lost.store(true, Ordering::Release);
                     return;
                 }
             }
@@ -326,8 +327,8 @@ impl Cosim {
         NonNull::new(unsafe { self.mem.ptr().as_ptr().add(off) })
     }
 
-    fn ring(&mut self, vector: usize) -> Result<(), PlatformError> {
-        if self.lost {
+    fn ring(&self, vector: usize) -> Result<(), PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         let fd = self.doorbells.get(vector).ok_or(PlatformError::Unsupported)?;
@@ -365,9 +366,16 @@ fn read_window(shm: &Mapping) -> Result<MemWindow, CosimError> {
 // page out twice), valid while `self` lives, zeroed, and the device reaches
 // the same bytes at `mem_base + offset`; `now_ns` is CLOCK_MONOTONIC.
 unsafe impl Platform for Cosim {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).checked_next_multiple_of(PAGE).ok_or(PlatformError::OutOfMemory { len })?;
-        let first = self.heap.alloc(len / PAGE).ok_or(PlatformError::OutOfMemory { len })?;
+        let first = self
+            .heap
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc(len / PAGE)
+            .ok_or(PlatformError::OutOfMemory { len })?;
         let off = first * PAGE;
         // SAFETY: pages `first .. first + len/PAGE` lie inside the mapping
         // (the heap covers exactly `mem.len() / PAGE` pages) and were free,
@@ -382,26 +390,26 @@ unsafe impl Platform for Cosim {
         Ok(unsafe { DmaRegion::new(cpu, self.mem_base + off as u64, len) })
     }
 
-    fn dma_free(&mut self, region: DmaRegion) {
+    fn dma_free(&self, region: DmaRegion) {
         let off = region.dev_addr().wrapping_sub(self.mem_base) as usize;
         if off % PAGE == 0 && off < self.mem.len() {
-            self.heap.free(off / PAGE, region.len().div_ceil(PAGE));
+            self.heap.lock().unwrap_or_else(|p| p.into_inner()).free(off / PAGE, region.len().div_ceil(PAGE));
         }
     }
 
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         sys::monotonic_ns()
     }
 
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         if ns >= 100_000 {
             self.check_link();
         }
         sys::delay_ns(ns);
     }
 
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
-        if self.lost {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
+        if self.lost.load(Ordering::Acquire) {
             return IrqWait::Interrupt; // the next register access reports the loss
         }
         let deadline = Instant::now() + Duration::from_nanos(timeout_ns);
@@ -423,7 +431,7 @@ unsafe impl Platform for Cosim {
             };
             if sock {
                 self.drain_socket();
-                if self.lost {
+                if self.lost.load(Ordering::Acquire) {
                     return IrqWait::Interrupt;
                 }
             }
@@ -431,7 +439,7 @@ unsafe impl Platform for Cosim {
                 for f in self.irqs.iter().take(3) {
                     sys::eventfd_drain(f);
                 }
-                self.irq_wakeups += 1;
+                self.irq_wakeups.fetch_add(1, Ordering::Relaxed);
                 return IrqWait::Interrupt;
             }
             if left.is_zero() {
@@ -442,15 +450,15 @@ unsafe impl Platform for Cosim {
 }
 
 impl DirectIo for Cosim {
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
-        if self.lost {
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         self.binding.read(&RegPage(&self.shm), offset)
     }
 
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        if self.lost {
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
+        if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
         }
         match self.binding.write(&RegPage(&self.shm), offset, value)? {
@@ -459,14 +467,14 @@ impl DirectIo for Cosim {
         }
     }
 
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
         if engine >= regs::ENGINES {
             return Err(PlatformError::Unsupported);
         }
         self.ring(engine as usize)
     }
 
-    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+    fn control_doorbell(&self) -> Result<(), PlatformError> {
         self.ring(regs::CONTROL_VECTOR as usize)
     }
 }

@@ -15,7 +15,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use refgpu_model::{regs as mregs, IrqSink, Model, ModelConfig, ModelError};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::heap::{PageHeap, PAGE};
 use crate::sys;
@@ -38,10 +40,10 @@ impl IrqSink for IrqLatch {
 pub struct InProcess {
     model: Arc<Model>,
     irq: Arc<IrqLatch>,
-    heap: PageHeap,
+    heap: Mutex<PageHeap>,
     base: NonNull<u8>,
     mem_base: u64,
-    irq_wakeups: u64,
+    irq_wakeups: AtomicU64,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -69,8 +71,8 @@ impl InProcess {
             mem_base: model.mem_base(),
             model,
             irq,
-            heap: PageHeap::new(pages),
-            irq_wakeups: 0,
+            heap: Mutex::new(PageHeap::new(pages)),
+            irq_wakeups: AtomicU64::new(0),
         })
     }
 
@@ -81,12 +83,12 @@ impl InProcess {
 
     /// Pages (4 KiB) in use by DMA allocations.
     pub fn dma_pages_used(&self) -> usize {
-        self.heap.used_pages()
+        self.heap.lock().unwrap_or_else(|p| p.into_inner()).used_pages()
     }
 
     /// How many times `wait_irq` woke up on an interrupt.
     pub fn irq_wakeups(&self) -> u64 {
-        self.irq_wakeups
+        self.irq_wakeups.load(Ordering::Relaxed)
     }
 }
 
@@ -95,9 +97,16 @@ impl InProcess {
 // by `self`) lives, and the device reaches them at `mem_base + offset`
 // (physical addresses). `now_ns` is CLOCK_MONOTONIC.
 unsafe impl Platform for InProcess {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).checked_next_multiple_of(PAGE).ok_or(PlatformError::OutOfMemory { len })?;
-        let first = self.heap.alloc(len / PAGE).ok_or(PlatformError::OutOfMemory { len })?;
+        let first = self
+            .heap
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .alloc(len / PAGE)
+            .ok_or(PlatformError::OutOfMemory { len })?;
         let off = first * PAGE;
         let pa = self.mem_base + off as u64;
         // Zero through the model (atomic writes; no queued command can
@@ -110,28 +119,29 @@ unsafe impl Platform for InProcess {
         Ok(unsafe { DmaRegion::new(cpu, pa, len) })
     }
 
-    fn dma_free(&mut self, region: DmaRegion) {
+    fn dma_free(&self, region: DmaRegion) {
         let off = region.dev_addr().wrapping_sub(self.mem_base) as usize;
-        if off % PAGE == 0 && off < self.heap.total_pages() * PAGE {
-            self.heap.free(off / PAGE, region.len().div_ceil(PAGE));
+        let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
+        if off % PAGE == 0 && off < heap.total_pages() * PAGE {
+            heap.free(off / PAGE, region.len().div_ceil(PAGE));
         }
     }
 
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         sys::monotonic_ns()
     }
 
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         sys::delay_ns(ns);
     }
 
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         let deadline = Instant::now() + Duration::from_nanos(timeout_ns);
         let mut pending = self.irq.pending.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if *pending > 0 {
                 *pending = 0;
-                self.irq_wakeups += 1;
+                self.irq_wakeups.fetch_add(1, Ordering::Relaxed);
                 return IrqWait::Interrupt;
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -144,16 +154,16 @@ unsafe impl Platform for InProcess {
 }
 
 impl DirectIo for InProcess {
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
         Ok(self.model.read_reg(offset))
     }
 
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
         self.model.write_reg(offset, value);
         Ok(())
     }
 
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
         if engine as usize >= mregs::NUM_ENGINES {
             return Err(PlatformError::Unsupported);
         }

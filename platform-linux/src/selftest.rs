@@ -6,12 +6,11 @@
 //! Used by the tests of the in-process and co-simulation backends (and
 //! handy after porting: run them right after `Device::new`).
 
-use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use umd_core::config::{Config, HangConfig};
 use umd_core::device::{Device, MmuMode};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 use umd_core::sync::QueueId;
 
 pub use conformance::bringup::{copy_fill_write, cross_queue, fences_in_order, Failure, WAIT_GUARD_NS};
@@ -33,52 +32,54 @@ pub fn all<P: DirectIo, const C: usize>(dev: &mut Device<P, C>) -> Result<(), St
 /// has gone to sleep, however the threads are scheduled.
 pub struct ReleaseOnWait<P> {
     inner: P,
-    sem: Option<NonNull<u64>>,
+    sem: AtomicPtr<u64>,
 }
 
 // SAFETY: every method forwards to `inner`, which upholds the contract;
 // the wrapper hands out no memory of its own.
 unsafe impl<P: Platform> Platform for ReleaseOnWait<P> {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
-        self.inner.dma_alloc(len)
+    type RawMutex = P::RawMutex;
+    fn dma_alloc(&self, len: usize, flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        self.inner.dma_alloc(len, flags)
     }
-    fn dma_free(&mut self, region: DmaRegion) {
+    fn dma_free(&self, region: DmaRegion) {
         self.inner.dma_free(region)
     }
-    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
         self.inner.cache_clean(region, offset, len)
     }
-    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
         self.inner.cache_invalidate(region, offset, len)
     }
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         self.inner.now_ns()
     }
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         self.inner.delay_ns(ns)
     }
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
-        if let Some(p) = self.sem.take() {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
+        let p = self.sem.swap(std::ptr::null_mut(), Ordering::AcqRel);
+        if !p.is_null() {
             // SAFETY: `fence_wait_sleeps_on_the_interrupt` arms `sem` with the
             // first word of a live GPU buffer (page aligned) that it frees
             // only after the wait; the device only reads it.
-            unsafe { AtomicU64::from_ptr(p.as_ptr()) }.store(1, Ordering::Release);
+            unsafe { AtomicU64::from_ptr(p) }.store(1, Ordering::Release);
         }
         self.inner.wait_irq(timeout_ns)
     }
 }
 
 impl<P: DirectIo> DirectIo for ReleaseOnWait<P> {
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError> {
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
         self.inner.read_reg(offset)
     }
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError> {
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
         self.inner.write_reg(offset, value)
     }
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError> {
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
         self.inner.doorbell(engine)
     }
-    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+    fn control_doorbell(&self) -> Result<(), PlatformError> {
         self.inner.control_doorbell()
     }
 }
@@ -93,34 +94,37 @@ impl<P: DirectIo> DirectIo for ReleaseOnWait<P> {
 /// the platform's count of interrupt wake-ups. Returns the platform.
 pub fn fence_wait_sleeps_on_the_interrupt<P: DirectIo>(
     platform: P,
-    irq_wakeups: impl Fn(&mut P) -> u64,
+    irq_wakeups: impl Fn(&P) -> u64,
 ) -> Result<P, String> {
     let cfg =
         Config { hang: HangConfig { window_ns: 60_000_000_000, ..Config::DEFAULT.hang }, ..Config::DEFAULT };
-    let mut dev: Device<ReleaseOnWait<P>> =
-        Device::new(ReleaseOnWait { inner: platform, sem: None }, cfg, MmuMode::DEFAULT)
-            .map_err(|(e, _)| format!("Device::new: {e}"))?;
+    let mut dev: Device<ReleaseOnWait<P>> = Device::new(
+        ReleaseOnWait { inner: platform, sem: AtomicPtr::new(std::ptr::null_mut()) },
+        cfg,
+        MmuMode::DEFAULT,
+    )
+    .map_err(|(e, _)| format!("Device::new: {e}"))?;
     let mut sem = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
     let buf = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
     let (sem_va, va) = (sem.va(), buf.va());
     // An interrupt left over from bringing the device up does not count.
     let _ = dev.platform().inner.wait_irq(0);
-    let before = irq_wakeups(&mut dev.platform().inner);
+    let before = irq_wakeups(&dev.platform().inner);
     let f = dev
         .submit(QueueId(2), &[], |cb| {
             cb.wait_seqno(sem_va, 1)?;
             cb.write_data(va, &[77])
         })
         .map_err(|e| format!("submit: {e}"))?;
-    dev.platform().sem = NonNull::new(sem.words_mut().as_mut_ptr().cast::<u64>());
+    dev.platform().sem.store(sem.words_mut().as_mut_ptr().cast::<u64>(), Ordering::Release);
     dev.wait(f, WAIT_GUARD_NS).map_err(|e| format!("wait: {e}"))?;
-    if dev.platform().sem.is_some() {
+    if !dev.platform().sem.load(Ordering::Acquire).is_null() {
         return Err("the wait never called wait_irq".into());
     }
     if buf.read_u32(0) != Some(77) {
         return Err(format!("result {:?}, expected 77", buf.read_u32(0)));
     }
-    if irq_wakeups(&mut dev.platform().inner) <= before {
+    if irq_wakeups(&dev.platform().inner) <= before {
         return Err("the wait never woke on an interrupt".into());
     }
     dev.free_buffer(sem);

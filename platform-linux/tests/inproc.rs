@@ -31,10 +31,10 @@ fn registers_and_doorbell_directly() {
     // Platform layer only, no Device: ID probe, RW1C IRQ_STATUS, a ring
     // with one WRITE_DATA + FENCE(irq) on COPY, MMU off.
     use umd_core::hw::regs::{self, engine as er};
-    let mut p = platform(Generation::Gen1);
+    let p = platform(Generation::Gen1);
     assert_eq!(p.read_reg(regs::ID).unwrap() >> 16, 0x5247);
-    let mut ring = p.dma_alloc(4096).unwrap();
-    let data = p.dma_alloc(4096).unwrap();
+    let mut ring = p.dma_alloc(4096, umd_core::platform::DmaFlags::CPU).unwrap();
+    let data = p.dma_alloc(4096, umd_core::platform::DmaFlags::CPU).unwrap();
     let d = data.dev_addr();
     let words = [0x0100_0003, d as u32, (d >> 32) as u32, 0xC0DE, 0x0401_0004, (d + 64) as u32, 0, 7, 0];
     ring.words_mut()[..words.len()].copy_from_slice(&words);

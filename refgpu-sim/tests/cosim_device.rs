@@ -61,7 +61,7 @@ fn gen2_polling() {
 #[test]
 fn registers_doorbells_and_interrupts_without_device() {
     let sim = Sim::start(&[]);
-    let mut p = Cosim::connect(&sim.socket).unwrap();
+    let p = Cosim::connect(&sim.socket).unwrap();
     assert_eq!(p.peer_id(), 1);
     assert_eq!(p.mem_window(), (MEM_BASE, MEM_SIZE as usize));
     assert_eq!(p.read_reg(regs::ID).unwrap(), 0x5247_0100);
@@ -82,8 +82,8 @@ fn registers_doorbells_and_interrupts_without_device() {
     p.write_reg(regs::ID, 0).unwrap();
     assert_eq!(p.read_reg(regs::ID).unwrap(), 0x5247_0100);
     // A gen1 WRITE_DATA + FENCE(irq) on COPY, MMU off.
-    let mut ring = p.dma_alloc(4096).unwrap();
-    let data = p.dma_alloc(4096).unwrap();
+    let mut ring = p.dma_alloc(4096, umd_core::platform::DmaFlags::CPU).unwrap();
+    let data = p.dma_alloc(4096, umd_core::platform::DmaFlags::CPU).unwrap();
     let d = data.dev_addr();
     let words = [0x0100_0003, d as u32, (d >> 32) as u32, 0xC0DE, 0x0401_0004, (d + 64) as u32, 0, 7, 0];
     ring.words_mut()[..words.len()].copy_from_slice(&words);

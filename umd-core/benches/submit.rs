@@ -37,7 +37,7 @@ fn submit_cost(packets: usize, batching: bool) -> f64 {
     };
     let mut dev: Device<Fake, 32> =
         Device::new(Fake::new(Generation::Gen2, 8 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).unwrap();
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let data = [1u32, 2, 3, 4];
     let mut samples = Vec::new();
     for _ in 0..ROUNDS {
@@ -56,7 +56,7 @@ fn submit_cost(packets: usize, batching: bool) -> f64 {
         }
         samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
         // Let the fake engine drain the ring (untimed).
-        dev.platform().run(0);
+        dev.platform().state().run(0);
         dev.wait(last.unwrap(), 1_000_000_000).unwrap();
     }
     median(samples)

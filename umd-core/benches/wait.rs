@@ -23,7 +23,7 @@ use support::{Fake, Mode, MEM_BASE};
 use umd_core::config::Config;
 use umd_core::device::{Device, MmuMode};
 use umd_core::hw::Generation;
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 use umd_core::sync::QueueId;
 
 /// The fake device with real time: `now_ns` from a monotonic clock and
@@ -51,19 +51,21 @@ impl Irq {
 
 // SAFETY: memory and registers are the fake's; time is monotonic.
 unsafe impl Platform for RealTime {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
-        self.fake.dma_alloc(len)
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        self.fake.dma_alloc(len, _flags)
     }
-    fn dma_free(&mut self, r: DmaRegion) {
+    fn dma_free(&self, r: DmaRegion) {
         self.fake.dma_free(r)
     }
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         self.start.elapsed().as_nanos() as u64
     }
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         std::thread::sleep(Duration::from_nanos(ns));
     }
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         let Some(irq) = &self.irq else { return IrqWait::Unsupported };
         let guard = irq.pending.lock().unwrap();
         let (mut g, _) = irq.cv.wait_timeout_while(guard, Duration::from_nanos(timeout_ns), |p| !*p).unwrap();
@@ -76,13 +78,13 @@ unsafe impl Platform for RealTime {
 }
 
 impl DirectIo for RealTime {
-    fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+    fn read_reg(&self, off: u32) -> Result<u32, PlatformError> {
         self.fake.read_reg(off)
     }
-    fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
+    fn write_reg(&self, off: u32, v: u32) -> Result<(), PlatformError> {
         self.fake.write_reg(off, v)
     }
-    fn doorbell(&mut self, e: u32) -> Result<(), PlatformError> {
+    fn doorbell(&self, e: u32) -> Result<(), PlatformError> {
         self.fake.doorbell(e)
     }
 }
@@ -140,8 +142,8 @@ fn sleep_floor(us: u64) -> f64 {
 }
 
 fn device(irq: Option<Arc<Irq>>) -> Device<RealTime, 8> {
-    let mut fake = Fake::new(Generation::Gen2, 4 << 20);
-    fake.mode = Mode::Manual;
+    let fake = Fake::new(Generation::Gen2, 4 << 20);
+    fake.state().mode = Mode::Manual;
     let use_irq = irq.is_some();
     let rt = RealTime { fake, start: Instant::now(), irq };
     let cfg = Config { use_irq, ring_bytes: 1 << 20, ..Config::DEFAULT };
@@ -150,7 +152,7 @@ fn device(irq: Option<Arc<Irq>>) -> Device<RealTime, 8> {
 
 fn slot_of(dev: &mut Device<RealTime, 8>) -> &'static AtomicU64 {
     let slot_dev = dev.fence_slot_va(QueueId(0)).unwrap();
-    let slot_ptr = dev.platform().fake.mem_ptr_at(slot_dev - MEM_BASE);
+    let slot_ptr = dev.platform().fake.state().mem_ptr_at(slot_dev - MEM_BASE);
     // SAFETY: the fence slot is an 8-byte-aligned u64 inside the fake's
     // memory, which lives as long as the device (leaked below for the
     // program's life); all concurrent accesses to it are atomic or volatile.

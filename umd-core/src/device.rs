@@ -219,13 +219,13 @@ fn reg_err(e: PlatformError) -> InitError {
 }
 
 /// Writes a register and applies it (control doorbell).
-fn write_ctl<P: DirectIo>(p: &mut P, off: u32, v: u32) -> Result<(), PlatformError> {
+fn write_ctl<P: DirectIo>(p: &P, off: u32, v: u32) -> Result<(), PlatformError> {
     p.write_reg(off, v)?;
     p.control_doorbell()
 }
 
 /// Polls until `reg & mask == 0` or the handshake time passes.
-fn handshake<P: DirectIo>(p: &mut P, off: u32, mask: u32) -> Result<bool, PlatformError> {
+fn handshake<P: DirectIo>(p: &P, off: u32, mask: u32) -> Result<bool, PlatformError> {
     let start = p.now_ns();
     for _ in 0..1_000_000u32 {
         if p.read_reg(off)? & mask == 0 {
@@ -239,19 +239,19 @@ fn handshake<P: DirectIo>(p: &mut P, off: u32, mask: u32) -> Result<bool, Platfo
     Ok(false)
 }
 
-fn reset_engine<P: DirectIo>(p: &mut P, e: u32, enable: bool) -> Result<bool, PlatformError> {
+fn reset_engine<P: DirectIo>(p: &P, e: u32, enable: bool) -> Result<bool, PlatformError> {
     let ctrl = regs::engine_reg(e, er::CTRL);
     write_ctl(p, ctrl, er::CTRL_RESET | if enable { er::CTRL_ENABLE } else { 0 })?;
     handshake(p, ctrl, er::CTRL_RESET)
 }
 
-fn invalidate_tlb<P: DirectIo>(p: &mut P) -> Result<bool, PlatformError> {
+fn invalidate_tlb<P: DirectIo>(p: &P) -> Result<bool, PlatformError> {
     write_ctl(p, regs::MMU_INVALIDATE, 1)?;
     handshake(p, regs::MMU_INVALIDATE, 1)
 }
 
 /// Reads a queue's fence slot and advances its timeline.
-fn refresh<P: DirectIo>(p: &mut P, fence_mem: &DmaRegion, q: usize, tl: &Timeline) -> Seqno {
+fn refresh<P: DirectIo>(p: &P, fence_mem: &DmaRegion, q: usize, tl: &Timeline) -> Seqno {
     let off = q.saturating_mul(FENCE_STRIDE);
     p.cache_invalidate(fence_mem, off, 8);
     match fence_mem.read_u64(off) {
@@ -266,7 +266,7 @@ fn ts_slot(s: Seqno) -> usize {
 }
 
 /// Frees every region in `regions` (init failure paths).
-fn free_all<P: DirectIo>(p: &mut P, regions: impl IntoIterator<Item = Option<DmaRegion>>) {
+fn free_all<P: DirectIo>(p: &P, regions: impl IntoIterator<Item = Option<DmaRegion>>) {
     for r in regions.into_iter().flatten() {
         p.dma_free(r);
     }
@@ -283,7 +283,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     /// Probes the chip, allocates and maps the rings, fence slots and IB
     /// pool, programs the MMU and the engines. On error the platform is
     /// handed back with everything it allocated freed.
-    pub fn new(mut p: P, cfg: Config, mmu: MmuMode) -> Result<Self, (InitError, P)> {
+    pub fn new(p: P, cfg: Config, mmu: MmuMode) -> Result<Self, (InitError, P)> {
         let chip = match p.read_reg(regs::ID) {
             Ok(id) => match probe(id) {
                 Ok(c) => c,
@@ -312,16 +312,16 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             if len == 0 {
                 continue;
             }
-            match p.dma_alloc(len) {
+            match p.dma_alloc(len, crate::platform::DmaFlags::CPU) {
                 Ok(r) => *slot = Some(r),
                 Err(e) => {
-                    free_all(&mut p, regions);
+                    free_all(&p, regions);
                     return Err((InitError::Platform(e), p));
                 }
             }
         }
         let [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), tables] = regions else {
-            free_all(&mut p, regions);
+            free_all(&p, regions);
             return Err((InitError::BadConfig("allocation"), p));
         };
         let mut vm = match (mmu, tables) {
@@ -330,7 +330,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                     Ok(vm) => vm,
                     Err((e, t)) => {
                         free_all(
-                            &mut p,
+                            &p,
                             [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), Some(t)],
                         );
                         return Err((InitError::Vm(e), p));
@@ -338,11 +338,11 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 }
             }
             (MmuMode::Enabled { .. }, None) => {
-                free_all(&mut p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem)]);
+                free_all(&p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem)]);
                 return Err((InitError::BadConfig("MMU needs table pages"), p));
             }
             (MmuMode::Bypass, t) => {
-                free_all(&mut p, [t]);
+                free_all(&p, [t]);
                 GpuVm::Bypass
             }
         };
@@ -358,7 +358,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             let e =
                 mapped.into_iter().find_map(Result::err).unwrap_or(VmError::Va(crate::mem::VaError::NoSpace));
             let t = vm.into_region();
-            free_all(&mut p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), t]);
+            free_all(&p, [Some(fence_mem), Some(r0), Some(r1), Some(r2), Some(pool_mem), t]);
             return Err((InitError::Vm(e), p));
         };
         let rings = [
@@ -371,7 +371,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             [a, b, c] => {
                 let t = vm.into_region();
                 free_all(
-                    &mut p,
+                    &p,
                     [
                         Some(fence_mem),
                         Some(ring_back(a)),
@@ -390,7 +390,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
                 let t = vm.into_region();
                 let [a, b, c] = rings;
                 free_all(
-                    &mut p,
+                    &p,
                     [
                         Some(fence_mem),
                         Some(a.into_region()),
@@ -469,7 +469,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
 
     /// Programs MMU, engines and interrupts.
     fn program(&mut self) -> Result<(), InitError> {
-        let p = &mut self.p;
+        let p = &self.p;
         for q in 0..QUEUES {
             self.fence_mem.write_u64(q.saturating_mul(FENCE_STRIDE), 0);
         }
@@ -503,17 +503,17 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     }
 
     /// Stops the engines and gives every region back; returns the platform.
-    pub fn shutdown(mut self) -> P {
+    pub fn shutdown(self) -> P {
         for e in 0..QUEUES as u32 {
-            let _ = write_ctl(&mut self.p, regs::engine_reg(e, er::CTRL), 0);
+            let _ = write_ctl(&self.p, regs::engine_reg(e, er::CTRL), 0);
         }
-        let _ = write_ctl(&mut self.p, regs::IRQ_MASK, 0);
-        let _ = write_ctl(&mut self.p, regs::MMU_CTRL, 0);
-        let Device { mut p, vm, fence_mem, queues, pool_mem, .. } = self;
+        let _ = write_ctl(&self.p, regs::IRQ_MASK, 0);
+        let _ = write_ctl(&self.p, regs::MMU_CTRL, 0);
+        let Device { p, vm, fence_mem, queues, pool_mem, .. } = self;
         let [a, b, c] = queues;
         let t = vm.into_region();
         free_all(
-            &mut p,
+            &p,
             [
                 Some(fence_mem),
                 Some(a.ring.into_region()),
@@ -560,8 +560,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     }
 
     /// The platform (for platform-specific calls).
-    pub fn platform(&mut self) -> &mut P {
-        &mut self.p
+    pub fn platform(&self) -> &P {
+        &self.p
     }
 
     /// Counters.
@@ -623,7 +623,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     pub fn alloc_buffer(&mut self, len: usize) -> Result<GpuBuffer, SubmitError> {
         let oom = SubmitError::Platform(PlatformError::OutOfMemory { len });
         let len = len.max(1).checked_next_multiple_of(4096).ok_or(oom)?;
-        let region = self.p.dma_alloc(len).map_err(SubmitError::Platform)?;
+        let region = self.p.dma_alloc(len, crate::platform::DmaFlags::CPU).map_err(SubmitError::Platform)?;
         match self.vm.map(&region, Perms::RW) {
             Ok(va) => Ok(GpuBuffer { region, va }),
             Err(_) => {
@@ -638,7 +638,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     pub fn free_buffer(&mut self, buf: GpuBuffer) {
         let _ = self.vm.unmap(buf.va, buf.region.len() as u64);
         if self.vm.root().is_some() {
-            let _ = invalidate_tlb(&mut self.p);
+            let _ = invalidate_tlb(&self.p);
         }
         self.p.dma_free(buf.region);
     }
@@ -861,7 +861,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     fn refresh_queue(&mut self, qi: usize) -> Seqno {
         let Some(q) = self.queues.get(qi) else { return Seqno(0) };
         let before = q.processed;
-        let now = refresh(&mut self.p, &self.fence_mem, qi, &q.timeline);
+        let now = refresh(&self.p, &self.fence_mem, qi, &q.timeline);
         if now.is_after(before) {
             let queue = QueueId(qi as u8);
             self.pool.reclaim(queue, now);
@@ -974,7 +974,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             }
             return Ok(None);
         }
-        let p = &mut self.p;
+        let p = &self.p;
         let status = p.read_reg(regs::engine_reg(e, er::STATUS))?;
         let fault_status = p.read_reg(regs::engine_reg(e, er::FAULT_STATUS))?;
         let rptr = p.read_reg(regs::engine_reg(e, er::RING_RPTR))?;
@@ -1079,7 +1079,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
             );
         }
         self.record_trace(kind, qi, emitted, arg);
-        if !reset_engine(&mut self.p, e, true)? {
+        if !reset_engine(&self.p, e, true)? {
             return Err(PlatformError::DeviceLost);
         }
         self.p.write_reg(regs::IRQ_STATUS, regs::irq_fence(e) | regs::irq_fault(e))?;
@@ -1162,8 +1162,8 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
     /// Reads the engine's registers and the command memory around it.
     fn capture(&mut self, qi: usize, reason: HangReason) -> Result<HangReport, PlatformError> {
         let e = qi as u32;
-        let p = &mut self.p;
-        let rd = |p: &mut P, r: u32| p.read_reg(regs::engine_reg(e, r));
+        let p = &self.p;
+        let rd = |p: &P, r: u32| p.read_reg(regs::engine_reg(e, r));
         let rptr = rd(p, er::RING_RPTR)?;
         let status = rd(p, er::STATUS)?;
         let cur_addr = u64::from(rd(p, er::CUR_ADDR_LO)?) | (u64::from(rd(p, er::CUR_ADDR_HI)?) << 32);
@@ -1252,7 +1252,7 @@ impl<P: DirectIo, const CHUNKS: usize> Device<P, CHUNKS> {
 /// whether the ring wrapped.
 #[allow(clippy::too_many_arguments)]
 fn emit<P: DirectIo>(
-    p: &mut P,
+    p: &P,
     cfg: &Config,
     enc: &Encoder,
     fence_va: u64,
@@ -1320,8 +1320,8 @@ impl<P: DirectIo, const CHUNKS: usize> crate::sync::wait::Waiter for Device<P, C
     fn between_checks(&mut self) {
         self.service();
     }
-    fn platform(&mut self) -> &mut P {
-        &mut self.p
+    fn platform(&self) -> &P {
+        &self.p
     }
     fn config(&self) -> &Config {
         &self.cfg

@@ -43,16 +43,18 @@ pub fn engine_reg(off: u32) -> Option<(u32, u32)> {
 }
 
 /// The host's side of the binding: the only state it keeps is the latched
-/// CLOCK_HI.
-#[derive(Clone, Copy, Debug, Default)]
+/// CLOCK_HI (atomic, so the binding is shared by every thread of a device;
+/// a CLOCK_LO/CLOCK_HI pair read by two threads at once may mix, as on an
+/// MMIO latch).
+#[derive(Debug, Default)]
 pub struct Binding {
-    clock_hi: u32,
+    clock_hi: AtomicU32,
 }
 
 impl Binding {
     /// A fresh binding.
     pub const fn new() -> Binding {
-        Binding { clock_hi: 0 }
+        Binding { clock_hi: AtomicU32::new(0) }
     }
 
     fn reg(page: &impl SharedPage, off: u32) -> Result<&AtomicU32, PlatformError> {
@@ -60,7 +62,7 @@ impl Binding {
     }
 
     /// Reads register `off` with MMIO semantics.
-    pub fn read(&mut self, page: &impl SharedPage, off: u32) -> Result<u32, PlatformError> {
+    pub fn read(&self, page: &impl SharedPage, off: u32) -> Result<u32, PlatformError> {
         match off {
             regs::CLOCK_LO => {
                 let hi = Self::reg(page, regs::CLOCK_HI)?;
@@ -71,7 +73,7 @@ impl Binding {
                     let l = lo.load(Ordering::Acquire);
                     let h2 = hi.load(Ordering::Acquire);
                     if h1 == h2 {
-                        self.clock_hi = h2;
+                        self.clock_hi.store(h2, Ordering::Relaxed);
                         return Ok(l);
                     }
                     h1 = h2;
@@ -79,7 +81,7 @@ impl Binding {
             }
             regs::CLOCK_HI => {
                 Self::reg(page, off)?;
-                Ok(self.clock_hi)
+                Ok(self.clock_hi.load(Ordering::Relaxed))
             }
             _ if engine_reg(off).is_some_and(|(_, r)| r == er::DOORBELL) => {
                 Self::reg(page, off)?;
@@ -90,7 +92,7 @@ impl Binding {
     }
 
     /// Writes register `off` with MMIO semantics.
-    pub fn write(&mut self, page: &impl SharedPage, off: u32, value: u32) -> Result<Written, PlatformError> {
+    pub fn write(&self, page: &impl SharedPage, off: u32, value: u32) -> Result<Written, PlatformError> {
         let r = Self::reg(page, off)?;
         match off {
             regs::IRQ_STATUS => {
@@ -132,7 +134,7 @@ mod tests {
     #[test]
     fn irq_status_clear_is_an_and_and_read_only_registers_keep_device_state() {
         let p = page();
-        let mut b = Binding::new();
+        let b = Binding::new();
         p.0[(regs::IRQ_STATUS / 4) as usize].store(0b111, Ordering::Relaxed);
         assert_eq!(b.write(&p, regs::IRQ_STATUS, 0b010), Ok(Written::Done));
         assert_eq!(b.read(&p, regs::IRQ_STATUS), Ok(0b101));
@@ -149,7 +151,7 @@ mod tests {
     #[test]
     fn doorbell_writes_ask_for_a_doorbell_and_read_zero() {
         let p = page();
-        let mut b = Binding::new();
+        let b = Binding::new();
         let db = regs::engine_reg(2, er::DOORBELL);
         assert_eq!(b.write(&p, db, 1), Ok(Written::Doorbell(2)));
         assert_eq!(b.read(&p, db), Ok(0));
@@ -160,7 +162,7 @@ mod tests {
     #[test]
     fn clock_hi_is_latched_by_clock_lo() {
         let p = page();
-        let mut b = Binding::new();
+        let b = Binding::new();
         p.0[(regs::CLOCK_LO / 4) as usize].store(5, Ordering::Relaxed);
         p.0[(regs::CLOCK_HI / 4) as usize].store(7, Ordering::Relaxed);
         assert_eq!(b.read(&p, regs::CLOCK_LO), Ok(5));

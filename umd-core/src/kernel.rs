@@ -84,7 +84,7 @@ impl<P: KernelIo, const CHUNKS: usize> core::fmt::Debug for KernelDevice<P, CHUN
 impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
     /// Probes the chip through the kernel, and allocates and binds the IB
     /// pool inside the VA arena `[va_base, va_base + va_size)`.
-    pub fn new(mut p: P, cfg: Config, va_base: u64, va_size: u64) -> Result<Self, (InitError, P)> {
+    pub fn new(p: P, cfg: Config, va_base: u64, va_size: u64) -> Result<Self, (InitError, P)> {
         let chip = match p.chip_id() {
             Ok(id) => match probe(id) {
                 Ok(c) => c,
@@ -98,7 +98,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
             Err(_) => return Err((InitError::BadConfig("VA arena"), p)),
         };
         let len = cfg.ib_chunk_bytes.saturating_mul(CHUNKS).next_multiple_of(4096);
-        let pool_mem = match p.dma_alloc(len) {
+        let pool_mem = match p.dma_alloc(len, crate::platform::DmaFlags::CPU) {
             Ok(r) => r,
             Err(e) => return Err((InitError::Platform(e), p)),
         };
@@ -136,8 +136,8 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
     }
 
     /// The platform.
-    pub fn platform(&mut self) -> &mut P {
-        &mut self.p
+    pub fn platform(&self) -> &P {
+        &self.p
     }
 
     /// IB pool occupancy.
@@ -149,7 +149,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
     /// core chooses.
     pub fn alloc_buffer(&mut self, len: usize) -> Result<BoundBuffer, SubmitError> {
         let len = len.max(1).next_multiple_of(4096);
-        let region = self.p.dma_alloc(len).map_err(SubmitError::Platform)?;
+        let region = self.p.dma_alloc(len, crate::platform::DmaFlags::CPU).map_err(SubmitError::Platform)?;
         let va = match self.va.alloc(len as u64, 4096, Placement::BottomUp) {
             Ok(a) => a,
             Err(_) => {
@@ -314,7 +314,7 @@ impl<P: KernelIo, const CHUNKS: usize> KernelDevice<P, CHUNKS> {
 
     /// Unbinds and frees the pool; returns the platform.
     pub fn shutdown(self) -> P {
-        let KernelDevice { mut p, pool_mem, pool_va, .. } = self;
+        let KernelDevice { p, pool_mem, pool_va, .. } = self;
         let _ = p.unbind_va(pool_va, pool_mem.len());
         p.dma_free(pool_mem);
         p
@@ -326,8 +326,8 @@ impl<P: KernelIo, const CHUNKS: usize> crate::sync::wait::Waiter for KernelDevic
     fn status(&mut self, fence: Fence) -> Result<FenceStatus, WaitError> {
         self.query(fence)
     }
-    fn platform(&mut self) -> &mut P {
-        &mut self.p
+    fn platform(&self) -> &P {
+        &self.p
     }
     fn config(&self) -> &Config {
         &self.cfg

@@ -43,29 +43,72 @@ impl fmt::Display for PlatformError {
     }
 }
 
-/// A block of GPU-visible memory: a CPU mapping and the address the device
-/// uses for it (a physical address in direct mode).
+/// How memory is allocated by [`Platform::dma_alloc`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct DmaFlags {
+    /// The CPU does not need to reach the memory: a platform may give
+    /// memory without a CPU mapping (a DRM BO created with no CPU mapping,
+    /// carve-outs the CPU cannot see). The core never touches such memory
+    /// from the CPU.
+    pub device_only: bool,
+}
+
+impl DmaFlags {
+    /// Memory the CPU and the device both reach (rings, IBs, fences, most
+    /// buffers).
+    pub const CPU: DmaFlags = DmaFlags { device_only: false };
+    /// Memory only the device needs.
+    pub const DEVICE_ONLY: DmaFlags = DmaFlags { device_only: true };
+}
+
+/// A block of GPU-visible memory: a CPU mapping (unless allocated
+/// [`DmaFlags::DEVICE_ONLY`]), the address the device uses for it (a
+/// physical address in direct mode) and the platform's own name for it
+/// (a GEM handle on DRM; 0 where the platform needs none).
 ///
 /// The region is owned: only its holder accesses it from the CPU, and it
 /// goes back with [`Platform::dma_free`]. The device may read and write it
 /// at any time; the core reads device-written words with volatile loads.
+/// Shared references only read (`&self` methods never write), which is why
+/// a region may be shared between threads.
 #[derive(Debug)]
 pub struct DmaRegion {
-    cpu: NonNull<u32>,
+    cpu: Option<NonNull<u32>>,
     dev_addr: u64,
     len: usize,
+    handle: u64,
 }
 
+// SAFETY: a region is an owning handle to memory no other CPU code touches
+// (the `new` contract); moving it to another thread moves that ownership.
+unsafe impl Send for DmaRegion {}
+// SAFETY: through `&DmaRegion` the memory is only read (volatile loads, or
+// a shared slice while no `&mut` exists, which `&self` guarantees); the
+// device's own writes are outside the CPU's memory model as for any DMA.
+unsafe impl Sync for DmaRegion {}
+
 impl DmaRegion {
-    /// Wraps memory the platform allocated.
+    /// Wraps memory the platform allocated, reachable by the CPU at `cpu`.
     ///
     /// # Safety
     /// `cpu` must be valid for reads and writes of `len` bytes, 4-byte
-    /// aligned, not accessed by anything else on the CPU side until the
-    /// region is returned through [`Platform::dma_free`], and the device
-    /// must reach the same bytes at `dev_addr`.
+    /// aligned (4 KiB aligned for regions from [`Platform::dma_alloc`]),
+    /// not accessed by anything else on the CPU side until the region is
+    /// returned through [`Platform::dma_free`], and the device must reach
+    /// the same bytes at `dev_addr` (after cache maintenance, on a
+    /// non-coherent system).
     pub unsafe fn new(cpu: NonNull<u8>, dev_addr: u64, len: usize) -> DmaRegion {
-        DmaRegion { cpu: cpu.cast(), dev_addr, len }
+        DmaRegion { cpu: Some(cpu.cast()), dev_addr, len, handle: 0 }
+    }
+
+    /// Wraps memory the platform allocated, with the platform's name for it
+    /// (`handle`) and an optional CPU mapping.
+    ///
+    /// # Safety
+    /// As [`DmaRegion::new`] for `cpu` when it is `Some`; `len` bytes at
+    /// `dev_addr` (or named by `handle`) must belong to this region alone.
+    pub unsafe fn with_handle(cpu: Option<NonNull<u8>>, dev_addr: u64, len: usize, handle: u64) -> DmaRegion {
+        DmaRegion { cpu: cpu.map(NonNull::cast), dev_addr, len, handle }
     }
 
     /// The device address of the first byte.
@@ -83,50 +126,75 @@ impl DmaRegion {
         self.len == 0
     }
 
-    /// The CPU pointer, for platforms that need it back in `dma_free`.
-    pub fn cpu_ptr(&self) -> NonNull<u8> {
-        self.cpu.cast()
+    /// The platform's name for the memory (a GEM handle, a carve-out
+    /// index; 0 when the platform needs none).
+    pub fn handle(&self) -> u64 {
+        self.handle
     }
 
-    /// The region as dwords, for the core to write commands into.
+    /// The CPU pointer, for platforms that need it back in `dma_free`;
+    /// None for device-only memory.
+    pub fn cpu_ptr(&self) -> Option<NonNull<u8>> {
+        self.cpu.map(NonNull::cast)
+    }
+
+    /// Whether the CPU can reach the memory.
+    pub fn cpu_visible(&self) -> bool {
+        self.cpu.is_some()
+    }
+
+    /// The CPU-visible length (0 for device-only memory).
+    fn cpu_len(&self) -> usize {
+        if self.cpu.is_some() {
+            self.len
+        } else {
+            0
+        }
+    }
+
+    /// The region as dwords, for the core to write commands into (empty for
+    /// device-only memory).
     pub fn words_mut(&mut self) -> &mut [u32] {
-        // SAFETY: `new`'s contract: valid, aligned, exclusively ours on the
-        // CPU side for `len` bytes; `&mut self` makes this the only view.
-        unsafe { core::slice::from_raw_parts_mut(self.cpu.as_ptr(), self.len / 4) }
+        match self.cpu {
+            // SAFETY: `new`'s contract: valid, aligned, exclusively ours on
+            // the CPU side for `len` bytes; `&mut self` makes this the only view.
+            Some(p) => unsafe { core::slice::from_raw_parts_mut(p.as_ptr(), self.len / 4) },
+            None => &mut [],
+        }
     }
 
-    /// A read-only dword view (for dumps of memory the device only reads).
+    /// A read-only dword view (for dumps of memory the device only reads;
+    /// empty for device-only memory).
     pub fn words(&self) -> &[u32] {
-        // SAFETY: `new`'s contract: valid and aligned for `len` bytes; the
-        // shared borrow of `self` excludes CPU writers through this region.
-        unsafe { core::slice::from_raw_parts(self.cpu.as_ptr(), self.len / 4) }
-    }
-
-    /// Splits the dword view at `mid` dwords (None if out of range).
-    pub fn split_words_mut(&mut self, mid: usize) -> Option<(&mut [u32], &mut [u32])> {
-        self.words_mut().split_at_mut_checked(mid)
+        match self.cpu {
+            // SAFETY: `new`'s contract: valid and aligned for `len` bytes;
+            // the shared borrow of `self` excludes CPU writers.
+            Some(p) => unsafe { core::slice::from_raw_parts(p.as_ptr(), self.len / 4) },
+            None => &[],
+        }
     }
 
     fn word_ptr(&self, byte_offset: usize, size: usize) -> Option<*mut u32> {
         let end = byte_offset.checked_add(size)?;
-        if end > self.len || byte_offset.checked_rem(size) != Some(0) {
+        if end > self.cpu_len() || byte_offset.checked_rem(size) != Some(0) {
             return None;
         }
+        let base = self.cpu?;
         // SAFETY: offset checked to lie inside the region.
-        Some(unsafe { self.cpu.as_ptr().cast::<u8>().add(byte_offset).cast::<u32>() })
+        Some(unsafe { base.as_ptr().cast::<u8>().add(byte_offset).cast::<u32>() })
     }
 
     /// Volatile 64-bit load of a value the device writes (a fence slot);
-    /// None when out of range or misaligned.
+    /// None when out of range, misaligned or not CPU-visible.
     pub fn read_u64(&self, byte_offset: usize) -> Option<u64> {
         let p = self.word_ptr(byte_offset, 8)?;
-        // SAFETY: in range, 8-byte aligned (region base is at least 4 KiB
-        // aligned per the platform contract), valid per `new`.
+        // SAFETY: in range, 8-byte aligned (region base is 4 KiB aligned
+        // per the platform contract), valid per `new`.
         Some(unsafe { core::ptr::read_volatile(p.cast::<u64>()) })
     }
 
-    /// Volatile 64-bit store (the core forcing a fence slot after a reset);
-    /// false when out of range or misaligned.
+    /// Volatile 64-bit store; false when out of range, misaligned or not
+    /// CPU-visible.
     pub fn write_u64(&mut self, byte_offset: usize, value: u64) -> bool {
         match self.word_ptr(byte_offset, 8) {
             Some(p) => {
@@ -144,6 +212,19 @@ impl DmaRegion {
         // SAFETY: in range, 4-byte aligned, valid per `new`.
         Some(unsafe { core::ptr::read_volatile(p) })
     }
+
+    /// Volatile 32-bit store; false when out of range, misaligned or not
+    /// CPU-visible.
+    pub fn write_u32(&mut self, byte_offset: usize, value: u32) -> bool {
+        match self.word_ptr(byte_offset, 4) {
+            Some(p) => {
+                // SAFETY: as in `read_u32`; `&mut self` is exclusive.
+                unsafe { core::ptr::write_volatile(p, value) };
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// What [`Platform::wait_irq`] saw.
@@ -157,62 +238,82 @@ pub enum IrqWait {
     Unsupported,
 }
 
-/// The part every platform implements: memory, caches, time, interrupts.
+/// The part every platform implements: memory, caches, time, interrupts,
+/// and the kind of lock the core uses.
+///
+/// Every method takes `&self`: the core calls the platform from several
+/// threads or tasks at once (submissions on different queues, a waiter, a
+/// service loop). Platforms lock what they need internally (the memory
+/// allocator); register access, cache maintenance and time are naturally
+/// shareable.
 ///
 /// # Safety
 /// Implementations must honour [`DmaRegion::new`]'s contract for every
 /// region they return, and `now_ns` must be monotonic.
 pub unsafe trait Platform {
+    /// The raw lock behind the core's locks (`docs/architecture.md`,
+    /// "Thread model"). The core holds a lock only for bounded bookkeeping,
+    /// never across a wait, a sleep or user code, and never from an
+    /// interrupt handler. [`SpinLock`] suits hosted threads and bare metal
+    /// without preemptive priorities; a preemptive RTOS plugs in its mutex
+    /// with priority inheritance (a spinning high-priority task would never
+    /// let a preempted low-priority holder run on one core); a single-core
+    /// MCU may use a critical-section lock.
+    type RawMutex: lock_api::RawMutex + Send + Sync;
+
     /// Allocates `len` bytes (a multiple of 4096) of zeroed GPU-visible
     /// memory, 4 KiB aligned on both the CPU and the device side.
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError>;
+    fn dma_alloc(&self, len: usize, flags: DmaFlags) -> Result<DmaRegion, PlatformError>;
 
     /// Returns memory obtained from [`Platform::dma_alloc`].
-    fn dma_free(&mut self, region: DmaRegion);
+    fn dma_free(&self, region: DmaRegion);
 
     /// Makes CPU writes to `region[offset..offset + len]` visible to the
     /// device (clean the data cache); a no-op on coherent systems.
-    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
         let _ = (region, offset, len);
     }
 
     /// Makes device writes to `region[offset..offset + len]` visible to the
     /// CPU (invalidate the data cache); a no-op on coherent systems.
-    fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
         let _ = (region, offset, len);
     }
 
     /// Monotonic time in nanoseconds.
-    fn now_ns(&mut self) -> u64;
+    fn now_ns(&self) -> u64;
 
     /// Waits at least `ns` nanoseconds (sleep, `wfe`, or a timer spin).
-    fn delay_ns(&mut self, ns: u64);
+    fn delay_ns(&self, ns: u64);
 
     /// Waits for a device interrupt for at most `timeout_ns`. The default
     /// says the platform can not; the core then polls.
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         let _ = timeout_ns;
         IrqWait::Unsupported
     }
 }
 
+/// The spin lock the project's platforms use ([`Platform::RawMutex`]).
+pub type SpinLock = spin::Mutex<()>;
+
 /// Direct mode: the core drives the register page itself.
 pub trait DirectIo: Platform {
     /// Reads the 32-bit register at `offset` of the register page.
-    fn read_reg(&mut self, offset: u32) -> Result<u32, PlatformError>;
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError>;
 
     /// Writes the 32-bit register at `offset`.
-    fn write_reg(&mut self, offset: u32, value: u32) -> Result<(), PlatformError>;
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError>;
 
     /// Rings engine `engine`'s doorbell, after the core published its
     /// write pointer (MMIO: the engine's DOORBELL register; ivshmem: the
     /// doorbell vector, `docs/refgpu.md` section 2.3).
-    fn doorbell(&mut self, engine: u32) -> Result<(), PlatformError>;
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError>;
 
     /// Applies control-register writes (CTRL, IRQ_MASK, MMU_*). MMIO
     /// platforms apply them on the write and need nothing here; ivshmem
     /// rings the control doorbell.
-    fn control_doorbell(&mut self) -> Result<(), PlatformError> {
+    fn control_doorbell(&self) -> Result<(), PlatformError> {
         Ok(())
     }
 }
@@ -230,25 +331,19 @@ pub struct KernelSync {
 pub trait KernelIo: Platform {
     /// The chip's ID register value, as the kernel driver reports it (a
     /// DRM driver exposes it through its info ioctl).
-    fn chip_id(&mut self) -> Result<u32, PlatformError>;
+    fn chip_id(&self) -> Result<u32, PlatformError>;
 
     /// Binds `len` bytes of `region` at GPU address `va` (the UMD chose
     /// `va`, as libdrm's VA manager does).
-    fn bind_va(
-        &mut self,
-        va: u64,
-        region: &DmaRegion,
-        len: usize,
-        writable: bool,
-    ) -> Result<(), PlatformError>;
+    fn bind_va(&self, va: u64, region: &DmaRegion, len: usize, writable: bool) -> Result<(), PlatformError>;
 
     /// Removes a binding made by [`KernelIo::bind_va`].
-    fn unbind_va(&mut self, va: u64, len: usize) -> Result<(), PlatformError>;
+    fn unbind_va(&self, va: u64, len: usize) -> Result<(), PlatformError>;
 
     /// Submits the IB at `ib_va` (`ib_dwords` long) to `engine`, after the
     /// `waits` have signalled; the kernel signals `signal` when it is done.
     fn submit(
-        &mut self,
+        &self,
         engine: u32,
         ib_va: u64,
         ib_dwords: u32,
@@ -258,7 +353,7 @@ pub trait KernelIo: Platform {
 
     /// The last value `engine`'s timeline reached, or why the kernel
     /// abandoned its work ([`KernelError`]).
-    fn completed(&mut self, engine: u32) -> Result<u64, KernelError>;
+    fn completed(&self, engine: u32) -> Result<u64, KernelError>;
 }
 
 /// How a kernel reports that it gave up on an engine's work.

@@ -50,20 +50,20 @@ fn copy_fill_write_land_and_fences_signal() {
         assert_eq!(dst.read_u32(514), Some(9));
         assert_eq!(dev.stats().submissions, 1);
         let p = dev.shutdown();
-        assert_eq!(p.allocs, 2, "only the two user buffers are left");
+        assert_eq!(p.state().allocs, 2, "only the two user buffers are left");
     }
 }
 
 #[test]
 fn fences_signal_in_order() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let fences: Vec<Fence> =
         (0..5).map(|i| dev.submit(GFX, &[], |cb| cb.timestamp(0x8010_0000 + 8 * i)).unwrap()).collect();
     for f in &fences {
         assert_eq!(dev.query(*f), Ok(FenceStatus::Pending));
     }
-    dev.platform().run(0);
+    dev.platform().state().run(0);
     for (i, f) in fences.iter().enumerate() {
         assert_eq!(dev.query(*f), Ok(FenceStatus::Signalled), "fence {i}");
         assert_eq!(f.seqno().0, i as u64 + 1);
@@ -81,7 +81,7 @@ fn ring_wraps_at_every_offset() {
         let mut last = None;
         for i in 0..1200u64 {
             let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
-            seen.insert(dev.platform().engines[2].wptr);
+            seen.insert(dev.platform().state().engines[2].wptr);
             if i % 7 == 0 {
                 dev.wait(f, 1_000_000_000).unwrap();
             }
@@ -100,8 +100,8 @@ fn ring_full_is_an_error_when_the_engine_does_not_consume() {
         Generation::Gen1,
         Config { batching: true, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() },
     );
-    dev.platform().mode = Mode::Manual;
-    dev.platform().engines[0].fault = EngineFault::Stuck;
+    dev.platform().state().mode = Mode::Manual;
+    dev.platform().state().engines[0].fault = EngineFault::Stuck;
     let mut err = None;
     for i in 0..200u64 {
         match dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
@@ -115,10 +115,10 @@ fn ring_full_is_an_error_when_the_engine_does_not_consume() {
     assert!(matches!(err, Some(SubmitError::RingFull(_))), "{err:?}");
     // The failed submission left nothing behind: the queue still works
     // once the engine runs again.
-    dev.platform().engines[0].fault = EngineFault::None;
-    dev.platform().run(0);
+    dev.platform().state().engines[0].fault = EngineFault::None;
+    dev.platform().state().run(0);
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    dev.platform().run(0);
+    dev.platform().state().run(0);
     dev.wait(f, 1_000_000_000).unwrap();
 }
 
@@ -127,13 +127,13 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     // Two chunks, no batching: the third submission needs a chunk back.
     let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() };
     let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let a = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let _b = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
     assert_eq!(dev.pool_stats().in_flight, 2);
     assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::PoolEmpty));
     // Reclaim after the fences signal.
-    dev.platform().run(0);
+    dev.platform().state().run(0);
     dev.wait(a, 1_000_000_000).unwrap();
     assert_eq!(dev.pool_stats().free, 2);
     dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
@@ -142,7 +142,7 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     // its engines while the driver sleeps).
     let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::WaitOldest, ..small_cfg() };
     let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
-    dev.platform().mode = Mode::OnDelay;
+    dev.platform().state().mode = Mode::OnDelay;
     for i in 0..10u64 {
         dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
     }
@@ -152,14 +152,14 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
 #[test]
 fn batching_puts_small_submissions_in_one_chunk() {
     let mut on: Device<Fake, 4> = device(Generation::Gen2, Config { batching: true, ..small_cfg() });
-    on.platform().mode = Mode::Manual;
+    on.platform().state().mode = Mode::Manual;
     for i in 0..10u64 {
         on.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
     }
     let s = on.pool_stats();
     assert_eq!(s.open + s.in_flight, 1, "one chunk holds all ten: {s:?}");
     let mut off: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
-    off.platform().mode = Mode::OnDoorbell;
+    off.platform().state().mode = Mode::OnDoorbell;
     for i in 0..3u64 {
         let f = off.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
         off.wait(f, 1_000_000_000).unwrap();
@@ -169,20 +169,20 @@ fn batching_puts_small_submissions_in_one_chunk() {
 #[test]
 fn cross_queue_waits_and_out_of_order_completion() {
     let mut dev: Device<Fake, 8> = device(Generation::Gen2, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let buf = dev.alloc_buffer(4096).unwrap();
     let b = buf.va();
     let copy = dev.submit(COPY, &[], |cb| cb.write_data(b, &[41])).unwrap();
     let compute = dev.submit(COMPUTE, &[copy], |cb| cb.write_data(b + 4, &[42])).unwrap();
     let gfx = dev.submit(GFX, &[], |cb| cb.write_data(b + 8, &[43])).unwrap();
     // GFX finishes first; COMPUTE is blocked on COPY.
-    dev.platform().run(0);
-    dev.platform().run(1);
+    dev.platform().state().run(0);
+    dev.platform().state().run(1);
     assert_eq!(dev.query(gfx), Ok(FenceStatus::Signalled));
     assert_eq!(dev.query(compute), Ok(FenceStatus::Pending));
     assert_eq!(buf.read_u32(1), Some(0), "compute waited on the copy fence");
-    dev.platform().run(2);
-    dev.platform().run(1);
+    dev.platform().state().run(2);
+    dev.platform().state().run(1);
     assert_eq!(dev.query(copy), Ok(FenceStatus::Signalled));
     assert_eq!(dev.query(compute), Ok(FenceStatus::Signalled));
     assert_eq!(buf.read_u32(1), Some(42));
@@ -191,19 +191,19 @@ fn cross_queue_waits_and_out_of_order_completion() {
 #[test]
 fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
     let mut dev: Device<Fake, 8> = device(Generation::Gen1, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     // COMPUTE waits for COPY's *next* fence (wait before signal) ...
     let copy_next = Fence { id: umd_core::sync::FenceId::new(COPY, 1), epoch: 0 };
     let compute = dev.submit(COMPUTE, &[copy_next], |cb| cb.timestamp(0x8030_0000)).unwrap();
     // ... so COPY's next submission may not wait for that COMPUTE work.
-    let before = dev.platform().doorbells;
+    let before = dev.platform().state().doorbells;
     let err = dev.submit(COPY, &[compute], |cb| cb.timestamp(0x8030_0008)).unwrap_err();
     let SubmitError::Cycle(c) = err else { panic!("{err:?}") };
     assert_eq!(c.fences().len(), 2, "{c}");
     assert_eq!(c.fences()[0].queue, COPY);
     assert_eq!(c.fences()[1].queue, COMPUTE);
     assert!(c.to_string().contains("q2:1 waits for q1:1"), "{c}");
-    assert_eq!(dev.platform().doorbells, before, "nothing reached the GPU");
+    assert_eq!(dev.platform().state().doorbells, before, "nothing reached the GPU");
     // A three-queue cycle: GFX waits COMPUTE's future, COMPUTE (above) waits COPY's future.
     let compute_next = Fence { id: umd_core::sync::FenceId::new(COMPUTE, 2), epoch: 0 };
     let gfx = dev.submit(GFX, &[compute_next], |cb| cb.timestamp(0x8030_0010)).unwrap();
@@ -214,7 +214,7 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
     assert_eq!(c.fences().len(), 3, "{c}");
     // Without the cycle the same submission is fine, and everything runs.
     dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0020)).unwrap();
-    dev.platform().run_all();
+    dev.platform().state().run_all();
     dev.wait(gfx, 1_000_000_000).unwrap();
 }
 
@@ -222,7 +222,7 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
 fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
     for gen in [Generation::Gen1, Generation::Gen2] {
         let mut dev: Device<Fake, 4> = device(gen, small_cfg());
-        dev.platform().engines[0].fault = EngineFault::Stuck;
+        dev.platform().state().engines[0].fault = EngineFault::Stuck;
         let buf = dev.alloc_buffer(4096).unwrap();
         let b = buf.va();
         let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
@@ -241,7 +241,7 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
         assert!(text.contains("no progress"), "{text}");
         assert_eq!(dev.stats().resets, 1);
         // The engine is usable again; the waiting COMPUTE work went through.
-        dev.platform().run_all();
+        dev.platform().state().run_all();
         dev.wait(c, 1_000_000_000).unwrap();
         let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
         dev.wait(f3, 1_000_000_000).unwrap();
@@ -258,8 +258,8 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
 #[test]
 fn a_loop_that_moves_but_never_signals_is_a_hang() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
-    dev.platform().engines[1].fault = EngineFault::Spinning;
-    dev.platform().mode = Mode::OnDelay;
+    dev.platform().state().engines[1].fault = EngineFault::Spinning;
+    dev.platform().state().mode = Mode::OnDelay;
     let f = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     assert!(matches!(dev.last_hang().unwrap().reason, HangReason::FenceStalled { .. }));
@@ -268,9 +268,9 @@ fn a_loop_that_moves_but_never_signals_is_a_hang() {
 #[test]
 fn faults_are_reported_with_address_engine_and_access() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(COPY, &[], |cb| cb.copy(0x1_0000_0000, 0x8030_0000, 64)).unwrap();
-    dev.platform().inject_fault(2, 1, 0, 0x1_0000_0000);
+    dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
     let err = dev.wait(f, 1_000_000_000).unwrap_err();
     let WaitError::Failed(FenceError::Fault(info)) = err else { panic!("{err:?}") };
     assert_eq!(info.kind, FaultKind::Translation);
@@ -281,7 +281,7 @@ fn faults_are_reported_with_address_engine_and_access() {
     assert!(report.to_string().contains("Translation fault on Read at 0x100000000"), "{report}");
     assert_eq!(dev.stats().faults, 1);
     // Recovered.
-    dev.platform().mode = Mode::OnDoorbell;
+    dev.platform().state().mode = Mode::OnDoorbell;
     let g = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.wait(g, 1_000_000_000).unwrap();
 }
@@ -289,17 +289,17 @@ fn faults_are_reported_with_address_engine_and_access() {
 #[test]
 fn timeouts() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    let delays = dev.platform().delays;
+    let delays = dev.platform().state().delays;
     // Timeout 0 is a query: no sleeping, no spinning beyond one check.
     assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
-    assert_eq!(dev.platform().delays, delays);
+    assert_eq!(dev.platform().state().delays, delays);
     // A short timeout well inside the hang window.
     assert_eq!(dev.wait(f, 2_000_000), Err(WaitError::Timeout));
-    assert!(dev.platform().delays > delays);
+    assert!(dev.platform().state().delays > delays);
     assert_eq!(dev.stats().hangs, 0);
-    dev.platform().run(0);
+    dev.platform().state().run(0);
     dev.wait(f, 2_000_000).unwrap();
 }
 
@@ -308,11 +308,17 @@ fn wait_schedule_follows_the_config() {
     // With the default steps the driver spins first, then sleeps 1 us, 10
     // us and 100 us. Check the sleeps the fake saw over a 5 ms wait.
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    let (d0, n0) = (dev.platform().delayed_ns, dev.platform().delays);
+    let (d0, n0) = {
+        let st = dev.platform().state();
+        (st.delayed_ns, st.delays)
+    };
     let _ = dev.wait(f, 5_000_000);
-    let (slept, count) = (dev.platform().delayed_ns - d0, dev.platform().delays - n0);
+    let (slept, count) = {
+        let st = dev.platform().state();
+        (st.delayed_ns - d0, st.delays - n0)
+    };
     // ~98 x 1 us + 90 x 10 us + 40 x 100 us: far fewer wake-ups than 1 us polling.
     assert!(count < 400, "{count} wake-ups");
     assert!(slept >= 4_000_000, "{slept} ns slept");
@@ -321,7 +327,7 @@ fn wait_schedule_follows_the_config() {
 #[test]
 fn bad_inputs_get_typed_errors() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     // Unknown queue.
     assert_eq!(
         dev.submit(QueueId(3), &[], |cb| cb.timestamp(0x8030_0000)),
@@ -358,7 +364,7 @@ fn bad_inputs_get_typed_errors() {
     );
     // None of that consumed a sequence number or touched the GFX ring.
     assert_eq!(dev.last_emitted(GFX).unwrap().seqno().0, 0);
-    assert_eq!(dev.platform().engines[0].wptr, 0);
+    assert_eq!(dev.platform().state().engines[0].wptr, 0);
 }
 
 #[test]
@@ -367,9 +373,9 @@ fn init_rejects_bad_config_and_foreign_devices() {
     let r = Device::<Fake, 4>::new(Fake::new(Generation::Gen1, 1 << 20), bad, MmuMode::Bypass);
     let (e, p) = r.err().unwrap();
     assert!(matches!(e, umd_core::device::InitError::BadConfig(_)));
-    assert_eq!(p.allocs, 0);
-    let mut fake = Fake::new(Generation::Gen1, 1 << 20);
-    fake.regs[0] = 0x1234_0100;
+    assert_eq!(p.state().allocs, 0);
+    let fake = Fake::new(Generation::Gen1, 1 << 20);
+    fake.state().regs[0] = 0x1234_0100;
     let (e, _) = Device::<Fake, 4>::new(fake, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
     assert!(matches!(e, umd_core::device::InitError::Probe(_)));
     // Out of memory half-way: everything allocated so far is freed.
@@ -378,15 +384,15 @@ fn init_rejects_bad_config_and_foreign_devices() {
             .err()
             .unwrap();
     assert!(matches!(e, umd_core::device::InitError::Platform(_)));
-    assert_eq!(p.allocs, 0);
+    assert_eq!(p.state().allocs, 0);
 }
 
 #[test]
 fn device_loss_fails_pending_fences() {
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    dev.platform().lost = true;
+    dev.platform().state().lost = true;
     assert_eq!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
     assert!(dev.is_lost());
     assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::DeviceLost));
@@ -418,7 +424,7 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
         let mut dev: Device<Fake, 8> = device(Generation::Gen2, cfg);
         let (pool_va, pool_len) = dev.pool_range();
         for round in 0..3u64 {
-            dev.platform().cleaned.clear();
+            dev.platform().state().cleaned.clear();
             let f = dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000 + 16 * round, &[1, 2, 3])).unwrap();
             dev.wait(f, 1_000_000_000).unwrap();
             let ev = |k| {
@@ -432,6 +438,7 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
             let (ib_va, ib_dw) = (ev(TraceKind::Submit), ev(TraceKind::Encode));
             let in_pool: Vec<(u64, usize)> = dev
                 .platform()
+                .state()
                 .cleaned
                 .iter()
                 .copied()
@@ -457,13 +464,13 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
 fn completions_seen_by_any_path_are_traced_and_reclaimed() {
     use umd_core::debug::TraceKind;
     let mut dev: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
-    dev.platform().mode = Mode::Manual;
+    dev.platform().state().mode = Mode::Manual;
     let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    dev.platform().run(2);
+    dev.platform().state().run(2);
     // The COPY fence is first observed while checking this submission's
     // wait list, not by a wait on it.
     let compute = dev.submit(COMPUTE, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
-    dev.platform().run(1);
+    dev.platform().state().run(1);
     dev.wait(compute, 1_000_000_000).unwrap();
     let span = dev
         .trace()

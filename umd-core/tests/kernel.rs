@@ -4,13 +4,15 @@
 
 mod support;
 
-use support::Fake;
+use std::sync::{Mutex, MutexGuard};
+
+use support::FakeState;
 use umd_core::cmd::Command;
 use umd_core::config::Config;
 use umd_core::decode::Decoder;
 use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
-use umd_core::platform::{DmaRegion, KernelError, KernelIo, KernelSync, Platform, PlatformError};
+use umd_core::platform::{DmaFlags, DmaRegion, KernelError, KernelIo, KernelSync, Platform, PlatformError};
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Fence, FenceError, FenceId, QueueId};
 
@@ -24,8 +26,8 @@ struct Job {
 
 /// A kernel driver: owns "rings" (job lists) and VA bindings; runs jobs
 /// when told, in order per engine, once their waits have signalled.
-struct FakeKernel {
-    mem: Fake,
+struct KState {
+    mem: FakeState,
     gen: Generation,
     bindings: Vec<(u64, u64, usize, bool)>,
     jobs: Vec<Job>,
@@ -33,10 +35,23 @@ struct FakeKernel {
     reset: [Option<u64>; 3],
 }
 
+/// The fake kernel behind a mutex (the core calls platforms through `&self`).
+struct FakeKernel(Mutex<KState>);
+
 impl FakeKernel {
     fn new(gen: Generation) -> FakeKernel {
-        FakeKernel {
-            mem: Fake::new(gen, 4 << 20),
+        FakeKernel(Mutex::new(KState::new(gen)))
+    }
+
+    fn k(&self) -> MutexGuard<'_, KState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl KState {
+    fn new(gen: Generation) -> KState {
+        KState {
+            mem: FakeState::new(gen, 4 << 20),
             gen,
             bindings: Vec::new(),
             jobs: Vec::new(),
@@ -96,55 +111,52 @@ impl FakeKernel {
 
 // SAFETY: memory comes from the fake, whose contract holds; time grows.
 unsafe impl Platform for FakeKernel {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
-        self.mem.dma_alloc(len)
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        self.k().mem.dma_alloc(len)
     }
-    fn dma_free(&mut self, r: DmaRegion) {
-        self.mem.dma_free(r)
+    fn dma_free(&self, r: DmaRegion) {
+        self.k().mem.dma_free(r)
     }
-    fn now_ns(&mut self) -> u64 {
-        self.mem.now_ns()
+    fn now_ns(&self) -> u64 {
+        self.k().mem.now_ns()
     }
-    fn delay_ns(&mut self, ns: u64) {
-        self.mem.delay_ns(ns)
+    fn delay_ns(&self, ns: u64) {
+        self.k().mem.delay_ns(ns)
     }
 }
 
 impl KernelIo for FakeKernel {
-    fn chip_id(&mut self) -> Result<u32, PlatformError> {
-        Ok(ChipId { generation: self.gen, revision: 0 }.id_register())
+    fn chip_id(&self) -> Result<u32, PlatformError> {
+        Ok(ChipId { generation: self.k().gen, revision: 0 }.id_register())
     }
-    fn bind_va(
-        &mut self,
-        va: u64,
-        region: &DmaRegion,
-        len: usize,
-        writable: bool,
-    ) -> Result<(), PlatformError> {
-        self.bindings.push((va, region.dev_addr(), len, writable));
+    fn bind_va(&self, va: u64, region: &DmaRegion, len: usize, writable: bool) -> Result<(), PlatformError> {
+        self.k().bindings.push((va, region.dev_addr(), len, writable));
         Ok(())
     }
-    fn unbind_va(&mut self, va: u64, _len: usize) -> Result<(), PlatformError> {
-        self.bindings.retain(|b| b.0 != va);
+    fn unbind_va(&self, va: u64, _len: usize) -> Result<(), PlatformError> {
+        self.k().bindings.retain(|b| b.0 != va);
         Ok(())
     }
     fn submit(
-        &mut self,
+        &self,
         engine: u32,
         ib_va: u64,
         ib_dw: u32,
         waits: &[KernelSync],
         signal: KernelSync,
     ) -> Result<(), PlatformError> {
-        self.jobs.push(Job { engine, ib_va, ib_dw, waits: waits.to_vec(), signal });
+        self.k().jobs.push(Job { engine, ib_va, ib_dw, waits: waits.to_vec(), signal });
         Ok(())
     }
-    fn completed(&mut self, engine: u32) -> Result<u64, KernelError> {
-        if let Some(upto) = self.reset[engine as usize].take() {
-            self.completed[engine as usize] = upto;
+    fn completed(&self, engine: u32) -> Result<u64, KernelError> {
+        let mut k = self.k();
+        if let Some(upto) = k.reset[engine as usize].take() {
+            k.completed[engine as usize] = upto;
             return Err(KernelError::Reset { upto });
         }
-        Ok(self.completed[engine as usize])
+        Ok(k.completed[engine as usize])
     }
 }
 
@@ -168,14 +180,14 @@ fn submit_wait_and_data_through_the_kernel() {
             })
             .unwrap();
         assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
-        dev.platform().run();
+        dev.platform().k().run();
         dev.wait(f, 1_000_000_000).unwrap();
         assert_eq!(buf.read_u32(100), Some(0x5555_5555));
         assert_eq!(buf.read_u32(1026), Some(3));
         dev.free_buffer(buf);
         let p = dev.shutdown();
-        assert_eq!(p.mem.allocs, 0);
-        assert!(p.bindings.is_empty());
+        assert_eq!(p.k().mem.allocs, 0);
+        assert!(p.k().bindings.is_empty());
     }
 }
 
@@ -188,7 +200,8 @@ fn waits_become_kernel_sync_points_and_cycles_are_rejected() {
     let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
     let compute = dev.submit(QueueId(1), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
     {
-        let jobs = &dev.platform().jobs;
+        let k = dev.platform().k();
+        let jobs = &k.jobs;
         assert_eq!(jobs.len(), 2);
         assert_eq!(jobs[1].waits, vec![KernelSync { engine: 2, value: 1 }]);
         assert_eq!(jobs[1].signal, KernelSync { engine: 1, value: 1 });
@@ -198,9 +211,9 @@ fn waits_become_kernel_sync_points_and_cycles_are_rejected() {
     let gfx = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
     let err = dev.submit(QueueId(2), &[gfx], |cb| cb.timestamp(0x1_0000_0018)).unwrap_err();
     assert!(matches!(err, SubmitError::Cycle(_)), "{err:?}");
-    assert_eq!(dev.platform().jobs.len(), 3, "the rejected work never reached the kernel");
+    assert_eq!(dev.platform().k().jobs.len(), 3, "the rejected work never reached the kernel");
     dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0018)).unwrap();
-    dev.platform().run();
+    dev.platform().k().run();
     dev.wait(gfx, 1_000_000_000).unwrap();
     dev.wait(compute, 1_000_000_000).unwrap();
 }
@@ -213,8 +226,8 @@ fn a_kernel_reset_fails_the_cancelled_fences() {
             .unwrap();
     let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
     let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
-    dev.platform().jobs.clear();
-    dev.platform().reset[0] = Some(2);
+    dev.platform().k().jobs.clear();
+    dev.platform().k().reset[0] = Some(2);
     assert_eq!(dev.wait(f1, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
     assert_eq!(
@@ -224,7 +237,7 @@ fn a_kernel_reset_fails_the_cancelled_fences() {
     // The queue goes on in a new epoch.
     let f3 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
     assert_eq!(f3.epoch, 1);
-    dev.platform().run();
+    dev.platform().k().run();
     dev.wait(f3, 1_000_000_000).unwrap();
 }
 
@@ -240,5 +253,5 @@ fn bad_inputs() {
     assert_eq!(dev.wait(future, 1), Err(WaitError::NotSubmitted(future)));
     let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
     assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
-    assert!(dev.platform().jobs.len() == 1);
+    assert!(dev.platform().k().jobs.len() == 1);
 }

@@ -51,23 +51,23 @@ pub struct VirtHal {
 }
 
 impl Hal for VirtHal {
-    fn now_ns(&mut self) -> u64 {
+    fn now_ns(&self) -> u64 {
         crate::arch::timer::now_ns()
     }
 
-    fn delay_ns(&mut self, ns: u64) {
+    fn delay_ns(&self, ns: u64) {
         crate::arch::timer::delay_ns(ns)
     }
 
-    fn cache_clean(&mut self, addr: usize, len: usize) {
+    fn cache_clean(&self, addr: usize, len: usize) {
         crate::arch::cache::clean(addr, len)
     }
 
-    fn cache_invalidate(&mut self, addr: usize, len: usize) {
+    fn cache_invalidate(&self, addr: usize, len: usize) {
         crate::arch::cache::invalidate(addr, len)
     }
 
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         match self.mode {
             IrqMode::Polling => IrqWait::Unsupported,
             IrqMode::Msi => crate::arch::irq::wait(timeout_ns),

@@ -16,7 +16,7 @@ pub(crate) trait Waiter {
     /// Work to do between checks (acknowledge interrupts, hang check).
     fn between_checks(&mut self) {}
     /// The platform.
-    fn platform(&mut self) -> &mut Self::P;
+    fn platform(&self) -> &Self::P;
     /// The configuration.
     fn config(&self) -> &Config;
 }

@@ -10,12 +10,13 @@
 #![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing, missing_docs)]
 
 use std::ptr::NonNull;
+use std::sync::{Mutex, MutexGuard};
 
 use umd_core::cmd::Command;
 use umd_core::decode::Decoder;
 use umd_core::hw::regs::{self, engine as er};
 use umd_core::hw::{ChipId, Generation};
-use umd_core::platform::{DirectIo, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 pub const MEM_BASE: u64 = 0x8000_0000;
 const PAGE: usize = 4096;
@@ -51,7 +52,7 @@ pub struct Engine {
     pub executed: u64,
 }
 
-pub struct Fake {
+pub struct FakeState {
     mem: Vec<u64>,
     pages_used: Vec<bool>,
     pub regs: Vec<u32>,
@@ -68,12 +69,12 @@ pub struct Fake {
     pub cleaned: Vec<(u64, usize)>,
 }
 
-impl Fake {
-    pub fn new(gen: Generation, mem_bytes: usize) -> Fake {
+impl FakeState {
+    pub fn new(gen: Generation, mem_bytes: usize) -> FakeState {
         let mut regs = vec![0u32; 1024];
         regs[(regs::ID / 4) as usize] = ChipId { generation: gen, revision: 1 }.id_register();
         regs[(regs::ENGINE_COUNT / 4) as usize] = 3;
-        Fake {
+        FakeState {
             mem: vec![0u64; mem_bytes / 8],
             pages_used: vec![false; mem_bytes / PAGE],
             regs,
@@ -289,10 +290,8 @@ impl Fake {
     }
 }
 
-// SAFETY: regions point into `mem`, which is never reallocated, are 4 KiB
-// aligned within it and handed out once until freed; time only grows.
-unsafe impl Platform for Fake {
-    fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
+impl FakeState {
+    pub fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
         let pages = len.div_ceil(PAGE);
         let total = self.pages_used.len();
         let start = (0..total.saturating_sub(pages - 1))
@@ -309,30 +308,30 @@ unsafe impl Platform for Fake {
         Ok(unsafe { DmaRegion::new(ptr, MEM_BASE + off as u64, pages * PAGE) })
     }
 
-    fn dma_free(&mut self, region: DmaRegion) {
+    pub fn dma_free(&mut self, region: DmaRegion) {
         let off = (region.dev_addr() - MEM_BASE) as usize;
         let pages = region.len() / PAGE;
         self.pages_used[off / PAGE..off / PAGE + pages].iter_mut().for_each(|u| *u = false);
         self.allocs -= 1;
     }
 
-    fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
+    pub fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
         self.cleaned.push((region.dev_addr() + offset as u64, len));
     }
 
-    fn now_ns(&mut self) -> u64 {
+    pub fn now_ns(&mut self) -> u64 {
         self.now += 100;
         self.now
     }
 
-    fn delay_ns(&mut self, ns: u64) {
+    pub fn delay_ns(&mut self, ns: u64) {
         self.delays += 1;
         self.delayed_ns += ns;
         self.now += ns;
         self.tick();
     }
 
-    fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
+    pub fn wait_irq(&mut self, timeout_ns: u64) -> IrqWait {
         if !self.irq_capable {
             return IrqWait::Unsupported;
         }
@@ -345,8 +344,8 @@ unsafe impl Platform for Fake {
     }
 }
 
-impl DirectIo for Fake {
-    fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+impl FakeState {
+    pub fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
         if self.lost {
             return Err(PlatformError::DeviceLost);
         }
@@ -380,7 +379,7 @@ impl DirectIo for Fake {
         Ok(v)
     }
 
-    fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
+    pub fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
         if self.lost {
             return Err(PlatformError::DeviceLost);
         }
@@ -420,11 +419,63 @@ impl DirectIo for Fake {
         Ok(())
     }
 
-    fn doorbell(&mut self, _engine: u32) -> Result<(), PlatformError> {
+    pub fn doorbell(&mut self, _engine: u32) -> Result<(), PlatformError> {
         self.doorbells += 1;
         if self.mode == Mode::OnDoorbell {
             self.run_all();
         }
         Ok(())
+    }
+}
+
+/// The fake as a platform: its state behind a mutex, so the core can call
+/// it from several threads.
+pub struct Fake(Mutex<FakeState>);
+
+impl Fake {
+    pub fn new(gen: Generation, mem_bytes: usize) -> Fake {
+        Fake(Mutex::new(FakeState::new(gen, mem_bytes)))
+    }
+
+    /// The fake's state (engines, registers, memory, counters).
+    pub fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+// SAFETY: regions point into `mem`, which is never reallocated, are 4 KiB
+// aligned within it and handed out once until freed; time only grows.
+unsafe impl Platform for Fake {
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        self.state().dma_alloc(len)
+    }
+    fn dma_free(&self, region: DmaRegion) {
+        self.state().dma_free(region)
+    }
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
+        self.state().cache_clean(region, offset, len)
+    }
+    fn now_ns(&self) -> u64 {
+        self.state().now_ns()
+    }
+    fn delay_ns(&self, ns: u64) {
+        self.state().delay_ns(ns)
+    }
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
+        self.state().wait_irq(timeout_ns)
+    }
+}
+
+impl DirectIo for Fake {
+    fn read_reg(&self, off: u32) -> Result<u32, PlatformError> {
+        self.state().read_reg(off)
+    }
+    fn write_reg(&self, off: u32, v: u32) -> Result<(), PlatformError> {
+        self.state().write_reg(off, v)
+    }
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
+        self.state().doorbell(engine)
     }
 }
