@@ -99,6 +99,29 @@ fn setup() -> Result<(), String> {
     Ok(())
 }
 
+/// Waits (up to 5 s) for the live BO, VM, context and job counts to return
+/// to `before`.
+fn no_leak(before: Result<[i64; 4], String>) -> R {
+    let before = before?;
+    let t0 = Instant::now();
+    loop {
+        let now = fixture::live()?;
+        if now == before {
+            return Ok(());
+        }
+        if t0.elapsed() > Duration::from_secs(5) {
+            let engines = fixture::debugfs_dir()
+                .and_then(|d| std::fs::read_to_string(d.join("engines")).map_err(|e| e.to_string()))
+                .unwrap_or_default();
+            return Err(format!(
+                "live objects (bos, vms, contexts, jobs) {before:?} -> {now:?} after the test; engines: {}",
+                engines.replace('\n', " / ")
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 fn main() {
     // Panics are test failures: keep their message on one line.
     std::panic::set_hook(Box::new(|info| {
@@ -118,8 +141,14 @@ fn main() {
     }
     for (name, f) in list {
         let t0 = Instant::now();
-        let r = std::panic::catch_unwind(f).unwrap_or_else(|_| Err("panicked".into()));
+        let before = fixture::live();
+        let mut r = std::panic::catch_unwind(f).unwrap_or_else(|_| Err("panicked".into()));
         let ms = t0.elapsed().as_millis();
+        // Every test closes what it opened: the driver's live objects
+        // (freed asynchronously after the last job) return to where they were.
+        if r.is_ok() {
+            r = no_leak(before);
+        }
         match r {
             Ok(()) => {
                 passed += 1;

@@ -721,7 +721,12 @@ fn devcoredump() -> R {
     ensure!(dump.contains("STATUS: 0xb"), "STATUS of a WAIT_MEM hang in an IB:\n{dump}");
     // Dismissing removes the device (asynchronously).
     let t0 = Instant::now();
-    while std::fs::read_dir("/sys/class/devcoredump").map(|d| d.count()).unwrap_or(0) != 0 {
+    let dumps = || {
+        std::fs::read_dir("/sys/class/devcoredump")
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("devcd")).count())
+            .unwrap_or(0)
+    };
+    while dumps() != 0 {
         ensure!(t0.elapsed() < Duration::from_secs(5), "the dump was not dismissed");
         std::thread::sleep(Duration::from_millis(10));
     }
