@@ -277,7 +277,9 @@ pub struct Artifacts {
 }
 
 fn check_tools() -> Result<(), HarnessError> {
-    for (cmd, arg) in [(QEMU, "--version"), ("make", "--version"), ("gcc-12", "--version"), ("pahole", "--version")] {
+    for (cmd, arg) in
+        [(QEMU, "--version"), ("make", "--version"), ("gcc-12", "--version"), ("pahole", "--version")]
+    {
         if !runs(cmd, arg) {
             return Err(HarnessError::Missing(cmd.into()));
         }
@@ -524,7 +526,9 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
             .arg("-initrd")
             .arg(&art.initramfs)
             .arg("-append")
-            .arg(format!("console=ttyS0 quiet loglevel=3 panic=-1 refgpu.job_timeout_ms=1000 rgtest.gen={gen}"))
+            .arg(format!(
+                "console=ttyS0 quiet loglevel=3 panic=-1 refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -592,7 +596,8 @@ pub fn parse(
         if let Some(r) = l.strip_prefix("@@ TEST ") {
             let mut it = r.splitn(3, ' ');
             let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
-            let st = if st == "PASS" { Status::Pass } else { Status::Fail(format!("{st} {why}").trim().into()) };
+            let st =
+                if st == "PASS" { Status::Pass } else { Status::Fail(format!("{st} {why}").trim().into()) };
             out.results.push((name.to_string(), st));
         } else if let Some(b) = l.strip_prefix("@@ BENCH ") {
             let (name, rest) = b.split_once(' ').unwrap_or((b, ""));

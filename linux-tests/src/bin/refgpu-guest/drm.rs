@@ -311,7 +311,14 @@ impl Dev {
     }
 
     /// SUBMIT signalling timeline point `point` of `syncobj` (0: binary).
-    pub fn submit(&self, ctx_id: u32, ib_va: u64, ib_size_dw: u32, syncobj: u32, point: u64) -> Result<(), Errno> {
+    pub fn submit(
+        &self,
+        ctx_id: u32,
+        ib_va: u64,
+        ib_size_dw: u32,
+        syncobj: u32,
+        point: u64,
+    ) -> Result<(), Errno> {
         self.submit_full(ctx_id, ib_va, ib_size_dw, &[], &[sync(syncobj, point)], 0).map(|_| ())
     }
 

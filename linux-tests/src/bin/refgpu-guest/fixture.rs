@@ -103,7 +103,9 @@ impl Fx {
 
     /// Waits for `point` of `sync`.
     pub fn wait(&self, point: u64) -> Result<(), String> {
-        self.dev.wait_point(self.sync, point, WAIT_NS).map_err(|e| format!("TIMELINE_WAIT point {point}: errno {e}"))
+        self.dev
+            .wait_point(self.sync, point, WAIT_NS)
+            .map_err(|e| format!("TIMELINE_WAIT point {point}: errno {e}"))
     }
 
     /// A context on `engine`.
@@ -113,7 +115,12 @@ impl Fx {
 }
 
 /// Encodes `cmds` into `buf` at `*pos` (bytes), 64-byte aligned.
-pub fn encode_ib(gen: Generation, buf: &Buf, pos: &mut u64, cmds: &[Command<'_>]) -> Result<(u64, u32), String> {
+pub fn encode_ib(
+    gen: Generation,
+    buf: &Buf,
+    pos: &mut u64,
+    cmds: &[Command<'_>],
+) -> Result<(u64, u32), String> {
     let enc = Encoder::new(gen);
     let mut out = vec![0u32; 8192];
     let mut n = 0usize;

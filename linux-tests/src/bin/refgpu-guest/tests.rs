@@ -17,8 +17,11 @@ use crate::R;
 const EINVAL: i32 = libc::EINVAL;
 const ENOENT: i32 = libc::ENOENT;
 
+/// A named test.
+pub type Test = (&'static str, fn() -> R);
+
 /// The suite, in order.
-pub fn all() -> Vec<(&'static str, fn() -> R)> {
+pub fn all() -> Vec<Test> {
     vec![
         ("get_param", get_param),
         ("version_ioctl", version_ioctl),
@@ -79,12 +82,13 @@ fn get_param() -> R {
     let id = ok(d.param(u::param::CHIP_ID), "CHIP_ID")?;
     let gen = ok(d.param(u::param::GENERATION), "GENERATION")?;
     ensure!(id >> 16 == 0x5247, "CHIP_ID {id:#x} lacks the RG magic");
-    ensure!(u64::from((id >> 8) & 0xFF) == gen, "GENERATION {gen} != ID bits 15:8 of {id:#x}");
+    ensure!((id >> 8) & 0xFF == gen, "GENERATION {gen} != ID bits 15:8 of {id:#x}");
     if let Some(want) = fixture::expected_gen() {
         ensure!(gen == u64::from(want), "generation {gen}, the harness booted gen{want}");
     }
     ensure!(ok(d.param(u::param::ENGINE_COUNT), "ENGINE_COUNT")? == 3, "ENGINE_COUNT");
-    let (start, end) = (ok(d.param(u::param::VA_START), "VA_START")?, ok(d.param(u::param::VA_END), "VA_END")?);
+    let (start, end) =
+        (ok(d.param(u::param::VA_START), "VA_START")?, ok(d.param(u::param::VA_END), "VA_END")?);
     let bits = ok(d.param(u::param::VA_BITS), "VA_BITS")?;
     let (want_bits, want_max, want_align) = if gen == 1 { (40, 262_144, 4) } else { (48, 4_194_304, 32) };
     ensure!(bits == want_bits, "VA_BITS {bits}");
@@ -232,12 +236,22 @@ fn vm_bind_errors() -> R {
     let s = ok(d.syncobj(), "SYNCOBJ_CREATE")?;
     expect_errno(d.vm_bind_syncs(&good, &[sync(999, 0)], &[]), ENOENT, "unknown in-sync")?;
     expect_errno(d.vm_bind_syncs(&good, &[], &[sync(999, 0)]), ENOENT, "unknown out-sync")?;
-    expect_errno(d.vm_bind_syncs(&good, &[u::Sync { handle: s, flags: 2, point: 0 }], &[]), EINVAL, "sync flags")?;
+    expect_errno(
+        d.vm_bind_syncs(&good, &[u::Sync { handle: s, flags: 2, point: 0 }], &[]),
+        EINVAL,
+        "sync flags",
+    )?;
     expect_errno(d.vm_bind_syncs(&good, &[sync(s, 0)], &[]), EINVAL, "in-sync without a fence")?;
     expect_errno(d.vm_bind_syncs(&good, &[sync(s, 5)], &[]), EINVAL, "unsubmitted timeline point")?;
     let many = vec![sync(s, 0); 65];
     expect_errno(d.vm_bind_syncs(&good, &[], &many), EINVAL, "65 out-syncs")?;
-    let mut a = u::VmBind { op_count: 1, ops: good.as_ptr() as u64, in_sync_count: 1, in_syncs: 0x10, ..Default::default() };
+    let mut a = u::VmBind {
+        op_count: 1,
+        ops: good.as_ptr() as u64,
+        in_sync_count: 1,
+        in_syncs: 0x10,
+        ..Default::default()
+    };
     expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_VM_BIND, &mut a), libc::EFAULT, "bad in-sync pointer")?;
     // Nothing above changed the VM: the range is still free.
     ok(d.vm_bind(&good), "the same map, valid")?;
@@ -259,7 +273,11 @@ fn vm_bind_overlap() -> R {
     ok(d.vm_bind(&[unmap_op(va, 16 << 10), map_op(h, 4096, va, 16 << 10, 0)]), "unmap then map")?;
     // Map, then an overlapping map in the same call.
     let va2 = 0x5000_0000u64;
-    expect_errno(d.vm_bind(&[map_op(h, 0, va2, 8192, 0), map_op(h, 0, va2 + 4096, 8192, 0)]), libc::EEXIST, "two overlapping maps in one call")?;
+    expect_errno(
+        d.vm_bind(&[map_op(h, 0, va2, 8192, 0), map_op(h, 0, va2 + 4096, 8192, 0)]),
+        libc::EEXIST,
+        "two overlapping maps in one call",
+    )?;
     ok(d.map(h, 0, va2, 16 << 10, 0), "the failed call left the range free")?;
     // Unmapping a free range succeeds (nothing to do).
     ok(d.unmap(0x6000_0000, 4096), "unmap of a free range")?;
@@ -278,7 +296,11 @@ fn vm_bind_batch_atomic() -> R {
     let d = open()?;
     let h = ok(d.bo_create(64 << 10, 0), "BO_CREATE")?;
     let (x, y) = (0x4000_0000u64, 0x4100_0000u64);
-    expect_errno(d.vm_bind(&[map_op(h, 0, x, 4096, 0), map_op(4242, 0, y, 4096, 0)]), ENOENT, "second op's handle")?;
+    expect_errno(
+        d.vm_bind(&[map_op(h, 0, x, 4096, 0), map_op(4242, 0, y, 4096, 0)]),
+        ENOENT,
+        "second op's handle",
+    )?;
     expect_errno(d.vm_bind(&[map_op(h, 0, x, 4096, 0), map_op(h, 0, y, 3, 0)]), EINVAL, "second op's size")?;
     ok(d.vm_bind(&[map_op(h, 0, x, 4096, 0), map_op(h, 4096, y, 4096, 0)]), "both ops, valid")?;
     Ok(())
@@ -359,7 +381,9 @@ fn submit_errors() -> R {
     let d = &fx.dev;
     let before = live()?;
     let s = fx.sync;
-    let sub = |ctx, va, n, ins: &[u::Sync], outs: &[u::Sync], flags| d.submit_full(ctx, va, n, ins, outs, flags).map(|_| ());
+    let sub = |ctx, va, n, ins: &[u::Sync], outs: &[u::Sync], flags| {
+        d.submit_full(ctx, va, n, ins, outs, flags).map(|_| ())
+    };
     expect_errno(sub(99, ib, dw, &[], &[], 0), ENOENT, "unknown context")?;
     expect_errno(sub(0, ib, dw, &[], &[], 0), ENOENT, "context 0")?;
     expect_errno(sub(ctx, ib, 0, &[], &[], 0), EINVAL, "zero size")?;
@@ -374,10 +398,22 @@ fn submit_errors() -> R {
     expect_errno(sub(ctx, ib, dw, &[], &[], 1 << 4), EINVAL, "unknown flag")?;
     expect_errno(sub(ctx, ib, dw, &[sync(999, 0)], &[], 0), ENOENT, "unknown in-sync")?;
     expect_errno(sub(ctx, ib, dw, &[], &[sync(999, 1)], 0), ENOENT, "unknown out-sync")?;
-    expect_errno(sub(ctx, ib, dw, &[u::Sync { handle: s, flags: 1, point: 0 }], &[], 0), EINVAL, "sync flags")?;
+    expect_errno(
+        sub(ctx, ib, dw, &[u::Sync { handle: s, flags: 1, point: 0 }], &[], 0),
+        EINVAL,
+        "sync flags",
+    )?;
     expect_errno(sub(ctx, ib, dw, &[sync(s, 100)], &[], 0), EINVAL, "unsubmitted timeline point")?;
     expect_errno(sub(ctx, ib, dw, &vec![sync(s, 0); 65], &[], 0), EINVAL, "65 in-syncs")?;
-    let mut a = u::Submit { ctx_id: ctx, ib_va: ib, ib_size_dw: dw, in_sync_count: 1, in_syncs: 8, out_fence_fd: -1, ..Default::default() };
+    let mut a = u::Submit {
+        ctx_id: ctx,
+        ib_va: ib,
+        ib_size_dw: dw,
+        in_sync_count: 1,
+        in_syncs: 8,
+        out_fence_fd: -1,
+        ..Default::default()
+    };
     expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a), libc::EFAULT, "bad in-sync pointer")?;
     ensure!(live()? == before, "failed submits left jobs: {before:?} -> {:?}", live()?);
     // And a valid one still works.
@@ -416,7 +452,11 @@ fn copy_fill_write_data() -> R {
         fx.wait(p)?;
         let m = &fx.data.map;
         for i in 0..1024 {
-            ensure!(m.r32(off + 4 * i) == 0x5A5A_0000 | engine, "engine {engine}: FILL word {i}: {:#x}", m.r32(off + 4 * i));
+            ensure!(
+                m.r32(off + 4 * i) == 0x5A5A_0000 | engine,
+                "engine {engine}: FILL word {i}: {:#x}",
+                m.r32(off + 4 * i)
+            );
         }
         let got: Vec<u32> = (0..4).map(|i| m.r32(off + 8192 + 4 + 4 * i)).collect();
         ensure!(got == [1, 2, 3, 4], "engine {engine}: DMA_COPY of WRITE_DATA: {got:?}");
@@ -491,7 +531,10 @@ fn vm_bind_syncs() -> R {
     let h = ok(fx.dev.bo_create(8192, 0), "BO_CREATE")?;
     // An out point is signalled when the bind returns.
     let s = ok(fx.dev.syncobj(), "SYNCOBJ_CREATE")?;
-    ok(fx.dev.vm_bind_syncs(&[map_op(h, 0, 0x4000_0000, 8192, 0)], &[], &[sync(s, 3)]), "bind with out point")?;
+    ok(
+        fx.dev.vm_bind_syncs(&[map_op(h, 0, 0x4000_0000, 8192, 0)], &[], &[sync(s, 3)]),
+        "bind with out point",
+    )?;
     ok(fx.dev.wait_point(s, 3, 0), "the bind's out point, at once")?;
     // An in point orders the bind after a job: the job waits for the CPU.
     let flag = DATA_VA + 0x40;
@@ -507,7 +550,10 @@ fn vm_bind_syncs() -> R {
         fx.dev.vm_bind_syncs(&[unmap_op(0x4000_0000, 8192)], &[sync(fx.sync, p)], &[sync(s, 4)])
     });
     ok(r, "bind after the job's point")?;
-    ensure!(released.load(std::sync::atomic::Ordering::SeqCst), "the bind returned before the job could finish");
+    ensure!(
+        released.load(std::sync::atomic::Ordering::SeqCst),
+        "the bind returned before the job could finish"
+    );
     ok(fx.dev.wait_point(fx.sync, p, 0), "the job's point is signalled once the bind returned")?;
     ok(fx.dev.wait_point(s, 4, 0), "the bind's out point")?;
     Ok(())
@@ -545,12 +591,24 @@ fn read_only_mapping_faults() -> R {
     let (ctx, q, status) = fault_case(&mut fx, u::engine::COPY, &[write_data(va + 16, &[1])])?;
     ensure!(status == -libc::EIO, "fence status {status}, expected -EIO");
     ensure!(q.state == u::ctx_state::GUILTY, "state {}", q.state);
-    ensure!(q.fault_status & 0x8000_003F == 0x8000_0012, "FAULT_STATUS {:#x}: PERMISSION on WRITE", q.fault_status);
+    ensure!(
+        q.fault_status & 0x8000_003F == 0x8000_0012,
+        "FAULT_STATUS {:#x}: PERMISSION on WRITE",
+        q.fault_status
+    );
     ensure!(q.fault_addr == va + 16, "FAULT_ADDR {:#x}", q.fault_addr);
     ensure!(m.r32(16) == 0, "the read-only page was written");
-    expect_errno(fx.dev.submit_full(ctx, fx.ib.va, 1, &[], &[], 0).map(|_| ()), libc::ECANCELED, "submit on a guilty context")?;
+    expect_errno(
+        fx.dev.submit_full(ctx, fx.ib.va, 1, &[], &[], 0).map(|_| ()),
+        libc::ECANCELED,
+        "submit on a guilty context",
+    )?;
     let dump = fixture::take_devcoredump()?;
-    ensure!(dump.contains("reason: fault"), "devcoredump: {}", dump.lines().take(3).collect::<Vec<_>>().join(" | "));
+    ensure!(
+        dump.contains("reason: fault"),
+        "devcoredump: {}",
+        dump.lines().take(3).collect::<Vec<_>>().join(" | ")
+    );
     Ok(())
 }
 
@@ -568,13 +626,26 @@ fn isolation_two_files() -> R {
     ok(a.dev.map(ha, 0, x, 4096, 0), "A map")?;
     let ca = a.ctx(u::engine::GFX)?;
     // A's handle and context mean nothing in B.
-    expect_errno(b.dev.mmap_offset(ha).map(|_| ()), ENOENT, "A's handle in B (MMAP_OFFSET)")
-        .or_else(|e| if b.dev.mmap_offset(ha).is_ok() && ha == b.ib.handle || ha == b.data.handle { Ok(()) } else { Err(e) })?;
+    expect_errno(b.dev.mmap_offset(ha).map(|_| ()), ENOENT, "A's handle in B (MMAP_OFFSET)").or_else(
+        |e| {
+            if b.dev.mmap_offset(ha).is_ok() && ha == b.ib.handle || ha == b.data.handle {
+                Ok(())
+            } else {
+                Err(e)
+            }
+        },
+    )?;
     expect_errno(b.dev.ctx_query(ca), ENOENT, "A's context in B")?;
     // B reading X faults: nothing is mapped there in B's VM.
-    let (_, q, status) = fault_case(&mut b, u::engine::COPY, &[Command::Copy { src: x, dst: DATA_VA, size: 4 }])?;
+    let (_, q, status) =
+        fault_case(&mut b, u::engine::COPY, &[Command::Copy { src: x, dst: DATA_VA, size: 4 }])?;
     ensure!(q.state == u::ctx_state::GUILTY, "B's reader: state {}", q.state);
-    ensure!(q.fault_status & 0xF == 1 && q.fault_addr == x, "TRANSLATION at X: {:#x} @ {:#x}", q.fault_status, q.fault_addr);
+    ensure!(
+        q.fault_status & 0xF == 1 && q.fault_addr == x,
+        "TRANSLATION at X: {:#x} @ {:#x}",
+        q.fault_status,
+        q.fault_addr
+    );
     ensure!(status == -libc::EIO, "fence status {status}");
     ensure!(b.data.map.r32(0) == 0, "B read A's memory");
     let _ = fixture::take_devcoredump()?;
@@ -682,7 +753,8 @@ fn hang_recovery() -> R {
     let (ib, dw) = fx.ib(&[wait_eq(flag, 0xDEAD)])?;
     fx.point += 1;
     let ph = fx.point;
-    let sh = ok(fx.dev.submit_full(h, ib, dw, &[], &[sync(fx.sync, ph)], u::SUBMIT_OUT_SYNC_FILE), "SUBMIT H")?;
+    let sh =
+        ok(fx.dev.submit_full(h, ib, dw, &[], &[sync(fx.sync, ph)], u::SUBMIT_OUT_SYNC_FILE), "SUBMIT H")?;
     let pj = fx.run(j, &[write_data(DATA_VA + 0x80, &[0x1111])])?;
     let pk = fx.run(k, &[write_data(DATA_VA + 0xC0, &[0x2222])])?;
     fx.wait(pk)?;
@@ -696,7 +768,11 @@ fn hang_recovery() -> R {
     let q = ok(fx.dev.ctx_query(h), "CTX_QUERY H")?;
     ensure!(q.state == u::ctx_state::GUILTY, "H state {}", q.state);
     ensure!(q.reset_count > resets0, "reset_count {} did not grow from {resets0}", q.reset_count);
-    expect_errno(fx.dev.submit_full(h, ib, dw, &[], &[], 0).map(|_| ()), libc::ECANCELED, "submit on the guilty context")?;
+    expect_errno(
+        fx.dev.submit_full(h, ib, dw, &[], &[], 0).map(|_| ()),
+        libc::ECANCELED,
+        "submit on the guilty context",
+    )?;
     // J was queued behind H: it runs after the reset and is not guilty.
     fx.wait(pj)?;
     ensure!(fx.data.map.r32(0x80) == 0x1111, "J's work after the reset");
@@ -714,7 +790,17 @@ fn hang_recovery() -> R {
 fn devcoredump() -> R {
     // hang_recovery left its dump.
     let dump = fixture::take_devcoredump()?;
-    for want in ["refgpu devcoredump", "reason: timeout", "engine: 0 (gfx)", "RPTR:", "WPTR:", "CUR_ADDR:", "IB_BASE:", "FAULT_STATUS:", "ring window"] {
+    for want in [
+        "refgpu devcoredump",
+        "reason: timeout",
+        "engine: 0 (gfx)",
+        "RPTR:",
+        "WPTR:",
+        "CUR_ADDR:",
+        "IB_BASE:",
+        "FAULT_STATUS:",
+        "ring window",
+    ] {
         ensure!(dump.contains(want), "devcoredump lacks {want:?}:\n{dump}");
     }
     // STATUS at the time of the hang: BUSY | WAITING | IN_IB (0xb).
@@ -737,13 +823,25 @@ fn fault_recovery() -> R {
     let mut fx = Fx::new()?;
     fixture::clear_devcoredumps();
     let unmapped = 0x7000_0000u64;
-    let (ctx, q, status) = fault_case(&mut fx, u::engine::COMPUTE, &[write_data(DATA_VA, &[1]), Command::Copy { src: unmapped, dst: DATA_VA + 64, size: 8 }])?;
+    let (ctx, q, status) = fault_case(
+        &mut fx,
+        u::engine::COMPUTE,
+        &[write_data(DATA_VA, &[1]), Command::Copy { src: unmapped, dst: DATA_VA + 64, size: 8 }],
+    )?;
     ensure!(status == -libc::EIO, "fence status {status}, expected -EIO");
     ensure!(q.state == u::ctx_state::GUILTY, "state {}", q.state);
-    ensure!(q.fault_status & 0x8000_003F == 0x8000_0001, "FAULT_STATUS {:#x}: TRANSLATION on READ", q.fault_status);
+    ensure!(
+        q.fault_status & 0x8000_003F == 0x8000_0001,
+        "FAULT_STATUS {:#x}: TRANSLATION on READ",
+        q.fault_status
+    );
     ensure!(q.fault_addr == unmapped, "FAULT_ADDR {:#x}", q.fault_addr);
     ensure!(fx.data.map.r32(0) == 1, "the packet before the fault ran");
-    expect_errno(fx.dev.submit_full(ctx, fx.ib.va, 1, &[], &[], 0).map(|_| ()), libc::ECANCELED, "submit on the guilty context")?;
+    expect_errno(
+        fx.dev.submit_full(ctx, fx.ib.va, 1, &[], &[], 0).map(|_| ()),
+        libc::ECANCELED,
+        "submit on the guilty context",
+    )?;
     let dump = fixture::take_devcoredump()?;
     ensure!(dump.contains("reason: fault") && dump.contains("engine: 1 (compute)"), "devcoredump:\n{dump}");
     // Another context on the same engine works.
@@ -786,14 +884,20 @@ fn teardown_killed_process() -> R {
         let mut st = 0;
         libc::waitpid(pid, &mut st, 0);
     }
-    ensure!(busy[0] > base[0] && busy[1] > base[1], "the child's objects were not live: {base:?} -> {busy:?}");
+    ensure!(
+        busy[0] > base[0] && busy[1] > base[1],
+        "the child's objects were not live: {base:?} -> {busy:?}"
+    );
     let t0 = Instant::now();
     loop {
         let now = live()?;
         if now == base {
             break;
         }
-        ensure!(t0.elapsed() < Duration::from_secs(20), "leak after the kill: {base:?} -> {now:?} (bos, vms, contexts, jobs)");
+        ensure!(
+            t0.elapsed() < Duration::from_secs(20),
+            "leak after the kill: {base:?} -> {now:?} (bos, vms, contexts, jobs)"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Ok(())
@@ -809,7 +913,10 @@ fn busy_child(fd: i32) -> R {
     // Work in flight: 3 x 16 jobs of 4 MiB of FILL.
     for i in 0..16u32 {
         for (k, c) in ctxs.iter().enumerate() {
-            let cmds: Vec<Command<'_>> = bufs.iter().map(|b| Command::Fill { dst: b.va, size: 1 << 20, value: i ^ k as u32 }).collect();
+            let cmds: Vec<Command<'_>> = bufs
+                .iter()
+                .map(|b| Command::Fill { dst: b.va, size: 1 << 20, value: i ^ k as u32 })
+                .collect();
             fx.run(*c, &cmds)?;
         }
     }
@@ -837,7 +944,9 @@ fn bench_submit_vs_null_ioctl() -> R {
     let n = 2000;
     let null = per_op(n, &mut || fx.dev.version_null().map_err(|e| format!("VERSION: errno {e}")))?;
     let d = &fx.dev;
-    let submit = per_op(n, &mut || d.submit_full(ctx, ib, dw, &[], &[], 0).map(|_| ()).map_err(|e| format!("SUBMIT: errno {e}")))?;
+    let submit = per_op(n, &mut || {
+        d.submit_full(ctx, ib, dw, &[], &[], 0).map(|_| ()).map_err(|e| format!("SUBMIT: errno {e}"))
+    })?;
     let s = fx.sync;
     let mut point = fx.point;
     let submit_sync = per_op(n, &mut || {
@@ -880,7 +989,12 @@ fn bench_wait_syncobj_vs_poll() -> R {
     }
     fx.wait(fx.point)?;
     let (w, p) = (wait_ns / f64::from(n), poll_ns / f64::from(n));
-    println!("@@ BENCH wait_syncobj_vs_poll timeline_wait_us={:.1} poll_us={:.1} ratio={:.2} n={n}", w / 1e3, p / 1e3, w / p);
+    println!(
+        "@@ BENCH wait_syncobj_vs_poll timeline_wait_us={:.1} poll_us={:.1} ratio={:.2} n={n}",
+        w / 1e3,
+        p / 1e3,
+        w / p
+    );
     Ok(())
 }
 
@@ -899,7 +1013,8 @@ fn bench_vm_bind_batched() -> R {
     let one = t0.elapsed();
     let unmaps: Vec<u::VmBindOp> = (0..n).map(|i| unmap_op(va(i), 4096)).collect();
     ok(d.vm_bind(&unmaps), "batched unmap")?;
-    let maps: Vec<u::VmBindOp> = handles.iter().enumerate().map(|(i, h)| map_op(*h, 0, va(i as u64), 4096, 0)).collect();
+    let maps: Vec<u::VmBindOp> =
+        handles.iter().enumerate().map(|(i, h)| map_op(*h, 0, va(i as u64), 4096, 0)).collect();
     let t0 = Instant::now();
     ok(d.vm_bind(&maps), "VM_BIND batched")?;
     let batched = t0.elapsed();
@@ -921,7 +1036,8 @@ static KMSG: Mutex<Option<std::fs::File>> = Mutex::new(None);
 /// Opens /dev/kmsg and skips what the kernel logged before the modules.
 pub fn kmsg_start() {
     use std::os::unix::fs::OpenOptionsExt;
-    if let Ok(mut f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg") {
+    if let Ok(mut f) = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open("/dev/kmsg")
+    {
         let _ = read_records(&mut f);
         if let Ok(mut k) = KMSG.lock() {
             *k = Some(f);
@@ -964,14 +1080,18 @@ fn kmsg_clean() -> R {
     let bad: Vec<String> = recs
         .iter()
         .filter(|(lvl, m)| {
-            let alarming = ["BUG", "WARNING:", "Oops", "Call Trace", "general protection", "refgpu", "drm", "sched"]
-                .iter()
-                .any(|w| m.contains(w));
+            let alarming =
+                ["BUG", "WARNING:", "Oops", "Call Trace", "general protection", "refgpu", "drm", "sched"]
+                    .iter()
+                    .any(|w| m.contains(w));
             (*lvl <= 3 || (alarming && *lvl <= 4)) && !EXPECTED.iter().any(|e| m.contains(e))
         })
         .map(|(l, m)| format!("<{l}> {m}"))
         .collect();
-    let warns = recs.iter().filter(|(_, m)| m.contains("hung, resetting") || m.contains("faulted, resetting")).count();
+    let warns = recs
+        .iter()
+        .filter(|(_, m)| m.contains("hung, resetting") || m.contains("faulted, resetting"))
+        .count();
     ensure!(bad.is_empty(), "unexpected kernel messages: {}", bad.join(" || "));
     ensure!(warns >= 3, "expected the hang and fault reset messages, saw {warns}");
     Ok(())
