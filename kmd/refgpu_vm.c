@@ -48,26 +48,37 @@ struct refgpu_pt {
 
 /**
  * struct refgpu_vm - a GPU address space
+ * @base: the drm_gpuvm tracking the user mappings
+ * @ref: users (the file, contexts, jobs); the last one tears down
+ * @rdev: the device
+ * @lock: serialises VM_BIND and the page tables
+ * @root: the level-0 page table
+ * @pt_pages: page tables allocated
+ * @fence_cpu: the fence page (one slot per engine)
+ * @fence_dma: its physical address
+ * @node: entry in &refgpu_device.vms
+ * @pid: the process that opened the file
+ * @comm: its command name
  */
 struct refgpu_vm {
 	struct drm_gpuvm base;
-	/* @ref: users (the file, contexts, jobs); the last one tears down */
 	struct kref ref;
 	struct refgpu_device *rdev;
-	/* @lock: serialises VM_BIND and the page tables */
 	struct mutex lock;
 	struct refgpu_pt *root;
 	u32 pt_pages;
 	u64 *fence_cpu;
 	dma_addr_t fence_dma;
-	struct list_head node;		/* &refgpu_device.vms */
+	struct list_head node;
 	pid_t pid;
 	char comm[TASK_COMM_LEN];
 };
 
 /**
- * struct refgpu_va - a mapping; @dead chains it for release after the
- * translations were invalidated (or in the preallocation pool before use)
+ * struct refgpu_va - a mapping
+ * @base: the drm_gpuva
+ * @dead: chains it for release after the translations were invalidated
+ *	(or in the preallocation pool before use)
  */
 struct refgpu_va {
 	struct drm_gpuva base;
