@@ -400,7 +400,7 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 		goto err_free_ring;
 	}
 
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 114)
+#ifdef REFGPU_SCHED_INIT_ARGS	/* 6.12.114 and later (Kbuild detects it) */
 	{
 		const struct drm_sched_init_args args = {
 			.ops = &refgpu_sched_ops,
@@ -627,7 +627,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	}
 	job->ib_va = args->ib_va;
 	job->ib_dw = args->ib_size_dw;
-#if LINUX_VERSION_CODE >= KERNEL_VERSION(6, 12, 114)
+#ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
 	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx, file->client_id);
 #else
 	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
