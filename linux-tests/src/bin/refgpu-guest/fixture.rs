@@ -173,20 +173,28 @@ pub fn live() -> Result<[i64; 4], String> {
     Ok([g("bos")?, g("vms")?, g("contexts")?, g("jobs")?])
 }
 
-/// Waits (up to 10 s) for a devcoredump, reads it and dismisses it.
+/// The devcoredump entries present (`devcdN`).
+fn devcds() -> Vec<std::path::PathBuf> {
+    std::fs::read_dir("/sys/class/devcoredump")
+        .map(|d| {
+            d.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("devcd"))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Waits (up to 10 s) for a devcoredump, reads it, dismisses it and waits
+/// until it is gone.
 pub fn take_devcoredump() -> Result<String, String> {
-    let base = std::path::Path::new("/sys/class/devcoredump");
     let t0 = std::time::Instant::now();
     loop {
-        if let Ok(rd) = std::fs::read_dir(base) {
-            for e in rd.flatten() {
-                let data = e.path().join("data");
-                if let Ok(bytes) = std::fs::read(&data) {
-                    // Writing anything dismisses the dump.
-                    let _ = std::fs::write(&data, b"1");
-                    return Ok(String::from_utf8_lossy(&bytes).into_owned());
-                }
-            }
+        if let Some(d) = devcds().first() {
+            let data = d.join("data");
+            let bytes = std::fs::read(&data).map_err(|e| format!("{}: {e}", data.display()))?;
+            clear_devcoredumps()?;
+            return Ok(String::from_utf8_lossy(&bytes).into_owned());
         }
         if t0.elapsed() > std::time::Duration::from_secs(10) {
             return Err("no devcoredump under /sys/class/devcoredump".into());
@@ -195,11 +203,21 @@ pub fn take_devcoredump() -> Result<String, String> {
     }
 }
 
-/// Dismisses any devcoredump present.
-pub fn clear_devcoredumps() {
-    if let Ok(rd) = std::fs::read_dir("/sys/class/devcoredump") {
-        for e in rd.flatten() {
-            let _ = std::fs::write(e.path().join("data"), b"1");
+/// Dismisses every devcoredump (writing to `data`) and waits (up to 5 s)
+/// until they are gone: the kernel removes them asynchronously.
+pub fn clear_devcoredumps() -> Result<(), String> {
+    let t0 = std::time::Instant::now();
+    loop {
+        let d = devcds();
+        if d.is_empty() {
+            return Ok(());
         }
+        for p in &d {
+            let _ = std::fs::write(p.join("data"), b"1");
+        }
+        if t0.elapsed() > std::time::Duration::from_secs(5) {
+            return Err(format!("devcoredumps not dismissed: {d:?}"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }

@@ -65,6 +65,11 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
 
 fn exit_qemu(code: u8) -> ! {
     let _ = std::io::stdout().flush();
+    // The serial console transmits asynchronously: let it drain, or QEMU
+    // exits with the last lines still in the kernel's tty buffer.
+    // SAFETY: tcdrain(3) on our stdout.
+    unsafe { libc::tcdrain(1) };
+    std::thread::sleep(Duration::from_millis(100));
     if let Ok(f) = std::fs::OpenOptions::new().write(true).open("/dev/port") {
         use std::os::unix::fs::FileExt;
         let _ = f.write_at(&[code], 0xf4);
