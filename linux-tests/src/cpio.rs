@@ -1,5 +1,6 @@
 //! A writer for the `newc` cpio format, the format of a Linux initramfs
-//! (the kernel's `Documentation/driver-api/early-userspace/buffer-format.rst`).
+//! (the kernel's initramfs buffer format: an ASCII header per entry, name and
+//! data padded to 4 bytes, a `TRAILER!!!` entry at the end).
 
 use std::io::{self, Write};
 
