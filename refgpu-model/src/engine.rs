@@ -189,7 +189,7 @@ impl Engine {
         Self {
             sh,
             id,
-            xlat: Translator::new(),
+            xlat: Translator::for_engine(id),
             inj,
             buf: Vec::with_capacity(4096),
             tmp: vec![0; CHUNK],

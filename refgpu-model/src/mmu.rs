@@ -2,8 +2,9 @@
 //! permission check and a small per-engine translation cache.
 //!
 //! [`MmuState`] holds the *applied* MMU registers shared by all engines
-//! (ENABLE, ROOT) and a generation counter; MMU_INVALIDATE, and any change of
-//! MMU_CTRL or MMU_ROOT, bump the generation. Each engine owns a
+//! (ENABLE, ROOT, each engine's ENGINE_ROOT of section 3.4) and generation
+//! counters; MMU_INVALIDATE, and any change of MMU_CTRL or MMU_ROOT, bump the
+//! global generation, a change of ENGINE_ROOT(e) only engine `e`'s. Each engine owns a
 //! [`Translator`] whose cache (a direct-mapped TLB of 4 KiB entries) is
 //! emptied when it sees a new generation. Only successful translations are
 //! cached, so an invalid entry made valid needs no invalidation, as the spec
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use crate::error::{Access, Fault, FaultKind};
 use crate::mem::SysMem;
+use crate::regs::NUM_ENGINES;
 
 /// PTE bit 0.
 pub const PTE_VALID: u64 = 1 << 0;
@@ -45,18 +47,44 @@ pub struct MmuState {
     enabled: AtomicBool,
     root: AtomicU64,
     generation: AtomicU64,
+    /// Applied ENGINE_ROOT of each engine (0: the engine uses `root`).
+    engine_root: [AtomicU64; NUM_ENGINES],
+    /// Bumped when an engine's root changes: discards only that engine's
+    /// cached translations.
+    engine_generation: [AtomicU64; NUM_ENGINES],
 }
 
 impl MmuState {
     /// Applies MMU_CTRL and MMU_ROOT (invalidating cached translations when
     /// they change).
     pub fn apply(&self, ctrl: u32, root_lo: u32, root_hi: u32) {
-        let root = (u64::from(root_hi & 0xFFFF) << 32) | u64::from(root_lo & !0xFFF);
+        let root = crate::regs::root_addr(root_lo, root_hi);
         let en = ctrl & crate::regs::MMU_ENABLE != 0;
         let old_root = self.root.swap(root, Ordering::SeqCst);
         let old_en = self.enabled.swap(en, Ordering::SeqCst);
         if old_root != root || old_en != en {
             self.invalidate();
+        }
+    }
+
+    /// Applies ENGINE_ROOT_LO/HI of engine `e` (section 3.4): a change
+    /// discards that engine's cached translations. Ignores a bad index.
+    pub fn apply_engine_root(&self, e: usize, lo: u32, hi: u32) {
+        let (Some(r), Some(g)) = (self.engine_root.get(e), self.engine_generation.get(e)) else {
+            return;
+        };
+        let root = crate::regs::root_addr(lo, hi);
+        if r.swap(root, Ordering::SeqCst) != root {
+            g.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The applied root engine `e` translates through: its ENGINE_ROOT, or
+    /// MMU_ROOT when that is 0.
+    pub fn root_for(&self, e: usize) -> u64 {
+        match self.engine_root.get(e).map(|r| r.load(Ordering::Acquire)) {
+            Some(r) if r != 0 => r,
+            _ => self.root.load(Ordering::Acquire),
         }
     }
 
@@ -90,7 +118,10 @@ const TLB_ENTRIES: usize = 64;
 /// A per-engine translator with its TLB.
 pub struct Translator {
     tlb: [TlbEntry; TLB_ENTRIES],
+    /// The engine whose root (section 3.4) this translator walks.
+    engine: usize,
     generation: u64,
+    engine_generation: u64,
 }
 
 impl Default for Translator {
@@ -176,9 +207,20 @@ fn allowed(read: bool, write: bool, access: Access) -> bool {
 }
 
 impl Translator {
-    /// An empty translator.
+    /// An empty translator for engine 0.
     pub fn new() -> Self {
-        Self { tlb: [TlbEntry::default(); TLB_ENTRIES], generation: u64::MAX }
+        Self::for_engine(0)
+    }
+
+    /// An empty translator for engine `e` (it walks ENGINE_ROOT(e), or
+    /// MMU_ROOT when that is 0).
+    pub fn for_engine(e: usize) -> Self {
+        Self {
+            tlb: [TlbEntry::default(); TLB_ENTRIES],
+            engine: e,
+            generation: u64::MAX,
+            engine_generation: u64::MAX,
+        }
     }
 
     /// Empties the TLB.
@@ -195,9 +237,12 @@ impl Translator {
         access: Access,
     ) -> Result<Translation, Fault> {
         let generation = mmu.generation.load(Ordering::Acquire);
-        if generation != self.generation {
+        let engine_generation =
+            mmu.engine_generation.get(self.engine).map_or(0, |g| g.load(Ordering::Acquire));
+        if generation != self.generation || engine_generation != self.engine_generation {
             self.flush();
             self.generation = generation;
+            self.engine_generation = engine_generation;
         }
         if !mmu.enabled.load(Ordering::Acquire) {
             let extent = mem.extent(va);
@@ -215,7 +260,7 @@ impl Translator {
             }
             return self.finish(mem, e.pa_page + (va & (PAGE - 1)), PAGE - (va & (PAGE - 1)), va, access);
         }
-        let root = mmu.root.load(Ordering::Acquire);
+        let root = mmu.root_for(self.engine);
         let leaf = walk(mem, root, va, access)?;
         if !allowed(leaf.read, leaf.write, access) {
             return Err(fault(FaultKind::Permission, access, va));

@@ -18,7 +18,7 @@
 //!   memory are caller-provided mappings written by another process. The
 //!   host's writes to the page take effect on [`Model::doorbell`]: vector
 //!   `e < 3` re-reads RING_WPTR of engine `e`; vector 3 (the control
-//!   doorbell) applies IRQ_MASK, MMU_CTRL, MMU_ROOT, MMU_INVALIDATE (cleared
+//!   doorbell) applies IRQ_MASK, MMU_CTRL, MMU_ROOT, ENGINE_ROOT, MMU_INVALIDATE (cleared
 //!   when done) and each engine's CTRL (ENABLE; RESET is started and the
 //!   engine clears CTRL.RESET when it is complete). The CLOCK pair is
 //!   written as one 64-bit value every `clock_publish_interval`.
@@ -125,7 +125,13 @@ pub struct Model {
 
 fn is_listed(off: u32) -> bool {
     matches!(off, 0x000 | 0x004 | 0x010 | 0x014 | 0x020 | 0x024 | 0x028 | 0x02C | 0x030 | 0x034)
+        || engine_root_reg(off).is_some()
         || (0x100..0x100 + 0x40 * NUM_ENGINES as u32).contains(&off) && off % 4 == 0
+}
+
+/// The engine whose ENGINE_ROOT_LO/HI (section 3.4) is at `off`.
+fn engine_root_reg(off: u32) -> Option<usize> {
+    (0..NUM_ENGINES).find(|&e| off == regs::engine_root_lo(e) || off == regs::engine_root_hi(e))
 }
 
 impl Model {
@@ -309,6 +315,10 @@ impl Model {
                     sh.mmu.invalidate();
                 }
             }
+            _ if engine_root_reg(off).is_some() => {
+                sh.regs.store(off, v);
+                self.apply_engine_roots();
+            }
             _ => {
                 let Some((e, r)) = engine_reg(off) else {
                     return;
@@ -348,6 +358,7 @@ impl Model {
         }
         sh.irq.apply_mask(sh.regs.load(regs::IRQ_MASK));
         self.apply_mmu();
+        self.apply_engine_roots();
         if sh.regs.load(regs::MMU_INVALIDATE) != 0 {
             sh.mmu.invalidate();
             sh.regs.store(regs::MMU_INVALIDATE, 0);
@@ -364,6 +375,17 @@ impl Model {
     fn apply_mmu(&self) {
         let r = &self.sh.regs;
         self.sh.mmu.apply(r.load(regs::MMU_CTRL), r.load(regs::MMU_ROOT_LO), r.load(regs::MMU_ROOT_HI));
+    }
+
+    fn apply_engine_roots(&self) {
+        let r = &self.sh.regs;
+        for e in 0..NUM_ENGINES {
+            self.sh.mmu.apply_engine_root(
+                e,
+                r.load(regs::engine_root_lo(e)),
+                r.load(regs::engine_root_hi(e)),
+            );
+        }
     }
 
     fn apply_enable(&self, e: usize, ctrl: u32) {
@@ -566,6 +588,20 @@ impl Model {
         let root = (u64::from(r.load(regs::MMU_ROOT_HI) & 0xFFFF) << 32)
             | u64::from(r.load(regs::MMU_ROOT_LO) & !0xFFF);
         crate::mmu::walk_host(&self.sh.mem, root, va)
+    }
+
+    /// Walks the page tables engine `e` translates through (its applied
+    /// ENGINE_ROOT, or MMU_ROOT when that is 0; section 3.4) for `va`,
+    /// ignoring permissions and the TLB. With the MMU disabled, returns
+    /// `va`; a bad engine index is a TRANSLATION fault.
+    pub fn translate_engine(&self, e: usize, va: u64) -> Result<u64, crate::FaultKind> {
+        if e >= NUM_ENGINES {
+            return Err(crate::FaultKind::Translation);
+        }
+        if self.sh.regs.load(regs::MMU_CTRL) & regs::MMU_ENABLE == 0 {
+            return Ok(va);
+        }
+        crate::mmu::walk_host(&self.sh.mem, self.sh.mmu.root_for(e), va)
     }
 
     // ----- shutdown -----

@@ -41,6 +41,23 @@ pub const CLOCK_LO: u32 = 0x030;
 /// CLOCK_HI (RO).
 pub const CLOCK_HI: u32 = 0x034;
 
+/// ENGINE_ROOT_LO(e) (RW): engine `e`'s own address-space root, bits 31:12
+/// (`docs/refgpu.md` 3.4).
+pub const fn engine_root_lo(e: usize) -> u32 {
+    0x040 + 8 * e as u32
+}
+
+/// ENGINE_ROOT_HI(e) (RW): bits 47:32 of engine `e`'s root.
+pub const fn engine_root_hi(e: usize) -> u32 {
+    0x044 + 8 * e as u32
+}
+
+/// The root address held by an ENGINE_ROOT_LO/HI (or MMU_ROOT_LO/HI) pair:
+/// LO bits 31:12 and HI bits 15:0.
+pub const fn root_addr(lo: u32, hi: u32) -> u64 {
+    ((hi as u64 & 0xFFFF) << 32) | (lo as u64 & !0xFFF)
+}
+
 /// Offset of engine `e`'s register block.
 pub const fn engine_base(e: usize) -> u32 {
     0x100 + 0x40 * e as u32

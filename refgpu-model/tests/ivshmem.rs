@@ -254,3 +254,58 @@ fn wait_mem_sees_writes_it_is_not_told_about() {
         std::thread::sleep(Duration::from_micros(100));
     }
 }
+
+/// ENGINE_ROOT (spec 3.4) over ivshmem: written into the page, applied by
+/// the control doorbell, cleared when the host departs is the server's job.
+#[test]
+fn engine_root_applies_on_the_control_doorbell() {
+    let t = shared_model(Generation::Gen1);
+    let (m, h) = (&t.m, &t.h);
+    let enc = Enc(Generation::Gen1);
+    let e = COPY;
+    let va = 0x66_0000_0000u64;
+    // MMU_ROOT tables a: ring + va -> DATA; engine tables b: ring + va -> DATA + 0x1000.
+    let mut a = PageTables::new(m, PT_POOL, PT_POOL_SIZE / 2);
+    let mut b = PageTables::new(m, PT_POOL + PT_POOL_SIZE / 2, PT_POOL_SIZE / 2);
+    for pt in [&mut a, &mut b] {
+        pt.map_range_4k(m, RING_AREA, RING_AREA, RING_STRIDE, RW);
+    }
+    a.map_4k(m, va, DATA, RW);
+    b.map_4k(m, va, DATA + 0x1000, RW);
+    h.write(regs::MMU_ROOT_LO, a.root as u32);
+    h.write(regs::MMU_ROOT_HI, 0);
+    h.write(regs::MMU_CTRL, 1);
+    h.write(Host::ereg(e, eng::RING_BASE_LO), RING_AREA as u32);
+    h.write(Host::ereg(e, eng::RING_SIZE), 4096);
+    h.write(Host::ereg(e, eng::CTRL), regs::CTRL_ENABLE);
+    m.doorbell(regs::CONTROL_VECTOR);
+    let wait = |what: &str, f: &dyn Fn() -> bool| {
+        let t0 = std::time::Instant::now();
+        while !f() {
+            assert!(t0.elapsed() < GUARD, "timed out: {what}");
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    };
+    let mut wptr = 0u32;
+    let mut run = |data: u32| {
+        let s = enc.write_data(va, &[data]);
+        m.write_dwords(RING_AREA + u64::from(wptr), &s).unwrap();
+        wptr += 4 * s.len() as u32;
+        h.write(Host::ereg(e, eng::RING_WPTR), wptr);
+        m.doorbell(e as u32);
+        wait("idle", &|| {
+            h.read(Host::ereg(e, eng::RING_RPTR)) == wptr
+                && h.read(Host::ereg(e, eng::STATUS)) & regs::STATUS_BUSY == 0
+        });
+    };
+    // Written but not applied: still MMU_ROOT.
+    h.write(0x040 + 8 * e as u32, b.root as u32);
+    h.write(0x044 + 8 * e as u32, 0);
+    run(1);
+    assert_eq!(m.read_u32(DATA).unwrap(), 1, "not applied before the control doorbell");
+    m.doorbell(regs::CONTROL_VECTOR);
+    run(2);
+    assert_eq!(m.read_u32(DATA + 0x1000).unwrap(), 2, "applied by the control doorbell");
+    assert_eq!(m.translate_engine(e, va), Ok(DATA + 0x1000));
+    assert_eq!(m.translate_engine(GFX, va), Ok(DATA), "other engines keep MMU_ROOT");
+}

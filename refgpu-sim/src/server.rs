@@ -19,7 +19,7 @@
 //!   closes the new socket before sending anything.
 //! - **disconnect** (EOF, hang-up, or a protocol error): the host's
 //!   eventfds are dropped and the device is *parked* as by a function-level
-//!   reset: IRQ_MASK = 0, MMU off, every engine reset with CTRL = RESET
+//!   reset: IRQ_MASK = 0, MMU off, ENGINE_ROOT = 0, every engine reset with CTRL = RESET
 //!   (which also disables it), IRQ_STATUS cleared, pending doorbells
 //!   discarded. System memory is left as it is. The model and the server
 //!   keep running for the next host.
@@ -358,6 +358,8 @@ impl Server {
         r(regs::IRQ_MASK).store(0, Ordering::SeqCst);
         r(regs::MMU_CTRL).store(0, Ordering::SeqCst);
         for e in 0..NUM_ENGINES {
+            r(regs::engine_root_lo(e)).store(0, Ordering::SeqCst);
+            r(regs::engine_root_hi(e)).store(0, Ordering::SeqCst);
             r(regs::engine_base(e) + eng::CTRL).store(regs::CTRL_RESET, Ordering::SeqCst);
         }
         self.model.doorbell(CONTROL_VECTOR);

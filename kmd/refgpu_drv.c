@@ -1,0 +1,526 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* Copyright the refgpu authors */
+/*
+ * refgpu: DRM driver for the reference GPU of docs/refgpu.md, bound to
+ * QEMU's ivshmem-doorbell device through the refgpu ivshmem binding
+ * (docs/refgpu.md 2.3). docs/linux.md describes the design and the uAPI.
+ */
+
+#include <linux/delay.h>
+#include <linux/dma-mapping.h>
+#include <linux/interrupt.h>
+#include <linux/iopoll.h>
+#include <linux/module.h>
+#include <linux/pci.h>
+
+#include <drm/drm_debugfs.h>
+#include <drm/drm_drv.h>
+#include <drm/drm_file.h>
+#include <drm/drm_gem.h>
+#include <drm/drm_ioctl.h>
+#include <drm/drm_print.h>
+
+#include "refgpu_drv.h"
+
+#define REFGPU_HW_TIMEOUT_US	(1000 * 1000)
+
+/**
+ * refgpu_doorbell() - ring an ivshmem doorbell of the model
+ * @rdev: the device
+ * @vector: 0..2 an engine, 3 the control doorbell
+ *
+ * Every earlier write to the register page and to memory is made visible
+ * before the doorbell (the model reacts to the doorbell only).
+ */
+void refgpu_doorbell(struct refgpu_device *rdev, u32 vector)
+{
+	mb();
+	iowrite32((rdev->model_peer << 16) | vector,
+		  rdev->bar0 + REFGPU_IVSHMEM_DOORBELL);
+}
+
+/**
+ * refgpu_hw_control() - apply control registers and wait until applied
+ * @rdev: the device
+ *
+ * Rings the control doorbell with MMU_INVALIDATE set and waits for the
+ * model to clear it: the model applies CTRL, IRQ_MASK, MMU_* and
+ * ENGINE_ROOT before it clears MMU_INVALIDATE, so a return of 0 means all
+ * of them are in effect. Caller holds &refgpu_device.hw_lock.
+ *
+ * Return: 0, or -ENODEV when the device does not answer (it is then lost).
+ */
+int refgpu_hw_control(struct refgpu_device *rdev)
+{
+	u32 val;
+	int ret;
+
+	lockdep_assert_held(&rdev->hw_lock);
+	if (rdev->lost)
+		return -ENODEV;
+	/* The invalidate doubles as the completion marker of the doorbell. */
+	rg_write(rdev, REFGPU_MMU_INVALIDATE, 1);
+	refgpu_doorbell(rdev, REFGPU_CONTROL_VECTOR);
+	ret = read_poll_timeout(rg_read, val, val == 0, 10, REFGPU_HW_TIMEOUT_US,
+				false, rdev, REFGPU_MMU_INVALIDATE);
+	if (ret) {
+		drm_err(&rdev->drm, "device lost: MMU_INVALIDATE not acknowledged\n");
+		rdev->lost = true;
+		return -ENODEV;
+	}
+	return 0;
+}
+
+/**
+ * refgpu_engine_hw_reset() - reset one engine (docs/refgpu.md 4.5)
+ * @eng: the engine
+ *
+ * RING_BASE, RING_SIZE, CTRL.ENABLE, IRQ_MASK and ENGINE_ROOT are kept by
+ * the device; RPTR and WPTR become 0.
+ *
+ * Return: 0, or -ENODEV when the reset does not complete.
+ */
+int refgpu_engine_hw_reset(struct refgpu_engine *eng)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	u32 val;
+	int ret;
+
+	mutex_lock(&rdev->hw_lock);
+	if (rdev->lost) {
+		mutex_unlock(&rdev->hw_lock);
+		return -ENODEV;
+	}
+	rg_ewrite(rdev, eng->id, REFGPU_CTRL, REFGPU_CTRL_ENABLE | REFGPU_CTRL_RESET);
+	refgpu_doorbell(rdev, REFGPU_CONTROL_VECTOR);
+	ret = read_poll_timeout(rg_eread, val, !(val & REFGPU_CTRL_RESET), 10,
+				REFGPU_HW_TIMEOUT_US, false, rdev, eng->id, REFGPU_CTRL);
+	if (ret) {
+		drm_err(&rdev->drm, "device lost: engine %u reset did not complete\n", eng->id);
+		rdev->lost = true;
+		ret = -ENODEV;
+	}
+	eng->wptr = 0;
+	eng->faulted = false;
+	eng->resets++;
+	atomic64_inc(&rdev->reset_count);
+	mutex_unlock(&rdev->hw_lock);
+	return ret;
+}
+
+/**
+ * refgpu_engine_set_root() - point an idle engine at a VM's page tables
+ * @eng: the engine (idle: RPTR == WPTR, or halted, or just reset)
+ * @vm: the VM, or NULL for the null root (MMU_ROOT)
+ *
+ * Return: 0 or -ENODEV.
+ */
+int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	u64 root = vm ? refgpu_vm_root_dma(vm) : 0;
+	int ret;
+
+	mutex_lock(&rdev->hw_lock);
+	rg_write(rdev, REFGPU_ENGINE_ROOT_LO(eng->id), lower_32_bits(root));
+	rg_write(rdev, REFGPU_ENGINE_ROOT_HI(eng->id), upper_32_bits(root));
+	ret = refgpu_hw_control(rdev);
+	if (!ret) {
+		spin_lock_irq(&eng->lock);
+		eng->cur_vm = vm;
+		spin_unlock_irq(&eng->lock);
+	}
+	mutex_unlock(&rdev->hw_lock);
+	return ret;
+}
+
+static irqreturn_t refgpu_irq(int irq, void *arg)
+{
+	struct refgpu_engine *eng = arg;
+	struct refgpu_device *rdev = eng->rdev;
+	u32 bits = REFGPU_IRQ_FENCE(eng->id) | REFGPU_IRQ_FAULT(eng->id);
+	u32 status;
+
+	/* Clear with an atomic AND of the complement (the ivshmem binding). */
+	status = atomic_fetch_andnot(bits, (atomic_t *)&rdev->regs[REFGPU_IRQ_STATUS / 4]);
+	status &= bits;
+	if (!status)
+		return IRQ_NONE;
+	refgpu_engine_irq(eng, status);
+	return IRQ_HANDLED;
+}
+
+static int refgpu_ioctl_get_param(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct drm_refgpu_get_param *args = data;
+
+	if (args->pad)
+		return -EINVAL;
+
+	switch (args->param) {
+	case REFGPU_PARAM_CHIP_ID:
+		args->value = rdev->chip_id;
+		break;
+	case REFGPU_PARAM_GENERATION:
+		args->value = rdev->gen;
+		break;
+	case REFGPU_PARAM_ENGINE_COUNT:
+		args->value = REFGPU_ENGINES;
+		break;
+	case REFGPU_PARAM_VA_START:
+		args->value = REFGPU_VA_START;
+		break;
+	case REFGPU_PARAM_VA_END:
+		args->value = rdev->kva_base;
+		break;
+	case REFGPU_PARAM_IB_MAX_DWORDS:
+		args->value = rdev->ib_max_dw;
+		break;
+	case REFGPU_PARAM_IB_ALIGN:
+		args->value = rdev->ib_align;
+		break;
+	case REFGPU_PARAM_VA_BITS:
+		args->value = rdev->va_bits;
+		break;
+	case REFGPU_PARAM_PAGE_SIZE:
+		args->value = SZ_4K;
+		break;
+	case REFGPU_PARAM_MAX_BIND_OPS:
+		args->value = REFGPU_MAX_BIND_OPS;
+		break;
+	case REFGPU_PARAM_MAX_SYNCS:
+		args->value = REFGPU_MAX_SYNCS;
+		break;
+	case REFGPU_PARAM_JOB_TIMEOUT_MS:
+		args->value = jiffies_to_msecs(rdev->engines[0].sched.timeout);
+		break;
+	default:
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int refgpu_open(struct drm_device *dev, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_file *rfile;
+
+	rfile = kzalloc(sizeof(*rfile), GFP_KERNEL);
+	if (!rfile)
+		return -ENOMEM;
+	rfile->rdev = rdev;
+	xa_init_flags(&rfile->ctxs, XA_FLAGS_ALLOC1);
+	rfile->vm = refgpu_vm_create(rdev);
+	if (IS_ERR(rfile->vm)) {
+		int ret = PTR_ERR(rfile->vm);
+
+		kfree(rfile);
+		return ret;
+	}
+	file->driver_priv = rfile;
+	return 0;
+}
+
+static void refgpu_postclose(struct drm_device *dev, struct drm_file *file)
+{
+	struct refgpu_file *rfile = file->driver_priv;
+
+	refgpu_file_ctx_fini(rfile);
+	xa_destroy(&rfile->ctxs);
+	refgpu_vm_put(rfile->vm);
+	kfree(rfile);
+}
+
+static const struct drm_ioctl_desc refgpu_ioctls[] = {
+#define REFGPU_IOCTL(n, func) \
+	DRM_IOCTL_DEF_DRV(REFGPU_##n, refgpu_ioctl_##func, DRM_RENDER_ALLOW)
+	REFGPU_IOCTL(GET_PARAM, get_param),
+	REFGPU_IOCTL(BO_CREATE, bo_create),
+	REFGPU_IOCTL(BO_MMAP_OFFSET, bo_mmap_offset),
+	REFGPU_IOCTL(VM_BIND, vm_bind),
+	REFGPU_IOCTL(CTX_CREATE, ctx_create),
+	REFGPU_IOCTL(CTX_DESTROY, ctx_destroy),
+	REFGPU_IOCTL(SUBMIT, submit),
+	REFGPU_IOCTL(CTX_QUERY, ctx_query),
+#undef REFGPU_IOCTL
+};
+
+DEFINE_DRM_GEM_FOPS(refgpu_fops);
+
+static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
+{
+	struct drm_debugfs_entry *entry = m->private;
+	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
+
+	seq_printf(m, "bos %d\n", atomic_read(&rdev->bo_count));
+	seq_printf(m, "vms %d\n", atomic_read(&rdev->vm_count));
+	seq_printf(m, "contexts %d\n", atomic_read(&rdev->ctx_count));
+	seq_printf(m, "jobs %d\n", atomic_read(&rdev->job_count));
+	seq_printf(m, "resets %lld\n", atomic64_read(&rdev->reset_count));
+	seq_printf(m, "lost %d\n", rdev->lost);
+	return 0;
+}
+
+static const struct drm_debugfs_info refgpu_debugfs_list[] = {
+	{ "counts", refgpu_debugfs_counts_show, 0 },
+	{ "engines", refgpu_debugfs_engines_show, 0 },
+	{ "vms", refgpu_debugfs_vms_show, 0 },
+};
+
+static const struct drm_driver refgpu_drm_driver = {
+	.driver_features = DRIVER_GEM | DRIVER_RENDER | DRIVER_SYNCOBJ |
+			   DRIVER_SYNCOBJ_TIMELINE | DRIVER_GEM_GPUVA,
+	.open = refgpu_open,
+	.postclose = refgpu_postclose,
+	.ioctls = refgpu_ioctls,
+	.num_ioctls = ARRAY_SIZE(refgpu_ioctls),
+	.fops = &refgpu_fops,
+	.gem_create_object = refgpu_gem_create_object,
+	.gem_prime_import_sg_table = drm_gem_shmem_prime_import_sg_table,
+	.name = "refgpu",
+	.desc = "reference GPU",
+	.date = "20250101",
+	.major = 1,
+	.minor = 0,
+};
+
+static int refgpu_read_info(struct refgpu_device *rdev)
+{
+	struct device *dev = &rdev->pdev->dev;
+	u32 *info = rdev->regs + REFGPU_INFO_PAGE / 4;
+	u32 id;
+
+	if (READ_ONCE(info[0]) != REFGPU_INFO_MAGIC ||
+	    READ_ONCE(info[REFGPU_INFO_VERSION / 4]) != 1) {
+		dev_err(dev, "no refgpu binding info page (magic %#x)\n", READ_ONCE(info[0]));
+		return -ENODEV;
+	}
+	if (READ_ONCE(info[REFGPU_INFO_VECTORS / 4]) < REFGPU_VECTORS) {
+		dev_err(dev, "the model has %u vectors, %u needed\n",
+			READ_ONCE(info[REFGPU_INFO_VECTORS / 4]), REFGPU_VECTORS);
+		return -ENODEV;
+	}
+	rdev->model_peer = READ_ONCE(info[REFGPU_INFO_MODEL_PEER / 4]);
+	rdev->mem_base = READ_ONCE(info[REFGPU_INFO_MEM_BASE / 4]) |
+			 (u64)READ_ONCE(info[REFGPU_INFO_MEM_BASE / 4 + 1]) << 32;
+	rdev->mem_size = READ_ONCE(info[REFGPU_INFO_MEM_SIZE / 4]) |
+			 (u64)READ_ONCE(info[REFGPU_INFO_MEM_SIZE / 4 + 1]) << 32;
+
+	id = rg_read(rdev, REFGPU_ID);
+	if (id >> 16 != REFGPU_ID_MAGIC || rg_read(rdev, REFGPU_ENGINE_COUNT_REG) != REFGPU_ENGINES) {
+		dev_err(dev, "unexpected ID %#x / ENGINE_COUNT %u\n", id,
+			rg_read(rdev, REFGPU_ENGINE_COUNT_REG));
+		return -ENODEV;
+	}
+	rdev->chip_id = id;
+	rdev->gen = (id >> 8) & 0xff;
+	switch (rdev->gen) {
+	case 1:
+		rdev->va_bits = REFGPU_GEN1_VA_BITS;
+		rdev->ib_max_dw = REFGPU_GEN1_IB_MAX_DW;
+		rdev->ib_align = REFGPU_GEN1_IB_ALIGN;
+		break;
+	case 2:
+		rdev->va_bits = REFGPU_GEN2_VA_BITS;
+		rdev->ib_max_dw = REFGPU_GEN2_IB_MAX_DW;
+		rdev->ib_align = REFGPU_GEN2_IB_ALIGN;
+		break;
+	default:
+		dev_err(dev, "unknown generation %u\n", rdev->gen);
+		return -ENODEV;
+	}
+	rdev->kva_base = BIT_ULL(rdev->va_bits) - REFGPU_KVA_SIZE;
+	dev_info(dev, "refgpu gen%u rev %u, system memory [%#llx, %#llx), model peer %u\n",
+		 rdev->gen, id & 0xff, rdev->mem_base, rdev->mem_base + rdev->mem_size,
+		 rdev->model_peer);
+	return 0;
+}
+
+static int refgpu_hw_init(struct refgpu_device *rdev)
+{
+	u64 root = refgpu_pt_dma(rdev->null_root);
+	u32 e, val;
+	int ret;
+
+	mutex_lock(&rdev->hw_lock);
+	rg_write(rdev, REFGPU_IRQ_MASK, 0);
+	rg_write(rdev, REFGPU_MMU_ROOT_LO, lower_32_bits(root));
+	rg_write(rdev, REFGPU_MMU_ROOT_HI, upper_32_bits(root));
+	rg_write(rdev, REFGPU_MMU_CTRL, REFGPU_MMU_ENABLE);
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		struct refgpu_engine *eng = &rdev->engines[e];
+		u64 ring = REFGPU_KVA_RING(rdev, e);
+
+		rg_write(rdev, REFGPU_ENGINE_ROOT_LO(e), 0);
+		rg_write(rdev, REFGPU_ENGINE_ROOT_HI(e), 0);
+		rg_ewrite(rdev, e, REFGPU_RING_BASE_LO, lower_32_bits(ring));
+		rg_ewrite(rdev, e, REFGPU_RING_BASE_HI, upper_32_bits(ring));
+		rg_ewrite(rdev, e, REFGPU_RING_SIZE_REG, REFGPU_RING_SIZE);
+		rg_ewrite(rdev, e, REFGPU_CTRL, REFGPU_CTRL_ENABLE | REFGPU_CTRL_RESET);
+		eng->wptr = 0;
+	}
+	ret = refgpu_hw_control(rdev);
+	for (e = 0; !ret && e < REFGPU_ENGINES; e++)
+		ret = read_poll_timeout(rg_eread, val, !(val & REFGPU_CTRL_RESET), 10,
+					REFGPU_HW_TIMEOUT_US, false, rdev, e, REFGPU_CTRL);
+	if (!ret) {
+		atomic_set((atomic_t *)&rdev->regs[REFGPU_IRQ_STATUS / 4], 0);
+		rg_write(rdev, REFGPU_IRQ_MASK, GENMASK(2, 0) | GENMASK(10, 8));
+		ret = refgpu_hw_control(rdev);
+	}
+	mutex_unlock(&rdev->hw_lock);
+	return ret;
+}
+
+static void refgpu_hw_fini(struct refgpu_device *rdev)
+{
+	u32 e;
+
+	mutex_lock(&rdev->hw_lock);
+	rg_write(rdev, REFGPU_IRQ_MASK, 0);
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		rg_ewrite(rdev, e, REFGPU_CTRL, REFGPU_CTRL_RESET);
+	rg_write(rdev, REFGPU_MMU_CTRL, 0);
+	refgpu_hw_control(rdev);
+	mutex_unlock(&rdev->hw_lock);
+}
+
+static void refgpu_fini_engines(struct refgpu_device *rdev, u32 count)
+{
+	while (count--)
+		refgpu_engine_fini(&rdev->engines[count]);
+}
+
+static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
+{
+	struct device *dev = &pdev->dev;
+	struct refgpu_device *rdev;
+	u32 e;
+	int ret, nvec;
+
+	rdev = devm_drm_dev_alloc(dev, &refgpu_drm_driver, struct refgpu_device, drm);
+	if (IS_ERR(rdev))
+		return PTR_ERR(rdev);
+	rdev->pdev = pdev;
+	pci_set_drvdata(pdev, rdev);
+	mutex_init(&rdev->hw_lock);
+	mutex_init(&rdev->vms_lock);
+	INIT_LIST_HEAD(&rdev->vms);
+
+	ret = pcim_enable_device(pdev);
+	if (ret)
+		return ret;
+	pci_set_master(pdev);
+	ret = dma_set_mask_and_coherent(dev, DMA_BIT_MASK(48));
+	if (ret)
+		return ret;
+	if (pci_resource_len(pdev, 2) < 2 * SZ_4K) {
+		dev_err(dev, "BAR2 too small for the register and info pages\n");
+		return -ENODEV;
+	}
+	rdev->bar0 = pcim_iomap(pdev, 0, 0);
+	if (!rdev->bar0)
+		return -ENOMEM;
+	/* Plain shared memory accessed with 32-bit atomics (binding 2.3). */
+	rdev->regs = devm_memremap(dev, pci_resource_start(pdev, 2),
+				   pci_resource_len(pdev, 2), MEMREMAP_WB);
+	if (IS_ERR(rdev->regs))
+		return PTR_ERR(rdev->regs);
+
+	ret = refgpu_read_info(rdev);
+	if (ret)
+		return ret;
+
+	rdev->null_root = refgpu_pt_alloc(rdev, 0);
+	if (IS_ERR(rdev->null_root))
+		return PTR_ERR(rdev->null_root);
+
+	rdev->reset_wq = alloc_ordered_workqueue("refgpu-reset", 0);
+	if (!rdev->reset_wq) {
+		ret = -ENOMEM;
+		goto err_free_root;
+	}
+
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		ret = refgpu_engine_init(rdev, e);
+		if (ret) {
+			refgpu_fini_engines(rdev, e);
+			goto err_free_wq;
+		}
+	}
+
+	ret = refgpu_hw_init(rdev);
+	if (ret)
+		goto err_fini_engines;
+
+	nvec = pci_alloc_irq_vectors(pdev, REFGPU_VECTORS, REFGPU_VECTORS, PCI_IRQ_MSIX);
+	if (nvec < 0) {
+		ret = nvec;
+		goto err_hw_fini;
+	}
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		ret = request_irq(pci_irq_vector(pdev, e), refgpu_irq, 0, "refgpu",
+				  &rdev->engines[e]);
+		if (ret) {
+			while (e--)
+				free_irq(pci_irq_vector(pdev, e), &rdev->engines[e]);
+			goto err_free_vectors;
+		}
+	}
+
+	drm_debugfs_add_files(&rdev->drm, refgpu_debugfs_list, ARRAY_SIZE(refgpu_debugfs_list));
+	ret = drm_dev_register(&rdev->drm, 0);
+	if (ret)
+		goto err_free_irqs;
+	return 0;
+
+err_free_irqs:
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		free_irq(pci_irq_vector(pdev, e), &rdev->engines[e]);
+err_free_vectors:
+	pci_free_irq_vectors(pdev);
+err_hw_fini:
+	refgpu_hw_fini(rdev);
+err_fini_engines:
+	refgpu_fini_engines(rdev, REFGPU_ENGINES);
+err_free_wq:
+	destroy_workqueue(rdev->reset_wq);
+err_free_root:
+	refgpu_pt_free(rdev, rdev->null_root, 0);
+	return ret;
+}
+
+static void refgpu_remove(struct pci_dev *pdev)
+{
+	struct refgpu_device *rdev = pci_get_drvdata(pdev);
+	u32 e;
+
+	drm_dev_unplug(&rdev->drm);
+	refgpu_hw_fini(rdev);
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		free_irq(pci_irq_vector(pdev, e), &rdev->engines[e]);
+	pci_free_irq_vectors(pdev);
+	refgpu_fini_engines(rdev, REFGPU_ENGINES);
+	destroy_workqueue(rdev->reset_wq);
+	refgpu_pt_free(rdev, rdev->null_root, 0);
+}
+
+static const struct pci_device_id refgpu_pci_ids[] = {
+	{ PCI_DEVICE(PCI_VENDOR_ID_REDHAT_QUMRANET, 0x1110) },	/* ivshmem */
+	{ }
+};
+MODULE_DEVICE_TABLE(pci, refgpu_pci_ids);
+
+static struct pci_driver refgpu_pci_driver = {
+	.name = "refgpu",
+	.id_table = refgpu_pci_ids,
+	.probe = refgpu_probe,
+	.remove = refgpu_remove,
+};
+module_pci_driver(refgpu_pci_driver);
+
+MODULE_AUTHOR("the refgpu authors");
+MODULE_DESCRIPTION("DRM driver for the reference GPU (refgpu) over ivshmem");
+MODULE_LICENSE("Dual MIT/GPL");
+MODULE_IMPORT_NS(DMA_BUF);

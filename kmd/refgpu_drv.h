@@ -1,0 +1,240 @@
+/* SPDX-License-Identifier: GPL-2.0 OR MIT */
+/* Copyright the refgpu authors */
+
+#ifndef __REFGPU_DRV_H__
+#define __REFGPU_DRV_H__
+
+#include <linux/atomic.h>
+#include <linux/io.h>
+#include <linux/kref.h>
+#include <linux/mutex.h>
+#include <linux/spinlock.h>
+#include <linux/types.h>
+#include <linux/version.h>
+#include <linux/xarray.h>
+
+#include <drm/drm_device.h>
+#include <drm/drm_gem_shmem_helper.h>
+#include <drm/drm_gpuvm.h>
+#include <drm/gpu_scheduler.h>
+
+#include "refgpu_regs.h"
+#include "refgpu_drm.h"
+
+#define REFGPU_ENGINES		3
+#define REFGPU_RING_SIZE	SZ_16K
+/* Jobs in flight per engine: each takes at most 2 x 9 dwords of ring. */
+#define REFGPU_JOBS_IN_FLIGHT	64
+#define REFGPU_MAX_CTX_PER_FILE	64
+#define REFGPU_MAX_SYNCS	64
+#define REFGPU_MAX_BIND_OPS	4096
+/* User VA starts above the first MiB (catches small NULL-based addresses). */
+#define REFGPU_VA_START		SZ_1M
+/* Kernel region at the top of the packet address range: rings, fence slots. */
+#define REFGPU_KVA_SIZE		SZ_1G
+#define REFGPU_KVA_RING(rdev, e)	((rdev)->kva_base + (u64)(e) * SZ_1M)
+#define REFGPU_KVA_FENCE(rdev)	((rdev)->kva_base + 3ull * SZ_1M)
+/* Fence slot of engine e in a VM's fence page (gen2 needs 64-byte alignment). */
+#define REFGPU_FENCE_SLOT(e)	((e) * 64)
+
+struct refgpu_vm;
+struct refgpu_ctx;
+
+/**
+ * struct refgpu_fence - hardware fence: the FENCE packet a job ends with
+ * @base: the dma_fence
+ * @node: entry in &refgpu_engine.inflight
+ * @engine: the engine that runs it
+ */
+struct refgpu_fence {
+	struct dma_fence base;
+	struct list_head node;
+	u32 engine;
+};
+
+/**
+ * struct refgpu_engine - one command processor and its ring
+ */
+struct refgpu_engine {
+	struct refgpu_device *rdev;
+	u32 id;
+	struct drm_gpu_scheduler sched;
+	u64 fence_context;
+
+	/* @lock: protects @inflight, @emitted, @completed (taken in IRQ) */
+	spinlock_t lock;
+	struct list_head inflight;
+	u64 emitted;
+	u64 completed;
+
+	/* The ring: only touched from run_job and the timeout handler. */
+	u32 *ring;
+	dma_addr_t ring_dma;
+	u32 wptr;
+
+	/*
+	 * The VM whose root ENGINE_ROOT holds (not a reference: the VM
+	 * switches the engine back to the null root before it goes away).
+	 * Written under &refgpu_device.hw_lock and @lock, read under either.
+	 */
+	struct refgpu_vm *cur_vm;
+	/* The last hardware fence emitted (for the VM switch in prepare_job). */
+	struct dma_fence *last_fence;
+
+	/* Latched by the fault interrupt; consumed by the timeout handler. */
+	bool faulted;
+	u32 fault_status;
+	u64 fault_addr;
+	u64 resets;
+};
+
+/**
+ * struct refgpu_device - the device
+ */
+struct refgpu_device {
+	struct drm_device drm;
+	struct pci_dev *pdev;
+	void __iomem *bar0;		/* ivshmem registers: doorbell at +12 */
+	u32 *regs;			/* BAR2: register page (+ info page) */
+	u32 model_peer;
+	u64 mem_base;
+	u64 mem_size;
+
+	u32 chip_id;
+	u32 gen;
+	u32 va_bits;
+	u32 ib_max_dw;
+	u32 ib_align;
+	u64 kva_base;			/* also the end of the user VA range */
+
+	/* Serialises the control doorbell, ENGINE_ROOT and MMU_INVALIDATE. */
+	struct mutex hw_lock;
+	struct refgpu_pt *null_root;	/* MMU_ROOT: maps nothing */
+	bool lost;			/* the device stopped answering */
+
+	struct refgpu_engine engines[REFGPU_ENGINES];
+	struct workqueue_struct *reset_wq;
+
+	struct mutex vms_lock;		/* protects @vms */
+	struct list_head vms;
+
+	atomic_t bo_count;
+	atomic_t vm_count;
+	atomic_t ctx_count;
+	atomic_t job_count;
+	atomic64_t reset_count;
+};
+
+#define to_refgpu_device(d) container_of(d, struct refgpu_device, drm)
+
+/**
+ * struct refgpu_file - per-open-file state
+ */
+struct refgpu_file {
+	struct refgpu_device *rdev;
+	struct refgpu_vm *vm;
+	struct xarray ctxs;		/* id -> struct refgpu_ctx */
+};
+
+/**
+ * struct refgpu_bo - a GEM shmem buffer object
+ */
+struct refgpu_bo {
+	struct drm_gem_shmem_object base;
+	u32 flags;			/* REFGPU_BO_* */
+	struct mutex gpuva_lock;	/* the object's gpuva list */
+};
+
+static inline struct refgpu_bo *to_refgpu_bo(struct drm_gem_object *obj)
+{
+	return container_of(to_drm_gem_shmem_obj(obj), struct refgpu_bo, base);
+}
+
+/**
+ * struct refgpu_ctx - a context: one scheduler entity on one engine
+ */
+struct refgpu_ctx {
+	struct kref ref;
+	struct refgpu_device *rdev;
+	u32 id;
+	u32 engine;
+	struct drm_sched_entity entity;
+	struct mutex submit_lock;	/* orders arm + push */
+	atomic_t guilty;		/* set by a hang or fault of its job */
+	bool innocent;			/* its jobs were re-run after a reset */
+	u32 fault_status;
+	u64 fault_addr;
+	struct refgpu_vm *vm;		/* reference */
+};
+
+/**
+ * struct refgpu_job - one SUBMIT
+ */
+struct refgpu_job {
+	struct drm_sched_job base;
+	struct refgpu_ctx *ctx;		/* reference */
+	struct refgpu_vm *vm;		/* reference */
+	u64 ib_va;
+	u32 ib_dw;
+	struct dma_fence *hw_fence;	/* the last one run_job returned */
+	int reset_error;		/* set by the reset: the fence's error */
+};
+
+#define to_refgpu_job(j) container_of(j, struct refgpu_job, base)
+
+/* Register access on the ivshmem register page (docs/refgpu.md 2.3). */
+static inline u32 rg_read(struct refgpu_device *rdev, u32 off)
+{
+	return READ_ONCE(rdev->regs[off / 4]);
+}
+
+static inline void rg_write(struct refgpu_device *rdev, u32 off, u32 val)
+{
+	WRITE_ONCE(rdev->regs[off / 4], val);
+}
+
+static inline u32 rg_eread(struct refgpu_device *rdev, u32 e, u32 off)
+{
+	return rg_read(rdev, REFGPU_ENGINE_BASE(e) + off);
+}
+
+static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val)
+{
+	rg_write(rdev, REFGPU_ENGINE_BASE(e) + off, val);
+}
+
+void refgpu_doorbell(struct refgpu_device *rdev, u32 vector);
+int refgpu_hw_control(struct refgpu_device *rdev);
+int refgpu_engine_hw_reset(struct refgpu_engine *eng);
+int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
+
+/* refgpu_gem.c */
+struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t size);
+int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_ioctl_bo_mmap_offset(struct drm_device *dev, void *data, struct drm_file *file);
+
+/* refgpu_vm.c */
+struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level);
+void refgpu_pt_free(struct refgpu_device *rdev, struct refgpu_pt *pt, int level);
+dma_addr_t refgpu_pt_dma(struct refgpu_pt *pt);
+struct refgpu_vm *refgpu_vm_create(struct refgpu_device *rdev);
+struct refgpu_vm *refgpu_vm_get(struct refgpu_vm *vm);
+void refgpu_vm_put(struct refgpu_vm *vm);
+u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine);
+dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
+int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
+
+/* refgpu_sched.c */
+int refgpu_engine_init(struct refgpu_device *rdev, u32 e);
+void refgpu_engine_fini(struct refgpu_engine *eng);
+void refgpu_engine_irq(struct refgpu_engine *eng, u32 status);
+void refgpu_file_ctx_fini(struct refgpu_file *rfile);
+int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_ioctl_ctx_destroy(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_debugfs_engines_show(struct seq_file *m, void *data);
+int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out);
+
+#endif /* __REFGPU_DRV_H__ */

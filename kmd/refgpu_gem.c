@@ -1,0 +1,117 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* Copyright the refgpu authors */
+/* Buffer objects: GEM shmem with two creation flags. */
+
+#include <drm/drm_file.h>
+#include <drm/drm_gem.h>
+#include <drm/drm_gem_shmem_helper.h>
+#include <drm/drm_prime.h>
+
+#include "refgpu_drv.h"
+
+static void refgpu_gem_free(struct drm_gem_object *obj)
+{
+	struct refgpu_bo *bo = to_refgpu_bo(obj);
+	struct refgpu_device *rdev = to_refgpu_device(obj->dev);
+
+	mutex_destroy(&bo->gpuva_lock);
+	drm_gem_shmem_free(&bo->base);
+	atomic_dec(&rdev->bo_count);
+}
+
+static int refgpu_gem_mmap(struct drm_gem_object *obj, struct vm_area_struct *vma)
+{
+	if (to_refgpu_bo(obj)->flags & REFGPU_BO_NO_CPU_MAPPING)
+		return -EPERM;
+	return drm_gem_shmem_object_mmap(obj, vma);
+}
+
+static int refgpu_gem_vmap(struct drm_gem_object *obj, struct iosys_map *map)
+{
+	if (to_refgpu_bo(obj)->flags & REFGPU_BO_NO_CPU_MAPPING)
+		return -EPERM;
+	return drm_gem_shmem_object_vmap(obj, map);
+}
+
+static const struct drm_gem_object_funcs refgpu_gem_funcs = {
+	.free = refgpu_gem_free,
+	.print_info = drm_gem_shmem_object_print_info,
+	.pin = drm_gem_shmem_object_pin,
+	.unpin = drm_gem_shmem_object_unpin,
+	.get_sg_table = drm_gem_shmem_object_get_sg_table,
+	.vmap = refgpu_gem_vmap,
+	.vunmap = drm_gem_shmem_object_vunmap,
+	.mmap = refgpu_gem_mmap,
+	.vm_ops = &drm_gem_shmem_vm_ops,
+};
+
+/**
+ * refgpu_gem_create_object() - &drm_driver.gem_create_object
+ * @dev: the DRM device
+ * @size: object size
+ *
+ * Every object of the device, created or imported, is a &refgpu_bo.
+ *
+ * Return: the GEM object or an ERR_PTR.
+ */
+struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t size)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_bo *bo;
+
+	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
+	if (!bo)
+		return ERR_PTR(-ENOMEM);
+	bo->base.base.funcs = &refgpu_gem_funcs;
+	mutex_init(&bo->gpuva_lock);
+	drm_gem_gpuva_set_lock(&bo->base.base, &bo->gpuva_lock);
+	atomic_inc(&rdev->bo_count);
+	return &bo->base.base;
+}
+
+int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct drm_refgpu_bo_create *args = data;
+	struct drm_gem_shmem_object *shmem;
+	int ret;
+
+	if (args->flags & ~REFGPU_BO_FLAGS_MASK)
+		return -EINVAL;
+	if (!args->size || !IS_ALIGNED(args->size, SZ_4K))
+		return -EINVAL;
+	if (args->size > totalram_pages() << PAGE_SHIFT)
+		return -E2BIG;
+
+	shmem = drm_gem_shmem_create(dev, args->size);
+	if (IS_ERR(shmem))
+		return PTR_ERR(shmem);
+	to_refgpu_bo(&shmem->base)->flags = args->flags;
+
+	ret = drm_gem_handle_create(file, &shmem->base, &args->handle);
+	/* The handle holds the reference from now on (or the object dies). */
+	drm_gem_object_put(&shmem->base);
+	return ret;
+}
+
+int refgpu_ioctl_bo_mmap_offset(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct drm_refgpu_bo_mmap_offset *args = data;
+	struct drm_gem_object *obj;
+	int ret;
+
+	if (args->pad)
+		return -EINVAL;
+	obj = drm_gem_object_lookup(file, args->handle);
+	if (!obj)
+		return -ENOENT;
+	if (to_refgpu_bo(obj)->flags & REFGPU_BO_NO_CPU_MAPPING) {
+		ret = -EPERM;
+		goto out;
+	}
+	ret = drm_gem_create_mmap_offset(obj);
+	if (!ret)
+		args->offset = drm_vma_node_offset_addr(&obj->vma_node);
+out:
+	drm_gem_object_put(obj);
+	return ret;
+}

@@ -1,0 +1,765 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* Copyright the refgpu authors */
+/*
+ * Contexts, jobs and the rings: one drm_gpu_scheduler per engine, one
+ * scheduler entity per context. run_job writes INDIRECT_BUFFER + FENCE
+ * (docs/refgpu.md 6.8, 6.5) into the engine's ring; the FENCE writes the
+ * job's sequence number into the running VM's fence slot and raises the
+ * engine's interrupt. Hangs (the scheduler's timeout) and faults (the
+ * fault interrupt) reset the engine, mark the context that ran the stuck
+ * job guilty, and re-run the innocent jobs that were in the ring.
+ */
+
+#include <linux/devcoredump.h>
+#include <linux/dma-fence-chain.h>
+#include <linux/dma-mapping.h>
+#include <linux/file.h>
+#include <linux/iopoll.h>
+#include <linux/module.h>
+#include <linux/seq_file.h>
+#include <linux/sync_file.h>
+#include <linux/uaccess.h>
+#include <linux/vmalloc.h>
+
+#include <drm/drm_debugfs.h>
+#include <drm/drm_file.h>
+#include <drm/drm_print.h>
+#include <drm/drm_syncobj.h>
+
+#include "refgpu_drv.h"
+
+static unsigned int job_timeout_ms = 1000;
+module_param(job_timeout_ms, uint, 0444);
+MODULE_PARM_DESC(job_timeout_ms, "a job running longer is a hang (default 1000)");
+
+static const char * const refgpu_engine_names[REFGPU_ENGINES] = { "gfx", "compute", "copy" };
+
+/* ----- hardware fences */
+
+static const char *refgpu_fence_get_driver_name(struct dma_fence *fence)
+{
+	return "refgpu";
+}
+
+static const char *refgpu_fence_get_timeline_name(struct dma_fence *fence)
+{
+	return refgpu_engine_names[container_of(fence, struct refgpu_fence, base)->engine];
+}
+
+static const struct dma_fence_ops refgpu_fence_ops = {
+	.get_driver_name = refgpu_fence_get_driver_name,
+	.get_timeline_name = refgpu_fence_get_timeline_name,
+};
+
+/*
+ * Signals the in-flight fences the running VM's fence slot has reached.
+ * Jobs of one engine run in order and an engine runs one VM at a time, so
+ * the slot of the current VM tells how far the engine got.
+ */
+static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
+{
+	struct refgpu_fence *f, *tmp;
+	u64 value;
+
+	lockdep_assert_held(&eng->lock);
+	if (!eng->cur_vm)
+		return;
+	value = refgpu_vm_fence_value(eng->cur_vm, eng->id);
+	list_for_each_entry_safe(f, tmp, &eng->inflight, node) {
+		if (f->base.seqno > value)
+			break;
+		list_del_init(&f->node);
+		eng->completed = f->base.seqno;
+		dma_fence_signal_locked(&f->base);
+		dma_fence_put(&f->base);
+	}
+}
+
+/* Fails every fence still in flight: the ring that held them was reset. */
+static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
+{
+	struct refgpu_fence *f, *tmp;
+
+	lockdep_assert_held(&eng->lock);
+	list_for_each_entry_safe(f, tmp, &eng->inflight, node) {
+		list_del_init(&f->node);
+		dma_fence_set_error(&f->base, error);
+		dma_fence_signal_locked(&f->base);
+		dma_fence_put(&f->base);
+	}
+}
+
+/**
+ * refgpu_engine_irq() - interrupt of one engine
+ * @eng: the engine
+ * @status: its IRQ_STATUS bits, already cleared
+ */
+void refgpu_engine_irq(struct refgpu_engine *eng, u32 status)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	unsigned long flags;
+
+	spin_lock_irqsave(&eng->lock, flags);
+	if (status & REFGPU_IRQ_FAULT(eng->id)) {
+		eng->fault_status = rg_eread(rdev, eng->id, REFGPU_FAULT_STATUS);
+		eng->fault_addr = rg_eread(rdev, eng->id, REFGPU_FAULT_ADDR_LO) |
+				  (u64)rg_eread(rdev, eng->id, REFGPU_FAULT_ADDR_HI) << 32;
+		eng->faulted = true;
+	}
+	refgpu_engine_signal_locked(eng);
+	spin_unlock_irqrestore(&eng->lock, flags);
+
+	/* A halted engine fetches nothing more: recover at once. */
+	if (status & REFGPU_IRQ_FAULT(eng->id))
+		drm_sched_fault(&eng->sched);
+}
+
+/* ----- the ring */
+
+static u32 refgpu_hdr(struct refgpu_device *rdev, u32 op1, u32 op2, u32 flags, u32 ndw)
+{
+	if (rdev->gen == 1)
+		return op1 << 24 | flags << 16 | ndw;
+	return 0x7u << 28 | ndw << 16 | flags << 8 | op2;
+}
+
+static void refgpu_ring_emit(struct refgpu_engine *eng, const u32 *dw, u32 n)
+{
+	u32 i;
+
+	for (i = 0; i < n; i++)
+		WRITE_ONCE(eng->ring[eng->wptr / 4 + i], dw[i]);
+	eng->wptr += 4 * n;
+	if (eng->wptr == REFGPU_RING_SIZE)
+		eng->wptr = 0;
+}
+
+/* INDIRECT_BUFFER + FENCE(IRQ): 4 + 5 dwords, no packet crosses the end. */
+#define REFGPU_JOB_DW	9
+
+static void refgpu_ring_job(struct refgpu_engine *eng, u64 ib_va, u32 ib_dw, u64 seqno)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	u64 slot = REFGPU_KVA_FENCE(rdev) + REFGPU_FENCE_SLOT(eng->id);
+	u32 left = (REFGPU_RING_SIZE - eng->wptr) / 4;
+	u32 dw[REFGPU_JOB_DW];
+
+	if (left < REFGPU_JOB_DW) {
+		/* One NOP to the end of the ring; its payload is ignored. */
+		dw[0] = refgpu_hdr(rdev, REFGPU_OP_NOP, 0, left - 1);
+		WRITE_ONCE(eng->ring[eng->wptr / 4], dw[0]);
+		eng->wptr = 0;
+	}
+	dw[0] = refgpu_hdr(rdev, REFGPU_OP_INDIRECT_BUFFER, 0, 3);
+	dw[1] = lower_32_bits(ib_va);
+	dw[2] = upper_32_bits(ib_va);
+	dw[3] = ib_dw;
+	dw[4] = refgpu_hdr(rdev, REFGPU_OP_FENCE, REFGPU_FENCE_FLAG_IRQ, 4);
+	dw[5] = lower_32_bits(slot);
+	dw[6] = upper_32_bits(slot);
+	dw[7] = lower_32_bits(seqno);
+	dw[8] = upper_32_bits(seqno);
+	refgpu_ring_emit(eng, dw, REFGPU_JOB_DW);
+	/* Packets before WPTR (the doorbell orders them before itself). */
+	wmb();
+	rg_ewrite(rdev, eng->id, REFGPU_RING_WPTR, eng->wptr);
+	refgpu_doorbell(rdev, eng->id);
+}
+
+/* ----- scheduler backend */
+
+static struct refgpu_engine *refgpu_job_engine(struct refgpu_job *job)
+{
+	return &job->ctx->rdev->engines[job->ctx->engine];
+}
+
+static struct dma_fence *refgpu_job_prepare(struct drm_sched_job *sched_job,
+					    struct drm_sched_entity *entity)
+{
+	struct refgpu_job *job = to_refgpu_job(sched_job);
+	struct refgpu_engine *eng = refgpu_job_engine(job);
+
+	/* The engine's root changes only while it is idle. */
+	if (READ_ONCE(eng->cur_vm) != job->vm && eng->last_fence &&
+	    !dma_fence_is_signaled(eng->last_fence))
+		return dma_fence_get(eng->last_fence);
+	return NULL;
+}
+
+static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
+{
+	struct refgpu_job *job = to_refgpu_job(sched_job);
+	struct refgpu_engine *eng = refgpu_job_engine(job);
+	struct refgpu_device *rdev = eng->rdev;
+	struct dma_fence *done = job->hw_fence;
+	struct refgpu_fence *fence;
+	int err;
+
+	/* Run again after a reset: a job that had completed stays completed. */
+	if (done && dma_fence_is_signaled(done) && !done->error)
+		return dma_fence_get(done);
+
+	fence = kzalloc(sizeof(*fence), GFP_KERNEL);
+	if (!fence)
+		return ERR_PTR(-ENOMEM);
+	fence->engine = eng->id;
+	INIT_LIST_HEAD(&fence->node);
+
+	err = job->reset_error ?: sched_job->s_fence->finished.error;
+	if (!err && READ_ONCE(rdev->lost))
+		err = -ENODEV;
+	if (!err && eng->faulted)
+		/* Halted by a fault no job was pending for. */
+		err = refgpu_engine_hw_reset(eng);
+	if (!err && READ_ONCE(eng->cur_vm) != job->vm) {
+		u32 rptr;
+
+		/* The last FENCE was seen; let the engine step past it. */
+		read_poll_timeout(rg_eread, rptr, rptr == eng->wptr, 10, 100000, false,
+				  rdev, eng->id, REFGPU_RING_RPTR);
+		err = refgpu_engine_set_root(eng, job->vm);
+	}
+
+	spin_lock_irq(&eng->lock);
+	dma_fence_init(&fence->base, &refgpu_fence_ops, &eng->lock, eng->fence_context,
+		       err ? eng->emitted : ++eng->emitted);
+	if (err) {
+		dma_fence_set_error(&fence->base, err);
+		dma_fence_signal_locked(&fence->base);
+	} else {
+		list_add_tail(&fence->node, &eng->inflight);
+		dma_fence_get(&fence->base);
+	}
+	spin_unlock_irq(&eng->lock);
+
+	if (!err) {
+		refgpu_ring_job(eng, job->ib_va, job->ib_dw, fence->base.seqno);
+		dma_fence_put(eng->last_fence);
+		eng->last_fence = dma_fence_get(&fence->base);
+	}
+	dma_fence_put(job->hw_fence);
+	job->hw_fence = &fence->base;
+	return dma_fence_get(&fence->base);
+}
+
+static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job, bool fault)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	u32 e = eng->id, rptr, i, start;
+	size_t size = SZ_16K, len = 0;
+	char *buf;
+
+	buf = vmalloc(size);
+	if (!buf)
+		return;
+#define P(...) (len += scnprintf(buf + len, size - len, __VA_ARGS__))
+	P("refgpu devcoredump\n");
+	P("reason: %s\n", fault ? "fault" : "timeout");
+	P("chip_id: %#010x\n", rdev->chip_id);
+	P("engine: %u (%s)\n", e, refgpu_engine_names[e]);
+	if (job)
+		P("context: %u ib_va: %#llx ib_size_dw: %u\n", job->ctx->id, job->ib_va, job->ib_dw);
+	P("seqno: emitted %llu completed %llu\n", eng->emitted, eng->completed);
+	rptr = rg_eread(rdev, e, REFGPU_RING_RPTR);
+	P("RING_BASE: %#010x%08x\n", rg_eread(rdev, e, REFGPU_RING_BASE_HI),
+	  rg_eread(rdev, e, REFGPU_RING_BASE_LO));
+	P("RING_SIZE: %#x\n", rg_eread(rdev, e, REFGPU_RING_SIZE_REG));
+	P("RPTR: %#x\n", rptr);
+	P("WPTR: %#x\n", rg_eread(rdev, e, REFGPU_RING_WPTR));
+	P("CTRL: %#x\n", rg_eread(rdev, e, REFGPU_CTRL));
+	P("STATUS: %#x\n", rg_eread(rdev, e, REFGPU_STATUS));
+	P("CUR_ADDR: %#010x%08x\n", rg_eread(rdev, e, REFGPU_CUR_ADDR_HI),
+	  rg_eread(rdev, e, REFGPU_CUR_ADDR_LO));
+	P("IB_BASE: %#010x%08x\n", rg_eread(rdev, e, REFGPU_IB_BASE_HI),
+	  rg_eread(rdev, e, REFGPU_IB_BASE_LO));
+	P("IB_SIZE: %#x\n", rg_eread(rdev, e, REFGPU_IB_SIZE));
+	P("FAULT_STATUS: %#010x\n", rg_eread(rdev, e, REFGPU_FAULT_STATUS));
+	P("FAULT_ADDR: %#010x%08x\n", rg_eread(rdev, e, REFGPU_FAULT_ADDR_HI),
+	  rg_eread(rdev, e, REFGPU_FAULT_ADDR_LO));
+	P("ENGINE_ROOT: %#010x%08x\n", rg_read(rdev, REFGPU_ENGINE_ROOT_HI(e)),
+	  rg_read(rdev, REFGPU_ENGINE_ROOT_LO(e)));
+	P("ring window (64 dwords from RPTR - 128 bytes):\n");
+	start = (rptr - 128) & (REFGPU_RING_SIZE - 1) & ~3u;
+	for (i = 0; i < 64; i++) {
+		u32 off = (start + 4 * i) & (REFGPU_RING_SIZE - 1);
+
+		if (i % 8 == 0)
+			P("%s%04x:", i ? "\n" : "", off);
+		P(" %08x", READ_ONCE(eng->ring[off / 4]));
+	}
+	P("\n");
+#undef P
+	dev_coredumpv(rdev->drm.dev, buf, len, GFP_KERNEL);
+}
+
+static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_job)
+{
+	struct refgpu_job *job = to_refgpu_job(sched_job);
+	struct refgpu_engine *eng = refgpu_job_engine(job);
+	struct refgpu_device *rdev = eng->rdev;
+	struct refgpu_job *guilty = NULL;
+	struct drm_sched_job *s;
+	bool fault;
+
+	drm_sched_stop(&eng->sched, sched_job);
+
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_signal_locked(eng);
+	fault = eng->faulted;
+	spin_unlock_irq(&eng->lock);
+
+	/* The stuck job: the oldest one whose FENCE has not been seen. */
+	list_for_each_entry(s, &eng->sched.pending_list, list) {
+		struct refgpu_job *j = to_refgpu_job(s);
+
+		if (j->hw_fence && !dma_fence_is_signaled(j->hw_fence)) {
+			guilty = j;
+			break;
+		}
+	}
+
+	if (guilty || fault) {
+		refgpu_coredump(eng, guilty, fault);
+		if (guilty) {
+			struct refgpu_ctx *ctx = guilty->ctx;
+
+			drm_warn(&rdev->drm, "engine %s: context %u %s, resetting\n",
+				 refgpu_engine_names[eng->id], ctx->id,
+				 fault ? "faulted" : "hung");
+			if (fault) {
+				ctx->fault_status = eng->fault_status;
+				ctx->fault_addr = eng->fault_addr;
+			}
+			atomic_set(&ctx->guilty, 1);
+			guilty->reset_error = fault ? -EIO : -ETIMEDOUT;
+			drm_sched_increase_karma(&guilty->base);
+		}
+		refgpu_engine_hw_reset(eng);
+
+		spin_lock_irq(&eng->lock);
+		refgpu_engine_signal_locked(eng);
+		refgpu_engine_cancel_locked(eng, -ECANCELED);
+		spin_unlock_irq(&eng->lock);
+
+		/* Jobs of other contexts that were in the ring run again. */
+		list_for_each_entry(s, &eng->sched.pending_list, list) {
+			struct refgpu_job *j = to_refgpu_job(s);
+
+			if (j->hw_fence && j->hw_fence->error == -ECANCELED &&
+			    !atomic_read(&j->ctx->guilty))
+				j->ctx->innocent = true;
+		}
+	}
+
+	drm_sched_resubmit_jobs(&eng->sched);
+	drm_sched_start(&eng->sched);
+	return DRM_GPU_SCHED_STAT_NOMINAL;
+}
+
+static void refgpu_ctx_put(struct refgpu_ctx *ctx);
+
+static void refgpu_job_free(struct drm_sched_job *sched_job)
+{
+	struct refgpu_job *job = to_refgpu_job(sched_job);
+	struct refgpu_device *rdev = job->ctx->rdev;
+
+	drm_sched_job_cleanup(sched_job);
+	dma_fence_put(job->hw_fence);
+	refgpu_vm_put(job->vm);
+	refgpu_ctx_put(job->ctx);
+	kfree(job);
+	atomic_dec(&rdev->job_count);
+}
+
+static const struct drm_sched_backend_ops refgpu_sched_ops = {
+	.prepare_job = refgpu_job_prepare,
+	.run_job = refgpu_job_run,
+	.timedout_job = refgpu_job_timedout,
+	.free_job = refgpu_job_free,
+};
+
+int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
+{
+	struct refgpu_engine *eng = &rdev->engines[e];
+	struct device *dev = rdev->drm.dev;
+	long timeout = msecs_to_jiffies(job_timeout_ms);
+	int ret;
+
+	eng->rdev = rdev;
+	eng->id = e;
+	spin_lock_init(&eng->lock);
+	INIT_LIST_HEAD(&eng->inflight);
+	eng->fence_context = dma_fence_context_alloc(1);
+
+	eng->ring = dma_alloc_coherent(dev, REFGPU_RING_SIZE, &eng->ring_dma, GFP_KERNEL);
+	if (!eng->ring)
+		return -ENOMEM;
+	if (eng->ring_dma < rdev->mem_base ||
+	    eng->ring_dma - rdev->mem_base + REFGPU_RING_SIZE > rdev->mem_size) {
+		ret = -ENOMEM;
+		goto err_free_ring;
+	}
+
+#ifdef REFGPU_SCHED_INIT_ARGS	/* 6.12.114 and later (Kbuild detects it) */
+	{
+		const struct drm_sched_init_args args = {
+			.ops = &refgpu_sched_ops,
+			.num_rqs = DRM_SCHED_PRIORITY_COUNT,
+			.credit_limit = REFGPU_JOBS_IN_FLIGHT,
+			.timeout = timeout,
+			.timeout_wq = rdev->reset_wq,
+			.name = refgpu_engine_names[e],
+			.dev = dev,
+		};
+
+		ret = drm_sched_init(&eng->sched, &args);
+	}
+#else
+	ret = drm_sched_init(&eng->sched, &refgpu_sched_ops, NULL, DRM_SCHED_PRIORITY_COUNT,
+			     REFGPU_JOBS_IN_FLIGHT, 0, timeout, rdev->reset_wq, NULL,
+			     refgpu_engine_names[e], dev);
+#endif
+	if (ret)
+		goto err_free_ring;
+	return 0;
+
+err_free_ring:
+	dma_free_coherent(dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+	return ret;
+}
+
+void refgpu_engine_fini(struct refgpu_engine *eng)
+{
+	drm_sched_fini(&eng->sched);
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_cancel_locked(eng, -ENODEV);
+	spin_unlock_irq(&eng->lock);
+	dma_fence_put(eng->last_fence);
+	eng->last_fence = NULL;
+	dma_free_coherent(eng->rdev->drm.dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+}
+
+/* ----- contexts */
+
+static void refgpu_ctx_release(struct kref *ref)
+{
+	struct refgpu_ctx *ctx = container_of(ref, struct refgpu_ctx, ref);
+	struct refgpu_device *rdev = ctx->rdev;
+
+	refgpu_vm_put(ctx->vm);
+	mutex_destroy(&ctx->submit_lock);
+	kfree(ctx);
+	atomic_dec(&rdev->ctx_count);
+}
+
+static void refgpu_ctx_put(struct refgpu_ctx *ctx)
+{
+	kref_put(&ctx->ref, refgpu_ctx_release);
+}
+
+/* Takes a reference on the file's context @id, or returns NULL. */
+static struct refgpu_ctx *refgpu_ctx_lookup(struct refgpu_file *rfile, u32 id)
+{
+	struct refgpu_ctx *ctx;
+
+	xa_lock(&rfile->ctxs);
+	ctx = xa_load(&rfile->ctxs, id);
+	if (ctx)
+		kref_get(&ctx->ref);
+	xa_unlock(&rfile->ctxs);
+	return ctx;
+}
+
+/* Queued jobs are flushed (or killed when the process dies), then dropped. */
+static void refgpu_ctx_destroy(struct refgpu_ctx *ctx)
+{
+	drm_sched_entity_destroy(&ctx->entity);
+	refgpu_ctx_put(ctx);
+}
+
+void refgpu_file_ctx_fini(struct refgpu_file *rfile)
+{
+	struct refgpu_ctx *ctx;
+	unsigned long id;
+
+	xa_for_each(&rfile->ctxs, id, ctx) {
+		xa_erase(&rfile->ctxs, id);
+		refgpu_ctx_destroy(ctx);
+	}
+}
+
+int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_ctx_create *args = data;
+	struct drm_gpu_scheduler *sched;
+	struct refgpu_ctx *ctx;
+	u32 id;
+	int ret;
+
+	if (args->flags || args->pad || args->engine >= REFGPU_ENGINES)
+		return -EINVAL;
+
+	ctx = kzalloc(sizeof(*ctx), GFP_KERNEL);
+	if (!ctx)
+		return -ENOMEM;
+	kref_init(&ctx->ref);
+	ctx->rdev = rdev;
+	ctx->engine = args->engine;
+	mutex_init(&ctx->submit_lock);
+	ctx->vm = refgpu_vm_get(rfile->vm);
+	atomic_inc(&rdev->ctx_count);
+
+	sched = &rdev->engines[args->engine].sched;
+	ret = drm_sched_entity_init(&ctx->entity, DRM_SCHED_PRIORITY_NORMAL, &sched, 1,
+				    &ctx->guilty);
+	if (ret) {
+		refgpu_ctx_put(ctx);
+		return ret;
+	}
+	ret = xa_alloc(&rfile->ctxs, &id, ctx, XA_LIMIT(1, REFGPU_MAX_CTX_PER_FILE), GFP_KERNEL);
+	if (ret) {
+		refgpu_ctx_destroy(ctx);
+		return ret;
+	}
+	ctx->id = id;
+	args->ctx_id = id;
+	return 0;
+}
+
+int refgpu_ioctl_ctx_destroy(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_ctx_destroy *args = data;
+	struct refgpu_ctx *ctx;
+
+	if (args->pad)
+		return -EINVAL;
+	ctx = xa_erase(&rfile->ctxs, args->ctx_id);
+	if (!ctx)
+		return -ENOENT;
+	refgpu_ctx_destroy(ctx);
+	return 0;
+}
+
+int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_ctx_query *args = data;
+	struct refgpu_ctx *ctx;
+
+	if (args->pad)
+		return -EINVAL;
+	ctx = refgpu_ctx_lookup(rfile, args->ctx_id);
+	if (!ctx)
+		return -ENOENT;
+	if (READ_ONCE(rdev->lost))
+		args->state = REFGPU_CTX_STATE_DEVICE_LOST;
+	else if (atomic_read(&ctx->guilty))
+		args->state = REFGPU_CTX_STATE_GUILTY;
+	else if (READ_ONCE(ctx->innocent))
+		args->state = REFGPU_CTX_STATE_INNOCENT;
+	else
+		args->state = REFGPU_CTX_STATE_OK;
+	args->engine = ctx->engine;
+	args->reset_count = atomic64_read(&rdev->reset_count);
+	args->fault_status = ctx->fault_status;
+	args->fault_addr = ctx->fault_addr;
+	refgpu_ctx_put(ctx);
+	return 0;
+}
+
+/* ----- submit */
+
+int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_submit *args = data;
+	struct drm_refgpu_sync *in = NULL, *out = NULL;
+	struct drm_syncobj **out_objs = NULL;
+	struct dma_fence_chain **chains = NULL;
+	struct sync_file *sync_file = NULL;
+	struct dma_fence *finished;
+	struct refgpu_ctx *ctx;
+	struct refgpu_job *job;
+	int ret, fd = -1;
+	u64 end;
+	u32 i;
+
+	args->out_fence_fd = -1;
+	if (args->flags & ~REFGPU_SUBMIT_FLAGS_MASK)
+		return -EINVAL;
+	if (!args->ib_size_dw || args->ib_size_dw > rdev->ib_max_dw ||
+	    !IS_ALIGNED(args->ib_va, rdev->ib_align))
+		return -EINVAL;
+	if (check_add_overflow(args->ib_va, 4ull * args->ib_size_dw, &end) ||
+	    args->ib_va < REFGPU_VA_START || end > rdev->kva_base)
+		return -EINVAL;
+
+	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
+	if (ret)
+		return ret;
+	ret = refgpu_copy_syncs(args->out_syncs, args->out_sync_count, &out);
+	if (ret)
+		goto out_free_syncs;
+
+	ctx = refgpu_ctx_lookup(rfile, args->ctx_id);
+	if (!ctx) {
+		ret = -ENOENT;
+		goto out_free_syncs;
+	}
+	if (READ_ONCE(rdev->lost)) {
+		ret = -ENODEV;
+		goto out_put_ctx;
+	}
+	if (atomic_read(&ctx->guilty)) {
+		ret = -ECANCELED;
+		goto out_put_ctx;
+	}
+
+	job = kzalloc(sizeof(*job), GFP_KERNEL);
+	if (!job) {
+		ret = -ENOMEM;
+		goto out_put_ctx;
+	}
+	job->ib_va = args->ib_va;
+	job->ib_dw = args->ib_size_dw;
+#ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
+	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx, file->client_id);
+#else
+	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
+#endif
+	if (ret) {
+		kfree(job);
+		goto out_put_ctx;
+	}
+	/* From here the job owns the context reference. */
+	job->ctx = ctx;
+	job->vm = refgpu_vm_get(ctx->vm);
+	atomic_inc(&rdev->job_count);
+
+	for (i = 0; i < args->in_sync_count; i++) {
+		struct dma_fence *f;
+
+		ret = drm_syncobj_find_fence(file, in[i].handle, in[i].point, 0, &f);
+		if (ret)
+			goto out_put_job;
+		ret = drm_sched_job_add_dependency(&job->base, f);
+		if (ret)
+			goto out_put_job;
+	}
+	if (args->out_sync_count) {
+		out_objs = kcalloc(args->out_sync_count, sizeof(*out_objs), GFP_KERNEL);
+		chains = kcalloc(args->out_sync_count, sizeof(*chains), GFP_KERNEL);
+		if (!out_objs || !chains) {
+			ret = -ENOMEM;
+			goto out_put_job;
+		}
+	}
+	for (i = 0; i < args->out_sync_count; i++) {
+		out_objs[i] = drm_syncobj_find(file, out[i].handle);
+		if (!out_objs[i]) {
+			ret = -ENOENT;
+			goto out_put_job;
+		}
+		if (out[i].point) {
+			chains[i] = dma_fence_chain_alloc();
+			if (!chains[i]) {
+				ret = -ENOMEM;
+				goto out_put_job;
+			}
+		}
+	}
+	if (args->flags & REFGPU_SUBMIT_OUT_SYNC_FILE) {
+		fd = get_unused_fd_flags(O_CLOEXEC);
+		if (fd < 0) {
+			ret = fd;
+			goto out_put_job;
+		}
+	}
+
+	mutex_lock(&ctx->submit_lock);
+	drm_sched_job_arm(&job->base);
+	finished = dma_fence_get(&job->base.s_fence->finished);
+	drm_sched_entity_push_job(&job->base);
+	mutex_unlock(&ctx->submit_lock);
+
+	args->seqno = finished->seqno;
+	for (i = 0; i < args->out_sync_count; i++) {
+		if (chains[i]) {
+			drm_syncobj_add_point(out_objs[i], chains[i], finished, out[i].point);
+			chains[i] = NULL;
+		} else {
+			drm_syncobj_replace_fence(out_objs[i], finished);
+		}
+	}
+	ret = 0;
+	if (fd >= 0) {
+		sync_file = sync_file_create(finished);
+		if (sync_file) {
+			fd_install(fd, sync_file->file);
+			args->out_fence_fd = fd;
+		} else {
+			/* The job runs; only its sync_file could not be made. */
+			put_unused_fd(fd);
+			ret = -ENOMEM;
+		}
+	}
+	dma_fence_put(finished);
+	goto out_free;
+
+out_put_job:
+	if (fd >= 0)
+		put_unused_fd(fd);
+	drm_sched_job_cleanup(&job->base);
+	refgpu_vm_put(job->vm);
+	kfree(job);
+	atomic_dec(&rdev->job_count);
+out_put_ctx:
+	refgpu_ctx_put(ctx);
+out_free:
+	for (i = 0; i < args->out_sync_count; i++) {
+		if (chains && chains[i])
+			dma_fence_chain_free(chains[i]);
+		if (out_objs && out_objs[i])
+			drm_syncobj_put(out_objs[i]);
+	}
+	kfree(chains);
+	kfree(out_objs);
+out_free_syncs:
+	kvfree(in);
+	kvfree(out);
+	return ret;
+}
+
+int refgpu_debugfs_engines_show(struct seq_file *m, void *data)
+{
+	struct drm_debugfs_entry *entry = m->private;
+	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
+	u32 e;
+
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		struct refgpu_engine *eng = &rdev->engines[e];
+		struct refgpu_fence *f;
+		u32 n = 0;
+
+		spin_lock_irq(&eng->lock);
+		list_for_each_entry(f, &eng->inflight, node)
+			n++;
+		seq_printf(m, "engine %u %s: RPTR %#x WPTR %#x (sw %#x) CTRL %#x STATUS %#x ROOT %#x%08x FAULT %#x\n",
+			   e, refgpu_engine_names[e], rg_eread(rdev, e, REFGPU_RING_RPTR),
+			   rg_eread(rdev, e, REFGPU_RING_WPTR), eng->wptr,
+			   rg_eread(rdev, e, REFGPU_CTRL), rg_eread(rdev, e, REFGPU_STATUS),
+			   rg_read(rdev, REFGPU_ENGINE_ROOT_HI(e)),
+			   rg_read(rdev, REFGPU_ENGINE_ROOT_LO(e)),
+			   rg_eread(rdev, e, REFGPU_FAULT_STATUS));
+		seq_printf(m, "  fences: emitted %llu completed %llu in_flight %u slot %llu resets %llu\n",
+			   eng->emitted, eng->completed, n,
+			   eng->cur_vm ? refgpu_vm_fence_value(eng->cur_vm, e) : 0, eng->resets);
+		spin_unlock_irq(&eng->lock);
+	}
+	return 0;
+}

@@ -1,0 +1,863 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* Copyright the refgpu authors */
+/*
+ * GPU virtual address spaces: one drm_gpuvm per open file, page tables in
+ * the refgpu MMU format (docs/refgpu.md 3.2), VM_BIND.
+ *
+ * Every VM maps, besides what userspace binds, a kernel region at the top
+ * of the packet address range: the three engine rings (read-only) and the
+ * VM's own fence page (the engines' FENCE packets write there while a job
+ * of this VM runs). An engine runs one VM at a time (ENGINE_ROOT,
+ * docs/refgpu.md 3.4), switched only while it is idle.
+ *
+ * VM_BIND is synchronous: the ioctl waits for its in-syncs, applies the
+ * whole op array or nothing, invalidates the GPU's translations when a
+ * valid entry changed, releases the unmapped pages, and signals its
+ * out-syncs before returning.
+ */
+
+#include <linux/dma-fence.h>
+#include <linux/dma-fence-chain.h>
+#include <linux/dma-mapping.h>
+#include <linux/scatterlist.h>
+#include <linux/sched.h>
+#include <linux/seq_file.h>
+#include <linux/slab.h>
+#include <linux/uaccess.h>
+
+#include <drm/drm_debugfs.h>
+#include <drm/drm_file.h>
+#include <drm/drm_gem.h>
+#include <drm/drm_syncobj.h>
+
+#include "refgpu_drv.h"
+
+#define REFGPU_VA_READ_ONLY	DRM_GPUVA_USERBITS
+
+/**
+ * struct refgpu_pt - one 4 KiB page table
+ * @cpu: kernel mapping of the 512 entries
+ * @dma: its physical (DMA) address, as the GPU walks it
+ * @next: tables of the next level (levels 0..2 only)
+ */
+struct refgpu_pt {
+	u64 *cpu;
+	dma_addr_t dma;
+	struct refgpu_pt *next[];
+};
+
+/**
+ * struct refgpu_vm - a GPU address space
+ * @base: the drm_gpuvm tracking the user mappings
+ * @ref: users (the file, contexts, jobs); the last one tears down
+ * @rdev: the device
+ * @lock: serialises VM_BIND and the page tables
+ * @root: the level-0 page table
+ * @pt_pages: page tables allocated
+ * @fence_cpu: the fence page (one slot per engine)
+ * @fence_dma: its physical address
+ * @node: entry in &refgpu_device.vms
+ * @pid: the process that opened the file
+ * @comm: its command name
+ */
+struct refgpu_vm {
+	struct drm_gpuvm base;
+	struct kref ref;
+	struct refgpu_device *rdev;
+	struct mutex lock;
+	struct refgpu_pt *root;
+	u32 pt_pages;
+	u64 *fence_cpu;
+	dma_addr_t fence_dma;
+	struct list_head node;
+	pid_t pid;
+	char comm[TASK_COMM_LEN];
+};
+
+/**
+ * struct refgpu_va - a mapping
+ * @base: the drm_gpuva
+ * @dead: chains it for release after the translations were invalidated
+ *	(or in the preallocation pool before use)
+ */
+struct refgpu_va {
+	struct drm_gpuva base;
+	struct list_head dead;
+};
+
+static bool refgpu_in_window(struct refgpu_device *rdev, dma_addr_t dma, u64 len)
+{
+	return dma >= rdev->mem_base && dma - rdev->mem_base + len <= rdev->mem_size &&
+	       dma + len <= BIT_ULL(48);
+}
+
+struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level)
+{
+	size_t n = level < REFGPU_PT_LEVELS - 1 ? REFGPU_PT_ENTRIES : 0;
+	struct refgpu_pt *pt;
+
+	pt = kzalloc(struct_size(pt, next, n), GFP_KERNEL);
+	if (!pt)
+		return ERR_PTR(-ENOMEM);
+	pt->cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &pt->dma, GFP_KERNEL);
+	if (!pt->cpu) {
+		kfree(pt);
+		return ERR_PTR(-ENOMEM);
+	}
+	if (!refgpu_in_window(rdev, pt->dma, SZ_4K)) {
+		drm_err(&rdev->drm, "page table at %pad outside GPU memory\n", &pt->dma);
+		dma_free_coherent(rdev->drm.dev, SZ_4K, pt->cpu, pt->dma);
+		kfree(pt);
+		return ERR_PTR(-ENOMEM);
+	}
+	return pt;
+}
+
+void refgpu_pt_free(struct refgpu_device *rdev, struct refgpu_pt *pt, int level)
+{
+	int i;
+
+	if (!pt)
+		return;
+	if (level < REFGPU_PT_LEVELS - 1)
+		for (i = 0; i < REFGPU_PT_ENTRIES; i++)
+			refgpu_pt_free(rdev, pt->next[i], level + 1);
+	dma_free_coherent(rdev->drm.dev, SZ_4K, pt->cpu, pt->dma);
+	kfree(pt);
+}
+
+dma_addr_t refgpu_pt_dma(struct refgpu_pt *pt)
+{
+	return pt->dma;
+}
+
+static u32 refgpu_pt_index(u64 va, int level)
+{
+	return (va >> (39 - 9 * level)) & (REFGPU_PT_ENTRIES - 1);
+}
+
+/* The level-3 table for @va, created on the way when @alloc. */
+static struct refgpu_pt *refgpu_vm_l3(struct refgpu_vm *vm, u64 va, bool alloc)
+{
+	struct refgpu_pt *pt = vm->root;
+	int level;
+
+	for (level = 0; level < REFGPU_PT_LEVELS - 1; level++) {
+		u32 i = refgpu_pt_index(va, level);
+
+		if (!pt->next[i]) {
+			struct refgpu_pt *child;
+
+			if (!alloc)
+				return NULL;
+			child = refgpu_pt_alloc(vm->rdev, level + 1);
+			if (IS_ERR(child))
+				return child;
+			pt->next[i] = child;
+			vm->pt_pages++;
+			/* An invalid entry made valid: no invalidation needed. */
+			WRITE_ONCE(pt->cpu[i], child->dma | REFGPU_PTE_VALID | REFGPU_PTE_TABLE);
+		}
+		pt = pt->next[i];
+	}
+	return pt;
+}
+
+/* Creates the tables for [va, va + size); nothing is mapped yet. */
+static int refgpu_vm_prealloc_tables(struct refgpu_vm *vm, u64 va, u64 size)
+{
+	u64 end = va + size;
+
+	while (va < end) {
+		struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, true);
+
+		if (IS_ERR(l3))
+			return PTR_ERR(l3);
+		va = round_down(va, SZ_2M) + SZ_2M;
+	}
+	return 0;
+}
+
+static void refgpu_vm_set_pte(struct refgpu_vm *vm, u64 va, u64 pte)
+{
+	struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, false);
+
+	/* Tables were created by refgpu_vm_prealloc_tables(). */
+	if (WARN_ON_ONCE(IS_ERR_OR_NULL(l3)))
+		return;
+	WRITE_ONCE(l3->cpu[refgpu_pt_index(va, 3)], pte);
+}
+
+static u64 refgpu_pte(dma_addr_t pa, bool read_only)
+{
+	return (pa & REFGPU_PTE_ADDR_MASK) | REFGPU_PTE_VALID | REFGPU_PTE_TABLE |
+	       REFGPU_PTE_READ | (read_only ? 0 : REFGPU_PTE_WRITE) | REFGPU_PTE_CACHED;
+}
+
+/* Every page of [offset, offset + size) of @sgt is GPU-reachable memory. */
+static int refgpu_check_pages(struct refgpu_device *rdev, struct sg_table *sgt, u64 offset,
+			      u64 size)
+{
+	struct sg_dma_page_iter iter;
+	u64 done = 0;
+
+	for_each_sgtable_dma_page(sgt, &iter, offset >> PAGE_SHIFT) {
+		if (done >= size)
+			break;
+		if (!refgpu_in_window(rdev, sg_page_iter_dma_address(&iter), SZ_4K))
+			return -EFAULT;
+		done += SZ_4K;
+	}
+	return done >= size ? 0 : -EINVAL;
+}
+
+/* Maps [va, va + size) to the pages of @sgt from byte @offset. */
+static int refgpu_vm_map_sgt(struct refgpu_vm *vm, u64 va, u64 size, struct sg_table *sgt,
+			     u64 offset, bool read_only)
+{
+	struct sg_dma_page_iter iter;
+	u64 skip = offset >> PAGE_SHIFT, done = 0;
+
+	for_each_sgtable_dma_page(sgt, &iter, skip) {
+		dma_addr_t pa = sg_page_iter_dma_address(&iter);
+
+		if (done >= size)
+			break;
+		if (!refgpu_in_window(vm->rdev, pa, SZ_4K))
+			return -EFAULT;
+		refgpu_vm_set_pte(vm, va + done, refgpu_pte(pa, read_only));
+		done += SZ_4K;
+	}
+	return done >= size ? 0 : -EINVAL;
+}
+
+static void refgpu_vm_clear(struct refgpu_vm *vm, u64 va, u64 size)
+{
+	u64 off;
+
+	for (off = 0; off < size; off += SZ_4K)
+		refgpu_vm_set_pte(vm, va + off, 0);
+}
+
+dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm)
+{
+	return vm->root->dma;
+}
+
+u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine)
+{
+	return READ_ONCE(vm->fence_cpu[REFGPU_FENCE_SLOT(engine) / 8]);
+}
+
+/* ----- the bind context: validated ops, preallocations, deferred release */
+
+struct refgpu_bind_op {
+	struct drm_refgpu_vm_bind_op args;
+	struct drm_gem_object *obj;		/* MAP: reference */
+	struct sg_table *sgt;			/* MAP: the object's pages */
+	struct drm_gpuvm_bo *vm_bo;		/* MAP: preallocated */
+};
+
+struct refgpu_bind_ctx {
+	struct refgpu_vm *vm;
+	struct refgpu_bind_op *op;		/* the op being applied */
+	struct list_head pool;			/* preallocated refgpu_va */
+	struct list_head dead;			/* removed, unlinked after invalidation */
+	bool invalidate;
+	int err;
+};
+
+static struct drm_gpuva *refgpu_bind_take_va(struct refgpu_bind_ctx *ctx)
+{
+	struct refgpu_va *va = list_first_entry_or_null(&ctx->pool, struct refgpu_va, dead);
+
+	if (WARN_ON_ONCE(!va))
+		return NULL;
+	list_del_init(&va->dead);
+	return &va->base;
+}
+
+static void refgpu_bind_bury(struct refgpu_bind_ctx *ctx, struct drm_gpuva *va)
+{
+	list_add_tail(&container_of(va, struct refgpu_va, base)->dead, &ctx->dead);
+}
+
+static int refgpu_sm_step_map(struct drm_gpuva_op *op, void *priv)
+{
+	struct refgpu_bind_ctx *ctx = priv;
+	struct refgpu_bind_op *bop = ctx->op;
+	struct refgpu_bo *bo = to_refgpu_bo(bop->obj);
+	bool ro = bop->args.flags & REFGPU_VM_BIND_READ_ONLY;
+	struct drm_gpuvm_bo *vm_bo;
+	struct drm_gpuva *va;
+	int ret;
+
+	va = refgpu_bind_take_va(ctx);
+	if (!va)
+		return -ENOMEM;
+	ret = refgpu_vm_map_sgt(ctx->vm, op->map.va.addr, op->map.va.range, bop->sgt,
+				op->map.gem.offset, ro);
+	if (ret) {
+		/* Checked before: a BO page outside the GPU's memory window. */
+		refgpu_vm_clear(ctx->vm, op->map.va.addr, op->map.va.range);
+		list_add(&container_of(va, struct refgpu_va, base)->dead, &ctx->pool);
+		return ret;
+	}
+	drm_gpuva_map(&ctx->vm->base, va, &op->map);
+	if (ro)
+		va->flags |= REFGPU_VA_READ_ONLY;
+	mutex_lock(&bo->gpuva_lock);
+	vm_bo = drm_gpuvm_bo_obtain_prealloc(bop->vm_bo);
+	bop->vm_bo = NULL;
+	drm_gpuva_link(va, vm_bo);
+	drm_gpuvm_bo_put(vm_bo);
+	mutex_unlock(&bo->gpuva_lock);
+	return 0;
+}
+
+static int refgpu_sm_step_remap(struct drm_gpuva_op *op, void *priv)
+{
+	struct refgpu_bind_ctx *ctx = priv;
+	struct drm_gpuva *old = op->remap.unmap->va;
+	struct refgpu_bo *bo = to_refgpu_bo(old->gem.obj);
+	struct drm_gpuva *prev = NULL, *next = NULL;
+	u64 start = old->va.addr, end = old->va.addr + old->va.range;
+
+	if (op->remap.prev) {
+		prev = refgpu_bind_take_va(ctx);
+		start = op->remap.prev->va.addr + op->remap.prev->va.range;
+	}
+	if (op->remap.next) {
+		next = refgpu_bind_take_va(ctx);
+		end = op->remap.next->va.addr;
+	}
+	if ((op->remap.prev && !prev) || (op->remap.next && !next))
+		return -ENOMEM;
+
+	refgpu_vm_clear(ctx->vm, start, end - start);
+	ctx->invalidate = true;
+	drm_gpuva_remap(prev, next, &op->remap);
+	mutex_lock(&bo->gpuva_lock);
+	if (prev) {
+		prev->flags = old->flags;
+		drm_gpuva_link(prev, old->vm_bo);
+	}
+	if (next) {
+		next->flags = old->flags;
+		drm_gpuva_link(next, old->vm_bo);
+	}
+	mutex_unlock(&bo->gpuva_lock);
+	refgpu_bind_bury(ctx, old);
+	return 0;
+}
+
+static int refgpu_sm_step_unmap(struct drm_gpuva_op *op, void *priv)
+{
+	struct refgpu_bind_ctx *ctx = priv;
+	struct drm_gpuva *va = op->unmap.va;
+
+	refgpu_vm_clear(ctx->vm, va->va.addr, va->va.range);
+	ctx->invalidate = true;
+	drm_gpuva_unmap(&op->unmap);
+	refgpu_bind_bury(ctx, va);
+	return 0;
+}
+
+/* Unlinks and frees the removed mappings: after the invalidation. */
+static void refgpu_bind_release_dead(struct list_head *dead)
+{
+	struct refgpu_va *va, *tmp;
+
+	list_for_each_entry_safe(va, tmp, dead, dead) {
+		struct drm_gem_object *obj = va->base.gem.obj;
+
+		/* Keep the object alive until its lock is dropped. */
+		drm_gem_object_get(obj);
+		mutex_lock(&to_refgpu_bo(obj)->gpuva_lock);
+		drm_gpuva_unlink(&va->base);
+		mutex_unlock(&to_refgpu_bo(obj)->gpuva_lock);
+		drm_gem_object_put(obj);
+		list_del(&va->dead);
+		kfree(va);
+	}
+}
+
+static void refgpu_gpuvm_free(struct drm_gpuvm *gpuvm)
+{
+	kfree(container_of(gpuvm, struct refgpu_vm, base));
+}
+
+static const struct drm_gpuvm_ops refgpu_gpuvm_ops = {
+	.vm_free = refgpu_gpuvm_free,
+	.sm_step_map = refgpu_sm_step_map,
+	.sm_step_remap = refgpu_sm_step_remap,
+	.sm_step_unmap = refgpu_sm_step_unmap,
+};
+
+/* ----- VM lifetime */
+
+static int refgpu_vm_map_kernel(struct refgpu_vm *vm)
+{
+	struct refgpu_device *rdev = vm->rdev;
+	u64 off;
+	u32 e;
+	int ret;
+
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		u64 va = REFGPU_KVA_RING(rdev, e);
+
+		ret = refgpu_vm_prealloc_tables(vm, va, REFGPU_RING_SIZE);
+		if (ret)
+			return ret;
+		for (off = 0; off < REFGPU_RING_SIZE; off += SZ_4K)
+			refgpu_vm_set_pte(vm, va + off,
+					  refgpu_pte(rdev->engines[e].ring_dma + off, true));
+	}
+	ret = refgpu_vm_prealloc_tables(vm, REFGPU_KVA_FENCE(rdev), SZ_4K);
+	if (ret)
+		return ret;
+	refgpu_vm_set_pte(vm, REFGPU_KVA_FENCE(rdev), refgpu_pte(vm->fence_dma, false));
+	return 0;
+}
+
+static void refgpu_vm_free_hw(struct refgpu_vm *vm)
+{
+	struct refgpu_device *rdev = vm->rdev;
+
+	refgpu_pt_free(rdev, vm->root, 0);
+	if (vm->fence_cpu)
+		dma_free_coherent(rdev->drm.dev, SZ_4K, vm->fence_cpu, vm->fence_dma);
+}
+
+struct refgpu_vm *refgpu_vm_create(struct refgpu_device *rdev)
+{
+	struct drm_gem_object *r_obj;
+	struct refgpu_vm *vm;
+	int ret;
+
+	vm = kzalloc(sizeof(*vm), GFP_KERNEL);
+	if (!vm)
+		return ERR_PTR(-ENOMEM);
+	vm->rdev = rdev;
+	kref_init(&vm->ref);
+	mutex_init(&vm->lock);
+	vm->pid = task_tgid_nr(current);
+	get_task_comm(vm->comm, current);
+
+	vm->root = refgpu_pt_alloc(rdev, 0);
+	if (IS_ERR(vm->root)) {
+		ret = PTR_ERR(vm->root);
+		goto err_free;
+	}
+	vm->pt_pages = 1;
+	vm->fence_cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &vm->fence_dma, GFP_KERNEL);
+	if (!vm->fence_cpu || !refgpu_in_window(rdev, vm->fence_dma, SZ_4K)) {
+		ret = -ENOMEM;
+		goto err_free_hw;
+	}
+	ret = refgpu_vm_map_kernel(vm);
+	if (ret)
+		goto err_free_hw;
+
+	r_obj = drm_gpuvm_resv_object_alloc(&rdev->drm);
+	if (!r_obj) {
+		ret = -ENOMEM;
+		goto err_free_hw;
+	}
+	drm_gpuvm_init(&vm->base, "refgpu", 0, &rdev->drm, r_obj, REFGPU_VA_START,
+		       rdev->kva_base - REFGPU_VA_START, 0, 0, &refgpu_gpuvm_ops);
+	drm_gem_object_put(r_obj);
+
+	mutex_lock(&rdev->vms_lock);
+	list_add_tail(&vm->node, &rdev->vms);
+	mutex_unlock(&rdev->vms_lock);
+	atomic_inc(&rdev->vm_count);
+	return vm;
+
+err_free_hw:
+	refgpu_vm_free_hw(vm);
+err_free:
+	mutex_destroy(&vm->lock);
+	kfree(vm);
+	return ERR_PTR(ret);
+}
+
+struct refgpu_vm *refgpu_vm_get(struct refgpu_vm *vm)
+{
+	kref_get(&vm->ref);
+	return vm;
+}
+
+static void refgpu_vm_release(struct kref *ref)
+{
+	struct refgpu_vm *vm = container_of(ref, struct refgpu_vm, ref);
+	struct refgpu_device *rdev = vm->rdev;
+	struct drm_gpuva *va, *next;
+	LIST_HEAD(dead);
+	u32 e;
+
+	/* No job of this VM is left: point its engines back at nothing. */
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		struct refgpu_engine *eng = &rdev->engines[e];
+
+		mutex_lock(&rdev->hw_lock);
+		if (eng->cur_vm == vm) {
+			rg_write(rdev, REFGPU_ENGINE_ROOT_LO(e), 0);
+			rg_write(rdev, REFGPU_ENGINE_ROOT_HI(e), 0);
+			refgpu_hw_control(rdev);
+			spin_lock_irq(&eng->lock);
+			eng->cur_vm = NULL;
+			spin_unlock_irq(&eng->lock);
+		}
+		mutex_unlock(&rdev->hw_lock);
+	}
+
+	mutex_lock(&rdev->vms_lock);
+	list_del(&vm->node);
+	mutex_unlock(&rdev->vms_lock);
+
+	mutex_lock(&vm->lock);
+	drm_gpuvm_for_each_va_safe(va, next, &vm->base) {
+		drm_gpuva_remove(va);
+		list_add_tail(&container_of(va, struct refgpu_va, base)->dead, &dead);
+	}
+	mutex_unlock(&vm->lock);
+	refgpu_bind_release_dead(&dead);
+
+	refgpu_vm_free_hw(vm);
+	mutex_destroy(&vm->lock);
+	atomic_dec(&rdev->vm_count);
+	drm_gpuvm_put(&vm->base);
+}
+
+void refgpu_vm_put(struct refgpu_vm *vm)
+{
+	if (vm)
+		kref_put(&vm->ref, refgpu_vm_release);
+}
+
+/* ----- VM_BIND */
+
+static bool refgpu_ranges_overlap(u64 a, u64 as, u64 b, u64 bs)
+{
+	return a < b + bs && b < a + as;
+}
+
+static bool refgpu_range_covers(const struct drm_refgpu_vm_bind_op *u, u64 start, u64 end)
+{
+	return u->va <= start && end <= u->va + u->size;
+}
+
+/*
+ * A MAP must land on free VA when it runs: each overlap with an existing
+ * mapping, or with an earlier MAP of the array, must be covered by one
+ * UNMAP that runs between the two.
+ */
+static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_op *ops, u32 count)
+{
+	u32 i, j, k;
+
+	for (i = 0; i < count; i++) {
+		const struct drm_refgpu_vm_bind_op *m = &ops[i].args;
+		struct drm_gpuva *va;
+
+		if (m->op != REFGPU_VM_BIND_OP_MAP)
+			continue;
+		drm_gpuvm_for_each_va_range(va, &vm->base, m->va, m->va + m->size) {
+			u64 s = max(va->va.addr, m->va);
+			u64 e = min(va->va.addr + va->va.range, m->va + m->size);
+			bool covered = false;
+
+			for (k = 0; k < i && !covered; k++)
+				covered = ops[k].args.op == REFGPU_VM_BIND_OP_UNMAP &&
+					  refgpu_range_covers(&ops[k].args, s, e);
+			if (!covered)
+				return -EEXIST;
+		}
+		for (j = 0; j < i; j++) {
+			const struct drm_refgpu_vm_bind_op *p = &ops[j].args;
+			bool covered = false;
+			u64 s, e;
+
+			if (p->op != REFGPU_VM_BIND_OP_MAP ||
+			    !refgpu_ranges_overlap(p->va, p->size, m->va, m->size))
+				continue;
+			s = max(p->va, m->va);
+			e = min(p->va + p->size, m->va + m->size);
+			for (k = j + 1; k < i && !covered; k++)
+				covered = ops[k].args.op == REFGPU_VM_BIND_OP_UNMAP &&
+					  refgpu_range_covers(&ops[k].args, s, e);
+			if (!covered)
+				return -EEXIST;
+		}
+	}
+	return 0;
+}
+
+/* Checks one op's arguments and resolves its BO. */
+static int refgpu_bind_prepare_op(struct refgpu_device *rdev, struct drm_file *file,
+				  struct refgpu_bind_op *bop)
+{
+	const struct drm_refgpu_vm_bind_op *a = &bop->args;
+	struct refgpu_bo *bo;
+	u64 end;
+
+	if (a->pad)
+		return -EINVAL;
+	if (!a->size || !IS_ALIGNED(a->va | a->size | a->bo_offset, SZ_4K))
+		return -EINVAL;
+	if (check_add_overflow(a->va, a->size, &end) || a->va < REFGPU_VA_START ||
+	    end > rdev->kva_base)
+		return -EINVAL;
+
+	switch (a->op) {
+	case REFGPU_VM_BIND_OP_UNMAP:
+		if (a->flags || a->handle || a->bo_offset)
+			return -EINVAL;
+		return 0;
+	case REFGPU_VM_BIND_OP_MAP:
+		break;
+	default:
+		return -EINVAL;
+	}
+
+	if (a->flags & ~REFGPU_VM_BIND_OP_FLAGS_MASK)
+		return -EINVAL;
+	bop->obj = drm_gem_object_lookup(file, a->handle);
+	if (!bop->obj)
+		return -ENOENT;
+	if (check_add_overflow(a->bo_offset, a->size, &end) || end > bop->obj->size)
+		return -EINVAL;
+	bo = to_refgpu_bo(bop->obj);
+	if ((bo->flags & REFGPU_BO_GPU_READ_ONLY) && !(a->flags & REFGPU_VM_BIND_READ_ONLY))
+		return -EACCES;
+	bop->sgt = drm_gem_shmem_get_pages_sgt(&bo->base);
+	if (IS_ERR(bop->sgt))
+		return PTR_ERR(bop->sgt);
+	return refgpu_check_pages(rdev, bop->sgt, a->bo_offset, a->size);
+}
+
+/**
+ * refgpu_copy_syncs() - copy a user array of &drm_refgpu_sync and check it
+ * @uptr: user pointer
+ * @count: entries (at most %REFGPU_MAX_SYNCS)
+ * @out: the kernel copy (kvfree) or NULL when @count is 0
+ *
+ * Return: 0, -EINVAL (too many, non-zero flags), -EFAULT or -ENOMEM.
+ */
+int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
+{
+	struct drm_refgpu_sync *s;
+	u32 i;
+
+	*out = NULL;
+	if (!count)
+		return 0;
+	if (count > REFGPU_MAX_SYNCS)
+		return -EINVAL;
+	s = vmemdup_array_user(u64_to_user_ptr(uptr), count, sizeof(*s));
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	for (i = 0; i < count; i++) {
+		if (s[i].flags) {
+			kvfree(s);
+			return -EINVAL;
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_device *rdev = to_refgpu_device(dev);
+	struct refgpu_file *rfile = file->driver_priv;
+	struct refgpu_vm *vm = rfile->vm;
+	struct drm_refgpu_vm_bind *args = data;
+	struct drm_refgpu_sync *in = NULL, *out = NULL;
+	struct drm_syncobj **out_objs = NULL;
+	struct dma_fence_chain **chains = NULL;
+	struct refgpu_bind_ctx ctx = { .vm = vm };
+	struct refgpu_bind_op *ops = NULL;
+	struct refgpu_va *va, *tmp;
+	struct dma_fence *stub;
+	u32 i, nva = 0;
+	int ret;
+
+	INIT_LIST_HEAD(&ctx.pool);
+	INIT_LIST_HEAD(&ctx.dead);
+	if (args->flags)
+		return -EINVAL;
+	if (!args->op_count || args->op_count > REFGPU_MAX_BIND_OPS)
+		return -EINVAL;
+
+	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
+	if (ret)
+		return ret;
+	ret = refgpu_copy_syncs(args->out_syncs, args->out_sync_count, &out);
+	if (ret)
+		goto out_free;
+
+	ops = kvcalloc(args->op_count, sizeof(*ops), GFP_KERNEL);
+	if (!ops) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	for (i = 0; i < args->op_count; i++) {
+		struct drm_refgpu_vm_bind_op __user *u = u64_to_user_ptr(args->ops);
+
+		if (copy_from_user(&ops[i].args, &u[i], sizeof(ops[i].args))) {
+			ret = -EFAULT;
+			goto out_free;
+		}
+		ret = refgpu_bind_prepare_op(rdev, file, &ops[i]);
+		if (ret)
+			goto out_free;
+		nva += ops[i].args.op == REFGPU_VM_BIND_OP_MAP ? 1 : 2;
+	}
+
+	/* Out-syncs resolved (and timeline nodes allocated) before any change. */
+	if (args->out_sync_count) {
+		out_objs = kcalloc(args->out_sync_count, sizeof(*out_objs), GFP_KERNEL);
+		chains = kcalloc(args->out_sync_count, sizeof(*chains), GFP_KERNEL);
+		if (!out_objs || !chains) {
+			ret = -ENOMEM;
+			goto out_free;
+		}
+	}
+	for (i = 0; i < args->out_sync_count; i++) {
+		out_objs[i] = drm_syncobj_find(file, out[i].handle);
+		if (!out_objs[i]) {
+			ret = -ENOENT;
+			goto out_free;
+		}
+		if (out[i].point) {
+			chains[i] = dma_fence_chain_alloc();
+			if (!chains[i]) {
+				ret = -ENOMEM;
+				goto out_free;
+			}
+		}
+	}
+
+	/* Ordering: wait for every in-sync first (interruptible). */
+	for (i = 0; i < args->in_sync_count; i++) {
+		struct dma_fence *f;
+
+		ret = drm_syncobj_find_fence(file, in[i].handle, in[i].point, 0, &f);
+		if (ret)
+			goto out_free;
+		ret = dma_fence_wait(f, true);
+		dma_fence_put(f);
+		if (ret)
+			goto out_free;
+	}
+
+	for (i = 0; i < nva; i++) {
+		va = kzalloc(sizeof(*va), GFP_KERNEL);
+		if (!va) {
+			ret = -ENOMEM;
+			goto out_free;
+		}
+		list_add(&va->dead, &ctx.pool);
+	}
+	for (i = 0; i < args->op_count; i++) {
+		if (ops[i].args.op != REFGPU_VM_BIND_OP_MAP)
+			continue;
+		ops[i].vm_bo = drm_gpuvm_bo_create(&vm->base, ops[i].obj);
+		if (!ops[i].vm_bo) {
+			ret = -ENOMEM;
+			goto out_free;
+		}
+	}
+
+	mutex_lock(&vm->lock);
+	ret = refgpu_bind_check_overlaps(vm, ops, args->op_count);
+	for (i = 0; !ret && i < args->op_count; i++)
+		if (ops[i].args.op == REFGPU_VM_BIND_OP_MAP)
+			ret = refgpu_vm_prealloc_tables(vm, ops[i].args.va, ops[i].args.size);
+	if (ret) {
+		mutex_unlock(&vm->lock);
+		goto out_free;
+	}
+	/* Nothing below fails for valid, checked input. */
+	for (i = 0; i < args->op_count; i++) {
+		const struct drm_refgpu_vm_bind_op *a = &ops[i].args;
+
+		ctx.op = &ops[i];
+		if (a->op == REFGPU_VM_BIND_OP_MAP)
+			ret = drm_gpuvm_sm_map(&vm->base, &ctx, a->va, a->size, ops[i].obj,
+					       a->bo_offset);
+		else
+			ret = drm_gpuvm_sm_unmap(&vm->base, &ctx, a->va, a->size);
+		if (WARN_ON(ret))
+			break;
+	}
+	if (ctx.invalidate) {
+		mutex_lock(&rdev->hw_lock);
+		refgpu_hw_control(rdev);
+		mutex_unlock(&rdev->hw_lock);
+	}
+	mutex_unlock(&vm->lock);
+	refgpu_bind_release_dead(&ctx.dead);
+
+	stub = dma_fence_get_stub();
+	for (i = 0; i < args->out_sync_count; i++) {
+		if (chains[i]) {
+			drm_syncobj_add_point(out_objs[i], chains[i], stub, out[i].point);
+			chains[i] = NULL;
+		} else {
+			drm_syncobj_replace_fence(out_objs[i], stub);
+		}
+	}
+	dma_fence_put(stub);
+
+out_free:
+	list_for_each_entry_safe(va, tmp, &ctx.pool, dead)
+		kfree(va);
+	for (i = 0; ops && i < args->op_count; i++) {
+		if (ops[i].vm_bo) {
+			struct refgpu_bo *bo = to_refgpu_bo(ops[i].obj);
+
+			mutex_lock(&bo->gpuva_lock);
+			drm_gpuvm_bo_put(ops[i].vm_bo);
+			mutex_unlock(&bo->gpuva_lock);
+		}
+		if (ops[i].obj)
+			drm_gem_object_put(ops[i].obj);
+	}
+	for (i = 0; i < args->out_sync_count; i++) {
+		if (chains && chains[i])
+			dma_fence_chain_free(chains[i]);
+		if (out_objs && out_objs[i])
+			drm_syncobj_put(out_objs[i]);
+	}
+	kfree(chains);
+	kfree(out_objs);
+	kvfree(ops);
+	kvfree(in);
+	kvfree(out);
+	return ret;
+}
+
+int refgpu_debugfs_vms_show(struct seq_file *m, void *data)
+{
+	struct drm_debugfs_entry *entry = m->private;
+	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
+	struct refgpu_vm *vm;
+	u32 e;
+
+	mutex_lock(&rdev->vms_lock);
+	list_for_each_entry(vm, &rdev->vms, node) {
+		seq_printf(m, "vm %p pid %d (%s) root %pad pt_pages %u fences", vm, vm->pid,
+			   vm->comm, &vm->root->dma, vm->pt_pages);
+		for (e = 0; e < REFGPU_ENGINES; e++)
+			seq_printf(m, " %llu", refgpu_vm_fence_value(vm, e));
+		seq_puts(m, "\n");
+		mutex_lock(&vm->lock);
+		drm_debugfs_gpuva_info(m, &vm->base);
+		mutex_unlock(&vm->lock);
+	}
+	mutex_unlock(&rdev->vms_lock);
+	return 0;
+}

@@ -1,0 +1,638 @@
+//! Linux guest tests for the refgpu kernel driver (`kmd/`).
+//!
+//! For one boot ([`boot`], cached per generation by [`outcome`]) the
+//! harness:
+//!
+//! 1. finds Debian's 6.12 kernel extracted under `target/linux-kernel/`
+//!    (`tools/fetch-linux-kernel.sh`; run here when the cache is missing);
+//! 2. builds the module against its headers, in a copy of `kmd/` under the
+//!    harness's target directory (`make`, the kernel's `gcc-12`, `pahole`);
+//! 3. cargo-builds the guest binary `refgpu-guest` (this crate, feature
+//!    `guest`) for `x86_64-unknown-linux-musl` and `refgpu-sim`, in their
+//!    own target directory (`target/linux-tests/cargo`);
+//! 4. writes an uncompressed `newc` initramfs: `/init` is the guest binary,
+//!    `/lib/modules/` holds the kernel's DRM modules (decompressed by the
+//!    fetch script), ours, and their load order;
+//! 5. starts `refgpu-sim --gen N` on a shared guest-RAM file and boots
+//!    `qemu-system-x86_64 -M q35` under TCG with that file as
+//!    `memory-backend-file,share=on`, an `ivshmem-doorbell` device with 4
+//!    vectors on the model's socket and `isa-debug-exit`;
+//! 6. collects the serial console: the guest prints `@@ TEST <name>
+//!    PASS|FAIL <why>` per test, `@@ BENCH <name> <text>` per benchmark and
+//!    `N passed, N failed` at the end, then exits QEMU through
+//!    `isa-debug-exit` (status `(code << 1) | 1`).
+//!
+//! Everything started is owned by guards (killed and reaped on every path,
+//! a panicking test included); a boot that does not end within
+//! [`RUN_TIMEOUT`] (a failure guard, not a performance threshold) is
+//! killed and reported with the last console lines. Missing tools fail
+//! with an install hint ([`HarnessError`]); nothing passes silently.
+//!
+//! The guest suite is [`GUEST_TESTS`]: the guest binary runs exactly these
+//! (it checks its own list against this one), so a test the guest did not
+//! report is a failure on the host.
+
+pub mod cpio;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
+use std::time::{Duration, Instant};
+
+/// Every test of the guest suite, in the order the guest runs them.
+pub const GUEST_TESTS: &[&str] = &[
+    "get_param",
+    "version_ioctl",
+    "unknown_ioctl",
+    "bo_create_errors",
+    "bo_mmap_write_read",
+    "bo_no_cpu_mapping",
+    "bo_mmap_offset_errors",
+    "vm_bind_errors",
+    "vm_bind_overlap",
+    "vm_bind_read_only_bo",
+    "vm_bind_batch_atomic",
+    "vm_bind_unmap_split",
+    "ctx_errors",
+    "submit_errors",
+    "syncobj_errors",
+    "copy_fill_write_data",
+    "timeline_wait",
+    "cross_engine_order",
+    "sync_file_out",
+    "vm_bind_syncs",
+    "read_only_mapping_faults",
+    "isolation_two_files",
+    "isolation_two_processes",
+    "prime_share",
+    "hang_recovery",
+    "devcoredump",
+    "fault_recovery",
+    "teardown_killed_process",
+    "bench_submit_vs_null_ioctl",
+    "bench_wait_syncobj_vs_poll",
+    "bench_vm_bind_batched",
+    "kmsg_clean",
+];
+
+/// Failure guard for one boot (the whole suite of one generation).
+pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Guest RAM: QEMU `-m`, the shared file and the model's window. On q35
+/// guest-physical addresses equal file offsets below 2 GiB, so the model
+/// maps the file at physical address 0 (`--mem-base 0`).
+pub const RAM: &str = "1G";
+
+/// The QEMU binary.
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// What to tell someone without the tools.
+pub const INSTALL_HINT: &str = "the Linux guest tests need qemu-system-x86_64 (Debian bookworm-backports: \
+     `.ci/install-qemu.sh`), make, gcc-12, pahole (package dwarves) and the kernel packages \
+     (`tools/fetch-linux-kernel.sh`, after `apt-get update`); `.ci/run` installs all of them";
+
+/// A guest test's reported status.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Passed.
+    Pass,
+    /// Failed, with the reason.
+    Fail(String),
+}
+
+/// What one boot produced.
+#[derive(Clone, Debug)]
+pub struct Outcome {
+    /// QEMU's exit code; None if killed.
+    pub exit_code: Option<i32>,
+    /// Every console line.
+    pub console: Vec<String>,
+    /// The model's log lines.
+    pub model_log: Vec<String>,
+    /// `@@ TEST` results in order.
+    pub results: Vec<(String, Status)>,
+    /// `@@ BENCH` lines: (name, the rest of the line).
+    pub benches: Vec<(String, String)>,
+    /// The guest's closing `N passed, N failed` line, if printed.
+    pub summary: Option<String>,
+    /// Whether the boot hit [`RUN_TIMEOUT`].
+    pub timed_out: bool,
+    /// Wall time of the boot (QEMU start to exit).
+    pub wall: Duration,
+}
+
+impl Outcome {
+    /// The status of `test`, if reported.
+    pub fn status(&self, test: &str) -> Option<&Status> {
+        self.results.iter().find(|(n, _)| n == test).map(|(_, s)| s)
+    }
+
+    /// The last `n` console and model lines, for failure messages.
+    pub fn tail(&self, n: usize) -> String {
+        let c = &self.console[self.console.len().saturating_sub(n)..];
+        let m = &self.model_log[self.model_log.len().saturating_sub(n)..];
+        format!(
+            "--- last {} console lines ---\n{}\n--- last {} model lines ---\n{}",
+            c.len(),
+            c.join("\n"),
+            m.len(),
+            m.join("\n")
+        )
+    }
+
+    /// Every failure: failed tests, tests not reported, a bad exit.
+    pub fn failures(&self) -> Vec<String> {
+        let mut f = Vec::new();
+        for t in GUEST_TESTS {
+            match self.status(t) {
+                Some(Status::Pass) => {}
+                Some(Status::Fail(why)) => f.push(format!("{t}: {why}")),
+                None => f.push(format!("{t}: not reported")),
+            }
+        }
+        for (n, _) in &self.results {
+            if !GUEST_TESTS.contains(&n.as_str()) {
+                f.push(format!("{n}: reported but not in GUEST_TESTS"));
+            }
+        }
+        if self.timed_out {
+            f.push("the boot timed out: QEMU and the model were killed".into());
+        }
+        if self.summary.is_none() {
+            f.push("no closing `N passed, N failed` line".into());
+        }
+        let want = if f.is_empty() { Some(1) } else { self.exit_code };
+        if self.exit_code != want || self.exit_code.is_none() {
+            f.push(format!("QEMU exit status {:?} (isa-debug-exit 0 gives 1)", self.exit_code));
+        }
+        f
+    }
+}
+
+/// Why a boot could not be made.
+#[derive(Debug)]
+pub enum HarnessError {
+    /// A tool is missing.
+    Missing(String),
+    /// Building the module, the guest or the model failed.
+    Build(String),
+    /// Starting a process or preparing files failed.
+    Setup(String),
+}
+
+impl fmt::Display for HarnessError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            HarnessError::Missing(what) => write!(f, "{what} not found: {INSTALL_HINT}"),
+            HarnessError::Build(s) => write!(f, "build failed: {s}"),
+            HarnessError::Setup(s) => write!(f, "setup failed: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for HarnessError {}
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| PathBuf::from(".."))
+}
+
+fn target_base() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
+}
+
+/// The harness's own directory (`target/linux-tests`).
+pub fn harness_dir() -> PathBuf {
+    target_base().join("linux-tests")
+}
+
+fn runs(cmd: &str, arg: &str) -> bool {
+    Command::new(cmd).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
+}
+
+/// The extracted kernel: version and directory.
+#[derive(Clone, Debug)]
+pub struct Kernel {
+    /// e.g. `6.12.117+deb12-amd64`.
+    pub version: String,
+    /// `target/linux-kernel/<version>`.
+    pub dir: PathBuf,
+}
+
+impl Kernel {
+    /// The bzImage.
+    pub fn image(&self) -> PathBuf {
+        self.dir.join("root/boot").join(format!("vmlinuz-{}", self.version))
+    }
+
+    /// The headers tree to build modules against.
+    pub fn headers(&self) -> PathBuf {
+        self.dir.join("root/usr/src").join(format!("linux-headers-{}", self.version))
+    }
+}
+
+fn find_kernel() -> Option<Kernel> {
+    let base = target_base().join("linux-kernel");
+    let version = std::fs::read_to_string(base.join("current")).ok()?.trim().to_string();
+    let dir = base.join(&version);
+    dir.join("ok").exists().then_some(Kernel { version, dir })
+}
+
+/// The kernel tree, fetched with `tools/fetch-linux-kernel.sh` if missing.
+pub fn kernel() -> Result<Kernel, HarnessError> {
+    if let Some(k) = find_kernel() {
+        return Ok(k);
+    }
+    let script = workspace_root().join("tools/fetch-linux-kernel.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(target_base().join("linux-kernel"))
+        .output()
+        .map_err(|e| HarnessError::Setup(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        return Err(HarnessError::Missing(format!(
+            "the kernel packages ({} failed: {})",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    find_kernel().ok_or_else(|| HarnessError::Setup("the fetch script left no kernel".into()))
+}
+
+/// Paths of everything a boot needs.
+#[derive(Clone, Debug)]
+pub struct Artifacts {
+    /// The kernel.
+    pub kernel: Kernel,
+    /// The initramfs (uncompressed newc cpio).
+    pub initramfs: PathBuf,
+    /// The model server.
+    pub sim: PathBuf,
+}
+
+fn check_tools() -> Result<(), HarnessError> {
+    for (cmd, arg) in
+        [(QEMU, "--version"), ("make", "--version"), ("gcc-12", "--version"), ("pahole", "--version")]
+    {
+        if !runs(cmd, arg) {
+            return Err(HarnessError::Missing(cmd.into()));
+        }
+    }
+    Ok(())
+}
+
+fn build_module(k: &Kernel) -> Result<PathBuf, HarnessError> {
+    let src = workspace_root().join("kmd");
+    let dst = harness_dir().join("kmd");
+    copy_tree(&src, &dst).map_err(|e| HarnessError::Setup(format!("copying kmd/: {e}")))?;
+    let out = Command::new("make")
+        .arg("-C")
+        .arg(&dst)
+        .arg(format!("KDIR={}", k.headers().display()))
+        .output()
+        .map_err(|e| HarnessError::Build(format!("running make: {e}")))?;
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !out.status.success() {
+        return Err(HarnessError::Build(format!("the kernel module:\n{log}")));
+    }
+    if log.contains("warning:") {
+        return Err(HarnessError::Build(format!("the kernel module built with warnings:\n{log}")));
+    }
+    Ok(dst.join("refgpu.ko"))
+}
+
+/// Copies the regular files of `src` (recursively) into `dst`, leaving
+/// build products already in `dst` so make rebuilds only what changed.
+fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
+    std::fs::create_dir_all(dst)?;
+    for e in std::fs::read_dir(src)? {
+        let e = e?;
+        let to = dst.join(e.file_name());
+        if e.file_type()?.is_dir() {
+            copy_tree(&e.path(), &to)?;
+        } else {
+            let data = std::fs::read(e.path())?;
+            if std::fs::read(&to).ok().as_deref() != Some(&data[..]) {
+                std::fs::write(&to, data)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn cargo(args: &[&str]) -> Result<(), HarnessError> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let out = Command::new(cargo)
+        .args(args)
+        .current_dir(workspace_root())
+        .env("CARGO_TARGET_DIR", harness_dir().join("cargo"))
+        .env_remove("RUSTFLAGS")
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .env_remove("CARGO_BUILD_TARGET")
+        .output()
+        .map_err(|e| HarnessError::Build(format!("running cargo: {e}")))?;
+    if !out.status.success() {
+        return Err(HarnessError::Build(format!(
+            "cargo {} failed:\n{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(())
+}
+
+/// The guest's Rust target.
+pub const GUEST_TARGET: &str = "x86_64-unknown-linux-musl";
+
+fn build_initramfs(k: &Kernel, module: &Path, guest: &Path) -> Result<PathBuf, HarnessError> {
+    let setup = |e: std::io::Error| HarnessError::Setup(format!("writing the initramfs: {e}"));
+    let mods = k.dir.join("modules");
+    let order = std::fs::read_to_string(mods.join("order")).map_err(setup)?;
+    let path = harness_dir().join("initramfs.cpio");
+    let file = std::fs::File::create(&path).map_err(setup)?;
+    let mut c = cpio::Cpio::new(std::io::BufWriter::new(file));
+    for d in ["dev", "proc", "sys", "tmp", "lib", "lib/modules"] {
+        c.dir(d).map_err(setup)?;
+    }
+    c.chardev("dev/console", 0o600, 5, 1).map_err(setup)?;
+    let mut list = String::new();
+    for m in order.lines().filter(|l| !l.trim().is_empty()) {
+        let data = std::fs::read(mods.join(format!("{m}.ko"))).map_err(setup)?;
+        c.file(&format!("lib/modules/{m}.ko"), 0o644, &data).map_err(setup)?;
+        list.push_str(m);
+        list.push('\n');
+    }
+    c.file("lib/modules/refgpu.ko", 0o644, &std::fs::read(module).map_err(setup)?).map_err(setup)?;
+    list.push_str("refgpu\n");
+    c.file("lib/modules/order", 0o644, list.as_bytes()).map_err(setup)?;
+    c.file("init", 0o755, &std::fs::read(guest).map_err(setup)?).map_err(setup)?;
+    c.finish().map_err(setup)?;
+    Ok(path)
+}
+
+/// Builds everything once per test process.
+pub fn artifacts() -> Result<Artifacts, String> {
+    static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let go = || -> Result<Artifacts, HarnessError> {
+                check_tools()?;
+                let kernel = kernel()?;
+                let module = build_module(&kernel)?;
+                cargo(&[
+                    "build",
+                    "--release",
+                    "--target",
+                    GUEST_TARGET,
+                    "-p",
+                    "linux-tests",
+                    "--features",
+                    "guest",
+                    "--bin",
+                    "refgpu-guest",
+                ])?;
+                cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"])?;
+                let c = harness_dir().join("cargo");
+                let guest = c.join(GUEST_TARGET).join("release").join("refgpu-guest");
+                let initramfs = build_initramfs(&kernel, &module, &guest)?;
+                Ok(Artifacts { kernel, initramfs, sim: c.join("release").join("refgpu-sim") })
+            };
+            go().map_err(|e| e.to_string())
+        })
+        .clone()
+}
+
+/// A child process killed and reaped when dropped.
+struct Guard {
+    child: Child,
+    /// SIGTERM first (lets the model remove its socket), then SIGKILL.
+    polite: bool,
+}
+
+impl Guard {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        if self.polite {
+            if let Ok(pid) = i32::try_from(self.child.id()) {
+                // SAFETY: kill(2) on our own child's pid; it is not reaped
+                // yet (try_wait saw it running), so the pid is still ours.
+                unsafe { libc::kill(pid, libc::SIGTERM) };
+            }
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = self.child.try_wait() {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(10));
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+type Lines = Arc<Mutex<Vec<String>>>;
+
+fn collect(r: impl Read + Send + 'static, lines: Lines) -> thread::JoinHandle<()> {
+    thread::spawn(move || {
+        for l in BufReader::new(r).lines() {
+            let Ok(l) = l else { break };
+            if let Ok(mut v) = lines.lock() {
+                v.push(l);
+            }
+        }
+    })
+}
+
+fn snapshot(lines: &Mutex<Vec<String>>) -> Vec<String> {
+    lines.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+/// Boots the guest suite once on GPU generation `gen`.
+pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
+    let art = artifacts().map_err(HarnessError::Build)?;
+    let dir = tempfile::Builder::new()
+        .prefix("linux-tests-")
+        .tempdir()
+        .map_err(|e| HarnessError::Setup(format!("temp dir: {e}")))?;
+    let sock = dir.path().join("ivshmem.sock");
+    let ram = dir.path().join("guest-ram");
+
+    let model_lines: Lines = Arc::default();
+    let mut sim = Guard {
+        child: Command::new(&art.sim)
+            .arg("--socket")
+            .arg(&sock)
+            .arg("--mem-file")
+            .arg(&ram)
+            .args(["--mem-base", "0", "--mem-size", RAM, "--gen", &gen.to_string(), "--vectors", "4"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?,
+        polite: true,
+    };
+    let mut readers = Vec::new();
+    if let Some(o) = sim.child.stdout.take() {
+        readers.push(collect(o, model_lines.clone()));
+    }
+    if let Some(e) = sim.child.stderr.take() {
+        readers.push(collect(e, model_lines.clone()));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !sock.exists() {
+        if let Ok(Some(st)) = sim.child.try_wait() {
+            return Err(HarnessError::Setup(format!(
+                "refgpu-sim exited ({st}) before listening:\n{}",
+                snapshot(&model_lines).join("\n")
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Setup("refgpu-sim did not create its socket".into()));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+
+    let console: Lines = Arc::default();
+    let start = Instant::now();
+    let mut qemu = Guard {
+        child: Command::new(QEMU)
+            .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2"])
+            .args(["-machine", "q35,memory-backend=mem", "-m", RAM])
+            .arg("-object")
+            .arg(format!("memory-backend-file,id=mem,size={RAM},mem-path={},share=on", ram.display()))
+            .arg("-chardev")
+            .arg(format!("socket,path={},id=ivs", sock.display()))
+            .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"])
+            .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
+            .args(["-nographic", "-nic", "none", "-no-reboot", "-monitor", "none", "-serial", "stdio"])
+            .arg("-kernel")
+            .arg(art.kernel.image())
+            .arg("-initrd")
+            .arg(&art.initramfs)
+            .arg("-append")
+            .arg(format!(
+                "console=ttyS0 quiet loglevel=3 panic=-1 refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| HarnessError::Setup(format!("starting {QEMU}: {e}")))?,
+        polite: false,
+    };
+    if let Some(o) = qemu.child.stdout.take() {
+        readers.push(collect(o, console.clone()));
+    }
+    if let Some(e) = qemu.child.stderr.take() {
+        readers.push(collect(e, console.clone()));
+    }
+
+    let deadline = Instant::now() + RUN_TIMEOUT;
+    let mut status: Option<ExitStatus> = None;
+    let mut timed_out = false;
+    loop {
+        match qemu.child.try_wait() {
+            Ok(Some(s)) => {
+                status = Some(s);
+                break;
+            }
+            Ok(None) => {}
+            Err(_) => break,
+        }
+        if Instant::now() > deadline {
+            timed_out = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let wall = start.elapsed();
+    qemu.stop();
+    sim.stop();
+    for r in readers {
+        let _ = r.join();
+    }
+    drop(dir);
+    Ok(parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall))
+}
+
+/// Turns the console into an [`Outcome`].
+pub fn parse(
+    console: Vec<String>,
+    model_log: Vec<String>,
+    exit_code: Option<i32>,
+    timed_out: bool,
+    wall: Duration,
+) -> Outcome {
+    let mut out = Outcome {
+        exit_code,
+        console,
+        model_log,
+        results: Vec::new(),
+        benches: Vec::new(),
+        summary: None,
+        timed_out,
+        wall,
+    };
+    for l in &out.console {
+        // The firmware's terminal escapes may precede the first line.
+        let l = l.trim_end_matches('\r');
+        let l = l.find("@@ ").map_or(l, |i| &l[i..]);
+        if let Some(r) = l.strip_prefix("@@ TEST ") {
+            let mut it = r.splitn(3, ' ');
+            let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
+            let st =
+                if st == "PASS" { Status::Pass } else { Status::Fail(format!("{st} {why}").trim().into()) };
+            out.results.push((name.to_string(), st));
+        } else if let Some(b) = l.strip_prefix("@@ BENCH ") {
+            let (name, rest) = b.split_once(' ').unwrap_or((b, ""));
+            out.benches.push((name.to_string(), rest.to_string()));
+        } else if l.contains(" passed, ") && l.trim_end().ends_with(" failed") {
+            out.summary = Some(l.trim().to_string());
+        }
+    }
+    out
+}
+
+/// Boots each generation once per test process and shares the outcome.
+pub fn outcome(gen: u8) -> Arc<Result<Outcome, String>> {
+    type Cell = Arc<OnceLock<Arc<Result<Outcome, String>>>>;
+    static RUNS: OnceLock<Mutex<HashMap<u8, Cell>>> = OnceLock::new();
+    let cell = {
+        let map = RUNS.get_or_init(Mutex::default);
+        let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
+        m.entry(gen).or_default().clone()
+    };
+    cell.get_or_init(|| Arc::new(boot(gen).map_err(|e| e.to_string()))).clone()
+}
+
+/// Test body: the whole suite of generation `gen` passed; otherwise a
+/// panic listing every failure with the console's tail.
+pub fn check_generation(gen: u8) {
+    let out = outcome(gen);
+    let out = match out.as_ref() {
+        Ok(o) => o,
+        Err(e) => panic!("{e}"),
+    };
+    for (name, text) in &out.benches {
+        println!("gen{gen} bench {name}: {text}");
+    }
+    println!("gen{gen}: {} guest tests, boot {:.1} s", out.results.len(), out.wall.as_secs_f64());
+    let f = out.failures();
+    assert!(f.is_empty(), "gen{gen}: {} failures:\n  {}\n{}", f.len(), f.join("\n  "), out.tail(60));
+}
