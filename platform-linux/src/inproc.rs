@@ -55,6 +55,9 @@ impl std::fmt::Debug for InProcess {
 // SAFETY: the raw base pointer points into memory owned by `model`, which
 // is Send + Sync and only accessed atomically by the model's threads.
 unsafe impl Send for InProcess {}
+// SAFETY: as above; every `&self` method locks what it mutates (the page
+// heap) or is an atomic/model call.
+unsafe impl Sync for InProcess {}
 
 impl InProcess {
     /// A model with `cfg` (its memory window must be 4 KiB aligned).

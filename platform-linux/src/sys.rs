@@ -18,6 +18,8 @@ pub(crate) struct Mapping {
 // SAFETY: plain shared memory with no thread affinity; every access goes
 // through atomics or through `DmaRegion`s whose contract covers it.
 unsafe impl Send for Mapping {}
+// SAFETY: as above: `&Mapping` only hands out atomics and the base pointer.
+unsafe impl Sync for Mapping {}
 
 impl Mapping {
     /// Maps `len` bytes of `fd` from `offset`, shared, read-write.

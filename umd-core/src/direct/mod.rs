@@ -13,7 +13,9 @@
 pub mod hang;
 pub mod tables;
 
-use core::sync::atomic::{fence as mem_fence, AtomicU64, Ordering};
+use core::sync::atomic::fence as mem_fence;
+
+use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cmd::{Command, CompareOp, Encoder};
 use crate::config::Config;
@@ -132,6 +134,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     type P = P;
     type Queue = DirectQueue;
     type Maps = Option<Tables>;
+    const MODE: crate::engine::Mode = crate::engine::Mode::Direct;
 
     fn platform(&self) -> &P {
         self.p
@@ -414,11 +417,6 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
             self.cfg.ring_bytes
         );
         Ok(())
-    }
-
-    /// Whether GPU addresses go through the MMU (false: bypass).
-    pub fn mmu_enabled(&self) -> bool {
-        self.b.mmu
     }
 
     /// GPU address of `queue`'s fence slot (for WAIT_MEM in user IBs).

@@ -121,6 +121,9 @@ pub trait Backend: sealed::Sealed + Sized {
     /// page tables; nothing in kernel mode).
     type Maps: Send;
 
+    /// Which mode this is.
+    const MODE: super::Mode;
+
     /// The platform.
     fn platform(&self) -> &Self::P;
     /// The chip.

@@ -117,17 +117,69 @@ impl<B: Backend> Backing for Backer<'_, '_, B> {
 impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Allocates a buffer: small and medium ones are slots of a slab mapped
     /// once (no platform allocation, no page-table update), large ones get
-    /// a block of their own. Every failure names its cause.
+    /// a block of their own. CPU-visible memory comes zeroed. When memory
+    /// or handles run out while freed buffers wait for their fences, it
+    /// waits (servicing the device) for the oldest of those, up to the
+    /// hang-check limit. Every failure names its cause.
     pub fn alloc(&self, desc: &BufferDesc) -> Result<BufferHandle, AllocError> {
         if self.is_lost() {
             return Err(AllocError::DeviceLost);
         }
         // Memory whose fences have signalled goes back first.
         self.process_all();
-        let mut mem = self.mem.lock();
-        let super::MemState { buffers, va, maps } = &mut *mem;
-        let mut backer = Backer { b: &self.b, va, maps };
-        buffers.alloc(&mut backer, desc)
+        let hang = self.tun.lock().hang;
+        let limit = hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let start = self.b.platform().now_ns();
+        loop {
+            let oldest = {
+                let mut mem = self.mem.lock();
+                let super::MemState { buffers, va, maps } = &mut *mem;
+                let mut backer = Backer { b: &self.b, va, maps };
+                match buffers.alloc(&mut backer, desc) {
+                    Ok(h) => {
+                        self.zero_new(&mem.buffers, h);
+                        return Ok(h);
+                    }
+                    Err(
+                        e @ (AllocError::TableFull { .. }
+                        | AllocError::VaSpace { .. }
+                        | AllocError::VaNodes
+                        | AllocError::PlatformMemory { .. }
+                        | AllocError::SlabCapacity { .. }),
+                    ) => match buffers.oldest_waiting() {
+                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
+                        _ => return Err(e),
+                    },
+                    Err(e) => return Err(e),
+                }
+            };
+            // Memory is waiting for a fence: wait for it, then try again.
+            let fence = crate::sync::Fence { id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 }, device: self.id };
+            let _ = self.wait_done(fence, limit);
+            self.process_all();
+        }
+    }
+
+    /// Zeroes a new slab slot (fresh blocks come zeroed from the platform;
+    /// reused slots hold their last owner's data).
+    fn zero_new(&self, buffers: &crate::mem::manager::Buffers<'d, DmaRegion>, h: BufferHandle) {
+        let Ok(info) = buffers.info(h) else { return };
+        if info.class == crate::mem::pool::SizeClass::Large || info.kind.device_only {
+            return;
+        }
+        let Ok((region, off, size)) = buffers.memory(h) else { return };
+        let (Ok(off), Ok(len)) = (usize::try_from(off), usize::try_from(info.reserved.min(size.next_multiple_of(128).max(size)))) else {
+            return;
+        };
+        let Some(base) = region.cpu_ptr() else { return };
+        if off.checked_add(len).is_none_or(|e| e > region.len()) {
+            return;
+        }
+        // SAFETY: `off + len` lies inside the slot's region (checked); the
+        // slot was just handed out under the memory lock, so nothing else
+        // reaches it yet.
+        unsafe { core::ptr::write_bytes(base.as_ptr().add(off), 0, len) };
+        self.b.platform().cache_clean(region, off, len);
     }
 
     /// Allocates `size` bytes, read-write, CPU-visible, implicitly tracked.

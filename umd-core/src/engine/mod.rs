@@ -62,6 +62,15 @@ use queue::QueueCore;
 /// The raw lock a backend's platform chose.
 pub(crate) type Raw<B> = <<B as Backend>::P as Platform>::RawMutex;
 
+/// How a device reaches the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The core drives rings, fence slots and page tables ([`crate::direct`]).
+    Direct,
+    /// A kernel driver does ([`crate::kernel`]).
+    Kernel,
+}
+
 /// Counters of a device's life.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -188,6 +197,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// changed since; see [`Engine::hang_config`]).
     pub fn config(&self) -> &Config {
         &self.cfg
+    }
+
+    /// The submission mode.
+    pub fn mode(&self) -> Mode {
+        B::MODE
+    }
+
+    /// Whether GPU addresses are translated (the core chooses them and
+    /// they are mapped: an MMU in direct mode, always in kernel mode);
+    /// false when the MMU is bypassed and addresses are physical.
+    pub fn mmu_enabled(&self) -> bool {
+        self.b.translates()
     }
 
     /// Queues (engines) in use: the chip's count, up to [`MAX_QUEUES`].

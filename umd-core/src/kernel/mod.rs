@@ -34,6 +34,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     type P = P;
     type Queue = ();
     type Maps = ();
+    const MODE: crate::engine::Mode = crate::engine::Mode::Kernel;
 
     fn platform(&self) -> &P {
         self.p

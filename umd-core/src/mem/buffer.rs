@@ -372,6 +372,14 @@ impl<'s, B> BufferTable<'s, B> {
         }
     }
 
+    /// The retiring entry in slot `index`, read-only.
+    pub(crate) fn retiring_ref(&self, index: u32) -> Option<&Retiring<B>> {
+        match self.slots.get(index as usize).map(|s| &s.state) {
+            Some(SlotState::Retiring(r)) => Some(r),
+            _ => None,
+        }
+    }
+
     /// Frees slot `index` (retiring) and returns its allocation.
     pub(crate) fn release(&mut self, index: u32) -> Option<PoolAlloc<B>> {
         let free_head = self.free_head;

@@ -394,6 +394,16 @@ impl<'s, B> Buffers<'s, B> {
         n
     }
 
+    /// The fence the oldest waiting free of some queue waits for (queue
+    /// index, sequence number): what to wait for when memory runs out.
+    pub fn oldest_waiting(&self) -> Option<(usize, Seqno)> {
+        self.retiring.iter().enumerate().find_map(|(q, f)| {
+            let index = *f.front()?;
+            let r = self.table.retiring_ref(index)?;
+            Some((q, Seqno(r.gate.get(q).copied().unwrap_or(0))))
+        })
+    }
+
     /// Buffers waiting on `queue`.
     pub fn waiting_on(&self, queue: usize) -> usize {
         self.retiring.get(queue).map_or(0, |f| f.storage_len())
