@@ -202,6 +202,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             self.nq,
             &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.completed()),
             &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.emitted()),
+            self.is_lost(),
         )
     }
 

@@ -291,7 +291,9 @@ impl<'s, B> Buffers<'s, B> {
     }
 
     /// Frees `h`. `completed(q)` and `emitted(q)` read each queue's
-    /// timeline; memory that pending work may use waits for it.
+    /// timeline; memory that pending work may use waits for it. With the
+    /// device `lost`, the memory is kept until teardown (the device may
+    /// still be using it; its fences will never come).
     pub fn free<K: Backing<Block = B>>(
         &mut self,
         backing: &mut K,
@@ -299,10 +301,17 @@ impl<'s, B> Buffers<'s, B> {
         queues: usize,
         completed: &dyn Fn(usize) -> Seqno,
         emitted: &dyn Fn(usize) -> Seqno,
+        lost: bool,
     ) -> Result<(), BufferError> {
         let l = self.table.get(h)?;
         if l.mapped {
             return Err(BufferError::Mapped);
+        }
+        if lost {
+            let index = self.table.retire(h, [u64::MAX; MAX_QUEUES], 1)?;
+            self.deferred_frees = self.deferred_frees.wrapping_add(1);
+            self.enqueue(backing, index, 1);
+            return Ok(());
         }
         let mut gate = [0u64; MAX_QUEUES];
         let mut mask = 0u8;

@@ -7,7 +7,7 @@
 //! | --- | --- | --- |
 //! | small | < 1 KiB | slabs, power-of-two bins 128, 256, 512, 1024 B |
 //! | medium | 1 KiB ..= 64 KiB | slabs, power-of-two bins 1, 2, 4, ..., 64 KiB |
-//! | large | > 64 KiB (or alignment > 64 KiB) | a block of its own, 4 KiB granular |
+//! | large | > 64 KiB (or alignment > 4 KiB) | a block of its own, 4 KiB granular |
 //!
 //! A *slab* is one block of platform memory, mapped for the GPU once, carved
 //! into equal slots of one bin (sub-allocation of small objects out of a
@@ -361,7 +361,7 @@ where
 
     /// Allocates `size` bytes aligned to `align` (a power of two up to
     /// [`MAX_ALIGN`]) of memory `kind`, from the class `size` falls in.
-    /// Alignments above 64 KiB go to the large class.
+    /// Alignments above 4 KiB go to the large class.
     pub fn alloc<K: Backing<Block = B>>(
         &mut self,
         backing: &mut K,
@@ -520,7 +520,7 @@ where
         let slots = slots_per_slab(bin);
         let bytes = round_up(slot.wrapping_mul(u64::from(slots)), LARGE_GRANULE).unwrap_or(SLAB_MAX_BYTES);
         let (base, block) =
-            backing.acquire(bytes, slot.max(LARGE_GRANULE), kind).map_err(|error| PoolError::Backing { class, error })?;
+            backing.acquire(bytes, LARGE_GRANULE, kind).map_err(|error| PoolError::Backing { class, error })?;
         // Committed: take the descriptor.
         if idx == self.free_slab {
             self.free_slab = self.slabs.as_ref().get(idx as usize).map_or(NIL, |s| s.next);
@@ -701,8 +701,15 @@ const fn slot_mask(slots: u8) -> u64 {
     }
 }
 
-/// The bin and slot size for a slab request, or `None` when it must go large.
+/// The bin and slot size for a slab request, or `None` when it must go
+/// large. Slabs start 4 KiB aligned (the platform's page, which is all a
+/// bypassed MMU can promise), so their slots are aligned to their size up
+/// to 4 KiB: an alignment above that goes to the large class, which aligns
+/// each block exactly.
 fn slot_for(size: u64, align: u64) -> Option<(usize, u64)> {
+    if align > LARGE_GRANULE {
+        return None;
+    }
     let need = size.max(align).max(MIN_SLOT);
     if need > MEDIUM_MAX {
         return None;
