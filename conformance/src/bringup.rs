@@ -74,7 +74,10 @@ fn be(what: &'static str) -> impl Fn(umd_core::mem::BufferError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Buffer(e)) }
 }
 
-fn alloc<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, len: u64) -> Result<(BufferHandle, u64), Failure> {
+fn alloc<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    len: u64,
+) -> Result<(BufferHandle, u64), Failure> {
     let h = dev.alloc_buffer(len).map_err(ae("alloc"))?;
     let va = dev.va(h).map_err(be("va"))?;
     Ok((h, va))
@@ -197,7 +200,10 @@ pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
 
 /// Runs every check of [`list`] in order and stops at the first failure,
 /// which it hands to `failed` with the check's name. True if all passed.
-pub fn all<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, failed: impl FnOnce(&'static str, Failure)) -> bool {
+pub fn all<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    failed: impl FnOnce(&'static str, Failure),
+) -> bool {
     for (name, check) in list::<B, C>() {
         if let Err(f) = check(dev) {
             failed(name, f);

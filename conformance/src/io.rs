@@ -40,7 +40,8 @@ pub fn first_mismatch<B: Backend, const C: usize>(
         let len = (n - i).min(BLOCK);
         dev.read(h, (i * 4) as u64, &mut bytes[..len * 4])?;
         for k in 0..len {
-            let got = u32::from_le_bytes([bytes[4 * k], bytes[4 * k + 1], bytes[4 * k + 2], bytes[4 * k + 3]]);
+            let got =
+                u32::from_le_bytes([bytes[4 * k], bytes[4 * k + 1], bytes[4 * k + 2], bytes[4 * k + 3]]);
             if got != want(i + k) {
                 return Ok(Some((i + k, got, want(i + k))));
             }

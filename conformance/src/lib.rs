@@ -25,7 +25,7 @@ pub mod io;
 
 use core::fmt::{self, Write};
 
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};
 use umd_core::config::{Config, HangConfig, PoolExhaustion};
@@ -300,7 +300,11 @@ fn pattern(i: usize, seed: u32) -> u32 {
 
 type Dev<'a, 'd, B, const C: usize> = &'a Engine<'d, B, C>;
 
-fn alloc<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, len: u64, d: &mut Detail) -> Result<(BufferHandle, u64), Stop> {
+fn alloc<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    len: u64,
+    d: &mut Detail,
+) -> Result<(BufferHandle, u64), Stop> {
     alloc_with(dev, &BufferDesc::new(len), d)
 }
 
@@ -319,7 +323,11 @@ fn alloc_with<B: Backend, const C: usize>(
     }
 }
 
-fn free<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, h: BufferHandle, d: &mut Detail) -> Result<(), Stop> {
+fn free<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     match dev.free(h) {
         Ok(()) => Ok(()),
         Err(e) => fail!(d, "free {h}: {e}"),
@@ -383,7 +391,11 @@ fn gate_cmd(va: u64) -> Command<'static> {
     Command::WaitMem { addr: va, reference: 1, mask: u64::MAX, op: CompareOp::Eq, wide: true }
 }
 
-fn release_gate<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, h: BufferHandle, d: &mut Detail) -> Result<(), Stop> {
+fn release_gate<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     match dev.write_words(h, 0, &[1, 0]) {
         Ok(()) => Ok(()),
         Err(e) => fail!(d, "release the gate: {e}"),
@@ -408,7 +420,11 @@ impl Rng {
 
 // ----- scenarios -----------------------------------------------------------
 
-fn copy_fill_write<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn copy_fill_write<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     for (k, q) in [GFX, COMPUTE, COPY].into_iter().enumerate() {
         let seed = 0x1234_5678 ^ k as u32;
         let (src, s) = alloc(dev, 16384, d)?;
@@ -432,7 +448,11 @@ fn copy_fill_write<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'
     Ok(())
 }
 
-fn fences_in_order<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn fences_in_order<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
     let mut fences = [None; 64];
     for (i, slot) in fences.iter_mut().enumerate() {
@@ -460,7 +480,11 @@ fn fences_in_order<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'
     free(dev, buf, d)
 }
 
-fn ib_chaining<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn ib_chaining<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 3000 * 4, d)?;
     // 3000 WRITE_DATA packets of 4 dwords each: ~60 KB of commands through
     // 4 KiB chunks, so the buffer is chained over about 15 chunks.
@@ -475,7 +499,11 @@ fn ib_chaining<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, 
     free(dev, buf, d)
 }
 
-fn ring_wraparound<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn ring_wraparound<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     if dev.mode() == Mode::Kernel {
         skip!(d, "kernel mode: the kernel driver owns the rings");
     }
@@ -504,7 +532,11 @@ fn saxpy(scalar: f32, a: f32, b: f32) -> f32 {
     p + b
 }
 
-fn pipeline<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn pipeline<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     const N: usize = 1024;
     let (input, inp) = alloc(dev, (2 * N * 4) as u64, d)?;
     let (staging, stg) = alloc(dev, (2 * N * 4) as u64, d)?;
@@ -516,11 +548,17 @@ fn pipeline<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: 
     let n4 = (N * 4) as u64;
     // COPY: stage both inputs. COMPUTE (waits COPY): SAXPY. GFX (waits COMPUTE): copy out.
     let c1 = submit(dev, COPY, &[], d, |cb| cb.copy(inp, stg, 2 * n4))?;
-    let c2 = submit(dev, COMPUTE, &[c1], d, |cb| cb.dispatch(DispatchOp::SaxpyF32, stg, stg + n4, res, N as u32, 2.5))?;
+    let c2 = submit(dev, COMPUTE, &[c1], d, |cb| {
+        cb.dispatch(DispatchOp::SaxpyF32, stg, stg + n4, res, N as u32, 2.5)
+    })?;
     let c3 = submit(dev, GFX, &[c2], d, |cb| cb.copy(res, o, n4))?;
     wait(dev, c3, d)?;
     check!(d, dev.query(c1) == Ok(FenceStatus::Signalled), "copy fence not signalled before the final one");
-    check!(d, dev.query(c2) == Ok(FenceStatus::Signalled), "compute fence not signalled before the final one");
+    check!(
+        d,
+        dev.query(c2) == Ok(FenceStatus::Signalled),
+        "compute fence not signalled before the final one"
+    );
     expect_words(dev, out, N, d, |i| saxpy(2.5, a(i), bv(i)).to_bits())?;
     for h in [input, staging, result, out] {
         free(dev, h, d)?;
@@ -528,7 +566,11 @@ fn pipeline<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: 
     Ok(())
 }
 
-fn deadlock_rejected<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn deadlock_rejected<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let Some(copy_next) = dev.next_fence(COPY) else { fail!(d, "no COPY queue") };
     // COMPUTE waits for COPY's next fence (wait before signal) ...
     let compute = submit(dev, COMPUTE, &[copy_next], d, |cb| cb.barrier())?;
@@ -541,7 +583,12 @@ fn deadlock_rejected<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env
     }
     // The same submission without the cycle runs and releases COMPUTE.
     let copy = submit(dev, COPY, &[], d, |cb| cb.barrier())?;
-    check!(d, copy.seqno() == copy_next.seqno(), "COPY's next fence was {copy}, expected {}", copy_next.seqno());
+    check!(
+        d,
+        copy.seqno() == copy_next.seqno(),
+        "COPY's next fence was {copy}, expected {}",
+        copy_next.seqno()
+    );
     wait(dev, copy, d)?;
     wait(dev, compute, d)?;
     Ok(())
@@ -550,7 +597,11 @@ fn deadlock_rejected<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env
 /// 3 GiB into the suite's 4 GiB arena: never mapped by anything.
 const UNMAPPED: u64 = (1u64 << 32) + (3u64 << 30) + 0x40;
 
-fn page_fault<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn page_fault<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     if !dev.mmu_enabled() {
         skip!(d, "MMU bypassed on this device: no faults to take");
     }
@@ -576,12 +627,22 @@ fn page_fault<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d
     free(dev, dst, d)
 }
 
-fn hang_recovery<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn hang_recovery<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
     let resets = dev.stats().resets;
     // A semaphore that is never released: the engine waits forever.
     let stuck = submit(dev, COMPUTE, &[], d, |cb| {
-        cb.push(&Command::WaitMem { addr: b, reference: 0xFEED, mask: u64::MAX, op: CompareOp::Eq, wide: true })
+        cb.push(&Command::WaitMem {
+            addr: b,
+            reference: 0xFEED,
+            mask: u64::MAX,
+            op: CompareOp::Eq,
+            wide: true,
+        })
     })?;
     let behind = submit(dev, COMPUTE, &[], d, |cb| cb.write_data(b + 64, &[1]))?;
     match dev.wait(behind, GUARD_NS) {
@@ -609,7 +670,11 @@ fn hang_recovery<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>
     free(dev, buf, d)
 }
 
-fn pool_exhaustion<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn pool_exhaustion<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let (sem, s) = alloc(dev, 4096, d)?;
     // Block GFX on a semaphore the host releases, then submit jobs that each
     // need most of a chunk until the pool runs dry.
@@ -632,7 +697,11 @@ fn pool_exhaustion<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'
 
 /// Submits chunk-sized jobs to the blocked GFX queue until the pool refuses
 /// one; returns the last accepted fence.
-fn fill_pool<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, s: u64, d: &mut Detail) -> Result<Fence, Stop> {
+fn fill_pool<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    s: u64,
+    d: &mut Detail,
+) -> Result<Fence, Stop> {
     let big = [0u32; 200];
     // Three 200-dword WRITE_DATA take ~600 of a chunk's 1024 dwords; with
     // batching two jobs can share a chunk, so 2C + 2 jobs cannot all fit.
@@ -655,7 +724,11 @@ fn fill_pool<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, s: u64, d: &mut
     fail!(d, "the pool never ran empty with {C} chunks")
 }
 
-fn misaligned_fence<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn misaligned_fence<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
     match dev.chip().generation {
         Generation::Gen2 => {
@@ -685,7 +758,11 @@ fn misaligned_fence<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<
     free(dev, buf, d)
 }
 
-fn stress<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, _: &Env<'_>, d: &mut Detail) -> Result<(), Stop> {
+fn stress<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     const JOBS: usize = 2000;
     const KEEP: usize = 32;
     let (buf, b) = alloc(dev, (JOBS * 4) as u64, d)?;
@@ -862,7 +939,13 @@ fn failure_propagates<B: Backend, const C: usize>(
 ) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
     let stuck = submit(dev, COMPUTE, &[], d, |cb| {
-        cb.push(&Command::WaitMem { addr: b, reference: 0xDEAD, mask: u64::MAX, op: CompareOp::Eq, wide: true })
+        cb.push(&Command::WaitMem {
+            addr: b,
+            reference: 0xDEAD,
+            mask: u64::MAX,
+            op: CompareOp::Eq,
+            wide: true,
+        })
     })?;
     let consumer = submit(dev, COPY, &[stuck], d, |cb| cb.write_data(b + 256, &[0xC0]))?;
     match dev.wait(consumer, GUARD_NS) {
@@ -923,7 +1006,12 @@ fn history_survives_resets<B: Backend, const C: usize>(
         "the first cancelled fence forgot its failure after {RESETS} resets: {:?}",
         dev.query(first)
     );
-    check!(d, dev.query(ok) == Ok(FenceStatus::Signalled), "successful work turned failed: {:?}", dev.query(ok));
+    check!(
+        d,
+        dev.query(ok) == Ok(FenceStatus::Signalled),
+        "successful work turned failed: {:?}",
+        dev.query(ok)
+    );
     match dev.submit(GFX, &[first], |cb| cb.barrier()) {
         Err(SubmitError::DependencyFailed { .. }) => {}
         other => fail!(d, "a wait on the first cancelled fence: {other:?}"),
@@ -971,12 +1059,18 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
         skip!(d, "no threads on this platform (single core, no scheduler)");
     };
     let (buf, b) = alloc(dev, (THREADS * JOBS * 4) as u64, d)?;
-    // The latest fence each thread published per queue (seqno + 1; 0: none).
-    let published: [[AtomicU64; 3]; THREADS] = Default::default();
+    // The latest fence each thread published per queue (seqno + 1; 0:
+    // none; the scenario's sequence numbers stay far below 2^32).
+    let published: [[AtomicU32; 3]; THREADS] = Default::default();
     let errors = AtomicU32::new(0);
     // The first error's message, as an index into MESSAGES (+1; 0: none).
-    const MESSAGES: [&str; 5] =
-        ["free during churn failed", "alloc during churn failed", "a submission failed", "a wait failed", "a final wait failed"];
+    const MESSAGES: [&str; 5] = [
+        "free during churn failed",
+        "alloc during churn failed",
+        "a submission failed",
+        "a wait failed",
+        "a final wait failed",
+    ];
     let first = AtomicU32::new(0);
     let note = |m: u32| {
         errors.fetch_add(1, Ordering::Relaxed);
@@ -1017,7 +1111,10 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
                 let s = published[other][oq].load(Ordering::Acquire);
                 if s > 0 {
                     if let Some(last) = dev.last_emitted(queues[oq]) {
-                        waits[0] = Some(Fence { id: umd_core::sync::FenceId::new(queues[oq], s - 1), ..last });
+                        waits[0] = Some(Fence {
+                            id: umd_core::sync::FenceId::new(queues[oq], u64::from(s - 1)),
+                            ..last
+                        });
                     }
                 }
             }
@@ -1028,7 +1125,7 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
             let word = (t * JOBS + j) as u64;
             match dev.submit(q, w, |cb| cb.write_data(b + 4 * word, &[word as u32 ^ 0x3C3C])) {
                 Ok(f) => {
-                    published[t][qi].store(f.seqno().0 + 1, Ordering::Release);
+                    published[t][qi].store(f.seqno().0 as u32 + 1, Ordering::Release);
                     mine[qi] = Some(f);
                 }
                 Err(_) => {
@@ -1051,7 +1148,12 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
     });
     stop.store(true, Ordering::Release);
     let e = errors.load(Ordering::Relaxed);
-    let msg = first.load(Ordering::Acquire).checked_sub(1).and_then(|i| MESSAGES.get(i as usize)).copied().unwrap_or("");
+    let msg = first
+        .load(Ordering::Acquire)
+        .checked_sub(1)
+        .and_then(|i| MESSAGES.get(i as usize))
+        .copied()
+        .unwrap_or("");
     check!(d, e == 0, "{e} errors in the threads, first: {msg}");
     expect_words(dev, buf, THREADS * JOBS, d, |i| i as u32 ^ 0x3C3C)?;
     free(dev, buf, d)

@@ -104,8 +104,8 @@ pub fn fence_wait_sleeps_on_the_interrupt<P: DirectIo>(
     let wrapped = ReleaseOnWait { inner: platform, sem: AtomicPtr::new(std::ptr::null_mut()) };
     let mut storage: Box<DeviceStorage> = Box::default();
     {
-        let dev: Device<'_, ReleaseOnWait<P>> =
-            Device::new(&wrapped, &mut storage, cfg, MmuMode::DEFAULT).map_err(|e| format!("Device::new: {e}"))?;
+        let dev: Device<'_, ReleaseOnWait<P>> = Device::new(&wrapped, &mut storage, cfg, MmuMode::DEFAULT)
+            .map_err(|e| format!("Device::new: {e}"))?;
         check_interrupt_wait(&dev, &wrapped, &irq_wakeups)?;
     }
     Ok(wrapped.inner)

@@ -5,8 +5,8 @@ use platform_linux::{selftest, InProcess};
 use refgpu_model::{Generation, ModelConfig};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
-use umd_core::storage::DeviceStorage;
 use umd_core::platform::{DirectIo, IrqWait, Platform};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 fn platform(generation: Generation) -> InProcess {

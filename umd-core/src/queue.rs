@@ -84,7 +84,9 @@ impl fmt::Display for SubmitError {
             SubmitError::Cycle(c) => write!(f, "wait cycle: {c}"),
             SubmitError::TooManyWaits { given } => write!(f, "{given} waits exceed the limit"),
             SubmitError::TooManyPending(q) => write!(f, "too many pending submissions with waits on {q}"),
-            SubmitError::DependencyFailed { fence, error } => write!(f, "waits on failed fence {fence}: {error}"),
+            SubmitError::DependencyFailed { fence, error } => {
+                write!(f, "waits on failed fence {fence}: {error}")
+            }
             SubmitError::ForeignFence(fence) => write!(f, "fence {fence} belongs to another device"),
             SubmitError::Buffer(e) => write!(f, "declared buffer: {e}"),
             SubmitError::TooManyBuffers { given } => write!(f, "{given} declared buffers exceed the limit"),

@@ -9,8 +9,8 @@ use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, InitError, MmuMode};
-use umd_core::hw::Generation;
 use umd_core::engine::Submit;
+use umd_core::hw::Generation;
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, Fence, FenceError, QueueId};
@@ -292,7 +292,10 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
         dev.platform().state().run_all();
         assert_eq!(
             dev.wait(c, 1_000_000_000),
-            Err(WaitError::Failed(FenceError::Dependency { producer: f2.id, cause: umd_core::sync::Cause::Hung }))
+            Err(WaitError::Failed(FenceError::Dependency {
+                producer: f2.id,
+                cause: umd_core::sync::Cause::Hung
+            }))
         );
         assert_eq!(dev.stats().propagated_failures, 1);
         let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();

@@ -28,7 +28,12 @@ fn cfg() -> Config {
 
 type Storage = DeviceStorage<256, 256, 64, 256>;
 
-fn with_device<const C: usize>(gen: Generation, cfg: Config, mmu: MmuMode, f: impl FnOnce(&Device<'_, Fake, C>)) {
+fn with_device<const C: usize>(
+    gen: Generation,
+    cfg: Config,
+    mmu: MmuMode,
+    f: impl FnOnce(&Device<'_, Fake, C>),
+) {
     let fake = Fake::new(gen, 8 << 20);
     let mut storage: Box<Storage> = Box::default();
     let dev = Device::<Fake, C>::new(&fake, &mut storage, cfg, mmu).expect("device comes up");
@@ -89,7 +94,9 @@ fn a_free_while_the_queue_is_hung_is_reclaimed_after_the_reset_not_before() {
         dev.platform().state().engines[1].fault = EngineFault::Stuck;
         let a = dev.alloc(&BufferDesc::new(4096).declared()).unwrap();
         let va = dev.va(a).unwrap();
-        let f = dev.submit_with(&Submit::on(COMPUTE).using(&[BufferUse::read(a)]), |cb| cb.copy(va, va, 64)).unwrap();
+        let f = dev
+            .submit_with(&Submit::on(COMPUTE).using(&[BufferUse::read(a)]), |cb| cb.copy(va, va, 64))
+            .unwrap();
         dev.free(a).unwrap();
         // Not reclaimed while the queue is stuck (a query does not wait).
         assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
@@ -174,8 +181,14 @@ fn cpu_access_is_checked_and_exclusive_while_mapped() {
         }
         // Dropping the guard cleaned the CPU cache for the GPU.
         assert_eq!(dev.read_u32(h, 3), Ok(0xC0DE));
-        assert_eq!(dev.read(h, 998, &mut [0u8; 4]), Err(BufferError::OutOfRange { offset: 998, len: 4, size: 1000 }));
-        assert_eq!(dev.write(h, u64::MAX, &[1]), Err(BufferError::OutOfRange { offset: u64::MAX, len: 1, size: 1000 }));
+        assert_eq!(
+            dev.read(h, 998, &mut [0u8; 4]),
+            Err(BufferError::OutOfRange { offset: 998, len: 4, size: 1000 })
+        );
+        assert_eq!(
+            dev.write(h, u64::MAX, &[1]),
+            Err(BufferError::OutOfRange { offset: u64::MAX, len: 1, size: 1000 })
+        );
         let dev_only = dev.alloc(&BufferDesc::new(4096).device_only()).unwrap();
         assert!(matches!(dev.map(dev_only), Err(BufferError::NoCpuAccess)));
         assert_eq!(dev.read_u32(dev_only, 0), Err(BufferError::NoCpuAccess));
@@ -190,11 +203,20 @@ fn every_allocation_failure_names_its_cause() {
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
         assert_eq!(dev.alloc_buffer(0), Err(AllocError::ZeroSize));
         assert_eq!(dev.alloc(&BufferDesc::new(64).align(3)), Err(AllocError::BadAlignment { align: 3 }));
-        assert_eq!(dev.alloc(&BufferDesc::new(64).align(4 << 20)), Err(AllocError::BadAlignment { align: 4 << 20 }));
+        assert_eq!(
+            dev.alloc(&BufferDesc::new(64).align(4 << 20)),
+            Err(AllocError::BadAlignment { align: 4 << 20 })
+        );
         // Beyond the 4 GiB arena.
-        assert_eq!(dev.alloc_buffer(8 << 30), Err(AllocError::PlatformMemory { class: SizeClass::Large, len: 8 << 30 }));
+        assert_eq!(
+            dev.alloc_buffer(8 << 30),
+            Err(AllocError::PlatformMemory { class: SizeClass::Large, len: 8 << 30 })
+        );
         // Beyond the platform's memory (8 MiB fake).
-        assert!(matches!(dev.alloc_buffer(16 << 20), Err(AllocError::PlatformMemory { class: SizeClass::Large, .. })));
+        assert!(matches!(
+            dev.alloc_buffer(16 << 20),
+            Err(AllocError::PlatformMemory { class: SizeClass::Large, .. })
+        ));
         // Alignment up to 2 MiB works with the MMU on.
         let h = dev.alloc(&BufferDesc::new(4096).align(2 << 20)).unwrap();
         assert_eq!(dev.va(h).unwrap() % (2 << 20), 0);
@@ -302,15 +324,24 @@ fn thousands_of_resets_never_turn_a_cancelled_fence_into_success() {
         }
         assert_eq!(dev.stats().resets, 3001);
         for f in &cancelled {
-            assert!(matches!(dev.query(*f), Ok(FenceStatus::Failed(FenceError::Fault(_)))), "{f} forgot its failure");
+            assert!(
+                matches!(dev.query(*f), Ok(FenceStatus::Failed(FenceError::Fault(_)))),
+                "{f} forgot its failure"
+            );
         }
         assert_eq!(dev.query(ok), Ok(FenceStatus::Signalled), "the success between the resets stays one");
         assert_eq!(
             dev.submit(GFX, &[first], |cb| cb.barrier()).unwrap_err(),
-            SubmitError::DependencyFailed { fence: first, error: dev.query(first).map(|s| match s {
-                FenceStatus::Failed(e) => e,
-                _ => FenceError::DeviceLost,
-            }).unwrap() }
+            SubmitError::DependencyFailed {
+                fence: first,
+                error: dev
+                    .query(first)
+                    .map(|s| match s {
+                        FenceStatus::Failed(e) => e,
+                        _ => FenceError::DeviceLost,
+                    })
+                    .unwrap()
+            }
         );
     });
 }
@@ -381,7 +412,10 @@ fn a_full_dependency_table_waits_then_refuses() {
             dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
         }
         let emitted = dev.last_emitted(GFX).unwrap();
-        assert_eq!(dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::TooManyPending(GFX)));
+        assert_eq!(
+            dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)),
+            Err(SubmitError::TooManyPending(GFX))
+        );
         assert_eq!(dev.last_emitted(GFX), Some(emitted), "nothing emitted");
         assert!(dev.stats().dep_waits > 0, "it waited for room first");
         // Room comes back as the work completes, and no edge was dropped.
@@ -392,36 +426,43 @@ fn a_full_dependency_table_waits_then_refuses() {
 
 #[test]
 fn four_threads_three_queues_no_lost_fence() {
-    with_device::<16>(Generation::Gen2, Config { ib_chunk_bytes: 4096, ring_bytes: 16384, ..cfg() }, MmuMode::Bypass, |dev| {
-        dev.platform().state().mode = Mode::OnDoorbell;
-        let buf = dev.alloc_buffer(4 * 4 * 500).unwrap();
-        let b = dev.va(buf).unwrap();
-        std::thread::scope(|s| {
-            for t in 0..4u64 {
-                s.spawn(move || {
-                    let mut last: Option<Fence> = None;
-                    for j in 0..500u64 {
-                        let q = QueueId(((t + j) % 3) as u8);
-                        let waits: Vec<Fence> = last.into_iter().filter(|f| f.queue() != q).collect();
-                        let word = t * 500 + j;
-                        let f = dev.submit(q, &waits, |cb| cb.write_data(b + 4 * word, &[word as u32 + 1])).unwrap();
-                        last = Some(f);
-                        if j % 100 == 0 {
-                            dev.wait(f, 10_000_000_000).unwrap();
+    with_device::<16>(
+        Generation::Gen2,
+        Config { ib_chunk_bytes: 4096, ring_bytes: 16384, ..cfg() },
+        MmuMode::Bypass,
+        |dev| {
+            dev.platform().state().mode = Mode::OnDoorbell;
+            let buf = dev.alloc_buffer(4 * 4 * 500).unwrap();
+            let b = dev.va(buf).unwrap();
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    s.spawn(move || {
+                        let mut last: Option<Fence> = None;
+                        for j in 0..500u64 {
+                            let q = QueueId(((t + j) % 3) as u8);
+                            let waits: Vec<Fence> = last.into_iter().filter(|f| f.queue() != q).collect();
+                            let word = t * 500 + j;
+                            let f = dev
+                                .submit(q, &waits, |cb| cb.write_data(b + 4 * word, &[word as u32 + 1]))
+                                .unwrap();
+                            last = Some(f);
+                            if j % 100 == 0 {
+                                dev.wait(f, 10_000_000_000).unwrap();
+                            }
                         }
-                    }
-                    dev.wait(last.unwrap(), 10_000_000_000).unwrap();
-                });
+                        dev.wait(last.unwrap(), 10_000_000_000).unwrap();
+                    });
+                }
+            });
+            for w in 0..2000u64 {
+                assert_eq!(dev.read_u32(buf, w), Ok(w as u32 + 1), "job {w}");
             }
-        });
-        for w in 0..2000u64 {
-            assert_eq!(dev.read_u32(buf, w), Ok(w as u32 + 1), "job {w}");
-        }
-        assert_eq!(dev.stats().submissions, 2000);
-        let s = dev.stats();
-        assert_eq!(s.fences_signalled, 2000, "every fence seen once");
-        assert_eq!((s.hangs, s.resets), (0, 0));
-    });
+            assert_eq!(dev.stats().submissions, 2000);
+            let s = dev.stats();
+            assert_eq!(s.fences_signalled, 2000, "every fence seen once");
+            assert_eq!((s.hangs, s.resets), (0, 0));
+        },
+    );
 }
 
 #[test]

@@ -112,7 +112,10 @@ impl fmt::Display for HangReason {
             HangReason::Fault(i) => write!(f, "{i}"),
             HangReason::DeviceLost => write!(f, "device lost"),
             HangReason::NeverSignalled { producer } => {
-                write!(f, "waited for {producer}, which was never submitted, beyond the wait-before-signal limit")
+                write!(
+                    f,
+                    "waited for {producer}, which was never submitted, beyond the wait-before-signal limit"
+                )
             }
             HangReason::KernelReset => write!(f, "reset by the kernel driver"),
         }

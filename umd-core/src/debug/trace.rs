@@ -8,8 +8,6 @@
 
 use core::fmt::{self, Write};
 
-use heapless::history_buf::{HistoryBuf, HistoryBufView};
-
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceKind {
@@ -72,14 +70,14 @@ pub const SUBMIT_TIMES: usize = 64;
 /// [`crate::storage::DeviceStorage`]).
 #[derive(Debug)]
 pub struct TraceStorage<const N: usize> {
-    events: HistoryBuf<TraceEvent, N>,
+    events: [Option<TraceEvent>; N],
     submit_ts: [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
 }
 
 impl<const N: usize> TraceStorage<N> {
     /// Empty.
     pub const fn new() -> Self {
-        TraceStorage { events: HistoryBuf::new(), submit_ts: [[(0, 0); SUBMIT_TIMES]; crate::sync::MAX_QUEUES] }
+        TraceStorage { events: [None; N], submit_ts: [[(0, 0); SUBMIT_TIMES]; crate::sync::MAX_QUEUES] }
     }
 }
 
@@ -89,11 +87,15 @@ impl<const N: usize> Default for TraceStorage<N> {
     }
 }
 
-/// The last events of a device, in storage the integrator provides.
+/// The last events of a device, in storage the integrator provides. (A
+/// hand-written ring over a slice rather than `heapless::HistoryBuf`: the
+/// latter's size-erased view indexes with a bounds check, a panic path the
+/// link-time check refuses.)
 #[derive(Debug)]
 pub struct TraceRing<'s> {
-    events: &'s mut HistoryBufView<TraceEvent>,
+    events: &'s mut [Option<TraceEvent>],
     submit_ts: &'s mut [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
+    next: usize,
     dropped: u64,
     enabled: bool,
 }
@@ -101,8 +103,14 @@ pub struct TraceRing<'s> {
 impl<'s> TraceRing<'s> {
     /// An empty, enabled ring over `storage`.
     pub fn new<const N: usize>(storage: &'s mut TraceStorage<N>) -> Self {
-        storage.events.clear();
-        TraceRing { events: storage.events.as_mut_view(), submit_ts: &mut storage.submit_ts, dropped: 0, enabled: true }
+        storage.events = [None; N];
+        TraceRing {
+            events: &mut storage.events,
+            submit_ts: &mut storage.submit_ts,
+            next: 0,
+            dropped: 0,
+            enabled: true,
+        }
     }
 
     /// Turns recording on or off (off costs one branch per event).
@@ -112,13 +120,36 @@ impl<'s> TraceRing<'s> {
 
     /// Records an event, overwriting the oldest when full.
     pub fn record(&mut self, ev: TraceEvent) {
-        if !self.enabled || self.events.capacity() == 0 {
+        if !self.enabled {
             return;
         }
-        if self.events.len() == self.events.capacity() {
-            self.dropped = self.dropped.saturating_add(1);
+        let n = self.events.len();
+        if let Some(slot) = self.events.get_mut(self.next) {
+            if slot.is_some() {
+                self.dropped = self.dropped.saturating_add(1);
+            }
+            *slot = Some(ev);
+            self.next = self.next.saturating_add(1).checked_rem(n).unwrap_or(0);
         }
-        self.events.write(ev);
+    }
+
+    /// Events overwritten since the start.
+    pub fn dropped(&self) -> u64 {
+        self.dropped
+    }
+
+    /// The events held, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &TraceEvent> {
+        let (newer, older) = self.events.split_at(self.next.min(self.events.len()));
+        older.iter().chain(newer.iter()).filter_map(Option::as_ref)
+    }
+
+    /// Forgets every event.
+    pub fn clear(&mut self) {
+        for e in self.events.iter_mut() {
+            *e = None;
+        }
+        self.next = 0;
     }
 
     /// Remembers when `seqno` was submitted on `queue`.
@@ -135,21 +166,6 @@ impl<'s> TraceRing<'s> {
             .and_then(|q| q.get(ts_slot(seqno)))
             .filter(|(s, _)| *s == seqno)
             .map(|(_, t)| *t)
-    }
-
-    /// Events overwritten since the start.
-    pub fn dropped(&self) -> u64 {
-        self.dropped
-    }
-
-    /// The events held, oldest first.
-    pub fn iter(&self) -> impl Iterator<Item = &TraceEvent> {
-        self.events.oldest_ordered()
-    }
-
-    /// Forgets every event.
-    pub fn clear(&mut self) {
-        self.events.clear();
     }
 
     /// Writes the events as a Chrome / Perfetto JSON trace: one track per

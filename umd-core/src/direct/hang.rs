@@ -35,7 +35,15 @@ pub struct Watch {
 
 impl Watch {
     fn arm(rptr: u32, cur_addr: u64, completed: Seqno, now: u64) -> Watch {
-        Watch { armed: true, rptr, cur_addr, completed, since_ns: now, fence_since_ns: now, blocked_since_ns: None }
+        Watch {
+            armed: true,
+            rptr,
+            cur_addr,
+            completed,
+            since_ns: now,
+            fence_since_ns: now,
+            blocked_since_ns: None,
+        }
     }
 }
 
@@ -48,7 +56,11 @@ fn reg64<P: DirectIo>(p: &P, e: u32, lo: u32, hi: u32) -> Result<u64, Gone> {
 }
 
 /// The check (see the module docs). `Err` when the device is gone.
-pub(crate) fn check<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, v: &QueueView<'_>) -> Result<Option<Failure>, Gone> {
+pub(crate) fn check<P: DirectIo>(
+    d: &Direct<'_, P>,
+    qs: &mut DirectQueue,
+    v: &QueueView<'_>,
+) -> Result<Option<Failure>, Gone> {
     let p = d.p;
     let e = v.queue as u32;
     if !v.emitted.is_after(v.completed) {
@@ -123,7 +135,12 @@ pub(crate) fn check<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, v: &Qu
 /// ring starts empty and a FENCE writes `upto` to the queue's slot through
 /// the engine itself, so engines waiting on the cancelled fences move on
 /// (the CPU never writes a fence slot the GPU owns).
-pub(crate) fn reset<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, q: usize, upto: Seqno) -> Result<(), Gone> {
+pub(crate) fn reset<P: DirectIo>(
+    d: &Direct<'_, P>,
+    qs: &mut DirectQueue,
+    q: usize,
+    upto: Seqno,
+) -> Result<(), Gone> {
     let p = d.p;
     let e = q as u32;
     if !reset_engine(p, e, true).map_err(|_| Gone)? {
@@ -142,7 +159,12 @@ pub(crate) fn reset<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, q: usi
 }
 
 /// Reads the engine's registers and the command memory around it.
-fn capture<P: DirectIo>(d: &Direct<'_, P>, qs: &DirectQueue, v: &QueueView<'_>, reason: HangReason) -> Result<HangReport, Gone> {
+fn capture<P: DirectIo>(
+    d: &Direct<'_, P>,
+    qs: &DirectQueue,
+    v: &QueueView<'_>,
+    reason: HangReason,
+) -> Result<HangReport, Gone> {
     let p = d.p;
     let e = v.queue as u32;
     let rptr = reg(p, e, er::RING_RPTR)?;
@@ -162,7 +184,9 @@ fn capture<P: DirectIo>(d: &Direct<'_, P>, qs: &DirectQueue, v: &QueueView<'_>, 
             let at = r.gpu_va().wrapping_add(u64::from(rptr));
             let region = r.region();
             (
-                Window::capture_with(at, used_dw.min(avail), at, |i| region.read_u32(start.saturating_add(i.saturating_mul(4)))),
+                Window::capture_with(at, used_dw.min(avail), at, |i| {
+                    region.read_u32(start.saturating_add(i.saturating_mul(4)))
+                }),
                 r.wptr() as u32,
             )
         }
@@ -191,7 +215,13 @@ fn capture<P: DirectIo>(d: &Direct<'_, P>, qs: &DirectQueue, v: &QueueView<'_>, 
 /// Copies the IB around `cur` if it lies in the IB pool, starting a few
 /// packets before it (found by walking packet lengths from the IB start),
 /// with volatile reads (other chunks of the pool may be being recorded).
-fn capture_ib<P: DirectIo>(d: &Direct<'_, P>, v: &QueueView<'_>, ib_base: u64, ib_size: u32, cur: u64) -> Window {
+fn capture_ib<P: DirectIo>(
+    d: &Direct<'_, P>,
+    v: &QueueView<'_>,
+    ib_base: u64,
+    ib_size: u32,
+    cur: u64,
+) -> Window {
     let (pool_va, region) = v.ib;
     let pool_len = region.len() as u64;
     let Some(off) = ib_base.checked_sub(pool_va).filter(|o| *o < pool_len) else {
@@ -217,9 +247,16 @@ fn capture_ib<P: DirectIo>(d: &Direct<'_, P>, v: &QueueView<'_>, ib_base: u64, i
     }
     // Start up to three packets before the current one.
     let at_cur = pos < len_dw && ib_base.wrapping_add((pos as u64).wrapping_mul(4)) == cur;
-    let from = if at_cur { recent.get(1).copied().unwrap_or(0).min(pos) } else { recent.first().copied().unwrap_or(0) };
+    let from = if at_cur {
+        recent.get(1).copied().unwrap_or(0).min(pos)
+    } else {
+        recent.first().copied().unwrap_or(0)
+    };
     let from = from.min(len_dw);
-    Window::capture_with(ib_base.wrapping_add((from as u64).wrapping_mul(4)), len_dw.saturating_sub(from), cur, |i| {
-        word(from.saturating_add(i))
-    })
+    Window::capture_with(
+        ib_base.wrapping_add((from as u64).wrapping_mul(4)),
+        len_dw.saturating_sub(from),
+        cur,
+        |i| word(from.saturating_add(i)),
+    )
 }

@@ -19,7 +19,7 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cmd::{Command, CompareOp, Encoder};
 use crate::config::Config;
-use crate::engine::backend::{sealed, Backend, Gone, EmitError, EmitInfo, Failure, Job, Poll, QueueView};
+use crate::engine::backend::{sealed, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView};
 use crate::engine::Engine;
 use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId};
@@ -127,7 +127,6 @@ impl<'d, P: DirectIo> Direct<'d, P> {
     pub(crate) fn slot_va(&self, q: usize) -> u64 {
         self.fence_va.wrapping_add((q as u64).wrapping_mul(FENCE_STRIDE as u64))
     }
-
 }
 
 impl<'d, P: DirectIo> Backend for Direct<'d, P> {
@@ -152,7 +151,13 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         self.mmu
     }
 
-    fn map(&self, maps: &mut Option<Tables>, va: u64, region: &DmaRegion, perms: Perms) -> Result<(), BackingError> {
+    fn map(
+        &self,
+        maps: &mut Option<Tables>,
+        va: u64,
+        region: &DmaRegion,
+        perms: Perms,
+    ) -> Result<(), BackingError> {
         let Some(t) = maps.as_mut() else { return Ok(()) };
         let before = t.pages.entry_writes();
         let r = t.map(self.p, va, region.dev_addr(), region.len() as u64, perms);
@@ -207,7 +212,9 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let from = if written.wrapped { 0 } else { written.start };
         self.p.cache_clean(ring.region(), from, len);
         mem_fence(Ordering::Release);
-        self.p.write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32).map_err(|_| EmitError::Lost)?;
+        self.p
+            .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
+            .map_err(|_| EmitError::Lost)?;
         self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
         Ok(EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 })
     }

@@ -135,7 +135,14 @@ impl Tables {
     /// Maps and cleans the entries written. The range was free: no TLB
     /// invalidation is needed (entries that were invalid may be made valid
     /// without one, spec section 3.2).
-    pub fn map<P: Platform>(&mut self, p: &P, va: u64, pa: u64, len: u64, perms: Perms) -> Result<(), PtError> {
+    pub fn map<P: Platform>(
+        &mut self,
+        p: &P,
+        va: u64,
+        pa: u64,
+        len: u64,
+        perms: Perms,
+    ) -> Result<(), PtError> {
         let r = self.pt.map(&mut self.pages, &mut NoTlb, va, pa, len, perms);
         self.pages.flush(p);
         r

@@ -135,7 +135,13 @@ pub trait Backend: sealed::Sealed + Sized {
     /// MMU is bypassed and an address is the memory's device address).
     fn translates(&self) -> bool;
     /// Maps `region` at `va` for the GPU.
-    fn map(&self, maps: &mut Self::Maps, va: u64, region: &DmaRegion, perms: Perms) -> Result<(), BackingError>;
+    fn map(
+        &self,
+        maps: &mut Self::Maps,
+        va: u64,
+        region: &DmaRegion,
+        perms: Perms,
+    ) -> Result<(), BackingError>;
     /// Removes the mapping of `len` bytes at `va` and makes the GPU forget
     /// it (TLB invalidation). The GPU no longer uses the range.
     fn unmap(&self, maps: &mut Self::Maps, va: u64, len: u64);

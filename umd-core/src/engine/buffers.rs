@@ -128,7 +128,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // Memory whose fences have signalled goes back first.
         self.process_all();
         let hang = self.tun.lock().hang;
-        let limit = hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let limit =
+            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
         let start = self.b.platform().now_ns();
         loop {
             let oldest = {
@@ -154,7 +155,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
             };
             // Memory is waiting for a fence: wait for it, then try again.
-            let fence = crate::sync::Fence { id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 }, device: self.id };
+            let fence = crate::sync::Fence {
+                id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 },
+                device: self.id,
+            };
             let _ = self.wait_done(fence, limit);
             self.process_all();
         }
@@ -168,7 +172,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return;
         }
         let Ok((region, off, size)) = buffers.memory(h) else { return };
-        let (Ok(off), Ok(len)) = (usize::try_from(off), usize::try_from(info.reserved.min(size.next_multiple_of(128).max(size)))) else {
+        let (Ok(off), Ok(len)) =
+            (usize::try_from(off), usize::try_from(info.reserved.min(size.next_multiple_of(128).max(size))))
+        else {
             return;
         };
         let Some(base) = region.cpu_ptr() else { return };
@@ -237,7 +243,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let Some(base) = region.cpu_ptr() else { return };
             for (i, w) in words.iter().enumerate() {
                 // SAFETY: as in `write`; `off + 4 * i + 4` is inside the range.
-                unsafe { core::ptr::write_unaligned(base.as_ptr().add(off).add(i.wrapping_mul(4)).cast::<u32>(), w.to_le()) };
+                unsafe {
+                    core::ptr::write_unaligned(
+                        base.as_ptr().add(off).add(i.wrapping_mul(4)).cast::<u32>(),
+                        w.to_le(),
+                    )
+                };
             }
             p.cache_clean(region, off, words.len().saturating_mul(4));
         })
@@ -278,11 +289,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if end > size {
             return Err(BufferError::OutOfRange { offset, len, size });
         }
-        let off = base.checked_add(offset).and_then(|o| usize::try_from(o).ok()).ok_or(BufferError::OutOfRange {
-            offset,
-            len,
-            size,
-        })?;
+        let off = base
+            .checked_add(offset)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(BufferError::OutOfRange { offset, len, size })?;
         f(self.b.platform(), region, off);
         Ok(())
     }

@@ -23,9 +23,9 @@ use crate::queue::{FenceStatus, WaitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
-use crate::platform::Platform;
 use super::backend::{Backend, Failure, Gone, Poll, QueueView};
 use super::{Counters, Engine};
+use crate::platform::Platform;
 
 /// Retiring buffers released per queue per completion pass (bounds the
 /// time one call spends; the rest follows on the next).
@@ -92,7 +92,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         for k in 0..steps {
             let s = now.0.wrapping_sub(steps.saturating_sub(1)).wrapping_add(k);
             let submitted = trace.submitted_at(qi, s).unwrap_or(0);
-            trace.record(TraceEvent { ts_ns: ts, kind: TraceKind::FenceSignalled, queue: qi as u8, seqno: s, arg: submitted });
+            trace.record(TraceEvent {
+                ts_ns: ts,
+                kind: TraceKind::FenceSignalled,
+                queue: qi as u8,
+                seqno: s,
+                arg: submitted,
+            });
         }
     }
 
@@ -234,7 +240,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
         }
         Counters::add(&self.stats.resets, 1);
-        let kind = if matches!(failure.report.reason, HangReason::Fault(_)) { TraceKind::Fault } else { TraceKind::Hang };
+        let kind = if matches!(failure.report.reason, HangReason::Fault(_)) {
+            TraceKind::Fault
+        } else {
+            TraceKind::Hang
+        };
         self.record_trace(kind, qi, upto, failure.report.cur_addr);
         self.record_trace(TraceKind::Reset, qi, upto, n);
         *self.last_hang.lock() = Some(failure.report);
@@ -262,7 +272,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         if found.is_some() {
                             return;
                         }
-                        let done = self.queue(consumer.queue).is_none_or(|q| q.failure(consumer.seqno).is_some());
+                        let done =
+                            self.queue(consumer.queue).is_none_or(|q| q.failure(consumer.seqno).is_some());
                         if !done {
                             let e = self.queue(producer.queue).and_then(|q| q.failure(producer.seqno));
                             if let Some(e) = e {

@@ -51,10 +51,10 @@ use crate::storage::Deps;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 
+pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
 pub use lifecycle::{InitError, ShutdownReport};
-pub use crate::storage::PENDING_WAITS;
 pub use submit::Submit;
 
 use queue::QueueCore;

@@ -76,5 +76,4 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         }
         self.failures.fetch_add(1, Ordering::AcqRel);
     }
-
 }

@@ -25,10 +25,10 @@ use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Fence, FenceId, QueueId, Seqno};
 
-use crate::platform::Platform;
 use super::backend::{Backend, EmitError, Job};
 use super::buffers::{BufferUse, MAX_BUFFER_USES};
 use super::{Counters, Engine};
+use crate::platform::Platform;
 
 /// What to submit: the queue, the fences to wait for (of other queues,
 /// possibly not emitted yet), and the buffers the work reads and writes.
@@ -165,7 +165,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 return Err(SubmitError::WaitsOnItself(*f));
             }
             match self.status(*f) {
-                Ok(FenceStatus::Failed(error)) => return Err(SubmitError::DependencyFailed { fence: *f, error }),
+                Ok(FenceStatus::Failed(error)) => {
+                    return Err(SubmitError::DependencyFailed { fence: *f, error })
+                }
                 Ok(FenceStatus::Signalled) => continue,
                 Ok(FenceStatus::Pending) | Err(crate::queue::WaitError::NotSubmitted(_)) => {}
                 Err(_) => return Err(SubmitError::UnknownQueue(f.id.queue)),
@@ -190,7 +192,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return false;
         }
         let hang = self.tun.lock().hang;
-        let limit = hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let limit =
+            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
         let fence = Fence { id: f, device: self.id };
         crate::log::log_warn!("queue {}: IB pool empty, waiting for {}", f.queue.0, f.seqno.0);
         // A failed fence frees its chunk too.
@@ -311,7 +314,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let ts = self.b.platform().now_ns();
         let mut t = self.trace.lock();
         t.note_submit(qi, seqno.0, ts);
-        for (kind, arg) in [(TraceKind::Encode, dwords), (TraceKind::Submit, ib_va), (TraceKind::Doorbell, wptr)] {
+        for (kind, arg) in
+            [(TraceKind::Encode, dwords), (TraceKind::Submit, ib_va), (TraceKind::Doorbell, wptr)]
+        {
             t.record(TraceEvent { ts_ns: ts, kind, queue: qi as u8, seqno: seqno.0, arg });
         }
     }

@@ -7,13 +7,14 @@
 //! ([`crate::engine`]); [`KernelDevice`] is the engine over this backend.
 
 use crate::config::Config;
-use crate::engine::backend::{sealed, Backend, Gone, EmitError, EmitInfo, Failure, Job, Poll, QueueView};
+use crate::engine::backend::{sealed, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView};
 use crate::engine::{Engine, InitError};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, KernelError, KernelIo, KernelSync, PlatformError};
 use crate::queue::SubmitError;
+use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{FenceError, Seqno, MAX_QUEUES};
 
@@ -26,6 +27,10 @@ pub struct Kernel<'d, P: KernelIo> {
     p: &'d P,
     chip: ChipId,
     nq: usize,
+    /// A reset the kernel reported and the engine has not handled yet
+    /// (`upto + 1`; 0: none): the kernel says it once, the engine may be
+    /// busy on that queue when it hears it.
+    pending_reset: [AtomicU64; MAX_QUEUES],
 }
 
 impl<P: KernelIo> sealed::Sealed for Kernel<'_, P> {}
@@ -81,9 +86,18 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     }
 
     fn poll(&self, q: usize) -> Poll {
+        let latched = self.pending_reset.get(q).map_or(0, |r| r.load(Ordering::Acquire));
+        if latched != 0 {
+            return Poll::Reset { upto: Seqno(latched.wrapping_sub(1)), error: FenceError::DeviceHung };
+        }
         match self.p.completed(q as u32) {
             Ok(v) => Poll::Completed(Seqno(v)),
-            Err(KernelError::Reset { upto }) => Poll::Reset { upto: Seqno(upto), error: FenceError::DeviceHung },
+            Err(KernelError::Reset { upto }) => {
+                if let Some(r) = self.pending_reset.get(q) {
+                    r.store(upto.wrapping_add(1), Ordering::Release);
+                }
+                Poll::Reset { upto: Seqno(upto), error: FenceError::DeviceHung }
+            }
             Err(KernelError::DeviceLost) | Err(KernelError::Platform(_)) => Poll::Lost,
         }
     }
@@ -97,8 +111,11 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         Ok(None)
     }
 
-    fn reset(&self, _: &mut (), _q: usize, _upto: Seqno) -> Result<(), Gone> {
-        // The kernel reset the engine already.
+    fn reset(&self, _: &mut (), q: usize, _upto: Seqno) -> Result<(), Gone> {
+        // The kernel reset the engine already: only acknowledge it.
+        if let Some(r) = self.pending_reset.get(q) {
+            r.store(0, Ordering::Release);
+        }
         Ok(())
     }
 
@@ -124,7 +141,12 @@ impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
         if cfg.ib_chunk_bytes < 1024 || cfg.ib_chunk_bytes % 256 != 0 {
             return Err(InitError::BadConfig("ib_chunk_bytes must be a multiple of 256 from 1 KiB"));
         }
-        let k = Kernel { p, chip, nq: crate::hw::regs::ENGINES as usize };
+        let k = Kernel {
+            p,
+            chip,
+            nq: crate::hw::regs::ENGINES as usize,
+            pending_reset: core::array::from_fn(|_| AtomicU64::new(0)),
+        };
         let mut dev = Engine::assemble(k, storage, cfg, Some((va_base, va_size)), (), [(); MAX_QUEUES])?;
         dev.init_ib_pool()?;
         Ok(dev)

@@ -256,7 +256,16 @@ impl<'s, B> BufferTable<'s, B> {
         for s in slots.iter_mut() {
             *s = BufferSlot::EMPTY;
         }
-        BufferTable { device, slots, free_head: NIL, bump: 0, live: 0, live_bytes: 0, retiring: 0, retiring_bytes: 0 }
+        BufferTable {
+            device,
+            slots,
+            free_head: NIL,
+            bump: 0,
+            live: 0,
+            live_bytes: 0,
+            retiring: 0,
+            retiring_bytes: 0,
+        }
     }
 
     pub(crate) fn live(&self) -> u32 {
@@ -281,7 +290,11 @@ impl<'s, B> BufferTable<'s, B> {
     }
 
     /// Adds a live buffer; O(1). On a full table the allocation is handed back.
-    pub(crate) fn insert(&mut self, info: BufferInfo, alloc: PoolAlloc<B>) -> Result<BufferHandle, PoolAlloc<B>> {
+    pub(crate) fn insert(
+        &mut self,
+        info: BufferInfo,
+        alloc: PoolAlloc<B>,
+    ) -> Result<BufferHandle, PoolAlloc<B>> {
         let index = if self.free_head != NIL {
             self.free_head
         } else if (self.bump as usize) < self.slots.len() && self.bump != NIL {
@@ -343,7 +356,12 @@ impl<'s, B> BufferTable<'s, B> {
 
     /// Turns a live buffer into a retiring one (its handle goes stale);
     /// returns the slot index to queue behind the gate. Refused while mapped.
-    pub(crate) fn retire(&mut self, h: BufferHandle, gate: [u64; MAX_QUEUES], mask: u8) -> Result<u32, BufferError> {
+    pub(crate) fn retire(
+        &mut self,
+        h: BufferHandle,
+        gate: [u64; MAX_QUEUES],
+        mask: u8,
+    ) -> Result<u32, BufferError> {
         let i = self.check(h)?;
         let slot = self.slots.get_mut(i).ok_or(BufferError::Unknown)?;
         let SlotState::Live(l) = &slot.state else { return Err(BufferError::Stale) };
@@ -405,7 +423,11 @@ impl<'s, B> BufferTable<'s, B> {
         for (i, slot) in self.slots.iter().enumerate() {
             if let SlotState::Live(l) = &slot.state {
                 f(LeakEntry {
-                    handle: BufferHandle { device: self.device, index: u32::try_from(i).unwrap_or(NIL), gen: slot.gen },
+                    handle: BufferHandle {
+                        device: self.device,
+                        index: u32::try_from(i).unwrap_or(NIL),
+                        gen: slot.gen,
+                    },
                     info: l.info,
                 });
             }

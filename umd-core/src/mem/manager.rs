@@ -88,10 +88,14 @@ impl fmt::Display for AllocError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AllocError::ZeroSize => f.write_str("zero-sized buffer"),
-            AllocError::BadAlignment { align } => write!(f, "alignment {align:#x} is not a power of two up to 2 MiB"),
+            AllocError::BadAlignment { align } => {
+                write!(f, "alignment {align:#x} is not a power of two up to 2 MiB")
+            }
             AllocError::TooLarge { size } => write!(f, "{size} bytes overflow the address space"),
             AllocError::TableFull { capacity } => write!(f, "all {capacity} buffer handles are in use"),
-            AllocError::VaSpace { class } => write!(f, "{} buffer: no GPU VA range is large enough", class.name()),
+            AllocError::VaSpace { class } => {
+                write!(f, "{} buffer: no GPU VA range is large enough", class.name())
+            }
             AllocError::VaNodes => f.write_str("GPU VA allocator node storage is exhausted"),
             AllocError::PlatformMemory { class, len } => {
                 write!(f, "{} buffer: platform memory exhausted ({len} bytes asked)", class.name())
@@ -208,7 +212,11 @@ impl<'s, B> Buffers<'s, B> {
 
     /// Allocates a buffer. When the platform runs out of memory, kept empty
     /// slabs are given back and the allocation is tried once more.
-    pub fn alloc<K: Backing<Block = B>>(&mut self, backing: &mut K, desc: &BufferDesc) -> Result<BufferHandle, AllocError> {
+    pub fn alloc<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        desc: &BufferDesc,
+    ) -> Result<BufferHandle, AllocError> {
         if desc.size == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -221,11 +229,13 @@ impl<'s, B> Buffers<'s, B> {
         }
         let a = match self.pool.alloc(backing, desc.size, align, desc.kind) {
             Ok(a) => a,
-            Err(PoolError::Backing { error: BackingError::PlatformMemory { .. } | BackingError::Va(_), .. })
-                if self.pool.trim(backing) > 0 =>
-            {
-                self.pool.alloc(backing, desc.size, align, desc.kind).map_err(|e| AllocError::from_pool(e, align))?
-            }
+            Err(PoolError::Backing {
+                error: BackingError::PlatformMemory { .. } | BackingError::Va(_),
+                ..
+            }) if self.pool.trim(backing) > 0 => self
+                .pool
+                .alloc(backing, desc.size, align, desc.kind)
+                .map_err(|e| AllocError::from_pool(e, align))?,
             Err(e) => return Err(AllocError::from_pool(e, align)),
         };
         self.serial = self.serial.wrapping_add(1);
@@ -318,7 +328,9 @@ impl<'s, B> Buffers<'s, B> {
         for (q, g) in gate.iter_mut().enumerate().take(queues.min(MAX_QUEUES)) {
             let upto = match l.info.tracking {
                 Tracking::Implicit => emitted(q),
-                Tracking::Declared if l.used & (1u8 << (q & 7)) != 0 => Seqno(l.last_use.get(q).copied().unwrap_or(0)),
+                Tracking::Declared if l.used & (1u8 << (q & 7)) != 0 => {
+                    Seqno(l.last_use.get(q).copied().unwrap_or(0))
+                }
                 Tracking::Declared => continue,
             };
             if upto.is_after(completed(q)) {

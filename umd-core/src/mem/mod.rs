@@ -27,6 +27,8 @@ pub use manager::{AllocError, BufferStats, Buffers};
 pub use pagetable::{
     ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,
 };
-pub use pool::{Backing, BackingError, ClassStats, MemKind, Pool, PoolAlloc, PoolError, PoolStats, SizeClass};
+pub use pool::{
+    Backing, BackingError, ClassStats, MemKind, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
+};
 pub use stats::VaStats;
 pub use va::{Placement, VaAllocator, VaError, VaNode, VaRange, MIN_ALIGN};

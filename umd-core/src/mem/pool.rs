@@ -133,7 +133,9 @@ impl fmt::Display for BackingError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             BackingError::Va(e) => write!(f, "GPU VA: {e}"),
-            BackingError::PlatformMemory { len } => write!(f, "platform memory exhausted ({len} bytes asked)"),
+            BackingError::PlatformMemory { len } => {
+                write!(f, "platform memory exhausted ({len} bytes asked)")
+            }
             BackingError::Map => f.write_str("mapping the memory for the GPU failed"),
             BackingError::Unaligned => f.write_str("platform memory not aligned as asked (MMU bypassed)"),
             BackingError::DeviceLost => f.write_str("device lost"),
@@ -256,14 +258,35 @@ pub struct Slab<B> {
     bin: u8,
     kind: u8,
     slots: u8,
+    /// The class of the request that made it (statistics).
+    class: u8,
     live: bool,
     block: Option<B>,
 }
 
 impl<B> Slab<B> {
     /// An unused descriptor.
-    pub const EMPTY: Slab<B> =
-        Slab { base: 0, used: 0, gen: 0, next: NIL, prev: NIL, bin: 0, kind: 0, slots: 0, live: false, block: None };
+    pub const EMPTY: Slab<B> = Slab {
+        base: 0,
+        used: 0,
+        gen: 0,
+        next: NIL,
+        prev: NIL,
+        bin: 0,
+        kind: 0,
+        slots: 0,
+        class: 0,
+        live: false,
+        block: None,
+    };
+}
+
+fn class_from(c: u8) -> SizeClass {
+    match c {
+        0 => SizeClass::Small,
+        1 => SizeClass::Medium,
+        _ => SizeClass::Large,
+    }
 }
 
 /// Per-class counters.
@@ -383,7 +406,11 @@ where
 
     /// Returns an allocation: the caller asserts the GPU no longer uses it.
     /// Returns the reserved bytes released.
-    pub fn free<K: Backing<Block = B>>(&mut self, backing: &mut K, a: PoolAlloc<B>) -> Result<u64, PoolError> {
+    pub fn free<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        a: PoolAlloc<B>,
+    ) -> Result<u64, PoolError> {
         if !self.owns(&a) {
             return Err(PoolError::ForeignToken);
         }
@@ -485,7 +512,7 @@ where
             }
         }
         if s == NIL {
-            s = self.new_slab(backing, bin, kind)?;
+            s = self.new_slab(backing, bin, kind, SizeClass::of(size))?;
         }
         let slab = self.slabs.as_mut().get_mut(s as usize).ok_or(PoolError::ForeignToken)?;
         let free = !slab.used & slot_mask(slab.slots);
@@ -507,8 +534,13 @@ where
         })
     }
 
-    fn new_slab<K: Backing<Block = B>>(&mut self, backing: &mut K, bin: usize, kind: MemKind) -> Result<u32, PoolError> {
-        let class = if bin_size(bin) < SMALL_LIMIT { SizeClass::Small } else { SizeClass::Medium };
+    fn new_slab<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        bin: usize,
+        kind: MemKind,
+        class: SizeClass,
+    ) -> Result<u32, PoolError> {
         let idx = if self.free_slab != NIL {
             self.free_slab
         } else if (self.slab_bump as usize) < self.slabs.as_ref().len() && self.slab_bump != NIL {
@@ -519,8 +551,9 @@ where
         let slot = bin_size(bin);
         let slots = slots_per_slab(bin);
         let bytes = round_up(slot.wrapping_mul(u64::from(slots)), LARGE_GRANULE).unwrap_or(SLAB_MAX_BYTES);
-        let (base, block) =
-            backing.acquire(bytes, LARGE_GRANULE, kind).map_err(|error| PoolError::Backing { class, error })?;
+        let (base, block) = backing
+            .acquire(bytes, LARGE_GRANULE, kind)
+            .map_err(|error| PoolError::Backing { class, error })?;
         // Committed: take the descriptor.
         if idx == self.free_slab {
             self.free_slab = self.slabs.as_ref().get(idx as usize).map_or(NIL, |s| s.next);
@@ -538,6 +571,7 @@ where
                 bin: bin as u8,
                 kind: kind.index() as u8,
                 slots,
+                class: class as u8,
                 live: true,
                 block: Some(block),
             };
@@ -567,7 +601,7 @@ where
     fn release_slab<K: Backing<Block = B>>(&mut self, backing: &mut K, s: u32) -> u64 {
         let next = self.free_slab;
         let Some(x) = self.slabs.as_mut().get_mut(s as usize) else { return 0 };
-        let (base, bin) = (x.base, usize::from(x.bin));
+        let (base, bin, class) = (x.base, usize::from(x.bin), class_from(x.class));
         let block = x.block.take();
         x.live = false;
         x.used = 0;
@@ -581,7 +615,6 @@ where
             backing.release(base, bytes, b);
             self.stats.blocks_released = self.stats.blocks_released.wrapping_add(1);
         }
-        let class = if bin_size(bin) < SMALL_LIMIT { SizeClass::Small } else { SizeClass::Medium };
         self.backed(class, bytes, false);
         bytes
     }
@@ -593,7 +626,9 @@ where
         let slabs = self.slabs.as_mut();
         if let Some(p) = slabs.get_mut(prev as usize) {
             p.next = next;
-        } else if let Some(head) = self.partial.get_mut(usize::from(kind)).and_then(|k| k.get_mut(usize::from(bin))) {
+        } else if let Some(head) =
+            self.partial.get_mut(usize::from(kind)).and_then(|k| k.get_mut(usize::from(bin)))
+        {
             if *head == s {
                 *head = next;
             }

@@ -41,7 +41,10 @@ impl Fence {
     /// The fence `n` submissions later on the same queue (for a wait
     /// before signal: a submission may wait on a fence not emitted yet).
     pub fn later(&self, n: u64) -> Fence {
-        Fence { id: FenceId { queue: self.id.queue, seqno: Seqno(self.id.seqno.0.wrapping_add(n)) }, device: self.device }
+        Fence {
+            id: FenceId { queue: self.id.queue, seqno: Seqno(self.id.seqno.0.wrapping_add(n)) },
+            device: self.device,
+        }
     }
 }
 

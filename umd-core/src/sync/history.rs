@@ -150,7 +150,11 @@ impl<const N: usize> FailureHistory<N> {
                 return;
             }
             if let Some(slot) = self.ranges.get_mut(i) {
-                *slot = Some(FailedRange { after: cur.after, upto: later(cur.upto, next.upto), error: cur.error });
+                *slot = Some(FailedRange {
+                    after: cur.after,
+                    upto: later(cur.upto, next.upto),
+                    error: cur.error,
+                });
             }
             self.remove(i.saturating_add(1));
         }
