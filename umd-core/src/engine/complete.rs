@@ -24,6 +24,7 @@ use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
 use super::backend::{Backend, Failure, Gone, Poll, QueueView};
+use super::queue::Outcome;
 use super::{Counters, Engine};
 use crate::platform::Platform;
 
@@ -57,14 +58,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 self.device_lost();
             }
         }
-        let now = q.completed();
-        let before = Seqno(q.processed.load(Ordering::Acquire));
-        if now.is_after(before)
-            && q.processed.compare_exchange(before.0, now.0, Ordering::AcqRel, Ordering::Acquire).is_ok()
-        {
+        if let Some((before, now)) = q.claim() {
             self.after_completion(qi, before, now, false);
         }
-        now
+        q.completed()
     }
 
     /// Bookkeeping for `(before, now]` of queue `qi`: done by the one
@@ -120,12 +117,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if fence.id.seqno.is_after(emitted) {
             return Err(WaitError::NotSubmitted(fence));
         }
-        // Timeline first, then the history: a reset records before it forces.
-        let done = self.process(qi);
-        if let Some(e) = q.failure(fence.id.seqno) {
-            return Ok(FenceStatus::Failed(e));
-        }
-        Ok(if fence.id.is_signalled_by(done) { FenceStatus::Signalled } else { FenceStatus::Pending })
+        self.process(qi);
+        Ok(match q.outcome(fence.id.seqno) {
+            Outcome::Signalled => FenceStatus::Signalled,
+            Outcome::Failed(e) => FenceStatus::Failed(e),
+            Outcome::Pending => FenceStatus::Pending,
+        })
     }
 
     /// Where `fence` stands, without waiting (but servicing the device).
