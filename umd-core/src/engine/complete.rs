@@ -200,12 +200,17 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let after = q.completed();
         let queue = QueueId(qi as u8);
         let n = upto.distance(after).max(0) as u64;
-        // 1. Remember the failure before anything can see the timeline pass it.
+        // 1. Stop the engine. A device that can not even do that is gone.
+        if self.b.reset(qs, qi).is_err() {
+            self.device_lost();
+            return;
+        }
+        // 2. Remember the failure before anything can see the timeline pass it.
         q.record_failure(after, upto, failure.error);
-        // 2. Poison what waits on it.
+        // 3. Poison what waits on it.
         self.propagate();
-        // 3. Reset the hardware queue and move the timeline on.
-        let reset_ok = self.b.reset(qs, qi, upto).is_ok();
+        // 4. Release engines waiting on the cancelled work; move the timeline on.
+        let resume_ok = self.b.resume(qs, qi, upto).is_ok();
         q.timeline.force(upto);
         // Cancelled work gets no trace spans (`processed` moves past it) but
         // its dependencies and the buffers it held are released below.
@@ -247,7 +252,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         *self.last_hang.lock() = Some(failure.report);
         // Buffers the cancelled work held are free now that the engine is idle.
         self.after_completion(qi, after, upto, true);
-        if !reset_ok {
+        if !resume_ok {
             self.device_lost();
         }
     }
