@@ -46,7 +46,7 @@ fn cfg() -> Config {
 
 /// ns per alloc + free pair through the device.
 fn device_path(size: u64) -> (f64, u64, u64) {
-    let fake = Fake::new(Generation::Gen2, 64 << 20);
+    let fake = Fake::new(Generation::Gen2, 256 << 20);
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev = Device::<Fake, 4>::new(&fake, &mut storage, cfg(), MmuMode::DEFAULT).unwrap();
     let before = dev.stats();
@@ -71,7 +71,7 @@ fn device_path(size: u64) -> (f64, u64, u64) {
 /// The path the device replaced: a platform block, a VA range and a
 /// page-table mapping per buffer; unmap, invalidate, free per free.
 fn old_path(size: u64) -> (f64, u64, u64) {
-    let fake = Fake::new(Generation::Gen2, 64 << 20);
+    let fake = Fake::new(Generation::Gen2, 256 << 20);
     let tables_mem = fake.dma_alloc(64 * 4096, DmaFlags::CPU).unwrap();
     let mut tables = Tables::new(tables_mem).map_err(|(e, _)| e).unwrap();
     let mut va = VaAllocator::new(vec![VaNode::EMPTY; 1024], 1 << 32, 1 << 32).unwrap();
@@ -126,7 +126,8 @@ fn buddy_path(size: u64) -> f64 {
 fn gating_cost() -> (f64, f64) {
     let fake = Fake::new(Generation::Gen2, 64 << 20);
     let mut storage: Box<DeviceStorage> = Box::default();
-    let dev = Device::<Fake, 16>::new(&fake, &mut storage, cfg(), MmuMode::DEFAULT).unwrap();
+    // The fake executes without an MMU.
+    let dev = Device::<Fake, 16>::new(&fake, &mut storage, cfg(), MmuMode::Bypass).unwrap();
     fake.state().mode = Mode::Manual;
     let mut signalled = Vec::new();
     let mut in_flight = Vec::new();

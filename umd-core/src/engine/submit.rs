@@ -213,9 +213,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let queue = s.queue;
         let q = self.queue(queue).ok_or(SubmitError::UnknownQueue(queue))?;
         let p = self.b.platform();
-        let start = p.now_ns();
+        // When the first wait began (read only once a wait is needed: the
+        // clock is not free on every platform).
+        let mut start: Option<u64> = None;
+        let mut waited_ns = || {
+            let now = p.now_ns();
+            now.saturating_sub(*start.get_or_insert(now))
+        };
         let dep_limit = self.cfg.dep_wait_ns;
-        let ring_limit = self.tun.lock().hang.window_ns;
         let mut dep_waited = false;
         loop {
             let mut qs = q.submit.lock();
@@ -223,8 +228,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 return Err(SubmitError::DeviceLost);
             }
             let seqno = q.emitted().next();
-            // Dependencies.
-            {
+            // Dependencies (a submission without waits can not close a cycle).
+            if waits.n > 0 {
                 let mut deps = self.deps.lock();
                 for f in waits.fences.iter().take(waits.n).flatten() {
                     if let Some(error) = self.queue(f.id.queue).and_then(|wq| wq.failure(f.id.seqno)) {
@@ -239,7 +244,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         dep_waited = true;
                         Counters::add(&self.stats.dep_waits, 1);
                     }
-                    if p.now_ns().saturating_sub(start) > dep_limit {
+                    if waited_ns() > dep_limit {
                         return Err(SubmitError::TooManyPending(queue));
                     }
                     self.service();
@@ -254,7 +259,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             if let Some(m) = mem.as_ref() {
                 if let Some(e) = s.buffers.iter().find_map(|u| m.buffers.check(u.buffer).err()) {
                     drop(mem);
-                    self.deps.lock().unrecord(queue, seqno);
+                    if waits.n > 0 {
+                        self.deps.lock().unrecord(queue, seqno);
+                    }
                     return Err(SubmitError::Buffer(e));
                 }
             }
@@ -282,7 +289,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 Err(e) => {
                     drop(mem);
-                    self.deps.lock().unrecord(queue, seqno);
+                    if waits.n > 0 {
+                        self.deps.lock().unrecord(queue, seqno);
+                    }
                     match e {
                         EmitError::Full(err) => {
                             // Wait for the engine to consume, checking it
@@ -292,7 +301,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                                 continue;
                             }
                             drop(qs);
-                            if p.now_ns().saturating_sub(start) > ring_limit {
+                            if waited_ns() > self.tun.lock().hang.window_ns {
                                 return Err(err);
                             }
                             self.process_all();

@@ -23,7 +23,8 @@
 //! a VA range plus a kernel bind; with the MMU bypassed the memory's own
 //! device address. The pool only keeps the bookkeeping.
 //!
-//! When a slab's last slot is freed it is kept (one per kind and bin) for
+//! When a slab's last slot is freed it is kept (up to [`KEEP_EMPTY`] per
+//! kind and bin) for
 //! the next allocation, so an alloc/free loop does not map and unmap a slab
 //! each time; [`Pool::trim`] gives every kept slab back (memory pressure,
 //! teardown). The large class is *not* rounded to powers of two: the VA
@@ -51,6 +52,9 @@ pub const SLAB_MAX_BYTES: u64 = 256 * 1024;
 pub const LARGE_GRANULE: u64 = 4096;
 /// Largest alignment a buffer may ask for (the largest GPU page).
 pub const MAX_ALIGN: u64 = 2 << 20;
+/// Empty slabs kept per kind and bin for the next allocations (a batch of
+/// buffers freed and allocated again maps nothing).
+pub const KEEP_EMPTY: u8 = 4;
 /// Kinds of memory kept apart ([`MemKind::index`]).
 pub const KINDS: usize = 4;
 
@@ -342,7 +346,9 @@ pub struct Pool<SL, B> {
     slabs_live: u32,
     empty: u32,
     partial: [[u32; BINS]; KINDS],
+    /// Empty slabs per kind and bin: a list through `Slab::next`.
     kept: [[u32; BINS]; KINDS],
+    kept_n: [[u8; BINS]; KINDS],
     stats: PoolStats,
     _block: core::marker::PhantomData<B>,
 }
@@ -369,6 +375,7 @@ where
             empty: 0,
             partial: [[NIL; BINS]; KINDS],
             kept: [[NIL; BINS]; KINDS],
+            kept_n: [[0; BINS]; KINDS],
             stats: PoolStats { slab_capacity: cap, ..PoolStats::default() },
             _block: core::marker::PhantomData,
         }
@@ -462,12 +469,7 @@ where
         let mut bytes = 0u64;
         for kind in 0..KINDS {
             for bin in 0..BINS {
-                let s = self.kept.get(kind).and_then(|k| k.get(bin)).copied().unwrap_or(NIL);
-                if s != NIL {
-                    if let Some(k) = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin)) {
-                        *k = NIL;
-                    }
-                    self.empty = self.empty.saturating_sub(1);
+                while let Some(s) = self.take_kept(kind, bin) {
                     bytes = bytes.saturating_add(self.release_slab(backing, s));
                 }
             }
@@ -487,7 +489,25 @@ where
         }
         self.partial = [[NIL; BINS]; KINDS];
         self.kept = [[NIL; BINS]; KINDS];
+        self.kept_n = [[0; BINS]; KINDS];
         self.empty = 0;
+    }
+
+    /// Takes a kept empty slab of `kind` and `bin`, if any.
+    fn take_kept(&mut self, kind: usize, bin: usize) -> Option<u32> {
+        let s = self.kept.get(kind).and_then(|k| k.get(bin)).copied().filter(|s| *s != NIL)?;
+        let next = self.slabs.as_ref().get(s as usize).map_or(NIL, |x| x.next);
+        if let Some(k) = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin)) {
+            *k = next;
+        }
+        if let Some(n) = self.kept_n.get_mut(kind).and_then(|k| k.get_mut(bin)) {
+            *n = n.saturating_sub(1);
+        }
+        if let Some(x) = self.slabs.as_mut().get_mut(s as usize) {
+            x.next = NIL;
+        }
+        self.empty = self.empty.saturating_sub(1);
+        Some(s)
     }
 
     // ----- slabs -----------------------------------------------------------
@@ -502,12 +522,8 @@ where
         let k = kind.index();
         let mut s = self.partial.get(k).and_then(|p| p.get(bin)).copied().unwrap_or(NIL);
         if s == NIL {
-            s = self.kept.get(k).and_then(|p| p.get(bin)).copied().unwrap_or(NIL);
-            if s != NIL {
-                if let Some(slot) = self.kept.get_mut(k).and_then(|p| p.get_mut(bin)) {
-                    *slot = NIL;
-                }
-                self.empty = self.empty.saturating_sub(1);
+            if let Some(kept) = self.take_kept(k, bin) {
+                s = kept;
                 self.push_partial(s, bin, k);
             }
         }
@@ -583,18 +599,26 @@ where
         Ok(idx)
     }
 
-    /// An empty slab: kept if its kind and bin keep none yet, else released.
+    /// An empty slab: kept if its kind and bin keep fewer than
+    /// [`KEEP_EMPTY`], else released.
     fn keep_or_release<K: Backing<Block = B>>(&mut self, backing: &mut K, s: u32, bin: usize, kind: usize) {
-        let slot = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin));
-        match slot {
-            Some(k) if *k == NIL => {
-                *k = s;
-                self.empty = self.empty.saturating_add(1);
-            }
-            _ => {
-                self.release_slab(backing, s);
-            }
+        let n = self.kept_n.get(kind).and_then(|k| k.get(bin)).copied().unwrap_or(KEEP_EMPTY);
+        if n >= KEEP_EMPTY {
+            self.release_slab(backing, s);
+            return;
         }
+        let head = self.kept.get(kind).and_then(|k| k.get(bin)).copied().unwrap_or(NIL);
+        if let Some(x) = self.slabs.as_mut().get_mut(s as usize) {
+            x.next = head;
+            x.prev = NIL;
+        }
+        if let Some(k) = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin)) {
+            *k = s;
+        }
+        if let Some(c) = self.kept_n.get_mut(kind).and_then(|k| k.get_mut(bin)) {
+            *c = c.saturating_add(1);
+        }
+        self.empty = self.empty.saturating_add(1);
     }
 
     /// Gives slab `s`'s block back and frees its descriptor. Returns bytes.
