@@ -166,5 +166,16 @@ fn main() {
     let one = throughput(1);
     let two = throughput(2);
     println!("throughput: 1 thread {one:.0}/s, 2 threads on 2 queues {two:.0}/s, ratio {:.2}", two / one);
-    println!("size_of::<Device<Fake, 16>>() = {} bytes", std::mem::size_of::<Device<'_, Fake, 16>>());
+    use std::mem::size_of;
+    println!(
+        "size_of Device<Fake, CHUNKS>: 8 chunks {} B, 16 chunks {} B, 32 chunks {} B",
+        size_of::<Device<'_, Fake, 8>>(),
+        size_of::<Device<'_, Fake, 16>>(),
+        size_of::<Device<'_, Fake, 32>>()
+    );
+    println!(
+        "size_of DeviceStorage<BUF, VA, SLABS, TRACE>: default <1024, 1024, 256, 256> {} B, <64, 128, 32, 64> {} B",
+        size_of::<DeviceStorage>(),
+        size_of::<DeviceStorage<64, 128, 32, 64>>()
+    );
 }
