@@ -4,8 +4,8 @@
 //!
 //! Each scenario takes a freshly probed [`Device`] and returns a
 //! [`ScenarioResult`]: pass, fail with a reason, or skip with the reason it
-//! cannot run on this platform (a scenario never passes silently). The list
-//! is DESIGN.md section 5: data correctness, fence order, IB chaining, ring
+//! cannot run on this platform (a scenario never passes silently). The
+//! scenarios: data correctness, fence order, IB chaining, ring
 //! wrap-around, a copy -> compute -> copy pipeline over three queues with
 //! semaphores, deadlock rejection, page faults, hang recovery, IB pool
 //! exhaustion, the gen2 misaligned-fence rule, and a seeded stress run.
