@@ -45,7 +45,8 @@ use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::heap::{PageHeap, PAGE};
-use crate::sys::{self, Mapping};
+use crate::sys;
+use refgpu_model::shm::Mapping;
 
 /// The binding info page written by `refgpu-sim` at offset 0x1000 of the
 /// shared memory (one definition, shared with the server).
