@@ -49,5 +49,5 @@ pub mod proto;
 pub mod server;
 mod sys;
 
-pub use args::{parse_args, ArgError, Options, USAGE};
+pub use args::{parse_args, usage, ArgError, Options};
 pub use server::{Server, ServerError};
