@@ -226,9 +226,13 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        let (cpu, dev) = self.carve.lock().alloc(len).ok_or(PlatformError::OutOfMemory { len })?;
+        let (cpu, dev) = self.carve.lock().alloc(len).map_err(|_| PlatformError::OutOfMemory { len })?;
         let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
-        let p = NonNull::new(cpu as *mut u8).ok_or(PlatformError::OutOfMemory { len })?;
+        let Some(p) = NonNull::new(cpu as *mut u8) else {
+            // A carve-out at CPU address 0: unusable, give the run back.
+            let _ = self.carve.lock().free(cpu, len);
+            return Err(PlatformError::OutOfMemory { len });
+        };
         // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
         // anything else (contract of `new`).
         unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
@@ -239,7 +243,8 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
 
     fn dma_free(&self, region: DmaRegion) {
         if let Some(p) = region.cpu_ptr() {
-            self.carve.lock().free(p.as_ptr() as usize, region.len());
+            // A region this carve-out did not hand out frees nothing.
+            let _ = self.carve.lock().free(p.as_ptr() as usize, region.len());
         }
     }
 

@@ -34,8 +34,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::cache::{Cache, CacheControlError, CacheStats, WriteBackCache};
-use crate::heap::{PageHeap, PAGE};
 use crate::sys;
+use crate::{page_heap, PageHeap};
+use umd_core::mem::pages::PAGE;
 
 /// Interrupts raised and not yet consumed by `wait_irq`.
 #[derive(Default)]
@@ -111,7 +112,7 @@ impl InProcess {
             mem_base: model.mem_base(),
             model,
             irq,
-            heap: Mutex::new(PageHeap::new(pages)),
+            heap: Mutex::new(page_heap(pages)),
             irq_wakeups: AtomicU64::new(0),
             mode: opts.cache,
             cache: match opts.cache {
@@ -197,13 +198,13 @@ unsafe impl Platform for InProcess {
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).checked_next_multiple_of(PAGE).ok_or(PlatformError::OutOfMemory { len })?;
         let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
-        let first = heap.alloc(len / PAGE).ok_or(PlatformError::OutOfMemory { len })?;
+        let first = heap.alloc(len / PAGE).map_err(|_| PlatformError::OutOfMemory { len })?;
         let off = first * PAGE;
         let pa = self.mem_base + off as u64;
         // Zero through the model (atomic writes; no queued command can
         // touch pages that were free).
         if self.model.write_mem(pa, &vec![0u8; len]).is_err() {
-            heap.free(first, len / PAGE);
+            let _ = heap.free(first, len / PAGE);
             return Err(PlatformError::OutOfMemory { len });
         }
         let cpu = match self.cache() {
@@ -215,7 +216,7 @@ unsafe impl Platform for InProcess {
             Some(mut cache) => match cache.attach(pa, len) {
                 Some(shadow) => shadow,
                 None => {
-                    heap.free(first, len / PAGE);
+                    let _ = heap.free(first, len / PAGE);
                     return Err(PlatformError::OutOfMemory { len });
                 }
             },
@@ -227,7 +228,7 @@ unsafe impl Platform for InProcess {
     fn dma_free(&self, region: DmaRegion) {
         let off = region.dev_addr().wrapping_sub(self.mem_base) as usize;
         let mut heap = self.heap.lock().unwrap_or_else(|p| p.into_inner());
-        if off % PAGE != 0 || off >= heap.total_pages() * PAGE {
+        if off % PAGE != 0 || off >= heap.pages() * PAGE {
             return;
         }
         // A region this platform did not hand out (no shadow at that
@@ -237,7 +238,7 @@ unsafe impl Platform for InProcess {
                 return;
             }
         }
-        heap.free(off / PAGE, region.len().div_ceil(PAGE));
+        let _ = heap.free(off / PAGE, region.len().div_ceil(PAGE));
     }
 
     fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {

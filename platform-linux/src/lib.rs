@@ -15,7 +15,6 @@
 pub mod cache;
 pub mod config;
 pub mod cosim;
-mod heap;
 pub mod inproc;
 pub mod selftest;
 mod sys;
@@ -23,3 +22,12 @@ mod sys;
 pub use cache::{Cache, CacheControlError, CacheStats};
 pub use cosim::{Cosim, CosimError, CosimOptions, MemWindow};
 pub use inproc::{InProcess, InProcessOptions};
+
+/// DMA pages of a model's memory window: `umd_core`'s bitmap page
+/// allocator over a host vector.
+type PageHeap = umd_core::mem::pages::PageBitmap<Vec<u64>>;
+
+/// A page heap of `pages` free pages.
+fn page_heap(pages: usize) -> PageHeap {
+    PageHeap::new(vec![0; pages.div_ceil(64)], pages).expect("the storage holds one bit per page")
+}
