@@ -279,9 +279,9 @@ impl PageTable {
             return Ok(Translation {
                 phys: entry_addr(e) | (va & span.wrapping_sub(1)),
                 page_size: span,
-                read: e & mmu::PTE_READ != 0,
-                write: e & mmu::PTE_WRITE != 0,
-                cache: ((e & mmu::PTE_CACHE_MASK) >> mmu::PTE_CACHE_SHIFT) as u8,
+                read: mmu::Pte(e).read(),
+                write: mmu::Pte(e).write(),
+                cache: mmu::Pte(e).cache(),
             });
         }
         Err(WalkFault::BadPte { level: 3 })
