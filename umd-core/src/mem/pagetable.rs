@@ -276,12 +276,13 @@ impl PageTable {
                 continue;
             }
             let span = entry_span(level);
+            let leaf = mmu::Pte(e);
             return Ok(Translation {
-                phys: entry_addr(e) | (va & span.wrapping_sub(1)),
+                phys: leaf.addr() | (va & span.wrapping_sub(1)),
                 page_size: span,
-                read: mmu::Pte(e).read(),
-                write: mmu::Pte(e).write(),
-                cache: mmu::Pte(e).cache(),
+                read: leaf.read(),
+                write: leaf.write(),
+                cache: leaf.cache(),
             });
         }
         Err(WalkFault::BadPte { level: 3 })
