@@ -14,8 +14,8 @@
 //! metal, CLOCK_MONOTONIC on Linux). No allocation: samples go into
 //! caller-provided arrays.
 
-use umd_core::device::Device;
-use umd_core::platform::DirectIo;
+use umd_core::engine::{Backend, Engine};
+use umd_core::platform::Platform;
 use umd_core::sync::QueueId;
 
 /// Submissions between drains in [`submit_cost`].
@@ -60,12 +60,12 @@ pub enum BenchError {
 }
 
 /// Per-submit CPU cost: one sample per `submit`, `samples.len()` of them.
-pub fn submit_cost<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+pub fn submit_cost<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
-    let va = buf.va();
+    let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
     let q = QueueId(2);
     let mut last = None;
     for (i, s) in samples.iter_mut().enumerate() {
@@ -84,19 +84,19 @@ pub fn submit_cost<P: DirectIo, const C: usize>(
     if let Some(f) = last {
         dev.wait(f, GUARD_NS).map_err(|_| BenchError::Wait)?;
     }
-    dev.free_buffer(buf);
+    dev.free(buf).map_err(|_| BenchError::Alloc)?;
     Ok(figures(samples))
 }
 
 /// Doorbell -> fence round trips: `submit` + `wait`, one sample each, after
 /// `warmup` untimed ones.
-pub fn round_trips<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+pub fn round_trips<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     warmup: usize,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
-    let va = buf.va();
+    let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
     let q = QueueId(2);
     let n = samples.len();
     for i in 0..warmup + n {
@@ -108,6 +108,6 @@ pub fn round_trips<P: DirectIo, const C: usize>(
             *s = dt;
         }
     }
-    dev.free_buffer(buf);
+    dev.free(buf).map_err(|_| BenchError::Alloc)?;
     Ok(figures(samples))
 }

@@ -1,6 +1,10 @@
 //! What every image does first: read the mode from the semihosting command
 //! line, bring the board up, make the `Device`, and print the `@@ BOOT` and
 //! `@@ DEVICE` lines (bare-metal target only).
+//!
+//! The transport and the device's storage are `static`s (the storage's
+//! tables are placed by the loader, never moved on the stack); the device
+//! borrows both for the program's life.
 
 use core::sync::atomic::Ordering;
 
@@ -10,10 +14,16 @@ use platform_baremetal::ivshmem::IvshmemGpu;
 use platform_baremetal::log::Disp;
 use platform_baremetal::println;
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
+use umd_core::storage::DeviceStorage;
 
 /// The device type every image drives.
-pub type Gpu<const C: usize> = Device<IvshmemGpu<VirtHal>, C>;
+pub type Gpu<const C: usize> = Device<'static, IvshmemGpu<VirtHal>, C>;
+
+/// The GPU transport, set once at bring-up.
+static TRANSPORT: spin::Once<IvshmemGpu<VirtHal>> = spin::Once::new();
+/// The device's tables.
+static STORAGE: spin::Mutex<DeviceStorage> = spin::Mutex::new(DeviceStorage::new());
 
 /// The semihosting command line, with a closure over its words.
 pub fn with_args<R>(f: impl FnOnce(core::str::SplitWhitespace<'_>) -> R) -> R {
@@ -68,7 +78,17 @@ pub fn transport(image: &str) -> (IvshmemGpu<VirtHal>, IrqMode) {
 
 /// Makes a device on `io`, or exits with status 2.
 pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuMode) -> Gpu<C> {
-    match Device::new(io, cfg, mmu) {
+    if TRANSPORT.is_completed() {
+        println!("@@ FATAL device_on called twice");
+        exit::exit(2)
+    }
+    let io: &'static IvshmemGpu<VirtHal> = TRANSPORT.call_once(|| io);
+    let Some(storage) = STORAGE.try_lock() else {
+        println!("@@ FATAL the device storage is taken");
+        exit::exit(2)
+    };
+    let storage: &'static mut DeviceStorage = spin::mutex::MutexGuard::leak(storage);
+    match Device::new(io, storage, cfg, mmu) {
         Ok(d) => {
             let chip = d.chip();
             platform_baremetal::info!(
@@ -81,7 +101,7 @@ pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuM
             println!("@@ DEVICE gen={} rev={}", chip.generation.number(), chip.revision);
             d
         }
-        Err((e, _)) => {
+        Err(e) => {
             platform_baremetal::error!("Device::new failed: {}", Disp(&e));
             println!("@@ FATAL Device::new: {e}");
             exit::exit(2)

@@ -17,23 +17,26 @@
 //! Every job is bracketed by `TIMESTAMP` packets, so per-engine busy time
 //! comes from the GPU clock. Two frames are in flight: frame `f` reuses
 //! frame `f - 2`'s buffers after the CPU has waited for that frame's GFX
-//! fence and checked every output word bit-exactly. All buffers are
-//! sub-allocated from one GPU heap with the driver's VA allocator (one
-//! transient allocation per frame for its constants, freed when the frame
-//! retires), so the report has allocator figures.
+//! fence and checked every output word bit-exactly. Every buffer comes from
+//! the driver's buffer manager: the slots' buffers live for the run, and
+//! each frame's constant table is a transient buffer freed right after the
+//! COPY job that writes it is submitted: the driver keeps its memory until
+//! that job's fence has signalled. The report shows the pools' figures.
 //!
-//! Generic over [`DirectIo`]: the bare-metal `demo` image runs it on the
-//! ivshmem transport; it would run as well over co-simulation.
+//! Generic over the backend: the bare-metal `demo` image runs it on the
+//! ivshmem transport; it would run as well over co-simulation or a kernel
+//! driver.
 
 use core::fmt::{self, Write};
 
+use conformance::io::{first_mismatch, write_words};
 use umd_core::cmd::{DispatchOp, EncodeError};
 use umd_core::config::Config;
 use umd_core::debug::{TraceKind, TraceRing};
-use umd_core::device::{Device, GpuBuffer};
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
-use umd_core::mem::VaStats;
-use umd_core::platform::DirectIo;
+use umd_core::engine::{Backend, Engine};
+use umd_core::ibpool::Recorder;
+use umd_core::mem::{BufferDesc, BufferHandle, BufferStats};
+use umd_core::platform::Platform;
 use umd_core::sync::{Fence, QueueId};
 
 /// Graphics queue.
@@ -57,7 +60,6 @@ pub const TRACE_CAP: usize = 4096;
 /// and a 16 KiB ring; everything else default.
 pub const CONFIG: Config = Config { ib_chunk_bytes: 4096, ring_bytes: 16 * 1024, ..Config::DEFAULT };
 
-const HEAP_BYTES: usize = 256 * 1024;
 const TILE: u64 = 256;
 const CONST_DWORDS: usize = 1024;
 const CONST_PER_PACKET: usize = 16;
@@ -139,10 +141,10 @@ pub struct Summary {
     pub gpu_span_ns: u64,
     /// CPU time of the whole run (platform clock, ns).
     pub cpu_ns: u64,
-    /// The demo heap's sub-allocator after the run.
-    pub heap_va: VaStats,
-    /// Allocations and frees made in the heap.
-    pub heap_allocs: u32,
+    /// The driver's buffers after the run (before the slots are freed).
+    pub buffers: BufferStats,
+    /// Buffers allocated by the run.
+    pub allocs: u32,
 }
 
 fn pattern_a(frame: u32, i: usize) -> f32 {
@@ -164,36 +166,13 @@ fn saxpy(s: f32, a: f32, b: f32) -> f32 {
 }
 
 /// Moves the device's trace events into `big` (called after every wait,
-/// so the device's 256-event ring never overflows).
-pub fn drain_trace<P: DirectIo, const C: usize, const T: usize>(
-    dev: &mut Device<P, C>,
-    big: &mut TraceRing<T>,
-) {
-    for e in dev.trace().iter() {
+/// so the device's own ring never overflows).
+pub fn drain_trace<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, big: &mut TraceRing<'_>) {
+    let mut t = dev.trace();
+    for e in t.iter() {
         big.record(*e);
     }
-    dev.trace_mut().clear();
-}
-
-struct Heap {
-    buf: GpuBuffer,
-    va: VaAllocator<[VaNode; 64]>,
-    allocs: u32,
-}
-
-impl Heap {
-    fn alloc(&mut self, len: u64) -> Result<u64, DemoError> {
-        self.allocs = self.allocs.saturating_add(1);
-        self.va.alloc(len, 256, Placement::BottomUp).map_err(|e| err("heap alloc", DebugText(e)))
-    }
-
-    fn free(&mut self, va: u64) -> Result<(), DemoError> {
-        self.va.free(va).map(|_| ()).map_err(|e| err("heap free", DebugText(e)))
-    }
-
-    fn word_index(&self, va: u64) -> usize {
-        (va.saturating_sub(self.buf.va()) / 4) as usize
-    }
+    t.clear();
 }
 
 struct DebugText<T: fmt::Debug>(T);
@@ -204,11 +183,30 @@ impl<T: fmt::Debug> fmt::Display for DebugText<T> {
     }
 }
 
+/// A buffer and its GPU address.
+#[derive(Clone, Copy)]
+struct Buf {
+    h: BufferHandle,
+    va: u64,
+}
+
+fn alloc<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    len: u64,
+    tag: &'static str,
+    allocs: &mut u32,
+) -> Result<Buf, DemoError> {
+    *allocs = allocs.saturating_add(1);
+    let h = dev.alloc(&BufferDesc::new(len).tag(tag)).map_err(|e| err("alloc", e))?;
+    let va = dev.va(h).map_err(|e| err("va", e))?;
+    Ok(Buf { h, va })
+}
+
 struct Slot {
-    staging: u64,
-    input: u64,
-    result: u64,
-    output: u64,
+    staging: Buf,
+    input: Buf,
+    result: Buf,
+    output: Buf,
 }
 
 struct InFlight {
@@ -216,57 +214,55 @@ struct InFlight {
     copy: Fence,
     compute: Fence,
     gfx: Fence,
-    consts: u64,
+    consts: Buf,
 }
 
 /// Runs `frames` frames (at most [`MAX_FRAMES`]) and returns the figures;
 /// every driver event lands in `trace`.
-pub fn run<P: DirectIo, const C: usize, const T: usize>(
-    dev: &mut Device<P, C>,
+pub fn run<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     frames: u32,
-    trace: &mut TraceRing<T>,
+    trace: &mut TraceRing<'_>,
 ) -> Result<Summary, DemoError> {
     let frames = frames.clamp(1, MAX_FRAMES);
     let start = dev.platform().now_ns();
-    let buf = dev.alloc_buffer(HEAP_BYTES).map_err(|e| err("alloc heap", e))?;
-    let va = VaAllocator::new([VaNode::EMPTY; 64], buf.va(), HEAP_BYTES as u64)
-        .map_err(|e| err("heap allocator", DebugText(e)))?;
-    let mut heap = Heap { buf, va, allocs: 0 };
+    let mut allocs = 0u32;
     let n4 = (N * 4) as u64;
-    let mut slots = [(); 2].map(|_| Slot { staging: 0, input: 0, result: 0, output: 0 });
-    for s in slots.iter_mut() {
-        *s = Slot {
-            staging: heap.alloc(2 * n4)?,
-            input: heap.alloc(2 * n4)?,
-            result: heap.alloc(n4)?,
-            output: heap.alloc(n4)?,
-        };
-    }
-    let ts = heap.alloc(TS_BYTES)?;
+    let mut mk = |tag| -> Result<Slot, DemoError> {
+        Ok(Slot {
+            staging: alloc(dev, 2 * n4, tag, &mut allocs)?,
+            input: alloc(dev, 2 * n4, tag, &mut allocs)?,
+            result: alloc(dev, n4, tag, &mut allocs)?,
+            output: alloc(dev, n4, tag, &mut allocs)?,
+        })
+    };
+    let slots = [mk("slot 0")?, mk("slot 1")?];
+    let ts = alloc(dev, TS_BYTES, "timestamps", &mut allocs)?;
     let mut sum = Summary { frames, ..Summary::default() };
     let mut inflight: [Option<InFlight>; 2] = [None, None];
 
     for f in 0..frames + 2 {
         let si = (f % 2) as usize;
+        let slot = &slots[si];
         // Retire the frame that used this slot two frames ago.
         if let Some(old) = inflight.get_mut(si).and_then(Option::take) {
-            retire(dev, &mut heap, &slots[si], old, &mut sum, trace)?;
+            retire(dev, slot, old, &mut sum, trace)?;
         }
         if f >= frames {
             continue;
         }
-        let slot = &slots[si];
-        // 1. CPU writes the inputs.
-        let (st, a0) = (heap.word_index(slot.staging), N);
-        if let Some(w) = heap.buf.words_mut().get_mut(st..st + 2 * N) {
-            for (i, x) in w.iter_mut().enumerate() {
-                *x = if i < a0 { pattern_a(f, i).to_bits() } else { pattern_b(f, i - a0).to_bits() };
+        // 1. CPU writes the inputs (the copy cleans the CPU cache).
+        write_words(dev, slot.staging.h, 2 * N, |i| {
+            if i < N {
+                pattern_a(f, i).to_bits()
+            } else {
+                pattern_b(f, i - N).to_bits()
             }
-        }
-        dev.flush(&heap.buf);
-        let consts = heap.alloc((CONST_DWORDS * 4) as u64)?;
-        let t = ts + u64::from(f) * 48;
-        let (stg, inp, res, out) = (slot.staging, slot.input, slot.result, slot.output);
+        })
+        .map_err(|e| err("write inputs", e))?;
+        let consts = alloc(dev, (CONST_DWORDS * 4) as u64, "frame constants", &mut allocs)?;
+        let t = ts.va + u64::from(f) * 48;
+        let (stg, inp, res, out) = (slot.staging.va, slot.input.va, slot.result.va, slot.output.va);
         // 2. COPY: upload in tiles + the constant table (chained IB).
         let copy = submit(dev, COPY, &[], |cb| {
             cb.timestamp(t + 32)?;
@@ -280,7 +276,7 @@ pub fn run<P: DirectIo, const C: usize, const T: usize>(
                 for (k, w) in row.iter_mut().enumerate() {
                     *w = f << 16 | (p * CONST_PER_PACKET + k) as u32;
                 }
-                cb.write_data(consts + (p * CONST_PER_PACKET * 4) as u64, &row)?;
+                cb.write_data(consts.va + (p * CONST_PER_PACKET * 4) as u64, &row)?;
             }
             cb.timestamp(t + 40)
         })?;
@@ -307,16 +303,16 @@ pub fn run<P: DirectIo, const C: usize, const T: usize>(
     sum.cpu_ns = dev.platform().now_ns().saturating_sub(start);
 
     // GPU timestamps: [GFX start, end, COMPUTE start, end, COPY start, end] per frame.
-    dev.invalidate(&heap.buf);
-    let base = heap.word_index(ts);
-    let read64 = |i: usize| {
-        u64::from(heap.buf.read_u32(base + 2 * i).unwrap_or(0))
-            | (u64::from(heap.buf.read_u32(base + 2 * i + 1).unwrap_or(0)) << 32)
-    };
+    let mut raw = [0u8; 6 * 8];
     let (mut first, mut last) = (u64::MAX, 0u64);
-    for f in 0..frames as usize {
+    for f in 0..frames as u64 {
+        dev.read(ts.h, f * 48, &mut raw).map_err(|e| err("read timestamps", e))?;
+        let read64 = |i: usize| {
+            let b = raw.get(8 * i..8 * i + 8).unwrap_or(&[0; 8]);
+            u64::from_le_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+        };
         for (q, fig) in sum.queues.iter_mut().enumerate() {
-            let (s, e) = (read64(6 * f + 2 * q), read64(6 * f + 2 * q + 1));
+            let (s, e) = (read64(2 * q), read64(2 * q + 1));
             fig.engine_ns += e.saturating_sub(s);
             first = first.min(s);
             last = last.max(e);
@@ -324,31 +320,35 @@ pub fn run<P: DirectIo, const C: usize, const T: usize>(
     }
     sum.gpu_span_ns = last.saturating_sub(first);
     host_spans(trace, &mut sum);
-    sum.heap_va = heap.va.stats();
-    sum.heap_allocs = heap.allocs;
-    dev.free_buffer(heap.buf);
+    sum.buffers = dev.buffer_stats();
+    sum.allocs = allocs;
+    for s in &slots {
+        for b in [s.staging, s.input, s.result, s.output] {
+            dev.free(b.h).map_err(|e| err("free", e))?;
+        }
+    }
+    dev.free(ts.h).map_err(|e| err("free", e))?;
     Ok(sum)
 }
 
-fn submit<P: DirectIo, const C: usize, F>(
-    dev: &mut Device<P, C>,
+fn submit<B: Backend, const C: usize, F>(
+    dev: &Engine<'_, B, C>,
     q: QueueId,
     waits: &[Fence],
     f: F,
 ) -> Result<Fence, DemoError>
 where
-    F: for<'a, 's, 'b> FnOnce(&mut umd_core::device::Recorder<'a, 's, 'b, C>) -> Result<(), EncodeError>,
+    F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
 {
     dev.submit(q, waits, f).map_err(|e| err("submit", e))
 }
 
-fn retire<P: DirectIo, const C: usize, const T: usize>(
-    dev: &mut Device<P, C>,
-    heap: &mut Heap,
+fn retire<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     slot: &Slot,
     old: InFlight,
     sum: &mut Summary,
-    trace: &mut TraceRing<T>,
+    trace: &mut TraceRing<'_>,
 ) -> Result<(), DemoError> {
     let r = dev.wait(old.gfx, FAIL_GUARD_NS);
     // GFX waited for COMPUTE, which waited for COPY: both are done; the
@@ -362,31 +362,24 @@ fn retire<P: DirectIo, const C: usize, const T: usize>(
             other => return Err(err("an earlier stage's fence", DebugText(other))),
         }
     }
-    dev.invalidate(&heap.buf);
-    let o = heap.word_index(slot.output);
     let s = scalar(old.frame);
     let mut ok = true;
-    for i in 0..N {
-        let want = saxpy(s, pattern_a(old.frame, i), pattern_b(old.frame, i)).to_bits();
-        let got = heap.buf.read_u32(o + i).unwrap_or(!want);
-        sum.words_checked += 1;
-        if got != want {
+    let want = |i: usize| saxpy(s, pattern_a(old.frame, i), pattern_b(old.frame, i)).to_bits();
+    match first_mismatch(dev, slot.output.h, N, want).map_err(|e| err("read output", e))? {
+        None => sum.words_checked += N as u64,
+        Some((i, got, w)) => {
             ok = false;
-            sum.first_mismatch.get_or_insert((old.frame, i, got, want));
-            break;
+            sum.words_checked += i as u64 + 1;
+            sum.first_mismatch.get_or_insert((old.frame, i, got, w));
         }
     }
     // The constant table's last row.
-    let c = heap.word_index(old.consts) + CONST_DWORDS - 1;
-    let want = old.frame << 16 | (CONST_DWORDS - 1) as u32;
-    if heap.buf.read_u32(c) != Some(want) {
+    let last = CONST_DWORDS - 1;
+    let want = old.frame << 16 | last as u32;
+    let got = dev.read_u32(old.consts.h, last as u64).map_err(|e| err("read constants", e))?;
+    if got != want {
         ok = false;
-        sum.first_mismatch.get_or_insert((
-            old.frame,
-            CONST_DWORDS - 1,
-            heap.buf.read_u32(c).unwrap_or(0),
-            want,
-        ));
+        sum.first_mismatch.get_or_insert((old.frame, last, got, want));
     }
     if ok {
         sum.verified += 1;
@@ -394,11 +387,11 @@ fn retire<P: DirectIo, const C: usize, const T: usize>(
     } else {
         platform_baremetal::warn!("frame {} retired with a wrong word", old.frame);
     }
-    heap.free(old.consts)
+    dev.free(old.consts.h).map_err(|e| err("free constants", e))
 }
 
 /// Per queue: union of [submit, fence seen] spans and the largest encode.
-fn host_spans<const T: usize>(trace: &TraceRing<T>, sum: &mut Summary) {
+fn host_spans(trace: &TraceRing<'_>, sum: &mut Summary) {
     for (q, fig) in sum.queues.iter_mut().enumerate() {
         let (mut cur_s, mut cur_e, mut total) = (0u64, 0u64, 0u64);
         for e in trace.iter().filter(|e| usize::from(e.queue) == q) {
@@ -429,9 +422,9 @@ impl fmt::Display for Ms {
 }
 
 /// Writes the human-readable report.
-pub fn write_report<P: DirectIo, const C: usize>(
+pub fn write_report<B: Backend, const C: usize>(
     out: &mut impl Write,
-    dev: &Device<P, C>,
+    dev: &Engine<'_, B, C>,
     sum: &Summary,
     trace_events: usize,
     trace_dropped: u64,
@@ -513,27 +506,40 @@ pub fn write_report<P: DirectIo, const C: usize>(
         "IB pool    : {} chunks x {} B; now free {}, in flight {}, open {}, recording {}",
         C, cfg.ib_chunk_bytes, p.free, p.in_flight, p.open, p.recording
     )?;
-    let v = &sum.heap_va;
+    let b = &sum.buffers;
     writeln!(
         out,
-        "GPU VA     : demo heap {} KiB sub-allocated with umd-core's VA allocator: {} allocations made;",
-        v.arena / 1024,
-        sum.heap_allocs
+        "buffers    : {} allocated by the run; {} live, {} waiting for a fence; {} frees waited for a fence, {} were immediate",
+        sum.allocs, b.live, b.waiting, b.deferred_frees, b.immediate_frees
     )?;
+    for (name, c) in ["small", "medium", "large"].iter().zip(b.pool.classes.iter()) {
+        writeln!(
+            out,
+            "  {name:<7}  : {} live, {} KiB reserved (high water {} KiB), {} KiB from the platform, fragmentation {}.{}%",
+            c.live,
+            c.reserved / 1024,
+            c.high_water / 1024,
+            c.backed / 1024,
+            c.fragmentation_ppm() / 10_000,
+            (c.fragmentation_ppm() / 1000) % 10
+        )?;
+    }
     writeln!(
         out,
-        "             now {} live ({} KiB used, high water {} KiB), {} holes ({} KiB free, largest {} KiB), fragmentation {}.{}%, nodes {}/{}",
-        v.allocations,
-        v.used / 1024,
-        v.high_water / 1024,
-        v.holes,
-        v.free / 1024,
-        v.largest_free / 1024,
-        v.fragmentation_ppm() / 10_000,
-        (v.fragmentation_ppm() / 1000) % 10,
-        v.nodes_high_water,
-        v.nodes_capacity
+        "             {} slabs ({} kept empty), {} platform blocks acquired, {} released",
+        b.pool.slabs, b.pool.empty_slabs, b.pool.blocks_acquired, b.pool.blocks_released
     )?;
+    if let Some(v) = dev.va_stats() {
+        writeln!(
+            out,
+            "GPU VA     : {} KiB used of {} MiB, {} holes, nodes {}/{}",
+            v.used / 1024,
+            v.arena >> 20,
+            v.holes,
+            v.nodes_high_water,
+            v.nodes_capacity
+        )?;
+    }
     writeln!(out, "faults     : {} faults, {} hangs, {} resets", st.faults, st.hangs, st.resets)?;
     if let Some(h) = dev.last_hang() {
         write!(out, "last fault/hang report:\n{h}")?;

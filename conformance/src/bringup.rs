@@ -1,4 +1,4 @@
-//! Bring-up checks over any direct-mode platform, without an allocator:
+//! Bring-up checks over any platform, without an allocator:
 //! copy + fill + write-data checked word by word, fences in order, and a
 //! cross-queue wait. The smallest checks that prove a platform's memory,
 //! doorbells and waits work: run them right after `Device::new` when
@@ -7,10 +7,12 @@
 
 use core::fmt;
 
-use umd_core::device::Device;
-use umd_core::platform::DirectIo;
+use umd_core::engine::{Backend, Engine};
+use umd_core::mem::BufferHandle;
 use umd_core::queue::FenceStatus;
 use umd_core::sync::QueueId;
+
+use crate::io::{first_mismatch, write_words};
 
 /// Generous failure guard for one wait (not a performance threshold).
 pub const WAIT_GUARD_NS: u64 = 20_000_000_000;
@@ -29,10 +31,14 @@ pub struct Failure {
 /// Errors from the core that a check can fail with.
 #[derive(Clone, Copy, Debug)]
 pub enum CoreErr {
-    /// From `submit` or `alloc_buffer`.
+    /// A submission was refused.
     Submit(umd_core::queue::SubmitError),
-    /// From `wait` or `query`.
+    /// A wait failed.
     Wait(umd_core::queue::WaitError),
+    /// An allocation failed.
+    Alloc(umd_core::mem::AllocError),
+    /// A buffer call failed.
+    Buffer(umd_core::mem::BufferError),
 }
 
 impl fmt::Display for Failure {
@@ -41,6 +47,8 @@ impl fmt::Display for Failure {
         match self.err {
             Some(CoreErr::Submit(e)) => write!(f, ": {e:?}"),
             Some(CoreErr::Wait(e)) => write!(f, ": {e}"),
+            Some(CoreErr::Alloc(e)) => write!(f, ": {e}"),
+            Some(CoreErr::Buffer(e)) => write!(f, ": {e}"),
             None => Ok(()),
         }
     }
@@ -58,26 +66,51 @@ fn we(what: &'static str) -> impl Fn(umd_core::queue::WaitError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Wait(e)) }
 }
 
+fn ae(what: &'static str) -> impl Fn(umd_core::mem::AllocError) -> Failure {
+    move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Alloc(e)) }
+}
+
+fn be(what: &'static str) -> impl Fn(umd_core::mem::BufferError) -> Failure {
+    move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Buffer(e)) }
+}
+
+fn alloc<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    len: u64,
+) -> Result<(BufferHandle, u64), Failure> {
+    let h = dev.alloc_buffer(len).map_err(ae("alloc"))?;
+    let va = dev.va(h).map_err(be("va"))?;
+    Ok((h, va))
+}
+
+fn check_words<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    h: BufferHandle,
+    n: usize,
+    want: impl Fn(usize) -> u32,
+) -> Result<(), Failure> {
+    match first_mismatch(dev, h, n, want).map_err(be("read"))? {
+        None => Ok(()),
+        Some((i, got, want)) => {
+            Err(fail("dword [index, got, expected] differs", i as u64, got.into(), want.into()))
+        }
+    }
+}
+
 fn pattern(i: usize, seed: u32) -> u32 {
     (i as u32).wrapping_mul(0x9E37_79B1) ^ seed
 }
 
-/// Copies 8 KiB, fills 4 KiB and writes 4 dwords in one submission on
-/// `queue`, waits for its fence, and checks every dword of the destination.
-pub fn copy_fill_write<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+/// Copy, fill and write-data on `queue`, every destination dword checked.
+pub fn copy_fill_write<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     queue: QueueId,
     seed: u32,
 ) -> Result<(), Failure> {
-    let mut src = dev.alloc_buffer(16384).map_err(se("alloc src"))?;
-    let mut dst = dev.alloc_buffer(16384).map_err(se("alloc dst"))?;
-    for (i, w) in src.words_mut().iter_mut().enumerate() {
-        *w = pattern(i, seed);
-    }
-    dst.words_mut().fill(0xDEAD_BEEF);
-    dev.flush(&src);
-    dev.flush(&dst);
-    let (s, d) = (src.va(), dst.va());
+    let (src, s) = alloc(dev, 16384)?;
+    let (dst, d) = alloc(dev, 16384)?;
+    write_words(dev, src, 4096, |i| pattern(i, seed)).map_err(be("write src"))?;
+    write_words(dev, dst, 4096, |_| 0xDEAD_BEEF).map_err(be("write dst"))?;
     let fence = dev
         .submit(queue, &[], |cb| {
             cb.copy(s, d, 8192)?;
@@ -87,42 +120,29 @@ pub fn copy_fill_write<P: DirectIo, const C: usize>(
         })
         .map_err(se("submit"))?;
     dev.wait(fence, WAIT_GUARD_NS).map_err(we("wait"))?;
-    dev.invalidate(&dst);
-    for i in 0..4096 {
-        let want = match i {
-            0..2048 => pattern(i, seed),
-            2048..3072 => 0xA5A5_5A5A,
-            3072 => 1,
-            3073 => 2,
-            3074 => 3,
-            3075 => seed,
-            _ => 0xDEAD_BEEF,
-        };
-        let got = dst.read_u32(i).ok_or(fail("read out of range", i as u64, 0, 0))?;
-        if got != want {
-            return Err(fail(
-                "destination dword [index, got, expected] differs",
-                i as u64,
-                got.into(),
-                want.into(),
-            ));
-        }
-    }
-    dev.free_buffer(src);
-    dev.free_buffer(dst);
+    check_words(dev, dst, 4096, |i| match i {
+        0..2048 => pattern(i, seed),
+        2048..3072 => 0xA5A5_5A5A,
+        3072 => 1,
+        3073 => 2,
+        3074 => 3,
+        3075 => seed,
+        _ => 0xDEAD_BEEF,
+    })?;
+    dev.free(src).map_err(be("free"))?;
+    dev.free(dst).map_err(be("free"))?;
     Ok(())
 }
 
-/// Submits `n` WRITE_DATA submissions to `queue`, waits for the last, and
-/// checks every earlier fence reads as signalled and every value landed.
-pub fn fences_in_order<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+/// `n` (at most 64) write-data submissions on `queue`: every fence is
+/// signalled once the last one is, and every write landed.
+pub fn fences_in_order<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     queue: QueueId,
     n: u32,
 ) -> Result<(), Failure> {
     let n = n.min(64);
-    let buf = dev.alloc_buffer(4096).map_err(se("alloc"))?;
-    let va = buf.va();
+    let (buf, va) = alloc(dev, 4096)?;
     let mut fences = [None; 64];
     for i in 0..n {
         let f = dev
@@ -139,54 +159,34 @@ pub fn fences_in_order<P: DirectIo, const C: usize>(
             Err(e) => return Err(we("query")(e)),
         }
     }
-    dev.invalidate(&buf);
-    for i in 0..n {
-        let got = buf.read_u32(i as usize).ok_or(fail("read out of range", i.into(), 0, 0))?;
-        if got != 0x1000 + i {
-            return Err(fail("dword [index, got] wrong", i.into(), got.into(), 0));
-        }
-    }
-    dev.free_buffer(buf);
+    check_words(dev, buf, n as usize, |i| 0x1000 + i as u32)?;
+    dev.free(buf).map_err(be("free"))?;
     Ok(())
 }
 
 /// COPY copies a buffer to a middle buffer; GFX waits for that fence (a
-/// WAIT_MEM in its ring) and copies on to the destination.
-pub fn cross_queue<P: DirectIo, const C: usize>(dev: &mut Device<P, C>) -> Result<(), Failure> {
-    let mut a = dev.alloc_buffer(4096).map_err(se("alloc"))?;
-    let mid = dev.alloc_buffer(4096).map_err(se("alloc"))?;
-    let dst = dev.alloc_buffer(4096).map_err(se("alloc"))?;
-    for (i, w) in a.words_mut().iter_mut().enumerate() {
-        *w = pattern(i, 0x55);
-    }
-    dev.flush(&a);
-    let (va, vm, vd) = (a.va(), mid.va(), dst.va());
+/// WAIT_MEM in its ring, or a kernel sync point) and copies on to the
+/// destination.
+pub fn cross_queue<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result<(), Failure> {
+    let (a, va) = alloc(dev, 4096)?;
+    let (mid, vm) = alloc(dev, 4096)?;
+    let (dst, vd) = alloc(dev, 4096)?;
+    write_words(dev, a, 1024, |i| pattern(i, 0x55)).map_err(be("write"))?;
     let f1 = dev.submit(QueueId(2), &[], |cb| cb.copy(va, vm, 4096)).map_err(se("submit copy"))?;
     let f2 = dev.submit(QueueId(0), &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(se("submit gfx"))?;
     dev.wait(f2, WAIT_GUARD_NS).map_err(we("wait"))?;
-    dev.invalidate(&dst);
-    for i in 0..1024 {
-        let got = dst.read_u32(i).ok_or(fail("read out of range", i as u64, 0, 0))?;
-        if got != pattern(i, 0x55) {
-            return Err(fail(
-                "dword [index, got, expected] wrong",
-                i as u64,
-                got.into(),
-                pattern(i, 0x55).into(),
-            ));
-        }
+    check_words(dev, dst, 1024, |i| pattern(i, 0x55))?;
+    for h in [a, mid, dst] {
+        dev.free(h).map_err(be("free"))?;
     }
-    dev.free_buffer(a);
-    dev.free_buffer(mid);
-    dev.free_buffer(dst);
     Ok(())
 }
 
 /// One named check.
-pub type Check<P, const C: usize> = fn(&mut Device<P, C>) -> Result<(), Failure>;
+pub type Check<B, const C: usize> = fn(&Engine<'_, B, C>) -> Result<(), Failure>;
 
 /// The smoke list: (scenario name, check).
-pub fn list<P: DirectIo, const C: usize>() -> [(&'static str, Check<P, C>); 7] {
+pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
     [
         ("copy_fill_write_gfx", |d| copy_fill_write(d, QueueId(0), 0x100)),
         ("copy_fill_write_compute", |d| copy_fill_write(d, QueueId(1), 0x101)),
@@ -200,11 +200,11 @@ pub fn list<P: DirectIo, const C: usize>() -> [(&'static str, Check<P, C>); 7] {
 
 /// Runs every check of [`list`] in order and stops at the first failure,
 /// which it hands to `failed` with the check's name. True if all passed.
-pub fn all<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+pub fn all<B: Backend, const C: usize>(
+    dev: &Engine<'_, B, C>,
     failed: impl FnOnce(&'static str, Failure),
 ) -> bool {
-    for (name, check) in list::<P, C>() {
+    for (name, check) in list::<B, C>() {
         if let Err(f) = check(dev) {
             failed(name, f);
             return false;

@@ -1,14 +1,19 @@
 //! The conformance suite: scenarios written once (`no_std`, no allocator)
-//! and run on every direct-mode platform: the in-process model, Linux
-//! co-simulation against `refgpu-sim`, and bare metal under QEMU.
+//! and run on every platform, in both modes: the in-process model (also
+//! with a non-coherent CPU cache), Linux co-simulation against
+//! `refgpu-sim`, bare metal under QEMU, and through the Linux kernel driver.
 //!
-//! Each scenario takes a freshly probed [`Device`] and returns a
+//! Each scenario takes a device ([`Engine`], either mode) and an [`Env`]
+//! saying what the platform offers (threads), and returns a
 //! [`ScenarioResult`]: pass, fail with a reason, or skip with the reason it
-//! cannot run on this platform (a scenario never passes silently). The
-//! scenarios: data correctness, fence order, IB chaining, ring
-//! wrap-around, a copy -> compute -> copy pipeline over three queues with
-//! semaphores, deadlock rejection, page faults, hang recovery, IB pool
-//! exhaustion, the gen2 misaligned-fence rule, and a seeded stress run.
+//! cannot run on this platform (a scenario never passes silently). The list:
+//! data correctness, fence order, IB chaining, ring wrap-around, a copy ->
+//! compute -> copy pipeline over three queues with semaphores, deadlock
+//! rejection, page faults, hang recovery, IB pool exhaustion, the gen2
+//! misaligned-fence rule, a seeded stress run; buffer lifecycles (a buffer
+//! freed while in flight, ten thousand buffers across the size classes);
+//! failure propagation, a failure history that survives many resets, a wait
+//! before signal that is not a hang, and several submitting threads.
 //!
 //! Run them with [`run_all`] on a device made with [`SUITE_CONFIG`] and
 //! [`SUITE_MMU`]; every wait has a generous failure guard ([`GUARD_NS`]),
@@ -16,17 +21,24 @@
 #![no_std]
 
 pub mod bringup;
+pub mod io;
 
 use core::fmt::{self, Write};
+
+use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};
 use umd_core::config::{Config, HangConfig, PoolExhaustion};
 use umd_core::debug::HangReason;
-use umd_core::device::{Device, GpuBuffer, MmuMode};
+use umd_core::direct::MmuMode;
+use umd_core::engine::{Backend, BufferUse, Engine, Mode, Submit};
 use umd_core::hw::Generation;
-use umd_core::platform::DirectIo;
+use umd_core::ibpool::Recorder;
+use umd_core::mem::{BufferDesc, BufferHandle};
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
-use umd_core::sync::{Access, FaultKind, Fence, FenceError, FenceId, QueueId};
+use umd_core::sync::{Access, Cause, FaultKind, Fence, FenceError, QueueId};
+
+use io::{first_mismatch, write_words};
 
 /// Graphics queue.
 pub const GFX: QueueId = QueueId(0);
@@ -49,7 +61,7 @@ pub const SUITE_CHUNKS: usize = 16;
 pub const SUITE_CONFIG: Config = Config {
     ib_chunk_bytes: 4096,
     ring_bytes: 16 * 1024,
-    hang: HangConfig { window_ns: 1_000_000_000, min_progress_bytes: 16, max_windows_without_fence: 4 },
+    hang: HangConfig { window_ns: 1_000_000_000, ..Config::DEFAULT.hang },
     ..Config::DEFAULT
 };
 
@@ -147,8 +159,29 @@ impl fmt::Display for ScenarioResult {
     }
 }
 
+/// What the platform offers a scenario beyond the device.
+#[derive(Clone, Copy, Default)]
+pub struct Env<'a> {
+    /// Runs tasks on several threads at once (None: no threads here, and
+    /// the multi-submitter scenario is skipped with that reason).
+    pub parallel: Option<&'a dyn Parallel>,
+}
+
+impl fmt::Debug for Env<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Env").field("parallel", &self.parallel.is_some()).finish()
+    }
+}
+
+/// A platform's threads: `run` calls every task on its own thread and
+/// returns when all have returned.
+pub trait Parallel: Sync {
+    /// Runs `tasks[i](i)` concurrently.
+    fn run(&self, tasks: usize, task: &(dyn Fn(usize) + Sync));
+}
+
 /// A scenario's body: `Err` carries the failure (or skip) text.
-type Body<P, const C: usize> = fn(&mut Device<P, C>, &mut Detail) -> Result<(), Stop>;
+type Body<B, const C: usize> = fn(&Engine<'_, B, C>, &Env<'_>, &mut Detail) -> Result<(), Stop>;
 
 /// Why a scenario body stopped early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -160,17 +193,17 @@ pub enum Stop {
 }
 
 /// One scenario.
-pub struct Scenario<P: DirectIo, const C: usize> {
+pub struct Scenario<B: Backend, const C: usize> {
     /// Name, stable across platforms (the harnesses key results by it).
     pub name: &'static str,
-    body: Body<P, C>,
+    body: Body<B, C>,
 }
 
-impl<P: DirectIo, const C: usize> Scenario<P, C> {
+impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
     /// Runs it.
-    pub fn run(&self, dev: &mut Device<P, C>) -> ScenarioResult {
+    pub fn run(&self, dev: &Engine<'_, B, C>, env: &Env<'_>) -> ScenarioResult {
         let mut detail = Detail::new();
-        let outcome = match (self.body)(dev, &mut detail) {
+        let outcome = match (self.body)(dev, env, &mut detail) {
             Ok(()) => Outcome::Pass,
             Err(Stop::Fail) => Outcome::Fail,
             Err(Stop::Skip) => Outcome::Skip,
@@ -179,8 +212,11 @@ impl<P: DirectIo, const C: usize> Scenario<P, C> {
     }
 }
 
+/// Number of scenarios.
+pub const SCENARIOS: usize = 17;
+
 /// Every scenario, in a fixed order.
-pub fn scenarios<P: DirectIo, const C: usize>() -> [Scenario<P, C>; 11] {
+pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
     [
         Scenario { name: "copy_fill_write", body: copy_fill_write },
         Scenario { name: "fences_in_order", body: fences_in_order },
@@ -193,11 +229,17 @@ pub fn scenarios<P: DirectIo, const C: usize>() -> [Scenario<P, C>; 11] {
         Scenario { name: "pool_exhaustion", body: pool_exhaustion },
         Scenario { name: "gen2_misaligned_fence", body: misaligned_fence },
         Scenario { name: "stress_random_dependencies", body: stress },
+        Scenario { name: "free_while_in_flight", body: free_while_in_flight },
+        Scenario { name: "many_small_buffers", body: many_small_buffers },
+        Scenario { name: "failure_propagates", body: failure_propagates },
+        Scenario { name: "failure_history_survives_resets", body: history_survives_resets },
+        Scenario { name: "wait_before_signal_is_not_a_hang", body: wait_before_signal },
+        Scenario { name: "multi_submitter", body: multi_submitter },
     ]
 }
 
 /// Names of every scenario (for harnesses that enumerate results).
-pub const SCENARIO_NAMES: [&str; 11] = [
+pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "copy_fill_write",
     "fences_in_order",
     "ib_chaining",
@@ -209,12 +251,22 @@ pub const SCENARIO_NAMES: [&str; 11] = [
     "pool_exhaustion",
     "gen2_misaligned_fence",
     "stress_random_dependencies",
+    "free_while_in_flight",
+    "many_small_buffers",
+    "failure_propagates",
+    "failure_history_survives_resets",
+    "wait_before_signal_is_not_a_hang",
+    "multi_submitter",
 ];
 
 /// Runs every scenario on `dev`, handing each result to `out`.
-pub fn run_all<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, mut out: impl FnMut(ScenarioResult)) {
-    for s in scenarios::<P, C>() {
-        out(s.run(dev));
+pub fn run_all<B: Backend + Sync, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    env: &Env<'_>,
+    mut out: impl FnMut(ScenarioResult),
+) {
+    for s in scenarios::<B, C>() {
+        out(s.run(dev, env));
     }
 }
 
@@ -224,6 +276,13 @@ macro_rules! fail {
     ($d:expr, $($arg:tt)*) => {{
         let _ = write!($d, $($arg)*);
         return Err(Stop::Fail);
+    }};
+}
+
+macro_rules! skip {
+    ($d:expr, $($arg:tt)*) => {{
+        let _ = write!($d, $($arg)*);
+        return Err(Stop::Skip);
     }};
 }
 
@@ -239,26 +298,64 @@ fn pattern(i: usize, seed: u32) -> u32 {
     (i as u32).wrapping_mul(0x9E37_79B1) ^ seed
 }
 
-fn alloc<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
-    len: usize,
+type Dev<'a, 'd, B, const C: usize> = &'a Engine<'d, B, C>;
+
+fn alloc<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    len: u64,
     d: &mut Detail,
-) -> Result<GpuBuffer, Stop> {
-    match dev.alloc_buffer(len) {
-        Ok(b) => Ok(b),
-        Err(e) => fail!(d, "alloc {len}: {e}"),
+) -> Result<(BufferHandle, u64), Stop> {
+    alloc_with(dev, &BufferDesc::new(len), d)
+}
+
+fn alloc_with<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    desc: &BufferDesc,
+    d: &mut Detail,
+) -> Result<(BufferHandle, u64), Stop> {
+    let h = match dev.alloc(desc) {
+        Ok(h) => h,
+        Err(e) => fail!(d, "alloc {}: {e}", desc.size),
+    };
+    match dev.va(h) {
+        Ok(va) => Ok((h, va)),
+        Err(e) => fail!(d, "va of a new buffer: {e}"),
     }
 }
 
-fn submit<P: DirectIo, const C: usize, F>(
-    dev: &mut Device<P, C>,
+fn free<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    match dev.free(h) {
+        Ok(()) => Ok(()),
+        Err(e) => fail!(d, "free {h}: {e}"),
+    }
+}
+
+fn fill<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
+    n: usize,
+    f: impl Fn(usize) -> u32,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    match write_words(dev, h, n, f) {
+        Ok(()) => Ok(()),
+        Err(e) => fail!(d, "write {h}: {e}"),
+    }
+}
+
+fn submit<B: Backend, const C: usize, F>(
+    dev: Dev<'_, '_, B, C>,
     q: QueueId,
     waits: &[Fence],
     d: &mut Detail,
     f: F,
 ) -> Result<Fence, Stop>
 where
-    F: for<'a, 's, 'b> FnOnce(&mut umd_core::device::Recorder<'a, 's, 'b, C>) -> Result<(), EncodeError>,
+    F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
 {
     match dev.submit(q, waits, f) {
         Ok(fence) => Ok(fence),
@@ -266,63 +363,97 @@ where
     }
 }
 
-fn wait<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, f: Fence, d: &mut Detail) -> Result<(), Stop> {
+fn wait<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, f: Fence, d: &mut Detail) -> Result<(), Stop> {
     match dev.wait(f, GUARD_NS) {
         Ok(()) => Ok(()),
         Err(e) => fail!(d, "wait {f}: {e}"),
     }
 }
 
-/// Checks `n` dwords of `buf` against `want(i)`.
-fn expect_words<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
-    buf: &GpuBuffer,
+/// Checks `n` dwords of `h` against `want(i)` (the copy does the cache
+/// maintenance).
+fn expect_words<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
     n: usize,
     d: &mut Detail,
     want: impl Fn(usize) -> u32,
 ) -> Result<(), Stop> {
-    dev.invalidate(buf);
-    for i in 0..n {
-        let got = buf.read_u32(i);
-        check!(d, got == Some(want(i)), "word {i}: got {got:#x?}, want {:#x}", want(i));
+    match first_mismatch(dev, h, n, want) {
+        Ok(None) => Ok(()),
+        Ok(Some((i, got, want))) => fail!(d, "word {i}: got {got:#x}, want {want:#x}"),
+        Err(e) => fail!(d, "read {h}: {e}"),
     }
-    Ok(())
+}
+
+/// A 64-bit semaphore at `va` the host releases: WAIT_MEM until it reads 1.
+fn gate_cmd(va: u64) -> Command<'static> {
+    Command::WaitMem { addr: va, reference: 1, mask: u64::MAX, op: CompareOp::Eq, wide: true }
+}
+
+fn release_gate<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    h: BufferHandle,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    match dev.write_words(h, 0, &[1, 0]) {
+        Ok(()) => Ok(()),
+        Err(e) => fail!(d, "release the gate: {e}"),
+    }
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next().checked_rem(n).unwrap_or(0)
+    }
 }
 
 // ----- scenarios -----------------------------------------------------------
 
-fn copy_fill_write<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
+fn copy_fill_write<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     for (k, q) in [GFX, COMPUTE, COPY].into_iter().enumerate() {
         let seed = 0x1234_5678 ^ k as u32;
-        let mut src = alloc(dev, 16384, d)?;
-        let mut dst = alloc(dev, 16384, d)?;
-        for (i, w) in src.words_mut().iter_mut().enumerate() {
-            *w = pattern(i, seed);
-        }
-        dst.words_mut().fill(0xDEAD_BEEF);
-        dev.flush(&src);
-        dev.flush(&dst);
-        let (s, t) = (src.va(), dst.va());
+        let (src, s) = alloc(dev, 16384, d)?;
+        let (dst, t) = alloc(dev, 16384, d)?;
+        fill(dev, src, 4096, |i| pattern(i, seed), d)?;
+        fill(dev, dst, 4096, |_| 0xDEAD_BEEF, d)?;
         let f = submit(dev, q, &[], d, |cb| {
             cb.copy(s, t, 8192)?;
             cb.fill(t + 8192, 4096, 0xA5A5_A5A5)?;
             cb.write_data(t + 12288, &[1, 2, 3, 4])
         })?;
         wait(dev, f, d)?;
-        expect_words(dev, &dst, 3076, d, |i| match i {
+        expect_words(dev, dst, 3076, d, |i| match i {
             0..=2047 => pattern(i, seed),
             2048..=3071 => 0xA5A5_A5A5,
             _ => (i - 3071) as u32,
         })?;
-        dev.free_buffer(src);
-        dev.free_buffer(dst);
+        free(dev, src, d)?;
+        free(dev, dst, d)?;
     }
     Ok(())
 }
 
-fn fences_in_order<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let buf = alloc(dev, 4096, d)?;
-    let b = buf.va();
+fn fences_in_order<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 4096, d)?;
     let mut fences = [None; 64];
     for (i, slot) in fences.iter_mut().enumerate() {
         // Each job writes a timestamp: in-order execution means they never decrease.
@@ -336,21 +467,25 @@ fn fences_in_order<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut 
         check!(d, f.seqno().0 > prev_seq, "seqnos not increasing at {f}");
         prev_seq = f.seqno().0;
     }
-    dev.invalidate(&buf);
+    let mut bytes = [0u8; 512];
+    if let Err(e) = dev.read(buf, 0, &mut bytes) {
+        fail!(d, "read: {e}");
+    }
     let mut prev = 0u64;
-    for i in 0..64 {
-        let t = u64::from(buf.read_u32(2 * i).unwrap_or(0))
-            | (u64::from(buf.read_u32(2 * i + 1).unwrap_or(0)) << 32);
+    for (i, c) in bytes.chunks_exact(8).enumerate() {
+        let t = u64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
         check!(d, t >= prev && t != 0, "timestamp {i} = {t} after {prev}: not in order");
         prev = t;
     }
-    dev.free_buffer(buf);
-    Ok(())
+    free(dev, buf, d)
 }
 
-fn ib_chaining<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let buf = alloc(dev, 3000 * 4, d)?;
-    let b = buf.va();
+fn ib_chaining<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 3000 * 4, d)?;
     // 3000 WRITE_DATA packets of 4 dwords each: ~60 KB of commands through
     // 4 KiB chunks, so the buffer is chained over about 15 chunks.
     let f = submit(dev, COPY, &[], d, |cb| {
@@ -360,14 +495,19 @@ fn ib_chaining<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Deta
         Ok(())
     })?;
     wait(dev, f, d)?;
-    expect_words(dev, &buf, 3000, d, |i| pattern(i, 0xC4A1))?;
-    dev.free_buffer(buf);
-    Ok(())
+    expect_words(dev, buf, 3000, d, |i| pattern(i, 0xC4A1))?;
+    free(dev, buf, d)
 }
 
-fn ring_wraparound<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let buf = alloc(dev, 4096, d)?;
-    let b = buf.va();
+fn ring_wraparound<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    if dev.mode() == Mode::Kernel {
+        skip!(d, "kernel mode: the kernel driver owns the rings");
+    }
+    let (buf, b) = alloc(dev, 4096, d)?;
     let wraps0 = dev.stats().ring_wraps;
     // Each submission puts ~36 bytes in a 16 KiB ring: 1200 of them wrap it
     // at least twice, at shifting offsets.
@@ -382,9 +522,8 @@ fn ring_wraparound<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut 
     wait(dev, last.ok_or(Stop::Fail)?, d)?;
     let wraps = dev.stats().ring_wraps.saturating_sub(wraps0);
     check!(d, wraps >= 2, "ring wrapped {wraps} times, expected at least 2");
-    expect_words(dev, &buf, 1024, d, |i| if i < 1200 - 1024 { (i + 1024) as u32 } else { i as u32 })?;
-    dev.free_buffer(buf);
-    Ok(())
+    expect_words(dev, buf, 1024, d, |i| if i < 1200 - 1024 { (i + 1024) as u32 } else { i as u32 })?;
+    free(dev, buf, d)
 }
 
 /// `scalar * a + b` exactly as the spec says (product rounded, then sum).
@@ -393,19 +532,19 @@ fn saxpy(scalar: f32, a: f32, b: f32) -> f32 {
     p + b
 }
 
-fn pipeline<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
+fn pipeline<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     const N: usize = 1024;
-    let mut input = alloc(dev, 2 * N * 4, d)?;
-    let staging = alloc(dev, 2 * N * 4, d)?;
-    let result = alloc(dev, N * 4, d)?;
-    let out = alloc(dev, N * 4, d)?;
+    let (input, inp) = alloc(dev, (2 * N * 4) as u64, d)?;
+    let (staging, stg) = alloc(dev, (2 * N * 4) as u64, d)?;
+    let (result, res) = alloc(dev, (N * 4) as u64, d)?;
+    let (out, o) = alloc(dev, (N * 4) as u64, d)?;
     let a = |i: usize| (i as f32) * 0.5 - 100.0;
     let bv = |i: usize| 1.0 / ((i as f32) + 1.0);
-    for (i, w) in input.words_mut().iter_mut().enumerate() {
-        *w = if i < N { a(i).to_bits() } else { bv(i - N).to_bits() };
-    }
-    dev.flush(&input);
-    let (inp, stg, res, o) = (input.va(), staging.va(), result.va(), out.va());
+    fill(dev, input, 2 * N, |i| if i < N { a(i).to_bits() } else { bv(i - N).to_bits() }, d)?;
     let n4 = (N * 4) as u64;
     // COPY: stage both inputs. COMPUTE (waits COPY): SAXPY. GFX (waits COMPUTE): copy out.
     let c1 = submit(dev, COPY, &[], d, |cb| cb.copy(inp, stg, 2 * n4))?;
@@ -420,21 +559,20 @@ fn pipeline<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail)
         dev.query(c2) == Ok(FenceStatus::Signalled),
         "compute fence not signalled before the final one"
     );
-    expect_words(dev, &out, N, d, |i| saxpy(2.5, a(i), bv(i)).to_bits())?;
-    for b in [input, staging, result, out] {
-        dev.free_buffer(b);
+    expect_words(dev, out, N, d, |i| saxpy(2.5, a(i), bv(i)).to_bits())?;
+    for h in [input, staging, result, out] {
+        free(dev, h, d)?;
     }
     Ok(())
 }
 
-fn deadlock_rejected<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+fn deadlock_rejected<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    let Some(copy_last) = dev.last_emitted(COPY) else { fail!(d, "no COPY queue") };
+    let Some(copy_next) = dev.next_fence(COPY) else { fail!(d, "no COPY queue") };
     // COMPUTE waits for COPY's next fence (wait before signal) ...
-    let copy_next =
-        Fence { id: FenceId { queue: COPY, seqno: copy_last.seqno().next() }, epoch: copy_last.epoch };
     let compute = submit(dev, COMPUTE, &[copy_next], d, |cb| cb.barrier())?;
     // ... so COPY's next submission may not wait for that COMPUTE work.
     match dev.submit(COPY, &[compute], |cb| cb.barrier()) {
@@ -456,36 +594,45 @@ fn deadlock_rejected<P: DirectIo, const C: usize>(
     Ok(())
 }
 
-fn page_fault<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
+/// 3 GiB into the suite's 4 GiB arena: never mapped by anything.
+const UNMAPPED: u64 = (1u64 << 32) + (3u64 << 30) + 0x40;
+
+fn page_fault<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     if !dev.mmu_enabled() {
-        let _ = write!(d, "MMU bypassed on this device: no faults to take");
-        return Err(Stop::Skip);
+        skip!(d, "MMU bypassed on this device: no faults to take");
     }
-    let dst = alloc(dev, 4096, d)?;
-    // 3 GiB into the 4 GiB arena: never mapped by anything in the suite.
-    let unmapped = (1u64 << 32) + (3u64 << 30) + 0x40;
-    let t = dst.va();
-    let f = submit(dev, COPY, &[], d, |cb| cb.copy(unmapped, t, 256))?;
+    let (dst, t) = alloc(dev, 4096, d)?;
+    let f = submit(dev, COPY, &[], d, |cb| cb.copy(UNMAPPED, t, 256))?;
     match dev.wait(f, GUARD_NS) {
         Err(WaitError::Failed(FenceError::Fault(info))) => {
             check!(d, info.kind == FaultKind::Translation, "fault kind {:?}", info.kind);
             check!(d, info.access == Access::Read, "fault access {:?}", info.access);
-            check!(d, info.addr == unmapped, "fault address {:#x}, expected {unmapped:#x}", info.addr);
+            check!(d, info.addr == UNMAPPED, "fault address {:#x}, expected {UNMAPPED:#x}", info.addr);
             let Some(r) = dev.last_hang() else { fail!(d, "no fault report") };
             check!(d, r.queue == COPY, "fault reported on {}", r.queue);
+        }
+        Err(WaitError::Failed(_)) if dev.mode() == Mode::Kernel => {
+            // The kernel reset the context; the fault's details are in its
+            // devcoredump.
         }
         other => fail!(d, "expected a translation fault, got {other:?}"),
     }
     // The queue works again.
     let g = submit(dev, COPY, &[], d, |cb| cb.fill(t, 64, 7))?;
     wait(dev, g, d)?;
-    dev.free_buffer(dst);
-    Ok(())
+    free(dev, dst, d)
 }
 
-fn hang_recovery<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let buf = alloc(dev, 4096, d)?;
-    let b = buf.va();
+fn hang_recovery<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 4096, d)?;
     let resets = dev.stats().resets;
     // A semaphore that is never released: the engine waits forever.
     let stuck = submit(dev, COMPUTE, &[], d, |cb| {
@@ -509,32 +656,34 @@ fn hang_recovery<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut De
     );
     let Some(r) = dev.last_hang() else { fail!(d, "no hang report") };
     check!(d, r.queue == COMPUTE, "hang blamed on {}", r.queue);
-    check!(d, matches!(r.reason, HangReason::NoProgress { .. }), "reason {}", r.reason);
+    check!(
+        d,
+        matches!(r.reason, HangReason::NoProgress { .. } | HangReason::KernelReset),
+        "reason {}",
+        r.reason
+    );
     check!(d, dev.stats().resets == resets + 1, "expected one reset");
     // The next submission on the reset queue succeeds.
     let next = submit(dev, COMPUTE, &[], d, |cb| cb.write_data(b + 128, &[0x600D]))?;
     wait(dev, next, d)?;
-    expect_words(dev, &buf, 33, d, |i| if i == 32 { 0x600D } else { 0 })?;
-    dev.free_buffer(buf);
-    Ok(())
+    expect_words(dev, buf, 33, d, |i| if i == 32 { 0x600D } else { 0 })?;
+    free(dev, buf, d)
 }
 
-fn pool_exhaustion<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let mut sem = alloc(dev, 4096, d)?;
-    let s = sem.va();
+fn pool_exhaustion<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (sem, s) = alloc(dev, 4096, d)?;
     // Block GFX on a semaphore the host releases, then submit jobs that each
     // need most of a chunk until the pool runs dry.
-    let gate = submit(dev, GFX, &[], d, |cb| {
-        cb.push(&Command::WaitMem { addr: s, reference: 1, mask: u64::MAX, op: CompareOp::Eq, wide: true })
-    })?;
+    let gate = submit(dev, GFX, &[], d, |cb| cb.push(&gate_cmd(s)))?;
     dev.set_pool_exhaustion(PoolExhaustion::Error);
     let exhausted = fill_pool(dev, s, d);
     // Whatever happened, release the gate and restore the policy so later
     // scenarios find a working queue.
-    if let Some(w) = sem.words_mut().get_mut(..2) {
-        w.copy_from_slice(&[1, 0]);
-    }
-    dev.flush(&sem);
+    release_gate(dev, sem, d)?;
     dev.set_pool_exhaustion(PoolExhaustion::WaitOldest);
     let last = exhausted?;
     wait(dev, gate, d)?;
@@ -543,14 +692,13 @@ fn pool_exhaustion<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut 
     let after = submit(dev, GFX, &[], d, |cb| cb.write_data(s + 8, &[0xAB]))?;
     wait(dev, after, d)?;
     check!(d, dev.query(last) == Ok(FenceStatus::Signalled), "earlier work not done");
-    dev.free_buffer(sem);
-    Ok(())
+    free(dev, sem, d)
 }
 
 /// Submits chunk-sized jobs to the blocked GFX queue until the pool refuses
 /// one; returns the last accepted fence.
-fn fill_pool<P: DirectIo, const C: usize>(
-    dev: &mut Device<P, C>,
+fn fill_pool<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
     s: u64,
     d: &mut Detail,
 ) -> Result<Fence, Stop> {
@@ -576,9 +724,12 @@ fn fill_pool<P: DirectIo, const C: usize>(
     fail!(d, "the pool never ran empty with {C} chunks")
 }
 
-fn misaligned_fence<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
-    let buf = alloc(dev, 4096, d)?;
-    let b = buf.va();
+fn misaligned_fence<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 4096, d)?;
     match dev.chip().generation {
         Generation::Gen2 => {
             // 8-byte aligned but not 64: the device would drop it silently,
@@ -591,44 +742,30 @@ fn misaligned_fence<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut
             check!(d, dev.last_emitted(GFX) == before, "a refused submission emitted a fence");
             let f = submit(dev, GFX, &[], d, |cb| cb.fence(b + 64, 5, false))?;
             wait(dev, f, d)?;
-            expect_words(dev, &buf, 18, d, |i| if i == 16 { 5 } else { 0 })?;
+            expect_words(dev, buf, 18, d, |i| if i == 16 { 5 } else { 0 })?;
         }
         Generation::Gen1 => {
             // Gen1 only needs 8-byte alignment: the same fence lands.
             let f = submit(dev, GFX, &[], d, |cb| cb.fence(b + 8, 5, false))?;
             wait(dev, f, d)?;
-            expect_words(dev, &buf, 4, d, |i| if i == 2 { 5 } else { 0 })?;
+            expect_words(dev, buf, 4, d, |i| if i == 2 { 5 } else { 0 })?;
             match dev.submit(GFX, &[], |cb| cb.fence(b + 4, 5, false)) {
                 Err(SubmitError::Encode(EncodeError::MisalignedFence { align: 8, .. })) => {}
                 other => fail!(d, "expected MisalignedFence(8), got {other:?}"),
             }
         }
     }
-    dev.free_buffer(buf);
-    Ok(())
+    free(dev, buf, d)
 }
 
-/// A small deterministic generator (xorshift64*).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next().checked_rem(n).unwrap_or(0)
-    }
-}
-
-fn stress<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -> Result<(), Stop> {
+fn stress<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
     const JOBS: usize = 2000;
     const KEEP: usize = 32;
-    let buf = alloc(dev, JOBS * 4, d)?;
-    let b = buf.va();
+    let (buf, b) = alloc(dev, (JOBS * 4) as u64, d)?;
     let mut rng = Rng(0x5EED_0FC0_FFEE);
     let before = dev.stats();
     let queues = [GFX, COMPUTE, COPY];
@@ -638,8 +775,8 @@ fn stress<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -
     for i in 0..JOBS {
         let qi = rng.below(3) as usize;
         let q = queues.get(qi).copied().unwrap_or(GFX);
-        let mut waits = [None; 2];
-        for w in waits.iter_mut() {
+        let mut wl: [Option<Fence>; 2] = [None; 2];
+        for w in wl.iter_mut() {
             let oq = rng.below(3) as usize;
             let n = count.get(oq).copied().unwrap_or(0);
             if oq != qi && n > 0 && rng.below(2) == 0 {
@@ -647,17 +784,13 @@ fn stress<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -
                 *w = recent.get(oq).and_then(|r| r.get(pick % KEEP)).copied().flatten();
             }
         }
-        let mut wl = [Fence { id: FenceId::default(), epoch: 0 }; 2];
+        let mut waits = [dev.last_emitted(GFX).ok_or(Stop::Fail)?; 2];
         let mut nw = 0;
-        for f in waits.iter().flatten() {
-            if let Some(s) = wl.get_mut(nw) {
-                *s = *f;
-                nw += 1;
-            }
+        for f in wl.iter().flatten() {
+            waits[nw] = *f;
+            nw += 1;
         }
-        let f = submit(dev, q, wl.get(..nw).unwrap_or(&[]), d, |cb| {
-            cb.write_data(b + 4 * i as u64, &[i as u32 ^ 0x5A5A])
-        })?;
+        let f = submit(dev, q, &waits[..nw], d, |cb| cb.write_data(b + 4 * i as u64, &[i as u32 ^ 0x5A5A]))?;
         if let (Some(r), Some(c)) = (recent.get_mut(qi), count.get_mut(qi)) {
             if let Some(slot) = r.get_mut(*c % KEEP) {
                 *slot = Some(f);
@@ -673,10 +806,355 @@ fn stress<P: DirectIo, const C: usize>(dev: &mut Device<P, C>, d: &mut Detail) -
             wait(dev, *f, d)?;
         }
     }
-    expect_words(dev, &buf, JOBS, d, |i| i as u32 ^ 0x5A5A)?;
+    expect_words(dev, buf, JOBS, d, |i| i as u32 ^ 0x5A5A)?;
     let s = dev.stats();
     let (hangs, faults) = (s.hangs.saturating_sub(before.hangs), s.faults.saturating_sub(before.faults));
     check!(d, hangs == 0 && faults == 0, "stress saw {hangs} hangs and {faults} faults");
-    dev.free_buffer(buf);
+    free(dev, buf, d)
+}
+
+/// A buffer freed right after a submission that reads it: its memory and
+/// address stay out of circulation until the fence, and the job reads the
+/// original data. Both tracking modes.
+fn free_while_in_flight<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const LEN: u64 = 64 * 1024;
+    const WORDS: usize = (LEN / 4) as usize;
+    for declared in [false, true] {
+        let (gate, g) = alloc(dev, 4096, d)?;
+        let desc = if declared { BufferDesc::new(LEN).declared() } else { BufferDesc::new(LEN) };
+        let (src, s) = alloc_with(dev, &desc.tag("freed-in-flight"), d)?;
+        let (out, o) = alloc(dev, LEN, d)?;
+        fill(dev, src, WORDS, |i| pattern(i, 0xF4EE), d)?;
+        // The copy waits for the host's gate, so it is surely in flight
+        // while the buffer is freed and its successors are allocated.
+        let uses = [BufferUse::read(src), BufferUse::write(out)];
+        let job = Submit::on(COPY).using(if declared { &uses } else { &[] });
+        let f = match dev.submit_with(&job, |cb| {
+            cb.push(&gate_cmd(g))?;
+            cb.copy(s, o, LEN)
+        }) {
+            Ok(f) => f,
+            Err(e) => fail!(d, "submit: {e}"),
+        };
+        let waiting0 = dev.buffer_stats().waiting;
+        free(dev, src, d)?;
+        check!(d, dev.buffer_stats().waiting == waiting0 + 1, "the free did not wait for the fence");
+        check!(d, dev.free(src) == Err(umd_core::mem::BufferError::Stale), "double free not refused");
+        // Successors of the same size (the pool would reuse the slot at
+        // once if the free were not gated) get other addresses.
+        let mut next = [None; 4];
+        for slot in next.iter_mut() {
+            let (h, va) = alloc_with(dev, &desc, d)?;
+            check!(d, va != s, "address {s:#x} reused while its copy is in flight");
+            fill(dev, h, WORDS, |i| pattern(i, 0xBAD), d)?;
+            *slot = Some(h);
+        }
+        release_gate(dev, gate, d)?;
+        wait(dev, f, d)?;
+        expect_words(dev, out, WORDS, d, |i| pattern(i, 0xF4EE))?;
+        // After the fence the memory goes back (on the next allocation or
+        // completion pass).
+        let _ = dev.query(f);
+        check!(d, dev.buffer_stats().waiting == waiting0, "freed memory not released after its fence");
+        for h in next.iter().flatten() {
+            free(dev, *h, d)?;
+        }
+        free(dev, out, d)?;
+        free(dev, gate, d)?;
+    }
     Ok(())
+}
+
+/// Ten thousand buffers across the size classes, in waves, a GPU job over
+/// each (one FILL per buffer), every buffer's first and last dword checked.
+fn many_small_buffers<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const TOTAL: usize = 10_000;
+    const WAVE: usize = 250;
+    fn size_of(i: usize) -> u64 {
+        match i % 10 {
+            0..=3 => [64, 128, 400, 1000][i % 4],
+            4..=8 => [1024, 3000, 8192, 16384, 65536][i % 5],
+            _ => 70_000 + (i % 3) as u64 * 4096,
+        }
+    }
+    let before = dev.buffer_stats().pool;
+    let live_before = dev.buffer_stats().live;
+    let mut done = 0usize;
+    while done < TOTAL {
+        let mut wave = [None::<(BufferHandle, u64, u64)>; WAVE];
+        for (k, slot) in wave.iter_mut().enumerate() {
+            let i = done + k;
+            let size = size_of(i);
+            let (h, va) = alloc(dev, size, d)?;
+            *slot = Some((h, va, size));
+        }
+        let seed = done as u32;
+        let f = submit(dev, COPY, &[], d, |cb| {
+            for (k, b) in wave.iter().enumerate() {
+                if let Some((_, va, size)) = b {
+                    cb.fill(*va, size & !3, seed ^ k as u32)?;
+                }
+            }
+            Ok(())
+        })?;
+        wait(dev, f, d)?;
+        for (k, b) in wave.iter().enumerate() {
+            let Some((h, _, size)) = *b else { continue };
+            let last = (size / 4 - 1) as usize;
+            for idx in [0usize, last] {
+                match dev.read_u32(h, idx as u64) {
+                    Ok(v) if v == seed ^ k as u32 => {}
+                    Ok(v) => fail!(d, "buffer {} of wave {done}: word {idx} = {v:#x}", k),
+                    Err(e) => fail!(d, "read: {e}"),
+                }
+            }
+            free(dev, h, d)?;
+        }
+        done += WAVE;
+    }
+    let after = dev.buffer_stats().pool;
+    let blocks = after.blocks_acquired.saturating_sub(before.blocks_acquired);
+    // Small and medium buffers are slots of slabs: far fewer platform
+    // blocks than buffers (large ones take one each: a tenth).
+    check!(d, blocks < (TOTAL / 5) as u64, "{blocks} platform blocks for {TOTAL} buffers: slabs not reused");
+    check!(d, dev.buffer_stats().live == live_before, "buffers left live");
+    Ok(())
+}
+
+/// A producer that hangs fails its consumer on another queue (already on
+/// the GPU) with a cause naming it, and a later submission that waits on
+/// either is refused before it reaches the GPU.
+fn failure_propagates<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 4096, d)?;
+    let stuck = submit(dev, COMPUTE, &[], d, |cb| {
+        cb.push(&Command::WaitMem {
+            addr: b,
+            reference: 0xDEAD,
+            mask: u64::MAX,
+            op: CompareOp::Eq,
+            wide: true,
+        })
+    })?;
+    let consumer = submit(dev, COPY, &[stuck], d, |cb| cb.write_data(b + 256, &[0xC0]))?;
+    match dev.wait(consumer, GUARD_NS) {
+        Err(WaitError::Failed(FenceError::Dependency { producer, cause: Cause::Hung })) => {
+            check!(d, producer == stuck.id, "failure names {producer}, expected {}", stuck.id);
+        }
+        other => fail!(d, "consumer of a hung producer: expected a dependency failure, got {other:?}"),
+    }
+    check!(
+        d,
+        dev.query(stuck) == Ok(FenceStatus::Failed(FenceError::DeviceHung)),
+        "the producer is not failed"
+    );
+    for (waits_on, what) in [(stuck, "producer"), (consumer, "consumer")] {
+        match dev.submit(GFX, &[waits_on], |cb| cb.write_data(b + 512, &[1])) {
+            Err(SubmitError::DependencyFailed { fence, .. }) => {
+                check!(d, fence == waits_on, "refusal names {fence}");
+            }
+            other => fail!(d, "a submission waiting on the failed {what}: {other:?}"),
+        }
+    }
+    // Every queue works again.
+    for q in [GFX, COMPUTE, COPY] {
+        let f = submit(dev, q, &[], d, |cb| cb.write_data(b + 1024, &[7]))?;
+        wait(dev, f, d)?;
+    }
+    free(dev, buf, d)
+}
+
+/// A cancelled fence reports its failure however many resets follow, and
+/// successful work between the resets stays successful.
+fn history_survives_resets<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    if !dev.mmu_enabled() {
+        skip!(d, "MMU bypassed on this device: no faults to take");
+    }
+    const RESETS: usize = 40;
+    let (dst, t) = alloc(dev, 4096, d)?;
+    let fault = |dev: Dev<'_, '_, B, C>, d: &mut Detail| -> Result<Fence, Stop> {
+        let f = submit(dev, COPY, &[], d, |cb| cb.copy(UNMAPPED, t, 64))?;
+        match dev.wait(f, GUARD_NS) {
+            Err(WaitError::Failed(_)) => Ok(f),
+            other => fail!(d, "expected a fault, got {other:?}"),
+        }
+    };
+    let first = fault(dev, d)?;
+    let ok = submit(dev, COPY, &[], d, |cb| cb.write_data(t, &[1]))?;
+    wait(dev, ok, d)?;
+    for _ in 0..RESETS {
+        fault(dev, d)?;
+    }
+    check!(
+        d,
+        matches!(dev.query(first), Ok(FenceStatus::Failed(_))),
+        "the first cancelled fence forgot its failure after {RESETS} resets: {:?}",
+        dev.query(first)
+    );
+    check!(
+        d,
+        dev.query(ok) == Ok(FenceStatus::Signalled),
+        "successful work turned failed: {:?}",
+        dev.query(ok)
+    );
+    match dev.submit(GFX, &[first], |cb| cb.barrier()) {
+        Err(SubmitError::DependencyFailed { .. }) => {}
+        other => fail!(d, "a wait on the first cancelled fence: {other:?}"),
+    }
+    free(dev, dst, d)
+}
+
+/// A queue waiting on a fence that is not submitted yet is blocked, not
+/// hung: longer than a hang window passes, then the producer comes.
+fn wait_before_signal<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let (buf, b) = alloc(dev, 4096, d)?;
+    let resets = dev.stats().resets;
+    let Some(future) = dev.next_fence(COPY) else { fail!(d, "no COPY queue") };
+    let consumer = submit(dev, COMPUTE, &[future], d, |cb| cb.write_data(b, &[0xAF7E]))?;
+    // One and a half hang windows of servicing (the wait runs the hang
+    // check) with the producer missing.
+    let window = dev.hang_config().window_ns;
+    match dev.wait(consumer, window + window / 2) {
+        Err(WaitError::Timeout) => {}
+        other => fail!(d, "the blocked consumer: expected a timeout, got {other:?}"),
+    }
+    check!(d, dev.stats().resets == resets, "a blocked queue was reset as hung");
+    let producer = submit(dev, COPY, &[], d, |cb| cb.write_data(b + 4, &[0xF00D]))?;
+    check!(d, producer == future, "producer fence {producer}, expected {future}");
+    wait(dev, consumer, d)?;
+    expect_words(dev, buf, 2, d, |i| if i == 0 { 0xAF7E } else { 0xF00D })?;
+    free(dev, buf, d)
+}
+
+/// Four threads submit to random queues with random waits on each other's
+/// fences while one more allocates and frees buffers; every job's output
+/// is checked and no fence is lost.
+fn multi_submitter<B: Backend + Sync, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    env: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const THREADS: usize = 4;
+    const JOBS: usize = 300;
+    let Some(par) = env.parallel else {
+        skip!(d, "no threads on this platform (single core, no scheduler)");
+    };
+    let (buf, b) = alloc(dev, (THREADS * JOBS * 4) as u64, d)?;
+    // The latest fence each thread published per queue (seqno + 1; 0:
+    // none; the scenario's sequence numbers stay far below 2^32).
+    let published: [[AtomicU32; 3]; THREADS] = Default::default();
+    let errors = AtomicU32::new(0);
+    // The first error's message, as an index into MESSAGES (+1; 0: none).
+    const MESSAGES: [&str; 5] = [
+        "free during churn failed",
+        "alloc during churn failed",
+        "a submission failed",
+        "a wait failed",
+        "a final wait failed",
+    ];
+    let first = AtomicU32::new(0);
+    let note = |m: u32| {
+        errors.fetch_add(1, Ordering::Relaxed);
+        let _ = first.compare_exchange(0, m + 1, Ordering::AcqRel, Ordering::Acquire);
+    };
+    let stop = AtomicBool::new(false);
+    let queues = [GFX, COMPUTE, COPY];
+    par.run(THREADS + 1, &|t| {
+        if t == THREADS {
+            // Allocation churn next to the submitters.
+            let mut n = 0u64;
+            while !stop.load(Ordering::Acquire) && n < 2000 {
+                // Declared tracking: never used by the GPU, so freed at once.
+                match dev.alloc(&BufferDesc::new(256 + (n % 7) * 512).declared().tag("churn")) {
+                    Ok(h) => {
+                        if dev.free(h).is_err() {
+                            note(0);
+                        }
+                    }
+                    Err(_) => {
+                        note(1);
+                    }
+                }
+                n += 1;
+            }
+            return;
+        }
+        let mut rng = Rng(0xC0FF_EE00 + t as u64);
+        let mut mine: [Option<Fence>; 3] = [None; 3];
+        for j in 0..JOBS {
+            let qi = rng.below(3) as usize;
+            let q = queues[qi];
+            // Wait on another thread's latest fence on another queue.
+            let mut waits = [None; 1];
+            let other = rng.below(THREADS as u64) as usize;
+            let oq = rng.below(3) as usize;
+            if oq != qi {
+                let s = published[other][oq].load(Ordering::Acquire);
+                if s > 0 {
+                    if let Some(last) = dev.last_emitted(queues[oq]) {
+                        waits[0] = Some(Fence {
+                            id: umd_core::sync::FenceId::new(queues[oq], u64::from(s - 1)),
+                            ..last
+                        });
+                    }
+                }
+            }
+            let w: &[Fence] = match &waits[0] {
+                Some(f) => core::slice::from_ref(f),
+                None => &[],
+            };
+            let word = (t * JOBS + j) as u64;
+            match dev.submit(q, w, |cb| cb.write_data(b + 4 * word, &[word as u32 ^ 0x3C3C])) {
+                Ok(f) => {
+                    published[t][qi].store(f.seqno().0 as u32 + 1, Ordering::Release);
+                    mine[qi] = Some(f);
+                }
+                Err(_) => {
+                    note(2);
+                }
+            }
+            if j % 50 == 49 {
+                if let Some(f) = mine[qi] {
+                    if dev.wait(f, GUARD_NS).is_err() {
+                        note(3);
+                    }
+                }
+            }
+        }
+        for f in mine.iter().flatten() {
+            if dev.wait(*f, GUARD_NS).is_err() {
+                note(4);
+            }
+        }
+    });
+    stop.store(true, Ordering::Release);
+    let e = errors.load(Ordering::Relaxed);
+    let msg = first
+        .load(Ordering::Acquire)
+        .checked_sub(1)
+        .and_then(|i| MESSAGES.get(i as usize))
+        .copied()
+        .unwrap_or("");
+    check!(d, e == 0, "{e} errors in the threads, first: {msg}");
+    expect_words(dev, buf, THREADS * JOBS, d, |i| i as u32 ^ 0x3C3C)?;
+    free(dev, buf, d)
 }

@@ -3,31 +3,26 @@
 //! prints every scenario's result and fails on any FAIL (a SKIP must carry
 //! a reason and is listed).
 
-use conformance::{run_all, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use platform_linux::suite::run_suite;
 use platform_linux::InProcess;
 use refgpu_model::{Generation as ModelGen, ModelConfig};
-use umd_core::device::Device;
+use umd_core::direct::Device;
+use umd_core::storage::DeviceStorage;
 
 fn run(gen: ModelGen, use_irq: bool) {
     let platform =
         InProcess::new(ModelConfig { generation: gen, mem_size: 96 << 20, ..ModelConfig::default() })
             .expect("model starts");
     let cfg = umd_core::config::Config { use_irq, ..SUITE_CONFIG };
-    let mut dev: Device<InProcess, SUITE_CHUNKS> =
-        Device::new(platform, cfg, SUITE_MMU).map_err(|(e, _)| e).expect("device comes up");
-    let mut failures = Vec::new();
-    let mut seen = Vec::new();
-    run_all(&mut dev, |r| {
-        println!("{gen:?} irq={use_irq}: {r}");
-        seen.push(r.name);
-        match r.outcome {
-            Outcome::Pass => {}
-            Outcome::Skip => assert!(!r.detail.as_str().is_empty(), "{} skipped without a reason", r.name),
-            Outcome::Fail => failures.push(r.to_string()),
-        }
-    });
-    assert_eq!(seen, SCENARIO_NAMES, "every scenario reported");
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, InProcess, SUITE_CHUNKS> =
+        Device::new(&platform, &mut storage, cfg, SUITE_MMU).expect("device comes up");
+    let failures = run_suite(&dev, &format!("{gen:?} irq={use_irq}"));
     assert!(failures.is_empty(), "{gen:?} irq={use_irq}:\n{}", failures.join("\n"));
+    let report = dev.shutdown();
+    assert_eq!(report.leaked_buffers, 0, "the suite leaked buffers");
+    assert_eq!(platform.dma_pages_used(), 0, "platform memory leaked");
 }
 
 #[test]

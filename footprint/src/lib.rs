@@ -150,31 +150,44 @@ mod board {
 #[no_mangle]
 pub extern "C" fn umd_fp_device_smoke() -> u32 {
     use umd_core::config::Config;
-    use umd_core::device::{Device, MmuMode};
+    use umd_core::direct::{Device, MmuMode};
     use umd_core::sync::QueueId;
-    let Ok(mut dev) = Device::<board::Board, 8>::new(board::Board, Config::DEFAULT, MmuMode::DEFAULT) else {
+    let Some(storage) = STORAGE.try_lock() else { return 0 };
+    let storage = spin::mutex::MutexGuard::leak(storage);
+    let Ok(dev) = Device::<board::Board, 8>::new(&board::Board, storage, Config::DEFAULT, MmuMode::DEFAULT)
+    else {
         return 0;
     };
-    let ok = match dev.submit(QueueId(2), &[], |cb| cb.copy(0x1_0000_0000, 0x1_0001_0000, 4096)) {
+    let (Ok(a), Ok(b)) = (dev.alloc_buffer(4096), dev.alloc_buffer(4096)) else { return 0 };
+    let (Ok(va), Ok(vb)) = (dev.va(a), dev.va(b)) else { return 0 };
+    let ok = match dev.submit(QueueId(2), &[], |cb| cb.copy(va, vb, 4096)) {
         Ok(f) => dev.wait(f, 1_000_000_000).is_ok(),
         Err(_) => false,
     };
     let _ = dev.service();
+    let _ = (dev.free(a), dev.free(b));
     u32::from(ok)
 }
+
+/// The device's tables (a `static`: placed by the loader, never moved).
+static STORAGE: spin::Mutex<umd_core::storage::DeviceStorage<64, 128, 32, 64>> =
+    spin::Mutex::new(umd_core::storage::DeviceStorage::new());
 
 /// Runs the whole conformance suite on the board platform; returns the
 /// number of scenarios that did not pass (built with `with-conformance`).
 #[cfg(feature = "with-conformance")]
 #[no_mangle]
 pub extern "C" fn umd_fp_conformance() -> u32 {
-    use conformance::{run_all, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-    use umd_core::device::Device;
-    let Ok(mut dev) = Device::<board::Board, SUITE_CHUNKS>::new(board::Board, SUITE_CONFIG, SUITE_MMU) else {
+    use conformance::{run_all, Env, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+    use umd_core::direct::Device;
+    let Some(storage) = STORAGE.try_lock() else { return u32::MAX };
+    let storage = spin::mutex::MutexGuard::leak(storage);
+    let Ok(dev) = Device::<board::Board, SUITE_CHUNKS>::new(&board::Board, storage, SUITE_CONFIG, SUITE_MMU)
+    else {
         return u32::MAX;
     };
     let mut bad = 0u32;
-    run_all(&mut dev, |r| {
+    run_all(&dev, &Env::default(), |r| {
         if r.outcome != Outcome::Pass {
             bad = bad.saturating_add(1);
         }

@@ -231,6 +231,15 @@ impl<H: Hal> IvshmemGpu<H> {
     }
 }
 
+// SAFETY: the raw pointers are the device's BAR0 registers and the shared
+// register page, valid for the transport's life (`new`'s contract) and
+// reachable from any CPU; nothing about them is tied to a thread.
+unsafe impl<H: Hal + Send> Send for IvshmemGpu<H> {}
+// SAFETY: through `&self` the register page is only touched with atomics,
+// BAR0 with single volatile stores (the doorbell) and loads, the carve-out
+// under its lock, the loss state with atomics; the HAL must be `Sync`.
+unsafe impl<H: Hal + Sync> Sync for IvshmemGpu<H> {}
+
 // SAFETY: every region comes from the carve-out, which never hands a page
 // out twice; `new`'s contract makes those pages ours and reachable by the
 // device at the carve-out's device addresses; they are zeroed and cleaned

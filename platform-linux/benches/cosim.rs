@@ -19,9 +19,10 @@ use std::time::{Duration, Instant};
 use platform_linux::{Cosim, InProcess};
 use refgpu_model::ModelConfig;
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::regs::{self, engine as er};
 use umd_core::platform::{DirectIo, IrqWait};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 const WARMUP: usize = 1_000;
@@ -215,12 +216,14 @@ fn ring_round_trips<P: DirectIo>(p: &mut P, irq: bool) -> Stats {
 
 /// `Device::submit` of one WRITE_DATA + `Device::wait`, per iteration.
 fn device_round_trips<P: DirectIo>(p: P, use_irq: bool) -> (Stats, P) {
-    let mut dev: Device<P> = match Device::new(p, Config { use_irq, ..Config::DEFAULT }, MmuMode::DEFAULT) {
-        Ok(d) => d,
-        Err((e, _)) => panic!("Device::new: {e}"),
-    };
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, P> =
+        match Device::new(&p, &mut storage, Config { use_irq, ..Config::DEFAULT }, MmuMode::DEFAULT) {
+            Ok(d) => d,
+            Err(e) => panic!("Device::new: {e}"),
+        };
     let buf = dev.alloc_buffer(4096).expect("buffer");
-    let va = buf.va();
+    let va = dev.va(buf).expect("va");
     let mut ns = Vec::with_capacity(ITERS);
     for i in 0..(WARMUP + ITERS) as u32 {
         let t = Instant::now();
@@ -230,8 +233,10 @@ fn device_round_trips<P: DirectIo>(p: P, use_irq: bool) -> (Stats, P) {
             ns.push(t.elapsed().as_nanos() as u64);
         }
     }
-    dev.free_buffer(buf);
-    (stats(ns), dev.shutdown())
+    dev.free(buf).expect("free");
+    dev.shutdown();
+    drop(storage);
+    (stats(ns), p)
 }
 
 // ----- the server -----

@@ -7,7 +7,8 @@
 //!   coherent or behind a modelled write-back CPU cache ([`cache`]);
 //! - [`config`]: [`umd_core::config::Config`] overridden by `UMD_*`
 //!   environment variables, with typed parse errors;
-//! - [`selftest`]: bring-up checks for any direct-mode platform.
+//! - [`selftest`]: bring-up checks for any direct-mode platform;
+//! - [`suite`]: the conformance suite on a host (threads, result checks).
 //!
 //! The DRM backend (kernel-mediated submission) is not written yet.
 //! See `platform-linux/README.md` for starting `refgpu-sim` and connecting.
@@ -17,6 +18,7 @@ pub mod config;
 pub mod cosim;
 pub mod inproc;
 pub mod selftest;
+pub mod suite;
 mod sys;
 
 pub use cache::{Cache, CacheControlError, CacheStats};

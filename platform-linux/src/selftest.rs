@@ -9,15 +9,17 @@
 use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use umd_core::config::{Config, HangConfig};
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
+use umd_core::engine::{Backend, Engine};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 pub use conformance::bringup::{copy_fill_write, cross_queue, fences_in_order, Failure, WAIT_GUARD_NS};
 
 /// Every bring-up check (`conformance::bringup`) on every queue; the first
 /// failure as text.
-pub fn all<P: DirectIo, const C: usize>(dev: &mut Device<P, C>) -> Result<(), String> {
+pub fn all<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result<(), String> {
     let mut msg = None;
     if conformance::bringup::all(dev, |name, f| msg = Some(format!("{name}: {f}"))) {
         Ok(())
@@ -61,8 +63,9 @@ unsafe impl<P: Platform> Platform for ReleaseOnWait<P> {
         let p = self.sem.swap(std::ptr::null_mut(), Ordering::AcqRel);
         if !p.is_null() {
             // SAFETY: `fence_wait_sleeps_on_the_interrupt` arms `sem` with the
-            // first word of a live GPU buffer (page aligned) that it frees
-            // only after the wait; the device only reads it.
+            // first word of a live buffer's CPU mapping (a pool slot, at
+            // least 128-byte aligned) that it frees only after the wait; the
+            // device only reads it.
             unsafe { AtomicU64::from_ptr(p) }.store(1, Ordering::Release);
         }
         self.inner.wait_irq(timeout_ns)
@@ -98,36 +101,51 @@ pub fn fence_wait_sleeps_on_the_interrupt<P: DirectIo>(
 ) -> Result<P, String> {
     let cfg =
         Config { hang: HangConfig { window_ns: 60_000_000_000, ..Config::DEFAULT.hang }, ..Config::DEFAULT };
-    let mut dev: Device<ReleaseOnWait<P>> = Device::new(
-        ReleaseOnWait { inner: platform, sem: AtomicPtr::new(std::ptr::null_mut()) },
-        cfg,
-        MmuMode::DEFAULT,
-    )
-    .map_err(|(e, _)| format!("Device::new: {e}"))?;
-    let mut sem = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
+    let wrapped = ReleaseOnWait { inner: platform, sem: AtomicPtr::new(std::ptr::null_mut()) };
+    let mut storage: Box<DeviceStorage> = Box::default();
+    {
+        let dev: Device<'_, ReleaseOnWait<P>> = Device::new(&wrapped, &mut storage, cfg, MmuMode::DEFAULT)
+            .map_err(|e| format!("Device::new: {e}"))?;
+        check_interrupt_wait(&dev, &wrapped, &irq_wakeups)?;
+    }
+    Ok(wrapped.inner)
+}
+
+fn check_interrupt_wait<P: DirectIo>(
+    dev: &Device<'_, ReleaseOnWait<P>>,
+    wrapped: &ReleaseOnWait<P>,
+    irq_wakeups: &impl Fn(&P) -> u64,
+) -> Result<(), String> {
+    let sem = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
     let buf = dev.alloc_buffer(4096).map_err(|e| format!("alloc: {e}"))?;
-    let (sem_va, va) = (sem.va(), buf.va());
+    let (sem_va, va) = (dev.va(sem).map_err(|e| e.to_string())?, dev.va(buf).map_err(|e| e.to_string())?);
     // An interrupt left over from bringing the device up does not count.
-    let _ = dev.platform().inner.wait_irq(0);
-    let before = irq_wakeups(&dev.platform().inner);
+    let _ = wrapped.inner.wait_irq(0);
+    let before = irq_wakeups(&wrapped.inner);
     let f = dev
         .submit(QueueId(2), &[], |cb| {
             cb.wait_seqno(sem_va, 1)?;
             cb.write_data(va, &[77])
         })
         .map_err(|e| format!("submit: {e}"))?;
-    dev.platform().sem.store(sem.words_mut().as_mut_ptr().cast::<u64>(), Ordering::Release);
+    {
+        let mut m = dev.map(sem).map_err(|e| format!("map: {e}"))?;
+        wrapped.sem.store(m.words_mut().as_mut_ptr().cast::<u64>(), Ordering::Release);
+        // Dropping the mapping cleans it: the semaphore still reads 0 for
+        // the GPU until `wait_irq` sets it through the pointer.
+    }
     dev.wait(f, WAIT_GUARD_NS).map_err(|e| format!("wait: {e}"))?;
-    if !dev.platform().sem.load(Ordering::Acquire).is_null() {
+    if !wrapped.sem.load(Ordering::Acquire).is_null() {
         return Err("the wait never called wait_irq".into());
     }
-    if buf.read_u32(0) != Some(77) {
-        return Err(format!("result {:?}, expected 77", buf.read_u32(0)));
+    let got = dev.read_u32(buf, 0).map_err(|e| e.to_string())?;
+    if got != 77 {
+        return Err(format!("result {got:#x}, expected 77"));
     }
-    if irq_wakeups(&dev.platform().inner) <= before {
+    if irq_wakeups(&wrapped.inner) <= before {
         return Err("the wait never woke on an interrupt".into());
     }
-    dev.free_buffer(sem);
-    dev.free_buffer(buf);
-    Ok(dev.shutdown().inner)
+    dev.free(sem).map_err(|e| e.to_string())?;
+    dev.free(buf).map_err(|e| e.to_string())?;
+    Ok(())
 }

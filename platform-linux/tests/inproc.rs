@@ -1,11 +1,12 @@
-//! The in-process platform end to end: `umd_core::device::Device` on a
+//! The in-process platform end to end: `umd_core::direct::Device` on a
 //! model in this process, both generations, MMU on, interrupts and polling.
 
 use platform_linux::{selftest, Cache, InProcess, InProcessOptions};
 use refgpu_model::{Generation, ModelConfig};
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
 use umd_core::platform::{DirectIo, IrqWait, Platform};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 fn platform(generation: Generation) -> InProcess {
@@ -18,11 +19,11 @@ fn platform(generation: Generation) -> InProcess {
     .expect("model")
 }
 
-fn device(generation: Generation, use_irq: bool) -> Device<InProcess> {
+fn device<'d>(p: &'d InProcess, storage: &'d mut DeviceStorage, use_irq: bool) -> Device<'d, InProcess> {
     let cfg = Config { use_irq, ..Config::DEFAULT };
-    match Device::new(platform(generation), cfg, MmuMode::DEFAULT) {
+    match Device::new(p, storage, cfg, MmuMode::DEFAULT) {
         Ok(d) => d,
-        Err((e, _)) => panic!("Device::new: {e}"),
+        Err(e) => panic!("Device::new: {e}"),
     }
 }
 
@@ -64,15 +65,18 @@ fn registers_and_doorbell_directly() {
 }
 
 fn run(generation: Generation, use_irq: bool) {
-    let mut dev = device(generation, use_irq);
-    selftest::all(&mut dev).unwrap_or_else(|e| panic!("{generation:?} irq={use_irq}: {e}"));
+    let p = platform(generation);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, use_irq);
+    selftest::all(&dev).unwrap_or_else(|e| panic!("{generation:?} irq={use_irq}: {e}"));
     // Whether an interrupt wait happened at all depends on timing (a fence
     // may land during the initial spin); `fence_wait_sleeps_on_the_interrupt`
     // forces it. Polling-only must never wait for an interrupt.
     if !use_irq {
-        assert_eq!(dev.platform().irq_wakeups(), 0, "polling-only device used interrupts");
+        assert_eq!(p.irq_wakeups(), 0, "polling-only device used interrupts");
     }
-    let p = dev.shutdown();
+    let report = dev.shutdown();
+    assert_eq!(report.leaked_buffers, 0);
     assert_eq!(p.dma_pages_used(), 0, "regions leaked");
 }
 
@@ -98,14 +102,16 @@ fn gen2_polling() {
 
 #[test]
 fn single_fence_wait_with_interrupt() {
-    let mut dev = device(Generation::Gen2, true);
+    let p = platform(Generation::Gen2);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, true);
     let buf = dev.alloc_buffer(4096).unwrap();
-    let va = buf.va();
+    let va = dev.va(buf).unwrap();
     let f = dev.submit(QueueId(1), &[], |cb| cb.write_data(va, &[42])).unwrap();
     dev.wait(f, selftest::WAIT_GUARD_NS).unwrap();
-    assert_eq!(buf.read_u32(0), Some(42));
-    dev.free_buffer(buf);
-    dev.shutdown();
+    assert_eq!(dev.read_u32(buf, 0), Ok(42));
+    dev.free(buf).unwrap();
+    assert_eq!(dev.shutdown().leaked_buffers, 0);
 }
 
 #[test]

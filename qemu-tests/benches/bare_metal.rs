@@ -19,7 +19,8 @@ use bm_images::bench::{self, Figures};
 use platform_linux::Cosim;
 use qemu_tests::{artifacts, boot, Mode, Run};
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
+use umd_core::storage::DeviceStorage;
 
 const SUBMITS: usize = 2048;
 const TRIPS: usize = 1000;
@@ -91,12 +92,12 @@ fn host(sim: &Path, irq: bool) -> (Figures, Figures) {
     let server = start_sim(sim, dir.path());
     let p = Cosim::connect(dir.path().join("sim.sock")).expect("connect");
     let cfg = Config { use_irq: irq, ..Config::DEFAULT };
-    let mut dev: Device<Cosim, 16> =
-        Device::new(p, cfg, MmuMode::DEFAULT).map_err(|(e, _)| e).expect("device");
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Cosim, 16> = Device::new(&p, &mut storage, cfg, MmuMode::DEFAULT).expect("device");
     let mut s = vec![0u64; SUBMITS];
-    let submit = bench::submit_cost(&mut dev, &mut s).expect("submit_cost");
-    let trips = bench::round_trips(&mut dev, 100, &mut s[..TRIPS]).expect("round_trips");
-    drop(dev.shutdown());
+    let submit = bench::submit_cost(&dev, &mut s).expect("submit_cost");
+    let trips = bench::round_trips(&dev, 100, &mut s[..TRIPS]).expect("round_trips");
+    dev.shutdown();
     drop(server);
     (submit, trips)
 }

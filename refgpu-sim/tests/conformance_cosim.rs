@@ -7,37 +7,29 @@
 mod common;
 
 use common::Sim;
-use conformance::{run_all, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use platform_linux::suite::run_suite;
 use platform_linux::Cosim;
-use umd_core::device::Device;
+use umd_core::direct::Device;
+use umd_core::storage::DeviceStorage;
 
 fn run(gen: &str, use_irq: bool) {
     let sim = Sim::start(&["--gen", gen]);
     let p = Cosim::connect(&sim.socket).expect("connect to refgpu-sim");
     let cfg = umd_core::config::Config { use_irq, ..SUITE_CONFIG };
-    let mut dev: Device<Cosim, SUITE_CHUNKS> = match Device::new(p, cfg, SUITE_MMU) {
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Cosim, SUITE_CHUNKS> = match Device::new(&p, &mut storage, cfg, SUITE_MMU) {
         Ok(d) => d,
-        Err((e, _)) => panic!("Device::new: {e}\n{}", sim.log_text()),
+        Err(e) => panic!("Device::new: {e}\n{}", sim.log_text()),
     };
-    let mut failures = Vec::new();
-    let mut seen = Vec::new();
-    run_all(&mut dev, |r| {
-        println!("cosim gen{gen} irq={use_irq}: {r}");
-        seen.push(r.name);
-        match r.outcome {
-            Outcome::Pass => {}
-            Outcome::Skip => assert!(!r.detail.as_str().is_empty(), "{} skipped without a reason", r.name),
-            Outcome::Fail => failures.push(r.to_string()),
-        }
-    });
-    assert_eq!(seen, SCENARIO_NAMES, "every scenario reported");
+    let failures = run_suite(&dev, &format!("cosim gen{gen} irq={use_irq}"));
     assert!(
         failures.is_empty(),
         "cosim gen{gen} irq={use_irq}:\n{}\nserver log:\n{}",
         failures.join("\n"),
         sim.log_text()
     );
-    let p = dev.shutdown();
+    assert_eq!(dev.shutdown().leaked_buffers, 0, "the suite leaked buffers");
     assert_eq!(p.dma_pages_used(), 0, "regions leaked");
 }
 

@@ -1,6 +1,6 @@
 //! The Linux co-sim backend (`platform_linux::Cosim`) end to end against a
 //! `refgpu-sim` child process: register-level checks, then
-//! `umd_core::device::Device` on both generations with the MMU on, waits
+//! `umd_core::direct::Device` on both generations with the MMU on, waits
 //! with interrupts and polling-only, a refused second host, and the server
 //! dying under a waiting driver.
 
@@ -9,32 +9,34 @@ mod common;
 use common::*;
 use platform_linux::{selftest, Cosim};
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::regs::{self, engine as er};
 use umd_core::platform::{DirectIo, IrqWait, Platform};
 use umd_core::queue::{FenceStatus, WaitError};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
-fn device(sim: &Sim, use_irq: bool) -> Device<Cosim> {
-    let p = Cosim::connect(&sim.socket).expect("connect");
-    match Device::new(p, Config { use_irq, ..Config::DEFAULT }, MmuMode::DEFAULT) {
+fn device<'d>(p: &'d Cosim, storage: &'d mut DeviceStorage, use_irq: bool) -> Device<'d, Cosim> {
+    match Device::new(p, storage, Config { use_irq, ..Config::DEFAULT }, MmuMode::DEFAULT) {
         Ok(d) => d,
-        Err((e, _)) => panic!("Device::new: {e}"),
+        Err(e) => panic!("Device::new: {e}"),
     }
 }
 
 fn run(gen: &str, use_irq: bool) {
     let sim = Sim::start(&["--gen", gen]);
-    let mut dev = device(&sim, use_irq);
+    let p = Cosim::connect(&sim.socket).expect("connect");
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, use_irq);
     assert_eq!(u32::from(dev.chip().generation.number()), gen.parse::<u32>().unwrap());
-    selftest::all(&mut dev).unwrap_or_else(|e| panic!("gen{gen} irq={use_irq}: {e}\n{}", sim.log_text()));
+    selftest::all(&dev).unwrap_or_else(|e| panic!("gen{gen} irq={use_irq}: {e}\n{}", sim.log_text()));
     // Whether an interrupt wait happened at all depends on timing (a fence
     // may land during the initial spin); `fence_wait_sleeps_on_the_interrupt`
     // forces it. Polling-only must never wait for an interrupt.
     if !use_irq {
-        assert_eq!(dev.platform().irq_wakeups(), 0, "polling-only device used interrupts");
+        assert_eq!(p.irq_wakeups(), 0, "polling-only device used interrupts");
     }
-    let p = dev.shutdown();
+    assert_eq!(dev.shutdown().leaked_buffers, 0);
     assert_eq!(p.dma_pages_used(), 0, "regions leaked");
 }
 
@@ -141,27 +143,36 @@ fn registers_doorbells_and_interrupts_without_device() {
 #[test]
 fn second_host_is_refused_while_the_first_runs() {
     let sim = Sim::start(&[]);
-    let mut dev = device(&sim, true);
+    let p = Cosim::connect(&sim.socket).expect("connect");
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, true);
     match Cosim::connect(&sim.socket) {
         Err(platform_linux::CosimError::Closed) => {}
         other => panic!("second host: {other:?}"),
     }
-    selftest::copy_fill_write(&mut dev, QueueId(2), 7).unwrap();
+    selftest::copy_fill_write(&dev, QueueId(2), 7).unwrap();
     dev.shutdown();
 }
 
 #[test]
 fn server_dying_fails_pending_fences_as_device_lost() {
     let mut sim = Sim::start(&["--stall-engines", "0x4"]);
-    let mut dev = device(&sim, true);
+    let p = Cosim::connect(&sim.socket).expect("connect");
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, true);
     let buf = dev.alloc_buffer(4096).unwrap();
-    let va = buf.va();
+    let va = dev.va(buf).unwrap();
     let f = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[1])).unwrap();
     assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
     sim.signal_and_wait(rustix::process::Signal::KILL);
     assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
     assert!(dev.is_lost());
-    assert!(dev.platform().is_lost());
+    assert!(p.is_lost());
+    // Memory the lost work held is never reused; teardown gives it back.
+    dev.free(buf).unwrap();
+    let report = dev.shutdown();
+    assert_eq!((report.leaked_buffers, report.released_waiting), (0, 1));
+    assert_eq!(p.dma_pages_used(), 0);
 }
 
 #[test]

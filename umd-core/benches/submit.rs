@@ -3,8 +3,11 @@
 //! batching on and off. Baseline, in the same run: encoding the same
 //! packets into a plain buffer with `Encoder` (what a submission costs
 //! beyond encoding is the ring, the IB pool, fences and bookkeeping).
+//! Then throughput with one and two submitting threads on different queues
+//! (the fake executes nothing: the engines are left to the bench).
 //!
-//! Run: `cargo bench -p umd-core --bench submit`
+//! Run: `cargo bench -p umd-core --bench submit`; `tools/bench-against.sh
+//! REV` runs it at another revision too and prints the ratios.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
@@ -15,8 +18,9 @@ use std::time::Instant;
 use support::{Fake, Mode};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 const ROUNDS: usize = 31;
@@ -35,9 +39,10 @@ fn submit_cost(packets: usize, batching: bool) -> f64 {
         use_irq: false,
         ..Config::DEFAULT
     };
-    let mut dev: Device<Fake, 32> =
-        Device::new(Fake::new(Generation::Gen2, 8 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).unwrap();
-    dev.platform().state().mode = Mode::Manual;
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Fake, 32> = Device::new(&fake, &mut storage, cfg, MmuMode::Bypass).unwrap();
+    fake.state().mode = Mode::Manual;
     let data = [1u32, 2, 3, 4];
     let mut samples = Vec::new();
     for _ in 0..ROUNDS {
@@ -56,7 +61,7 @@ fn submit_cost(packets: usize, batching: bool) -> f64 {
         }
         samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
         // Let the fake engine drain the ring (untimed).
-        dev.platform().state().run(0);
+        fake.state().run(0);
         dev.wait(last.unwrap(), 1_000_000_000).unwrap();
     }
     median(samples)
@@ -83,6 +88,42 @@ fn encode_cost(packets: usize) -> f64 {
     median(samples)
 }
 
+/// Submissions per second with `threads` threads, each on its own queue
+/// (1 packet each), the fake draining the rings untimed between rounds.
+fn throughput(threads: usize) -> f64 {
+    let cfg = Config { ring_bytes: 1 << 20, ib_chunk_bytes: 64 << 10, use_irq: false, ..Config::DEFAULT };
+    let fake = Fake::new(Generation::Gen2, 16 << 20);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Fake, 32> = Device::new(&fake, &mut storage, cfg, MmuMode::Bypass).unwrap();
+    fake.state().mode = Mode::Manual;
+    const PER_THREAD: usize = 2000;
+    let mut samples = Vec::new();
+    for _ in 0..9 {
+        let t = Instant::now();
+        std::thread::scope(|s| {
+            for q in 0..threads {
+                let dev = &dev;
+                s.spawn(move || {
+                    for i in 0..PER_THREAD as u64 {
+                        dev.submit(QueueId(q as u8), &[], |cb| {
+                            cb.write_data(0x8040_0000 + 16 * (i % 64), &[1])
+                        })
+                        .unwrap();
+                    }
+                });
+            }
+        });
+        samples.push((threads * PER_THREAD) as f64 / t.elapsed().as_secs_f64());
+        let mut st = fake.state();
+        for q in 0..threads {
+            st.run(q);
+        }
+        drop(st);
+        dev.service();
+    }
+    median(samples)
+}
+
 fn main() {
     println!(
         "{:>8} {:>16} {:>16} {:>16} {:>12} {:>12}",
@@ -94,4 +135,8 @@ fn main() {
         let off = submit_cost(packets, false);
         println!("{packets:>8} {enc:>16.0} {on:>16.0} {off:>16.0} {:>12.2} {:>12.2}", on / enc, off / enc);
     }
+    let one = throughput(1);
+    let two = throughput(2);
+    println!("throughput: 1 thread {one:.0}/s, 2 threads on 2 queues {two:.0}/s, ratio {:.2}", two / one);
+    println!("size_of::<Device<Fake, 16>>() = {} bytes", std::mem::size_of::<Device<'_, Fake, 16>>());
 }

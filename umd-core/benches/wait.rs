@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use support::{Fake, Mode, MEM_BASE};
 use umd_core::config::Config;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 /// The fake device with real time: `now_ns` from a monotonic clock and
@@ -141,16 +142,17 @@ fn sleep_floor(us: u64) -> f64 {
     (thread_cpu_ns() - c0) as f64 / t0.elapsed().as_nanos() as f64
 }
 
-fn device(irq: Option<Arc<Irq>>) -> Device<RealTime, 8> {
+fn device(irq: Option<Arc<Irq>>) -> Device<'static, RealTime, 8> {
     let fake = Fake::new(Generation::Gen2, 4 << 20);
     fake.state().mode = Mode::Manual;
     let use_irq = irq.is_some();
-    let rt = RealTime { fake, start: Instant::now(), irq };
+    let rt: &'static RealTime = Box::leak(Box::new(RealTime { fake, start: Instant::now(), irq }));
+    let storage: &'static mut DeviceStorage = Box::leak(Box::default());
     let cfg = Config { use_irq, ring_bytes: 1 << 20, ..Config::DEFAULT };
-    Device::new(rt, cfg, MmuMode::Bypass).map_err(|(e, _)| e).unwrap()
+    Device::new(rt, storage, cfg, MmuMode::Bypass).unwrap()
 }
 
-fn slot_of(dev: &mut Device<RealTime, 8>) -> &'static AtomicU64 {
+fn slot_of(dev: &Device<'static, RealTime, 8>) -> &'static AtomicU64 {
     let slot_dev = dev.fence_slot_va(QueueId(0)).unwrap();
     let slot_ptr = dev.platform().fake.state().mem_ptr_at(slot_dev - MEM_BASE);
     // SAFETY: the fence slot is an 8-byte-aligned u64 inside the fake's
@@ -162,11 +164,11 @@ fn slot_of(dev: &mut Device<RealTime, 8>) -> &'static AtomicU64 {
 fn main() {
     // SAFETY: prctl with PR_SET_TIMERSLACK only changes this thread's slack.
     unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1, 0, 0, 0) };
-    let poll: &'static mut Device<RealTime, 8> = Box::leak(Box::new(device(None)));
-    let poll_slot = slot_of(poll);
+    let poll = device(None);
+    let poll_slot = slot_of(&poll);
     let irq = Arc::new(Irq::default());
-    let intr: &'static mut Device<RealTime, 8> = Box::leak(Box::new(device(Some(irq.clone()))));
-    let intr_slot = slot_of(intr);
+    let intr = device(Some(irq.clone()));
+    let intr_slot = slot_of(&intr);
 
     println!(
         "CPU/wall of a loop of sleeps on this machine: 1 us {:.3}, 10 us {:.3}, 100 us {:.3}",
@@ -206,10 +208,9 @@ fn main() {
             });
             poll.wait(f, 1_000_000_000).unwrap();
 
-            for (dev, slot, irq, out) in [
-                (&mut *poll, poll_slot, None, &mut pol),
-                (&mut *intr, intr_slot, Some(irq.clone()), &mut int),
-            ] {
+            for (dev, slot, irq, out) in
+                [(&poll, poll_slot, None, &mut pol), (&intr, intr_slot, Some(irq.clone()), &mut int)]
+            {
                 let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
                 let (t0, c0) = (Instant::now(), thread_cpu_ns());
                 let h = signal_at(slot, f.seqno().0, t0 + delay, irq);

@@ -34,6 +34,12 @@ pub struct HangConfig {
     /// A queue whose fence has not moved for this many windows is hung even
     /// if its addresses move (a CHAIN loop), like msm's retry limit.
     pub max_windows_without_fence: u32,
+    /// How long a queue may wait for a fence of another queue that has not
+    /// been submitted yet (wait before signal) before it is reset with
+    /// [`crate::sync::FenceError::NeverSignalled`]. `None` (the default):
+    /// forever while the device lives; such a queue is blocked, never
+    /// "hung" (`docs/architecture.md`, "Wait before signal").
+    pub unsubmitted_wait_ns: Option<u64>,
 }
 
 /// Every tunable of the driver core.
@@ -52,6 +58,11 @@ pub struct Config {
     pub wait_steps: [WaitStep; 4],
     /// Use interrupts for waits when the platform supports them.
     pub use_irq: bool,
+    /// Submissions with cross-queue waits tracked per queue for deadlock
+    /// detection are bounded ([`crate::engine::PENDING_WAITS`]); when a
+    /// queue's table is full a submission waits for room this long, then
+    /// fails with `TooManyPending`.
+    pub dep_wait_ns: u64,
     /// Hang detection.
     pub hang: HangConfig,
 }
@@ -74,7 +85,13 @@ impl Config {
             WaitStep { until_ns: u64::MAX, interval_ns: 100_000 },
         ],
         use_irq: true,
-        hang: HangConfig { window_ns: 500_000_000, min_progress_bytes: 16, max_windows_without_fence: 4 },
+        dep_wait_ns: 500_000_000,
+        hang: HangConfig {
+            window_ns: 500_000_000,
+            min_progress_bytes: 16,
+            max_windows_without_fence: 4,
+            unsubmitted_wait_ns: None,
+        },
     };
 
     /// The pause before the next check of a wait that started `elapsed_ns`

@@ -1,21 +1,25 @@
 //! The IB pool: a fixed number of fixed-size chunks of GPU-visible memory
-//! that command buffers are recorded into.
+//! that command buffers are recorded into, shared by every queue and every
+//! submitting thread.
 //!
 //! A chunk is `Free`, being recorded into (`Recording`), or in flight until
 //! a fence signals (`InFlight`). With batching, the last chunk a queue used
 //! stays `Open` for that queue: the next small submission on the same queue
 //! continues in it after the previous one instead of taking a fresh chunk.
-//! A chunk is reused only once its fence has signalled, so the engine never
-//! reads a chunk the CPU is rewriting.
+//! A chunk is reused only once its fence has signalled (checked lazily
+//! against the queue's timeline when a chunk is needed), so the engine never
+//! reads a chunk the CPU is rewriting. After a reset the timeline is forced
+//! past the cancelled work, which frees its chunks the same way.
 //!
-//! The pool keeps the bookkeeping; the memory (one [`DmaRegion`]) stays
-//! with its owner and is lent to each recording, so the owner can clean
-//! caches and dump it while chunks are still being committed. Recording
-//! goes through a [`PoolSource`], which the command buffer uses as its
-//! [`ChunkSource`]; chunk slices are split off the region with safe slice
-//! splitting, so distinct chunks are distinct `&mut` borrows.
+//! Recording happens outside every lock: the pool's lock is held only to
+//! pick a chunk and to commit or abort a recording, so two threads record
+//! into different chunks at once. A chunk's memory is handed to exactly one
+//! recording, the one that moved it to `Recording` under the lock; that
+//! state machine is what makes the `&mut` slices of disjoint chunks sound.
 
 use core::fmt;
+
+use lock_api::{Mutex, RawMutex};
 
 use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Encoder, Finished};
 use crate::platform::DmaRegion;
@@ -24,19 +28,21 @@ use crate::sync::{FenceId, QueueId, Seqno};
 
 /// The smallest space left in an open chunk worth continuing in (dwords).
 const MIN_OPEN_DWORDS: usize = 64;
-/// Most queues the pool tracks open chunks for.
-pub const MAX_QUEUES: usize = 4;
+/// Most queues the pool keeps open chunks for.
+pub const MAX_QUEUES: usize = crate::sync::MAX_QUEUES;
+/// Most chunks a pool has (a recording tracks its chunks in a `u64`).
+pub const MAX_CHUNKS: usize = 64;
 
 /// State of one chunk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ChunkState {
     /// Available.
     Free,
-    /// Taken by the recording in progress.
+    /// Taken by a recording in progress.
     Recording,
     /// Holds submitted commands until `fence` signals.
     InFlight(FenceId),
-    /// In flight until `fence` and still accepting `queue`'s next
+    /// In flight until `fence` and still accepting `fence.queue`'s next
     /// submission from dword `used` on.
     Open {
         /// The latest fence of the work in it.
@@ -46,10 +52,10 @@ pub enum ChunkState {
     },
 }
 
-/// Why the pool could not be set up or used.
+/// Why the pool could not be set up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PoolSetupError {
-    /// Chunk size not a multiple of 256 bytes, zero, or above the IB limit.
+    /// Chunk size not a multiple of 256 bytes, zero, or above 16 MiB.
     BadChunkSize {
         /// Bytes asked.
         bytes: usize,
@@ -61,6 +67,11 @@ pub enum PoolSetupError {
         /// Bytes given.
         given: usize,
     },
+    /// No chunks, or more than [`MAX_CHUNKS`].
+    BadChunkCount {
+        /// Chunks asked.
+        chunks: usize,
+    },
 }
 
 impl fmt::Display for PoolSetupError {
@@ -70,6 +81,9 @@ impl fmt::Display for PoolSetupError {
             PoolSetupError::RegionTooSmall { needed, given } => {
                 write!(f, "IB pool needs {needed} bytes, region has {given}")
             }
+            PoolSetupError::BadChunkCount { chunks } => {
+                write!(f, "IB pool of {chunks} chunks (1 to {MAX_CHUNKS})")
+            }
         }
     }
 }
@@ -77,7 +91,8 @@ impl fmt::Display for PoolSetupError {
 /// Counts of chunks per state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IbPoolStats {
-    /// Free chunks.
+    /// Free chunks (including in-flight ones whose fence has signalled but
+    /// that were not looked at since).
     pub free: usize,
     /// Chunks being recorded into.
     pub recording: usize,
@@ -87,32 +102,76 @@ pub struct IbPoolStats {
     pub open: usize,
 }
 
-/// Bookkeeping of `CHUNKS` chunks of `chunk_dwords` each in one region.
 #[derive(Debug)]
-pub struct IbPool<const CHUNKS: usize> {
-    gpu_va: u64,
-    chunk_dwords: usize,
-    state: [ChunkState; CHUNKS],
+struct State<const CHUNKS: usize> {
+    chunks: [ChunkState; CHUNKS],
     open: [Option<usize>; MAX_QUEUES],
 }
 
-impl<const CHUNKS: usize> IbPool<CHUNKS> {
-    /// A pool for a region of `region_len` bytes mapped at `gpu_va`, in
-    /// chunks of `chunk_bytes`.
-    pub fn new(region_len: usize, gpu_va: u64, chunk_bytes: usize) -> Result<Self, PoolSetupError> {
+/// `CHUNKS` chunks of `chunk_dwords` each in one region, with the
+/// bookkeeping behind a lock of kind `R`.
+pub struct IbPool<R: RawMutex, const CHUNKS: usize> {
+    mem: Option<DmaRegion>,
+    gpu_va: u64,
+    chunk_dwords: usize,
+    state: Mutex<R, State<CHUNKS>>,
+}
+
+impl<R: RawMutex, const CHUNKS: usize> fmt::Debug for IbPool<R, CHUNKS> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IbPool").field("gpu_va", &self.gpu_va).field("stats", &self.stats()).finish()
+    }
+}
+
+/// What picking a chunk found.
+enum Pick {
+    /// Chunk `i`, from dword `from`.
+    Got(usize, usize),
+    /// Nothing free: wait for this fence, then try again.
+    WaitFor(FenceId),
+    /// Nothing free and nothing to wait for.
+    Never,
+}
+
+impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
+    /// A pool over `mem` (at least `CHUNKS * chunk_bytes`), mapped at
+    /// `gpu_va`. On error the memory is handed back.
+    pub fn new(mem: DmaRegion, gpu_va: u64, chunk_bytes: usize) -> Result<Self, (PoolSetupError, DmaRegion)> {
         if chunk_bytes == 0 || chunk_bytes % 256 != 0 || chunk_bytes > 16 << 20 {
-            return Err(PoolSetupError::BadChunkSize { bytes: chunk_bytes });
+            return Err((PoolSetupError::BadChunkSize { bytes: chunk_bytes }, mem));
+        }
+        if CHUNKS == 0 || CHUNKS > MAX_CHUNKS {
+            return Err((PoolSetupError::BadChunkCount { chunks: CHUNKS }, mem));
         }
         let needed = chunk_bytes.saturating_mul(CHUNKS);
-        if region_len < needed {
-            return Err(PoolSetupError::RegionTooSmall { needed, given: region_len });
+        if mem.len() < needed || !mem.cpu_visible() {
+            let given = if mem.cpu_visible() { mem.len() } else { 0 };
+            return Err((PoolSetupError::RegionTooSmall { needed, given }, mem));
         }
-        Ok(IbPool {
-            gpu_va,
-            chunk_dwords: chunk_bytes / 4,
-            state: [ChunkState::Free; CHUNKS],
-            open: [None; MAX_QUEUES],
-        })
+        let state = State { chunks: [ChunkState::Free; CHUNKS], open: [None; MAX_QUEUES] };
+        Ok(IbPool { mem: Some(mem), gpu_va, chunk_dwords: chunk_bytes / 4, state: Mutex::new(state) })
+    }
+
+    /// A pool with no memory yet (every recording finds no chunk).
+    pub fn unset() -> Self {
+        let state = State { chunks: [ChunkState::Free; CHUNKS], open: [None; MAX_QUEUES] };
+        IbPool { mem: None, gpu_va: 0, chunk_dwords: 0, state: Mutex::new(state) }
+    }
+
+    /// Takes the memory and its GPU address back (teardown).
+    pub fn release(&mut self) -> Option<(DmaRegion, u64)> {
+        self.mem.take().map(|m| (m, self.gpu_va))
+    }
+
+    /// The pool's memory (for cache maintenance and dumps).
+    pub fn region(&self) -> &DmaRegion {
+        static EMPTY: DmaRegion = DmaRegion::empty();
+        self.mem.as_ref().unwrap_or(&EMPTY)
+    }
+
+    /// GPU address and length of the pool.
+    pub fn range(&self) -> (u64, usize) {
+        (self.gpu_va, self.mem.as_ref().map_or(0, DmaRegion::len))
     }
 
     /// Dwords per chunk.
@@ -122,13 +181,13 @@ impl<const CHUNKS: usize> IbPool<CHUNKS> {
 
     /// The state of chunk `i`.
     pub fn state(&self, i: usize) -> Option<ChunkState> {
-        self.state.get(i).copied()
+        self.state.lock().chunks.get(i).copied()
     }
 
     /// How many chunks are in each state.
     pub fn stats(&self) -> IbPoolStats {
         let mut s = IbPoolStats::default();
-        for st in &self.state {
+        for st in &self.state.lock().chunks {
             let n = match st {
                 ChunkState::Free => &mut s.free,
                 ChunkState::Recording => &mut s.recording,
@@ -140,98 +199,165 @@ impl<const CHUNKS: usize> IbPool<CHUNKS> {
         s
     }
 
-    /// The oldest fence holding a chunk of `queue`, if any (what to wait
-    /// for when the pool is empty).
-    pub fn oldest_fence(&self) -> Option<FenceId> {
-        self.state
+    /// Marks the chunks whose fence `completed` says signalled as free
+    /// (what picking does lazily; callers use it before reading stats).
+    pub fn reclaim(&self, completed: &dyn Fn(QueueId) -> Seqno) {
+        let mut st = self.state.lock();
+        reclaim(&mut st, completed, None);
+    }
+
+    /// Starts a recording for `queue`. `completed` reads a queue's
+    /// timeline (lazy reclaim); `make_room(fence)` is called when no chunk
+    /// is free: it waits for `fence` (the oldest holding a chunk) and
+    /// returns false to give up.
+    pub fn recorder<'a>(
+        &'a self,
+        queue: QueueId,
+        batching: bool,
+        completed: &'a dyn Fn(QueueId) -> Seqno,
+        make_room: &'a mut dyn FnMut(FenceId) -> bool,
+    ) -> PoolSource<'a> {
+        PoolSource {
+            pool: self,
+            rec: Recording { queue, batching, resume: None, used_last: None, taken: 0, started: false },
+            completed,
+            make_room,
+        }
+    }
+
+    fn pick(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Pick {
+        if self.mem.is_none() {
+            return Pick::Never;
+        }
+        let mut st = self.state.lock();
+        let q = usize::from(rec.queue.0);
+        // The first chunk of a batching recording continues the queue's
+        // open chunk when enough of it is left.
+        if !rec.started && rec.batching {
+            rec.started = true;
+            if let Some(i) = st.open.get(q).copied().flatten() {
+                if let Some(ChunkState::Open { fence, used }) = st.chunks.get(i).copied() {
+                    if fence.queue == rec.queue && self.chunk_dwords.saturating_sub(used) >= MIN_OPEN_DWORDS {
+                        if let Some(s) = st.chunks.get_mut(i) {
+                            *s = ChunkState::Recording;
+                        }
+                        rec.resume = Some((i, used, fence));
+                        rec.taken |= 1u64 << (i & 63);
+                        return Pick::Got(i, used);
+                    }
+                }
+            }
+        }
+        rec.started = true;
+        let free = match st.chunks.iter().position(|s| *s == ChunkState::Free) {
+            Some(i) => Some(i),
+            None => {
+                reclaim(&mut st, completed, None);
+                st.chunks.iter().position(|s| *s == ChunkState::Free)
+            }
+        };
+        if let Some(i) = free {
+            if let Some(s) = st.chunks.get_mut(i) {
+                *s = ChunkState::Recording;
+            }
+            rec.taken |= 1u64 << (i & 63);
+            return Pick::Got(i, 0);
+        }
+        // Wait for the oldest fence holding a chunk that is not ours.
+        let oldest = st
+            .chunks
             .iter()
             .filter_map(|s| match s {
                 ChunkState::InFlight(f) | ChunkState::Open { fence: f, .. } => Some(*f),
                 _ => None,
             })
-            .min_by(|a, b| a.seqno.cmp_wrapping(b.seqno))
+            .min_by(|a, b| a.seqno.cmp_wrapping(b.seqno));
+        match oldest {
+            Some(f) => Pick::WaitFor(f),
+            None => Pick::Never,
+        }
     }
 
-    /// Frees the chunks of `queue` whose fence `completed` covers. An open
-    /// chunk stays open (its space is still usable) but its earlier work is
-    /// done. Returns chunks freed.
-    pub fn reclaim(&mut self, queue: QueueId, completed: Seqno) -> usize {
-        reclaim_states(&mut self.state, queue, completed, false)
+    /// CPU pointer and dwords of chunk `i` from dword `from`.
+    fn chunk_ptr(&self, i: usize, from: usize) -> Option<(*mut u32, usize)> {
+        let mem = self.mem.as_ref()?;
+        let base = mem.cpu_ptr()?;
+        let start = i.checked_mul(self.chunk_dwords)?.checked_add(from)?;
+        let len = self.chunk_dwords.checked_sub(from)?;
+        if i >= CHUNKS || start.checked_add(len)?.checked_mul(4)? > mem.len() {
+            return None;
+        }
+        // SAFETY: `start + len` dwords lie inside the region (checked above).
+        Some((unsafe { base.as_ptr().cast::<u32>().add(start) }, len))
     }
 
-    /// After a reset of `queue`: nothing of it is in flight any more.
-    pub fn release_queue(&mut self, queue: QueueId) {
-        for s in self.state.iter_mut() {
-            match *s {
-                ChunkState::InFlight(f) | ChunkState::Open { fence: f, .. } if f.queue == queue => {
-                    *s = ChunkState::Free;
+    fn chunk_va(&self, i: usize, offset_dw: usize) -> u64 {
+        let dw = i.saturating_mul(self.chunk_dwords).saturating_add(offset_dw);
+        self.gpu_va.wrapping_add((dw as u64).wrapping_mul(4))
+    }
+
+    fn finish(&self, rec: &Recording, fence: Option<FenceId>) {
+        let mut st = self.state.lock();
+        let q = usize::from(rec.queue.0);
+        let last = rec.used_last.map(|(l, _)| l);
+        let mut open_now = None;
+        for (i, s) in st.chunks.iter_mut().enumerate() {
+            if rec.taken & (1u64 << (i & 63)) == 0 || *s != ChunkState::Recording {
+                continue;
+            }
+            let resumed = rec.resume.filter(|(r, _, _)| *r == i);
+            *s = match (fence, resumed) {
+                // Aborted: a resumed open chunk keeps its earlier work.
+                (None, Some((_, used, f))) => ChunkState::Open { fence: f, used },
+                (None, None) => ChunkState::Free,
+                (Some(f), _) => match rec.used_last {
+                    Some((_, used)) if last == Some(i) && rec.batching => {
+                        open_now = Some(i);
+                        ChunkState::Open { fence: f, used: align_used(used, self.chunk_dwords) }
+                    }
+                    _ => ChunkState::InFlight(f),
+                },
+            };
+        }
+        if fence.is_none() {
+            return;
+        }
+        // A previously open chunk the queue moved away from is now only in flight.
+        let prev = st.open.get(q).copied().flatten();
+        if let Some(p) = prev.filter(|p| open_now != Some(*p)) {
+            if let Some(s) = st.chunks.get_mut(p) {
+                if let ChunkState::Open { fence, .. } = *s {
+                    *s = ChunkState::InFlight(fence);
                 }
-                _ => {}
             }
         }
-        if let Some(o) = self.open.get_mut(usize::from(queue.0)) {
-            *o = None;
-        }
-    }
-
-    /// Starts recording for `queue` into `region` (the pool's memory).
-    /// `make_room(fence)` is called when no chunk is free: it waits for
-    /// `fence` (the oldest holding a chunk) and returns its queue's
-    /// completed value, or None to give up.
-    pub fn recorder<'a, 's, F: FnMut(FenceId) -> Option<Seqno>>(
-        &'s mut self,
-        region: &'a mut DmaRegion,
-        queue: QueueId,
-        batching: bool,
-        make_room: F,
-    ) -> PoolSource<'a, 's, CHUNKS, F> {
-        let IbPool { gpu_va, chunk_dwords, state, open } = self;
-        let chunk_dwords = *chunk_dwords;
-        let mut slices: [Option<&'a mut [u32]>; CHUNKS] = [const { None }; CHUNKS];
-        for (slot, c) in slices.iter_mut().zip(region.words_mut().chunks_exact_mut(chunk_dwords.max(1))) {
-            *slot = Some(c);
-        }
-        let open_slot = open.get_mut(usize::from(queue.0));
-        let resume = match open_slot.as_deref().copied().flatten() {
-            Some(i) if batching => match state.get(i) {
-                Some(ChunkState::Open { used, fence })
-                    if fence.queue == queue && chunk_dwords.saturating_sub(*used) >= MIN_OPEN_DWORDS =>
-                {
-                    Some((i, *used))
-                }
-                _ => None,
-            },
-            _ => None,
-        };
-        PoolSource {
-            slices,
-            state,
-            open: open_slot,
-            gpu_va: *gpu_va,
-            chunk_dwords,
-            queue,
-            batching,
-            resume,
-            used_last: None,
-            make_room,
+        if let Some(o) = st.open.get_mut(q) {
+            *o = open_now;
         }
     }
 }
 
-fn reclaim_states(state: &mut [ChunkState], queue: QueueId, completed: Seqno, include_open: bool) -> usize {
-    let mut n = 0usize;
-    for s in state.iter_mut() {
+/// Frees every chunk whose fence has signalled, except `keep`.
+fn reclaim<const CHUNKS: usize>(
+    st: &mut State<CHUNKS>,
+    completed: &dyn Fn(QueueId) -> Seqno,
+    keep: Option<usize>,
+) {
+    let State { chunks, open } = st;
+    for (i, s) in chunks.iter_mut().enumerate() {
         let f = match *s {
-            ChunkState::InFlight(f) => f,
-            ChunkState::Open { fence, .. } if include_open => fence,
+            ChunkState::InFlight(f) | ChunkState::Open { fence: f, .. } => f,
             _ => continue,
         };
-        if f.queue == queue && f.is_signalled_by(completed) {
+        if Some(i) != keep && f.is_signalled_by(completed(f.queue)) {
             *s = ChunkState::Free;
-            n = n.saturating_add(1);
+            for o in open.iter_mut() {
+                if *o == Some(i) {
+                    *o = None;
+                }
+            }
         }
     }
-    n
 }
 
 /// Dwords an open chunk's next submission starts at: IB addresses must be
@@ -240,82 +366,132 @@ fn align_used(used: usize, chunk_dwords: usize) -> usize {
     used.saturating_add(15).checked_div(16).unwrap_or(0).saturating_mul(16).min(chunk_dwords)
 }
 
-/// A recording in progress: the command buffer's chunk source.
-pub struct PoolSource<'a, 's, const CHUNKS: usize, F> {
-    slices: [Option<&'a mut [u32]>; CHUNKS],
-    state: &'s mut [ChunkState; CHUNKS],
-    open: Option<&'s mut Option<usize>>,
-    gpu_va: u64,
-    chunk_dwords: usize,
+/// What one recording holds.
+#[derive(Clone, Copy, Debug)]
+struct Recording {
     queue: QueueId,
     batching: bool,
-    /// The open chunk to continue in first, and where.
-    resume: Option<(usize, usize)>,
+    /// The open chunk continued first: index, where, and its earlier fence.
+    resume: Option<(usize, usize, FenceId)>,
     /// The last chunk handed out and how much of it was used.
     used_last: Option<(usize, usize)>,
-    make_room: F,
+    /// Chunks taken (bit per chunk).
+    taken: u64,
+    started: bool,
 }
 
-impl<const CHUNKS: usize, F> fmt::Debug for PoolSource<'_, '_, CHUNKS, F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PoolSource").field("queue", &self.queue).field("resume", &self.resume).finish()
+/// The pool as seen by a recording, without its lock type and size.
+trait Lend {
+    fn pick(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Pick;
+    fn chunk_ptr(&self, i: usize, from: usize) -> Option<(*mut u32, usize)>;
+    fn chunk_va(&self, i: usize, offset_dw: usize) -> u64;
+    fn chunk_dwords(&self) -> usize;
+    fn finish(&self, rec: &Recording, fence: Option<FenceId>);
+}
+
+impl<R: RawMutex, const CHUNKS: usize> Lend for IbPool<R, CHUNKS> {
+    fn pick(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Pick {
+        IbPool::pick(self, rec, completed)
     }
-}
-
-impl<'a, 's, const CHUNKS: usize, F: FnMut(FenceId) -> Option<Seqno>> PoolSource<'a, 's, CHUNKS, F> {
+    fn chunk_ptr(&self, i: usize, from: usize) -> Option<(*mut u32, usize)> {
+        IbPool::chunk_ptr(self, i, from)
+    }
     fn chunk_va(&self, i: usize, offset_dw: usize) -> u64 {
-        let dw = i.saturating_mul(self.chunk_dwords).saturating_add(offset_dw);
-        self.gpu_va.wrapping_add((dw as u64).wrapping_mul(4))
+        IbPool::chunk_va(self, i, offset_dw)
+    }
+    fn chunk_dwords(&self) -> usize {
+        self.chunk_dwords
+    }
+    fn finish(&self, rec: &Recording, fence: Option<FenceId>) {
+        IbPool::finish(self, rec, fence)
+    }
+}
+
+/// A recording in progress: the command buffer's chunk source.
+pub struct PoolSource<'a> {
+    pool: &'a dyn Lend,
+    rec: Recording,
+    completed: &'a dyn Fn(QueueId) -> Seqno,
+    make_room: &'a mut dyn FnMut(FenceId) -> bool,
+}
+
+impl fmt::Debug for PoolSource<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolSource").field("rec", &self.rec).finish()
+    }
+}
+
+impl<'a> PoolSource<'a> {
+    /// Ends recording: the chunks to commit or abort.
+    pub fn finish(self) -> Pending<'a> {
+        Pending { pool: self.pool, rec: self.rec, done: false }
+    }
+}
+
+impl<'a> ChunkSource<'a> for PoolSource<'a> {
+    fn next_chunk(&mut self) -> Option<Chunk<'a>> {
+        // Each round either gets a chunk or waits for a fence holding one;
+        // CHUNKS + 1 rounds cover every fence once.
+        for _ in 0..=MAX_CHUNKS {
+            match self.pool.pick(&mut self.rec, self.completed) {
+                Pick::Got(i, from) => {
+                    let (ptr, len) = self.pool.chunk_ptr(i, from)?;
+                    self.rec.used_last = Some((i, from));
+                    // SAFETY: chunk `i` was moved to `Recording` for this
+                    // recording alone under the pool's lock (its bit is in
+                    // `rec.taken`); nothing else creates a reference to its
+                    // memory from `from` on until `commit`/`abort` hands it
+                    // back, which consumes the recording. The device reads
+                    // it only after the submission that owns it is emitted.
+                    let mem = unsafe { core::slice::from_raw_parts_mut(ptr, len) };
+                    return Some(Chunk { mem, gpu_va: self.pool.chunk_va(i, from) });
+                }
+                Pick::WaitFor(f) => {
+                    if !(self.make_room)(f) {
+                        return None;
+                    }
+                }
+                Pick::Never => return None,
+            }
+        }
+        None
     }
 
-    fn take(&mut self, i: usize, from_dw: usize) -> Option<Chunk<'a>> {
-        let whole = self.slices.get_mut(i)?.take()?;
-        let (_, mem) = whole.split_at_mut_checked(from_dw)?;
-        Some(Chunk { mem, gpu_va: self.chunk_va(i, from_dw) })
-    }
-
-    fn free_index(&self) -> Option<usize> {
-        self.state.iter().position(|s| *s == ChunkState::Free)
-    }
-
-    /// Ends recording: the chunk bookkeeping to commit or abort, without
-    /// the wait closure (so what it borrowed is free again).
-    pub fn finish(self) -> Pending<'s, CHUNKS> {
-        Pending {
-            state: self.state,
-            open: self.open,
-            chunk_dwords: self.chunk_dwords,
-            batching: self.batching,
-            resume: self.resume,
-            used_last: self.used_last,
+    fn close_chunk(&mut self, gpu_va: u64, dwords: usize) {
+        if let Some((i, base)) = self.rec.used_last {
+            if self.pool.chunk_va(i, base) == gpu_va {
+                self.rec.used_last = Some((i, base.saturating_add(dwords)));
+            }
         }
     }
 }
 
-/// A finished recording whose chunks are still marked `Recording`.
-#[derive(Debug)]
-pub struct Pending<'a, const CHUNKS: usize> {
-    state: &'a mut [ChunkState; CHUNKS],
-    open: Option<&'a mut Option<usize>>,
-    chunk_dwords: usize,
-    batching: bool,
-    resume: Option<(usize, usize)>,
-    used_last: Option<(usize, usize)>,
+/// A finished recording whose chunks are still marked `Recording`: commit
+/// it with the submission's fence, or abort it. Dropping it aborts.
+pub struct Pending<'a> {
+    pool: &'a dyn Lend,
+    rec: Recording,
+    done: bool,
 }
 
-impl<const CHUNKS: usize> Pending<'_, CHUNKS> {
+impl fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pending").field("rec", &self.rec).finish()
+    }
+}
+
+impl Pending<'_> {
     /// Calls `f(byte_offset, bytes)` for each range of the pool's memory
     /// this recording wrote: the ranges to clean from the data cache
     /// before the GPU reads them (not the whole pool).
     pub fn dirty(&self, mut f: impl FnMut(usize, usize)) {
-        let cd = self.chunk_dwords;
-        for (i, s) in self.state.iter().enumerate() {
-            let resumed = self.resume.filter(|(r, _)| *r == i);
-            if *s != ChunkState::Recording && resumed.is_none() {
+        let cd = self.pool.chunk_dwords();
+        for i in 0..MAX_CHUNKS {
+            if self.rec.taken & (1u64 << i) == 0 {
                 continue;
             }
-            let start = resumed.map_or(0, |(_, used)| used);
-            let end = match self.used_last {
+            let start = self.rec.resume.filter(|(r, _, _)| *r == i).map_or(0, |(_, used, _)| used);
+            let end = match self.rec.used_last {
                 Some((last, used)) if last == i => used,
                 _ => cd,
             };
@@ -329,119 +505,43 @@ impl<const CHUNKS: usize> Pending<'_, CHUNKS> {
 
     /// The recording was submitted with `fence`: its chunks are in flight
     /// until it signals; with batching the last one stays open.
-    pub fn commit(self, fence: FenceId) {
-        let last = self.used_last;
-        let mut open_now = None;
-        for (i, s) in self.state.iter_mut().enumerate() {
-            let is_last = last.map(|(l, _)| l) == Some(i);
-            let resumed = self.resume.map(|(r, _)| r) == Some(i);
-            if *s == ChunkState::Recording || (resumed && matches!(s, ChunkState::Open { .. })) {
-                *s = match last {
-                    Some((_, used)) if is_last && self.batching => {
-                        open_now = Some(i);
-                        ChunkState::Open { fence, used: align_used(used, self.chunk_dwords) }
-                    }
-                    _ => ChunkState::InFlight(fence),
-                };
-            }
-        }
-        // A previously open chunk we moved away from is now only in flight.
-        if let Some(slot) = self.open {
-            if let Some(prev) = *slot {
-                if open_now != Some(prev) {
-                    if let Some(s) = self.state.get_mut(prev) {
-                        if let ChunkState::Open { fence: f, .. } = *s {
-                            *s = ChunkState::InFlight(f);
-                        }
-                    }
-                }
-            }
-            *slot = open_now;
-        }
+    pub fn commit(mut self, fence: FenceId) {
+        self.pool.finish(&self.rec, Some(fence));
+        self.done = true;
     }
 
-    /// The recording failed or was dropped: its chunks are free again, and
-    /// an open chunk keeps its previous contents and position.
-    pub fn abort(self) {
-        for s in self.state.iter_mut() {
-            if *s == ChunkState::Recording {
-                *s = ChunkState::Free;
-            }
-        }
+    /// The recording failed: its chunks are free again, and a continued
+    /// open chunk keeps its earlier contents and position.
+    pub fn abort(mut self) {
+        self.pool.finish(&self.rec, None);
+        self.done = true;
     }
 }
 
-impl<'a, const CHUNKS: usize, F: FnMut(FenceId) -> Option<Seqno>> ChunkSource<'a>
-    for PoolSource<'a, '_, CHUNKS, F>
-{
-    fn next_chunk(&mut self) -> Option<Chunk<'a>> {
-        if let Some((i, used)) = self.resume {
-            if self.used_last.is_none() {
-                let c = self.take(i, used)?;
-                self.used_last = Some((i, used));
-                return Some(c);
-            }
-        }
-        let i = match self.free_index() {
-            Some(i) => i,
-            None => {
-                // Wait for the oldest fence holding a chunk we may reclaim
-                // (not one of ours), then reclaim its queue's chunks.
-                let resumed = self.resume.map(|(r, _)| r);
-                let oldest = self
-                    .state
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(i, s)| match s {
-                        ChunkState::InFlight(f) => Some(*f),
-                        ChunkState::Open { fence, .. } if Some(i) != resumed => Some(*fence),
-                        _ => None,
-                    })
-                    .min_by(|a, b| a.seqno.cmp_wrapping(b.seqno))?;
-                let completed = (self.make_room)(oldest)?;
-                reclaim_states(self.state.as_mut_slice(), oldest.queue, completed, true);
-                self.free_index()?
-            }
-        };
-        let c = self.take(i, 0)?;
-        if let Some(s) = self.state.get_mut(i) {
-            *s = ChunkState::Recording;
-        }
-        self.used_last = Some((i, 0));
-        Some(c)
-    }
-
-    fn close_chunk(&mut self, gpu_va: u64, dwords: usize) {
-        if let Some((i, base)) = self.used_last {
-            if self.chunk_va(i, base) == gpu_va {
-                self.used_last = Some((i, base.saturating_add(dwords)));
-            }
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.pool.finish(&self.rec, None);
         }
     }
 }
 
 /// The recorder a submission's closure gets: a command buffer over chunks
 /// of the IB pool.
-pub type Recorder<'a, 's, 'b, const CHUNKS: usize> =
-    CommandBuffer<'a, PoolSource<'a, 's, CHUNKS, &'b mut dyn FnMut(FenceId) -> Option<Seqno>>>;
+pub type Recorder<'a> = CommandBuffer<'a, PoolSource<'a>>;
 
-/// Runs `record` over chunks of `pool` (memory `region`) for `queue`, and
-/// returns the finished command buffer with its chunks still pending: the
-/// caller commits them once the submission reached the GPU, or aborts.
-/// Shared by both submission modes.
-pub fn record_into<'s, const CHUNKS: usize, R>(
-    pool: &'s mut IbPool<CHUNKS>,
-    region: &mut DmaRegion,
+/// Runs `record` over a recording from [`IbPool::recorder`] and returns the
+/// finished command buffer with its chunks still pending: the caller
+/// commits them once the submission reached the GPU, or aborts (dropping
+/// the [`Pending`] aborts too). Shared by every submission mode.
+pub fn record_into<'a, F>(
+    source: PoolSource<'a>,
     enc: Encoder,
-    queue: QueueId,
-    batching: bool,
-    make_room: &mut dyn FnMut(FenceId) -> Option<Seqno>,
-    record: R,
-) -> Result<(Finished, Pending<'s, CHUNKS>), SubmitError>
+    record: F,
+) -> Result<(Finished, Pending<'a>), SubmitError>
 where
-    R: for<'a, 'x, 'b> FnOnce(&mut Recorder<'a, 'x, 'b, CHUNKS>) -> Result<(), EncodeError>,
+    F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
 {
-    let source = pool.recorder(region, queue, batching, make_room);
     let mut cb = CommandBuffer::with_encoder(enc, source);
     let recorded = record(&mut cb);
     let (finished, source) = cb.finish_into_source();

@@ -10,15 +10,17 @@
 //! - [`cmd`]: logical commands, the description-driven packet encoder and the
 //!   chunked command-buffer builder;
 //! - [`decode`]: the description-driven decoder behind dumps and hang reports;
-//! - [`mem`]: GPU virtual-address allocator, pools, page tables, buffers;
+//! - [`mem`]: GPU virtual-address allocator, size-class pools, page tables,
+//!   buffer handles, the buffer manager with fence-gated frees;
 //! - [`platform`]: the traits an integrator implements (memory, time,
-//!   interrupts, and direct register access or kernel submission);
-//! - [`ring`], [`ibpool`], [`gpuvm`]: the direct-mode ring, the IB chunk
-//!   pool with fence-gated reuse, and the GPU's view of memory;
-//! - [`sync`]: fences, timelines, cross-queue dependencies;
+//!   interrupts, locks, and direct register access or kernel submission);
+//! - [`engine`]: the submission engine both modes share (a device);
+//! - [`direct`]: direct mode (rings, fence slots, page tables, hang check);
+//! - [`kernel`]: kernel-mediated mode (a kernel driver does those);
+//! - [`storage`]: the device's large tables, placed by the integrator;
+//! - [`ring`], [`ibpool`]: the direct-mode ring and the IB chunk pool;
+//! - [`sync`]: fences, timelines, failure history, cross-queue dependencies;
 //! - [`ivshmem`]: the shared-memory register binding for ivshmem platforms;
-//! - [`device`]: a refgpu in direct mode: submit, wait, hang recovery;
-//! - [`kernel`]: the same over a kernel driver (kernel-mediated mode);
 //! - [`queue`]: submission and wait errors;
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
@@ -44,8 +46,8 @@ pub mod cmd;
 pub mod config;
 pub mod debug;
 pub mod decode;
-pub mod device;
-pub mod gpuvm;
+pub mod direct;
+pub mod engine;
 pub mod hw;
 pub mod ibpool;
 pub mod ivshmem;
@@ -55,4 +57,5 @@ pub mod mem;
 pub mod platform;
 pub mod queue;
 pub mod ring;
+pub mod storage;
 pub mod sync;

@@ -111,6 +111,12 @@ impl DmaRegion {
         DmaRegion { cpu: cpu.map(NonNull::cast), dev_addr, len, handle }
     }
 
+    /// A region of no memory (a placeholder before allocation, or after
+    /// the memory was given back).
+    pub const fn empty() -> DmaRegion {
+        DmaRegion { cpu: None, dev_addr: 0, len: 0, handle: 0 }
+    }
+
     /// The device address of the first byte.
     pub fn dev_addr(&self) -> u64 {
         self.dev_addr

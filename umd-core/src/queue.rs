@@ -4,6 +4,7 @@
 use core::fmt;
 
 use crate::cmd::EncodeError;
+use crate::mem::buffer::BufferError;
 use crate::platform::PlatformError;
 use crate::ring::RingError;
 use crate::sync::deps::{Cycle, DepError};
@@ -42,8 +43,24 @@ pub enum SubmitError {
     },
     /// Too many submissions with waits are still pending on the queue.
     TooManyPending(QueueId),
-    /// A wait on a fence that a queue reset completed with an error.
-    FenceFromResetQueue(Fence),
+    /// A wait on a fence that failed: the submission would run on input
+    /// that never arrived, so it is not executed.
+    DependencyFailed {
+        /// The failed fence waited on.
+        fence: Fence,
+        /// Why it failed (for a chain, the first failed producer and the
+        /// root cause).
+        error: FenceError,
+    },
+    /// A fence of another device.
+    ForeignFence(Fence),
+    /// A buffer the submission declared is not a live buffer of this device.
+    Buffer(BufferError),
+    /// More buffers declared than a submission can carry.
+    TooManyBuffers {
+        /// Buffers given.
+        given: usize,
+    },
     /// A wait on a fence of the submitting queue that is not emitted yet
     /// (the queue would wait for itself).
     WaitsOnItself(Fence),
@@ -67,9 +84,12 @@ impl fmt::Display for SubmitError {
             SubmitError::Cycle(c) => write!(f, "wait cycle: {c}"),
             SubmitError::TooManyWaits { given } => write!(f, "{given} waits exceed the limit"),
             SubmitError::TooManyPending(q) => write!(f, "too many pending submissions with waits on {q}"),
-            SubmitError::FenceFromResetQueue(fence) => {
-                write!(f, "fence {fence} was cancelled by a queue reset")
+            SubmitError::DependencyFailed { fence, error } => {
+                write!(f, "waits on failed fence {fence}: {error}")
             }
+            SubmitError::ForeignFence(fence) => write!(f, "fence {fence} belongs to another device"),
+            SubmitError::Buffer(e) => write!(f, "declared buffer: {e}"),
+            SubmitError::TooManyBuffers { given } => write!(f, "{given} declared buffers exceed the limit"),
             SubmitError::WaitsOnItself(fence) => {
                 write!(f, "submission waits on its own queue's future fence {fence}")
             }
@@ -102,6 +122,8 @@ pub enum WaitError {
     NotSubmitted(Fence),
     /// No such queue.
     UnknownQueue(QueueId),
+    /// A fence of another device.
+    ForeignFence(Fence),
 }
 
 impl fmt::Display for WaitError {
@@ -111,6 +133,7 @@ impl fmt::Display for WaitError {
             WaitError::Failed(e) => write!(f, "{e}"),
             WaitError::NotSubmitted(fence) => write!(f, "fence {fence} was never submitted"),
             WaitError::UnknownQueue(q) => write!(f, "unknown queue {q}"),
+            WaitError::ForeignFence(fence) => write!(f, "fence {fence} belongs to another device"),
         }
     }
 }

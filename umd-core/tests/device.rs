@@ -8,9 +8,11 @@ mod support;
 use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
-use umd_core::device::{Device, MmuMode};
+use umd_core::direct::{Device, InitError, MmuMode};
+use umd_core::engine::Submit;
 use umd_core::hw::Generation;
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, Fence, FenceError, QueueId};
 
 const GFX: QueueId = QueueId(0);
@@ -21,20 +23,35 @@ fn small_cfg() -> Config {
     Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
 }
 
-fn device<const C: usize>(gen: Generation, cfg: Config) -> Device<Fake, C> {
-    Device::new(Fake::new(gen, 4 << 20), cfg, MmuMode::Bypass).map_err(|(e, _)| e).expect("device comes up")
+/// The storage of the tests' devices.
+type Storage = DeviceStorage<256, 256, 64, 256>;
+
+/// A fake and storage for one device.
+struct Rig {
+    fake: Fake,
+    storage: Box<Storage>,
+}
+
+fn rig(gen: Generation) -> Rig {
+    Rig { fake: Fake::new(gen, 4 << 20), storage: Box::default() }
+}
+
+impl Rig {
+    fn device<const C: usize>(&mut self, cfg: Config) -> Device<'_, Fake, C> {
+        Device::new(&self.fake, &mut self.storage, cfg, MmuMode::Bypass).expect("device comes up")
+    }
 }
 
 #[test]
 fn copy_fill_write_land_and_fences_signal() {
     for gen in [Generation::Gen1, Generation::Gen2] {
-        let mut dev: Device<Fake, 4> = device(gen, small_cfg());
-        let mut src = dev.alloc_buffer(4096).unwrap();
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        let src = dev.alloc_buffer(4096).unwrap();
         let dst = dev.alloc_buffer(4096).unwrap();
-        for (i, w) in src.words_mut().iter_mut().enumerate() {
-            *w = i as u32 * 3;
-        }
-        let (s, d) = (src.va(), dst.va());
+        let words: Vec<u32> = (0..1024).map(|i| i * 3).collect();
+        dev.write_words(src, 0, &words).unwrap();
+        let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
         let f = dev
             .submit(COPY, &[], |cb| {
                 cb.copy(s, d, 1024)?;
@@ -44,19 +61,21 @@ fn copy_fill_write_land_and_fences_signal() {
             .unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
         assert_eq!(dev.query(f), Ok(FenceStatus::Signalled));
-        assert_eq!(dst.read_u32(10), Some(30));
-        assert_eq!(dst.read_u32(256), Some(0xA5A5_A5A5));
-        assert_eq!(dst.read_u32(512), Some(7));
-        assert_eq!(dst.read_u32(514), Some(9));
+        assert_eq!(dev.read_u32(dst, 10), Ok(30));
+        assert_eq!(dev.read_u32(dst, 256), Ok(0xA5A5_A5A5));
+        assert_eq!(dev.read_u32(dst, 512), Ok(7));
+        assert_eq!(dev.read_u32(dst, 514), Ok(9));
         assert_eq!(dev.stats().submissions, 1);
-        let p = dev.shutdown();
-        assert_eq!(p.state().allocs, 2, "only the two user buffers are left");
+        let report = dev.shutdown();
+        assert_eq!((report.leaked_buffers, report.leaked_bytes), (2, 8192), "both buffers were leaked");
+        assert_eq!(rig_dev.fake.state().allocs, 0, "teardown gave every block back");
     }
 }
 
 #[test]
 fn fences_signal_in_order() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let fences: Vec<Fence> =
         (0..5).map(|i| dev.submit(GFX, &[], |cb| cb.timestamp(0x8010_0000 + 8 * i)).unwrap()).collect();
@@ -76,7 +95,8 @@ fn ring_wraps_at_every_offset() {
     // are coprime, so over 1024+ submissions the write pointer takes every
     // dword offset, and each wrap pads the tail with NOPs.
     for gen in [Generation::Gen1, Generation::Gen2] {
-        let mut dev: Device<Fake, 4> = device(gen, Config { batching: true, ..small_cfg() });
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(Config { batching: true, ..small_cfg() });
         let mut seen = std::collections::HashSet::new();
         let mut last = None;
         for i in 0..1200u64 {
@@ -95,26 +115,19 @@ fn ring_wraps_at_every_offset() {
 }
 
 #[test]
-fn ring_full_is_an_error_when_the_engine_does_not_consume() {
-    let mut dev: Device<Fake, 16> = device(
-        Generation::Gen1,
-        Config { batching: true, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() },
-    );
+fn a_full_ring_behind_a_hung_engine_is_reset_and_the_queue_goes_on() {
+    let mut rig_dev = rig(Generation::Gen1);
+    let dev: Device<'_, Fake, 16> = rig_dev.device(Config { batching: true, ..small_cfg() });
     dev.platform().state().mode = Mode::Manual;
     dev.platform().state().engines[0].fault = EngineFault::Stuck;
-    let mut err = None;
-    for i in 0..200u64 {
-        match dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
-            Ok(_) => {}
-            Err(e) => {
-                err = Some(e);
-                break;
-            }
-        }
+    let first = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    // A 4 KiB ring holds ~110 submissions: the 200th finds it full, the
+    // wait for room runs the hang check, and the reset empties the ring.
+    for i in 1..200u64 {
+        dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
     }
-    assert!(matches!(err, Some(SubmitError::RingFull(_))), "{err:?}");
-    // The failed submission left nothing behind: the queue still works
-    // once the engine runs again.
+    assert_eq!(dev.stats().resets, 1);
+    assert_eq!(dev.query(first), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
     dev.platform().state().engines[0].fault = EngineFault::None;
     dev.platform().state().run(0);
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
@@ -123,10 +136,37 @@ fn ring_full_is_an_error_when_the_engine_does_not_consume() {
 }
 
 #[test]
+fn a_full_ring_behind_a_wait_before_signal_is_an_error_not_a_hang() {
+    let mut rig_dev = rig(Generation::Gen1);
+    let dev: Device<'_, Fake, 16> = rig_dev.device(Config { batching: true, ..small_cfg() });
+    dev.platform().state().mode = Mode::OnDoorbell;
+    // GFX waits for COPY's next fence, which nobody submits yet.
+    let future = dev.next_fence(COPY).unwrap();
+    dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let mut err = None;
+    for i in 0..200u64 {
+        if let Err(e) = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
+            err = Some(e);
+            break;
+        }
+    }
+    assert!(matches!(err, Some(SubmitError::RingFull(_))), "{err:?}");
+    assert_eq!(dev.stats().resets, 0, "a blocked queue is not hung");
+    // The failed submission left nothing behind: once the producer comes,
+    // the queue drains and takes work again.
+    let p = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0100)).unwrap();
+    assert_eq!(p, future);
+    dev.platform().state().run_all();
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.wait(f, 1_000_000_000).unwrap();
+}
+
+#[test]
 fn pool_exhaustion_errors_or_waits_by_policy() {
     // Two chunks, no batching: the third submission needs a chunk back.
     let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::Error, ..small_cfg() };
-    let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 2> = rig_dev.device(cfg);
     dev.platform().state().mode = Mode::Manual;
     let a = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let _b = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
@@ -141,7 +181,8 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     // WaitOldest: the recording waits for the oldest fence (the fake runs
     // its engines while the driver sleeps).
     let cfg = Config { batching: false, pool_exhaustion: PoolExhaustion::WaitOldest, ..small_cfg() };
-    let mut dev: Device<Fake, 2> = device(Generation::Gen2, cfg);
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 2> = rig_dev.device(cfg);
     dev.platform().state().mode = Mode::OnDelay;
     for i in 0..10u64 {
         dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
@@ -151,14 +192,16 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
 
 #[test]
 fn batching_puts_small_submissions_in_one_chunk() {
-    let mut on: Device<Fake, 4> = device(Generation::Gen2, Config { batching: true, ..small_cfg() });
+    let mut rig_on = rig(Generation::Gen2);
+    let on: Device<'_, Fake, 4> = rig_on.device(Config { batching: true, ..small_cfg() });
     on.platform().state().mode = Mode::Manual;
     for i in 0..10u64 {
         on.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
     }
     let s = on.pool_stats();
     assert_eq!(s.open + s.in_flight, 1, "one chunk holds all ten: {s:?}");
-    let mut off: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
+    let mut rig_off = rig(Generation::Gen2);
+    let off: Device<'_, Fake, 4> = rig_off.device(Config { batching: false, ..small_cfg() });
     off.platform().state().mode = Mode::OnDoorbell;
     for i in 0..3u64 {
         let f = off.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
@@ -168,10 +211,11 @@ fn batching_puts_small_submissions_in_one_chunk() {
 
 #[test]
 fn cross_queue_waits_and_out_of_order_completion() {
-    let mut dev: Device<Fake, 8> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 8> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let buf = dev.alloc_buffer(4096).unwrap();
-    let b = buf.va();
+    let b = dev.va(buf).unwrap();
     let copy = dev.submit(COPY, &[], |cb| cb.write_data(b, &[41])).unwrap();
     let compute = dev.submit(COMPUTE, &[copy], |cb| cb.write_data(b + 4, &[42])).unwrap();
     let gfx = dev.submit(GFX, &[], |cb| cb.write_data(b + 8, &[43])).unwrap();
@@ -180,20 +224,21 @@ fn cross_queue_waits_and_out_of_order_completion() {
     dev.platform().state().run(1);
     assert_eq!(dev.query(gfx), Ok(FenceStatus::Signalled));
     assert_eq!(dev.query(compute), Ok(FenceStatus::Pending));
-    assert_eq!(buf.read_u32(1), Some(0), "compute waited on the copy fence");
+    assert_eq!(dev.read_u32(buf, 1), Ok(0), "compute waited on the copy fence");
     dev.platform().state().run(2);
     dev.platform().state().run(1);
     assert_eq!(dev.query(copy), Ok(FenceStatus::Signalled));
     assert_eq!(dev.query(compute), Ok(FenceStatus::Signalled));
-    assert_eq!(buf.read_u32(1), Some(42));
+    assert_eq!(dev.read_u32(buf, 1), Ok(42));
 }
 
 #[test]
 fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
-    let mut dev: Device<Fake, 8> = device(Generation::Gen1, small_cfg());
+    let mut rig_dev = rig(Generation::Gen1);
+    let dev: Device<'_, Fake, 8> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     // COMPUTE waits for COPY's *next* fence (wait before signal) ...
-    let copy_next = Fence { id: umd_core::sync::FenceId::new(COPY, 1), epoch: 0 };
+    let copy_next = dev.next_fence(COPY).unwrap();
     let compute = dev.submit(COMPUTE, &[copy_next], |cb| cb.timestamp(0x8030_0000)).unwrap();
     // ... so COPY's next submission may not wait for that COMPUTE work.
     let before = dev.platform().state().doorbells;
@@ -205,7 +250,7 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
     assert!(c.to_string().contains("q2:1 waits for q1:1"), "{c}");
     assert_eq!(dev.platform().state().doorbells, before, "nothing reached the GPU");
     // A three-queue cycle: GFX waits COMPUTE's future, COMPUTE (above) waits COPY's future.
-    let compute_next = Fence { id: umd_core::sync::FenceId::new(COMPUTE, 2), epoch: 0 };
+    let compute_next = dev.next_fence(COMPUTE).unwrap();
     let gfx = dev.submit(GFX, &[compute_next], |cb| cb.timestamp(0x8030_0010)).unwrap();
     let compute2 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
     assert_eq!(compute2.seqno().0, 2);
@@ -221,18 +266,20 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
 #[test]
 fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
     for gen in [Generation::Gen1, Generation::Gen2] {
-        let mut dev: Device<Fake, 4> = device(gen, small_cfg());
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
         let buf = dev.alloc_buffer(4096).unwrap();
-        let b = buf.va();
+        let b = dev.va(buf).unwrap();
         let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
         let f2 = dev.submit(GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
-        // A COMPUTE submission waiting on the hung queue is released by the reset.
+        // A COMPUTE submission waiting on the hung queue is released by the
+        // reset, and fails with it: it ran on input that never arrived.
         let c = dev.submit(COMPUTE, &[f2], |cb| cb.write_data(b + 8, &[3])).unwrap();
         let err = dev.wait(f1, 10_000_000_000).unwrap_err();
         assert_eq!(err, WaitError::Failed(FenceError::DeviceHung));
         assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
-        let report = *dev.last_hang().expect("a hang report");
+        let report = dev.last_hang().expect("a hang report");
         assert_eq!(report.queue, GFX);
         assert!(matches!(report.reason, HangReason::NoProgress { .. }));
         assert_eq!((report.emitted.0, report.completed.0), (2, 0));
@@ -240,24 +287,32 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
         assert!(text.contains("INDIRECT_BUFFER") && text.contains("FENCE"), "{text}");
         assert!(text.contains("no progress"), "{text}");
         assert_eq!(dev.stats().resets, 1);
-        // The engine is usable again; the waiting COMPUTE work went through.
+        // The engine is usable again; the waiting COMPUTE work ran but
+        // reports the producer's failure.
         dev.platform().state().run_all();
-        dev.wait(c, 1_000_000_000).unwrap();
+        assert_eq!(
+            dev.wait(c, 1_000_000_000),
+            Err(WaitError::Failed(FenceError::Dependency {
+                producer: f2.id,
+                cause: umd_core::sync::Cause::Hung
+            }))
+        );
+        assert_eq!(dev.stats().propagated_failures, 1);
         let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
         dev.wait(f3, 1_000_000_000).unwrap();
-        assert_eq!(buf.read_u32(3), Some(4));
-        assert_eq!(f3.epoch, 1);
+        assert_eq!(dev.read_u32(buf, 3), Ok(4));
         // A fence cancelled by the reset can not be waited on by new work.
         assert_eq!(
             dev.submit(COPY, &[f1], |cb| cb.timestamp(0x8030_0000)),
-            Err(SubmitError::FenceFromResetQueue(f1))
+            Err(SubmitError::DependencyFailed { fence: f1, error: FenceError::DeviceHung })
         );
     }
 }
 
 #[test]
 fn a_loop_that_moves_but_never_signals_is_a_hang() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().engines[1].fault = EngineFault::Spinning;
     dev.platform().state().mode = Mode::OnDelay;
     let f = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
@@ -267,7 +322,8 @@ fn a_loop_that_moves_but_never_signals_is_a_hang() {
 
 #[test]
 fn faults_are_reported_with_address_engine_and_access() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
+    let mut rig_dev = rig(Generation::Gen1);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(COPY, &[], |cb| cb.copy(0x1_0000_0000, 0x8030_0000, 64)).unwrap();
     dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
@@ -288,7 +344,8 @@ fn faults_are_reported_with_address_engine_and_access() {
 
 #[test]
 fn timeouts() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let delays = dev.platform().state().delays;
@@ -307,7 +364,8 @@ fn timeouts() {
 fn wait_schedule_follows_the_config() {
     // With the default steps the driver spins first, then sleeps 1 us, 10
     // us and 100 us. Check the sleeps the fake saw over a 5 ms wait.
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let (d0, n0) = {
@@ -326,7 +384,8 @@ fn wait_schedule_follows_the_config() {
 
 #[test]
 fn bad_inputs_get_typed_errors() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen1, small_cfg());
+    let mut rig_dev = rig(Generation::Gen1);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     // Unknown queue.
     assert_eq!(
@@ -340,17 +399,15 @@ fn bad_inputs_get_typed_errors() {
     assert!(matches!(e, SubmitError::Encode(_)), "{e:?}");
     // An IB larger than the generation allows (gen1: 262144 dwords).
     assert_eq!(
-        dev.submit_ib(GFX, &[], 0x8030_0000, 262_145),
+        dev.submit_ib(&Submit::on(GFX), 0x8030_0000, 262_145),
         Err(SubmitError::IbTooLarge { dwords: 262_145, max: 262_144 })
     );
-    assert_eq!(dev.submit_ib(GFX, &[], 0x8030_0000, 0), Err(SubmitError::Empty));
+    assert_eq!(dev.submit_ib(&Submit::on(GFX), 0x8030_0000, 0), Err(SubmitError::Empty));
     // Waiting on a fence from the future.
-    let future = Fence { id: umd_core::sync::FenceId::new(GFX, 7), epoch: 0 };
+    let future = dev.last_emitted(GFX).unwrap().later(7);
     assert_eq!(dev.wait(future, 1_000), Err(WaitError::NotSubmitted(future)));
-    assert_eq!(
-        dev.wait(Fence { id: umd_core::sync::FenceId::new(QueueId(9), 1), epoch: 0 }, 1),
-        Err(WaitError::UnknownQueue(QueueId(9)))
-    );
+    let unknown = Fence { id: umd_core::sync::FenceId::new(QueueId(9), 1), ..future };
+    assert_eq!(dev.wait(unknown, 1), Err(WaitError::UnknownQueue(QueueId(9))));
     // A queue waiting on its own future.
     assert_eq!(
         dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)),
@@ -368,28 +425,40 @@ fn bad_inputs_get_typed_errors() {
 }
 
 #[test]
-fn init_rejects_bad_config_and_foreign_devices() {
+fn init_rejects_bad_config_and_frees_what_it_allocated() {
+    let mut storage: Box<Storage> = Box::default();
     let bad = Config { ring_bytes: 3000, ..Config::DEFAULT };
-    let r = Device::<Fake, 4>::new(Fake::new(Generation::Gen1, 1 << 20), bad, MmuMode::Bypass);
-    let (e, p) = r.err().unwrap();
-    assert!(matches!(e, umd_core::device::InitError::BadConfig(_)));
-    assert_eq!(p.state().allocs, 0);
+    let fake = Fake::new(Generation::Gen1, 1 << 20);
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::BadConfig(_)));
+    assert_eq!(fake.state().allocs, 0);
     let fake = Fake::new(Generation::Gen1, 1 << 20);
     fake.state().regs[0] = 0x1234_0100;
-    let (e, _) = Device::<Fake, 4>::new(fake, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
-    assert!(matches!(e, umd_core::device::InitError::Probe(_)));
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::Probe(_)));
     // Out of memory half-way: everything allocated so far is freed.
-    let (e, p) =
-        Device::<Fake, 64>::new(Fake::new(Generation::Gen1, 256 << 10), Config::DEFAULT, MmuMode::Bypass)
-            .err()
-            .unwrap();
-    assert!(matches!(e, umd_core::device::InitError::Platform(_)));
-    assert_eq!(p.state().allocs, 0);
+    let fake = Fake::new(Generation::Gen1, 256 << 10);
+    let e = Device::<Fake, 64>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::Platform(_)));
+    assert_eq!(fake.state().allocs, 0);
+    // A chip with no engines, and one with more than the build drives.
+    let fake = Fake::new(Generation::Gen2, 1 << 20);
+    fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 0;
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::BadConfig(_)));
+    let fake = Fake::new(Generation::Gen2, 1 << 20);
+    fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 2;
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    assert_eq!(dev.queue_count(), 2, "the queue count comes from the chip");
+    assert_eq!(dev.submit(COPY, &[], |cb| cb.barrier()), Err(SubmitError::UnknownQueue(COPY)));
+    drop(dev);
+    assert_eq!(fake.state().allocs, 0);
 }
 
 #[test]
 fn device_loss_fails_pending_fences() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.platform().state().lost = true;
@@ -400,7 +469,8 @@ fn device_loss_fails_pending_fences() {
 
 #[test]
 fn trace_exports_chrome_json() {
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, small_cfg());
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     for i in 0..3u64 {
         let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
@@ -421,7 +491,8 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
     use umd_core::debug::TraceKind;
     for batching in [true, false] {
         let cfg = Config { batching, ib_chunk_bytes: 16 << 10, ..small_cfg() };
-        let mut dev: Device<Fake, 8> = device(Generation::Gen2, cfg);
+        let mut rig_dev = rig(Generation::Gen2);
+        let dev: Device<'_, Fake, 8> = rig_dev.device(cfg);
         let (pool_va, pool_len) = dev.pool_range();
         for round in 0..3u64 {
             dev.platform().state().cleaned.clear();
@@ -463,7 +534,8 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
 #[test]
 fn completions_seen_by_any_path_are_traced_and_reclaimed() {
     use umd_core::debug::TraceKind;
-    let mut dev: Device<Fake, 4> = device(Generation::Gen2, Config { batching: false, ..small_cfg() });
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(Config { batching: false, ..small_cfg() });
     dev.platform().state().mode = Mode::Manual;
     let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.platform().state().run(2);

@@ -14,7 +14,8 @@ use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
 use umd_core::platform::{DmaFlags, DmaRegion, KernelError, KernelIo, KernelSync, Platform, PlatformError};
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
-use umd_core::sync::{Fence, FenceError, FenceId, QueueId};
+use umd_core::storage::DeviceStorage;
+use umd_core::sync::{Cause, FenceError, QueueId};
 
 struct Job {
     engine: u32,
@@ -164,15 +165,25 @@ fn cfg() -> Config {
     Config { ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
 }
 
+type Storage = DeviceStorage<256, 256, 64, 256>;
+
+fn with_kernel(gen: Generation, f: impl FnOnce(&KernelDevice<'_, FakeKernel, 4>, &FakeKernel)) {
+    let k = FakeKernel::new(gen);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, cfg(), 1 << 32, 1 << 32).unwrap();
+    f(&dev, &k);
+}
+
 #[test]
 fn submit_wait_and_data_through_the_kernel() {
     for gen in [Generation::Gen1, Generation::Gen2] {
-        let mut dev: KernelDevice<FakeKernel, 4> =
-            KernelDevice::new(FakeKernel::new(gen), cfg(), 1 << 32, 1 << 32).map_err(|(e, _)| e).unwrap();
+        let k = FakeKernel::new(gen);
+        let mut storage: Box<Storage> = Box::default();
+        let dev = KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, cfg(), 1 << 32, 1 << 32).unwrap();
         assert_eq!(dev.chip().generation, gen);
         let buf = dev.alloc_buffer(8192).unwrap();
-        assert!(buf.va() >= 1 << 32, "the core chose the VA");
-        let b = buf.va();
+        let b = dev.va(buf).unwrap();
+        assert!(b >= 1 << 32, "the core chose the VA");
         let f = dev
             .submit(QueueId(2), &[], |cb| {
                 cb.fill(b, 4096, 0x5555_5555)?;
@@ -180,78 +191,100 @@ fn submit_wait_and_data_through_the_kernel() {
             })
             .unwrap();
         assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
-        dev.platform().k().run();
+        k.k().run();
         dev.wait(f, 1_000_000_000).unwrap();
-        assert_eq!(buf.read_u32(100), Some(0x5555_5555));
-        assert_eq!(buf.read_u32(1026), Some(3));
-        dev.free_buffer(buf);
-        let p = dev.shutdown();
-        assert_eq!(p.k().mem.allocs, 0);
-        assert!(p.k().bindings.is_empty());
+        assert_eq!(dev.read_u32(buf, 100), Ok(0x5555_5555));
+        assert_eq!(dev.read_u32(buf, 1026), Ok(3));
+        dev.free(buf).unwrap();
+        assert_eq!(dev.shutdown().leaked_buffers, 0);
+        assert_eq!(k.k().mem.allocs, 0);
+        assert!(k.k().bindings.is_empty(), "every bind was undone");
     }
 }
 
 #[test]
 fn waits_become_kernel_sync_points_and_cycles_are_rejected() {
-    let mut dev: KernelDevice<FakeKernel, 8> =
-        KernelDevice::new(FakeKernel::new(Generation::Gen2), cfg(), 1 << 32, 1 << 32)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
-    let compute = dev.submit(QueueId(1), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
-    {
-        let k = dev.platform().k();
-        let jobs = &k.jobs;
-        assert_eq!(jobs.len(), 2);
-        assert_eq!(jobs[1].waits, vec![KernelSync { engine: 2, value: 1 }]);
-        assert_eq!(jobs[1].signal, KernelSync { engine: 1, value: 1 });
-    }
-    // Wait-before-signal on COPY:2, then COPY waiting for that: a cycle.
-    let future = Fence { id: FenceId::new(QueueId(2), 2), epoch: 0 };
-    let gfx = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
-    let err = dev.submit(QueueId(2), &[gfx], |cb| cb.timestamp(0x1_0000_0018)).unwrap_err();
-    assert!(matches!(err, SubmitError::Cycle(_)), "{err:?}");
-    assert_eq!(dev.platform().k().jobs.len(), 3, "the rejected work never reached the kernel");
-    dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0018)).unwrap();
-    dev.platform().k().run();
-    dev.wait(gfx, 1_000_000_000).unwrap();
-    dev.wait(compute, 1_000_000_000).unwrap();
+    with_kernel(Generation::Gen2, |dev, k| {
+        let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+        let compute = dev.submit(QueueId(1), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
+        {
+            let st = k.k();
+            assert_eq!(st.jobs.len(), 2);
+            assert_eq!(st.jobs[1].waits, vec![KernelSync { engine: 2, value: 1 }]);
+            assert_eq!(st.jobs[1].signal, KernelSync { engine: 1, value: 1 });
+        }
+        // Wait-before-signal on COPY:2, then COPY waiting for that: a cycle.
+        let future = dev.next_fence(QueueId(2)).unwrap();
+        let gfx = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
+        let err = dev.submit(QueueId(2), &[gfx], |cb| cb.timestamp(0x1_0000_0018)).unwrap_err();
+        assert!(matches!(err, SubmitError::Cycle(_)), "{err:?}");
+        assert_eq!(k.k().jobs.len(), 3, "the rejected work never reached the kernel");
+        dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0018)).unwrap();
+        k.k().run();
+        dev.wait(gfx, 1_000_000_000).unwrap();
+        dev.wait(compute, 1_000_000_000).unwrap();
+    });
 }
 
 #[test]
-fn a_kernel_reset_fails_the_cancelled_fences() {
-    let mut dev: KernelDevice<FakeKernel, 4> =
-        KernelDevice::new(FakeKernel::new(Generation::Gen1), cfg(), 1 << 32, 1 << 32)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
-    let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
-    dev.platform().k().jobs.clear();
-    dev.platform().k().reset[0] = Some(2);
-    assert_eq!(dev.wait(f1, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
-    assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
+fn a_kernel_reset_fails_the_cancelled_fences_and_their_dependents() {
+    with_kernel(Generation::Gen1, |dev, k| {
+        let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+        let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
+        let consumer = dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
+        k.k().jobs.retain(|j| j.engine != 0);
+        k.k().reset[0] = Some(2);
+        assert_eq!(dev.wait(f1, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+        assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
+        k.k().run();
+        assert_eq!(
+            dev.wait(consumer, 1_000_000_000),
+            Err(WaitError::Failed(FenceError::Dependency { producer: f2.id, cause: Cause::Hung }))
+        );
+        assert_eq!(
+            dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x1_0000_0000)),
+            Err(SubmitError::DependencyFailed { fence: f2, error: FenceError::DeviceHung })
+        );
+        // The queue goes on.
+        let f3 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
+        k.k().run();
+        dev.wait(f3, 1_000_000_000).unwrap();
+        assert_eq!(dev.stats().resets, 1);
+    });
+}
+
+#[test]
+fn a_full_dependency_table_waits_then_refuses_in_kernel_mode_too() {
+    let k = FakeKernel::new(Generation::Gen2);
+    let mut storage: Box<Storage> = Box::default();
+    let c = Config { dep_wait_ns: 2_000_000, ..cfg() };
+    let dev = KernelDevice::<FakeKernel, 16>::new(&k, &mut storage, c, 1 << 32, 1 << 32).unwrap();
+    let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+    for _ in 0..umd_core::engine::PENDING_WAITS {
+        dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
+    }
+    let jobs = k.k().jobs.len();
     assert_eq!(
-        dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x1_0000_0000)),
-        Err(SubmitError::FenceFromResetQueue(f2))
+        dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x1_0000_0008)),
+        Err(SubmitError::TooManyPending(QueueId(0)))
     );
-    // The queue goes on in a new epoch.
-    let f3 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0010)).unwrap();
-    assert_eq!(f3.epoch, 1);
-    dev.platform().k().run();
-    dev.wait(f3, 1_000_000_000).unwrap();
+    assert_eq!(k.k().jobs.len(), jobs, "nothing reached the kernel");
+    k.k().run();
+    dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x1_0000_0008)).unwrap();
 }
 
 #[test]
 fn bad_inputs() {
-    let mut dev: KernelDevice<FakeKernel, 4> =
-        KernelDevice::new(FakeKernel::new(Generation::Gen2), cfg(), 1 << 32, 1 << 32)
-            .map_err(|(e, _)| e)
-            .unwrap();
-    assert_eq!(dev.submit(QueueId(5), &[], |cb| cb.timestamp(0)), Err(SubmitError::UnknownQueue(QueueId(5))));
-    assert_eq!(dev.submit(QueueId(0), &[], |_| Ok(())), Err(SubmitError::Empty));
-    let future = Fence { id: FenceId::new(QueueId(0), 9), epoch: 0 };
-    assert_eq!(dev.wait(future, 1), Err(WaitError::NotSubmitted(future)));
-    let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
-    assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
-    assert!(dev.platform().k().jobs.len() == 1);
+    with_kernel(Generation::Gen2, |dev, k| {
+        assert_eq!(
+            dev.submit(QueueId(5), &[], |cb| cb.timestamp(0)),
+            Err(SubmitError::UnknownQueue(QueueId(5)))
+        );
+        assert_eq!(dev.submit(QueueId(0), &[], |_| Ok(())), Err(SubmitError::Empty));
+        let future = dev.last_emitted(QueueId(0)).unwrap().later(9);
+        assert_eq!(dev.wait(future, 1), Err(WaitError::NotSubmitted(future)));
+        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x1_0000_0000)).unwrap();
+        assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
+        assert!(k.k().jobs.len() == 1);
+    });
 }

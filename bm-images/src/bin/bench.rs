@@ -13,7 +13,7 @@ use bm_images::boot;
 use platform_baremetal::arch::{exit, timer};
 use platform_baremetal::{image_main, println};
 use umd_core::config::Config;
-use umd_core::device::MmuMode;
+use umd_core::direct::MmuMode;
 
 image_main!(main);
 
@@ -27,7 +27,7 @@ fn line(name: &str, f: &Figures) {
 }
 
 /// Where a submit's time goes under TCG: the building blocks, 1000 each.
-fn micro(dev: &mut boot::Gpu<16>) {
+fn micro(dev: &boot::Gpu<16>) {
     use umd_core::platform::{DirectIo, Platform};
     let p = dev.platform();
     let t0 = timer::now_ns();
@@ -68,28 +68,28 @@ fn main() -> ! {
     // `chunk=<bytes>`: IB chunk size (default: Config::DEFAULT's 64 KiB).
     let chunk = boot::arg_u64("chunk").map_or(Config::DEFAULT.ib_chunk_bytes, |c| c as usize);
     let cfg = Config { ib_chunk_bytes: chunk, ..Config::DEFAULT };
-    let (mut dev, mode) = boot::device::<16>("bench", cfg, MmuMode::DEFAULT);
+    let (dev, mode) = boot::device::<16>("bench", cfg, MmuMode::DEFAULT);
     println!("IB chunk {chunk} bytes");
     println!(
         "counter: CNTFRQ_EL0 = {} Hz ({} ns per tick)",
         timer::frequency(),
         1_000_000_000 / timer::frequency()
     );
-    match bench::submit_cost(&mut dev, samples) {
+    match bench::submit_cost(&dev, samples) {
         Ok(f) => line("submit_cpu", &f),
         Err(e) => {
             println!("@@ RESULT bench FAIL submit_cost: {e:?}");
             exit::exit(1)
         }
     }
-    match bench::round_trips(&mut dev, 100, &mut samples[..TRIPS]) {
+    match bench::round_trips(&dev, 100, &mut samples[..TRIPS]) {
         Ok(f) => line(if boot::has_arg("msi") { "round_trip_msi" } else { "round_trip_polling" }, &f),
         Err(e) => {
             println!("@@ RESULT bench FAIL round_trips: {e:?}");
             exit::exit(1)
         }
     }
-    micro(&mut dev);
+    micro(&dev);
     boot::print_irqs(mode);
     println!("stats: {:?}", dev.stats());
     println!("@@ RESULT bench PASS");

@@ -8,18 +8,20 @@
 #![no_main]
 
 use bm_images::{boot, report_line};
-use conformance::{Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use conformance::{Env, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_baremetal::arch::exit;
 use platform_baremetal::{image_main, println};
 
 image_main!(main);
 
 fn main() -> ! {
-    let (mut dev, mode) = boot::device::<SUITE_CHUNKS>("conformance", SUITE_CONFIG, SUITE_MMU);
+    let (dev, mode) = boot::device::<SUITE_CHUNKS>("conformance", SUITE_CONFIG, SUITE_MMU);
+    // One core, no scheduler: no threads for the multi-submitter scenario.
+    let env = Env { parallel: None };
     let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
     for s in conformance::scenarios() {
         let t0 = platform_baremetal::arch::timer::now_ns();
-        let r = s.run(&mut dev);
+        let r = s.run(&dev, &env);
         let ms = platform_baremetal::arch::timer::now_ns().saturating_sub(t0) / 1_000_000;
         match r.outcome {
             Outcome::Pass => passed += 1,

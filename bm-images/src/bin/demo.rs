@@ -13,22 +13,22 @@ use bm_images::boot::{self, Uart};
 use bm_images::demo;
 use platform_baremetal::arch::exit;
 use platform_baremetal::{image_main, println};
+use umd_core::debug::trace::TraceStorage;
 use umd_core::debug::TraceRing;
-use umd_core::device::MmuMode;
+use umd_core::direct::MmuMode;
 
 image_main!(main);
 
 /// The timeline kept for the trace (the device's own ring holds 256
 /// events; the demo drains it here after every wait).
-static mut TRACE: TraceRing<{ demo::TRACE_CAP }> = TraceRing::new();
+static TRACE: spin::Mutex<TraceStorage<{ demo::TRACE_CAP }>> = spin::Mutex::new(TraceStorage::new());
 
 fn main() -> ! {
-    // SAFETY: single core, and `main` is the only place that touches
-    // TRACE (exception and interrupt handlers never do), once.
-    let trace = unsafe { &mut *core::ptr::addr_of_mut!(TRACE) };
+    let Some(storage) = TRACE.try_lock() else { exit::exit(2) };
+    let mut trace = TraceRing::new(spin::mutex::MutexGuard::leak(storage));
     let frames = boot::arg_u64("frames").unwrap_or(8) as u32;
-    let (mut dev, mode) = boot::device::<{ demo::CHUNKS }>("demo", demo::CONFIG, MmuMode::DEFAULT);
-    let sum = match demo::run(&mut dev, frames, trace) {
+    let (dev, mode) = boot::device::<{ demo::CHUNKS }>("demo", demo::CONFIG, MmuMode::DEFAULT);
+    let sum = match demo::run(&dev, frames, &mut trace) {
         Ok(s) => s,
         Err(e) => {
             println!("@@ RESULT demo FAIL {e}");

@@ -20,7 +20,7 @@ use bm_images::boot;
 use platform_baremetal::arch::{exit, timer};
 use platform_baremetal::{image_main, println};
 use umd_core::config::Config;
-use umd_core::device::MmuMode;
+use umd_core::direct::MmuMode;
 use umd_core::sync::QueueId;
 
 image_main!(main);
@@ -55,15 +55,14 @@ fn device_loss() -> ! {
     // The transport's heartbeat check gives up after one hang window, like
     // the core's hang check.
     io.loss_window_ns = cfg.hang.window_ns;
-    let mut dev = boot::device_on::<8>(io, cfg, MmuMode::DEFAULT);
-    let buf = match dev.alloc_buffer(4096) {
-        Ok(b) => b,
-        Err(e) => {
-            println!("@@ FATAL alloc: {e}");
+    let dev = boot::device_on::<8>(io, cfg, MmuMode::DEFAULT);
+    let va = match dev.alloc_buffer(4096).map(|b| dev.va(b)) {
+        Ok(Ok(va)) => va,
+        _ => {
+            println!("@@ FATAL alloc");
             exit::exit(2)
         }
     };
-    let va = buf.va();
     let mut last_ok = timer::now_ns();
     for i in 0..1_000_000u64 {
         if i == 20 {

@@ -32,6 +32,20 @@ impl Window {
     /// An empty window.
     pub const EMPTY: Window = Window { va: 0, words: [0; WINDOW_DWORDS], len: 0, mark: 0 };
 
+    /// A window of `len` dwords at `va` read one by one with `read(i)`
+    /// (volatile reads of memory another thread may be writing elsewhere).
+    pub fn capture_with(va: u64, len: usize, mark: u64, read: impl Fn(usize) -> Option<u32>) -> Window {
+        let mut w = Window { va, mark, ..Window::EMPTY };
+        for (i, d) in w.words.iter_mut().enumerate().take(len) {
+            match read(i) {
+                Some(v) => *d = v,
+                None => break,
+            }
+            w.len = w.len.saturating_add(1);
+        }
+        w
+    }
+
     /// Copies up to [`WINDOW_DWORDS`] dwords from `src`, which starts at `va`.
     pub fn capture(va: u64, src: &[u32], mark: u64) -> Window {
         let mut w = Window { va, mark, ..Window::EMPTY };
@@ -77,6 +91,15 @@ pub enum HangReason {
     Fault(FaultInfo),
     /// The device stopped answering (register access failed).
     DeviceLost,
+    /// The queue waited longer than the wait-before-signal limit for a
+    /// fence of another queue that was never submitted.
+    NeverSignalled {
+        /// The fence it waited for.
+        producer: crate::sync::FenceId,
+    },
+    /// A kernel driver reset the queue (kernel mode; the kernel has the
+    /// details, e.g. in a devcoredump).
+    KernelReset,
 }
 
 impl fmt::Display for HangReason {
@@ -88,6 +111,13 @@ impl fmt::Display for HangReason {
             }
             HangReason::Fault(i) => write!(f, "{i}"),
             HangReason::DeviceLost => write!(f, "device lost"),
+            HangReason::NeverSignalled { producer } => {
+                write!(
+                    f,
+                    "waited for {producer}, which was never submitted, beyond the wait-before-signal limit"
+                )
+            }
+            HangReason::KernelReset => write!(f, "reset by the kernel driver"),
         }
     }
 }

@@ -63,25 +63,54 @@ pub struct TraceEvent {
     pub arg: u64,
 }
 
-/// The last `N` events.
+/// Submit times kept per queue (for the submit-to-fence spans).
+pub const SUBMIT_TIMES: usize = 64;
+
+/// Where a trace keeps its events and submit times (part of
+/// [`crate::storage::DeviceStorage`]).
 #[derive(Debug)]
-pub struct TraceRing<const N: usize> {
+pub struct TraceStorage<const N: usize> {
     events: [Option<TraceEvent>; N],
-    next: usize,
-    dropped: u64,
-    enabled: bool,
+    submit_ts: [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
 }
 
-impl<const N: usize> Default for TraceRing<N> {
+impl<const N: usize> TraceStorage<N> {
+    /// Empty.
+    pub const fn new() -> Self {
+        TraceStorage { events: [None; N], submit_ts: [[(0, 0); SUBMIT_TIMES]; crate::sync::MAX_QUEUES] }
+    }
+}
+
+impl<const N: usize> Default for TraceStorage<N> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<const N: usize> TraceRing<N> {
-    /// An empty, enabled ring.
-    pub const fn new() -> Self {
-        TraceRing { events: [None; N], next: 0, dropped: 0, enabled: true }
+/// The last events of a device, in storage the integrator provides. (A
+/// hand-written ring over a slice rather than `heapless::HistoryBuf`: the
+/// latter's size-erased view indexes with a bounds check, a panic path the
+/// link-time check refuses.)
+#[derive(Debug)]
+pub struct TraceRing<'s> {
+    events: &'s mut [Option<TraceEvent>],
+    submit_ts: &'s mut [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
+    next: usize,
+    dropped: u64,
+    enabled: bool,
+}
+
+impl<'s> TraceRing<'s> {
+    /// An empty, enabled ring over `storage`.
+    pub fn new<const N: usize>(storage: &'s mut TraceStorage<N>) -> Self {
+        storage.events = [None; N];
+        TraceRing {
+            events: &mut storage.events,
+            submit_ts: &mut storage.submit_ts,
+            next: 0,
+            dropped: 0,
+            enabled: true,
+        }
     }
 
     /// Turns recording on or off (off costs one branch per event).
@@ -91,16 +120,17 @@ impl<const N: usize> TraceRing<N> {
 
     /// Records an event, overwriting the oldest when full.
     pub fn record(&mut self, ev: TraceEvent) {
-        if !self.enabled || N == 0 {
+        if !self.enabled {
             return;
         }
+        let n = self.events.len();
         if let Some(slot) = self.events.get_mut(self.next) {
             if slot.is_some() {
                 self.dropped = self.dropped.saturating_add(1);
             }
             *slot = Some(ev);
+            self.next = self.next.saturating_add(1).checked_rem(n).unwrap_or(0);
         }
-        self.next = self.next.saturating_add(1).checked_rem(N).unwrap_or(0);
     }
 
     /// Events overwritten since the start.
@@ -110,14 +140,32 @@ impl<const N: usize> TraceRing<N> {
 
     /// The events held, oldest first.
     pub fn iter(&self) -> impl Iterator<Item = &TraceEvent> {
-        let (newer, older) = self.events.split_at(self.next.min(N));
+        let (newer, older) = self.events.split_at(self.next.min(self.events.len()));
         older.iter().chain(newer.iter()).filter_map(Option::as_ref)
     }
 
     /// Forgets every event.
     pub fn clear(&mut self) {
-        self.events = [None; N];
+        for e in self.events.iter_mut() {
+            *e = None;
+        }
         self.next = 0;
+    }
+
+    /// Remembers when `seqno` was submitted on `queue`.
+    pub fn note_submit(&mut self, queue: usize, seqno: u64, ts_ns: u64) {
+        if let Some(slot) = self.submit_ts.get_mut(queue).and_then(|q| q.get_mut(ts_slot(seqno))) {
+            *slot = (seqno, ts_ns);
+        }
+    }
+
+    /// When `seqno` was submitted on `queue`, if still remembered.
+    pub fn submitted_at(&self, queue: usize, seqno: u64) -> Option<u64> {
+        self.submit_ts
+            .get(queue)
+            .and_then(|q| q.get(ts_slot(seqno)))
+            .filter(|(s, _)| *s == seqno)
+            .map(|(_, t)| *t)
     }
 
     /// Writes the events as a Chrome / Perfetto JSON trace: one track per
@@ -177,4 +225,8 @@ fn sep(out: &mut impl Write, first: &mut bool) -> fmt::Result {
     } else {
         out.write_char(',')
     }
+}
+
+fn ts_slot(seqno: u64) -> usize {
+    seqno.checked_rem(SUBMIT_TIMES as u64).unwrap_or(0) as usize
 }

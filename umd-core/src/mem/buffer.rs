@@ -1,69 +1,139 @@
-//! Buffer objects: generation-counted handles, descriptions and leak reports.
+//! Buffer handles: generation-counted, device-stamped references that can
+//! not dangle.
 //!
-//! Callers hold [`BufferHandle`]s, which are small and `Copy`. A handle is an
-//! index plus a generation; every destroy bumps the slot's generation, so a
-//! stale handle (used after destroy, or twice destroyed) is an error and can
-//! never reach the buffer that reused its slot. A slot whose generation would
-//! wrap is retired for good rather than risk a collision.
+//! Callers hold [`BufferHandle`]s, which are small and `Copy`. A handle is
+//! the owning device's identity, a slot index and a generation; every free
+//! bumps the slot's generation, so a stale handle (used after free, freed
+//! twice) is an error and never reaches the buffer that reuses its slot,
+//! and a handle of another device is refused before its index is looked
+//! at. A slot whose generation would wrap is retired for good rather than
+//! risk a collision.
 //!
-//! [`BufferTable`] is the bare handle table (any payload); [`Buffers`] puts it
-//! on top of a [`Pool`] so that creating a buffer reserves its GPU VA and
-//! destroying it returns the VA, immediately or after a fence. Backing pages
-//! and page-table updates belong to the platform (later issues).
+//! A freed buffer's slot stays taken ("retiring") until the work that may
+//! still use its memory has finished: the slot itself is the deferred-free
+//! record, so the number of frees waiting for fences is bounded by the
+//! table, with no second table to run out of.
 
 use core::fmt;
 
-use crate::mem::pagetable::CachePolicy;
-use crate::mem::pool::{Pool, PoolAlloc, PoolError, PoolStats};
-use crate::mem::va::VaNode;
-use crate::sync::seqno::{FenceId, Seqno};
+use crate::mem::pool::{MemKind, PoolAlloc, SizeClass};
+use crate::sync::{DeviceId, MAX_QUEUES};
 
-/// Buffer properties that matter to mapping and to the GPU.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct BufferFlags {
-    /// The CPU maps it too (unified memory): the platform must map it.
-    pub cpu_visible: bool,
-    /// The GPU may only read it (no WRITE bit in its PTEs).
-    pub gpu_read_only: bool,
-    /// Cache policy of its mappings.
-    pub cache: CachePolicy,
+/// How the driver learns which work may use a buffer when it is freed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Tracking {
+    /// Submissions may use the buffer without saying so: a free waits for
+    /// the last fence every queue had emitted at the time of the free.
+    #[default]
+    Implicit,
+    /// Every submission that uses the buffer declares it
+    /// ([`crate::engine::BufferUse`]): a free waits only for those.
+    Declared,
 }
 
-/// What the table knows about one buffer.
+/// What to allocate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferDesc {
+    /// Bytes (> 0).
+    pub size: u64,
+    /// GPU address alignment: a power of two up to 2 MiB (0: the smallest,
+    /// 128 bytes).
+    pub align: u64,
+    /// GPU read-only and/or device-only memory.
+    pub kind: MemKind,
+    /// How frees are gated.
+    pub tracking: Tracking,
+    /// Shown in leak reports (a static string: no heap).
+    pub tag: &'static str,
+}
+
+impl BufferDesc {
+    /// `size` bytes, read-write, CPU-visible, implicit tracking.
+    pub const fn new(size: u64) -> BufferDesc {
+        BufferDesc { size, align: 0, kind: MemKind::DEFAULT, tracking: Tracking::Implicit, tag: "" }
+    }
+
+    /// With a GPU address alignment.
+    pub const fn align(mut self, align: u64) -> BufferDesc {
+        self.align = align;
+        self
+    }
+
+    /// GPU read-only.
+    pub const fn gpu_read_only(mut self) -> BufferDesc {
+        self.kind.gpu_read_only = true;
+        self
+    }
+
+    /// Never touched by the CPU.
+    pub const fn device_only(mut self) -> BufferDesc {
+        self.kind.device_only = true;
+        self
+    }
+
+    /// Frees gated on declared uses only.
+    pub const fn declared(mut self) -> BufferDesc {
+        self.tracking = Tracking::Declared;
+        self
+    }
+
+    /// With a tag for leak reports.
+    pub const fn tag(mut self, tag: &'static str) -> BufferDesc {
+        self.tag = tag;
+        self
+    }
+}
+
+/// What the device knows about one buffer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BufferInfo {
     /// GPU virtual address.
     pub va: u64,
     /// Requested size in bytes.
     pub size: u64,
-    /// Flags given at creation.
-    pub flags: BufferFlags,
-    /// Creation tag shown in leak reports (a static string: no heap).
+    /// Bytes reserved for it (slot or page rounded).
+    pub reserved: u64,
+    /// The size class it came from.
+    pub class: SizeClass,
+    /// Memory kind.
+    pub kind: MemKind,
+    /// How its free is gated.
+    pub tracking: Tracking,
+    /// Creation tag.
     pub tag: &'static str,
+    /// Allocation sequence number on its device (1, 2, ...).
+    pub serial: u64,
 }
 
-/// A generation-counted reference to a buffer.
+/// A generation-counted reference to a buffer of one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufferHandle {
+    device: DeviceId,
     index: u32,
     gen: u32,
 }
 
 impl BufferHandle {
-    /// Packs the handle into 64 bits (for FFI or trace records).
-    pub const fn to_bits(self) -> u64 {
-        ((self.gen as u64) << 32) | self.index as u64
-    }
-    /// Unpacks a value made by [`BufferHandle::to_bits`]; validity is
+    /// A handle from its parts (FFI, tests of forged handles); validity is
     /// checked when it is used.
-    pub const fn from_bits(bits: u64) -> Self {
-        BufferHandle { index: bits as u32, gen: (bits >> 32) as u32 }
+    pub const fn from_raw(device: DeviceId, index: u32, gen: u32) -> BufferHandle {
+        BufferHandle { device, index, gen }
+    }
+
+    /// Its parts: device, slot, generation.
+    pub const fn into_raw(self) -> (DeviceId, u32, u32) {
+        (self.device, self.index, self.gen)
+    }
+
+    /// The device it belongs to.
+    pub const fn device(self) -> DeviceId {
+        self.device
     }
 }
 
 impl fmt::Display for BufferHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bo#{}.{}", self.index, self.gen)
+        write!(f, "bo#{}.{}@{}", self.index, self.gen, self.device)
     }
 }
 
@@ -71,30 +141,46 @@ impl fmt::Display for BufferHandle {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum BufferError {
-    /// The handle never named a buffer of this table.
+    /// The handle belongs to another device.
+    ForeignDevice {
+        /// The handle's device.
+        handle: DeviceId,
+        /// This device.
+        device: DeviceId,
+    },
+    /// The handle never named a buffer of this device (forged).
     Unknown,
-    /// The handle's buffer was destroyed (use after free or double free).
+    /// The handle's buffer was freed (use after free or double free).
     Stale,
-    /// Every slot is in use (or retired).
-    TableFull,
-    /// The pool refused the memory.
-    Pool(PoolError),
+    /// The buffer is mapped for the CPU: unmap (drop the guard) first.
+    Mapped,
+    /// The buffer is device-only: the CPU can not reach it.
+    NoCpuAccess,
+    /// An access outside the buffer.
+    OutOfRange {
+        /// Byte offset asked.
+        offset: u64,
+        /// Bytes asked.
+        len: u64,
+        /// The buffer's size.
+        size: u64,
+    },
 }
 
 impl fmt::Display for BufferError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
+            BufferError::ForeignDevice { handle, device } => {
+                write!(f, "buffer handle of device {handle} used on device {device}")
+            }
             BufferError::Unknown => f.write_str("unknown buffer handle"),
-            BufferError::Stale => f.write_str("stale buffer handle (buffer was destroyed)"),
-            BufferError::TableFull => f.write_str("buffer table is full"),
-            BufferError::Pool(e) => write!(f, "buffer memory: {e}"),
+            BufferError::Stale => f.write_str("stale buffer handle (the buffer was freed)"),
+            BufferError::Mapped => f.write_str("buffer is mapped for the CPU"),
+            BufferError::NoCpuAccess => f.write_str("buffer is device-only"),
+            BufferError::OutOfRange { offset, len, size } => {
+                write!(f, "{len} bytes at {offset} outside a buffer of {size} bytes")
+            }
         }
-    }
-}
-
-impl From<PoolError> for BufferError {
-    fn from(e: PoolError) -> Self {
-        BufferError::Pool(e)
     }
 }
 
@@ -103,231 +189,264 @@ impl From<PoolError> for BufferError {
 pub struct LeakEntry {
     /// The live handle.
     pub handle: BufferHandle,
-    /// Its description, including the creation tag.
+    /// Its description, including tag and allocation number.
     pub info: BufferInfo,
 }
 
-struct Slot<T> {
+/// A live buffer.
+#[derive(Debug)]
+pub(crate) struct Live<B> {
+    pub(crate) info: BufferInfo,
+    pub(crate) alloc: PoolAlloc<B>,
+    /// The latest fence of each queue whose submission declared the buffer.
+    pub(crate) last_use: [u64; MAX_QUEUES],
+    /// Queues in `last_use` (bit per queue).
+    pub(crate) used: u8,
+    pub(crate) mapped: bool,
+}
+
+/// A freed buffer whose memory waits for fences.
+#[derive(Debug)]
+pub(crate) struct Retiring<B> {
+    pub(crate) alloc: PoolAlloc<B>,
+    /// The fence of each queue in `mask` that must signal first.
+    pub(crate) gate: [u64; MAX_QUEUES],
+    pub(crate) mask: u8,
+}
+
+#[derive(Debug)]
+enum SlotState<B> {
+    Free,
+    Live(Live<B>),
+    Retiring(Retiring<B>),
+}
+
+/// One slot of the buffer table (storage the integrator provides, see
+/// [`crate::storage::DeviceStorage`]).
+#[derive(Debug)]
+pub struct BufferSlot<B> {
     gen: u32,
     next_free: u32,
-    entry: Option<(BufferInfo, T)>,
+    state: SlotState<B>,
+}
+
+impl<B> BufferSlot<B> {
+    /// An unused slot.
+    pub const EMPTY: BufferSlot<B> = BufferSlot { gen: 0, next_free: NIL, state: SlotState::Free };
 }
 
 const NIL: u32 = u32::MAX;
 
-/// A fixed-capacity table of `N` buffers with payload `T`.
-pub struct BufferTable<T, const N: usize> {
-    slots: [Slot<T>; N],
+/// A fixed-capacity table of buffers over caller storage.
+#[derive(Debug)]
+pub(crate) struct BufferTable<'s, B> {
+    device: DeviceId,
+    slots: &'s mut [BufferSlot<B>],
     free_head: u32,
     bump: u32,
     live: u32,
     live_bytes: u64,
+    retiring: u32,
+    retiring_bytes: u64,
 }
 
-impl<T, const N: usize> Default for BufferTable<T, N> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<T, const N: usize> BufferTable<T, N> {
-    /// An empty table.
-    pub const fn new() -> Self {
+impl<'s, B> BufferTable<'s, B> {
+    /// An empty table of `device` over `slots` (every slot is reset).
+    pub(crate) fn new(device: DeviceId, slots: &'s mut [BufferSlot<B>]) -> Self {
+        for s in slots.iter_mut() {
+            *s = BufferSlot::EMPTY;
+        }
         BufferTable {
-            slots: [const { Slot { gen: 0, next_free: NIL, entry: None } }; N],
+            device,
+            slots,
             free_head: NIL,
             bump: 0,
             live: 0,
             live_bytes: 0,
+            retiring: 0,
+            retiring_bytes: 0,
         }
     }
 
-    /// Live buffers.
-    pub fn live(&self) -> u32 {
+    pub(crate) fn live(&self) -> u32 {
         self.live
     }
 
-    /// Sum of the live buffers' sizes.
-    pub fn live_bytes(&self) -> u64 {
+    pub(crate) fn live_bytes(&self) -> u64 {
         self.live_bytes
     }
 
-    /// True when `insert` would fail with [`BufferError::TableFull`].
-    pub fn is_full(&self) -> bool {
-        self.free_head == NIL && (self.bump as usize) >= N.min(NIL as usize)
+    pub(crate) fn retiring(&self) -> (u32, u64) {
+        (self.retiring, self.retiring_bytes)
     }
 
-    /// Adds a buffer; O(1). On a full table the payload is handed back.
-    pub fn insert(&mut self, info: BufferInfo, payload: T) -> Result<BufferHandle, (BufferError, T)> {
+    pub(crate) fn capacity(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// True when `insert` would fail.
+    pub(crate) fn is_full(&self) -> bool {
+        self.free_head == NIL && (self.bump as usize) >= self.slots.len().min(NIL as usize)
+    }
+
+    /// Adds a live buffer; O(1). On a full table the allocation is handed back.
+    pub(crate) fn insert(
+        &mut self,
+        info: BufferInfo,
+        alloc: PoolAlloc<B>,
+    ) -> Result<BufferHandle, PoolAlloc<B>> {
         let index = if self.free_head != NIL {
             self.free_head
-        } else if (self.bump as usize) < N && self.bump != NIL {
+        } else if (self.bump as usize) < self.slots.len() && self.bump != NIL {
             self.bump
         } else {
-            return Err((BufferError::TableFull, payload));
+            return Err(alloc);
         };
-        let Some(slot) = self.slots.get_mut(index as usize) else {
-            return Err((BufferError::TableFull, payload));
+        let free_next = match self.slots.get(index as usize) {
+            Some(s) => s.next_free,
+            None => return Err(alloc),
         };
+        let Some(slot) = self.slots.get_mut(index as usize) else { return Err(alloc) };
         if index == self.free_head {
-            self.free_head = slot.next_free;
+            self.free_head = free_next;
         } else {
             self.bump = self.bump.wrapping_add(1);
         }
-        // Generations are odd while live, even while free.
+        // Generations are odd while live, even while free or retiring.
         slot.gen = slot.gen.wrapping_add(1);
         slot.next_free = NIL;
-        slot.entry = Some((info, payload));
+        let size = info.size;
+        slot.state = SlotState::Live(Live { info, alloc, last_use: [0; MAX_QUEUES], used: 0, mapped: false });
         self.live = self.live.wrapping_add(1);
-        self.live_bytes = self.live_bytes.wrapping_add(info.size);
-        Ok(BufferHandle { index, gen: slot.gen })
+        self.live_bytes = self.live_bytes.wrapping_add(size);
+        Ok(BufferHandle { device: self.device, index, gen: slot.gen })
     }
 
-    /// The buffer `h` names; O(1).
-    pub fn get(&self, h: BufferHandle) -> Result<(&BufferInfo, &T), BufferError> {
-        let slot = self.slot(h)?;
-        match &slot.entry {
-            Some((info, t)) => Ok((info, t)),
-            None => Err(BufferError::Stale),
+    fn check(&self, h: BufferHandle) -> Result<usize, BufferError> {
+        if h.device != self.device {
+            return Err(BufferError::ForeignDevice { handle: h.device, device: self.device });
+        }
+        let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
+        if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
+            return Err(BufferError::Unknown);
+        }
+        if h.gen != slot.gen {
+            return Err(BufferError::Stale);
+        }
+        Ok(h.index as usize)
+    }
+
+    /// The live buffer `h` names; O(1).
+    pub(crate) fn get(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
+        let i = self.check(h)?;
+        match self.slots.get(i).map(|s| &s.state) {
+            Some(SlotState::Live(l)) => Ok(l),
+            _ => Err(BufferError::Stale),
         }
     }
 
-    /// Removes the buffer `h` names and returns it; O(1). A second remove
-    /// of the same handle is [`BufferError::Stale`].
-    pub fn remove(&mut self, h: BufferHandle) -> Result<(BufferInfo, T), BufferError> {
-        self.slot(h)?;
-        let free_head = self.free_head;
-        let Some(slot) = self.slots.get_mut(h.index as usize) else {
-            return Err(BufferError::Unknown);
-        };
-        let Some((info, t)) = slot.entry.take() else {
+    /// The live buffer `h` names, mutably; O(1).
+    pub(crate) fn get_mut(&mut self, h: BufferHandle) -> Result<&mut Live<B>, BufferError> {
+        let i = self.check(h)?;
+        match self.slots.get_mut(i).map(|s| &mut s.state) {
+            Some(SlotState::Live(l)) => Ok(l),
+            _ => Err(BufferError::Stale),
+        }
+    }
+
+    /// Turns a live buffer into a retiring one (its handle goes stale);
+    /// returns the slot index to queue behind the gate. Refused while mapped.
+    pub(crate) fn retire(
+        &mut self,
+        h: BufferHandle,
+        gate: [u64; MAX_QUEUES],
+        mask: u8,
+    ) -> Result<u32, BufferError> {
+        let i = self.check(h)?;
+        let slot = self.slots.get_mut(i).ok_or(BufferError::Unknown)?;
+        let SlotState::Live(l) = &slot.state else { return Err(BufferError::Stale) };
+        if l.mapped {
+            return Err(BufferError::Mapped);
+        }
+        let size = l.info.size;
+        let reserved = l.alloc.reserved();
+        let SlotState::Live(l) = core::mem::replace(&mut slot.state, SlotState::Free) else {
             return Err(BufferError::Stale);
         };
+        slot.state = SlotState::Retiring(Retiring { alloc: l.alloc, gate, mask });
         slot.gen = slot.gen.wrapping_add(1);
+        self.live = self.live.wrapping_sub(1);
+        self.live_bytes = self.live_bytes.wrapping_sub(size);
+        self.retiring = self.retiring.wrapping_add(1);
+        self.retiring_bytes = self.retiring_bytes.wrapping_add(reserved);
+        Ok(h.index)
+    }
+
+    /// The retiring entry in slot `index`.
+    pub(crate) fn retiring_mut(&mut self, index: u32) -> Option<&mut Retiring<B>> {
+        match self.slots.get_mut(index as usize).map(|s| &mut s.state) {
+            Some(SlotState::Retiring(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The retiring entry in slot `index`, read-only.
+    pub(crate) fn retiring_ref(&self, index: u32) -> Option<&Retiring<B>> {
+        match self.slots.get(index as usize).map(|s| &s.state) {
+            Some(SlotState::Retiring(r)) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Frees slot `index` (retiring) and returns its allocation.
+    pub(crate) fn release(&mut self, index: u32) -> Option<PoolAlloc<B>> {
+        let free_head = self.free_head;
+        let slot = self.slots.get_mut(index as usize)?;
+        if !matches!(slot.state, SlotState::Retiring(_)) {
+            return None;
+        }
+        let SlotState::Retiring(r) = core::mem::replace(&mut slot.state, SlotState::Free) else {
+            return None;
+        };
         // A slot whose next live generation would wrap is never reused.
         if slot.gen < u32::MAX.wrapping_sub(1) {
             slot.next_free = free_head;
-            self.free_head = h.index;
+            self.free_head = index;
         }
-        self.live = self.live.wrapping_sub(1);
-        self.live_bytes = self.live_bytes.wrapping_sub(info.size);
-        Ok((info, t))
+        self.retiring = self.retiring.wrapping_sub(1);
+        self.retiring_bytes = self.retiring_bytes.wrapping_sub(r.alloc.reserved());
+        Some(r.alloc)
     }
 
-    /// Calls `f` for every live buffer (the leak report: handle, VA, size,
-    /// flags and creation tag). O(N).
-    pub fn leak_report(&self, mut f: impl FnMut(LeakEntry)) {
+    /// Calls `f` for every live buffer (the leak report). O(N).
+    pub(crate) fn for_each_live(&self, mut f: impl FnMut(LeakEntry)) {
         for (i, slot) in self.slots.iter().enumerate() {
-            if let Some((info, _)) = &slot.entry {
+            if let SlotState::Live(l) = &slot.state {
                 f(LeakEntry {
-                    handle: BufferHandle { index: u32::try_from(i).unwrap_or(NIL), gen: slot.gen },
-                    info: *info,
+                    handle: BufferHandle {
+                        device: self.device,
+                        index: u32::try_from(i).unwrap_or(NIL),
+                        gen: slot.gen,
+                    },
+                    info: l.info,
                 });
             }
         }
     }
 
-    fn slot(&self, h: BufferHandle) -> Result<&Slot<T>, BufferError> {
-        let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
-        if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
-            return Err(BufferError::Unknown);
-        }
-        if h.gen != slot.gen || slot.entry.is_none() {
-            return Err(BufferError::Stale);
-        }
-        Ok(slot)
-    }
-}
-
-/// Buffers backed by a [`Pool`]: creation reserves VA, destruction returns
-/// it now or after a fence. `N` is the buffer capacity; the other parameters
-/// are the pool's.
-pub struct Buffers<S, const N: usize, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize> {
-    pool: Pool<S, SLABS, DEFERRED, QUEUES>,
-    table: BufferTable<PoolAlloc, N>,
-}
-
-impl<S, const N: usize, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize>
-    Buffers<S, N, SLABS, DEFERRED, QUEUES>
-where
-    S: AsRef<[VaNode]> + AsMut<[VaNode]>,
-{
-    /// Buffers over `pool`.
-    pub fn new(pool: Pool<S, SLABS, DEFERRED, QUEUES>) -> Self {
-        Buffers { pool, table: BufferTable::new() }
-    }
-
-    /// Creates a buffer of `size` bytes aligned to `align`.
-    pub fn create(
-        &mut self,
-        size: u64,
-        align: u64,
-        flags: BufferFlags,
-        tag: &'static str,
-    ) -> Result<BufferHandle, BufferError> {
-        if self.table.is_full() {
-            return Err(BufferError::TableFull);
-        }
-        let a = self.pool.alloc(size, align)?;
-        let info = BufferInfo { va: a.addr(), size, flags, tag };
-        match self.table.insert(info, a) {
-            Ok(h) => Ok(h),
-            Err((e, a)) => {
-                // Unreachable in practice (checked above); give the VA back.
-                let _ = self.pool.free(a);
-                Err(e)
+    /// Takes every allocation out of the table, live or retiring
+    /// (teardown: the GPU is stopped). O(N).
+    pub(crate) fn drain(&mut self, mut f: impl FnMut(PoolAlloc<B>)) {
+        for slot in self.slots.iter_mut() {
+            match core::mem::replace(&mut slot.state, SlotState::Free) {
+                SlotState::Live(l) => f(l.alloc),
+                SlotState::Retiring(r) => f(r.alloc),
+                SlotState::Free => {}
             }
         }
-    }
-
-    /// The buffer's description.
-    pub fn info(&self, h: BufferHandle) -> Result<BufferInfo, BufferError> {
-        self.table.get(h).map(|(i, _)| *i)
-    }
-
-    /// Destroys the buffer now: the caller asserts the GPU is done with it.
-    pub fn destroy(&mut self, h: BufferHandle) -> Result<(), BufferError> {
-        let (_, a) = self.table.remove(h)?;
-        self.pool.free(a)?;
-        Ok(())
-    }
-
-    /// Destroys the handle now and returns the memory once `fence` signals.
-    pub fn destroy_after(&mut self, h: BufferHandle, fence: FenceId) -> Result<(), BufferError> {
-        if usize::from(fence.queue.0) >= QUEUES {
-            return Err(PoolError::Deferred(crate::mem::deferred::DeferredError::BadQueue).into());
-        }
-        if self.pool.pending_on(fence.queue.0) >= DEFERRED {
-            return Err(PoolError::Deferred(crate::mem::deferred::DeferredError::Full).into());
-        }
-        self.table.get(h)?;
-        let (_, a) = self.table.remove(h)?;
-        self.pool.free_after(a, fence).map_err(|(e, _)| e)?;
-        Ok(())
-    }
-
-    /// Returns memory of signalled fences to the pool (see [`Pool::reclaim`]).
-    pub fn reclaim(&mut self, queue: u8, completed: Seqno, budget: usize) -> usize {
-        self.pool.reclaim(queue, completed, budget)
-    }
-
-    /// The leak report: every live buffer with size and creation tag.
-    pub fn leak_report(&self, f: impl FnMut(LeakEntry)) {
-        self.table.leak_report(f)
-    }
-
-    /// Live buffers.
-    pub fn live(&self) -> u32 {
-        self.table.live()
-    }
-
-    /// Pool statistics.
-    pub fn stats(&self) -> PoolStats {
-        self.pool.stats()
-    }
-
-    /// The pool underneath.
-    pub fn pool(&self) -> &Pool<S, SLABS, DEFERRED, QUEUES> {
-        &self.pool
+        self.live = 0;
+        self.live_bytes = 0;
+        self.retiring = 0;
+        self.retiring_bytes = 0;
     }
 }

@@ -5,11 +5,12 @@
 //!
 //! - [`va`]: the fixed-arena GPU virtual-address allocator (TLSF-style segregated
 //!   hole lists with address links, O(1) except one O(log n) region tree);
-//! - [`pool`]: size-class pools (small / medium slabs with power-of-two bins,
-//!   large ranges straight from the VA allocator) with fence-gated reuse;
-//! - [`deferred`]: the per-queue FIFO of frees waiting for a fence;
+//! - [`pool`]: size-class pools (small / medium slabs with power-of-two bins
+//!   over blocks mapped once, large blocks of their own) over a [`Backing`];
 //! - [`pagetable`]: the refgpu page-table builder (4 KiB pages, 2 MiB blocks);
-//! - [`buffer`]: generation-counted buffer handles and the leak report;
+//! - [`buffer`]: generation-counted, device-stamped buffer handles;
+//! - [`manager`]: the device's buffers: handles over the pools, frees gated
+//!   on fences, the leak report;
 //! - [`stats`]: statistics types, all O(1) to read.
 //!
 //! `docs/memory.md` explains the design.
@@ -18,18 +19,20 @@
 //! a caller-provided bitmap, under a `dma_alloc` that carves a fixed window.
 
 pub mod buffer;
-pub mod deferred;
+pub mod manager;
 pub mod pages;
 pub mod pagetable;
 pub mod pool;
 pub mod stats;
 pub mod va;
 
-pub use buffer::{BufferError, BufferFlags, BufferHandle, BufferInfo, BufferTable, Buffers, LeakEntry};
-pub use deferred::{DeferredError, DeferredFifo};
+pub use buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry, Tracking};
+pub use manager::{AllocError, BufferStats, Buffers};
 pub use pagetable::{
     ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,
 };
-pub use pool::{Pool, PoolAlloc, PoolError, PoolStats, SizeClass};
+pub use pool::{
+    Backing, BackingError, ClassStats, MemKind, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
+};
 pub use stats::VaStats;
 pub use va::{Placement, VaAllocator, VaError, VaNode, VaRange, MIN_ALIGN};

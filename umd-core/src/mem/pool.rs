@@ -1,4 +1,4 @@
-//! Size-class pools with fence-gated reuse.
+//! Size-class pools: where a buffer's GPU address and memory come from.
 //!
 //! Following the article (section 6.2), requests are split into three
 //! classes so that small and large allocations never fragment each other:
@@ -7,34 +7,35 @@
 //! | --- | --- | --- |
 //! | small | < 1 KiB | slabs, power-of-two bins 128, 256, 512, 1024 B |
 //! | medium | 1 KiB ..= 64 KiB | slabs, power-of-two bins 1, 2, 4, ..., 64 KiB |
-//! | large | > 64 KiB | straight from the VA allocator, 4 KiB granular |
+//! | large | > 64 KiB (or alignment > 4 KiB) | a block of its own, 4 KiB granular |
 //!
-//! A *slab* is one VA range carved into equal slots of one bin (sub-allocation
-//! of small objects out of a larger block, like Mesa's `pb_slab`). It has at
-//! most 64 slots (a `u64` bitmap, so a slot is found with one
-//! `trailing_zeros`) and at most [`SLAB_MAX_BYTES`]. Slabs are placed at the
-//! high end of the hole the allocator picks and large ranges at the low end,
-//! so in a fresh arena the two populations grow from opposite ends; once
-//! holes open in the middle, good-fit placement may interleave them there. A slab is returned to the VA allocator as soon as
-//! its last slot is freed, so after everything is freed the arena is one hole.
+//! A *slab* is one block of platform memory, mapped for the GPU once, carved
+//! into equal slots of one bin (sub-allocation of small objects out of a
+//! larger block, like Mesa's `pb_slab`): a small buffer costs no platform
+//! allocation and no page-table update, only a bit in the slab's bitmap. A
+//! slab has at most 64 slots (a `u64` bitmap, so a slot is found with one
+//! `trailing_zeros`) and at most [`SLAB_MAX_BYTES`]. Slabs are kept apart
+//! by [`MemKind`] (GPU read-only or not, CPU-visible or not), because those
+//! are properties of the mapping or of the memory.
 //!
-//! The large class is *not* rounded to powers of two: the VA allocator
-//! coalesces and splits exactly, and rounding a 65 KiB request to 128 KiB
-//! would waste up to half of it (buddy allocation's weakness). Its bins are
-//! statistics only.
+//! Memory and addresses come from a [`Backing`]: on a device with an MMU a
+//! VA range plus platform memory mapped by the page tables; in kernel mode
+//! a VA range plus a kernel bind; with the MMU bypassed the memory's own
+//! device address. The pool only keeps the bookkeeping.
 //!
-//! Frees can be deferred until a fence signals ([`Pool::free_after`]); see
-//! [`crate::mem::deferred`].
+//! When a slab's last slot is freed it is kept (one per kind and bin) for
+//! the next allocation, so an alloc/free loop does not map and unmap a slab
+//! each time; [`Pool::trim`] gives every kept slab back (memory pressure,
+//! teardown). The large class is *not* rounded to powers of two: the VA
+//! allocator splits and coalesces exactly (see `docs/memory.md`).
 //!
 //! Costs: slab allocation and free are O(1) unless a slab is created or
-//! released (one O(log n) VA operation); large allocation and free are
-//! O(log n); [`Pool::reclaim`] is O(budget) pool frees.
+//! released (one backing call); large allocation and free are one backing
+//! call each.
 
 use core::fmt;
 
-use crate::mem::deferred::{DeferredError, DeferredFifo};
-use crate::mem::va::{self, Placement, VaAllocator, VaError, VaNode, VaStats};
-use crate::sync::seqno::{FenceId, Seqno};
+use crate::mem::va::{self, VaError};
 
 /// Largest request served from slabs; larger ones are "large".
 pub const MEDIUM_MAX: u64 = 64 * 1024;
@@ -48,6 +49,10 @@ pub const BINS: usize = 10;
 pub const SLAB_MAX_BYTES: u64 = 256 * 1024;
 /// Granule and minimum alignment of large allocations (one GPU page).
 pub const LARGE_GRANULE: u64 = 4096;
+/// Largest alignment a buffer may ask for (the largest GPU page).
+pub const MAX_ALIGN: u64 = 2 << 20;
+/// Kinds of memory kept apart ([`MemKind::index`]).
+pub const KINDS: usize = 4;
 
 const NIL: u32 = u32::MAX;
 
@@ -73,59 +78,154 @@ impl SizeClass {
             SizeClass::Large
         }
     }
+
+    /// A short name, for logs and reports.
+    pub const fn name(self) -> &'static str {
+        match self {
+            SizeClass::Small => "small",
+            SizeClass::Medium => "medium",
+            SizeClass::Large => "large",
+        }
+    }
+}
+
+/// Properties of memory that slabs must not mix.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct MemKind {
+    /// The GPU may only read it (no WRITE bit in its page-table entries).
+    pub gpu_read_only: bool,
+    /// The CPU never touches it (the platform may give memory without a
+    /// CPU mapping).
+    pub device_only: bool,
+}
+
+impl MemKind {
+    /// Read-write, CPU-visible: the default.
+    pub const DEFAULT: MemKind = MemKind { gpu_read_only: false, device_only: false };
+
+    /// Index of the kind in per-kind tables (`0..KINDS`).
+    pub const fn index(self) -> usize {
+        (self.gpu_read_only as usize) | ((self.device_only as usize) << 1)
+    }
+}
+
+/// Why the backing could not provide memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum BackingError {
+    /// The GPU VA allocator refused (no hole, alignment, node storage).
+    Va(VaError),
+    /// The platform had no memory for the block (bytes asked).
+    PlatformMemory {
+        /// Bytes asked.
+        len: usize,
+    },
+    /// Mapping the block failed (no page-table page, kernel bind refused).
+    Map,
+    /// The platform's memory is not aligned as asked (MMU bypassed: the
+    /// address is the memory's own).
+    Unaligned,
+    /// The device is gone.
+    DeviceLost,
+}
+
+impl fmt::Display for BackingError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackingError::Va(e) => write!(f, "GPU VA: {e}"),
+            BackingError::PlatformMemory { len } => {
+                write!(f, "platform memory exhausted ({len} bytes asked)")
+            }
+            BackingError::Map => f.write_str("mapping the memory for the GPU failed"),
+            BackingError::Unaligned => f.write_str("platform memory not aligned as asked (MMU bypassed)"),
+            BackingError::DeviceLost => f.write_str("device lost"),
+        }
+    }
+}
+
+/// Where the pool gets blocks of GPU-visible memory and their addresses.
+pub trait Backing {
+    /// The memory of one block (a platform region).
+    type Block;
+
+    /// A block of `bytes` (a multiple of 4 KiB) whose GPU address is
+    /// aligned to `align`, mapped for the GPU: its address and memory.
+    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, Self::Block), BackingError>;
+
+    /// Unmaps and frees a block from [`Backing::acquire`] (the GPU no
+    /// longer uses it).
+    fn release(&mut self, addr: u64, bytes: u64, block: Self::Block);
 }
 
 /// Why a pool operation was refused. The pool is unchanged after any error.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PoolError {
-    /// The VA allocator refused (no space, bad size or alignment, nodes).
-    Va(VaError),
-    /// Every slab descriptor is in use.
-    SlabCapacity,
-    /// The deferred-free FIFO refused.
-    Deferred(DeferredError),
-    /// The token does not belong to this pool's live allocations.
+    /// Size 0.
+    ZeroSize,
+    /// Alignment not a power of two, or above [`MAX_ALIGN`].
+    BadAlignment {
+        /// Alignment asked.
+        align: u64,
+    },
+    /// The request overflows the address space.
+    TooLarge {
+        /// Bytes asked.
+        size: u64,
+    },
+    /// Every slab descriptor is in use (the small or medium class is
+    /// exhausted).
+    SlabCapacity {
+        /// The class that needed a new slab.
+        class: SizeClass,
+    },
+    /// The backing refused.
+    Backing {
+        /// The class the request fell in.
+        class: SizeClass,
+        /// Why.
+        error: BackingError,
+    },
+    /// The allocation does not belong to this pool's live allocations.
     ForeignToken,
-}
-
-impl From<VaError> for PoolError {
-    fn from(e: VaError) -> Self {
-        PoolError::Va(e)
-    }
 }
 
 impl fmt::Display for PoolError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            PoolError::Va(e) => write!(f, "pool: {e}"),
-            PoolError::SlabCapacity => f.write_str("pool: slab descriptors exhausted"),
-            PoolError::Deferred(e) => write!(f, "pool: {e}"),
-            PoolError::ForeignToken => f.write_str("pool: token is not a live allocation of this pool"),
+            PoolError::ZeroSize => f.write_str("zero-sized allocation"),
+            PoolError::BadAlignment { align } => {
+                write!(f, "alignment {align:#x} is not a power of two up to {MAX_ALIGN:#x}")
+            }
+            PoolError::TooLarge { size } => write!(f, "{size} bytes overflow the address space"),
+            PoolError::SlabCapacity { class } => {
+                write!(f, "{} class exhausted: every slab descriptor is in use", class.name())
+            }
+            PoolError::Backing { class, error } => write!(f, "{} allocation: {error}", class.name()),
+            PoolError::ForeignToken => f.write_str("not a live allocation of this pool"),
         }
     }
 }
 
 /// A live pool allocation. Deliberately neither `Clone` nor `Copy`: giving
-/// it back to [`Pool::free`] or [`Pool::free_after`] consumes it, so a double
-/// free does not compile. Handles that can be copied live one layer up
-/// ([`crate::mem::buffer`]) and carry generations.
+/// it back to [`Pool::free`] consumes it. A large allocation carries its
+/// own block.
 #[derive(Debug, PartialEq, Eq)]
-pub struct PoolAlloc {
+pub struct PoolAlloc<B> {
     addr: u64,
     size: u64,
     reserved: u64,
-    kind: Kind,
+    kind: Kind<B>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+#[derive(Debug, PartialEq, Eq)]
+enum Kind<B> {
     Slab { slab: u32, slot: u8, gen: u32 },
-    Large,
+    Large { block: B },
 }
 
-impl PoolAlloc {
-    /// GPU virtual address.
+impl<B> PoolAlloc<B> {
+    /// GPU address.
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -139,213 +239,282 @@ impl PoolAlloc {
     }
     /// The size class this allocation was served from.
     pub fn class(&self) -> SizeClass {
-        SizeClass::of(self.size)
+        match self.kind {
+            Kind::Large { .. } => SizeClass::Large,
+            Kind::Slab { .. } => SizeClass::of(self.size),
+        }
     }
 }
 
-/// One slab descriptor.
-#[derive(Clone, Copy, Debug)]
-struct Slab {
+/// One slab descriptor (storage the integrator provides, see
+/// [`crate::storage::DeviceStorage`]).
+#[derive(Debug)]
+pub struct Slab<B> {
     base: u64,
     used: u64,
     gen: u32,
     next: u32,
     prev: u32,
     bin: u8,
+    kind: u8,
     slots: u8,
+    /// The class of the request that made it (statistics).
+    class: u8,
     live: bool,
+    block: Option<B>,
 }
 
-const EMPTY_SLAB: Slab =
-    Slab { base: 0, used: 0, gen: 0, next: NIL, prev: NIL, bin: 0, slots: 0, live: false };
+impl<B> Slab<B> {
+    /// An unused descriptor.
+    pub const EMPTY: Slab<B> = Slab {
+        base: 0,
+        used: 0,
+        gen: 0,
+        next: NIL,
+        prev: NIL,
+        bin: 0,
+        kind: 0,
+        slots: 0,
+        class: 0,
+        live: false,
+        block: None,
+    };
+}
+
+fn class_from(c: u8) -> SizeClass {
+    match c {
+        0 => SizeClass::Small,
+        1 => SizeClass::Medium,
+        _ => SizeClass::Large,
+    }
+}
 
 /// Per-class counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClassStats {
-    /// Live allocations (including those waiting for a fence).
+    /// Live allocations.
     pub live: u64,
     /// Requested bytes of those allocations.
     pub requested: u64,
     /// Reserved bytes (slot or page rounded).
     pub reserved: u64,
+    /// Highest `reserved` seen.
+    pub high_water: u64,
+    /// Bytes of slabs (or large blocks) of this class held from the
+    /// platform, live or kept empty.
+    pub backed: u64,
+}
+
+impl ClassStats {
+    /// Internal fragmentation in parts per million: reserved bytes not
+    /// asked for, plus backed bytes not reserved, over backed bytes.
+    pub fn fragmentation_ppm(&self) -> u32 {
+        if self.backed == 0 {
+            return 0;
+        }
+        let waste = self.backed.saturating_sub(self.requested);
+        u128::from(waste).saturating_mul(1_000_000).checked_div(u128::from(self.backed)).unwrap_or(0) as u32
+    }
 }
 
 /// Pool statistics, O(1) to read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
-    /// The underlying VA allocator (slabs count as used in full).
-    pub va: VaStats,
     /// Small, medium, large.
     pub classes: [ClassStats; 3],
-    /// Slab descriptors in use.
+    /// Slab descriptors in use (live and kept empty).
     pub slabs: u64,
+    /// Empty slabs kept for reuse.
+    pub empty_slabs: u64,
     /// Slab descriptors available in total.
     pub slab_capacity: u64,
-    /// Allocations freed but waiting for a fence.
-    pub pending: u64,
-    /// Reserved bytes of those.
-    pub pending_bytes: u64,
+    /// Blocks acquired from the backing since the start.
+    pub blocks_acquired: u64,
+    /// Blocks released to the backing since the start.
+    pub blocks_released: u64,
 }
 
-/// Size-class pools over a VA allocator.
-///
-/// `S` is the VA node storage, `SLABS` the number of slab descriptors,
-/// `DEFERRED` the capacity of each queue's deferred-free FIFO and `QUEUES`
-/// the number of queues whose fences gate reuse.
-pub struct Pool<S, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize> {
-    va: VaAllocator<S>,
-    slabs: [Slab; SLABS],
+/// Size-class pools over slab storage `SL`, with blocks of type `B`.
+pub struct Pool<SL, B> {
+    slabs: SL,
     free_slab: u32,
     slab_bump: u32,
     slabs_live: u32,
-    partial: [u32; BINS],
-    deferred: [DeferredFifo<PoolAlloc, DEFERRED>; QUEUES],
-    classes: [ClassStats; 3],
-    pending: u64,
-    pending_bytes: u64,
+    empty: u32,
+    partial: [[u32; BINS]; KINDS],
+    kept: [[u32; BINS]; KINDS],
+    stats: PoolStats,
+    _block: core::marker::PhantomData<B>,
 }
 
-impl<S, const SLABS: usize, const DEFERRED: usize, const QUEUES: usize> Pool<S, SLABS, DEFERRED, QUEUES>
+impl<SL, B> fmt::Debug for Pool<SL, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pool").field("stats", &self.stats).finish()
+    }
+}
+
+impl<SL, B> Pool<SL, B>
 where
-    S: AsRef<[VaNode]> + AsMut<[VaNode]>,
+    SL: AsRef<[Slab<B>]> + AsMut<[Slab<B>]>,
 {
-    /// A pool that hands out addresses from `va`.
-    pub fn new(va: VaAllocator<S>) -> Self {
+    /// A pool with the slab descriptors in `slabs` (all must be
+    /// [`Slab::EMPTY`]).
+    pub fn new(slabs: SL) -> Self {
+        let cap = slabs.as_ref().len().min(NIL as usize) as u64;
         Pool {
-            va,
-            slabs: [EMPTY_SLAB; SLABS],
+            slabs,
             free_slab: NIL,
             slab_bump: 0,
             slabs_live: 0,
-            partial: [NIL; BINS],
-            deferred: [const { DeferredFifo::new() }; QUEUES],
-            classes: [ClassStats::default(); 3],
-            pending: 0,
-            pending_bytes: 0,
+            empty: 0,
+            partial: [[NIL; BINS]; KINDS],
+            kept: [[NIL; BINS]; KINDS],
+            stats: PoolStats { slab_capacity: cap, ..PoolStats::default() },
+            _block: core::marker::PhantomData,
         }
-    }
-
-    /// The VA allocator underneath (read-only: for dumps and stats).
-    pub fn va(&self) -> &VaAllocator<S> {
-        &self.va
-    }
-
-    /// Allocates `size` bytes aligned to `align` (a power of two) from the
-    /// class that `size` falls in. Alignments above 64 KiB send the request
-    /// to the large class.
-    pub fn alloc(&mut self, size: u64, align: u64) -> Result<PoolAlloc, PoolError> {
-        if size == 0 {
-            return Err(VaError::ZeroSize.into());
-        }
-        if !align.is_power_of_two() {
-            return Err(VaError::BadAlignment.into());
-        }
-        match slot_for(size, align) {
-            Some((bin, _)) if size <= MEDIUM_MAX => self.alloc_slot(size, bin),
-            _ => self.alloc_large(size, align),
-        }
-    }
-
-    /// Returns an allocation to the pool now: the caller asserts the GPU no
-    /// longer uses it. Returns the reserved bytes released.
-    pub fn free(&mut self, a: PoolAlloc) -> Result<u64, PoolError> {
-        self.release(&a)
-    }
-
-    /// Defers the free of `a` until `fence` has signalled. On error the
-    /// allocation is handed back untouched.
-    pub fn free_after(&mut self, a: PoolAlloc, fence: FenceId) -> Result<(), (PoolError, PoolAlloc)> {
-        if !self.owns(&a) {
-            return Err((PoolError::ForeignToken, a));
-        }
-        let reserved = a.reserved();
-        let Some(q) = self.deferred.get_mut(usize::from(fence.queue.0)) else {
-            return Err((PoolError::Deferred(DeferredError::BadQueue), a));
-        };
-        let addr = a.addr;
-        let large = a.kind == Kind::Large;
-        q.push(fence, a).map_err(|(e, a)| (PoolError::Deferred(e), a))?;
-        if large {
-            // Keep the VA view consistent for dumps; cannot fail: owns() checked it.
-            let _ = self.va.retire(addr);
-        }
-        self.pending = self.pending.wrapping_add(1);
-        self.pending_bytes = self.pending_bytes.wrapping_add(reserved);
-        Ok(())
-    }
-
-    /// Returns to the pool up to `budget` deferred allocations of `queue`
-    /// whose fence is signalled by `completed`, oldest first, stopping at the
-    /// first unsignalled one. Returns how many were reclaimed. O(budget)
-    /// frees, so callers bound the time spent per call.
-    pub fn reclaim(&mut self, queue: u8, completed: Seqno, budget: usize) -> usize {
-        let mut n = 0usize;
-        for _ in 0..budget {
-            let Some(q) = self.deferred.get_mut(usize::from(queue)) else {
-                break;
-            };
-            let Some((_, a)) = q.pop_signalled(completed) else {
-                break;
-            };
-            self.pending = self.pending.wrapping_sub(1);
-            self.pending_bytes = self.pending_bytes.wrapping_sub(a.reserved());
-            // Cannot fail: entries were validated on the way in and are
-            // owned by the FIFO since.
-            let _ = self.release(&a);
-            n = n.wrapping_add(1);
-        }
-        n
-    }
-
-    /// Reclaims every deferred allocation of every queue regardless of its
-    /// fence: only for teardown or after a device reset proved the GPU idle.
-    pub fn reclaim_all_idle(&mut self) -> usize {
-        let mut items: usize = 0;
-        for qi in 0..QUEUES {
-            for _ in 0..DEFERRED {
-                let Some(q) = self.deferred.get_mut(qi) else {
-                    break;
-                };
-                let Some(f) = q.oldest() else {
-                    break;
-                };
-                let Some((_, a)) = q.pop_signalled(f.seqno) else {
-                    break;
-                };
-                self.pending = self.pending.wrapping_sub(1);
-                self.pending_bytes = self.pending_bytes.wrapping_sub(a.reserved());
-                let _ = self.release(&a);
-                items = items.wrapping_add(1);
-            }
-        }
-        items
-    }
-
-    /// Number of deferred entries waiting on `queue`.
-    pub fn pending_on(&self, queue: u8) -> usize {
-        self.deferred.get(usize::from(queue)).map_or(0, DeferredFifo::len)
     }
 
     /// Statistics snapshot. O(1).
     pub fn stats(&self) -> PoolStats {
-        PoolStats {
-            va: self.va.stats(),
-            classes: self.classes,
-            slabs: u64::from(self.slabs_live),
-            slab_capacity: SLABS as u64,
-            pending: self.pending,
-            pending_bytes: self.pending_bytes,
+        let mut s = self.stats;
+        s.slabs = u64::from(self.slabs_live);
+        s.empty_slabs = u64::from(self.empty);
+        s
+    }
+
+    /// Allocates `size` bytes aligned to `align` (a power of two up to
+    /// [`MAX_ALIGN`]) of memory `kind`, from the class `size` falls in.
+    /// Alignments above 4 KiB go to the large class.
+    pub fn alloc<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        size: u64,
+        align: u64,
+        kind: MemKind,
+    ) -> Result<PoolAlloc<B>, PoolError> {
+        if size == 0 {
+            return Err(PoolError::ZeroSize);
         }
+        if !align.is_power_of_two() || align > MAX_ALIGN {
+            return Err(PoolError::BadAlignment { align });
+        }
+        match slot_for(size, align) {
+            Some((bin, _)) if size <= MEDIUM_MAX => self.alloc_slot(backing, size, bin, kind),
+            _ => self.alloc_large(backing, size, align, kind),
+        }
+    }
+
+    /// Returns an allocation: the caller asserts the GPU no longer uses it.
+    /// Returns the reserved bytes released.
+    pub fn free<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        a: PoolAlloc<B>,
+    ) -> Result<u64, PoolError> {
+        if !self.owns(&a) {
+            return Err(PoolError::ForeignToken);
+        }
+        let size = a.size;
+        match a.kind {
+            Kind::Slab { slab, slot, .. } => {
+                let Some(s) = self.slabs.as_mut().get_mut(slab as usize) else {
+                    return Err(PoolError::ForeignToken);
+                };
+                let was_full = s.used == slot_mask(s.slots);
+                s.used &= !(1u64 << (slot & 63));
+                let empty = s.used == 0;
+                let (bin, kind) = (usize::from(s.bin), usize::from(s.kind));
+                let slot_size = bin_size(bin);
+                if !was_full {
+                    self.unlink(slab);
+                }
+                if empty {
+                    self.keep_or_release(backing, slab, bin, kind);
+                } else {
+                    self.push_partial(slab, bin, kind);
+                }
+                self.count(SizeClass::of(size), size, slot_size, false);
+                Ok(slot_size)
+            }
+            Kind::Large { block } => {
+                backing.release(a.addr, a.reserved, block);
+                self.count(SizeClass::Large, size, a.reserved, false);
+                self.backed(SizeClass::Large, a.reserved, false);
+                self.stats.blocks_released = self.stats.blocks_released.wrapping_add(1);
+                Ok(a.reserved)
+            }
+        }
+    }
+
+    /// The block an allocation lives in and its byte offset there.
+    pub fn block_of<'a>(&'a self, a: &'a PoolAlloc<B>) -> Option<(&'a B, u64)> {
+        match &a.kind {
+            Kind::Large { block } => Some((block, 0)),
+            Kind::Slab { slab, gen, .. } => {
+                let s = self.slabs.as_ref().get(*slab as usize).filter(|s| s.live && s.gen == *gen)?;
+                Some((s.block.as_ref()?, a.addr.checked_sub(s.base)?))
+            }
+        }
+    }
+
+    /// Gives every kept empty slab back to the backing. Returns bytes.
+    pub fn trim<K: Backing<Block = B>>(&mut self, backing: &mut K) -> u64 {
+        let mut bytes = 0u64;
+        for kind in 0..KINDS {
+            for bin in 0..BINS {
+                let s = self.kept.get(kind).and_then(|k| k.get(bin)).copied().unwrap_or(NIL);
+                if s != NIL {
+                    if let Some(k) = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin)) {
+                        *k = NIL;
+                    }
+                    self.empty = self.empty.saturating_sub(1);
+                    bytes = bytes.saturating_add(self.release_slab(backing, s));
+                }
+            }
+        }
+        bytes
+    }
+
+    /// Releases every slab (live or kept) and forgets every allocation:
+    /// teardown, when the GPU is stopped. Large allocations are released by
+    /// whoever holds them ([`Pool::free`]).
+    pub fn release_all<K: Backing<Block = B>>(&mut self, backing: &mut K) {
+        let n = self.slabs.as_ref().len();
+        for i in 0..n {
+            if self.slabs.as_ref().get(i).is_some_and(|s| s.live) {
+                self.release_slab(backing, i as u32);
+            }
+        }
+        self.partial = [[NIL; BINS]; KINDS];
+        self.kept = [[NIL; BINS]; KINDS];
+        self.empty = 0;
     }
 
     // ----- slabs -----------------------------------------------------------
 
-    fn alloc_slot(&mut self, size: u64, bin: usize) -> Result<PoolAlloc, PoolError> {
-        let mut s = self.partial.get(bin).copied().unwrap_or(NIL);
+    fn alloc_slot<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        size: u64,
+        bin: usize,
+        kind: MemKind,
+    ) -> Result<PoolAlloc<B>, PoolError> {
+        let k = kind.index();
+        let mut s = self.partial.get(k).and_then(|p| p.get(bin)).copied().unwrap_or(NIL);
         if s == NIL {
-            s = self.new_slab(bin)?;
+            s = self.kept.get(k).and_then(|p| p.get(bin)).copied().unwrap_or(NIL);
+            if s != NIL {
+                if let Some(slot) = self.kept.get_mut(k).and_then(|p| p.get_mut(bin)) {
+                    *slot = NIL;
+                }
+                self.empty = self.empty.saturating_sub(1);
+                self.push_partial(s, bin, k);
+            }
         }
-        let slab = self.slabs.get_mut(s as usize).ok_or(PoolError::SlabCapacity)?;
+        if s == NIL {
+            s = self.new_slab(backing, bin, kind, SizeClass::of(size))?;
+        }
+        let slab = self.slabs.as_mut().get_mut(s as usize).ok_or(PoolError::ForeignToken)?;
         let free = !slab.used & slot_mask(slab.slots);
         let slot = free.trailing_zeros();
         slab.used |= 1u64 << (slot & 63);
@@ -356,7 +525,7 @@ where
         if full {
             self.unlink(s);
         }
-        self.count(size, slot_size, true);
+        self.count(SizeClass::of(size), size, slot_size, true);
         Ok(PoolAlloc {
             addr,
             size,
@@ -365,152 +534,179 @@ where
         })
     }
 
-    fn new_slab(&mut self, bin: usize) -> Result<u32, PoolError> {
+    fn new_slab<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        bin: usize,
+        kind: MemKind,
+        class: SizeClass,
+    ) -> Result<u32, PoolError> {
         let idx = if self.free_slab != NIL {
             self.free_slab
-        } else if (self.slab_bump as usize) < SLABS {
+        } else if (self.slab_bump as usize) < self.slabs.as_ref().len() && self.slab_bump != NIL {
             self.slab_bump
         } else {
-            return Err(PoolError::SlabCapacity);
+            return Err(PoolError::SlabCapacity { class });
         };
         let slot = bin_size(bin);
         let slots = slots_per_slab(bin);
-        let bytes = slot.wrapping_mul(u64::from(slots));
-        let base = self.va.alloc(bytes, slot.max(LARGE_GRANULE), Placement::TopDown)?;
+        let bytes = round_up(slot.wrapping_mul(u64::from(slots)), LARGE_GRANULE).unwrap_or(SLAB_MAX_BYTES);
+        let (base, block) = backing
+            .acquire(bytes, LARGE_GRANULE, kind)
+            .map_err(|error| PoolError::Backing { class, error })?;
         // Committed: take the descriptor.
         if idx == self.free_slab {
-            self.free_slab = self.slabs.get(idx as usize).map_or(NIL, |s| s.next);
+            self.free_slab = self.slabs.as_ref().get(idx as usize).map_or(NIL, |s| s.next);
         } else {
             self.slab_bump = self.slab_bump.wrapping_add(1);
         }
-        let head = self.partial.get(bin).copied().unwrap_or(NIL);
-        if let Some(s) = self.slabs.get_mut(idx as usize) {
-            s.base = base;
-            s.used = 0;
-            s.gen = s.gen.wrapping_add(1);
-            s.bin = u8::try_from(bin).unwrap_or(0);
-            s.slots = slots;
-            s.live = true;
-            s.prev = NIL;
-            s.next = head;
+        let gen = self.slabs.as_ref().get(idx as usize).map_or(0, |s| s.gen.wrapping_add(1));
+        if let Some(s) = self.slabs.as_mut().get_mut(idx as usize) {
+            *s = Slab {
+                base,
+                used: 0,
+                gen,
+                next: NIL,
+                prev: NIL,
+                bin: bin as u8,
+                kind: kind.index() as u8,
+                slots,
+                class: class as u8,
+                live: true,
+                block: Some(block),
+            };
         }
-        if let Some(h) = self.slabs.get_mut(head as usize) {
-            h.prev = idx;
-        }
-        if let Some(p) = self.partial.get_mut(bin) {
-            *p = idx;
-        }
+        self.push_partial(idx, bin, kind.index());
         self.slabs_live = self.slabs_live.wrapping_add(1);
+        self.backed(class, bytes, true);
+        self.stats.blocks_acquired = self.stats.blocks_acquired.wrapping_add(1);
         Ok(idx)
     }
 
+    /// An empty slab: kept if its kind and bin keep none yet, else released.
+    fn keep_or_release<K: Backing<Block = B>>(&mut self, backing: &mut K, s: u32, bin: usize, kind: usize) {
+        let slot = self.kept.get_mut(kind).and_then(|k| k.get_mut(bin));
+        match slot {
+            Some(k) if *k == NIL => {
+                *k = s;
+                self.empty = self.empty.saturating_add(1);
+            }
+            _ => {
+                self.release_slab(backing, s);
+            }
+        }
+    }
+
+    /// Gives slab `s`'s block back and frees its descriptor. Returns bytes.
+    fn release_slab<K: Backing<Block = B>>(&mut self, backing: &mut K, s: u32) -> u64 {
+        let next = self.free_slab;
+        let Some(x) = self.slabs.as_mut().get_mut(s as usize) else { return 0 };
+        let (base, bin, class) = (x.base, usize::from(x.bin), class_from(x.class));
+        let block = x.block.take();
+        x.live = false;
+        x.used = 0;
+        x.next = next;
+        x.prev = NIL;
+        self.free_slab = s;
+        self.slabs_live = self.slabs_live.wrapping_sub(1);
+        let bytes = round_up(bin_size(bin).wrapping_mul(u64::from(slots_per_slab(bin))), LARGE_GRANULE)
+            .unwrap_or(SLAB_MAX_BYTES);
+        if let Some(b) = block {
+            backing.release(base, bytes, b);
+            self.stats.blocks_released = self.stats.blocks_released.wrapping_add(1);
+        }
+        self.backed(class, bytes, false);
+        bytes
+    }
+
     fn unlink(&mut self, s: u32) {
-        let Some(&Slab { next, prev, bin, .. }) = self.slabs.get(s as usize) else {
+        let Some(&Slab { next, prev, bin, kind, .. }) = self.slabs.as_ref().get(s as usize) else {
             return;
         };
-        if let Some(p) = self.slabs.get_mut(prev as usize) {
+        let slabs = self.slabs.as_mut();
+        if let Some(p) = slabs.get_mut(prev as usize) {
             p.next = next;
-        } else if let Some(head) = self.partial.get_mut(usize::from(bin)) {
-            *head = next;
+        } else if let Some(head) =
+            self.partial.get_mut(usize::from(kind)).and_then(|k| k.get_mut(usize::from(bin)))
+        {
+            if *head == s {
+                *head = next;
+            }
         }
-        if let Some(n) = self.slabs.get_mut(next as usize) {
+        if let Some(n) = slabs.get_mut(next as usize) {
             n.prev = prev;
         }
-        if let Some(x) = self.slabs.get_mut(s as usize) {
+        if let Some(x) = slabs.get_mut(s as usize) {
             x.next = NIL;
             x.prev = NIL;
         }
     }
 
-    fn push_partial(&mut self, s: u32, bin: usize) {
-        let head = self.partial.get(bin).copied().unwrap_or(NIL);
-        if let Some(x) = self.slabs.get_mut(s as usize) {
+    fn push_partial(&mut self, s: u32, bin: usize, kind: usize) {
+        let head = self.partial.get(kind).and_then(|k| k.get(bin)).copied().unwrap_or(NIL);
+        let slabs = self.slabs.as_mut();
+        if let Some(x) = slabs.get_mut(s as usize) {
             x.prev = NIL;
             x.next = head;
         }
-        if let Some(h) = self.slabs.get_mut(head as usize) {
+        if let Some(h) = slabs.get_mut(head as usize) {
             h.prev = s;
         }
-        if let Some(p) = self.partial.get_mut(bin) {
+        if let Some(p) = self.partial.get_mut(kind).and_then(|k| k.get_mut(bin)) {
             *p = s;
         }
     }
 
     // ----- large -----------------------------------------------------------
 
-    fn alloc_large(&mut self, size: u64, align: u64) -> Result<PoolAlloc, PoolError> {
-        let rounded = round_up(size, LARGE_GRANULE).ok_or(VaError::Overflow)?;
-        let addr = self.va.alloc(rounded, align.max(LARGE_GRANULE), Placement::BottomUp)?;
-        self.count(size, rounded, true);
-        Ok(PoolAlloc { addr, size, reserved: rounded, kind: Kind::Large })
+    fn alloc_large<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        size: u64,
+        align: u64,
+        kind: MemKind,
+    ) -> Result<PoolAlloc<B>, PoolError> {
+        let rounded = round_up(size, LARGE_GRANULE).ok_or(PoolError::TooLarge { size })?;
+        // Blocks of 2 MiB and more get 2 MiB alignment so the page tables
+        // can use 2 MiB entries.
+        let align = if rounded >= MAX_ALIGN { MAX_ALIGN } else { align.max(LARGE_GRANULE) };
+        let (addr, block) = backing
+            .acquire(rounded, align, kind)
+            .map_err(|error| PoolError::Backing { class: SizeClass::Large, error })?;
+        self.count(SizeClass::Large, size, rounded, true);
+        self.backed(SizeClass::Large, rounded, true);
+        self.stats.blocks_acquired = self.stats.blocks_acquired.wrapping_add(1);
+        Ok(PoolAlloc { addr, size, reserved: rounded, kind: Kind::Large { block } })
     }
 
     // ----- common ----------------------------------------------------------
 
-    fn owns(&self, a: &PoolAlloc) -> bool {
+    fn owns(&self, a: &PoolAlloc<B>) -> bool {
         match a.kind {
-            Kind::Slab { slab, slot, gen } => self.slabs.get(slab as usize).is_some_and(|s| {
+            Kind::Slab { slab, slot, gen } => self.slabs.as_ref().get(slab as usize).is_some_and(|s| {
                 s.live && s.gen == gen && slot < s.slots && s.used & (1u64 << (slot & 63)) != 0
             }),
-            Kind::Large => self.va.lookup(a.addr).is_some_and(|r| r.size == a.reserved),
+            Kind::Large { .. } => true,
         }
     }
 
-    fn release(&mut self, a: &PoolAlloc) -> Result<u64, PoolError> {
-        if !self.owns(a) {
-            return Err(PoolError::ForeignToken);
-        }
-        match a.kind {
-            Kind::Slab { slab, slot, .. } => {
-                let Some(s) = self.slabs.get_mut(slab as usize) else {
-                    return Err(PoolError::ForeignToken);
-                };
-                let was_full = s.used == slot_mask(s.slots);
-                s.used &= !(1u64 << (slot & 63));
-                let empty = s.used == 0;
-                let bin = usize::from(s.bin);
-                let base = s.base;
-                let slot_size = bin_size(bin);
-                if empty {
-                    if !was_full {
-                        self.unlink(slab);
-                    }
-                    let _ = self.va.free(base);
-                    let next = self.free_slab;
-                    if let Some(s) = self.slabs.get_mut(slab as usize) {
-                        s.live = false;
-                        s.next = next;
-                        s.prev = NIL;
-                    }
-                    self.free_slab = slab;
-                    self.slabs_live = self.slabs_live.wrapping_sub(1);
-                } else if was_full {
-                    self.push_partial(slab, bin);
-                }
-                self.count(a.size, slot_size, false);
-                Ok(slot_size)
-            }
-            Kind::Large => {
-                let r = self.va.free(a.addr)?;
-                self.count(a.size, r, false);
-                Ok(r)
-            }
-        }
-    }
-
-    fn count(&mut self, size: u64, reserved: u64, add: bool) {
-        let c = match self.classes.get_mut(SizeClass::of(size) as usize) {
-            Some(c) => c,
-            None => return,
-        };
+    fn count(&mut self, class: SizeClass, size: u64, reserved: u64, add: bool) {
+        let Some(c) = self.stats.classes.get_mut(class as usize) else { return };
         if add {
             c.live = c.live.wrapping_add(1);
             c.requested = c.requested.wrapping_add(size);
             c.reserved = c.reserved.wrapping_add(reserved);
+            c.high_water = c.high_water.max(c.reserved);
         } else {
             c.live = c.live.wrapping_sub(1);
             c.requested = c.requested.wrapping_sub(size);
             c.reserved = c.reserved.wrapping_sub(reserved);
+        }
+    }
+
+    fn backed(&mut self, class: SizeClass, bytes: u64, add: bool) {
+        if let Some(c) = self.stats.classes.get_mut(class as usize) {
+            c.backed = if add { c.backed.wrapping_add(bytes) } else { c.backed.wrapping_sub(bytes) };
         }
     }
 }
@@ -540,8 +736,15 @@ const fn slot_mask(slots: u8) -> u64 {
     }
 }
 
-/// The bin and slot size for a slab request, or `None` when it must go large.
+/// The bin and slot size for a slab request, or `None` when it must go
+/// large. Slabs start 4 KiB aligned (the platform's page, which is all a
+/// bypassed MMU can promise), so their slots are aligned to their size up
+/// to 4 KiB: an alignment above that goes to the large class, which aligns
+/// each block exactly.
 fn slot_for(size: u64, align: u64) -> Option<(usize, u64)> {
+    if align > LARGE_GRANULE {
+        return None;
+    }
     let need = size.max(align).max(MIN_SLOT);
     if need > MEDIUM_MAX {
         return None;

@@ -14,6 +14,8 @@
 
 use core::fmt;
 
+use heapless::Deque;
+
 use super::seqno::{FenceId, QueueId, Seqno};
 
 /// Most waits one submission can carry.
@@ -98,9 +100,7 @@ impl Entry {
 /// Pending submissions with waits, per queue, oldest first.
 #[derive(Debug)]
 pub struct DepGraph<const QUEUES: usize, const PENDING: usize> {
-    entries: [[Entry; PENDING]; QUEUES],
-    head: [usize; QUEUES],
-    len: [usize; QUEUES],
+    pending: [Deque<Entry, PENDING>; QUEUES],
 }
 
 impl<const QUEUES: usize, const PENDING: usize> Default for DepGraph<QUEUES, PENDING> {
@@ -111,25 +111,23 @@ impl<const QUEUES: usize, const PENDING: usize> Default for DepGraph<QUEUES, PEN
 
 impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
     /// An empty graph.
-    pub fn new() -> Self {
-        DepGraph { entries: [[Entry::default(); PENDING]; QUEUES], head: [0; QUEUES], len: [0; QUEUES] }
-    }
-
-    fn slot(&self, q: usize, i: usize) -> Option<&Entry> {
-        let head = *self.head.get(q)?;
-        let idx = head.checked_add(i)?.checked_rem(PENDING)?;
-        self.entries.get(q)?.get(idx)
+    pub const fn new() -> Self {
+        DepGraph { pending: [const { Deque::new() }; QUEUES] }
     }
 
     /// Pending entries of queue `q`, oldest first.
     fn pending(&self, q: usize) -> impl Iterator<Item = &Entry> {
-        let n = self.len.get(q).copied().unwrap_or(0);
-        (0..n).filter_map(move |i| self.slot(q, i))
+        self.pending.get(q).into_iter().flat_map(|d| d.iter())
     }
 
     /// Submissions with waits tracked on `queue`.
     pub fn tracked(&self, queue: QueueId) -> usize {
-        self.len.get(usize::from(queue.0)).copied().unwrap_or(0)
+        self.pending.get(usize::from(queue.0)).map_or(0, Deque::len)
+    }
+
+    /// Whether `queue` can record one more submission with waits.
+    pub fn has_room(&self, queue: QueueId) -> bool {
+        self.pending.get(usize::from(queue.0)).is_some_and(|d| !d.is_full())
     }
 
     /// Would a submission on `queue` at `seqno` waiting for `waits`
@@ -233,34 +231,44 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
     }
 
     /// Records a submission's waits (call after [`DepGraph::check`]
-    /// passed and the submission reached the ring). Submissions without
-    /// waits need no entry.
+    /// passed, before the submission reaches the ring, under the same
+    /// lock). Submissions without waits need no entry.
     pub fn record(&mut self, queue: QueueId, seqno: Seqno, waits: &[FenceId]) -> Result<(), DepError> {
         if waits.is_empty() {
             return Ok(());
         }
-        let q = usize::from(queue.0);
         if waits.len() > MAX_WAITS {
             return Err(DepError::TooManyWaits { given: waits.len() });
         }
-        let (Some(head), Some(len)) = (self.head.get(q).copied(), self.len.get(q).copied()) else {
-            return Err(DepError::UnknownQueue { queue });
-        };
-        if len >= PENDING {
-            return Err(DepError::Full { queue });
-        }
-        let idx =
-            head.checked_add(len).and_then(|i| i.checked_rem(PENDING)).ok_or(DepError::Full { queue })?;
+        let d = self.pending.get_mut(usize::from(queue.0)).ok_or(DepError::UnknownQueue { queue })?;
         let mut entry = Entry { seqno, nwaits: waits.len(), ..Entry::default() };
         for (dst, w) in entry.waits.iter_mut().zip(waits) {
             *dst = *w;
         }
-        let slot = self.entries.get_mut(q).and_then(|e| e.get_mut(idx)).ok_or(DepError::Full { queue })?;
-        *slot = entry;
-        if let Some(l) = self.len.get_mut(q) {
-            *l = len.saturating_add(1);
+        d.push_back(entry).map_err(|_| DepError::Full { queue })
+    }
+
+    /// Takes back the entry [`DepGraph::record`] made for `queue`'s newest
+    /// submission `seqno` (the submission did not reach the GPU).
+    pub fn unrecord(&mut self, queue: QueueId, seqno: Seqno) {
+        if let Some(d) = self.pending.get_mut(usize::from(queue.0)) {
+            if d.back().is_some_and(|e| e.seqno == seqno) {
+                d.pop_back();
+            }
         }
-        Ok(())
+    }
+
+    /// Calls `f(consumer, producer)` for every pending submission that
+    /// waits on a fence for which `failed(producer)` holds: the work that
+    /// inherits a producer's failure.
+    pub fn for_each_waiter(&self, failed: impl Fn(FenceId) -> bool, mut f: impl FnMut(FenceId, FenceId)) {
+        for (q, d) in self.pending.iter().enumerate() {
+            for e in d.iter() {
+                if let Some(w) = e.waits().iter().find(|w| failed(**w)) {
+                    f(FenceId { queue: QueueId(q as u8), seqno: e.seqno }, *w);
+                }
+            }
+        }
     }
 
     /// The unsignalled fence of another queue that `queue`'s next
@@ -281,28 +289,15 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
     /// Forgets `queue`'s entries that `completed` covers (oldest first,
     /// stopping at the first pending one).
     pub fn retire(&mut self, queue: QueueId, completed: Seqno) {
-        let q = usize::from(queue.0);
-        for _ in 0..PENDING {
-            let done = match self.slot(q, 0) {
-                Some(e) if self.len.get(q).is_some_and(|l| *l > 0) => e.seqno.is_signalled_by(completed),
-                _ => false,
-            };
-            if !done {
-                break;
-            }
-            if let (Some(h), Some(l)) = (self.head.get_mut(q), self.len.get_mut(q)) {
-                *h = h.saturating_add(1).checked_rem(PENDING).unwrap_or(0);
-                *l = l.saturating_sub(1);
-            }
+        if let Some(d) = self.pending.get_mut(usize::from(queue.0)) {
+            while d.pop_front_if(|e| e.seqno.is_signalled_by(completed)).is_some() {}
         }
     }
 
     /// Forgets every entry of `queue` (after a reset completed them all).
     pub fn clear(&mut self, queue: QueueId) {
-        let q = usize::from(queue.0);
-        if let (Some(h), Some(l)) = (self.head.get_mut(q), self.len.get_mut(q)) {
-            *h = 0;
-            *l = 0;
+        if let Some(d) = self.pending.get_mut(usize::from(queue.0)) {
+            d.clear();
         }
     }
 }

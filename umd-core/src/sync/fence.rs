@@ -4,14 +4,27 @@ use core::fmt;
 
 use super::seqno::{FenceId, QueueId, Seqno};
 
-/// A submission's fence: a point on a queue's timeline, stamped with the
-/// queue's reset epoch so a fence from before a reset is recognised.
+/// Which device a fence or buffer handle belongs to: a per-device number
+/// checked on every use, so a handle of one device is refused by another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DeviceId(pub u32);
+
+impl fmt::Display for DeviceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dev{}", self.0)
+    }
+}
+
+/// A submission's fence: a point on a queue's timeline of one device.
+/// Sequence numbers are never reused, so a fence names one submission for
+/// as long as anyone holds it; its outcome is kept by the device
+/// (`crate::sync::history`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Fence {
     /// The timeline point.
     pub id: FenceId,
-    /// The queue's reset count when the fence was emitted.
-    pub epoch: u32,
+    /// The device it belongs to.
+    pub device: DeviceId,
 }
 
 impl Fence {
@@ -24,11 +37,20 @@ impl Fence {
     pub fn seqno(&self) -> Seqno {
         self.id.seqno
     }
+
+    /// The fence `n` submissions later on the same queue (for a wait
+    /// before signal: a submission may wait on a fence not emitted yet).
+    pub fn later(&self, n: u64) -> Fence {
+        Fence {
+            id: FenceId { queue: self.id.queue, seqno: Seqno(self.id.seqno.0.wrapping_add(n)) },
+            device: self.device,
+        }
+    }
 }
 
 impl fmt::Display for Fence {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}@e{}", self.id, self.epoch)
+        write!(f, "{}@{}", self.id, self.device)
     }
 }
 
@@ -139,6 +161,7 @@ impl fmt::Display for FaultInfo {
 
 /// Why a fence completed without its work being done.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FenceError {
     /// The queue hung (no progress) and was reset.
     DeviceHung,
@@ -146,6 +169,68 @@ pub enum FenceError {
     Fault(FaultInfo),
     /// The device went away.
     DeviceLost,
+    /// The queue waited for a fence of another queue that was not
+    /// submitted within the wait-before-signal limit
+    /// ([`crate::config::HangConfig::unsubmitted_wait_ns`]), and was reset.
+    NeverSignalled {
+        /// The fence it waited for.
+        producer: FenceId,
+    },
+    /// The work waited on a fence that failed (directly or through other
+    /// work): it may have run on input that never arrived, so its result
+    /// is not trusted (dma-fence error propagation).
+    Dependency {
+        /// The first failed fence in the chain.
+        producer: FenceId,
+        /// Why that fence failed.
+        cause: Cause,
+    },
+}
+
+/// The root cause of a failure, carried along dependency chains.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cause {
+    /// A hang and reset.
+    Hung,
+    /// A fault and reset.
+    Fault(FaultInfo),
+    /// Device loss.
+    Lost,
+    /// A wait-before-signal that was never satisfied.
+    NeverSignalled,
+}
+
+impl FenceError {
+    /// The root cause.
+    pub fn cause(&self) -> Cause {
+        match *self {
+            FenceError::DeviceHung => Cause::Hung,
+            FenceError::Fault(i) => Cause::Fault(i),
+            FenceError::DeviceLost => Cause::Lost,
+            FenceError::NeverSignalled { .. } => Cause::NeverSignalled,
+            FenceError::Dependency { cause, .. } => cause,
+        }
+    }
+
+    /// The error of work that waited on `producer`, which failed with
+    /// `self`: the chain keeps its first failed fence and root cause.
+    pub fn propagated(&self, producer: FenceId) -> FenceError {
+        match *self {
+            FenceError::Dependency { .. } => *self,
+            _ => FenceError::Dependency { producer, cause: self.cause() },
+        }
+    }
+}
+
+impl fmt::Display for Cause {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Cause::Hung => write!(f, "a hang"),
+            Cause::Fault(i) => write!(f, "a fault ({i})"),
+            Cause::Lost => write!(f, "device loss"),
+            Cause::NeverSignalled => write!(f, "a wait that was never satisfied"),
+        }
+    }
 }
 
 impl fmt::Display for FenceError {
@@ -154,26 +239,12 @@ impl fmt::Display for FenceError {
             FenceError::DeviceHung => write!(f, "queue hung and was reset"),
             FenceError::Fault(i) => write!(f, "queue faulted and was reset: {i}"),
             FenceError::DeviceLost => write!(f, "device lost"),
+            FenceError::NeverSignalled { producer } => {
+                write!(f, "waited for {producer}, which was never submitted; the queue was reset")
+            }
+            FenceError::Dependency { producer, cause } => {
+                write!(f, "depends on {producer}, which failed with {cause}")
+            }
         }
-    }
-}
-
-/// A range of fences a reset completed with an error: `(from, to]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ErroredRange {
-    /// Completed value before the reset (not errored).
-    pub after: Seqno,
-    /// Last value emitted before the reset (errored).
-    pub upto: Seqno,
-    /// Why.
-    pub error: FenceError,
-    /// The epoch the reset ended.
-    pub epoch: u32,
-}
-
-impl ErroredRange {
-    /// Whether `s` lies in this range.
-    pub fn contains(&self, s: Seqno) -> bool {
-        s.is_after(self.after) && s.is_signalled_by(self.upto)
     }
 }

@@ -7,10 +7,15 @@
 pub(crate) mod atomic;
 pub mod deps;
 pub mod fence;
+pub mod history;
 pub mod seqno;
 pub mod timeline;
-pub(crate) mod wait;
 
-pub use fence::{Access, ErroredRange, FaultInfo, FaultKind, Fence, FenceError};
+pub use fence::{Access, Cause, DeviceId, FaultInfo, FaultKind, Fence, FenceError};
+pub use history::FailureHistory;
 pub use seqno::{FenceId, QueueId, Seqno};
 pub use timeline::Timeline;
+
+/// Most queues (engines) a device drives: the chip's ENGINE_COUNT is used
+/// up to this many.
+pub const MAX_QUEUES: usize = 4;

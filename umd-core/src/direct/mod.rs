@@ -1,0 +1,433 @@
+//! Direct mode: the core owns the rings, the fence slots and the page
+//! tables, and drives the register page through a [`DirectIo`] platform
+//! (bare metal, co-simulation, the in-process model).
+//!
+//! One submission becomes, in the queue's ring: a WAIT_MEM on each other
+//! queue's fence slot it depends on, an INDIRECT_BUFFER to the recorded
+//! commands, and a FENCE writing the submission's sequence number to its
+//! queue's slot (with an interrupt). [`hang`] is the progress-based hang
+//! and fault check and the reset; [`tables`] the GPU page tables.
+//!
+//! [`Device`] is the engine over this backend.
+
+pub mod hang;
+pub mod tables;
+
+use core::sync::atomic::fence as mem_fence;
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+
+use crate::cmd::{Command, CompareOp, Encoder};
+use crate::config::Config;
+use crate::engine::backend::{sealed, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView};
+use crate::engine::Engine;
+use crate::hw::regs::{self, engine as er};
+use crate::hw::{probe, ChipId};
+use crate::mem::pagetable::Perms;
+use crate::mem::pool::BackingError;
+use crate::platform::{DirectIo, DmaRegion, PlatformError};
+use crate::queue::SubmitError;
+use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
+use crate::sync::deps::MAX_WAITS;
+use crate::sync::{Seqno, MAX_QUEUES};
+
+pub use crate::engine::InitError;
+use hang::Watch;
+use tables::Tables;
+
+/// Fence slot stride: 64 bytes, the strictest generation's alignment.
+pub const FENCE_STRIDE: usize = 64;
+/// How long register handshakes (reset, TLB invalidate) may take.
+const HANDSHAKE_NS: u64 = 100_000_000;
+
+/// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
+pub type Device<'d, P, const CHUNKS: usize = 16> = Engine<'d, Direct<'d, P>, CHUNKS>;
+
+/// How the GPU addresses memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MmuMode {
+    /// MMU off: GPU addresses are device (physical) addresses.
+    Bypass,
+    /// MMU on over the VA arena `[va_base, va_base + va_size)`, with
+    /// `table_pages` 4 KiB pages for page tables.
+    Enabled {
+        /// First GPU address handed out.
+        va_base: u64,
+        /// Size of the arena.
+        va_size: u64,
+        /// Page-table pages to reserve.
+        table_pages: usize,
+    },
+}
+
+impl MmuMode {
+    /// MMU on, 4 GiB of VA from 4 GiB up, 64 table pages.
+    pub const DEFAULT: MmuMode = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 32, table_pages: 64 };
+}
+
+/// Per-queue state of direct mode (behind the queue's submit lock).
+#[derive(Debug)]
+pub struct DirectQueue {
+    pub(crate) ring: Option<Ring>,
+    pub(crate) watch: Watch,
+}
+
+/// The direct-mode backend.
+#[derive(Debug)]
+pub struct Direct<'d, P: DirectIo> {
+    p: &'d P,
+    chip: ChipId,
+    enc: Encoder,
+    nq: usize,
+    fence_mem: DmaRegion,
+    fence_va: u64,
+    mmu: bool,
+    programmed: bool,
+    pte_writes: AtomicU64,
+    tlb_invalidations: AtomicU64,
+}
+
+impl<P: DirectIo> sealed::Sealed for Direct<'_, P> {}
+
+/// Writes a register and applies it (control doorbell).
+fn write_ctl<P: DirectIo>(p: &P, off: u32, v: u32) -> Result<(), PlatformError> {
+    p.write_reg(off, v)?;
+    p.control_doorbell()
+}
+
+/// Polls until `reg & mask == 0` or the handshake time passes.
+fn handshake<P: DirectIo>(p: &P, off: u32, mask: u32) -> Result<bool, PlatformError> {
+    let start = p.now_ns();
+    for _ in 0..1_000_000u32 {
+        if p.read_reg(off)? & mask == 0 {
+            return Ok(true);
+        }
+        if p.now_ns().saturating_sub(start) > HANDSHAKE_NS {
+            break;
+        }
+        p.delay_ns(1_000);
+    }
+    Ok(false)
+}
+
+pub(crate) fn reset_engine<P: DirectIo>(p: &P, e: u32, enable: bool) -> Result<bool, PlatformError> {
+    let ctrl = regs::engine_reg(e, er::CTRL);
+    write_ctl(p, ctrl, er::CTRL_RESET | if enable { er::CTRL_ENABLE } else { 0 })?;
+    handshake(p, ctrl, er::CTRL_RESET)
+}
+
+impl<'d, P: DirectIo> Direct<'d, P> {
+    fn invalidate_tlb(&self) -> Result<bool, PlatformError> {
+        self.tlb_invalidations.fetch_add(1, Ordering::Relaxed);
+        write_ctl(self.p, regs::MMU_INVALIDATE, 1)?;
+        handshake(self.p, regs::MMU_INVALIDATE, 1)
+    }
+
+    /// GPU address of queue `q`'s fence slot.
+    pub(crate) fn slot_va(&self, q: usize) -> u64 {
+        self.fence_va.wrapping_add((q as u64).wrapping_mul(FENCE_STRIDE as u64))
+    }
+}
+
+impl<'d, P: DirectIo> Backend for Direct<'d, P> {
+    type P = P;
+    type Queue = DirectQueue;
+    type Maps = Option<Tables>;
+    const MODE: crate::engine::Mode = crate::engine::Mode::Direct;
+
+    fn platform(&self) -> &P {
+        self.p
+    }
+
+    fn chip(&self) -> ChipId {
+        self.chip
+    }
+
+    fn queues(&self) -> usize {
+        self.nq
+    }
+
+    fn translates(&self) -> bool {
+        self.mmu
+    }
+
+    fn map(
+        &self,
+        maps: &mut Option<Tables>,
+        va: u64,
+        region: &DmaRegion,
+        perms: Perms,
+    ) -> Result<(), BackingError> {
+        let Some(t) = maps.as_mut() else { return Ok(()) };
+        let before = t.pages.entry_writes();
+        let r = t.map(self.p, va, region.dev_addr(), region.len() as u64, perms);
+        self.pte_writes.fetch_add(t.pages.entry_writes().wrapping_sub(before), Ordering::Relaxed);
+        r.map_err(|_| BackingError::Map)
+    }
+
+    fn unmap(&self, maps: &mut Option<Tables>, va: u64, len: u64) {
+        let Some(t) = maps.as_mut() else { return };
+        let before = t.pages.entry_writes();
+        let _ = t.unmap(self.p, va, len);
+        self.pte_writes.fetch_add(t.pages.entry_writes().wrapping_sub(before), Ordering::Relaxed);
+        if self.programmed {
+            let _ = self.invalidate_tlb();
+        }
+    }
+
+    fn emit(&self, qs: &mut DirectQueue, job: &Job<'_>) -> Result<EmitInfo, EmitError> {
+        let e = job.queue as u32;
+        let mut cmds = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];
+        let mut n = 0usize;
+        for w in job.waits {
+            if let Some(c) = cmds.get_mut(n) {
+                *c = Command::WaitMem {
+                    addr: self.slot_va(usize::from(w.queue.0)),
+                    reference: w.seqno.0,
+                    mask: u64::MAX,
+                    op: CompareOp::SeqGe,
+                    wide: true,
+                };
+                n = n.saturating_add(1);
+            }
+        }
+        let ib = Command::IndirectBuffer { addr: job.ib.0, size_dw: job.ib.1 };
+        for c in [ib, Command::Fence { addr: self.slot_va(job.queue), value: job.seqno.0, irq: true }] {
+            if let Some(slot) = cmds.get_mut(n) {
+                *slot = c;
+                n = n.saturating_add(1);
+            }
+        }
+        let cmds = cmds.get(..n).unwrap_or(&[]);
+        let ring = qs.ring.as_mut().ok_or(EmitError::Lost)?;
+        let rptr = self.p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| EmitError::Lost)? as usize;
+        let written = match ring.write(&self.enc, cmds, rptr) {
+            Ok(w) => w,
+            Err(e @ RingError::Full { .. }) => return Err(EmitError::Full(SubmitError::RingFull(e))),
+            Err(RingError::Encode(x)) => return Err(EmitError::Refused(SubmitError::Encode(x))),
+            Err(e) => return Err(EmitError::Refused(SubmitError::RingFull(e))),
+        };
+        // Packets visible before the write pointer that points at them.
+        let len = if written.wrapped { ring.size() } else { written.bytes };
+        let from = if written.wrapped { 0 } else { written.start };
+        self.p.cache_clean(ring.region(), from, len);
+        mem_fence(Ordering::Release);
+        self.p
+            .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
+            .map_err(|_| EmitError::Lost)?;
+        self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
+        Ok(EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 })
+    }
+
+    fn poll(&self, q: usize) -> Poll {
+        let off = q.saturating_mul(FENCE_STRIDE);
+        self.p.cache_invalidate(&self.fence_mem, off, 8);
+        match self.fence_mem.read_u64(off) {
+            Some(v) => Poll::Completed(Seqno(v)),
+            None => Poll::Lost,
+        }
+    }
+
+    fn ack_interrupts(&self) -> Result<bool, Gone> {
+        match self.p.read_reg(regs::IRQ_STATUS) {
+            Ok(0) => Ok(false),
+            Ok(bits) => self.p.write_reg(regs::IRQ_STATUS, bits).map(|_| true).map_err(|_| Gone),
+            Err(_) => Err(Gone),
+        }
+    }
+
+    fn check(&self, qs: &mut DirectQueue, view: &QueueView<'_>) -> Result<Option<Failure>, Gone> {
+        hang::check(self, qs, view)
+    }
+
+    fn reset(&self, qs: &mut DirectQueue, q: usize, upto: Seqno) -> Result<(), Gone> {
+        hang::reset(self, qs, q, upto)
+    }
+
+    fn mapping_counters(&self) -> (u64, u64) {
+        (self.pte_writes.load(Ordering::Relaxed), self.tlb_invalidations.load(Ordering::Relaxed))
+    }
+
+    fn stop(&self) {
+        if !self.programmed {
+            return;
+        }
+        for e in 0..self.nq as u32 {
+            let _ = write_ctl(self.p, regs::engine_reg(e, er::CTRL), 0);
+        }
+        let _ = write_ctl(self.p, regs::IRQ_MASK, 0);
+        let _ = write_ctl(self.p, regs::MMU_CTRL, 0);
+    }
+
+    fn release_queue(&self, qs: &mut DirectQueue) {
+        if let Some(r) = qs.ring.take() {
+            self.p.dma_free(r.into_region());
+        }
+    }
+
+    fn release(&mut self, maps: &mut Option<Tables>) {
+        let f = core::mem::replace(&mut self.fence_mem, DmaRegion::empty());
+        if !f.is_empty() {
+            self.p.dma_free(f);
+        }
+        if let Some(t) = maps.take() {
+            self.p.dma_free(t.pages.into_region());
+        }
+    }
+}
+
+fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), &'static str> {
+    if !cfg.ring_bytes.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&cfg.ring_bytes) {
+        return Err("ring_bytes must be a power of two from 4 KiB to 4 MiB");
+    }
+    let max_ib = (enc.desc().limits.max_ib_dwords as usize).saturating_mul(4);
+    if cfg.ib_chunk_bytes < 1024 || cfg.ib_chunk_bytes % 256 != 0 || cfg.ib_chunk_bytes > max_ib {
+        return Err("ib_chunk_bytes must be a multiple of 256 from 1 KiB to the generation's IB limit");
+    }
+    if chunks == 0 || chunks > crate::ibpool::MAX_CHUNKS {
+        return Err("the IB pool needs 1 to 64 chunks");
+    }
+    if cfg.hang.window_ns == 0 {
+        return Err("hang window must not be 0");
+    }
+    Ok(())
+}
+
+impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
+    /// Probes the chip through `p`, allocates and maps the rings, fence
+    /// slots, page tables and IB pool, and programs the MMU and the
+    /// engines. The large tables live in `storage`; the device borrows it
+    /// and the platform for its lifetime. On error everything allocated is
+    /// freed again.
+    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize>(
+        p: &'d P,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR>,
+        cfg: Config,
+        mmu: MmuMode,
+    ) -> Result<Self, InitError> {
+        let chip = probe(p.read_reg(regs::ID).map_err(InitError::Platform)?).map_err(InitError::Probe)?;
+        let engines = p.read_reg(regs::ENGINE_COUNT).map_err(InitError::Platform)? as usize;
+        if engines == 0 {
+            return Err(InitError::BadConfig("the chip reports no engines"));
+        }
+        let nq = engines.min(MAX_QUEUES);
+        if engines > MAX_QUEUES {
+            crate::log::log_warn!("chip has {} engines; this build drives the first {}", engines, MAX_QUEUES);
+        }
+        let enc = Encoder::new(chip.generation);
+        check_config(&cfg, &enc, CHUNKS).map_err(InitError::BadConfig)?;
+        let direct = Direct {
+            p,
+            chip,
+            enc,
+            nq,
+            fence_mem: DmaRegion::empty(),
+            fence_va: 0,
+            mmu: matches!(mmu, MmuMode::Enabled { .. }),
+            programmed: false,
+            pte_writes: AtomicU64::new(0),
+            tlb_invalidations: AtomicU64::new(0),
+        };
+        let (va, table_pages) = match mmu {
+            MmuMode::Bypass => (None, 0),
+            MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
+        };
+        let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default() });
+        let mut dev = Engine::assemble(direct, storage, cfg, va, None, queues)?;
+        dev.init_direct(table_pages)?;
+        Ok(dev)
+    }
+
+    fn init_direct(&mut self, table_pages: usize) -> Result<(), InitError> {
+        let p = self.b.p;
+        // Page tables first: everything else is mapped through them.
+        if self.b.mmu {
+            if table_pages == 0 {
+                return Err(InitError::BadConfig("MMU needs table pages"));
+            }
+            let region = p
+                .dma_alloc(table_pages.saturating_mul(4096), crate::platform::DmaFlags::CPU)
+                .map_err(InitError::Platform)?;
+            let tables = Tables::new(region).map_err(|(e, r)| {
+                p.dma_free(r);
+                InitError::Vm(e)
+            })?;
+            self.mem.get_mut().maps = Some(tables);
+        }
+        // Fence slots, then a ring per queue.
+        let fence = self.alloc_mapped(4096, Perms::RW)?;
+        self.b.fence_va = fence.1;
+        self.b.fence_mem = fence.0;
+        for qi in 0..self.nq {
+            let (region, va) = self.alloc_mapped(self.cfg.ring_bytes, Perms::RO)?;
+            let ring = Ring::new(region, va, self.cfg.ring_bytes).map_err(|(_, r)| {
+                p.dma_free(r);
+                InitError::BadConfig("ring")
+            })?;
+            if let Some(q) = self.queues.get_mut(qi) {
+                q.submit.get_mut().ring = Some(ring);
+            }
+        }
+        self.init_ib_pool()?;
+        self.program()
+    }
+
+    /// Programs MMU, engines and interrupts.
+    fn program(&mut self) -> Result<(), InitError> {
+        let p = self.b.p;
+        let pf = InitError::Platform;
+        for q in 0..MAX_QUEUES {
+            self.b.fence_mem.write_u64(q.saturating_mul(FENCE_STRIDE), 0);
+        }
+        p.cache_clean(&self.b.fence_mem, 0, self.b.fence_mem.len());
+        let root = self.mem.get_mut().maps.as_mut().map(|t| {
+            t.pages.flush(p);
+            t.root()
+        });
+        if let Some(root) = root {
+            p.write_reg(regs::MMU_ROOT_LO, root as u32).map_err(pf)?;
+            p.write_reg(regs::MMU_ROOT_HI, (root >> 32) as u32).map_err(pf)?;
+            write_ctl(p, regs::MMU_CTRL, 1).map_err(pf)?;
+            if !self.b.invalidate_tlb().map_err(pf)? {
+                return Err(InitError::Handshake("MMU invalidate"));
+            }
+        } else {
+            write_ctl(p, regs::MMU_CTRL, 0).map_err(pf)?;
+        }
+        let mut mask = 0;
+        for qi in 0..self.nq {
+            let e = qi as u32;
+            if !reset_engine(p, e, false).map_err(pf)? {
+                return Err(InitError::Handshake("engine reset"));
+            }
+            let Some(ring) = self.queues.get_mut(qi).and_then(|q| q.submit.get_mut().ring.as_ref()) else {
+                return Err(InitError::BadConfig("ring"));
+            };
+            let base = ring.gpu_va();
+            p.write_reg(regs::engine_reg(e, er::RING_BASE_LO), base as u32).map_err(pf)?;
+            p.write_reg(regs::engine_reg(e, er::RING_BASE_HI), (base >> 32) as u32).map_err(pf)?;
+            p.write_reg(regs::engine_reg(e, er::RING_SIZE), ring.size() as u32).map_err(pf)?;
+            p.write_reg(regs::engine_reg(e, er::RING_WPTR), 0).map_err(pf)?;
+            write_ctl(p, regs::engine_reg(e, er::CTRL), er::CTRL_ENABLE).map_err(pf)?;
+            mask |= regs::irq_fence(e) | regs::irq_fault(e);
+        }
+        write_ctl(p, regs::IRQ_MASK, mask).map_err(pf)?;
+        self.b.programmed = true;
+        crate::log::log_info!(
+            "refgpu gen{} rev {} up: {} queues, MMU {}, {} IB chunks of {} bytes, rings of {} bytes",
+            self.b.chip.generation.number(),
+            self.b.chip.revision,
+            self.nq,
+            self.b.mmu,
+            CHUNKS,
+            self.cfg.ib_chunk_bytes,
+            self.cfg.ring_bytes
+        );
+        Ok(())
+    }
+
+    /// GPU address of `queue`'s fence slot (for WAIT_MEM in user IBs).
+    pub fn fence_slot_va(&self, queue: crate::sync::QueueId) -> Option<u64> {
+        self.queue(queue).map(|_| self.b.slot_va(usize::from(queue.0)))
+    }
+}

@@ -1,0 +1,189 @@
+//! What a submission mode provides to the shared engine.
+//!
+//! The engine ([`super::Engine`]) owns everything both modes share: fences
+//! and timelines, the failure history, the dependency graph, recording into
+//! the IB pool, completion processing, buffers and the trace. A backend
+//! owns what differs: how an IB reaches the hardware (a ring write or a
+//! kernel submit), where completions are read (a fence slot or the
+//! kernel), how failures are found (the direct-mode hang check, or a
+//! kernel's reset report), and how memory is mapped for the GPU (page
+//! tables the core writes, or kernel binds).
+//!
+//! The trait is sealed (implemented by [`crate::direct::Direct`] and
+//! [`crate::kernel::Kernel`]); its items are the engine's private
+//! vocabulary.
+
+use crate::config::HangConfig;
+use crate::debug::HangReport;
+use crate::hw::ChipId;
+use crate::mem::pagetable::Perms;
+use crate::mem::pool::BackingError;
+use crate::platform::{DmaRegion, Platform};
+use crate::queue::SubmitError;
+use crate::sync::{FenceError, FenceId, Seqno};
+
+pub(crate) mod sealed {
+    /// Only this crate's backends.
+    pub trait Sealed {}
+}
+
+/// The device stopped answering (a register access or the kernel failed).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Gone;
+
+/// One submission as the backend puts it on the hardware.
+#[derive(Clone, Copy, Debug)]
+pub struct Job<'a> {
+    /// Queue index.
+    pub queue: usize,
+    /// The submission's sequence number (its fence value).
+    pub seqno: Seqno,
+    /// Fences of other queues the hardware must wait for first.
+    pub waits: &'a [FenceId],
+    /// The IB: GPU address and dwords.
+    pub ib: (u64, u32),
+}
+
+/// Why a backend did not take a job. Nothing reached the hardware.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EmitError {
+    /// No room now (a full ring): retry after the hardware moved.
+    Full(SubmitError),
+    /// The job can not be taken.
+    Refused(SubmitError),
+    /// The device is gone.
+    Lost,
+}
+
+/// What polling a queue found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Poll {
+    /// The last completed sequence number.
+    Completed(Seqno),
+    /// The kernel reset the queue: work up to `upto` failed with `error`.
+    Reset {
+        /// Last cancelled sequence number.
+        upto: Seqno,
+        /// Why.
+        error: FenceError,
+    },
+    /// The device is gone.
+    Lost,
+}
+
+/// What the engine knows about a queue, for the backend's hang check.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueView<'a> {
+    /// Queue index.
+    pub queue: usize,
+    /// Last emitted sequence number.
+    pub emitted: Seqno,
+    /// Last completed sequence number.
+    pub completed: Seqno,
+    /// The next submission waits for this fence of another queue, which
+    /// has not signalled; `true` when that fence is emitted already.
+    pub blocked_on: Option<(FenceId, bool)>,
+    /// The hang-check parameters in force.
+    pub hang: HangConfig,
+    /// The IB pool's GPU address and memory (for captures).
+    pub ib: (u64, &'a DmaRegion),
+}
+
+/// A queue the backend found stuck or faulted: reset it.
+#[derive(Clone, Copy, Debug)]
+pub struct Failure {
+    /// Why its pending fences fail.
+    pub error: FenceError,
+    /// What was captured before the reset.
+    pub report: HangReport,
+}
+
+/// How a backend waits for a fence without polling, if it can.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// The fence signalled (or failed: the engine checks).
+    Done,
+    /// The time passed.
+    TimedOut,
+    /// This backend can not block on a fence: the engine polls (with
+    /// interrupts when the platform has them).
+    Unsupported,
+}
+
+/// A submission mode (see the module docs).
+pub trait Backend: sealed::Sealed + Sized {
+    /// The platform.
+    type P: Platform;
+    /// Per-queue state, behind the queue's submit lock (a direct-mode
+    /// ring and hang watch; nothing in kernel mode).
+    type Queue: Send;
+    /// Memory-mapping state, behind the engine's memory lock (direct-mode
+    /// page tables; nothing in kernel mode).
+    type Maps: Send;
+
+    /// Which mode this is.
+    const MODE: super::Mode;
+
+    /// The platform.
+    fn platform(&self) -> &Self::P;
+    /// The chip.
+    fn chip(&self) -> ChipId;
+    /// Queues (engines) in use.
+    fn queues(&self) -> usize;
+
+    /// Whether GPU addresses are chosen by the core and mapped (false: the
+    /// MMU is bypassed and an address is the memory's device address).
+    fn translates(&self) -> bool;
+    /// Maps `region` at `va` for the GPU.
+    fn map(
+        &self,
+        maps: &mut Self::Maps,
+        va: u64,
+        region: &DmaRegion,
+        perms: Perms,
+    ) -> Result<(), BackingError>;
+    /// Removes the mapping of `len` bytes at `va` and makes the GPU forget
+    /// it (TLB invalidation). The GPU no longer uses the range.
+    fn unmap(&self, maps: &mut Self::Maps, va: u64, len: u64);
+
+    /// Puts `job` on the hardware (under the queue's submit lock).
+    fn emit(&self, qs: &mut Self::Queue, job: &Job<'_>) -> Result<EmitInfo, EmitError>;
+    /// Reads queue `q`'s completion state.
+    fn poll(&self, q: usize) -> Poll;
+
+    /// Acknowledges interrupts; false when the device is gone.
+    fn ack_interrupts(&self) -> Result<bool, Gone>;
+    /// The hang and fault check of one queue (under its submit lock):
+    /// `Some` when it must be reset.
+    fn check(&self, qs: &mut Self::Queue, view: &QueueView<'_>) -> Result<Option<Failure>, Gone>;
+    /// Resets queue `q` after a failure (the engine has recorded it);
+    /// afterwards the queue's completed value must read `upto` and new work
+    /// may be emitted.
+    fn reset(&self, qs: &mut Self::Queue, q: usize, upto: Seqno) -> Result<(), Gone>;
+
+    /// Stops the hardware (teardown; idempotent).
+    fn stop(&self);
+    /// Gives a queue's memory back (teardown, hardware stopped).
+    fn release_queue(&self, qs: &mut Self::Queue);
+    /// Gives the backend's own memory back (teardown, hardware stopped).
+    fn release(&mut self, maps: &mut Self::Maps);
+    /// Page-table entries written and TLB invalidations, for statistics.
+    fn mapping_counters(&self) -> (u64, u64) {
+        (0, 0)
+    }
+
+    /// Waits for `seqno` of queue `q` without polling, if the backend can.
+    fn block(&self, q: usize, seqno: Seqno, timeout_ns: u64) -> Block {
+        let _ = (q, seqno, timeout_ns);
+        Block::Unsupported
+    }
+}
+
+/// What an emit did, for statistics and the trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EmitInfo {
+    /// The ring wrapped (direct mode).
+    pub wrapped: bool,
+    /// The write pointer published (direct mode), for the trace.
+    pub wptr: u64,
+}

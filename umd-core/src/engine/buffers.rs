@@ -1,0 +1,391 @@
+//! Buffers through the device: allocation from the size-class pools, frees
+//! gated on fences, CPU access with the cache maintenance done for the
+//! caller, and the leak report.
+//!
+//! CPU access never hands out memory that can outlive the buffer: copies
+//! ([`Engine::write`], [`Engine::read`]) check the handle and do the cache
+//! maintenance over the exact range, and a mapping ([`Engine::map`]) is a
+//! guard that borrows the device (so the device can not be dropped under
+//! it), keeps the buffer from being freed or mapped twice, invalidates the
+//! CPU cache when created and cleans it when dropped.
+
+use core::fmt;
+
+use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry};
+use crate::mem::manager::AllocError;
+use crate::mem::pagetable::{CachePolicy, Perms};
+use crate::mem::pool::{Backing, BackingError, MemKind};
+use crate::mem::va::{Placement, VaAllocator, VaNode};
+use crate::platform::{DmaFlags, DmaRegion, Platform};
+use crate::sync::QueueId;
+
+use super::backend::Backend;
+use super::Engine;
+
+/// Most buffers one submission declares.
+pub const MAX_BUFFER_USES: usize = 64;
+
+/// How a submission uses a buffer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BufferAccess {
+    /// The GPU reads it.
+    Read,
+    /// The GPU writes it.
+    Write,
+    /// Both.
+    ReadWrite,
+}
+
+/// A buffer a submission declares (its BO list entry).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BufferUse {
+    /// The buffer.
+    pub buffer: BufferHandle,
+    /// How it is used.
+    pub access: BufferAccess,
+}
+
+impl BufferUse {
+    /// Read by the GPU.
+    pub const fn read(buffer: BufferHandle) -> BufferUse {
+        BufferUse { buffer, access: BufferAccess::Read }
+    }
+    /// Written by the GPU.
+    pub const fn write(buffer: BufferHandle) -> BufferUse {
+        BufferUse { buffer, access: BufferAccess::Write }
+    }
+    /// Read and written by the GPU.
+    pub const fn read_write(buffer: BufferHandle) -> BufferUse {
+        BufferUse { buffer, access: BufferAccess::ReadWrite }
+    }
+}
+
+/// The pools' view of memory: platform blocks, GPU addresses from the VA
+/// allocator (or the memory's own address with the MMU bypassed), mapped
+/// by the backend.
+pub(crate) struct Backer<'a, 'd, B: Backend> {
+    pub(crate) b: &'a B,
+    pub(crate) va: &'a mut Option<VaAllocator<&'d mut [VaNode]>>,
+    pub(crate) maps: &'a mut B::Maps,
+}
+
+impl<B: Backend> Backing for Backer<'_, '_, B> {
+    type Block = DmaRegion;
+
+    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, DmaRegion), BackingError> {
+        let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
+        let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
+        let p = self.b.platform();
+        let region = p.dma_alloc(len, flags).map_err(|e| match e {
+            crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
+            _ => BackingError::PlatformMemory { len },
+        })?;
+        let Some(va) = self.va.as_mut() else {
+            // MMU bypassed: the GPU address is the memory's.
+            let addr = region.dev_addr();
+            if addr.checked_rem(align) != Some(0) {
+                p.dma_free(region);
+                return Err(BackingError::Unaligned);
+            }
+            return Ok((addr, region));
+        };
+        let addr = match va.alloc(bytes, align, Placement::BottomUp) {
+            Ok(a) => a,
+            Err(e) => {
+                p.dma_free(region);
+                return Err(BackingError::Va(e));
+            }
+        };
+        let perms = Perms { read: true, write: !kind.gpu_read_only, cache: CachePolicy::Uncached };
+        if let Err(e) = self.b.map(self.maps, addr, &region, perms) {
+            let _ = va.free(addr);
+            p.dma_free(region);
+            return Err(e);
+        }
+        Ok((addr, region))
+    }
+
+    fn release(&mut self, addr: u64, bytes: u64, block: DmaRegion) {
+        if let Some(va) = self.va.as_mut() {
+            self.b.unmap(self.maps, addr, bytes);
+            let _ = va.free(addr);
+        }
+        self.b.platform().dma_free(block);
+    }
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    /// Allocates a buffer: small and medium ones are slots of a slab mapped
+    /// once (no platform allocation, no page-table update), large ones get
+    /// a block of their own. CPU-visible memory comes zeroed. When memory
+    /// or handles run out while freed buffers wait for their fences, it
+    /// waits (servicing the device) for the oldest of those, up to the
+    /// hang-check limit. Every failure names its cause.
+    pub fn alloc(&self, desc: &BufferDesc) -> Result<BufferHandle, AllocError> {
+        if self.is_lost() {
+            return Err(AllocError::DeviceLost);
+        }
+        // Memory whose fences have signalled goes back first.
+        self.process_all();
+        let hang = self.tun.lock().hang;
+        let limit =
+            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let start = self.b.platform().now_ns();
+        loop {
+            let oldest = {
+                let mut mem = self.mem.lock();
+                let super::MemState { buffers, va, maps } = &mut *mem;
+                let mut backer = Backer { b: &self.b, va, maps };
+                match buffers.alloc(&mut backer, desc) {
+                    Ok(h) => {
+                        self.zero_new(&mem.buffers, h);
+                        return Ok(h);
+                    }
+                    Err(
+                        e @ (AllocError::TableFull { .. }
+                        | AllocError::VaSpace { .. }
+                        | AllocError::VaNodes
+                        | AllocError::PlatformMemory { .. }
+                        | AllocError::SlabCapacity { .. }),
+                    ) => match buffers.oldest_waiting() {
+                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
+                        _ => return Err(e),
+                    },
+                    Err(e) => return Err(e),
+                }
+            };
+            // Memory is waiting for a fence: wait for it, then try again.
+            let fence = crate::sync::Fence {
+                id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 },
+                device: self.id,
+            };
+            let _ = self.wait_done(fence, limit);
+            self.process_all();
+        }
+    }
+
+    /// Zeroes a new slab slot (fresh blocks come zeroed from the platform;
+    /// reused slots hold their last owner's data).
+    fn zero_new(&self, buffers: &crate::mem::manager::Buffers<'d, DmaRegion>, h: BufferHandle) {
+        let Ok(info) = buffers.info(h) else { return };
+        if info.class == crate::mem::pool::SizeClass::Large || info.kind.device_only {
+            return;
+        }
+        let Ok((region, off, size)) = buffers.memory(h) else { return };
+        let (Ok(off), Ok(len)) =
+            (usize::try_from(off), usize::try_from(info.reserved.min(size.next_multiple_of(128).max(size))))
+        else {
+            return;
+        };
+        let Some(base) = region.cpu_ptr() else { return };
+        if off.checked_add(len).is_none_or(|e| e > region.len()) {
+            return;
+        }
+        // SAFETY: `off + len` lies inside the slot's region (checked); the
+        // slot was just handed out under the memory lock, so nothing else
+        // reaches it yet.
+        unsafe { core::ptr::write_bytes(base.as_ptr().add(off), 0, len) };
+        self.b.platform().cache_clean(region, off, len);
+    }
+
+    /// Allocates `size` bytes, read-write, CPU-visible, implicitly tracked.
+    pub fn alloc_buffer(&self, size: u64) -> Result<BufferHandle, AllocError> {
+        self.alloc(&BufferDesc::new(size))
+    }
+
+    /// Frees a buffer. The handle is stale at once; the memory and its GPU
+    /// address are reused only after the work that may use them has
+    /// finished (see [`crate::mem::buffer::Tracking`]). Refused while the
+    /// buffer is mapped.
+    pub fn free(&self, h: BufferHandle) -> Result<(), BufferError> {
+        let mut mem = self.mem.lock();
+        let super::MemState { buffers, va, maps } = &mut *mem;
+        let mut backer = Backer { b: &self.b, va, maps };
+        let q = |i: usize| self.queues.get(i);
+        buffers.free(
+            &mut backer,
+            h,
+            self.nq,
+            &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.completed()),
+            &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.emitted()),
+            self.is_lost(),
+        )
+    }
+
+    /// What the device knows about a buffer (GPU address, size, class, tag).
+    pub fn buffer(&self, h: BufferHandle) -> Result<BufferInfo, BufferError> {
+        self.mem.lock().buffers.info(h)
+    }
+
+    /// The GPU address of a buffer.
+    pub fn va(&self, h: BufferHandle) -> Result<u64, BufferError> {
+        self.buffer(h).map(|i| i.va)
+    }
+
+    /// Copies `data` into the buffer at byte `offset` and makes it visible
+    /// to the GPU (cache clean of exactly that range).
+    pub fn write(&self, h: BufferHandle, offset: u64, data: &[u8]) -> Result<(), BufferError> {
+        self.with_range(h, offset, data.len() as u64, |p, region, off| {
+            let Some(base) = region.cpu_ptr() else { return };
+            // SAFETY: `with_range` checked that `off + data.len()` lies in
+            // the buffer, which lies in `region`; the memory lock is held,
+            // so no guard maps it (mapped buffers are refused) and nothing
+            // else on the CPU writes it; the GPU is not in Rust's model.
+            unsafe { core::ptr::copy_nonoverlapping(data.as_ptr(), base.as_ptr().add(off), data.len()) };
+            p.cache_clean(region, off, data.len());
+        })
+    }
+
+    /// Copies dwords into the buffer at byte `offset` (little-endian).
+    pub fn write_words(&self, h: BufferHandle, offset: u64, words: &[u32]) -> Result<(), BufferError> {
+        let len = (words.len() as u64).saturating_mul(4);
+        self.with_range(h, offset, len, |p, region, off| {
+            let Some(base) = region.cpu_ptr() else { return };
+            for (i, w) in words.iter().enumerate() {
+                // SAFETY: as in `write`; `off + 4 * i + 4` is inside the range.
+                unsafe {
+                    core::ptr::write_unaligned(
+                        base.as_ptr().add(off).add(i.wrapping_mul(4)).cast::<u32>(),
+                        w.to_le(),
+                    )
+                };
+            }
+            p.cache_clean(region, off, words.len().saturating_mul(4));
+        })
+    }
+
+    /// Makes GPU writes visible (cache invalidate of exactly the range) and
+    /// copies the buffer's bytes at `offset` into `out`.
+    pub fn read(&self, h: BufferHandle, offset: u64, out: &mut [u8]) -> Result<(), BufferError> {
+        self.with_range(h, offset, out.len() as u64, |p, region, off| {
+            p.cache_invalidate(region, off, out.len());
+            let Some(base) = region.cpu_ptr() else { return };
+            // SAFETY: as in `write`; reading memory the GPU may write is a
+            // copy of whatever is there (the caller waited for the fence).
+            unsafe { core::ptr::copy_nonoverlapping(base.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        })
+    }
+
+    /// Reads dword `index` of the buffer (after a cache invalidate).
+    pub fn read_u32(&self, h: BufferHandle, index: u64) -> Result<u32, BufferError> {
+        let mut b = [0u8; 4];
+        self.read(h, index.saturating_mul(4), &mut b)?;
+        Ok(u32::from_le_bytes(b))
+    }
+
+    fn with_range(
+        &self,
+        h: BufferHandle,
+        offset: u64,
+        len: u64,
+        f: impl FnOnce(&B::P, &DmaRegion, usize),
+    ) -> Result<(), BufferError> {
+        let mem = self.mem.lock();
+        if mem.buffers.live(h)?.mapped {
+            return Err(BufferError::Mapped);
+        }
+        let (region, base, size) = mem.buffers.memory(h)?;
+        let end = offset.checked_add(len).ok_or(BufferError::OutOfRange { offset, len, size })?;
+        if end > size {
+            return Err(BufferError::OutOfRange { offset, len, size });
+        }
+        let off = base
+            .checked_add(offset)
+            .and_then(|o| usize::try_from(o).ok())
+            .ok_or(BufferError::OutOfRange { offset, len, size })?;
+        f(self.b.platform(), region, off);
+        Ok(())
+    }
+
+    /// Maps the buffer for the CPU: a guard with its bytes, exclusive (a
+    /// second map, a copy or a free of the buffer is refused while it
+    /// lives). The CPU cache is invalidated now (GPU writes become
+    /// visible) and cleaned when the guard drops (CPU writes reach the GPU).
+    pub fn map(&self, h: BufferHandle) -> Result<Mapped<'_, 'd, B, CHUNKS>, BufferError> {
+        let mut mem = self.mem.lock();
+        let (ptr, len, region_off) = {
+            let (region, off, size) = mem.buffers.memory(h)?;
+            let base = region.cpu_ptr().ok_or(BufferError::NoCpuAccess)?;
+            let off = usize::try_from(off).map_err(|_| BufferError::Stale)?;
+            let size = usize::try_from(size).map_err(|_| BufferError::Stale)?;
+            self.b.platform().cache_invalidate(region, off, size);
+            // SAFETY: `off + size` lies inside the region (the pool's slot).
+            (unsafe { base.as_ptr().add(off) }, size, off)
+        };
+        mem.buffers.set_mapped(h, true)?;
+        Ok(Mapped { dev: self, h, ptr, len, off: region_off })
+    }
+
+    /// The leak report: every live buffer with its size, tag and allocation
+    /// number.
+    pub fn leak_report(&self, f: impl FnMut(LeakEntry)) {
+        self.mem.lock().buffers.leak_report(f)
+    }
+
+    /// Gives kept empty slabs back to the platform. Returns bytes.
+    pub fn trim(&self) -> u64 {
+        let mut mem = self.mem.lock();
+        let super::MemState { buffers, va, maps } = &mut *mem;
+        let mut backer = Backer { b: &self.b, va, maps };
+        buffers.trim(&mut backer)
+    }
+
+    /// Buffers waiting for fences of `queue` before their memory is reused.
+    pub fn frees_waiting_on(&self, queue: QueueId) -> usize {
+        self.mem.lock().buffers.waiting_on(usize::from(queue.0))
+    }
+}
+
+/// A buffer mapped for the CPU (see [`Engine::map`]): derefs to its bytes.
+pub struct Mapped<'e, 'd, B: Backend, const CHUNKS: usize> {
+    dev: &'e Engine<'d, B, CHUNKS>,
+    h: BufferHandle,
+    ptr: *mut u8,
+    len: usize,
+    off: usize,
+}
+
+impl<B: Backend, const CHUNKS: usize> fmt::Debug for Mapped<'_, '_, B, CHUNKS> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mapped").field("buffer", &self.h).field("len", &self.len).finish()
+    }
+}
+
+impl<B: Backend, const CHUNKS: usize> Mapped<'_, '_, B, CHUNKS> {
+    /// The buffer's bytes.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` is the buffer's memory (`map` checked
+        // it); the buffer is marked mapped, so no other guard, copy or free
+        // reaches it while `self` lives, and `self` borrows the device.
+        unsafe { core::slice::from_raw_parts(self.ptr, self.len) }
+    }
+
+    /// The buffer's bytes, for writing.
+    pub fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`; `&mut self` makes this the only view.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr, self.len) }
+    }
+
+    /// The buffer as dwords (its length rounded down), for writing.
+    pub fn words_mut(&mut self) -> &mut [u32] {
+        // SAFETY: as in `bytes_mut`; buffer addresses are at least 128-byte
+        // aligned (pool slots), so the pointer is aligned for u32.
+        unsafe { core::slice::from_raw_parts_mut(self.ptr.cast::<u32>(), self.len / 4) }
+    }
+
+    /// The buffer as dwords (its length rounded down).
+    pub fn words(&self) -> &[u32] {
+        // SAFETY: as in `words_mut`, shared.
+        unsafe { core::slice::from_raw_parts(self.ptr.cast::<u32>(), self.len / 4) }
+    }
+}
+
+impl<B: Backend, const CHUNKS: usize> Drop for Mapped<'_, '_, B, CHUNKS> {
+    fn drop(&mut self) {
+        let mut mem = self.dev.mem.lock();
+        if let Ok((region, _, _)) = mem.buffers.memory(self.h) {
+            self.dev.b.platform().cache_clean(region, self.off, self.len);
+        }
+        let _ = mem.buffers.set_mapped(self.h, false);
+    }
+}

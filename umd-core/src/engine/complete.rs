@@ -1,0 +1,351 @@
+//! Completions and failures: reading the timelines, the bookkeeping that
+//! follows them, the service loop (interrupts, hang and fault checks), and
+//! what a reset or a lost device does to fences.
+//!
+//! # Failure propagation
+//!
+//! A reset cancels a queue's pending range `(completed, emitted]` and
+//! records it in that queue's failure history *before* the timeline is
+//! forced past it (forcing releases engines waiting on those fences, as
+//! amdgpu's force-completion does). Then every pending submission of any
+//! queue that waits on a failed fence, directly or through other pending
+//! work, is poisoned: its fence will report [`FenceError::Dependency`]
+//! naming the first failed producer and the root cause, even though it
+//! still runs on the GPU (on input that never arrived). This is the
+//! dma-fence rule (an error set on a fence propagates to the fences that
+//! depend on it) and Vulkan's: a device-lost result is sticky and nothing
+//! after it is trusted. Submissions that arrive later and wait on a failed
+//! fence are refused before they reach the GPU
+//! ([`crate::queue::SubmitError::DependencyFailed`]).
+
+use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind, Window};
+use crate::queue::{FenceStatus, WaitError};
+use crate::sync::atomic::Ordering;
+use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
+
+use super::backend::{Backend, Failure, Gone, Poll, QueueView};
+use super::{Counters, Engine};
+use crate::platform::Platform;
+
+/// Retiring buffers released per queue per completion pass (bounds the
+/// time one call spends; the rest follows on the next).
+const RECLAIM_BUDGET: usize = 64;
+/// Trace spans recorded per queue per completion pass.
+const SPANS: u64 = 64;
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    /// Reads queue `qi`'s completion state, advances its timeline, and does
+    /// the bookkeeping for newly completed work (trace spans, dependency
+    /// entries, retiring buffers). Returns the completed value.
+    pub(crate) fn process(&self, qi: usize) -> Seqno {
+        let Some(q) = self.queues.get(qi).filter(|_| qi < self.nq) else { return Seqno(0) };
+        match self.b.poll(qi) {
+            Poll::Completed(s) => {
+                q.timeline.advance(s);
+            }
+            Poll::Reset { upto, error } => {
+                // The kernel reset the queue: the same bookkeeping as a
+                // direct-mode reset. The backend keeps reporting it until
+                // `reset` acknowledges it, so a busy queue (its holder is
+                // submitting) is handled by a later pass.
+                if let Some(mut qs) = q.submit.try_lock() {
+                    let report = self.kernel_report(qi, upto);
+                    self.fail_locked(qi, &mut qs, Failure { error, report }, upto);
+                }
+            }
+            Poll::Lost => {
+                self.device_lost();
+            }
+        }
+        let now = q.completed();
+        let before = Seqno(q.processed.load(Ordering::Acquire));
+        if now.is_after(before)
+            && q.processed.compare_exchange(before.0, now.0, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            self.after_completion(qi, before, now, false);
+        }
+        now
+    }
+
+    /// Bookkeeping for `(before, now]` of queue `qi`: done by the one
+    /// caller that moved `processed` (or by a reset, for `cancelled` work,
+    /// which gets no signalled count or trace span).
+    fn after_completion(&self, qi: usize, before: Seqno, now: Seqno, cancelled: bool) {
+        let queue = QueueId(qi as u8);
+        self.deps.lock().retire(queue, now);
+        let n = now.distance(before).max(0) as u64;
+        if !cancelled {
+            Counters::add(&self.stats.fences_signalled, n);
+        }
+        if !self.is_lost() {
+            let mut mem = self.mem.lock();
+            let super::MemState { buffers, va, maps } = &mut *mem;
+            let mut backer = super::buffers::Backer { b: &self.b, va, maps };
+            buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), RECLAIM_BUDGET);
+        }
+        if cancelled {
+            return;
+        }
+        let ts = self.b.platform().now_ns();
+        let mut trace = self.trace.lock();
+        let steps = n.min(SPANS);
+        for k in 0..steps {
+            let s = now.0.wrapping_sub(steps.saturating_sub(1)).wrapping_add(k);
+            let submitted = trace.submitted_at(qi, s).unwrap_or(0);
+            trace.record(TraceEvent {
+                ts_ns: ts,
+                kind: TraceKind::FenceSignalled,
+                queue: qi as u8,
+                seqno: s,
+                arg: submitted,
+            });
+        }
+    }
+
+    /// Reads every queue (see [`Engine::process`]).
+    pub(crate) fn process_all(&self) {
+        for qi in 0..self.nq {
+            self.process(qi);
+        }
+    }
+
+    /// Where `fence` stands, without waiting.
+    pub(crate) fn status(&self, fence: Fence) -> Result<FenceStatus, WaitError> {
+        if fence.device != self.id {
+            return Err(WaitError::ForeignFence(fence));
+        }
+        let qi = usize::from(fence.id.queue.0);
+        let q = self.queue(fence.id.queue).ok_or(WaitError::UnknownQueue(fence.id.queue))?;
+        let emitted = q.emitted();
+        if fence.id.seqno.is_after(emitted) {
+            return Err(WaitError::NotSubmitted(fence));
+        }
+        // Timeline first, then the history: a reset records before it forces.
+        let done = self.process(qi);
+        if let Some(e) = q.failure(fence.id.seqno) {
+            return Ok(FenceStatus::Failed(e));
+        }
+        Ok(if fence.id.is_signalled_by(done) { FenceStatus::Signalled } else { FenceStatus::Pending })
+    }
+
+    /// Where `fence` stands, without waiting (but servicing the device).
+    pub fn query(&self, fence: Fence) -> Result<FenceStatus, WaitError> {
+        self.status(fence)
+    }
+
+    /// Acknowledges interrupts, processes completions, and checks every
+    /// queue with work for faults and hangs. A stuck queue is reset, its
+    /// pending fences fail (and the work that waits on them), and the
+    /// report is returned (and kept, see [`Engine::last_hang`]). A queue
+    /// whose submit lock is busy is skipped: its holder services it.
+    pub fn service(&self) -> Option<HangReport> {
+        if self.is_lost() {
+            return None;
+        }
+        match self.b.ack_interrupts() {
+            Ok(true) => Counters::add(&self.stats.interrupts, 1),
+            Ok(false) => {}
+            Err(Gone) => {
+                self.device_lost();
+                return None;
+            }
+        }
+        self.process_all();
+        let mut report = None;
+        for qi in 0..self.nq {
+            let Some(q) = self.queues.get(qi) else { continue };
+            let Some(mut qs) = q.submit.try_lock() else { continue };
+            match self.check_locked(qi, &mut qs) {
+                Ok(Some(r)) => report = Some(r),
+                Ok(None) => {}
+                Err(Gone) => {
+                    drop(qs);
+                    self.device_lost();
+                    return None;
+                }
+            }
+        }
+        report
+    }
+
+    /// The hang and fault check of queue `qi`, whose submit lock the
+    /// caller holds.
+    pub(crate) fn check_locked(&self, qi: usize, qs: &mut B::Queue) -> Result<Option<HangReport>, Gone> {
+        let Some(q) = self.queues.get(qi) else { return Ok(None) };
+        let view = QueueView {
+            queue: qi,
+            emitted: q.emitted(),
+            completed: q.completed(),
+            blocked_on: self.blocked_on(qi),
+            hang: self.tun.lock().hang,
+            ib: (self.ib.range().0, self.ib.region()),
+        };
+        let Some(failure) = self.b.check(qs, &view)? else { return Ok(None) };
+        let upto = q.emitted();
+        self.fail_locked(qi, qs, failure, upto);
+        Ok(Some(failure.report))
+    }
+
+    /// The unsignalled fence of another queue that queue `qi`'s next
+    /// submission waits for, and whether it is emitted.
+    fn blocked_on(&self, qi: usize) -> Option<(FenceId, bool)> {
+        let q = self.queues.get(qi)?;
+        let f = self.deps.lock().blocked_on(QueueId(qi as u8), q.completed(), |o| self.completed_of(o))?;
+        let emitted = self.queue(f.queue).is_some_and(|o| f.seqno.is_signalled_by(o.emitted()));
+        Some((f, emitted))
+    }
+
+    /// Fails queue `qi`'s pending work `(completed, upto]` with
+    /// `failure.error`, poisons the work that depends on it, resets the
+    /// queue (the caller holds its submit lock) and records the report.
+    pub(crate) fn fail_locked(&self, qi: usize, qs: &mut B::Queue, failure: Failure, upto: Seqno) {
+        let Some(q) = self.queues.get(qi) else { return };
+        let after = q.completed();
+        let queue = QueueId(qi as u8);
+        let n = upto.distance(after).max(0) as u64;
+        // 1. Remember the failure before anything can see the timeline pass it.
+        q.record_failure(after, upto, failure.error);
+        // 2. Poison what waits on it.
+        self.propagate();
+        // 3. Reset the hardware queue and move the timeline on.
+        let reset_ok = self.b.reset(qs, qi, upto).is_ok();
+        q.timeline.force(upto);
+        // Cancelled work gets no trace spans (`processed` moves past it) but
+        // its dependencies and the buffers it held are released below.
+        q.processed.store(upto.0, Ordering::Release);
+        self.deps.lock().clear(queue);
+        match failure.report.reason {
+            HangReason::Fault(info) => {
+                Counters::add(&self.stats.faults, 1);
+                crate::log::log_error!(
+                    "queue {}: {} fault on {} at {:#x} (opcode {:#x}); {} fences failed",
+                    qi,
+                    info.kind.name(),
+                    info.access.name(),
+                    info.addr,
+                    info.opcode,
+                    n
+                );
+            }
+            HangReason::DeviceLost => {}
+            _ => {
+                Counters::add(&self.stats.hangs, 1);
+                crate::log::log_error!(
+                    "queue {}: hang at packet {:#x} (rptr {:#x}); {} fences failed, engine reset",
+                    qi,
+                    failure.report.cur_addr,
+                    failure.report.rptr,
+                    n
+                );
+            }
+        }
+        Counters::add(&self.stats.resets, 1);
+        let kind = if matches!(failure.report.reason, HangReason::Fault(_)) {
+            TraceKind::Fault
+        } else {
+            TraceKind::Hang
+        };
+        self.record_trace(kind, qi, upto, failure.report.cur_addr);
+        self.record_trace(TraceKind::Reset, qi, upto, n);
+        *self.last_hang.lock() = Some(failure.report);
+        // Buffers the cancelled work held are free now that the engine is idle.
+        self.after_completion(qi, after, upto, true);
+        if !reset_ok {
+            self.device_lost();
+        }
+    }
+
+    /// Poisons every pending submission that waits (transitively) on a
+    /// failed fence: its fence will fail with the producer's error. The
+    /// failed fences are read from the queues' histories (where the root
+    /// failure was recorded first), so no scratch list is needed.
+    fn propagate(&self) {
+        // Each round poisons at least one entry or stops.
+        let rounds = crate::storage::PENDING_WAITS.saturating_mul(MAX_QUEUES).saturating_add(1);
+        for _ in 0..rounds {
+            let mut found: Option<(FenceId, FenceError)> = None;
+            {
+                let deps = self.deps.lock();
+                deps.for_each_waiter(
+                    |w| self.queue(w.queue).is_some_and(|q| q.failure(w.seqno).is_some()),
+                    |consumer, producer| {
+                        if found.is_some() {
+                            return;
+                        }
+                        let done =
+                            self.queue(consumer.queue).is_none_or(|q| q.failure(consumer.seqno).is_some());
+                        if !done {
+                            let e = self.queue(producer.queue).and_then(|q| q.failure(producer.seqno));
+                            if let Some(e) = e {
+                                found = Some((consumer, e.propagated(producer)));
+                            }
+                        }
+                    },
+                );
+            }
+            let Some((consumer, error)) = found else { break };
+            if let Some(cq) = self.queue(consumer.queue) {
+                cq.record_failure(Seqno(consumer.seqno.0.wrapping_sub(1)), consumer.seqno, error);
+            }
+            Counters::add(&self.stats.propagated_failures, 1);
+        }
+    }
+
+    /// The device stopped answering: every pending fence fails with
+    /// `DeviceLost`; memory that pending work held is never reused
+    /// (released at teardown).
+    pub(crate) fn device_lost(&self) {
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        crate::log::log_error!("device lost: failing every pending fence");
+        for qi in 0..self.nq {
+            let Some(q) = self.queues.get(qi) else { continue };
+            let (after, upto) = (q.completed(), q.emitted());
+            if upto.is_after(after) {
+                q.record_failure(after, upto, FenceError::DeviceLost);
+                q.timeline.force(upto);
+                q.processed.store(upto.0, Ordering::Release);
+                let report = HangReport {
+                    queue: QueueId(qi as u8),
+                    reason: HangReason::DeviceLost,
+                    at_ns: self.b.platform().now_ns(),
+                    generation: self.b.chip().generation,
+                    rptr: 0,
+                    wptr: 0,
+                    status: 0,
+                    cur_addr: 0,
+                    ib_base: 0,
+                    ib_size: 0,
+                    emitted: upto,
+                    completed: after,
+                    fault: None,
+                    ring: Window::EMPTY,
+                    ib: Window::EMPTY,
+                };
+                *self.last_hang.lock() = Some(report);
+            }
+        }
+    }
+
+    fn kernel_report(&self, qi: usize, upto: Seqno) -> HangReport {
+        let completed = self.queues.get(qi).map_or(Seqno(0), |q| q.completed());
+        HangReport {
+            queue: QueueId(qi as u8),
+            reason: HangReason::KernelReset,
+            at_ns: self.b.platform().now_ns(),
+            generation: self.b.chip().generation,
+            rptr: 0,
+            wptr: 0,
+            status: 0,
+            cur_addr: 0,
+            ib_base: 0,
+            ib_size: 0,
+            emitted: upto,
+            completed,
+            fault: None,
+            ring: Window::EMPTY,
+            ib: Window::EMPTY,
+        }
+    }
+}

@@ -1,0 +1,218 @@
+//! Bringing a device up and down: the parts both modes share (storage, the
+//! IB pool, buffers) and the teardown that `Drop` runs, with the leak
+//! report.
+
+use core::fmt;
+use core::sync::atomic::AtomicBool;
+
+use lock_api::Mutex;
+
+use crate::cmd::Encoder;
+use crate::config::Config;
+use crate::hw::ProbeError;
+use crate::ibpool::{IbPool, PoolSetupError};
+use crate::mem::manager::Buffers;
+use crate::mem::pagetable::{Perms, PtError};
+use crate::mem::va::{Placement, VaAllocator, VaError};
+use crate::platform::{DmaFlags, DmaRegion, Platform, PlatformError};
+use crate::storage::DeviceStorage;
+use crate::sync::MAX_QUEUES;
+
+use super::backend::Backend;
+use super::queue::QueueCore;
+use super::{next_device_id, Counters, Engine, MemState, Tunables};
+
+/// Why a device could not be brought up.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InitError {
+    /// The ID register names no supported chip.
+    Probe(ProbeError),
+    /// A platform call failed.
+    Platform(PlatformError),
+    /// A configuration value is out of range.
+    BadConfig(&'static str),
+    /// The IB pool could not be laid out.
+    Pool(PoolSetupError),
+    /// The GPU VA arena or allocator refused.
+    Va(VaError),
+    /// Building the page tables failed.
+    Vm(PtError),
+    /// Mapping the driver's memory failed.
+    Map,
+    /// The engine did not finish a reset or invalidate handshake.
+    Handshake(&'static str),
+}
+
+impl fmt::Display for InitError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InitError::Probe(e) => write!(f, "probe: {e}"),
+            InitError::Platform(e) => write!(f, "platform: {e}"),
+            InitError::BadConfig(what) => write!(f, "bad configuration: {what}"),
+            InitError::Pool(e) => write!(f, "IB pool: {e}"),
+            InitError::Va(e) => write!(f, "GPU VA: {e}"),
+            InitError::Vm(e) => write!(f, "page tables: {e}"),
+            InitError::Map => write!(f, "mapping the driver's memory failed"),
+            InitError::Handshake(what) => write!(f, "device did not complete {what}"),
+        }
+    }
+}
+
+/// What was still allocated when a device went down.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Buffers never freed.
+    pub leaked_buffers: u64,
+    /// Their requested bytes.
+    pub leaked_bytes: u64,
+    /// Freed buffers whose fences never came (device lost or hung at
+    /// teardown), released now.
+    pub released_waiting: u64,
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    /// An engine over `b` with the tables of `storage`, GPU VA arena
+    /// `va_arena` (None: addresses are the memory's own), backend mapping
+    /// state `maps` and per-queue state `queues`. The IB pool is set up by
+    /// [`Engine::init_ib_pool`] once the backend can map memory.
+    pub(crate) fn assemble<const BUF: usize, const VA: usize, const SL: usize, const TR: usize>(
+        b: B,
+        storage: &'d mut DeviceStorage<BUF, VA, SL, TR>,
+        cfg: Config,
+        va_arena: Option<(u64, u64)>,
+        maps: B::Maps,
+        queues: [B::Queue; MAX_QUEUES],
+    ) -> Result<Self, InitError> {
+        let id = next_device_id();
+        let nq = b.queues().min(MAX_QUEUES);
+        let enc = Encoder::new(b.chip().generation);
+        let parts = storage.parts();
+        let va = match va_arena {
+            Some((base, size)) => Some(VaAllocator::new(parts.va, base, size).map_err(InitError::Va)?),
+            None => None,
+        };
+        let buffers = Buffers::new(id, parts.buffers, parts.slabs, parts.retiring);
+        *parts.deps = crate::storage::Deps::new();
+        Ok(Engine {
+            id,
+            b,
+            enc,
+            cfg,
+            tun: Mutex::new(Tunables { pool_exhaustion: cfg.pool_exhaustion, hang: cfg.hang }),
+            nq,
+            queues: queues.map(QueueCore::new),
+            ib: IbPool::unset(),
+            mem: Mutex::new(MemState { buffers, va, maps }),
+            deps: Mutex::new(parts.deps),
+            trace: Mutex::new(parts.trace),
+            last_hang: Mutex::new(None),
+            stats: Counters::default(),
+            lost: AtomicBool::new(false),
+            torn_down: AtomicBool::new(false),
+        })
+    }
+
+    /// Allocates `len` bytes (rounded to 4 KiB) of CPU-visible memory and
+    /// maps it for the GPU at a VA the core chooses (or its own address with
+    /// the MMU bypassed).
+    pub(crate) fn alloc_mapped(&mut self, len: usize, perms: Perms) -> Result<(DmaRegion, u64), InitError> {
+        let len = len.max(1).checked_next_multiple_of(4096).ok_or(InitError::BadConfig("size"))?;
+        let p = self.b.platform();
+        let region = p.dma_alloc(len, DmaFlags::CPU).map_err(InitError::Platform)?;
+        let mem = self.mem.get_mut();
+        let Some(va) = mem.va.as_mut() else {
+            let addr = region.dev_addr();
+            return Ok((region, addr));
+        };
+        let align = if len >= 2 << 20 { 2 << 20 } else { 4096 };
+        let addr = match va.alloc(len as u64, align, Placement::TopDown) {
+            Ok(a) => a,
+            Err(e) => {
+                p.dma_free(region);
+                return Err(InitError::Va(e));
+            }
+        };
+        if self.b.map(&mut mem.maps, addr, &region, perms).is_err() {
+            let _ = va.free(addr);
+            p.dma_free(region);
+            return Err(InitError::Map);
+        }
+        Ok((region, addr))
+    }
+
+    /// Allocates and maps the IB pool (read-only for the GPU).
+    pub(crate) fn init_ib_pool(&mut self) -> Result<(), InitError> {
+        let len = self.cfg.ib_chunk_bytes.saturating_mul(CHUNKS).next_multiple_of(4096);
+        let (region, va) = self.alloc_mapped(len, Perms::RO)?;
+        match IbPool::new(region, va, self.cfg.ib_chunk_bytes) {
+            Ok(pool) => {
+                self.ib = pool;
+                Ok(())
+            }
+            Err((e, region)) => {
+                self.unmap_driver(region, va);
+                Err(InitError::Pool(e))
+            }
+        }
+    }
+
+    fn unmap_driver(&mut self, region: DmaRegion, va: u64) {
+        let mem = self.mem.get_mut();
+        if let Some(a) = mem.va.as_mut() {
+            self.b.unmap(&mut mem.maps, va, region.len() as u64);
+            let _ = a.free(va);
+        }
+        self.b.platform().dma_free(region);
+    }
+
+    /// Stops the device and gives back every block of memory: buffers
+    /// (live ones are leaks, reported), buffers waiting for fences that
+    /// will never come, the IB pool, and the backend's own memory.
+    /// Returns the leak report (the same happens, logged, on drop).
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.teardown()
+    }
+
+    pub(crate) fn teardown(&mut self) -> ShutdownReport {
+        if self.torn_down.swap(true, crate::sync::atomic::Ordering::AcqRel) {
+            return ShutdownReport::default();
+        }
+        self.b.stop();
+        let mut report = ShutdownReport::default();
+        let stats = self.mem.get_mut().buffers.stats();
+        report.released_waiting = stats.waiting;
+        self.mem.get_mut().buffers.leak_report(|l| {
+            report.leaked_buffers = report.leaked_buffers.saturating_add(1);
+            report.leaked_bytes = report.leaked_bytes.saturating_add(l.info.size);
+            crate::log::log_warn!(
+                "leak: buffer #{} ({} bytes at {:#x}, tag '{}') was never freed",
+                l.info.serial,
+                l.info.size,
+                l.info.va,
+                l.info.tag
+            );
+        });
+        {
+            let mem = self.mem.get_mut();
+            let super::MemState { buffers, va, maps } = mem;
+            let mut backer = super::buffers::Backer { b: &self.b, va, maps };
+            buffers.release_all(&mut backer);
+        }
+        if let Some((region, va)) = self.ib.release() {
+            self.unmap_driver(region, va);
+        }
+        for q in self.queues.iter_mut() {
+            self.b.release_queue(q.submit.get_mut());
+        }
+        let maps = &mut self.mem.get_mut().maps;
+        self.b.release(maps);
+        report
+    }
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Drop for Engine<'d, B, CHUNKS> {
+    fn drop(&mut self) {
+        self.teardown();
+    }
+}

@@ -1,0 +1,328 @@
+//! The submission engine both modes share.
+//!
+//! [`Engine`] is a refgpu device: direct mode ([`crate::direct`], the core
+//! drives rings and page tables) and kernel mode ([`crate::kernel`], a
+//! kernel driver does) are its two [`Backend`]s, and everything else is
+//! here, once: fences with a failure history that never forgets, failure
+//! propagation along dependencies, the dependency graph, recording into
+//! the IB pool, completion processing, driver-owned buffers with
+//! fence-gated reuse, the trace, and the adaptive wait.
+//!
+//! # Thread model
+//!
+//! Every method takes `&self`; an engine is `Sync` when its platform is,
+//! so threads or RTOS tasks share it by reference. Each queue has a submit
+//! lock (its ring, its sequence numbers); the memory manager, the
+//! dependency graph, the IB pool's bookkeeping and the trace have one lock
+//! each. Locks are held for bounded bookkeeping only: recording runs with
+//! no lock held, waits and sleeps hold none, and the service path skips a
+//! queue whose lock is busy (its holder services it). Timelines are
+//! atomics, so completion reads take no lock. Lock order: a queue's submit
+//! lock, then dependencies, then memory, then the IB pool, then the trace;
+//! the failure histories are leaves. `docs/architecture.md` has the full
+//! picture.
+//!
+//! The modules: [`submit`] (the submission path), [`complete`] (completion
+//! processing, the service loop, failure handling), [`wait`] (waits),
+//! [`buffers`] (buffer allocation, freeing and CPU access), [`queue`] (one
+//! queue), [`backend`] (what a mode provides).
+
+pub mod backend;
+pub mod buffers;
+pub mod complete;
+pub mod lifecycle;
+pub(crate) mod queue;
+pub mod submit;
+pub mod wait;
+
+use core::sync::atomic::{AtomicBool, AtomicU32};
+
+use lock_api::{Mutex, MutexGuard};
+
+use crate::cmd::Encoder;
+use crate::config::{Config, HangConfig, PoolExhaustion};
+use crate::debug::{HangReport, TraceEvent, TraceKind, TraceRing};
+use crate::hw::ChipId;
+use crate::ibpool::{IbPool, IbPoolStats};
+use crate::mem::manager::{BufferStats, Buffers};
+use crate::mem::va::{VaAllocator, VaNode};
+use crate::platform::{DmaRegion, Platform};
+use crate::storage::Deps;
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
+
+pub use crate::storage::PENDING_WAITS;
+pub use backend::Backend;
+pub use buffers::{BufferAccess, BufferUse, Mapped};
+pub use lifecycle::{InitError, ShutdownReport};
+pub use submit::Submit;
+
+use queue::QueueCore;
+
+/// The raw lock a backend's platform chose.
+pub(crate) type Raw<B> = <<B as Backend>::P as Platform>::RawMutex;
+
+/// How a device reaches the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// The core drives rings, fence slots and page tables ([`crate::direct`]).
+    Direct,
+    /// A kernel driver does ([`crate::kernel`]).
+    Kernel,
+}
+
+/// Counters of a device's life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct DeviceStats {
+    /// Submissions that reached the hardware (or the kernel).
+    pub submissions: u64,
+    /// Fences observed signalled.
+    pub fences_signalled: u64,
+    /// Hangs detected (no progress, fence stall, wait never satisfied).
+    pub hangs: u64,
+    /// Faults reported.
+    pub faults: u64,
+    /// Queue resets performed (or reported by the kernel).
+    pub resets: u64,
+    /// Fences failed because work they waited on failed.
+    pub propagated_failures: u64,
+    /// Ring writes that wrapped.
+    pub ring_wraps: u64,
+    /// Times recording waited for an IB chunk.
+    pub pool_waits: u64,
+    /// Times a submission waited for room in the dependency table.
+    pub dep_waits: u64,
+    /// Interrupts acknowledged.
+    pub interrupts: u64,
+    /// Total ns spent in `wait`.
+    pub wait_ns: u64,
+    /// Page-table entries written (direct mode).
+    pub pte_writes: u64,
+    /// GPU TLB invalidations (direct mode).
+    pub tlb_invalidations: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) submissions: AtomicU64,
+    pub(crate) fences_signalled: AtomicU64,
+    pub(crate) hangs: AtomicU64,
+    pub(crate) faults: AtomicU64,
+    pub(crate) resets: AtomicU64,
+    pub(crate) propagated_failures: AtomicU64,
+    pub(crate) ring_wraps: AtomicU64,
+    pub(crate) pool_waits: AtomicU64,
+    pub(crate) dep_waits: AtomicU64,
+    pub(crate) interrupts: AtomicU64,
+    pub(crate) wait_ns: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// The memory manager's state, behind one lock.
+pub(crate) struct MemState<'d, B: Backend> {
+    pub(crate) buffers: Buffers<'d, DmaRegion>,
+    /// GPU VA (None: MMU bypassed, addresses are the memory's).
+    pub(crate) va: Option<VaAllocator<&'d mut [VaNode]>>,
+    pub(crate) maps: B::Maps,
+}
+
+/// Runtime tunables.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Tunables {
+    pub(crate) pool_exhaustion: PoolExhaustion,
+    pub(crate) hang: HangConfig,
+}
+
+/// A refgpu device over backend `B` with `CHUNKS` IB chunks (see the
+/// module docs). Use it through [`crate::direct::Device`] or
+/// [`crate::kernel::KernelDevice`].
+pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
+    pub(crate) id: DeviceId,
+    pub(crate) b: B,
+    pub(crate) enc: Encoder,
+    pub(crate) cfg: Config,
+    pub(crate) tun: Mutex<Raw<B>, Tunables>,
+    pub(crate) nq: usize,
+    pub(crate) queues: [QueueCore<Raw<B>, B::Queue>; MAX_QUEUES],
+    pub(crate) ib: IbPool<Raw<B>, CHUNKS>,
+    pub(crate) mem: Mutex<Raw<B>, MemState<'d, B>>,
+    pub(crate) deps: Mutex<Raw<B>, &'d mut Deps>,
+    pub(crate) trace: Mutex<Raw<B>, TraceRing<'d>>,
+    pub(crate) last_hang: Mutex<Raw<B>, Option<HangReport>>,
+    pub(crate) stats: Counters,
+    pub(crate) lost: AtomicBool,
+    pub(crate) torn_down: AtomicBool,
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> core::fmt::Debug for Engine<'d, B, CHUNKS> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Engine")
+            .field("id", &self.id)
+            .field("chip", &self.b.chip())
+            .field("queues", &self.nq)
+            .field("lost", &self.is_lost())
+            .finish()
+    }
+}
+
+/// A fresh device identity for every engine (checked on every fence and
+/// buffer handle).
+pub(crate) fn next_device_id() -> DeviceId {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
+    DeviceId(NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed))
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    /// The device's identity (stamped on its fences and buffer handles).
+    pub fn id(&self) -> DeviceId {
+        self.id
+    }
+
+    /// The chip found at probe time.
+    pub fn chip(&self) -> ChipId {
+        self.b.chip()
+    }
+
+    /// The encoder for this chip.
+    pub fn encoder(&self) -> Encoder {
+        self.enc
+    }
+
+    /// The configuration given at construction (runtime tunables may have
+    /// changed since; see [`Engine::hang_config`]).
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    /// The submission mode.
+    pub fn mode(&self) -> Mode {
+        B::MODE
+    }
+
+    /// Whether GPU addresses are translated (the core chooses them and
+    /// they are mapped: an MMU in direct mode, always in kernel mode);
+    /// false when the MMU is bypassed and addresses are physical.
+    pub fn mmu_enabled(&self) -> bool {
+        self.b.translates()
+    }
+
+    /// Queues (engines) in use: the chip's count, up to [`MAX_QUEUES`].
+    pub fn queue_count(&self) -> usize {
+        self.nq
+    }
+
+    /// The platform.
+    pub fn platform(&self) -> &B::P {
+        self.b.platform()
+    }
+
+    /// Changes what recording does when every IB chunk is in flight.
+    pub fn set_pool_exhaustion(&self, policy: PoolExhaustion) {
+        self.tun.lock().pool_exhaustion = policy;
+    }
+
+    /// Changes the hang-check parameters (a window of 0 is ignored).
+    pub fn set_hang_config(&self, hang: HangConfig) {
+        if hang.window_ns > 0 {
+            self.tun.lock().hang = hang;
+        }
+    }
+
+    /// The hang-check parameters in force.
+    pub fn hang_config(&self) -> HangConfig {
+        self.tun.lock().hang
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> DeviceStats {
+        let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let s = &self.stats;
+        let (pte, tlb) = self.b.mapping_counters();
+        DeviceStats {
+            submissions: l(&s.submissions),
+            fences_signalled: l(&s.fences_signalled),
+            hangs: l(&s.hangs),
+            faults: l(&s.faults),
+            resets: l(&s.resets),
+            propagated_failures: l(&s.propagated_failures),
+            ring_wraps: l(&s.ring_wraps),
+            pool_waits: l(&s.pool_waits),
+            dep_waits: l(&s.dep_waits),
+            interrupts: l(&s.interrupts),
+            wait_ns: l(&s.wait_ns),
+            pte_writes: pte,
+            tlb_invalidations: tlb,
+        }
+    }
+
+    /// IB pool occupancy (chunks whose fence signalled count as free).
+    pub fn pool_stats(&self) -> IbPoolStats {
+        self.ib.reclaim(&|q| self.completed_of(q));
+        self.ib.stats()
+    }
+
+    /// GPU address range of the IB pool.
+    pub fn pool_range(&self) -> (u64, usize) {
+        self.ib.range()
+    }
+
+    /// Buffer statistics: pools per class, live and waiting buffers.
+    pub fn buffer_stats(&self) -> BufferStats {
+        self.mem.lock().buffers.stats()
+    }
+
+    /// GPU VA allocator statistics (None with the MMU bypassed).
+    pub fn va_stats(&self) -> Option<crate::mem::VaStats> {
+        self.mem.lock().va.as_ref().map(VaAllocator::stats)
+    }
+
+    /// The event trace (locked while the guard lives).
+    pub fn trace(&self) -> MutexGuard<'_, Raw<B>, TraceRing<'d>> {
+        self.trace.lock()
+    }
+
+    /// The report of the last hang or fault, if any.
+    pub fn last_hang(&self) -> Option<HangReport> {
+        *self.last_hang.lock()
+    }
+
+    /// Whether the device was lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// The last fence emitted on `queue`.
+    pub fn last_emitted(&self, queue: QueueId) -> Option<Fence> {
+        let q = self.queue(queue)?;
+        Some(Fence { id: FenceId { queue, seqno: q.emitted() }, device: self.id })
+    }
+
+    /// The fence the next submission on `queue` will have (to wait on it
+    /// before it is submitted).
+    pub fn next_fence(&self, queue: QueueId) -> Option<Fence> {
+        self.last_emitted(queue).map(|f| f.later(1))
+    }
+
+    pub(crate) fn queue(&self, queue: QueueId) -> Option<&QueueCore<Raw<B>, B::Queue>> {
+        let i = usize::from(queue.0);
+        if i < self.nq {
+            self.queues.get(i)
+        } else {
+            None
+        }
+    }
+
+    pub(crate) fn completed_of(&self, queue: QueueId) -> Seqno {
+        self.queue(queue).map_or(Seqno(0), QueueCore::completed)
+    }
+
+    pub(crate) fn record_trace(&self, kind: TraceKind, queue: usize, seqno: Seqno, arg: u64) {
+        let ts_ns = self.b.platform().now_ns();
+        self.trace.lock().record(TraceEvent { ts_ns, kind, queue: queue as u8, seqno: seqno.0, arg });
+    }
+}

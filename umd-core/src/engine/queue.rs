@@ -1,0 +1,79 @@
+//! One queue as the engine sees it: its timeline (lock-free), its emitted
+//! and processed marks (atomics), its failure history, and the backend's
+//! per-queue state behind the submit lock.
+
+use lock_api::{Mutex, RawMutex};
+
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::history::FailureHistory;
+use crate::sync::{FenceError, Seqno, Timeline};
+
+/// Failed ranges remembered per queue (older ones merge, never vanish).
+pub const HISTORY: usize = 8;
+
+/// One queue.
+pub(crate) struct QueueCore<R: RawMutex, Q> {
+    /// The last completed sequence number (written by whoever reads the
+    /// device; only moves forward).
+    pub(crate) timeline: Timeline,
+    /// The last emitted sequence number (written under `submit`).
+    pub(crate) emitted: AtomicU64,
+    /// How far completion bookkeeping (trace spans, dependency and buffer
+    /// reclaim) has followed the timeline.
+    pub(crate) processed: AtomicU64,
+    /// The newest failed sequence number, 0 with `failures` 0: lets status
+    /// checks skip the history lock for work after every failure.
+    history_top: AtomicU64,
+    failures: AtomicU64,
+    history: Mutex<R, FailureHistory<HISTORY>>,
+    /// The backend's state; holding this lock is holding the queue.
+    pub(crate) submit: Mutex<R, Q>,
+}
+
+impl<R: RawMutex, Q> QueueCore<R, Q> {
+    pub(crate) fn new(q: Q) -> Self {
+        QueueCore {
+            timeline: Timeline::new(0),
+            emitted: AtomicU64::new(0),
+            processed: AtomicU64::new(0),
+            history_top: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
+            history: Mutex::new(FailureHistory::new()),
+            submit: Mutex::new(q),
+        }
+    }
+
+    pub(crate) fn emitted(&self) -> Seqno {
+        Seqno(self.emitted.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn completed(&self) -> Seqno {
+        self.timeline.completed()
+    }
+
+    /// Why `s` failed, if it did. Call after reading the timeline: a reset
+    /// records the failure before it forces the timeline forward.
+    pub(crate) fn failure(&self, s: Seqno) -> Option<FenceError> {
+        if self.failures.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        if s.is_after(Seqno(self.history_top.load(Ordering::Acquire))) {
+            return None;
+        }
+        self.history.lock().lookup(s)
+    }
+
+    /// Records that `(after, upto]` failed with `error`, before anyone can
+    /// see the timeline pass it.
+    pub(crate) fn record_failure(&self, after: Seqno, upto: Seqno, error: FenceError) {
+        if !upto.is_after(after) {
+            return;
+        }
+        let mut h = self.history.lock();
+        h.record(after, upto, error);
+        if let Some(top) = h.newest() {
+            self.history_top.store(top.0, Ordering::Release);
+        }
+        self.failures.fetch_add(1, Ordering::AcqRel);
+    }
+}

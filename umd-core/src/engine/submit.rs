@@ -1,0 +1,323 @@
+//! The submission path, shared by both modes.
+//!
+//! 1. Check the queue, the waits (device, failure, order) and the declared
+//!    buffers; a wait on a failed fence refuses the submission
+//!    ([`SubmitError::DependencyFailed`]): it never reaches the GPU.
+//! 2. Record the commands into IB chunks, with no lock held (a full pool
+//!    waits for the oldest fence holding a chunk, or fails, per policy).
+//! 3. Under the queue's submit lock: take the next sequence number; under
+//!    the dependency lock re-check the waits' failures (closing the race
+//!    with a concurrent reset), reject a wait cycle, record the waits (a
+//!    full table waits for room, then `TooManyPending`); under the memory
+//!    lock check the declared buffers and note their use; hand the job to
+//!    the backend (a full ring releases every lock and waits); publish the
+//!    sequence number; commit the chunks.
+//!
+//! Nothing reaches the hardware after any error, and the queue stays
+//! usable.
+
+use crate::cmd::{Command, EncodeError};
+use crate::config::PoolExhaustion;
+use crate::debug::{TraceEvent, TraceKind};
+use crate::ibpool::{record_into, Pending, Recorder};
+use crate::queue::{FenceStatus, SubmitError};
+use crate::sync::atomic::Ordering;
+use crate::sync::deps::MAX_WAITS;
+use crate::sync::{Fence, FenceId, QueueId, Seqno};
+
+use super::backend::{Backend, EmitError, Job};
+use super::buffers::{BufferUse, MAX_BUFFER_USES};
+use super::{Counters, Engine};
+use crate::platform::Platform;
+
+/// What to submit: the queue, the fences to wait for (of other queues,
+/// possibly not emitted yet), and the buffers the work reads and writes.
+#[derive(Clone, Copy, Debug)]
+pub struct Submit<'a> {
+    /// The queue.
+    pub queue: QueueId,
+    /// Fences to wait for first.
+    pub waits: &'a [Fence],
+    /// Buffers the work uses (checked, and their frees gated on this
+    /// submission: [`crate::mem::buffer::Tracking::Declared`]).
+    pub buffers: &'a [BufferUse],
+}
+
+impl<'a> Submit<'a> {
+    /// Work on `queue`, no waits, no declared buffers.
+    pub const fn on(queue: QueueId) -> Submit<'a> {
+        Submit { queue, waits: &[], buffers: &[] }
+    }
+
+    /// After `waits`.
+    pub const fn after(mut self, waits: &'a [Fence]) -> Submit<'a> {
+        self.waits = waits;
+        self
+    }
+
+    /// Using `buffers`.
+    pub const fn using(mut self, buffers: &'a [BufferUse]) -> Submit<'a> {
+        self.buffers = buffers;
+        self
+    }
+}
+
+/// The waits a submission still needs the hardware to wait for.
+struct Waits {
+    ids: [FenceId; MAX_WAITS],
+    fences: [Option<Fence>; MAX_WAITS],
+    n: usize,
+}
+
+impl Waits {
+    fn ids(&self) -> &[FenceId] {
+        self.ids.get(..self.n).unwrap_or(&[])
+    }
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    /// Records commands with `record` and submits them to `queue` after
+    /// `waits` (fences of other queues, possibly not emitted yet) have
+    /// signalled. Returns the submission's fence.
+    pub fn submit<F>(&self, queue: QueueId, waits: &[Fence], record: F) -> Result<Fence, SubmitError>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
+    {
+        self.submit_with(&Submit { queue, waits, buffers: &[] }, record)
+    }
+
+    /// [`Engine::submit`] with declared buffers.
+    pub fn submit_with<F>(&self, s: &Submit<'_>, record: F) -> Result<Fence, SubmitError>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
+    {
+        let qi = self.precheck(s)?;
+        let waits = self.filter_waits(s, qi)?;
+        let queue = s.queue;
+        let batching = self.cfg.batching;
+        let completed = |q: QueueId| self.completed_of(q);
+        let waited = core::cell::Cell::new(false);
+        let mut make_room = |f: FenceId| -> bool {
+            waited.set(true);
+            self.wait_for_chunk(f)
+        };
+        let source = self.ib.recorder(queue, batching, &completed, &mut make_room);
+        let (finished, pending) = record_into(source, self.enc, record)?;
+        if waited.get() {
+            Counters::add(&self.stats.pool_waits, 1);
+        }
+        // The commands must be visible to the device before the ring points
+        // at them (a no-op on coherent platforms).
+        let p = self.b.platform();
+        pending.dirty(|off, len| p.cache_clean(self.ib.region(), off, len));
+        self.commit(s, qi, &waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
+    }
+
+    /// Submits an IB the caller built and placed in GPU memory itself
+    /// (`size_dw` dwords at `ib_va`).
+    pub fn submit_ib(&self, s: &Submit<'_>, ib_va: u64, size_dw: u64) -> Result<Fence, SubmitError> {
+        let max = self.enc.desc().limits.max_ib_dwords;
+        if size_dw == 0 {
+            return Err(SubmitError::Empty);
+        }
+        if size_dw > u64::from(max) {
+            return Err(SubmitError::IbTooLarge { dwords: size_dw, max });
+        }
+        let qi = self.precheck(s)?;
+        let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
+        self.enc.check(&ib).map_err(SubmitError::Encode)?;
+        let waits = self.filter_waits(s, qi)?;
+        self.commit(s, qi, &waits, (ib_va, size_dw as u32), size_dw, None)
+    }
+
+    fn precheck(&self, s: &Submit<'_>) -> Result<usize, SubmitError> {
+        let qi = usize::from(s.queue.0);
+        self.queue(s.queue).ok_or(SubmitError::UnknownQueue(s.queue))?;
+        if self.is_lost() {
+            return Err(SubmitError::DeviceLost);
+        }
+        if s.waits.len() > MAX_WAITS {
+            return Err(SubmitError::TooManyWaits { given: s.waits.len() });
+        }
+        if s.buffers.len() > MAX_BUFFER_USES {
+            return Err(SubmitError::TooManyBuffers { given: s.buffers.len() });
+        }
+        if !s.buffers.is_empty() {
+            let mem = self.mem.lock();
+            for u in s.buffers {
+                mem.buffers.check(u.buffer).map_err(SubmitError::Buffer)?;
+            }
+        }
+        Ok(qi)
+    }
+
+    /// Drops waits that need no hardware wait (signalled, same queue) and
+    /// refuses waits on failed, foreign or impossible fences.
+    fn filter_waits(&self, s: &Submit<'_>, qi: usize) -> Result<Waits, SubmitError> {
+        let mut w = Waits { ids: [FenceId::default(); MAX_WAITS], fences: [None; MAX_WAITS], n: 0 };
+        for f in s.waits {
+            if f.device != self.id {
+                return Err(SubmitError::ForeignFence(*f));
+            }
+            let wq = self.queue(f.id.queue).ok_or(SubmitError::UnknownQueue(f.id.queue))?;
+            let same = usize::from(f.id.queue.0) == qi;
+            if same && f.id.seqno.is_after(wq.emitted()) {
+                return Err(SubmitError::WaitsOnItself(*f));
+            }
+            match self.status(*f) {
+                Ok(FenceStatus::Failed(error)) => {
+                    return Err(SubmitError::DependencyFailed { fence: *f, error })
+                }
+                Ok(FenceStatus::Signalled) => continue,
+                Ok(FenceStatus::Pending) | Err(crate::queue::WaitError::NotSubmitted(_)) => {}
+                Err(_) => return Err(SubmitError::UnknownQueue(f.id.queue)),
+            }
+            if same {
+                // Earlier work on the same queue: ring order covers it.
+                continue;
+            }
+            if let (Some(id), Some(fe)) = (w.ids.get_mut(w.n), w.fences.get_mut(w.n)) {
+                *id = f.id;
+                *fe = Some(*f);
+                w.n = w.n.saturating_add(1);
+            }
+        }
+        Ok(w)
+    }
+
+    /// Waits (servicing the device) until `f`, the oldest fence holding an
+    /// IB chunk, has signalled or failed; false to give up.
+    fn wait_for_chunk(&self, f: FenceId) -> bool {
+        if self.tun.lock().pool_exhaustion == PoolExhaustion::Error {
+            return false;
+        }
+        let hang = self.tun.lock().hang;
+        let limit =
+            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let fence = Fence { id: f, device: self.id };
+        crate::log::log_warn!("queue {}: IB pool empty, waiting for {}", f.queue.0, f.seqno.0);
+        // A failed fence frees its chunk too.
+        matches!(self.wait_done(fence, limit), Ok(()) | Err(crate::queue::WaitError::Failed(_)))
+    }
+
+    /// The locked part: sequence number, dependencies, buffers, emit.
+    fn commit(
+        &self,
+        s: &Submit<'_>,
+        qi: usize,
+        waits: &Waits,
+        ib: (u64, u32),
+        dwords: u64,
+        pending: Option<Pending<'_>>,
+    ) -> Result<Fence, SubmitError> {
+        let queue = s.queue;
+        let q = self.queue(queue).ok_or(SubmitError::UnknownQueue(queue))?;
+        let p = self.b.platform();
+        let start = p.now_ns();
+        let dep_limit = self.cfg.dep_wait_ns;
+        let ring_limit = self.tun.lock().hang.window_ns;
+        let mut dep_waited = false;
+        loop {
+            let mut qs = q.submit.lock();
+            if self.is_lost() {
+                return Err(SubmitError::DeviceLost);
+            }
+            let seqno = q.emitted().next();
+            // Dependencies.
+            {
+                let mut deps = self.deps.lock();
+                for f in waits.fences.iter().take(waits.n).flatten() {
+                    if let Some(error) = self.queue(f.id.queue).and_then(|wq| wq.failure(f.id.seqno)) {
+                        return Err(SubmitError::DependencyFailed { fence: *f, error });
+                    }
+                }
+                deps.check(queue, seqno, waits.ids(), |o| self.completed_of(o)).map_err(SubmitError::from)?;
+                if waits.n > 0 && !deps.has_room(queue) {
+                    drop(deps);
+                    drop(qs);
+                    if !dep_waited {
+                        dep_waited = true;
+                        Counters::add(&self.stats.dep_waits, 1);
+                    }
+                    if p.now_ns().saturating_sub(start) > dep_limit {
+                        return Err(SubmitError::TooManyPending(queue));
+                    }
+                    self.service();
+                    p.delay_ns(10_000);
+                    continue;
+                }
+                deps.record(queue, seqno, waits.ids()).map_err(SubmitError::from)?;
+            }
+            // Declared buffers: checked and noted under the memory lock,
+            // held across the emit so a concurrent free sees this use.
+            let mut mem = if s.buffers.is_empty() { None } else { Some(self.mem.lock()) };
+            if let Some(m) = mem.as_ref() {
+                if let Some(e) = s.buffers.iter().find_map(|u| m.buffers.check(u.buffer).err()) {
+                    drop(mem);
+                    self.deps.lock().unrecord(queue, seqno);
+                    return Err(SubmitError::Buffer(e));
+                }
+            }
+            let job = Job { queue: qi, seqno, waits: waits.ids(), ib };
+            match self.b.emit(&mut qs, &job) {
+                Ok(info) => {
+                    if let Some(m) = mem.as_mut() {
+                        for u in s.buffers {
+                            m.buffers.note_use(u.buffer, qi, seqno);
+                        }
+                    }
+                    q.emitted.store(seqno.0, Ordering::Release);
+                    drop(mem);
+                    let fence = FenceId { queue, seqno };
+                    if let Some(pd) = pending {
+                        pd.commit(fence);
+                    }
+                    drop(qs);
+                    Counters::add(&self.stats.submissions, 1);
+                    if info.wrapped {
+                        Counters::add(&self.stats.ring_wraps, 1);
+                    }
+                    self.trace_submit(qi, seqno, dwords, ib.0, info.wptr);
+                    return Ok(Fence { id: fence, device: self.id });
+                }
+                Err(e) => {
+                    drop(mem);
+                    self.deps.lock().unrecord(queue, seqno);
+                    match e {
+                        EmitError::Full(err) => {
+                            // Wait for the engine to consume, checking it
+                            // for a hang ourselves (we hold its queue).
+                            if let Ok(Some(_)) = self.check_locked(qi, &mut qs) {
+                                drop(qs);
+                                continue;
+                            }
+                            drop(qs);
+                            if p.now_ns().saturating_sub(start) > ring_limit {
+                                return Err(err);
+                            }
+                            self.process_all();
+                            p.delay_ns(10_000);
+                        }
+                        EmitError::Refused(err) => return Err(err),
+                        EmitError::Lost => {
+                            drop(qs);
+                            self.device_lost();
+                            return Err(SubmitError::DeviceLost);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn trace_submit(&self, qi: usize, seqno: Seqno, dwords: u64, ib_va: u64, wptr: u64) {
+        let ts = self.b.platform().now_ns();
+        let mut t = self.trace.lock();
+        t.note_submit(qi, seqno.0, ts);
+        for (kind, arg) in
+            [(TraceKind::Encode, dwords), (TraceKind::Submit, ib_va), (TraceKind::Doorbell, wptr)]
+        {
+            t.record(TraceEvent { ts_ns: ts, kind, queue: qi as u8, seqno: seqno.0, arg });
+        }
+    }
+}

@@ -1,0 +1,460 @@
+//! The device's buffers: handles over size-class pools, with frees gated
+//! on the fences of the work that may still use the memory.
+//!
+//! The rule (the article, section 4.2): a block is never handed out again
+//! until every fence of the work that may use it has signalled. A free
+//! therefore makes the handle stale at once (no later use can name the
+//! buffer) but keeps the memory and its GPU address out of circulation
+//! until its *gate* has passed: for each queue, the last fence that may use
+//! the buffer. The gate comes from the submissions that declared the buffer
+//! ([`Tracking::Declared`]) or, by default, from every queue's last emitted
+//! fence at the time of the free ([`Tracking::Implicit`]).
+//!
+//! A retiring buffer waits in the FIFO of one queue of its gate; when that
+//! queue has passed its fence it moves to the FIFO of the next queue of the
+//! gate, or goes back to the pool. A FIFO is checked from its oldest entry
+//! and stops at the first whose fence has not signalled, so reclaiming is
+//! O(entries released). A reset forces the queue's timeline past the
+//! cancelled work (the engine is idle after it), which releases what that
+//! work held; a lost device releases nothing until teardown.
+
+use core::fmt;
+
+use heapless::deque::DequeView;
+
+use crate::mem::buffer::{
+    BufferDesc, BufferError, BufferHandle, BufferInfo, BufferSlot, BufferTable, LeakEntry, Live, Tracking,
+};
+use crate::mem::pool::{Backing, BackingError, Pool, PoolAlloc, PoolError, PoolStats, SizeClass, Slab};
+use crate::mem::va::{VaError, MIN_ALIGN};
+use crate::sync::{DeviceId, Seqno, MAX_QUEUES};
+
+/// Why an allocation failed: every cause is named.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AllocError {
+    /// Size 0.
+    ZeroSize,
+    /// Alignment not a power of two, or above 2 MiB.
+    BadAlignment {
+        /// Alignment asked.
+        align: u64,
+    },
+    /// The size overflows the address space.
+    TooLarge {
+        /// Bytes asked.
+        size: u64,
+    },
+    /// Every buffer handle is in use (live or waiting for a fence).
+    TableFull {
+        /// The table's capacity.
+        capacity: usize,
+    },
+    /// No GPU VA range is large enough.
+    VaSpace {
+        /// The class of the request.
+        class: SizeClass,
+    },
+    /// The VA allocator's node storage is exhausted (give it more nodes).
+    VaNodes,
+    /// The platform has no memory left for the block.
+    PlatformMemory {
+        /// The class of the request.
+        class: SizeClass,
+        /// Bytes the platform was asked for.
+        len: usize,
+    },
+    /// The small or medium class has no slab descriptor left.
+    SlabCapacity {
+        /// The class.
+        class: SizeClass,
+    },
+    /// Mapping the memory for the GPU failed (no page-table page left, or
+    /// the kernel refused the bind).
+    Map {
+        /// The class of the request.
+        class: SizeClass,
+    },
+    /// The platform's memory is not aligned as asked (MMU bypassed).
+    Unaligned {
+        /// Alignment asked.
+        align: u64,
+    },
+    /// The device is gone.
+    DeviceLost,
+}
+
+impl fmt::Display for AllocError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AllocError::ZeroSize => f.write_str("zero-sized buffer"),
+            AllocError::BadAlignment { align } => {
+                write!(f, "alignment {align:#x} is not a power of two up to 2 MiB")
+            }
+            AllocError::TooLarge { size } => write!(f, "{size} bytes overflow the address space"),
+            AllocError::TableFull { capacity } => write!(f, "all {capacity} buffer handles are in use"),
+            AllocError::VaSpace { class } => {
+                write!(f, "{} buffer: no GPU VA range is large enough", class.name())
+            }
+            AllocError::VaNodes => f.write_str("GPU VA allocator node storage is exhausted"),
+            AllocError::PlatformMemory { class, len } => {
+                write!(f, "{} buffer: platform memory exhausted ({len} bytes asked)", class.name())
+            }
+            AllocError::SlabCapacity { class } => {
+                write!(f, "{} class exhausted: no slab descriptor left", class.name())
+            }
+            AllocError::Map { class } => write!(f, "{} buffer: mapping for the GPU failed", class.name()),
+            AllocError::Unaligned { align } => {
+                write!(f, "platform memory is not {align:#x}-aligned (MMU bypassed)")
+            }
+            AllocError::DeviceLost => f.write_str("device lost"),
+        }
+    }
+}
+
+impl AllocError {
+    fn from_pool(e: PoolError, align: u64) -> AllocError {
+        match e {
+            PoolError::ZeroSize => AllocError::ZeroSize,
+            PoolError::BadAlignment { align } => AllocError::BadAlignment { align },
+            PoolError::TooLarge { size } => AllocError::TooLarge { size },
+            PoolError::SlabCapacity { class } => AllocError::SlabCapacity { class },
+            PoolError::Backing { class, error } => match error {
+                BackingError::Va(VaError::NodeCapacity) => AllocError::VaNodes,
+                BackingError::Va(VaError::Overflow) => AllocError::TooLarge { size: u64::MAX },
+                BackingError::Va(_) => AllocError::VaSpace { class },
+                BackingError::PlatformMemory { len } => AllocError::PlatformMemory { class, len },
+                BackingError::Map => AllocError::Map { class },
+                BackingError::Unaligned => AllocError::Unaligned { align },
+                BackingError::DeviceLost => AllocError::DeviceLost,
+            },
+            PoolError::ForeignToken => AllocError::Map { class: SizeClass::Large },
+        }
+    }
+}
+
+/// Buffer statistics, O(1) to read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BufferStats {
+    /// Pools per class (live, high water, fragmentation, backed bytes).
+    pub pool: PoolStats,
+    /// Live buffers.
+    pub live: u64,
+    /// Requested bytes of live buffers.
+    pub live_bytes: u64,
+    /// Freed buffers waiting for a fence.
+    pub waiting: u64,
+    /// Reserved bytes of those.
+    pub waiting_bytes: u64,
+    /// Handle table capacity.
+    pub capacity: u64,
+    /// Frees that had to wait for a fence.
+    pub deferred_frees: u64,
+    /// Frees released at once (nothing pending could use the buffer).
+    pub immediate_frees: u64,
+}
+
+/// The device's buffers (see the module docs).
+pub struct Buffers<'s, B> {
+    table: BufferTable<'s, B>,
+    pool: Pool<&'s mut [Slab<B>], B>,
+    retiring: [&'s mut DequeView<u32>; MAX_QUEUES],
+    serial: u64,
+    deferred_frees: u64,
+    immediate_frees: u64,
+}
+
+impl<B> fmt::Debug for Buffers<'_, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Buffers").field("stats", &self.stats()).finish()
+    }
+}
+
+impl<'s, B> Buffers<'s, B> {
+    /// Buffers of `device` over caller storage (everything is reset).
+    pub fn new(
+        device: DeviceId,
+        slots: &'s mut [BufferSlot<B>],
+        slabs: &'s mut [Slab<B>],
+        retiring: [&'s mut DequeView<u32>; MAX_QUEUES],
+    ) -> Self {
+        for s in slabs.iter_mut() {
+            *s = Slab::EMPTY;
+        }
+        let mut retiring = retiring;
+        for r in retiring.iter_mut() {
+            r.clear();
+        }
+        Buffers {
+            table: BufferTable::new(device, slots),
+            pool: Pool::new(slabs),
+            retiring,
+            serial: 0,
+            deferred_frees: 0,
+            immediate_frees: 0,
+        }
+    }
+
+    /// Statistics.
+    pub fn stats(&self) -> BufferStats {
+        let (waiting, waiting_bytes) = self.table.retiring();
+        BufferStats {
+            pool: self.pool.stats(),
+            live: u64::from(self.table.live()),
+            live_bytes: self.table.live_bytes(),
+            waiting: u64::from(waiting),
+            waiting_bytes,
+            capacity: self.table.capacity() as u64,
+            deferred_frees: self.deferred_frees,
+            immediate_frees: self.immediate_frees,
+        }
+    }
+
+    /// Allocates a buffer. When the platform runs out of memory, kept empty
+    /// slabs are given back and the allocation is tried once more.
+    pub fn alloc<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        desc: &BufferDesc,
+    ) -> Result<BufferHandle, AllocError> {
+        if desc.size == 0 {
+            return Err(AllocError::ZeroSize);
+        }
+        let align = if desc.align == 0 { MIN_ALIGN } else { desc.align };
+        if !align.is_power_of_two() || align > crate::mem::pool::MAX_ALIGN {
+            return Err(AllocError::BadAlignment { align: desc.align });
+        }
+        if self.table.is_full() {
+            return Err(AllocError::TableFull { capacity: self.table.capacity() });
+        }
+        let a = match self.pool.alloc(backing, desc.size, align, desc.kind) {
+            Ok(a) => a,
+            Err(PoolError::Backing {
+                error: BackingError::PlatformMemory { .. } | BackingError::Va(_),
+                ..
+            }) if self.pool.trim(backing) > 0 => self
+                .pool
+                .alloc(backing, desc.size, align, desc.kind)
+                .map_err(|e| AllocError::from_pool(e, align))?,
+            Err(e) => return Err(AllocError::from_pool(e, align)),
+        };
+        self.serial = self.serial.wrapping_add(1);
+        let info = BufferInfo {
+            va: a.addr(),
+            size: desc.size,
+            reserved: a.reserved(),
+            class: a.class(),
+            kind: desc.kind,
+            tracking: desc.tracking,
+            tag: desc.tag,
+            serial: self.serial,
+        };
+        match self.table.insert(info, a) {
+            Ok(h) => Ok(h),
+            Err(a) => {
+                // Unreachable in practice (checked above); give the memory back.
+                let _ = self.pool.free(backing, a);
+                Err(AllocError::TableFull { capacity: self.table.capacity() })
+            }
+        }
+    }
+
+    /// The live buffer `h` names.
+    pub fn info(&self, h: BufferHandle) -> Result<BufferInfo, BufferError> {
+        self.table.get(h).map(|l| l.info)
+    }
+
+    /// Checks that `h` names a live buffer of this device.
+    pub fn check(&self, h: BufferHandle) -> Result<(), BufferError> {
+        self.table.get(h).map(|_| ())
+    }
+
+    /// Records that submission `seqno` of `queue` uses `h` (the handle was
+    /// checked under the same lock).
+    pub fn note_use(&mut self, h: BufferHandle, queue: usize, seqno: Seqno) {
+        if let Ok(l) = self.table.get_mut(h) {
+            if let Some(s) = l.last_use.get_mut(queue) {
+                *s = seqno.0;
+                l.used |= 1u8 << (queue & 7);
+            }
+        }
+    }
+
+    /// The memory of `h`: its block, byte offset there, and size.
+    pub fn memory(&self, h: BufferHandle) -> Result<(&B, u64, u64), BufferError> {
+        let l = self.table.get(h)?;
+        if l.info.kind.device_only {
+            return Err(BufferError::NoCpuAccess);
+        }
+        let (b, off) = self.pool.block_of(&l.alloc).ok_or(BufferError::Stale)?;
+        Ok((b, off, l.info.size))
+    }
+
+    /// Marks `h` mapped for the CPU (exclusive) or not.
+    pub fn set_mapped(&mut self, h: BufferHandle, mapped: bool) -> Result<(), BufferError> {
+        let l = self.table.get_mut(h)?;
+        if mapped && l.mapped {
+            return Err(BufferError::Mapped);
+        }
+        l.mapped = mapped;
+        Ok(())
+    }
+
+    /// Frees `h`. `completed(q)` and `emitted(q)` read each queue's
+    /// timeline; memory that pending work may use waits for it. With the
+    /// device `lost`, the memory is kept until teardown (the device may
+    /// still be using it; its fences will never come).
+    pub fn free<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        h: BufferHandle,
+        queues: usize,
+        completed: &dyn Fn(usize) -> Seqno,
+        emitted: &dyn Fn(usize) -> Seqno,
+        lost: bool,
+    ) -> Result<(), BufferError> {
+        let l = self.table.get(h)?;
+        if l.mapped {
+            return Err(BufferError::Mapped);
+        }
+        if lost {
+            let index = self.table.retire(h, [u64::MAX; MAX_QUEUES], 1)?;
+            self.deferred_frees = self.deferred_frees.wrapping_add(1);
+            self.enqueue(backing, index, 1);
+            return Ok(());
+        }
+        let mut gate = [0u64; MAX_QUEUES];
+        let mut mask = 0u8;
+        for (q, g) in gate.iter_mut().enumerate().take(queues.min(MAX_QUEUES)) {
+            let upto = match l.info.tracking {
+                Tracking::Implicit => emitted(q),
+                Tracking::Declared if l.used & (1u8 << (q & 7)) != 0 => {
+                    Seqno(l.last_use.get(q).copied().unwrap_or(0))
+                }
+                Tracking::Declared => continue,
+            };
+            if upto.is_after(completed(q)) {
+                *g = upto.0;
+                mask |= 1u8 << (q & 7);
+            }
+        }
+        let index = self.table.retire(h, gate, mask)?;
+        if mask == 0 {
+            self.immediate_frees = self.immediate_frees.wrapping_add(1);
+            self.release(backing, index);
+            return Ok(());
+        }
+        self.deferred_frees = self.deferred_frees.wrapping_add(1);
+        self.enqueue(backing, index, mask);
+        Ok(())
+    }
+
+    /// Puts retiring slot `index` in the FIFO of the first queue of `mask`.
+    fn enqueue<K: Backing<Block = B>>(&mut self, backing: &mut K, index: u32, mask: u8) {
+        let q = mask.trailing_zeros() as usize;
+        let pushed = self.retiring.get_mut(q).is_some_and(|f| f.push_back(index).is_ok());
+        if !pushed {
+            // Every FIFO holds the whole table, so this cannot happen; never
+            // lose memory silently: keep it out of circulation until teardown.
+            let _ = backing;
+        }
+    }
+
+    fn release<K: Backing<Block = B>>(&mut self, backing: &mut K, index: u32) {
+        if let Some(a) = self.table.release(index) {
+            let _ = self.pool.free(backing, a);
+        }
+    }
+
+    /// Returns to the pools up to `budget` buffers waiting on `queue` whose
+    /// fence `completed(queue)` covers, oldest first. Returns how many
+    /// moved on (released or passed to another queue's FIFO).
+    pub fn reclaim<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        queue: usize,
+        completed: &dyn Fn(usize) -> Seqno,
+        budget: usize,
+    ) -> usize {
+        let done = completed(queue);
+        let mut n = 0usize;
+        while n < budget {
+            let Some(&index) = self.retiring.get(queue).and_then(|f| f.front()) else { break };
+            let gate = self.table.retiring_mut(index).map(|r| (r.gate, r.mask));
+            let Some((g, mask)) = gate else {
+                // Not retiring any more (cannot happen): drop the entry.
+                if let Some(f) = self.retiring.get_mut(queue) {
+                    f.pop_front();
+                }
+                continue;
+            };
+            if !Seqno(g.get(queue).copied().unwrap_or(0)).is_signalled_by(done) {
+                break;
+            }
+            if let Some(f) = self.retiring.get_mut(queue) {
+                f.pop_front();
+            }
+            // Drop every queue of the gate that has passed too.
+            let mut left = mask & !(1u8 << (queue & 7));
+            for q in 0..MAX_QUEUES {
+                let bit = 1u8 << q;
+                if left & bit != 0 && Seqno(g.get(q).copied().unwrap_or(0)).is_signalled_by(completed(q)) {
+                    left &= !bit;
+                }
+            }
+            if let Some(r) = self.table.retiring_mut(index) {
+                r.mask = left;
+            }
+            if left == 0 {
+                self.release(backing, index);
+            } else {
+                self.enqueue(backing, index, left);
+            }
+            n = n.saturating_add(1);
+        }
+        n
+    }
+
+    /// The fence the oldest waiting free of some queue waits for (queue
+    /// index, sequence number): what to wait for when memory runs out.
+    pub fn oldest_waiting(&self) -> Option<(usize, Seqno)> {
+        self.retiring.iter().enumerate().find_map(|(q, f)| {
+            let index = *f.front()?;
+            let r = self.table.retiring_ref(index)?;
+            Some((q, Seqno(r.gate.get(q).copied().unwrap_or(0))))
+        })
+    }
+
+    /// Buffers waiting on `queue`.
+    pub fn waiting_on(&self, queue: usize) -> usize {
+        self.retiring.get(queue).map_or(0, |f| f.storage_len())
+    }
+
+    /// Gives kept empty slabs back (memory pressure). Returns bytes.
+    pub fn trim<K: Backing<Block = B>>(&mut self, backing: &mut K) -> u64 {
+        self.pool.trim(backing)
+    }
+
+    /// The leak report: every live buffer with size, tag and number.
+    pub fn leak_report(&self, f: impl FnMut(LeakEntry)) {
+        self.table.for_each_live(f)
+    }
+
+    /// Teardown (the GPU is stopped): every buffer, live or waiting, and
+    /// every slab goes back to the backing.
+    pub fn release_all<K: Backing<Block = B>>(&mut self, backing: &mut K) {
+        let pool = &mut self.pool;
+        self.table.drain(|a: PoolAlloc<B>| {
+            let _ = pool.free(backing, a);
+        });
+        for r in self.retiring.iter_mut() {
+            r.clear();
+        }
+        self.pool.release_all(backing);
+    }
+
+    /// The live buffer state (for the device's checks).
+    pub(crate) fn live(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
+        self.table.get(h)
+    }
+}

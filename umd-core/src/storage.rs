@@ -1,0 +1,106 @@
+//! The device's large tables, in memory the integrator places.
+//!
+//! A device keeps fixed-capacity tables (buffer handles, slab descriptors,
+//! GPU VA nodes, the dependency graph, the trace) that add up to tens or
+//! hundreds of KiB. They live in a [`DeviceStorage`] the integrator puts
+//! where it wants, typically a `static` (it has a `const` constructor, so
+//! it is placed by the loader and never moved on a stack), and lends to
+//! the device for the device's lifetime. The device itself is small.
+//!
+//! ```ignore
+//! static STORAGE: static_cell::ConstStaticCell<DeviceStorage> = ConstStaticCell::new(DeviceStorage::new());
+//! let dev = Device::new(&PLATFORM, STORAGE.take(), Config::DEFAULT, MmuMode::DEFAULT)?;
+//! ```
+
+use heapless::Deque;
+
+use crate::debug::trace::TraceStorage;
+use crate::mem::buffer::BufferSlot;
+use crate::mem::pool::Slab;
+use crate::mem::va::VaNode;
+use crate::platform::DmaRegion;
+use crate::sync::deps::DepGraph;
+use crate::sync::MAX_QUEUES;
+
+/// Submissions with cross-queue waits tracked per queue (deadlock checks).
+pub const PENDING_WAITS: usize = 32;
+
+/// The dependency graph of a device.
+pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;
+
+/// Storage for one device: `BUFFERS` buffer handles, `VA_NODES` GPU VA
+/// allocator nodes, `SLABS` slab descriptors and `TRACE` trace events.
+/// `docs/perf.md` lists its size per configuration.
+pub struct DeviceStorage<
+    const BUFFERS: usize = 1024,
+    const VA_NODES: usize = 1024,
+    const SLABS: usize = 256,
+    const TRACE: usize = 256,
+> {
+    pub(crate) buffers: [BufferSlot<DmaRegion>; BUFFERS],
+    pub(crate) retiring: [Deque<u32, BUFFERS>; MAX_QUEUES],
+    pub(crate) slabs: [Slab<DmaRegion>; SLABS],
+    pub(crate) va: [VaNode; VA_NODES],
+    pub(crate) deps: Deps,
+    pub(crate) trace: TraceStorage<TRACE>,
+}
+
+impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize>
+    DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+{
+    /// Empty storage (a `const fn`: usable in a `static`).
+    pub const fn new() -> Self {
+        DeviceStorage {
+            buffers: [const { BufferSlot::EMPTY }; BUFFERS],
+            retiring: [const { Deque::new() }; MAX_QUEUES],
+            slabs: [const { Slab::EMPTY }; SLABS],
+            va: [VaNode::EMPTY; VA_NODES],
+            deps: DepGraph::new(),
+            trace: TraceStorage::new(),
+        }
+    }
+
+    /// Splits the storage into the parts a device uses.
+    pub(crate) fn parts(&mut self) -> StorageParts<'_> {
+        let [r0, r1, r2, r3] = &mut self.retiring;
+        StorageParts {
+            buffers: &mut self.buffers,
+            retiring: [r0.as_mut_view(), r1.as_mut_view(), r2.as_mut_view(), r3.as_mut_view()],
+            slabs: &mut self.slabs,
+            va: &mut self.va,
+            deps: &mut self.deps,
+            trace: crate::debug::TraceRing::new(&mut self.trace),
+        }
+    }
+}
+
+impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize> Default
+    for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+{
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize> core::fmt::Debug
+    for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+{
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("DeviceStorage")
+            .field("buffers", &BUFFERS)
+            .field("va_nodes", &VA_NODES)
+            .field("slabs", &SLABS)
+            .field("trace", &TRACE)
+            .finish()
+    }
+}
+
+/// A storage's parts, borrowed by a device.
+pub(crate) struct StorageParts<'s> {
+    pub(crate) buffers: &'s mut [BufferSlot<DmaRegion>],
+    pub(crate) retiring: [&'s mut heapless::deque::DequeView<u32>; MAX_QUEUES],
+    pub(crate) slabs: &'s mut [Slab<DmaRegion>],
+    pub(crate) va: &'s mut [VaNode],
+    pub(crate) deps: &'s mut Deps,
+    pub(crate) trace: crate::debug::TraceRing<'s>,
+}

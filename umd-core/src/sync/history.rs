@@ -1,0 +1,324 @@
+//! What a queue remembers about work that failed, in bounded memory.
+//!
+//! A reset cancels a range of a queue's sequence numbers `(after, upto]`;
+//! a submission that waited on failed work is poisoned on its own queue as
+//! the one-fence range `(s - 1, s]`. A fence answers from here before it
+//! looks at the timeline: the timeline is forced past a cancelled range so
+//! that engines waiting on it move on, so "completed" alone would report
+//! success.
+//!
+//! The history keeps at most `N` disjoint ranges, in sequence order. When a
+//! new range does not fit, the two neighbouring ranges with the smallest gap
+//! between them are merged into one: cancelled fences never leave the
+//! history, so failed work can never turn into success, however many resets
+//! follow. The price is paid only after more than `N` separate failures
+//! with successful work between them: successful fences inside a merged gap
+//! then report the later range's failure. Resets in a row (a queue that
+//! keeps hanging) leave no gap and merge exactly. `docs/architecture.md`
+//! ("Failure history") explains the choice.
+
+use super::fence::FenceError;
+use super::seqno::Seqno;
+
+/// One failed range `(after, upto]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FailedRange {
+    /// The last sequence number before the range (not failed).
+    pub after: Seqno,
+    /// The last failed sequence number.
+    pub upto: Seqno,
+    /// Why (for a merged range: the later range's reason).
+    pub error: FenceError,
+}
+
+impl FailedRange {
+    /// Whether `s` lies in the range.
+    pub fn contains(&self, s: Seqno) -> bool {
+        s.is_after(self.after) && s.is_signalled_by(self.upto)
+    }
+}
+
+/// Failed ranges of one queue, at most `N`, sorted and disjoint.
+#[derive(Clone, Copy, Debug)]
+pub struct FailureHistory<const N: usize> {
+    ranges: [Option<FailedRange>; N],
+    len: usize,
+    merges: u64,
+}
+
+impl<const N: usize> Default for FailureHistory<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<const N: usize> FailureHistory<N> {
+    /// Nothing failed yet.
+    pub const fn new() -> Self {
+        FailureHistory { ranges: [None; N], len: 0, merges: 0 }
+    }
+
+    /// The ranges, oldest first.
+    pub fn ranges(&self) -> impl Iterator<Item = &FailedRange> {
+        self.ranges.iter().take(self.len).flatten()
+    }
+
+    /// How many times two ranges were merged to make room.
+    pub fn merges(&self) -> u64 {
+        self.merges
+    }
+
+    /// The highest failed sequence number, if any.
+    pub fn newest(&self) -> Option<Seqno> {
+        self.len.checked_sub(1).and_then(|i| self.ranges.get(i)).copied().flatten().map(|r| r.upto)
+    }
+
+    /// Why `s` failed, if it did.
+    pub fn lookup(&self, s: Seqno) -> Option<FenceError> {
+        // Newest first: most lookups are about recent work.
+        self.ranges.iter().take(self.len).rev().flatten().find(|r| r.contains(s)).map(|r| r.error)
+    }
+
+    /// Records that `(after, upto]` failed with `error`. Ranges that
+    /// overlap or touch an existing one of the same error join it; an empty
+    /// range (`upto` not after `after`) records nothing.
+    pub fn record(&mut self, after: Seqno, upto: Seqno, error: FenceError) {
+        if !upto.is_after(after) || N == 0 {
+            return;
+        }
+        let new = FailedRange { after, upto, error };
+        // Position: after every range that ends at or before `after`.
+        let mut at = self.len;
+        for (i, r) in self.ranges.iter().take(self.len).enumerate() {
+            if let Some(r) = r {
+                if r.upto.is_after(after) {
+                    at = i;
+                    break;
+                }
+            }
+        }
+        // Overlap with the range at `at` (or a touching one before it with
+        // the same error): merge instead of inserting.
+        let prev = at.checked_sub(1).and_then(|i| self.ranges.get(i).copied().flatten());
+        if let Some(p) = prev.filter(|p| p.upto == after && p.error == error) {
+            if let Some(slot) = at.checked_sub(1).and_then(|i| self.ranges.get_mut(i)) {
+                *slot = Some(FailedRange { after: p.after, upto: later(p.upto, upto), error });
+            }
+            self.absorb_following(at.saturating_sub(1));
+            return;
+        }
+        if let Some(Some(r)) = self.ranges.get(at).copied() {
+            if !r.after.is_after(upto) || r.after == upto && r.error == error {
+                let merged = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
+                if let Some(slot) = self.ranges.get_mut(at) {
+                    *slot = Some(merged);
+                }
+                self.absorb_following(at);
+                return;
+            }
+        }
+        if self.len >= N {
+            self.merge_closest();
+            // The merge removed one slot before or around `at`.
+            self.record(after, upto, error);
+            return;
+        }
+        // Shift `at..len` up by one and insert.
+        let mut i = self.len;
+        while i > at {
+            let moved = self.ranges.get(i.wrapping_sub(1)).copied().flatten();
+            if let Some(slot) = self.ranges.get_mut(i) {
+                *slot = moved;
+            }
+            i = i.wrapping_sub(1);
+        }
+        if let Some(slot) = self.ranges.get_mut(at) {
+            *slot = Some(new);
+            self.len = self.len.saturating_add(1);
+        }
+    }
+
+    /// Joins ranges after `i` that the (grown) range `i` now overlaps.
+    fn absorb_following(&mut self, i: usize) {
+        for _ in 0..N {
+            let (Some(Some(cur)), Some(Some(next))) =
+                (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+            else {
+                return;
+            };
+            if next.after.is_after(cur.upto) {
+                return;
+            }
+            if let Some(slot) = self.ranges.get_mut(i) {
+                *slot = Some(FailedRange {
+                    after: cur.after,
+                    upto: later(cur.upto, next.upto),
+                    error: cur.error,
+                });
+            }
+            self.remove(i.saturating_add(1));
+        }
+    }
+
+    fn remove(&mut self, i: usize) {
+        if i >= self.len {
+            return;
+        }
+        for k in i..self.len.saturating_sub(1) {
+            let moved = self.ranges.get(k.saturating_add(1)).copied().flatten();
+            if let Some(slot) = self.ranges.get_mut(k) {
+                *slot = moved;
+            }
+        }
+        self.len = self.len.saturating_sub(1);
+        if let Some(slot) = self.ranges.get_mut(self.len) {
+            *slot = None;
+        }
+    }
+
+    /// Merges the two neighbours with the smallest gap (the fewest
+    /// successful fences to misreport), keeping the later one's error.
+    fn merge_closest(&mut self) {
+        let mut best: Option<(usize, u64)> = None;
+        for i in 0..self.len.saturating_sub(1) {
+            let (Some(Some(a)), Some(Some(b))) =
+                (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+            else {
+                continue;
+            };
+            let gap = b.after.distance(a.upto).max(0) as u64;
+            if best.is_none_or(|(_, g)| gap < g) {
+                best = Some((i, gap));
+            }
+        }
+        let Some((i, _)) = best else { return };
+        let (Some(Some(a)), Some(Some(b))) =
+            (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+        else {
+            return;
+        };
+        if let Some(slot) = self.ranges.get_mut(i) {
+            *slot = Some(FailedRange { after: a.after, upto: b.upto, error: b.error });
+        }
+        self.remove(i.saturating_add(1));
+        self.merges = self.merges.saturating_add(1);
+    }
+}
+
+fn later(a: Seqno, b: Seqno) -> Seqno {
+    if b.is_after(a) {
+        b
+    } else {
+        a
+    }
+}
+
+fn earlier(a: Seqno, b: Seqno) -> Seqno {
+    if b.is_after(a) {
+        a
+    } else {
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::sync::FenceId;
+    use crate::sync::QueueId;
+
+    const HUNG: FenceError = FenceError::DeviceHung;
+
+    #[test]
+    fn ranges_answer_and_gaps_do_not() {
+        let mut h = FailureHistory::<4>::new();
+        h.record(Seqno(10), Seqno(15), HUNG);
+        assert_eq!(h.lookup(Seqno(10)), None);
+        assert_eq!(h.lookup(Seqno(11)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(15)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(16)), None);
+        assert_eq!(h.newest(), Some(Seqno(15)));
+    }
+
+    #[test]
+    fn thousands_of_resets_never_forget_a_cancelled_fence() {
+        let mut h = FailureHistory::<4>::new();
+        let mut cancelled = std::vec::Vec::new();
+        let mut succeeded = std::vec::Vec::new();
+        let mut s = 0u64;
+        for i in 0..5000u64 {
+            // A few successes, then a reset cancelling a few.
+            let ok = i % 3;
+            succeeded.extend(s + 1..=s + ok);
+            s += ok;
+            let n = 1 + i % 4;
+            h.record(Seqno(s), Seqno(s + n), HUNG);
+            cancelled.extend(s + 1..=s + n);
+            s += n;
+        }
+        for c in &cancelled {
+            assert!(h.lookup(Seqno(*c)).is_some(), "cancelled fence {c} forgotten");
+        }
+        assert!(h.merges() > 0);
+        // The most recent gaps are still exact.
+        let recent_ok = succeeded.iter().rev().take(1).copied().collect::<std::vec::Vec<_>>();
+        for ok in recent_ok {
+            assert_eq!(h.lookup(Seqno(ok)), None, "recent success {ok}");
+        }
+    }
+
+    #[test]
+    fn resets_in_a_row_merge_exactly() {
+        let mut h = FailureHistory::<2>::new();
+        for k in 0..100u64 {
+            h.record(Seqno(k * 2), Seqno(k * 2 + 2), HUNG);
+        }
+        assert_eq!(h.ranges().count(), 1);
+        assert_eq!(h.lookup(Seqno(0)), None);
+        assert_eq!(h.lookup(Seqno(1)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(200)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(201)), None);
+        assert_eq!(h.merges(), 0, "touching ranges join without a lossy merge");
+    }
+
+    #[test]
+    fn poisoned_fences_are_single_ranges_with_their_producer() {
+        let mut h = FailureHistory::<4>::new();
+        let producer = FenceId::new(QueueId(2), 7);
+        let e = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
+        h.record(Seqno(4), Seqno(5), e);
+        assert_eq!(h.lookup(Seqno(5)), Some(e));
+        assert_eq!(h.lookup(Seqno(4)), None);
+        assert_eq!(h.lookup(Seqno(6)), None);
+        // A later reset range after it stays separate (different error).
+        h.record(Seqno(5), Seqno(9), HUNG);
+        assert_eq!(h.lookup(Seqno(5)), Some(e));
+        assert_eq!(h.lookup(Seqno(6)), Some(HUNG));
+    }
+
+    #[test]
+    fn out_of_order_and_overlapping_records() {
+        let mut h = FailureHistory::<4>::new();
+        h.record(Seqno(20), Seqno(25), HUNG);
+        h.record(Seqno(5), Seqno(6), HUNG);
+        h.record(Seqno(22), Seqno(30), HUNG);
+        assert_eq!(h.ranges().count(), 2);
+        assert_eq!(h.lookup(Seqno(6)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(30)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(21)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(10)), None);
+        h.record(Seqno(9), Seqno(9), HUNG);
+        assert_eq!(h.ranges().count(), 2, "empty range ignored");
+    }
+
+    #[test]
+    fn wraps_around_the_timeline() {
+        let mut h = FailureHistory::<4>::new();
+        h.record(Seqno(u64::MAX - 2), Seqno(3), HUNG);
+        assert_eq!(h.lookup(Seqno(u64::MAX)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(0)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(4)), None);
+        assert_eq!(h.lookup(Seqno(u64::MAX - 2)), None);
+    }
+}

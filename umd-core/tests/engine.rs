@@ -1,0 +1,493 @@
+//! The shared engine's lifecycle rules on the scripted fake (virtual time,
+//! so hang windows pass at once): buffers freed under in-flight or hung
+//! work, handles that can not dangle or cross devices, every allocation
+//! failure named, a failure history that survives thousands of resets,
+//! failures that propagate, waits before signal that are not hangs, full
+//! dependency tables, page-table cache maintenance, and several threads.
+
+mod support;
+
+use support::{EngineFault, Fake, Mode, MEM_BASE};
+use umd_core::config::{Config, HangConfig};
+use umd_core::debug::HangReason;
+use umd_core::direct::{Device, MmuMode};
+use umd_core::engine::{BufferUse, Submit};
+use umd_core::hw::Generation;
+use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle, SizeClass};
+use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::storage::DeviceStorage;
+use umd_core::sync::{Cause, Fence, FenceError, FenceId, QueueId};
+
+const GFX: QueueId = QueueId(0);
+const COMPUTE: QueueId = QueueId(1);
+const COPY: QueueId = QueueId(2);
+
+fn cfg() -> Config {
+    Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
+}
+
+type Storage = DeviceStorage<256, 256, 64, 256>;
+
+fn with_device<const C: usize>(
+    gen: Generation,
+    cfg: Config,
+    mmu: MmuMode,
+    f: impl FnOnce(&Device<'_, Fake, C>),
+) {
+    let fake = Fake::new(gen, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, C>::new(&fake, &mut storage, cfg, mmu).expect("device comes up");
+    f(&dev);
+}
+
+#[test]
+fn a_buffer_freed_under_in_flight_work_keeps_its_address_until_the_fence() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let a = dev.alloc_buffer(4096).unwrap();
+        let va = dev.va(a).unwrap();
+        let f = dev.submit(COPY, &[], |cb| cb.copy(va, va + 2048, 64)).unwrap();
+        dev.free(a).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 1);
+        for _ in 0..8 {
+            let b = dev.alloc_buffer(4096).unwrap();
+            assert_ne!(dev.va(b).unwrap(), va, "reused under the in-flight copy");
+        }
+        assert_eq!(dev.frees_waiting_on(COPY), 1);
+        dev.platform().state().run_all();
+        dev.wait(f, 1_000_000_000).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 0, "released once the fence signalled");
+    });
+}
+
+#[test]
+fn declared_use_gates_only_on_the_submissions_that_declared_it() {
+    with_device::<4>(Generation::Gen1, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let busy = dev.alloc(&BufferDesc::new(256).declared()).unwrap();
+        let idle = dev.alloc(&BufferDesc::new(256).declared()).unwrap();
+        let va = dev.va(busy).unwrap();
+        let f = dev
+            .submit_with(&Submit::on(GFX).using(&[BufferUse::write(busy)]), |cb| cb.write_data(va, &[1]))
+            .unwrap();
+        // `idle` was never declared: freed at once although GFX is busy.
+        dev.free(idle).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 0);
+        dev.free(busy).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 1);
+        dev.platform().state().run(0);
+        dev.wait(f, 1_000_000_000).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 0);
+        // A stale declared buffer refuses the submission before the GPU.
+        let doorbells = dev.platform().state().doorbells;
+        assert_eq!(
+            dev.submit_with(&Submit::on(GFX).using(&[BufferUse::read(busy)]), |cb| cb.barrier()),
+            Err(SubmitError::Buffer(BufferError::Stale))
+        );
+        assert_eq!(dev.platform().state().doorbells, doorbells);
+    });
+}
+
+#[test]
+fn a_free_while_the_queue_is_hung_is_reclaimed_after_the_reset_not_before() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().engines[1].fault = EngineFault::Stuck;
+        let a = dev.alloc(&BufferDesc::new(4096).declared()).unwrap();
+        let va = dev.va(a).unwrap();
+        let f = dev
+            .submit_with(&Submit::on(COMPUTE).using(&[BufferUse::read(a)]), |cb| cb.copy(va, va, 64))
+            .unwrap();
+        dev.free(a).unwrap();
+        // Not reclaimed while the queue is stuck (a query does not wait).
+        assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
+        assert_eq!(dev.buffer_stats().waiting, 1);
+        let b = dev.alloc(&BufferDesc::new(4096).declared()).unwrap();
+        assert_ne!(dev.va(b).unwrap(), va);
+        // The hang check resets the queue; the engine is idle: memory back.
+        assert_eq!(dev.wait(f, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+        assert_eq!(dev.buffer_stats().waiting, 0);
+    });
+}
+
+#[test]
+fn device_loss_keeps_freed_memory_until_teardown() {
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, cfg(), MmuMode::Bypass).unwrap();
+    fake.state().mode = Mode::Manual;
+    let a = dev.alloc_buffer(8192).unwrap();
+    let va = dev.va(a).unwrap();
+    let f = dev.submit(COPY, &[], |cb| cb.fill(va, 64, 1)).unwrap();
+    fake.state().lost = true;
+    assert_eq!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
+    dev.free(a).unwrap();
+    assert_eq!(dev.buffer_stats().waiting, 1, "never reused while the device may still write it");
+    assert_eq!(dev.alloc_buffer(8192), Err(AllocError::DeviceLost));
+    let report = dev.shutdown();
+    assert_eq!(report.released_waiting, 1);
+    assert_eq!(fake.state().allocs, 0);
+}
+
+#[test]
+fn handles_cannot_dangle_or_cross_devices() {
+    let (fa, fb) = (Fake::new(Generation::Gen1, 8 << 20), Fake::new(Generation::Gen1, 8 << 20));
+    let (mut sa, mut sb): (Box<Storage>, Box<Storage>) = (Box::default(), Box::default());
+    let a = Device::<Fake, 4>::new(&fa, &mut sa, cfg(), MmuMode::Bypass).unwrap();
+    let b = Device::<Fake, 4>::new(&fb, &mut sb, cfg(), MmuMode::Bypass).unwrap();
+    assert_ne!(a.id(), b.id());
+    let ha = a.alloc_buffer(256).unwrap();
+    let hb = b.alloc_buffer(256).unwrap();
+    // A handle of another device: refused, nothing changes on either.
+    assert_eq!(b.free(ha), Err(BufferError::ForeignDevice { handle: a.id(), device: b.id() }));
+    assert!(matches!(b.read_u32(ha, 0), Err(BufferError::ForeignDevice { .. })));
+    assert_eq!(a.buffer_stats().live, 1);
+    assert_eq!(b.buffer_stats().live, 1);
+    // A fence of another device.
+    let fence_a = a.submit(GFX, &[], |cb| cb.barrier()).unwrap();
+    assert_eq!(b.submit(GFX, &[fence_a], |cb| cb.barrier()), Err(SubmitError::ForeignFence(fence_a)));
+    assert_eq!(b.wait(fence_a, 0), Err(WaitError::ForeignFence(fence_a)));
+    // Forged handles.
+    let (dev_id, index, gen) = hb.into_raw();
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index + 100, 1)), Err(BufferError::Unknown));
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index, gen + 2)), Err(BufferError::Unknown));
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index, 0)), Err(BufferError::Unknown));
+    // Use after free and double free.
+    b.free(hb).unwrap();
+    assert_eq!(b.free(hb), Err(BufferError::Stale));
+    assert_eq!(b.read_u32(hb, 0), Err(BufferError::Stale));
+    assert_eq!(b.write(hb, 0, &[1]), Err(BufferError::Stale));
+    assert!(matches!(b.map(hb), Err(BufferError::Stale)));
+    // The slot is reused by a new buffer; the old handle still can not
+    // reach it.
+    let hb2 = b.alloc_buffer(256).unwrap();
+    assert_eq!(hb2.into_raw().1, index);
+    assert_eq!(b.read_u32(hb, 0), Err(BufferError::Stale));
+    b.free(hb2).unwrap();
+    a.free(ha).unwrap();
+}
+
+#[test]
+fn cpu_access_is_checked_and_exclusive_while_mapped() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        let h = dev.alloc_buffer(1000).unwrap();
+        assert_eq!(dev.read_u32(h, 0), Ok(0), "new memory is zeroed");
+        {
+            let mut m = dev.map(h).unwrap();
+            assert_eq!(m.bytes().len(), 1000);
+            m.words_mut()[3] = 0xC0DE;
+            assert!(matches!(dev.map(h), Err(BufferError::Mapped)));
+            assert_eq!(dev.free(h), Err(BufferError::Mapped));
+            assert_eq!(dev.write(h, 0, &[1]), Err(BufferError::Mapped));
+        }
+        // Dropping the guard cleaned the CPU cache for the GPU.
+        assert_eq!(dev.read_u32(h, 3), Ok(0xC0DE));
+        assert_eq!(
+            dev.read(h, 998, &mut [0u8; 4]),
+            Err(BufferError::OutOfRange { offset: 998, len: 4, size: 1000 })
+        );
+        assert_eq!(
+            dev.write(h, u64::MAX, &[1]),
+            Err(BufferError::OutOfRange { offset: u64::MAX, len: 1, size: 1000 })
+        );
+        let dev_only = dev.alloc(&BufferDesc::new(4096).device_only()).unwrap();
+        assert!(matches!(dev.map(dev_only), Err(BufferError::NoCpuAccess)));
+        assert_eq!(dev.read_u32(dev_only, 0), Err(BufferError::NoCpuAccess));
+        dev.free(dev_only).unwrap();
+        dev.free(h).unwrap();
+    });
+}
+
+#[test]
+fn every_allocation_failure_names_its_cause() {
+    // Bad requests.
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
+        assert_eq!(dev.alloc_buffer(0), Err(AllocError::ZeroSize));
+        assert_eq!(dev.alloc(&BufferDesc::new(64).align(3)), Err(AllocError::BadAlignment { align: 3 }));
+        assert_eq!(
+            dev.alloc(&BufferDesc::new(64).align(4 << 20)),
+            Err(AllocError::BadAlignment { align: 4 << 20 })
+        );
+        // Beyond the 4 GiB arena.
+        assert_eq!(
+            dev.alloc_buffer(8 << 30),
+            Err(AllocError::PlatformMemory { class: SizeClass::Large, len: 8 << 30 })
+        );
+        // Beyond the platform's memory (8 MiB fake).
+        assert!(matches!(
+            dev.alloc_buffer(16 << 20),
+            Err(AllocError::PlatformMemory { class: SizeClass::Large, .. })
+        ));
+        // Alignment up to 2 MiB works with the MMU on.
+        let h = dev.alloc(&BufferDesc::new(4096).align(2 << 20)).unwrap();
+        assert_eq!(dev.va(h).unwrap() % (2 << 20), 0);
+        dev.free(h).unwrap();
+        assert_eq!(dev.buffer_stats().live, 0, "nothing changed on error");
+    });
+    // The handle table.
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut small: Box<DeviceStorage<4, 256, 64, 16>> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut small, cfg(), MmuMode::Bypass).unwrap();
+    let hs: Vec<_> = (0..4).map(|_| dev.alloc_buffer(64).unwrap()).collect();
+    assert_eq!(dev.alloc_buffer(64), Err(AllocError::TableFull { capacity: 4 }));
+    hs.into_iter().for_each(|h| dev.free(h).unwrap());
+    drop(dev);
+    // Slab descriptors of the small and medium classes.
+    let mut few_slabs: Box<DeviceStorage<256, 256, 2, 16>> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut few_slabs, cfg(), MmuMode::Bypass).unwrap();
+    let a = dev.alloc_buffer(64).unwrap();
+    let b = dev.alloc_buffer(2048).unwrap();
+    assert_eq!(dev.alloc_buffer(300), Err(AllocError::SlabCapacity { class: SizeClass::Small }));
+    assert_eq!(dev.alloc_buffer(9000), Err(AllocError::SlabCapacity { class: SizeClass::Medium }));
+    dev.free(a).unwrap();
+    dev.free(b).unwrap();
+    drop(dev);
+    // GPU VA nodes.
+    let mut few_nodes: Box<DeviceStorage<256, 8, 64, 16>> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut few_nodes, cfg(), MmuMode::DEFAULT).unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match dev.alloc_buffer(100_000) {
+            Ok(h) => got.push(h),
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(err, AllocError::VaNodes);
+    assert!(!got.is_empty());
+    got.into_iter().for_each(|h| dev.free(h).unwrap());
+    drop(dev);
+    assert_eq!(fake.state().allocs, 0);
+}
+
+#[test]
+fn small_buffers_share_slabs_mapped_once() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
+        let before = dev.stats();
+        let mut hs = vec![dev.alloc_buffer(64).unwrap()];
+        let first = dev.stats();
+        assert!(first.pte_writes > before.pte_writes, "the slab was mapped");
+        hs.extend((0..63).map(|_| dev.alloc_buffer(64).unwrap()));
+        let after = dev.stats();
+        let s = dev.buffer_stats();
+        assert_eq!(s.pool.blocks_acquired, 1, "64 small buffers from one slab");
+        assert_eq!(after.pte_writes, first.pte_writes, "63 more buffers wrote no page-table entry");
+        assert_eq!(after.tlb_invalidations, before.tlb_invalidations, "no invalidation to map");
+        hs.into_iter().for_each(|h| dev.free(h).unwrap());
+        // The empty slab is kept for the next allocation: no remap.
+        let h = dev.alloc_buffer(64).unwrap();
+        assert_eq!(dev.stats().pte_writes, after.pte_writes);
+        dev.free(h).unwrap();
+        assert_eq!(dev.trim(), 8192);
+        assert!(dev.stats().tlb_invalidations > before.tlb_invalidations, "unmapping invalidates the TLB");
+    });
+}
+
+#[test]
+fn page_table_writes_are_cleaned_before_the_gpu_can_walk_them() {
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, cfg(), MmuMode::DEFAULT).unwrap();
+    fake.state().cleaned.clear();
+    let h = dev.alloc_buffer(64 * 1024).unwrap();
+    // The root table is the first page of the table region, which starts
+    // at the fake's first page: every table page written was cleaned.
+    let cleaned = fake.state().cleaned.clone();
+    assert!(
+        cleaned.iter().any(|(a, l)| *a >= MEM_BASE && *l >= 8),
+        "no table entry was cleaned: {cleaned:?}"
+    );
+    fake.state().cleaned.clear();
+    dev.free(h).unwrap();
+    dev.trim();
+    assert!(!fake.state().cleaned.is_empty(), "unmapped entries not cleaned before the invalidate");
+}
+
+#[test]
+fn thousands_of_resets_never_turn_a_cancelled_fence_into_success() {
+    with_device::<4>(Generation::Gen1, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let fault = |dev: &Device<'_, Fake, 4>| {
+            let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+            dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
+            assert!(matches!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::Fault(_)))));
+            f
+        };
+        let first = fault(dev);
+        let ok = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        dev.platform().state().run(2);
+        dev.wait(ok, 1_000_000_000).unwrap();
+        let mut cancelled = vec![first];
+        for i in 0..3000 {
+            let f = fault(dev);
+            if i % 97 == 0 {
+                cancelled.push(f);
+            }
+        }
+        assert_eq!(dev.stats().resets, 3001);
+        for f in &cancelled {
+            assert!(
+                matches!(dev.query(*f), Ok(FenceStatus::Failed(FenceError::Fault(_)))),
+                "{f} forgot its failure"
+            );
+        }
+        assert_eq!(dev.query(ok), Ok(FenceStatus::Signalled), "the success between the resets stays one");
+        assert_eq!(
+            dev.submit(GFX, &[first], |cb| cb.barrier()).unwrap_err(),
+            SubmitError::DependencyFailed {
+                fence: first,
+                error: dev
+                    .query(first)
+                    .map(|s| match s {
+                        FenceStatus::Failed(e) => e,
+                        _ => FenceError::DeviceLost,
+                    })
+                    .unwrap()
+            }
+        );
+    });
+}
+
+#[test]
+fn failures_propagate_through_chains_of_waits() {
+    with_device::<8>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let a = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let b = dev.submit(COMPUTE, &[a], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        let c = dev.submit(GFX, &[b], |cb| cb.timestamp(0x8030_0010)).unwrap();
+        let unrelated = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
+        dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
+        let err = dev.wait(a, 1_000_000_000).unwrap_err();
+        let WaitError::Failed(FenceError::Fault(info)) = err else { panic!("{err:?}") };
+        dev.platform().state().run_all();
+        for f in [b, c] {
+            assert_eq!(
+                dev.wait(f, 1_000_000_000),
+                Err(WaitError::Failed(FenceError::Dependency { producer: a.id, cause: Cause::Fault(info) })),
+                "{f}"
+            );
+        }
+        dev.wait(unrelated, 1_000_000_000).unwrap();
+        assert_eq!(dev.stats().propagated_failures, 2);
+    });
+}
+
+#[test]
+fn a_wait_before_signal_is_blocked_not_hung_unless_a_limit_is_set() {
+    // Default: no limit. Ten hang windows of virtual time pass.
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::OnDoorbell;
+        let future = dev.next_fence(COPY).unwrap();
+        let f = dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        assert_eq!(dev.wait(f, 10 * dev.hang_config().window_ns), Err(WaitError::Timeout));
+        assert_eq!(dev.stats().resets, 0);
+        dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        dev.platform().state().run_all();
+        dev.wait(f, 1_000_000_000).unwrap();
+    });
+    // With a limit: the blocked queue is reset once it passes.
+    let hang = HangConfig { unsubmitted_wait_ns: Some(2_000_000_000), ..Config::DEFAULT.hang };
+    with_device::<4>(Generation::Gen2, Config { hang, ..cfg() }, MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::OnDoorbell;
+        let future = dev.next_fence(COPY).unwrap();
+        let f = dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        assert_eq!(
+            dev.wait(f, 60_000_000_000),
+            Err(WaitError::Failed(FenceError::NeverSignalled { producer: future.id }))
+        );
+        let r = dev.last_hang().unwrap();
+        assert_eq!(r.reason, HangReason::NeverSignalled { producer: future.id });
+        // The queue works again.
+        let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        dev.wait(g, 1_000_000_000).unwrap();
+    });
+}
+
+#[test]
+fn a_full_dependency_table_waits_then_refuses() {
+    let c = Config { dep_wait_ns: 5_000_000, ..cfg() };
+    with_device::<16>(Generation::Gen1, c, MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let n = umd_core::engine::PENDING_WAITS;
+        for _ in 0..n {
+            dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        }
+        let emitted = dev.last_emitted(GFX).unwrap();
+        assert_eq!(
+            dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)),
+            Err(SubmitError::TooManyPending(GFX))
+        );
+        assert_eq!(dev.last_emitted(GFX), Some(emitted), "nothing emitted");
+        assert!(dev.stats().dep_waits > 0, "it waited for room first");
+        // Room comes back as the work completes, and no edge was dropped.
+        dev.platform().state().run_all();
+        dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    });
+}
+
+#[test]
+fn four_threads_three_queues_no_lost_fence() {
+    with_device::<16>(
+        Generation::Gen2,
+        Config { ib_chunk_bytes: 4096, ring_bytes: 16384, ..cfg() },
+        MmuMode::Bypass,
+        |dev| {
+            dev.platform().state().mode = Mode::OnDoorbell;
+            let buf = dev.alloc_buffer(4 * 4 * 500).unwrap();
+            let b = dev.va(buf).unwrap();
+            std::thread::scope(|s| {
+                for t in 0..4u64 {
+                    s.spawn(move || {
+                        let mut last: Option<Fence> = None;
+                        for j in 0..500u64 {
+                            let q = QueueId(((t + j) % 3) as u8);
+                            let waits: Vec<Fence> = last.into_iter().filter(|f| f.queue() != q).collect();
+                            let word = t * 500 + j;
+                            let f = dev
+                                .submit(q, &waits, |cb| cb.write_data(b + 4 * word, &[word as u32 + 1]))
+                                .unwrap();
+                            last = Some(f);
+                            if j % 100 == 0 {
+                                dev.wait(f, 10_000_000_000).unwrap();
+                            }
+                        }
+                        dev.wait(last.unwrap(), 10_000_000_000).unwrap();
+                    });
+                }
+            });
+            for w in 0..2000u64 {
+                assert_eq!(dev.read_u32(buf, w), Ok(w as u32 + 1), "job {w}");
+            }
+            assert_eq!(dev.stats().submissions, 2000);
+            let s = dev.stats();
+            assert_eq!(s.fences_signalled, 2000, "every fence seen once");
+            assert_eq!((s.hangs, s.resets), (0, 0));
+        },
+    );
+}
+
+#[test]
+fn fences_from_before_and_after_work_are_told_apart() {
+    with_device::<4>(Generation::Gen1, cfg(), MmuMode::Bypass, |dev| {
+        let f = dev.submit(GFX, &[], |cb| cb.barrier()).unwrap();
+        dev.wait(f, 1_000_000_000).unwrap();
+        let id = FenceId { queue: GFX, seqno: f.seqno() };
+        assert_eq!(f.id, id);
+        assert_eq!(dev.query(f.later(1)), Err(WaitError::NotSubmitted(f.later(1))));
+    });
+}
+
+#[test]
+fn shutdown_reports_leaks_with_tags() {
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, cfg(), MmuMode::Bypass).unwrap();
+    let a = dev.alloc(&BufferDesc::new(100).tag("vertices")).unwrap();
+    let _b = dev.alloc(&BufferDesc::new(70_000).tag("texture")).unwrap();
+    dev.free(a).unwrap();
+    let mut leaks = Vec::new();
+    dev.leak_report(|l| leaks.push((l.info.tag, l.info.size, l.info.serial)));
+    assert_eq!(leaks, vec![("texture", 70_000, 2)]);
+    let r = dev.shutdown();
+    assert_eq!((r.leaked_buffers, r.leaked_bytes), (1, 70_000));
+    assert_eq!(fake.state().allocs, 0, "leaked memory is given back at teardown");
+}
