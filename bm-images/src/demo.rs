@@ -19,9 +19,8 @@
 //! frame `f - 2`'s buffers after the CPU has waited for that frame's GFX
 //! fence and checked every output word bit-exactly. Every buffer comes from
 //! the driver's buffer manager: the slots' buffers live for the run, and
-//! each frame's constant table is a transient buffer freed right after the
-//! COPY job that writes it is submitted: the driver keeps its memory until
-//! that job's fence has signalled. The report shows the pools' figures.
+//! each frame's constant table is a transient buffer, checked and freed
+//! when the frame retires. The report shows the pools' figures.
 //!
 //! Generic over the backend: the bare-metal `demo` image runs it on the
 //! ivshmem transport; it would run as well over co-simulation or a kernel

@@ -53,6 +53,9 @@ pub mod ibpool;
 pub mod ivshmem;
 pub mod kernel;
 mod log;
+#[cfg(loom)]
+#[doc(hidden)]
+pub mod loom_probe;
 pub mod mem;
 pub mod platform;
 pub mod queue;

@@ -131,16 +131,9 @@ pub(crate) fn check<P: DirectIo>(
     Ok(Some(Failure { error: FenceError::DeviceHung, report }))
 }
 
-/// Resets the engine of queue `q` after its failure was recorded: the
-/// ring starts empty and a FENCE writes `upto` to the queue's slot through
-/// the engine itself, so engines waiting on the cancelled fences move on
-/// (the CPU never writes a fence slot the GPU owns).
-pub(crate) fn reset<P: DirectIo>(
-    d: &Direct<'_, P>,
-    qs: &mut DirectQueue,
-    q: usize,
-    upto: Seqno,
-) -> Result<(), Gone> {
+/// Resets the engine of queue `q` (CTRL.RESET handshake, its interrupts
+/// acknowledged).
+pub(crate) fn reset<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, q: usize) -> Result<(), Gone> {
     let p = d.p;
     let e = q as u32;
     if !reset_engine(p, e, true).map_err(|_| Gone)? {
@@ -148,6 +141,21 @@ pub(crate) fn reset<P: DirectIo>(
     }
     p.write_reg(regs::IRQ_STATUS, regs::irq_fence(e) | regs::irq_fault(e)).map_err(|_| Gone)?;
     qs.watch = Watch::default();
+    Ok(())
+}
+
+/// After the failure was recorded: the ring starts empty and a FENCE
+/// writes `upto` to the queue's slot through the engine itself, so engines
+/// waiting on the cancelled fences move on (the CPU never writes a fence
+/// slot the GPU owns).
+pub(crate) fn resume<P: DirectIo>(
+    d: &Direct<'_, P>,
+    qs: &mut DirectQueue,
+    q: usize,
+    upto: Seqno,
+) -> Result<(), Gone> {
+    let p = d.p;
+    let e = q as u32;
     let Some(ring) = qs.ring.as_mut() else { return Err(Gone) };
     ring.reset();
     let fence = crate::cmd::Command::Fence { addr: d.slot_va(q), value: upto.0, irq: false };

@@ -240,8 +240,12 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         hang::check(self, qs, view)
     }
 
-    fn reset(&self, qs: &mut DirectQueue, q: usize, upto: Seqno) -> Result<(), Gone> {
-        hang::reset(self, qs, q, upto)
+    fn reset(&self, qs: &mut DirectQueue, q: usize) -> Result<(), Gone> {
+        hang::reset(self, qs, q)
+    }
+
+    fn resume(&self, qs: &mut DirectQueue, q: usize, upto: Seqno) -> Result<(), Gone> {
+        hang::resume(self, qs, q, upto)
     }
 
     fn mapping_counters(&self) -> (u64, u64) {

@@ -156,10 +156,13 @@ pub trait Backend: sealed::Sealed + Sized {
     /// The hang and fault check of one queue (under its submit lock):
     /// `Some` when it must be reset.
     fn check(&self, qs: &mut Self::Queue, view: &QueueView<'_>) -> Result<Option<Failure>, Gone>;
-    /// Resets queue `q` after a failure (the engine has recorded it);
-    /// afterwards the queue's completed value must read `upto` and new work
-    /// may be emitted.
-    fn reset(&self, qs: &mut Self::Queue, q: usize, upto: Seqno) -> Result<(), Gone>;
+    /// Resets queue `q`'s engine after a failure, before the engine records
+    /// it (`Err`: the device did not complete the reset: it is lost).
+    fn reset(&self, qs: &mut Self::Queue, q: usize) -> Result<(), Gone>;
+    /// After the failure is recorded: lets engines waiting on the cancelled
+    /// work move on (queue `q`'s completed value becomes `upto`) and takes
+    /// new work.
+    fn resume(&self, qs: &mut Self::Queue, q: usize, upto: Seqno) -> Result<(), Gone>;
 
     /// Stops the hardware (teardown; idempotent).
     fn stop(&self);

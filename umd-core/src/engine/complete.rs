@@ -24,6 +24,7 @@ use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
 use super::backend::{Backend, Failure, Gone, Poll, QueueView};
+use super::queue::Outcome;
 use super::{Counters, Engine};
 use crate::platform::Platform;
 
@@ -57,14 +58,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 self.device_lost();
             }
         }
-        let now = q.completed();
-        let before = Seqno(q.processed.load(Ordering::Acquire));
-        if now.is_after(before)
-            && q.processed.compare_exchange(before.0, now.0, Ordering::AcqRel, Ordering::Acquire).is_ok()
-        {
+        if let Some((before, now)) = q.claim() {
             self.after_completion(qi, before, now, false);
         }
-        now
+        q.completed()
     }
 
     /// Bookkeeping for `(before, now]` of queue `qi`: done by the one
@@ -120,12 +117,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if fence.id.seqno.is_after(emitted) {
             return Err(WaitError::NotSubmitted(fence));
         }
-        // Timeline first, then the history: a reset records before it forces.
-        let done = self.process(qi);
-        if let Some(e) = q.failure(fence.id.seqno) {
-            return Ok(FenceStatus::Failed(e));
-        }
-        Ok(if fence.id.is_signalled_by(done) { FenceStatus::Signalled } else { FenceStatus::Pending })
+        self.process(qi);
+        Ok(match q.outcome(fence.id.seqno) {
+            Outcome::Signalled => FenceStatus::Signalled,
+            Outcome::Failed(e) => FenceStatus::Failed(e),
+            Outcome::Pending => FenceStatus::Pending,
+        })
     }
 
     /// Where `fence` stands, without waiting (but servicing the device).
@@ -203,12 +200,17 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let after = q.completed();
         let queue = QueueId(qi as u8);
         let n = upto.distance(after).max(0) as u64;
-        // 1. Remember the failure before anything can see the timeline pass it.
+        // 1. Stop the engine. A device that can not even do that is gone.
+        if self.b.reset(qs, qi).is_err() {
+            self.device_lost();
+            return;
+        }
+        // 2. Remember the failure before anything can see the timeline pass it.
         q.record_failure(after, upto, failure.error);
-        // 2. Poison what waits on it.
+        // 3. Poison what waits on it.
         self.propagate();
-        // 3. Reset the hardware queue and move the timeline on.
-        let reset_ok = self.b.reset(qs, qi, upto).is_ok();
+        // 4. Release engines waiting on the cancelled work; move the timeline on.
+        let resume_ok = self.b.resume(qs, qi, upto).is_ok();
         q.timeline.force(upto);
         // Cancelled work gets no trace spans (`processed` moves past it) but
         // its dependencies and the buffers it held are released below.
@@ -250,7 +252,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         *self.last_hang.lock() = Some(failure.report);
         // Buffers the cancelled work held are free now that the engine is idle.
         self.after_completion(qi, after, upto, true);
-        if !reset_ok {
+        if !resume_ok {
             self.device_lost();
         }
     }

@@ -11,6 +11,17 @@ use crate::sync::{FenceError, Seqno, Timeline};
 /// Failed ranges remembered per queue (older ones merge, never vanish).
 pub const HISTORY: usize = 8;
 
+/// Where a fence stands, as its queue knows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Done.
+    Signalled,
+    /// Abandoned, and why.
+    Failed(FenceError),
+    /// Not done yet.
+    Pending,
+}
+
 /// One queue.
 pub(crate) struct QueueCore<R: RawMutex, Q> {
     /// The last completed sequence number (written by whoever reads the
@@ -61,6 +72,43 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
             return None;
         }
         self.history.lock().lookup(s)
+    }
+
+    /// Where fence `s` stands: its failure if it has one, else signalled
+    /// or pending. The timeline is read before the failure history: a
+    /// reset records the failure before it forces the timeline, so a
+    /// reader that sees the forced value also sees the failure.
+    pub(crate) fn outcome(&self, s: Seqno) -> Outcome {
+        let done = self.completed();
+        if let Some(e) = self.failure(s) {
+            return Outcome::Failed(e);
+        }
+        if s.is_signalled_by(done) {
+            Outcome::Signalled
+        } else {
+            Outcome::Pending
+        }
+    }
+
+    /// Takes the completions not processed yet, `(before, now]`: exactly
+    /// one caller gets each range (trace spans, reclaim run once).
+    pub(crate) fn claim(&self) -> Option<(Seqno, Seqno)> {
+        let now = self.completed();
+        let before = Seqno(self.processed.load(Ordering::Acquire));
+        if now.is_after(before)
+            && self.processed.compare_exchange(before.0, now.0, Ordering::AcqRel, Ordering::Acquire).is_ok()
+        {
+            Some((before, now))
+        } else {
+            None
+        }
+    }
+
+    /// Takes and drops the history lock (loom models make their locks on
+    /// first use, before sharing).
+    #[cfg(loom)]
+    pub(crate) fn warm_up_history_lock(&self) {
+        drop(self.history.lock());
     }
 
     /// Records that `(after, upto]` failed with `error`, before anyone can

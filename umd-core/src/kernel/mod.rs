@@ -111,8 +111,13 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         Ok(None)
     }
 
-    fn reset(&self, _: &mut (), q: usize, _upto: Seqno) -> Result<(), Gone> {
-        // The kernel reset the engine already: only acknowledge it.
+    fn reset(&self, _: &mut (), _q: usize) -> Result<(), Gone> {
+        // The kernel reset the engine already.
+        Ok(())
+    }
+
+    fn resume(&self, _: &mut (), q: usize, _upto: Seqno) -> Result<(), Gone> {
+        // Acknowledge the reset report.
         if let Some(r) = self.pending_reset.get(q) {
             r.store(0, Ordering::Release);
         }

@@ -1,0 +1,126 @@
+//! The engine's per-queue protocol, exposed to the loom models (only under
+//! `--cfg loom`; `umd-core/tests/loom.rs`). These are the real `QueueCore`
+//! methods the engine uses, over a lock that yields to loom's scheduler.
+
+use core::cell::UnsafeCell;
+
+use loom::sync::atomic::{AtomicBool, Ordering};
+
+use crate::engine::queue::{Outcome, QueueCore};
+use crate::sync::{FenceError, Seqno};
+
+/// A spin lock on a loom atomic (so loom sees its acquire/release edges),
+/// which yields to loom's scheduler while it waits. Loom atomics are not
+/// `const`, so the flag is made on first use: [`ProbeQueue::new`] takes
+/// the lock once before any thread is spawned.
+pub struct LoomLock(UnsafeCell<Option<AtomicBool>>);
+
+// SAFETY: the cell is written once, by the first `lock` on the thread that
+// made the queue before sharing it (`ProbeQueue::new`); afterwards it is
+// only read, and the flag inside is an atomic.
+unsafe impl Sync for LoomLock {}
+// SAFETY: as above.
+unsafe impl Send for LoomLock {}
+
+impl LoomLock {
+    fn flag(&self) -> &AtomicBool {
+        // SAFETY: see the `Sync` impl: the only write happens before the
+        // lock is shared.
+        let slot = unsafe { &mut *self.0.get() };
+        slot.get_or_insert_with(|| AtomicBool::new(false))
+    }
+}
+
+// SAFETY: mutual exclusion by compare-and-swap on the flag (acquire on
+// success, release on unlock); `unlock` only after a successful
+// `lock`/`try_lock` (lock_api's contract).
+unsafe impl lock_api::RawMutex for LoomLock {
+    #[allow(clippy::declare_interior_mutable_const)]
+    const INIT: LoomLock = LoomLock(UnsafeCell::new(None));
+    type GuardMarker = lock_api::GuardSend;
+
+    fn lock(&self) {
+        while !self.try_lock() {
+            loom::thread::yield_now();
+        }
+    }
+
+    fn try_lock(&self) -> bool {
+        self.flag().compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+    }
+
+    unsafe fn unlock(&self) {
+        self.flag().store(false, Ordering::Release);
+    }
+}
+
+/// Where a fence stands, as the probe reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Status {
+    /// Done.
+    Signalled,
+    /// Abandoned.
+    Failed,
+    /// Not done.
+    Pending,
+}
+
+/// One queue.
+pub struct ProbeQueue(QueueCore<LoomLock, u64>);
+
+impl Default for ProbeQueue {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProbeQueue {
+    /// A fresh queue (its locks made ready on this thread).
+    pub fn new() -> Self {
+        let q = ProbeQueue(QueueCore::new(0));
+        drop(q.0.submit.lock());
+        q.0.warm_up_history_lock();
+        q
+    }
+
+    /// What the device's completion read does.
+    pub fn complete(&self, s: u64) {
+        self.0.timeline.advance(Seqno(s));
+    }
+
+    /// What a reset does: record `(after, upto]` as failed, then force the
+    /// timeline past it.
+    pub fn reset(&self, after: u64, upto: u64) {
+        self.0.record_failure(Seqno(after), Seqno(upto), FenceError::DeviceHung);
+        self.0.timeline.force(Seqno(upto));
+    }
+
+    /// What a status query answers.
+    pub fn status(&self, s: u64) -> Status {
+        match self.0.outcome(Seqno(s)) {
+            Outcome::Signalled => Status::Signalled,
+            Outcome::Failed(_) => Status::Failed,
+            Outcome::Pending => Status::Pending,
+        }
+    }
+
+    /// Completion bookkeeping: the range this caller must process.
+    pub fn claim(&self) -> Option<(u64, u64)> {
+        self.0.claim().map(|(a, b)| (a.0, b.0))
+    }
+
+    /// A submission: under the submit lock, the next sequence number,
+    /// published with release ordering.
+    pub fn submit(&self) -> u64 {
+        let mut guard = self.0.submit.lock();
+        let s = self.0.emitted().next();
+        *guard = guard.wrapping_add(1);
+        self.0.emitted.store(s.0, crate::sync::atomic::Ordering::Release);
+        s.0
+    }
+
+    /// The last emitted sequence number.
+    pub fn emitted(&self) -> u64 {
+        self.0.emitted().0
+    }
+}
