@@ -19,7 +19,14 @@
 //! - **clean** writes each dirty line overlapping the range to memory,
 //!   whole (64 bytes, as hardware does: bytes of the line the CPU did not
 //!   store are written too, with whatever the CPU's copy holds) and makes it
-//!   clean;
+//!   clean. The model cannot see stores, so a store of the values a line
+//!   already held (zeroing a recycled buffer whose stale CPU copy was zero)
+//!   leaves the shadow equal to the record; a real cache would still write
+//!   that line back. So a clean also writes a line whose CPU copy is
+//!   unchanged when memory no longer matches it (the GPU wrote it since).
+//!   The cost of that choice: a clean over a stale line the CPU never
+//!   stored to also overwrites the GPU's data, which a real cache would not
+//!   do; drivers clean what they wrote, so this is the rarer case;
 //! - **invalidate** refetches each line overlapping the range from memory
 //!   into the shadow and **discards dirty CPU data**. This is the strict
 //!   choice: Arm's `dc ivac` may write a dirty line back first, and on some
@@ -90,6 +97,10 @@ pub struct CacheStats {
     /// Dirty lines among those that held CPU data no clean had written
     /// (discarded by `cache_invalidate`).
     pub dirty_lines_discarded: u64,
+    /// Lines among `lines_cleaned` whose CPU copy had not changed since the
+    /// last sync while memory had (see the module documentation: the CPU may
+    /// have stored the values it already held).
+    pub stale_lines_cleaned: u64,
     /// Dirty lines written back spontaneously at a doorbell.
     pub lines_evicted: u64,
     /// Dirty lines whose clean was dropped by [`WriteBackCache::ignore_cleans`].
@@ -284,17 +295,29 @@ impl WriteBackCache {
             return;
         };
         for (line, ignore) in lines.zip(ignored) {
+            let pa = dev_addr + (line * LINE) as u64;
             let now = shadow.load(line);
-            if now[..] == *shadow.synced(line) {
-                continue;
+            let stale = now[..] == *shadow.synced(line);
+            if stale {
+                // Unchanged since the last sync: either the CPU did not
+                // store to the line, or it stored the values it already held
+                // (zeroing a line that was zero). A real cache marks the
+                // second dirty and writes it back; the model cannot see
+                // stores, so it writes the line when memory moved on since
+                // (the GPU wrote it), and skips it when memory agrees.
+                let mut mem = [0u8; LINE];
+                if model.read_mem(pa, &mut mem).is_err() || mem == now {
+                    continue;
+                }
             }
             if ignore {
                 self.stats.cleans_ignored += 1;
                 continue;
             }
-            if model.write_mem(dev_addr + (line * LINE) as u64, &now).is_ok() {
+            if model.write_mem(pa, &now).is_ok() {
                 shadow.set_synced(line, &now);
                 self.stats.lines_cleaned += 1;
+                self.stats.stale_lines_cleaned += u64::from(stale);
             }
         }
     }

@@ -375,6 +375,31 @@ mod tests {
     }
 
     #[test]
+    fn storing_the_values_a_stale_line_held_still_reaches_memory() {
+        // The CPU's copy of a line is stale (the GPU wrote memory since);
+        // the CPU stores the very values its copy holds (zeroing memory it
+        // reuses), then cleans: on hardware the stored line is dirty and
+        // goes out, so memory must end up zero.
+        let p = write_back(0);
+        let mut r = p.dma_alloc(4096, DmaFlags::CPU).unwrap();
+        let pa = r.dev_addr();
+        p.model().write_u32(pa + 64, 7).unwrap(); // the last owner's GPU result
+        assert_eq!(r.read_u32(64), Some(0), "stale CPU copy");
+        for w in 0..16 {
+            r.write_u32(64 + 4 * w, 0);
+        }
+        assert_eq!(p.dirty_lines(), 0, "the shadow did not change");
+        p.cache_clean(&r, 64, 64);
+        assert_eq!(gpu_u32(&p, pa + 64), 0);
+        let s = p.cache_stats();
+        assert_eq!((s.lines_cleaned, s.stale_lines_cleaned), (1, 1));
+        // A line whose copy agrees with memory is not written.
+        p.cache_clean(&r, 0, 4096);
+        assert_eq!(p.cache_stats().lines_cleaned, 1);
+        p.dma_free(r);
+    }
+
+    #[test]
     fn gpu_write_reaches_the_cpu_only_when_invalidated() {
         let p = write_back(0);
         let r = p.dma_alloc(8192, DmaFlags::CPU).unwrap();
