@@ -8,7 +8,7 @@
 //! | `doorbell(e)` | BAR0 offset 12 ← `(model_peer << 16) \| e` |
 //! | `control_doorbell` | the same with vector 3 |
 //! | `dma_alloc/free` | pages of the RAM carve-out ([`CarveOut`]), zeroed and cleaned to memory |
-//! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc ivac` by line, the generic timer, `wfi` on the GICv2m MSI) |
+//! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc ivac` by line, the generic timer, `wfi` on the GICv2m MSI); delays through the board's `embedded_hal::delay::DelayNs` |
 //!
 //! Device loss: the model publishes CLOCK every 100 µs while it lives. When
 //! the core sits in `delay_ns` or `wait_irq` (its wait loop), the transport
@@ -22,6 +22,10 @@
 use core::ptr::NonNull;
 use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
+use embedded_hal::delay::DelayNs;
+use safe_mmio::fields::{ReadPure, ReadWrite, WriteOnly};
+use safe_mmio::{field, UniqueMmioPointer};
+
 use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
@@ -33,16 +37,19 @@ pub const VENDOR_ID: u16 = 0x1af4;
 /// Device ID (ivshmem-plain and ivshmem-doorbell share it).
 pub const DEVICE_ID: u16 = 0x1110;
 
-/// BAR0 register offsets.
-pub mod bar0 {
+/// BAR0 of the ivshmem device: four 32-bit registers (QEMU's ivshmem
+/// specification), accessed through `safe-mmio`.
+#[repr(C)]
+#[derive(Debug)]
+pub struct Bar0Regs {
     /// Interrupt mask (INTx mode only).
-    pub const INTR_MASK: usize = 0x00;
+    pub intr_mask: ReadWrite<u32>,
     /// Interrupt status (INTx mode only).
-    pub const INTR_STATUS: usize = 0x04;
-    /// Our peer id (read-only).
-    pub const IV_POSITION: usize = 0x08;
+    pub intr_status: ReadWrite<u32>,
+    /// Our peer id (IVPosition).
+    pub iv_position: ReadPure<u32>,
     /// Doorbell: write `(peer << 16) | vector`.
-    pub const DOORBELL: usize = 0x0C;
+    pub doorbell: WriteOnly<u32>,
 }
 
 /// The binding info page `refgpu-sim` writes at offset 0x1000 of the
@@ -64,10 +71,15 @@ pub mod info {
 
 /// What the transport needs from the CPU and board.
 pub trait Hal {
+    /// The board's delay provider (`embedded-hal`'s `DelayNs`), borrowed
+    /// per wait so that several waiters need no lock.
+    type Delay<'a>: DelayNs
+    where
+        Self: 'a;
     /// Monotonic nanoseconds.
     fn now_ns(&self) -> u64;
-    /// Waits at least `ns`.
-    fn delay_ns(&self, ns: u64);
+    /// A delay provider for one wait.
+    fn delay(&self) -> Self::Delay<'_>;
     /// Cleans the data cache over `[addr, addr + len)` to the point of
     /// coherency (CPU writes become visible to the device).
     fn cache_clean(&self, addr: usize, len: usize);
@@ -83,7 +95,8 @@ pub trait Hal {
 
 /// The refgpu behind an ivshmem-doorbell device.
 pub struct IvshmemGpu<H: Hal> {
-    bar0: NonNull<u32>,
+    /// BAR0; the lock makes the `&self` doorbell the pointer's one user.
+    bar0: spin::Mutex<UniqueMmioPointer<'static, Bar0Regs>>,
     page: NonNull<AtomicU32>,
     model_peer: u32,
     carve: spin::Mutex<CarveOut>,
@@ -113,7 +126,10 @@ impl<H: Hal> IvshmemGpu<H> {
     /// else uses.
     pub unsafe fn new(bar0: NonNull<u32>, shm: NonNull<u32>, carve: CarveOut, hal: H) -> IvshmemGpu<H> {
         let mut g = IvshmemGpu {
-            bar0,
+            // SAFETY: the contract above: BAR0 is mapped for 16 bytes (the
+            // four registers of `Bar0Regs`), 4-aligned, and only this value
+            // accesses it.
+            bar0: spin::Mutex::new(unsafe { UniqueMmioPointer::new(bar0.cast::<Bar0Regs>()) }),
             page: shm.cast(),
             model_peer: 0,
             carve: spin::Mutex::new(carve),
@@ -139,9 +155,8 @@ impl<H: Hal> IvshmemGpu<H> {
 
     /// Our ivshmem peer id (IVPosition).
     pub fn peer_id(&self) -> u32 {
-        // SAFETY: BAR0 is mapped (contract of `new`); IVPosition is a
-        // read-only register.
-        unsafe { self.bar0.as_ptr().add(bar0::IV_POSITION / 4).read_volatile() }
+        let mut regs = self.bar0.lock();
+        field!(*regs, iv_position).read()
     }
 
     /// The model's peer id.
@@ -183,10 +198,8 @@ impl<H: Hal> IvshmemGpu<H> {
         // Make the register-page and ring writes visible before the model
         // wakes (the doorbell is a Device-memory store).
         core::sync::atomic::fence(Ordering::SeqCst);
-        // SAFETY: BAR0 is mapped (contract of `new`); DOORBELL is at 12.
-        unsafe {
-            self.bar0.as_ptr().add(bar0::DOORBELL / 4).write_volatile((self.model_peer << 16) | vector)
-        };
+        let mut regs = self.bar0.lock();
+        field!(*regs, doorbell).write((self.model_peer << 16) | vector);
         Ok(())
     }
 
@@ -235,9 +248,13 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        let (cpu, dev) = self.carve.lock().alloc(len).ok_or(PlatformError::OutOfMemory { len })?;
+        let (cpu, dev) = self.carve.lock().alloc(len).map_err(|_| PlatformError::OutOfMemory { len })?;
         let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
-        let p = NonNull::new(cpu as *mut u8).ok_or(PlatformError::OutOfMemory { len })?;
+        let Some(p) = NonNull::new(cpu as *mut u8) else {
+            // A carve-out at CPU address 0: unusable, give the run back.
+            let _ = self.carve.lock().free(cpu, len);
+            return Err(PlatformError::OutOfMemory { len });
+        };
         // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
         // anything else (contract of `new`).
         unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
@@ -248,7 +265,8 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
 
     fn dma_free(&self, region: DmaRegion) {
         if let Some(p) = region.cpu_ptr() {
-            self.carve.lock().free(p.as_ptr() as usize, region.len());
+            // A region this carve-out did not hand out frees nothing.
+            let _ = self.carve.lock().free(p.as_ptr() as usize, region.len());
         }
     }
 
@@ -271,7 +289,14 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     }
 
     fn delay_ns(&self, ns: u64) {
-        self.hal.delay_ns(ns);
+        // `DelayNs` takes u32 nanoseconds (~4.3 s): longer waits in steps.
+        let mut d = self.hal.delay();
+        let mut left = ns;
+        while left > 0 {
+            let step = left.min(u64::from(u32::MAX));
+            d.delay_ns(step as u32);
+            left -= step;
+        }
         self.check_heartbeat();
     }
 
@@ -332,12 +357,22 @@ mod tests {
         cleaned: core::cell::RefCell<Vec<(usize, usize)>>,
     }
 
+    /// Advances the fake clock instead of waiting.
+    struct FakeDelay<'a>(&'a core::cell::Cell<u64>);
+
+    impl DelayNs for FakeDelay<'_> {
+        fn delay_ns(&mut self, ns: u32) {
+            self.0.set(self.0.get() + u64::from(ns));
+        }
+    }
+
     impl Hal for FakeHal {
+        type Delay<'a> = FakeDelay<'a>;
         fn now_ns(&self) -> u64 {
             self.t.get()
         }
-        fn delay_ns(&self, ns: u64) {
-            self.t.set(self.t.get() + ns);
+        fn delay(&self) -> FakeDelay<'_> {
+            FakeDelay(&self.t)
         }
         fn cache_clean(&self, addr: usize, len: usize) {
             self.cleaned.borrow_mut().push((addr, len));
@@ -416,6 +451,7 @@ mod tests {
             g.delay_ns(LOSS_WINDOW_NS);
         }
         assert!(g.is_lost());
+        assert_eq!(g.hal().t.get(), 3 * LOSS_WINDOW_NS, "each delay waited its whole length");
         assert_eq!(g.read_reg(regs::ID), Err(PlatformError::DeviceLost));
         assert_eq!(g.doorbell(0), Err(PlatformError::DeviceLost));
     }

@@ -12,6 +12,14 @@
 //! | `0x4008_0000` | this image (code, data, 1 MiB boot stack; < 15.5 MiB) | |
 //! | `0x4100_0000` | GPU carve-out ([`CARVEOUT_SIZE`]) | |
 //! | `0x40_1000_0000` | PCI ECAM (bus 0..255) | Device-nGnRE (GiB 256) |
+//!
+//! The identity map is aarch64-rt's *initial* page table: one static level-1
+//! table of 1 GiB blocks that aarch64-rt's entry code installs before any
+//! Rust code runs. The descriptor and MAIR encodings come from
+//! `aarch64-paging` (`El1Attributes`, `Mair`, both `const`); its `IdMap`
+//! does not fit this point of the boot (it builds its tables at run time,
+//! and Rust code cannot run before the MMU is on: with the MMU off every
+//! access is Device memory and the compiler's unaligned accesses fault).
 
 /// GICv2 distributor.
 pub const GICD: usize = 0x0800_0000;
@@ -41,32 +49,41 @@ pub const CARVEOUT_SIZE: usize = 64 << 20;
 const _: () = assert!(CARVEOUT + CARVEOUT_SIZE <= RAM + (1 << 30));
 const _: () = assert!(IMAGE + (15 << 20) <= CARVEOUT);
 
-/// Block descriptor (level 1, 1 GiB): valid.
-const VALID: usize = 1 << 0;
-/// AttrIndx[2:0] at bits 4:2.
-const fn attr(i: usize) -> usize {
-    i << 2
-}
-/// Inner shareable.
-const SH_INNER: usize = 3 << 8;
-/// Access flag.
-const AF: usize = 1 << 10;
-/// Privileged execute never.
-const PXN: usize = 1 << 53;
-/// Unprivileged execute never.
-const UXN: usize = 1 << 54;
+/// Stage-1 attributes of the Device blocks: MAIR index 0, access flag, never
+/// executable.
+const DEVICE: El1Attributes = El1Attributes::VALID
+    .union(El1Attributes::ATTRIBUTE_INDEX_0)
+    .union(El1Attributes::ACCESSED)
+    .union(El1Attributes::PXN)
+    .union(El1Attributes::UXN);
+
+/// Stage-1 attributes of the RAM block: MAIR index 1, inner shareable,
+/// access flag.
+const NORMAL: El1Attributes = El1Attributes::VALID
+    .union(El1Attributes::ATTRIBUTE_INDEX_1)
+    .union(El1Attributes::INNER_SHAREABLE)
+    .union(El1Attributes::ACCESSED);
 
 /// MAIR_EL1: index 0 Device-nGnRE, index 1 normal write-back RW-allocate.
-pub const MAIR: u64 = 0x04 | (0xff << 8);
+pub const MAIR: u64 = Mair::EMPTY
+    .with_attribute(0, MairAttribute::DEVICE_NGNRE)
+    .with_attribute(
+        1,
+        MairAttribute::normal(
+            NormalMemory::WriteBackNonTransientReadWriteAllocate,
+            NormalMemory::WriteBackNonTransientReadWriteAllocate,
+        ),
+    )
+    .0;
 
 /// Level-1 block descriptor for 1 GiB of Device-nGnRE at `pa`.
 pub const fn device_block(pa: usize) -> usize {
-    pa | VALID | attr(0) | AF | PXN | UXN
+    pa | DEVICE.bits()
 }
 
 /// Level-1 block descriptor for 1 GiB of normal cacheable memory at `pa`.
 pub const fn normal_block(pa: usize) -> usize {
-    pa | VALID | attr(1) | SH_INNER | AF
+    pa | NORMAL.bits()
 }
 
 /// The 512 level-1 entries (39-bit VA, 1 GiB each) of the identity map:
@@ -80,9 +97,22 @@ pub const fn idmap() -> [usize; 512] {
     t
 }
 
+use aarch64_paging::descriptor::El1Attributes;
+use aarch64_paging::mair::{Mair, MairAttribute, NormalMemory};
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encodings_are_the_architectural_values() {
+        // Valid block, AttrIndx 0, AF, PXN, UXN.
+        assert_eq!(device_block(0), 0x0060_0000_0000_0401);
+        // Valid block, AttrIndx 1, SH inner shareable, AF.
+        assert_eq!(normal_block(RAM), 0x4000_0705);
+        // MAIR: Attr0 = 0x04 (Device-nGnRE), Attr1 = 0xff (Normal WB RW-alloc).
+        assert_eq!(MAIR, 0xff04);
+    }
 
     #[test]
     fn idmap_covers_the_devices_and_ram() {

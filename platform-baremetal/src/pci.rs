@@ -1,21 +1,22 @@
 //! PCI: enumeration of bus 0 through ECAM and BAR assignment.
 //!
 //! Nothing assigns BARs on QEMU's `virt` machine without firmware, so the
-//! driver sizes every memory BAR (write all-ones, read back the mask) and
-//! places it, naturally aligned, in a window of the host bridge's MMIO
-//! space, then enables memory decoding and bus mastering.
+//! driver sizes every memory BAR and places it, naturally aligned, in a
+//! window of the host bridge's MMIO space, then enables memory decoding and
+//! bus mastering.
 //!
-//! The logic works over the [`ConfigSpace`] trait: the aarch64 side
-//! implements it with volatile loads and stores to the ECAM window, host
-//! tests with a fake device.
+//! Header decoding, BAR sizing and the capability list come from the
+//! `pci_types` crate; this module adds what it leaves to the caller: the
+//! walk over bus 0, the placement of BARs in a window, and guards where
+//! `pci_types` would panic on a malformed device (a BAR with the reserved
+//! memory type). Configuration space is any
+//! [`pci_types::ConfigRegionAccess`]: the aarch64 side implements it over
+//! the ECAM window (`arch::board::Ecam`, with `safe-mmio`), host tests with a
+//! fake device.
 
-/// 32-bit access to PCI configuration space.
-pub trait ConfigSpace {
-    /// Reads the dword at `offset` (4-byte aligned) of function `bdf`.
-    fn read(&mut self, bdf: Bdf, offset: u16) -> u32;
-    /// Writes the dword at `offset` of function `bdf`.
-    fn write(&mut self, bdf: Bdf, offset: u16, value: u32);
-}
+use pci_types::capability::{MsixCapability, PciCapability};
+pub use pci_types::ConfigRegionAccess;
+use pci_types::{Bar as PciBar, CommandRegister, EndpointHeader, PciAddress, PciHeader};
 
 /// Bus, device, function.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,28 +35,17 @@ impl Bdf {
     pub fn ecam_offset(self) -> usize {
         (usize::from(self.bus) << 20) | (usize::from(self.dev) << 15) | (usize::from(self.func) << 12)
     }
+
+    /// The function's address for `pci_types` (segment 0).
+    pub fn address(self) -> PciAddress {
+        PciAddress::new(0, self.bus, self.dev, self.func)
+    }
 }
 
-/// Configuration-space offsets used here.
-pub mod cfg {
-    /// Vendor ID [15:0], device ID [31:16].
-    pub const ID: u16 = 0x00;
-    /// Command [15:0], status [31:16].
-    pub const COMMAND: u16 = 0x04;
-    /// Header type in [23:16].
-    pub const HEADER: u16 = 0x0C;
-    /// First BAR.
-    pub const BAR0: u16 = 0x10;
-    /// Capabilities pointer.
-    pub const CAP_PTR: u16 = 0x34;
-    /// Command: memory space enable.
-    pub const CMD_MEMORY: u32 = 1 << 1;
-    /// Command: bus master enable.
-    pub const CMD_MASTER: u32 = 1 << 2;
-    /// Command: INTx disable.
-    pub const CMD_INTX_DISABLE: u32 = 1 << 10;
-    /// Status: capabilities list present.
-    pub const STATUS_CAPS: u32 = 1 << 20;
+impl From<PciAddress> for Bdf {
+    fn from(a: PciAddress) -> Bdf {
+        Bdf { bus: a.bus(), dev: a.device(), func: a.function() }
+    }
 }
 
 /// A function found on the bus.
@@ -71,20 +61,20 @@ pub struct Function {
 }
 
 /// Finds every function on bus 0, calling `found` for each.
-pub fn enumerate_bus0(cs: &mut impl ConfigSpace, mut found: impl FnMut(Function)) {
+pub fn enumerate_bus0(cs: &impl ConfigRegionAccess, mut found: impl FnMut(Function)) {
     for dev in 0..32u8 {
         for func in 0..8u8 {
             let bdf = Bdf { bus: 0, dev, func };
-            let id = cs.read(bdf, cfg::ID);
-            if id & 0xffff == 0xffff {
+            let header = PciHeader::new(bdf.address());
+            let (vendor, device) = header.id(cs);
+            if vendor == 0xffff {
                 if func == 0 {
                     break;
                 }
                 continue;
             }
-            found(Function { bdf, vendor: id as u16, device: (id >> 16) as u16 });
-            let multi = cs.read(bdf, cfg::HEADER) & (0x80 << 16) != 0;
-            if func == 0 && !multi {
+            found(Function { bdf, vendor, device });
+            if func == 0 && !header.has_multiple_functions(cs) {
                 break;
             }
         }
@@ -124,6 +114,10 @@ pub enum BarError {
     },
     /// An I/O-space BAR (not supported: `virt` has no I/O window here).
     IoBar(u8),
+    /// A memory BAR with the reserved type (bits 2:1 = 0b01 or 0b11).
+    ReservedType(u8),
+    /// The function has no type-0 (endpoint) header.
+    NotEndpoint,
 }
 
 impl core::fmt::Display for BarError {
@@ -131,6 +125,8 @@ impl core::fmt::Display for BarError {
         match self {
             BarError::WindowFull { bar, size } => write!(f, "no room for BAR{bar} ({size:#x} bytes)"),
             BarError::IoBar(b) => write!(f, "BAR{b} is an I/O BAR (unsupported)"),
+            BarError::ReservedType(b) => write!(f, "BAR{b} has the reserved memory type"),
+            BarError::NotEndpoint => write!(f, "not an endpoint (type 0 header)"),
         }
     }
 }
@@ -156,76 +152,57 @@ impl BarWindow {
 /// (64-bit BARs too, placed below 4 GiB when the window is), then enables
 /// memory decoding and bus mastering. Decoding is off while BARs move.
 pub fn assign_bars(
-    cs: &mut impl ConfigSpace,
+    cs: &impl ConfigRegionAccess,
     bdf: Bdf,
     window: &mut BarWindow,
 ) -> Result<[Bar; 6], BarError> {
+    let mut header =
+        EndpointHeader::from_header(PciHeader::new(bdf.address()), cs).ok_or(BarError::NotEndpoint)?;
+    header.update_command(cs, |c| c - (CommandRegister::MEMORY_ENABLE | CommandRegister::BUS_MASTER_ENABLE));
     let mut bars = [Bar::default(); 6];
-    let cmd = cs.read(bdf, cfg::COMMAND) & 0xffff;
-    cs.write(bdf, cfg::COMMAND, cmd & !(cfg::CMD_MEMORY | cfg::CMD_MASTER));
-    let mut i = 0u8;
-    while i < 6 {
-        let off = cfg::BAR0 + 4 * u16::from(i);
-        let orig = cs.read(bdf, off);
-        if orig & 1 != 0 {
-            // I/O BAR: leave it, report only if it is implemented.
-            cs.write(bdf, off, 0xffff_ffff);
-            let mask = cs.read(bdf, off);
-            cs.write(bdf, off, orig);
-            if mask & !3 != 0 {
-                return Err(BarError::IoBar(i));
-            }
-            i += 1;
-            continue;
+    let mut slot = 0u8;
+    while slot < 6 {
+        // `pci_types` panics on the reserved memory types: refuse them first.
+        // SAFETY: a BAR register of a function that exists is a valid
+        // configuration read.
+        let raw = unsafe { cs.read(bdf.address(), 0x10 + 4 * u16::from(slot)) };
+        if raw & 1 == 0 && matches!((raw >> 1) & 3, 1 | 3) {
+            return Err(BarError::ReservedType(slot));
         }
-        let is_64 = (orig >> 1) & 3 == 2 && i < 5;
-        cs.write(bdf, off, 0xffff_ffff);
-        let lo = cs.read(bdf, off) & !0xf;
-        let hi = if is_64 {
-            cs.write(bdf, off + 4, 0xffff_ffff);
-            cs.read(bdf, off + 4)
-        } else {
-            0xffff_ffff
+        let (size, is_64) = match header.bar(slot, cs) {
+            None => (0, false), // not implemented
+            Some(PciBar::Io { .. }) => return Err(BarError::IoBar(slot)),
+            Some(PciBar::Memory32 { size, .. }) => (u64::from(size), false),
+            Some(PciBar::Memory64 { size, .. }) => (size, true),
         };
-        let mask = (u64::from(hi) << 32) | u64::from(lo);
-        if lo == 0 && (!is_64 || hi == 0) {
-            // Not implemented.
-            cs.write(bdf, off, 0);
-            i += if is_64 { 2 } else { 1 };
-            continue;
+        if size != 0 {
+            let addr = window.take(size).ok_or(BarError::WindowFull { bar: slot, size })?;
+            let value = usize::try_from(addr).map_err(|_| BarError::WindowFull { bar: slot, size })?;
+            // SAFETY: `addr` is a naturally aligned range of the bridge's
+            // window that no other BAR holds, and fits the BAR's width (the
+            // 32-bit window); decoding is off while it moves.
+            unsafe { header.write_bar(slot, cs, value) }
+                .map_err(|_| BarError::WindowFull { bar: slot, size })?;
+            if let Some(b) = bars.get_mut(usize::from(slot)) {
+                *b = Bar { addr, size, is_64 };
+            }
         }
-        let size = (!mask).wrapping_add(1);
-        let addr = window.take(size).ok_or(BarError::WindowFull { bar: i, size })?;
-        cs.write(bdf, off, addr as u32);
-        if is_64 {
-            cs.write(bdf, off + 4, (addr >> 32) as u32);
-        }
-        if let Some(b) = bars.get_mut(usize::from(i)) {
-            *b = Bar { addr, size, is_64 };
-        }
-        i += if is_64 { 2 } else { 1 };
+        slot += if is_64 { 2 } else { 1 };
     }
-    cs.write(bdf, cfg::COMMAND, cmd | cfg::CMD_MEMORY | cfg::CMD_MASTER);
+    header.update_command(cs, |c| c | CommandRegister::MEMORY_ENABLE | CommandRegister::BUS_MASTER_ENABLE);
     Ok(bars)
 }
 
-/// Finds the capability `id` in the function's list; returns its offset.
-pub fn find_capability(cs: &mut impl ConfigSpace, bdf: Bdf, id: u8) -> Option<u16> {
-    if cs.read(bdf, cfg::COMMAND) & cfg::STATUS_CAPS == 0 {
-        return None;
-    }
-    let mut ptr = (cs.read(bdf, cfg::CAP_PTR) & 0xfc) as u16;
-    for _ in 0..48 {
-        if ptr == 0 {
-            return None;
-        }
-        let hdr = cs.read(bdf, ptr);
-        if hdr as u8 == id {
-            return Some(ptr);
-        }
-        ptr = ((hdr >> 8) & 0xfc) as u16;
-    }
-    None
+/// The function's MSI-X capability, if it lists one (`pci_types` decodes
+/// the table's BAR, offset and size). The walk stops after 48
+/// capabilities, so a list that loops back on itself ends; a loop made only
+/// of null (ID 0) entries is skipped inside `pci_types` and not bounded.
+pub fn find_msix(cs: &impl ConfigRegionAccess, bdf: Bdf) -> Option<MsixCapability> {
+    let header = EndpointHeader::from_header(PciHeader::new(bdf.address()), cs)?;
+    header.capabilities(cs).take(48).find_map(|c| match c {
+        PciCapability::MsiX(m) => Some(m),
+        _ => None,
+    })
 }
 
 #[cfg(test)]
@@ -235,7 +212,7 @@ mod tests {
     /// One fake function at 00:03.0 with a 256 B BAR0, a 4 KiB BAR1 and a
     /// 64-bit 1 MiB BAR2 (the ivshmem-doorbell layout).
     struct Fake {
-        cfg: [u32; 64],
+        cfg: core::cell::RefCell<[u32; 64]>,
         sizes: [u64; 6],
     }
 
@@ -246,22 +223,28 @@ mod tests {
             cfg[1] = 1 << 20;
             cfg[0x34 / 4] = 0x40;
             cfg[0x40 / 4] = 0x11; // MSI-X, end of list
+            cfg[0x44 / 4] = 0x1; // table in BAR1 at offset 0
             cfg[4 + 2] = 0b0100; // BAR2: 64-bit memory
-            Fake { cfg, sizes: [0x100, 0x1000, 0x10_0000, 0, 0, 0] }
+            Fake { cfg: core::cell::RefCell::new(cfg), sizes: [0x100, 0x1000, 0x10_0000, 0, 0, 0] }
+        }
+
+        fn cfg(&self, i: usize) -> u32 {
+            self.cfg.borrow()[i]
         }
     }
 
-    impl ConfigSpace for Fake {
-        fn read(&mut self, bdf: Bdf, offset: u16) -> u32 {
-            if bdf != (Bdf { bus: 0, dev: 3, func: 0 }) {
+    impl ConfigRegionAccess for Fake {
+        unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
+            if Bdf::from(address) != (Bdf { bus: 0, dev: 3, func: 0 }) {
                 return 0xffff_ffff;
             }
-            self.cfg[usize::from(offset / 4)]
+            self.cfg.borrow()[usize::from(offset / 4)]
         }
-        fn write(&mut self, bdf: Bdf, offset: u16, value: u32) {
-            assert_eq!(bdf, Bdf { bus: 0, dev: 3, func: 0 });
+        unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
+            assert_eq!(Bdf::from(address), Bdf { bus: 0, dev: 3, func: 0 });
             let idx = usize::from(offset / 4);
-            self.cfg[idx] = match offset {
+            let old = self.cfg.borrow()[idx];
+            self.cfg.borrow_mut()[idx] = match offset {
                 0x10..=0x24 => {
                     let bar = idx - 4;
                     // BAR3 is the high half of BAR2.
@@ -275,7 +258,7 @@ mod tests {
                     }
                 }
                 // Status (upper half) is read-only / write-1-to-clear.
-                0x04 => (self.cfg[1] & 0xffff_0000) | (value & 0xffff),
+                0x04 => (old & 0xffff_0000) | (value & 0xffff),
                 _ => value,
             };
         }
@@ -283,29 +266,65 @@ mod tests {
 
     #[test]
     fn finds_the_device_and_assigns_bars() {
-        let mut f = Fake::new();
+        let f = Fake::new();
         let mut found = None;
-        enumerate_bus0(&mut f, |func| found = Some(func));
+        enumerate_bus0(&f, |func| found = Some(func));
         let func = found.unwrap();
         assert_eq!((func.vendor, func.device, func.bdf.dev), (0x1af4, 0x1110, 3));
         assert_eq!(func.bdf.ecam_offset(), 3 << 15);
         let mut w = BarWindow::new(0x1000_0000, 0x2eff_0000);
-        let bars = assign_bars(&mut f, func.bdf, &mut w).unwrap();
+        let bars = assign_bars(&f, func.bdf, &mut w).unwrap();
         assert_eq!(bars[0], Bar { addr: 0x1000_0000, size: 0x100, is_64: false });
         assert_eq!(bars[1], Bar { addr: 0x1000_1000, size: 0x1000, is_64: false });
         assert_eq!(bars[2], Bar { addr: 0x1010_0000, size: 0x10_0000, is_64: true });
-        assert_eq!(f.cfg[4 + 2] & !0xf, 0x1010_0000);
-        assert_eq!(f.cfg[4 + 3], 0);
-        assert_eq!(f.cfg[1] & 0x6, 0x6, "memory and bus master enabled");
-        assert_eq!(find_capability(&mut f, func.bdf, 0x11), Some(0x40));
-        assert_eq!(find_capability(&mut f, func.bdf, 0x05), None);
+        assert_eq!(bars[3], Bar::default(), "the high half of BAR2");
+        assert_eq!(f.cfg(4 + 2) & !0xf, 0x1010_0000);
+        assert_eq!(f.cfg(4 + 2) & 0xf, 0b0100, "type bits kept");
+        assert_eq!(f.cfg(4 + 3), 0);
+        assert_eq!(f.cfg(4), 0x1000_0000);
+        assert_eq!(f.cfg(1) & 0x6, 0x6, "memory and bus master enabled");
+        let msix = find_msix(&f, func.bdf).unwrap();
+        assert_eq!((msix.table_bar(), msix.table_offset(), msix.table_size()), (1, 0, 1));
     }
 
     #[test]
     fn window_full_is_an_error() {
-        let mut f = Fake::new();
+        let f = Fake::new();
         let mut w = BarWindow::new(0x1000_0000, 0x8000);
-        let e = assign_bars(&mut f, Bdf { bus: 0, dev: 3, func: 0 }, &mut w).unwrap_err();
+        let e = assign_bars(&f, Bdf { bus: 0, dev: 3, func: 0 }, &mut w).unwrap_err();
         assert_eq!(e, BarError::WindowFull { bar: 2, size: 0x10_0000 });
+    }
+
+    #[test]
+    fn malformed_devices_are_errors_not_panics() {
+        let bdf = Bdf { bus: 0, dev: 3, func: 0 };
+        let f = Fake::new();
+        f.cfg.borrow_mut()[4 + 2] = 0b0010; // BAR2: reserved memory type 0b01
+        let e = assign_bars(&f, bdf, &mut BarWindow::new(0x1000_0000, 0x2eff_0000)).unwrap_err();
+        assert_eq!(e, BarError::ReservedType(2));
+        let f = Fake::new();
+        f.cfg.borrow_mut()[0x0C / 4] = 1 << 16; // a PCI-PCI bridge header
+        let e = assign_bars(&f, bdf, &mut BarWindow::new(0x1000_0000, 0x2eff_0000)).unwrap_err();
+        assert_eq!(e, BarError::NotEndpoint);
+        assert!(find_msix(&f, bdf).is_none());
+        // A capability list that points at itself ends (no MSI-X in it).
+        let f = Fake::new();
+        f.cfg.borrow_mut()[0x40 / 4] = 0x4009; // vendor capability, next = itself
+        assert!(find_msix(&f, bdf).is_none());
+        // No devices at all: nothing found.
+        let mut n = 0;
+        enumerate_bus0(&NoDevices, |_| n += 1);
+        assert_eq!(n, 0);
+    }
+
+    struct NoDevices;
+
+    impl ConfigRegionAccess for NoDevices {
+        unsafe fn read(&self, _: PciAddress, _: u16) -> u32 {
+            0xffff_ffff
+        }
+        unsafe fn write(&self, _: PciAddress, _: u16, _: u32) {
+            panic!("write to an absent function");
+        }
     }
 }

@@ -44,8 +44,10 @@ use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
-use crate::heap::{PageHeap, PAGE};
-use crate::sys::{self, Mapping};
+use crate::sys;
+use crate::{page_heap, PageHeap};
+use refgpu_model::shm::Mapping;
+use umd_core::mem::pages::PAGE;
 
 /// The binding info page written by `refgpu-sim` at offset 0x1000 of the
 /// shared memory (one definition, shared with the server).
@@ -255,7 +257,7 @@ impl Cosim {
             doorbells,
             irqs,
             mem_base: window.base,
-            heap: Mutex::new(PageHeap::new(size / PAGE)),
+            heap: Mutex::new(page_heap(size / PAGE)),
             binding: Binding::new(),
             lost: AtomicBool::new(false),
             irq_wakeups: AtomicU64::new(0),
@@ -375,7 +377,7 @@ unsafe impl Platform for Cosim {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .alloc(len / PAGE)
-            .ok_or(PlatformError::OutOfMemory { len })?;
+            .map_err(|_| PlatformError::OutOfMemory { len })?;
         let off = first * PAGE;
         // SAFETY: pages `first .. first + len/PAGE` lie inside the mapping
         // (the heap covers exactly `mem.len() / PAGE` pages) and were free,
@@ -393,7 +395,12 @@ unsafe impl Platform for Cosim {
     fn dma_free(&self, region: DmaRegion) {
         let off = region.dev_addr().wrapping_sub(self.mem_base) as usize;
         if off % PAGE == 0 && off < self.mem.len() {
-            self.heap.lock().unwrap_or_else(|p| p.into_inner()).free(off / PAGE, region.len().div_ceil(PAGE));
+            // A run this platform did not hand out frees nothing.
+            let _ = self
+                .heap
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .free(off / PAGE, region.len().div_ceil(PAGE));
         }
     }
 

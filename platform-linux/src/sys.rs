@@ -1,65 +1,9 @@
-//! OS plumbing shared by the backends: shared mappings, eventfds, time.
+//! OS plumbing shared by the backends: eventfds, time. (Shared mappings:
+//! [`refgpu_model::shm::Mapping`], one copy for both sides of the binding.)
 
 use std::io;
 use std::os::fd::AsFd;
-use std::ptr::NonNull;
-use std::sync::atomic::AtomicU32;
 use std::time::Duration;
-
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
-
-/// A `MAP_SHARED` read-write mapping, unmapped on drop.
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    ptr: NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain shared memory with no thread affinity; every access goes
-// through atomics or through `DmaRegion`s whose contract covers it.
-unsafe impl Send for Mapping {}
-// SAFETY: as above: `&Mapping` only hands out atomics and the base pointer.
-unsafe impl Sync for Mapping {}
-
-impl Mapping {
-    /// Maps `len` bytes of `fd` from `offset`, shared, read-write.
-    pub fn new(fd: impl AsFd, len: usize, offset: u64) -> io::Result<Self> {
-        // SAFETY: a fresh mapping at a kernel-chosen address overlaps
-        // nothing Rust owns; the result is checked.
-        let p = unsafe {
-            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, offset)
-        }?;
-        let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
-        Ok(Self { ptr, len })
-    }
-
-    pub fn ptr(&self) -> NonNull<u8> {
-        self.ptr
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The 32-bit word at byte `off`, if 4-aligned and in range.
-    pub fn u32_at(&self, off: usize) -> Option<&AtomicU32> {
-        if off % 4 != 0 || off.checked_add(4)? > self.len {
-            return None;
-        }
-        // SAFETY: in range and 4-aligned (the mapping is page aligned); the
-        // memory is shared with another process and only accessed
-        // atomically here; it lives as long as `self`.
-        Some(unsafe { AtomicU32::from_ptr(self.ptr.as_ptr().add(off).cast()) })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: exactly the range mmap returned; users of the mapping
-        // (DmaRegions) must be returned before the backend is dropped.
-        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
-    }
-}
 
 /// Adds 1 to an eventfd's counter.
 pub(crate) fn eventfd_signal(fd: impl AsFd) -> io::Result<()> {

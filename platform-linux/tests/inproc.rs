@@ -1,7 +1,7 @@
 //! The in-process platform end to end: `umd_core::direct::Device` on a
 //! model in this process, both generations, MMU on, interrupts and polling.
 
-use platform_linux::{selftest, InProcess};
+use platform_linux::{selftest, Cache, InProcess, InProcessOptions};
 use refgpu_model::{Generation, ModelConfig};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
@@ -118,4 +118,91 @@ fn single_fence_wait_with_interrupt() {
 fn fence_wait_sleeps_on_the_interrupt() {
     let p = platform(Generation::Gen2);
     selftest::fence_wait_sleeps_on_the_interrupt(p, |p| p.irq_wakeups()).unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// What a FENCE rung through a ring that the CPU wrote into a write-back
+/// cached region does: `maintain` says whether the driver cleans the ring
+/// before the doorbell and invalidates the fence slot before reading it.
+/// Returns (the fence value the GPU wrote to memory, what the CPU reads).
+fn fence_through_cached_ring(p: &InProcess, maintain: bool) -> (u64, u64) {
+    use umd_core::hw::regs::{self, engine as er};
+    use umd_core::platform::DmaFlags;
+    let mut ring = p.dma_alloc(4096, DmaFlags::CPU).unwrap();
+    let fence = p.dma_alloc(4096, DmaFlags::CPU).unwrap();
+    let f = fence.dev_addr();
+    // gen1: FENCE(addr, value 7, no irq); the rest of the ring is NOPs (0).
+    let words = [0x0400_0004, f as u32, (f >> 32) as u32, 7, 0];
+    ring.words_mut()[..words.len()].copy_from_slice(&words);
+    if maintain {
+        p.cache_clean(&ring, 0, 20);
+    }
+    let e = 2;
+    // Reset the engine (RPTR = WPTR = 0) in case an earlier call used it.
+    p.write_reg(regs::engine_reg(e, er::CTRL), er::CTRL_RESET).unwrap();
+    p.control_doorbell().unwrap();
+    while p.read_reg(regs::engine_reg(e, er::CTRL)).unwrap() & er::CTRL_RESET != 0 {
+        std::thread::yield_now();
+    }
+    p.write_reg(regs::engine_reg(e, er::RING_BASE_LO), ring.dev_addr() as u32).unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_BASE_HI), (ring.dev_addr() >> 32) as u32).unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_SIZE), 4096).unwrap();
+    p.write_reg(regs::engine_reg(e, er::CTRL), er::CTRL_ENABLE).unwrap();
+    p.control_doorbell().unwrap();
+    p.write_reg(regs::engine_reg(e, er::RING_WPTR), 20).unwrap();
+    p.doorbell(e).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while p.read_reg(regs::engine_reg(e, er::RING_RPTR)).unwrap() != 20 {
+        assert!(std::time::Instant::now() < deadline, "the engine did not reach WPTR");
+        std::thread::yield_now();
+    }
+    let status = p.read_reg(regs::engine_reg(e, er::STATUS)).unwrap();
+    assert_eq!(status & er::STATUS_HALTED, 0, "the engine faulted");
+    let in_memory = p.model().read_u64(f).unwrap();
+    if maintain {
+        p.cache_invalidate(&fence, 0, 8);
+    }
+    let cpu_sees = fence.read_u64(0).unwrap();
+    p.dma_free(ring);
+    p.dma_free(fence);
+    (in_memory, cpu_sees)
+}
+
+fn write_back_platform() -> InProcess {
+    let cfg = ModelConfig {
+        generation: Generation::Gen1,
+        mem_base: 0x4000_0000,
+        mem_size: 4 << 20,
+        ..Default::default()
+    };
+    // No spontaneous write-back: the outcome depends on the driver alone.
+    InProcess::with_options(cfg, InProcessOptions { cache: Cache::WriteBack { seed: 1, evict_per_mille: 0 } })
+        .expect("model")
+}
+
+#[test]
+fn write_back_cache_needs_the_clean_and_the_invalidate() {
+    // Coherent: no maintenance needed.
+    assert_eq!(fence_through_cached_ring(&platform(Generation::Gen1), false), (7, 7));
+    // Write-back with maintenance: the GPU runs the FENCE, the CPU sees it.
+    let p = write_back_platform();
+    assert_eq!(fence_through_cached_ring(&p, true), (7, 7));
+    let s = p.cache_stats();
+    assert_eq!((s.lines_cleaned, s.lines_invalidated), (1, 1));
+    // Without: the GPU fetched a ring of NOPs (the packets never left the
+    // CPU cache), so no fence; the CPU would not have seen one anyway.
+    let p = write_back_platform();
+    assert_eq!(fence_through_cached_ring(&p, false), (0, 0));
+    assert_eq!(p.cache_stats().lines_cleaned, 0);
+}
+
+#[test]
+fn write_back_cache_catches_a_dropped_clean() {
+    // The driver cleans, but the clean of the ring's line is dropped
+    // (fault injection): the same failure as a forgotten clean.
+    let p = write_back_platform();
+    p.ignore_cleans(0x4000_0000..0x4000_0000 + (4 << 20)).unwrap();
+    assert_eq!(fence_through_cached_ring(&p, true), (0, 0));
+    assert_eq!(p.cache_stats().cleans_ignored, 1);
+    p.clear_ignored_cleans().unwrap();
+    assert_eq!(fence_through_cached_ring(&p, true), (7, 7));
 }

@@ -15,6 +15,7 @@
 //! | `exec` | the memory side of every packet (WRITE_DATA … DISPATCH, WAIT_MEM sleeping) |
 //! | [`dispatch`] | DISPATCH element arithmetic |
 //! | [`faultinject`] | latency, dropped fences, stalled engines, delayed interrupts |
+//! | `shm` | `shm::Mapping` (feature `shm`): the shared mappings of the ivshmem binding, for the server and the host side |
 //! | [`irq`] | IRQ_STATUS edges, vector delivery thread, [`IrqSink`] |
 //! | [`wake`] | lost-wake-up-free sleeping with bounded re-check intervals |
 //! | `model` | [`Model`]: construction, register semantics of both transports, memory helpers, shutdown |
@@ -58,6 +59,8 @@ pub mod mmu;
 mod model;
 pub mod packet;
 pub mod regs;
+#[cfg(feature = "shm")]
+pub mod shm;
 pub mod wake;
 
 pub use error::{Access, Fault, FaultKind, ModelError};

@@ -1,41 +1,115 @@
-//! Command line of `refgpu-sim`, parsed by hand into [`Options`] with typed
-//! errors.
+//! Command line of `refgpu-sim`: a `clap` derive description ([`Cli`])
+//! turned into [`Options`], with the value parsers (sizes with K/M/G,
+//! durations with a unit, engine masks) and the range checks that do not
+//! depend on the file system ([`validate`]).
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use clap::{CommandFactory, Parser};
 use refgpu_model::{FaultInjection, Generation};
 
-/// Usage text printed by `--help` and after an argument error.
-pub const USAGE: &str = "\
-usage: refgpu-sim --socket PATH --mem-file PATH [options]
+/// The command line as `clap` sees it (help text from these comments).
+#[derive(Parser, Debug)]
+#[command(
+    name = "refgpu-sim",
+    version,
+    about = "The reference GPU's co-simulation server: the functional model as peer 0 of QEMU's ivshmem-doorbell protocol",
+    after_help = "Numbers take 0x hex and K/M/G (binary) suffixes; durations need a unit: ns, us, ms or s."
+)]
+pub struct Cli {
+    /// UNIX socket to listen on (removed on exit)
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// System memory: a file mapped shared (QEMU guest RAM with
+    /// memory-backend-file,share=on; created with --mem-file-offset +
+    /// --mem-size bytes if missing)
+    #[arg(long, value_name = "PATH")]
+    mem_file: PathBuf,
+    /// Physical address of the file's first used byte
+    #[arg(long, value_name = "ADDR", default_value = "0x40000000", value_parser = address)]
+    mem_base: u64,
+    /// Size of system memory
+    #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = bytes)]
+    mem_size: u64,
+    /// Offset in the file of ADDR
+    #[arg(long, value_name = "N", default_value = "0", value_parser = bytes)]
+    mem_file_offset: u64,
+    /// Generation
+    #[arg(long = "gen", value_name = "1|2", default_value = "1", value_parser = generation)]
+    generation: Generation,
+    /// ivshmem shared memory, a power of two >= 8K
+    #[arg(long, value_name = "BYTES", default_value = "64K", value_parser = bytes)]
+    shm_size: u64,
+    /// Eventfds per peer, >= 4, = QEMU's vectors=
+    #[arg(long, value_name = "N", default_value = "4", value_parser = count)]
+    vectors: u32,
+    /// Delay before every packet (e.g. 10us)
+    #[arg(long, value_name = "DUR", default_value = "0ns", value_parser = duration)]
+    packet_latency: Duration,
+    /// Engine bit mask for --packet-latency
+    #[arg(long, value_name = "M", default_value = "0x7", value_parser = mask)]
+    latency_engines: u8,
+    /// Drop the n-th FENCE of each engine [default: off]
+    #[arg(long, value_name = "N", value_parser = fence_number)]
+    drop_fence_nth: Option<u64>,
+    /// Drop each FENCE with probability P
+    #[arg(long = "drop-fence-prob", value_name = "P", default_value = "0", value_parser = probability)]
+    drop_fence_probability: f64,
+    /// Engine bit mask for fence dropping
+    #[arg(long, value_name = "M", default_value = "0x7", value_parser = mask)]
+    drop_fence_engines: u8,
+    /// Seed of the drop probability streams
+    #[arg(long, value_name = "N", default_value = "0", value_parser = number)]
+    seed: u64,
+    /// Engines (bit mask) that stop fetching
+    #[arg(long, value_name = "M", default_value = "0", value_parser = mask)]
+    stall_engines: u8,
+    /// Delay of interrupt delivery
+    #[arg(long, value_name = "DUR", default_value = "0ns", value_parser = duration)]
+    irq_delay: Duration,
+    /// WAIT_MEM re-read interval
+    #[arg(long, value_name = "DUR", default_value = "50us", value_parser = duration)]
+    wait_poll: Duration,
+    /// CLOCK update interval in the register page
+    #[arg(long, value_name = "DUR", default_value = "100us", value_parser = duration)]
+    clock_publish: Duration,
+}
 
-  --socket PATH          UNIX socket to listen on (removed on exit)
-  --mem-file PATH        system memory: a file mapped shared (QEMU guest RAM
-                         with memory-backend-file,share=on; created with
-                         --mem-file-offset + --mem-size bytes if missing)
-  --mem-base ADDR        physical address of the file's first used byte
-                         [0x40000000]
-  --mem-size BYTES       size of system memory [64M]
-  --mem-file-offset N    offset in the file of ADDR [0]
-  --gen 1|2              generation [1]
-  --shm-size BYTES       ivshmem shared memory, power of two >= 8K [64K]
-  --vectors N            eventfds per peer, >= 4, = QEMU's vectors= [4]
-  --packet-latency DUR   delay before every packet (e.g. 10us) [0]
-  --latency-engines M    engine bit mask for --packet-latency [0x7]
-  --drop-fence-nth N     drop the n-th FENCE of each engine [off]
-  --drop-fence-prob P    drop each FENCE with probability P [0]
-  --drop-fence-engines M engine bit mask for fence dropping [0x7]
-  --seed N               seed of the drop probability streams [0]
-  --stall-engines M      engines (bit mask) that stop fetching [0]
-  --irq-delay DUR        delay of interrupt delivery [0]
-  --wait-poll DUR        WAIT_MEM re-read interval [50us]
-  --clock-publish DUR    CLOCK update interval in the register page [100us]
-  --help                 this text
+impl From<Cli> for Options {
+    fn from(c: Cli) -> Options {
+        Options {
+            socket: c.socket,
+            mem_file: c.mem_file,
+            mem_file_offset: c.mem_file_offset,
+            mem_base: c.mem_base,
+            mem_size: c.mem_size,
+            generation: c.generation,
+            shm_size: c.shm_size,
+            vectors: c.vectors,
+            fault: FaultInjection {
+                packet_latency: c.packet_latency,
+                latency_engines: c.latency_engines,
+                drop_fence_nth: c.drop_fence_nth,
+                drop_fence_probability: c.drop_fence_probability,
+                drop_fence_engines: c.drop_fence_engines,
+                seed: c.seed,
+                stalled_engines: c.stall_engines,
+                irq_delay: c.irq_delay,
+            },
+            wait_poll: c.wait_poll,
+            clock_publish: c.clock_publish,
+        }
+    }
+}
 
-Numbers take 0x hex and K/M/G (binary) suffixes; durations need a unit:
-ns, us, ms or s.";
+/// The one-line usage (`Usage: refgpu-sim --socket <PATH> ...`), for errors
+/// found after parsing.
+pub fn usage() -> String {
+    Cli::command().render_usage().to_string()
+}
 
 /// Everything the server needs to start.
 #[derive(Clone, Debug, PartialEq)]
@@ -84,17 +158,14 @@ impl Options {
 }
 
 /// A bad command line.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum ArgError {
-    /// `--help` was given.
-    Help,
-    /// An option nobody knows.
-    Unknown(String),
-    /// An option without its value.
-    MissingValue(&'static str),
-    /// A required option is absent.
-    Missing(&'static str),
-    /// A value that does not parse or is out of range.
+    /// What `clap` reports: an unknown option, a missing option or value, a
+    /// value its parser refused (the message names the option and why), or
+    /// `--help` / `--version` (`exit_code()` is 0 for those). `print()`
+    /// shows it with the usage.
+    Cli(clap::Error),
+    /// A value that parsed but is out of range ([`validate`]).
     Invalid {
         /// The option.
         option: &'static str,
@@ -108,10 +179,7 @@ pub enum ArgError {
 impl fmt::Display for ArgError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ArgError::Help => write!(f, "help requested"),
-            ArgError::Unknown(o) => write!(f, "unknown option {o:?}"),
-            ArgError::MissingValue(o) => write!(f, "{o} needs a value"),
-            ArgError::Missing(o) => write!(f, "{o} is required"),
+            ArgError::Cli(e) => write!(f, "{}", e.render().to_string().trim_end()),
             ArgError::Invalid { option, value, why } => write!(f, "{option} {value:?}: {why}"),
         }
     }
@@ -155,94 +223,60 @@ fn invalid(option: &'static str, value: &str, why: &'static str) -> ArgError {
     ArgError::Invalid { option, value: value.to_owned(), why }
 }
 
-fn mask(option: &'static str, v: &str) -> Result<u8, ArgError> {
-    match parse_size(v) {
-        Some(m) if m <= 0x7 => Ok(m as u8),
-        _ => Err(invalid(option, v, "an engine bit mask, 0 ..= 0x7")),
+fn address(v: &str) -> Result<u64, String> {
+    parse_size(v).ok_or_else(|| "an address (decimal or 0x hex, K/M/G suffixes)".into())
+}
+
+fn bytes(v: &str) -> Result<u64, String> {
+    parse_size(v).ok_or_else(|| "a size in bytes (decimal or 0x hex, K/M/G suffixes)".into())
+}
+
+fn number(v: &str) -> Result<u64, String> {
+    parse_size(v).ok_or_else(|| "a number (decimal or 0x hex)".into())
+}
+
+fn count(v: &str) -> Result<u32, String> {
+    parse_size(v).and_then(|n| u32::try_from(n).ok()).ok_or_else(|| "a count".into())
+}
+
+fn fence_number(v: &str) -> Result<u64, String> {
+    parse_size(v).filter(|&n| n > 0).ok_or_else(|| "a fence number, counted from 1".into())
+}
+
+fn generation(v: &str) -> Result<Generation, String> {
+    match v {
+        "1" => Ok(Generation::Gen1),
+        "2" => Ok(Generation::Gen2),
+        _ => Err("1 or 2".into()),
     }
 }
 
-/// Parses the arguments (without the program name).
-pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<Options, ArgError> {
-    let mut o = Options::new("", "");
-    let (mut socket, mut mem_file) = (None, None);
-    let mut it = args.into_iter();
-    const OPTS: &[&str] = &[
-        "--socket",
-        "--mem-file",
-        "--mem-base",
-        "--mem-size",
-        "--mem-file-offset",
-        "--gen",
-        "--shm-size",
-        "--vectors",
-        "--packet-latency",
-        "--latency-engines",
-        "--drop-fence-nth",
-        "--drop-fence-prob",
-        "--drop-fence-engines",
-        "--seed",
-        "--stall-engines",
-        "--irq-delay",
-        "--wait-poll",
-        "--clock-publish",
-    ];
-    while let Some(arg) = it.next() {
-        if arg == "--help" || arg == "-h" {
-            return Err(ArgError::Help);
-        }
-        let (name, inline) = match arg.split_once('=') {
-            Some((n, v)) => (n.to_owned(), Some(v.to_owned())),
-            None => (arg.clone(), None),
-        };
-        let Some(&opt) = OPTS.iter().find(|o| **o == name) else {
-            return Err(ArgError::Unknown(arg));
-        };
-        let v = match inline {
-            Some(v) => v,
-            None => it.next().ok_or(ArgError::MissingValue(opt))?,
-        };
-        let size = |why| parse_size(&v).ok_or_else(|| invalid(opt, &v, why));
-        let dur =
-            || parse_duration(&v).ok_or_else(|| invalid(opt, &v, "a duration with a unit: ns, us, ms, s"));
-        match opt {
-            "--socket" => socket = Some(PathBuf::from(&v)),
-            "--mem-file" => mem_file = Some(PathBuf::from(&v)),
-            "--mem-base" => o.mem_base = size("an address")?,
-            "--mem-size" => o.mem_size = size("a size in bytes")?,
-            "--mem-file-offset" => o.mem_file_offset = size("an offset in bytes")?,
-            "--gen" => {
-                o.generation = match v.as_str() {
-                    "1" => Generation::Gen1,
-                    "2" => Generation::Gen2,
-                    _ => return Err(invalid(opt, &v, "1 or 2")),
-                }
-            }
-            "--shm-size" => o.shm_size = size("a size in bytes")?,
-            "--vectors" => {
-                o.vectors = u32::try_from(size("a count")?).map_err(|_| invalid(opt, &v, "a count"))?
-            }
-            "--packet-latency" => o.fault.packet_latency = dur()?,
-            "--latency-engines" => o.fault.latency_engines = mask(opt, &v)?,
-            "--drop-fence-nth" => o.fault.drop_fence_nth = Some(size("a fence number from 1")?),
-            "--drop-fence-prob" => {
-                o.fault.drop_fence_probability = v
-                    .parse::<f64>()
-                    .ok()
-                    .filter(|p| (0.0..=1.0).contains(p))
-                    .ok_or_else(|| invalid(opt, &v, "a probability, 0.0 ..= 1.0"))?
-            }
-            "--drop-fence-engines" => o.fault.drop_fence_engines = mask(opt, &v)?,
-            "--seed" => o.fault.seed = size("a number")?,
-            "--stall-engines" => o.fault.stalled_engines = mask(opt, &v)?,
-            "--irq-delay" => o.fault.irq_delay = dur()?,
-            "--wait-poll" => o.wait_poll = dur()?,
-            "--clock-publish" => o.clock_publish = dur()?,
-            _ => return Err(ArgError::Unknown(arg)),
-        }
+fn mask(v: &str) -> Result<u8, String> {
+    match parse_size(v) {
+        Some(m) if m <= 0x7 => Ok(m as u8),
+        _ => Err("an engine bit mask, 0 ..= 0x7".into()),
     }
-    o.socket = socket.ok_or(ArgError::Missing("--socket"))?;
-    o.mem_file = mem_file.ok_or(ArgError::Missing("--mem-file"))?;
+}
+
+fn probability(v: &str) -> Result<f64, String> {
+    v.parse::<f64>()
+        .ok()
+        .filter(|p| (0.0..=1.0).contains(p))
+        .ok_or_else(|| "a probability, 0.0 ..= 1.0".into())
+}
+
+fn duration(v: &str) -> Result<Duration, String> {
+    parse_duration(v).ok_or_else(|| "a duration with a unit: ns, us, ms, s".into())
+}
+
+/// Parses the arguments (without the program name) and checks the ranges.
+pub fn parse_args<I, T>(args: I) -> Result<Options, ArgError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString> + Clone,
+{
+    let argv = std::iter::once(OsString::from("refgpu-sim")).chain(args.into_iter().map(Into::into));
+    let o = Options::from(Cli::try_parse_from(argv).map_err(ArgError::Cli)?);
     validate(&o)?;
     Ok(o)
 }
@@ -282,9 +316,23 @@ pub fn validate(o: &Options) -> Result<(), ArgError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::error::ErrorKind;
 
     fn args(s: &str) -> Vec<String> {
         s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn the_description_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_the_options_defaults() {
+        assert_eq!(
+            parse_args(args("--socket /tmp/s --mem-file /tmp/m")).unwrap(),
+            Options::new("/tmp/s", "/tmp/m")
+        );
     }
 
     #[test]
@@ -292,11 +340,15 @@ mod tests {
         let o = parse_args(args(
             "--socket /tmp/s --mem-file /tmp/m --mem-base 0x80000000 --mem-size 16M --gen 2 \
              --shm-size=1M --vectors 6 --packet-latency 10us --latency-engines 0x4 --drop-fence-nth 3 \
-             --drop-fence-prob 0.5 --drop-fence-engines 1 --seed 7 --stall-engines 2 --irq-delay 1ms",
+             --drop-fence-prob 0.5 --drop-fence-engines 1 --seed 7 --stall-engines 2 --irq-delay 1ms \
+             --mem-file-offset 8K --wait-poll 20us --clock-publish 1ms",
         ))
         .unwrap();
+        assert_eq!(o.socket, PathBuf::from("/tmp/s"));
+        assert_eq!(o.mem_file, PathBuf::from("/tmp/m"));
         assert_eq!(o.mem_base, 0x8000_0000);
         assert_eq!(o.mem_size, 16 << 20);
+        assert_eq!(o.mem_file_offset, 8192);
         assert_eq!(o.generation, Generation::Gen2);
         assert_eq!(o.shm_size, 1 << 20);
         assert_eq!(o.vectors, 6);
@@ -304,21 +356,71 @@ mod tests {
         assert_eq!(o.fault.latency_engines, 4);
         assert_eq!(o.fault.drop_fence_nth, Some(3));
         assert_eq!(o.fault.drop_fence_probability, 0.5);
+        assert_eq!(o.fault.drop_fence_engines, 1);
+        assert_eq!(o.fault.seed, 7);
         assert_eq!(o.fault.stalled_engines, 2);
         assert_eq!(o.fault.irq_delay, Duration::from_millis(1));
+        assert_eq!(o.wait_poll, Duration::from_micros(20));
+        assert_eq!(o.clock_publish, Duration::from_millis(1));
+    }
+
+    /// The error for `extra` after the required options: its kind and its
+    /// rendered message.
+    fn bad(extra: &str) -> (Option<ErrorKind>, String) {
+        match parse_args(args(&format!("--socket s --mem-file m {extra}"))).unwrap_err() {
+            ArgError::Cli(e) => (Some(e.kind()), e.render().to_string()),
+            e @ ArgError::Invalid { .. } => (None, e.to_string()),
+        }
     }
 
     #[test]
-    fn rejects_bad_values() {
-        let base = "--socket s --mem-file m ";
-        let bad = |extra: &str| parse_args(args(&format!("{base}{extra}"))).unwrap_err();
-        assert!(matches!(bad("--gen 3"), ArgError::Invalid { option: "--gen", .. }));
-        assert!(matches!(bad("--vectors 3"), ArgError::Invalid { option: "--vectors", .. }));
-        assert!(matches!(bad("--shm-size 12K"), ArgError::Invalid { option: "--shm-size", .. }));
-        assert!(matches!(bad("--irq-delay 5"), ArgError::Invalid { option: "--irq-delay", .. }));
-        assert!(matches!(bad("--stall-engines 8"), ArgError::Invalid { option: "--stall-engines", .. }));
-        assert!(matches!(bad("--frobnicate 1"), ArgError::Unknown(_)));
-        assert!(matches!(bad("--seed"), ArgError::MissingValue("--seed")));
-        assert_eq!(parse_args(args("--mem-file m")).unwrap_err(), ArgError::Missing("--socket"));
+    fn rejects_bad_values_naming_the_option_and_why() {
+        for (extra, option, why) in [
+            ("--gen 3", "--gen", "1 or 2"),
+            ("--vectors x", "--vectors", "a count"),
+            ("--irq-delay 5", "--irq-delay", "a duration with a unit"),
+            ("--stall-engines 8", "--stall-engines", "an engine bit mask"),
+            ("--drop-fence-prob 1.5", "--drop-fence-prob", "a probability"),
+            ("--drop-fence-nth 0", "--drop-fence-nth", "counted from 1"),
+            ("--mem-size 12Q", "--mem-size", "a size in bytes"),
+        ] {
+            let (kind, msg) = bad(extra);
+            assert_eq!(kind, Some(ErrorKind::ValueValidation), "{extra}: {msg}");
+            assert!(msg.contains(option) && msg.contains(why), "{extra}: {msg}");
+        }
+        assert_eq!(bad("--frobnicate 1").0, Some(ErrorKind::UnknownArgument));
+        assert_eq!(bad("--seed").0, Some(ErrorKind::InvalidValue));
+        let e = parse_args(args("--mem-file m")).unwrap_err();
+        assert!(matches!(&e, ArgError::Cli(c) if c.kind() == ErrorKind::MissingRequiredArgument), "{e}");
+        assert!(e.to_string().contains("--socket"), "{e}");
+    }
+
+    #[test]
+    fn range_checks_after_parsing() {
+        let (kind, msg) = bad("--vectors 3");
+        assert_eq!(
+            (kind, msg.as_str()),
+            (None, "--vectors \"3\": 4 ..= 64 (3 engines and the control doorbell)")
+        );
+        let (kind, msg) = bad("--shm-size 12K");
+        assert!(kind.is_none() && msg.starts_with("--shm-size") && msg.contains("power of two"), "{msg}");
+        assert!(bad("--mem-size 6000").1.starts_with("--mem-size"));
+        assert!(bad("--mem-base 0x1001").1.starts_with("--mem-base"));
+        assert!(bad("--mem-file-offset 100").1.starts_with("--mem-file-offset"));
+    }
+
+    #[test]
+    fn help_and_version_are_not_failures() {
+        for a in ["--help", "-h", "--version"] {
+            match parse_args(args(a)).unwrap_err() {
+                ArgError::Cli(e) => assert_eq!(e.exit_code(), 0, "{a}"),
+                e => panic!("{a}: {e}"),
+            }
+        }
+        let help = Cli::command().render_long_help().to_string();
+        for opt in ["--socket", "--mem-file", "--drop-fence-prob", "--clock-publish", "K/M/G"] {
+            assert!(help.contains(opt), "{opt} missing from --help");
+        }
+        assert!(usage().contains("--socket <PATH>"));
     }
 }

@@ -30,9 +30,11 @@
 //!
 //! # Why a crate of its own
 //!
-//! The server needs OS plumbing (sockets, eventfd, memfd, mmap, signals via
+//! The server needs OS plumbing (sockets, eventfd, memfd, signals via
 //! `rustix` and `libc`) that the model crate, a portable std library used
-//! in-process by host tests, should not carry. Keeping the binary, its
+//! in-process by host tests, should not carry. (The shared mapping is the
+//! exception: both sides of the binding need it, so it is the model's
+//! `shm::Mapping`, behind the model's `shm` feature.) Keeping the binary, its
 //! protocol tests and the end-to-end tests of the Linux co-sim backend in
 //! one package also lets every test start the freshly built server through
 //! `env!("CARGO_BIN_EXE_refgpu-sim")` instead of hunting for it in
@@ -40,12 +42,12 @@
 //!
 //! Modules: [`args`] (command line), [`proto`] (wire format and the info
 //! page), [`server`] (the peer, its event loop and the model), `sys`
-//! (mappings, eventfds, signals).
+//! (eventfds, signals).
 
 pub mod args;
 pub mod proto;
 pub mod server;
 mod sys;
 
-pub use args::{parse_args, ArgError, Options, USAGE};
+pub use args::{parse_args, usage, ArgError, Options};
 pub use server::{Server, ServerError};

@@ -47,7 +47,8 @@ use rustix::net::RecvFlags;
 
 use crate::args::Options;
 use crate::proto::{self, info, send_msg};
-use crate::sys::{self, Mapping};
+use crate::sys;
+use refgpu_model::shm::{Mapping, OutOfMapping};
 
 /// Why the server could not start or stopped.
 #[derive(Debug)]
@@ -173,16 +174,8 @@ impl Server {
             .map_err(|e| ServerError::Io("memfd_create", e.into()))?;
         rustix::fs::ftruncate(&shm_fd, opts.shm_size).map_err(|e| ServerError::Io("sizing shm", e.into()))?;
         let shm = Mapping::new(&shm_fd, opts.shm_size as usize, 0).map_err(io_err("mapping shm"))?;
-        let base = info::OFFSET;
-        shm.u32_at(base + info::VERSION_OFF).store(info::VERSION, Ordering::Relaxed);
-        shm.u32_at(base + info::VECTORS_OFF).store(opts.vectors, Ordering::Relaxed);
-        shm.u32_at(base + info::MODEL_ID_OFF).store(u32::from(proto::MODEL_PEER_ID), Ordering::Relaxed);
-        shm.u64_at(base + info::MEM_BASE_OFF).store(opts.mem_base, Ordering::Relaxed);
-        shm.u64_at(base + info::MEM_SIZE_OFF).store(opts.mem_size, Ordering::Relaxed);
-        shm.u64_at(base + info::MEM_FILE_OFFSET_OFF).store(opts.mem_file_offset, Ordering::Relaxed);
-        shm.u32_at(base + info::PATH_LEN_OFF).store(path_bytes.len() as u32, Ordering::Relaxed);
-        shm.write_bytes(base + info::PATH_OFF, &path_bytes);
-        shm.u32_at(base + info::MAGIC_OFF).store(info::MAGIC, Ordering::Release);
+        write_info_page(&shm, &opts, &path_bytes)
+            .map_err(|e| ServerError::Config(format!("writing the info page: {e}")))?;
 
         let model_efds = (0..opts.vectors)
             .map(|_| sys::new_eventfd())
@@ -354,27 +347,31 @@ impl Server {
     /// Resets and parks the device after a host left (see the module docs).
     fn park(&mut self) {
         self.irq.set(Vec::new());
-        let r = |off: u32| self.shm.u32_at(off as usize);
-        r(regs::IRQ_MASK).store(0, Ordering::SeqCst);
-        r(regs::MMU_CTRL).store(0, Ordering::SeqCst);
+        // Register offsets are inside the page the mapping holds (>= 8 KiB).
+        let store = |off: u32, v: u32| {
+            if let Some(w) = self.shm.u32_at(off as usize) {
+                w.store(v, Ordering::SeqCst);
+            }
+        };
+        let load = |off: u32| self.shm.u32_at(off as usize).map_or(0, |w| w.load(Ordering::SeqCst));
+        store(regs::IRQ_MASK, 0);
+        store(regs::MMU_CTRL, 0);
         for e in 0..NUM_ENGINES {
-            r(regs::engine_root_lo(e)).store(0, Ordering::SeqCst);
-            r(regs::engine_root_hi(e)).store(0, Ordering::SeqCst);
-            r(regs::engine_base(e) + eng::CTRL).store(regs::CTRL_RESET, Ordering::SeqCst);
+            store(regs::engine_root_lo(e), 0);
+            store(regs::engine_root_hi(e), 0);
+            store(regs::engine_base(e) + eng::CTRL, regs::CTRL_RESET);
         }
         self.model.doorbell(CONTROL_VECTOR);
         let deadline = Instant::now() + Duration::from_secs(5);
-        let busy = || {
-            (0..NUM_ENGINES)
-                .any(|e| r(regs::engine_base(e) + eng::CTRL).load(Ordering::SeqCst) & regs::CTRL_RESET != 0)
-        };
+        let busy =
+            || (0..NUM_ENGINES).any(|e| load(regs::engine_base(e) + eng::CTRL) & regs::CTRL_RESET != 0);
         while busy() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_micros(200));
         }
         if busy() {
             log(format_args!("warning: an engine did not finish its reset while parking"));
         }
-        r(regs::IRQ_STATUS).store(0, Ordering::SeqCst);
+        store(regs::IRQ_STATUS, 0);
         for fd in &self.model_efds {
             sys::eventfd_drain(fd);
         }
@@ -390,6 +387,29 @@ impl Drop for Server {
 }
 
 /// Binds the socket, replacing a stale socket file but never a live server.
+/// Writes the binding info page (`docs/refgpu.md` 2.3), magic last with
+/// release order so a host that sees it sees every field.
+fn write_info_page(shm: &Mapping, opts: &Options, path: &[u8]) -> Result<(), OutOfMapping> {
+    let base = info::OFFSET;
+    let w32 = |off: usize, v: u32, order: Ordering| {
+        shm.u32_at(base + off).ok_or(OutOfMapping { off: base + off, len: 4 }).map(|w| w.store(v, order))
+    };
+    let w64 = |off: usize, v: u64| {
+        shm.u64_at(base + off)
+            .ok_or(OutOfMapping { off: base + off, len: 8 })
+            .map(|w| w.store(v, Ordering::Relaxed))
+    };
+    w32(info::VERSION_OFF, info::VERSION, Ordering::Relaxed)?;
+    w32(info::VECTORS_OFF, opts.vectors, Ordering::Relaxed)?;
+    w32(info::MODEL_ID_OFF, u32::from(proto::MODEL_PEER_ID), Ordering::Relaxed)?;
+    w64(info::MEM_BASE_OFF, opts.mem_base)?;
+    w64(info::MEM_SIZE_OFF, opts.mem_size)?;
+    w64(info::MEM_FILE_OFFSET_OFF, opts.mem_file_offset)?;
+    w32(info::PATH_LEN_OFF, path.len() as u32, Ordering::Relaxed)?;
+    shm.write_bytes(base + info::PATH_OFF, path)?;
+    w32(info::MAGIC_OFF, info::MAGIC, Ordering::Release)
+}
+
 fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {

@@ -154,7 +154,22 @@ fn bad_command_line_exits_with_usage() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("--gen \"3\": 1 or 2") && err.contains("usage:"), "{err}");
+    assert!(
+        err.contains("invalid value '3' for '--gen <1|2>': 1 or 2") && err.contains("try '--help'"),
+        "{err}"
+    );
+    // A value that parses but is out of range: the range check, then the usage.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_refgpu-sim"))
+        .args(["--socket", "/nonexistent/s", "--mem-file", "/nonexistent/m", "--vectors", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--vectors \"3\": 4 ..= 64") && err.contains("Usage: refgpu-sim"), "{err}");
+    // --help is not an error.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_refgpu-sim")).arg("--help").output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--drop-fence-prob <P>"));
 }
 
 #[test]

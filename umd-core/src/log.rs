@@ -3,9 +3,12 @@
 //! compact frames decoded on the host), to the `log` facade (feature `log`,
 //! for Linux), or compile to nothing (neither feature: no code, no strings).
 //!
-//! Call sites use only `{}` with integers, booleans and `&str` arguments,
-//! which both back ends format. The macros collapse their debug info, so
-//! decoded defmt locations name the caller, not this file.
+//! The format string goes to both back ends unchanged, so call sites keep
+//! to the syntax both accept: `{}` and hex display hints (`{:x}`, `{:#x}`)
+//! with integer, boolean and `&str` arguments, no named or positional
+//! arguments and no width or precision beyond what defmt's hints allow.
+//! The macros collapse their debug info, so decoded defmt locations name
+//! the caller, not this file.
 
 #[cfg(all(feature = "defmt", feature = "log"))]
 compile_error!("umd-core: enable at most one of the `defmt` and `log` features");

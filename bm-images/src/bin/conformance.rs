@@ -1,5 +1,4 @@
-//! Conformance image: runs the whole `conformance` suite (DESIGN.md
-//! section 5) on the refgpu behind ivshmem-doorbell, one `@@ RESULT` line
+//! Conformance image: runs the whole `conformance` suite on the refgpu behind ivshmem-doorbell, one `@@ RESULT` line
 //! per scenario, the page-fault scenario's decoded fault report between
 //! `@@ REPORT <scenario> BEGIN` / `@@ REPORT END`, then exits through
 //! semihosting: 0 when nothing failed, 1 otherwise.

@@ -1,36 +1,58 @@
 //! Board bring-up on `virt`: PCI ECAM access, finding and setting up the
 //! ivshmem-doorbell device, and the [`Hal`] the GPU transport runs on.
 
+use core::cell::RefCell;
 use core::ptr::NonNull;
 
+use pci_types::{ConfigRegionAccess, PciAddress};
+use safe_mmio::fields::ReadWrite;
+use safe_mmio::{field, UniqueMmioPointer};
 use umd_core::platform::IrqWait;
 
 use crate::carveout::CarveOut;
 use crate::ivshmem::{self, Hal, IvshmemGpu};
 use crate::map;
-use crate::pci::{self, Bar, BarError, BarWindow, Bdf, ConfigSpace};
+use crate::pci::{self, Bar, BarError, BarWindow, Bdf};
 
-/// Configuration space through the ECAM window.
-#[derive(Debug)]
-pub struct Ecam;
+/// Dwords of bus 0's configuration space in ECAM (32 devices x 8
+/// functions x 4 KiB).
+const ECAM_BUS0_DWORDS: usize = 32 * 8 * 4096 / 4;
+
+/// Configuration space of bus 0 through the ECAM window (`safe-mmio`).
+/// Functions on other buses read all-ones and ignore writes.
+pub struct Ecam {
+    regs: RefCell<UniqueMmioPointer<'static, [ReadWrite<u32>]>>,
+}
 
 impl Ecam {
-    fn ptr(bdf: Bdf, offset: u16) -> *mut u32 {
-        (map::ECAM + bdf.ecam_offset() + usize::from(offset & 0xffc)) as *mut u32
+    /// The ECAM window of bus 0.
+    ///
+    /// # Safety
+    /// At most one `Ecam` may exist at a time: it is the window's only user.
+    unsafe fn bus0() -> Option<Ecam> {
+        let base = NonNull::new(map::ECAM as *mut ReadWrite<u32>)?;
+        // SAFETY: the ECAM window is mapped as Device memory (GiB 256 of the
+        // identity map) and bus 0 covers its first 1 MiB; every dword of it
+        // is a valid configuration read or write (absent functions read
+        // all-ones); this function's contract makes the pointer unique.
+        let regs = unsafe { UniqueMmioPointer::new(NonNull::slice_from_raw_parts(base, ECAM_BUS0_DWORDS)) };
+        Some(Ecam { regs: RefCell::new(regs) })
+    }
+
+    fn index(address: PciAddress, offset: u16) -> usize {
+        (Bdf::from(address).ecam_offset() + usize::from(offset & 0xffc)) / 4
     }
 }
 
-impl ConfigSpace for Ecam {
-    fn read(&mut self, bdf: Bdf, offset: u16) -> u32 {
-        // SAFETY: the ECAM window is mapped as Device memory (GiB 256 of the
-        // identity map); a dword inside a function's 4 KiB is a valid
-        // configuration read (absent functions read all-ones).
-        unsafe { Self::ptr(bdf, offset).read_volatile() }
+impl ConfigRegionAccess for Ecam {
+    unsafe fn read(&self, address: PciAddress, offset: u16) -> u32 {
+        self.regs.borrow_mut().get(Self::index(address, offset)).map_or(u32::MAX, |mut r| r.read())
     }
 
-    fn write(&mut self, bdf: Bdf, offset: u16, value: u32) {
-        // SAFETY: as in `read`; configuration writes only affect the device.
-        unsafe { Self::ptr(bdf, offset).write_volatile(value) }
+    unsafe fn write(&self, address: PciAddress, offset: u16, value: u32) {
+        if let Some(mut r) = self.regs.borrow_mut().get(Self::index(address, offset)) {
+            r.write(value);
+        }
     }
 }
 
@@ -51,12 +73,14 @@ pub struct VirtHal {
 }
 
 impl Hal for VirtHal {
+    type Delay<'a> = crate::arch::timer::Delay;
+
     fn now_ns(&self) -> u64 {
         crate::arch::timer::now_ns()
     }
 
-    fn delay_ns(&self, ns: u64) {
-        crate::arch::timer::delay_ns(ns)
+    fn delay(&self) -> crate::arch::timer::Delay {
+        crate::arch::timer::Delay
     }
 
     fn cache_clean(&self, addr: usize, len: usize) {
@@ -80,42 +104,52 @@ pub fn handle_irq() {
     crate::arch::irq::handle_irq()
 }
 
-/// MSI-X capability ID.
-const CAP_MSIX: u8 = 0x11;
 /// Vectors the device is started with (QEMU `vectors=4`).
 const VECTORS: u32 = 4;
 
+/// One entry of an MSI-X table (PCI 3.0, 6.8.2).
+#[repr(C)]
+struct MsixEntry {
+    addr_lo: ReadWrite<u32>,
+    addr_hi: ReadWrite<u32>,
+    data: ReadWrite<u32>,
+    ctrl: ReadWrite<u32>,
+}
+
 /// Points the device's MSI-X vectors at the GICv2m frame (vector `i` →
 /// SPI `first + i`), unmasks them, enables MSI-X and sets the GIC up.
-fn setup_msix(ecam: &mut Ecam, bdf: Bdf, bars: &[Bar; 6]) -> Result<(), BoardError> {
-    let cap = pci::find_capability(ecam, bdf, CAP_MSIX).ok_or(BoardError::Msi("no MSI-X capability"))?;
-    let ctrl = ecam.read(bdf, cap);
-    let table_size = ((ctrl >> 16) & 0x7ff) + 1;
-    let table = ecam.read(bdf, cap + 4);
-    let bar = bars.get((table & 7) as usize).ok_or(BoardError::Msi("MSI-X table BIR out of range"))?;
+fn setup_msix(ecam: &Ecam, bdf: Bdf, bars: &[Bar; 6]) -> Result<(), BoardError> {
+    let mut msix = pci::find_msix(ecam, bdf).ok_or(BoardError::Msi("no MSI-X capability"))?;
+    let bar =
+        bars.get(usize::from(msix.table_bar())).ok_or(BoardError::Msi("MSI-X table BIR out of range"))?;
     if bar.size == 0 {
         return Err(BoardError::Msi("MSI-X table BAR not assigned"));
     }
-    let base = (bar.addr + u64::from(table & !7)) as *mut u32;
+    let entries = usize::from(msix.table_size());
+    if u64::from(msix.table_offset()) + 16 * entries as u64 > bar.size {
+        return Err(BoardError::Msi("MSI-X table does not fit its BAR"));
+    }
     let (first, count) = crate::arch::irq::v2m_spis();
-    if count < VECTORS || table_size < VECTORS {
+    if count < VECTORS || (entries as u32) < VECTORS {
         return Err(BoardError::Msi("fewer MSI SPIs or MSI-X entries than vectors"));
     }
+    let base = NonNull::new((bar.addr + u64::from(msix.table_offset())) as *mut MsixEntry)
+        .ok_or(BoardError::Msi("MSI-X table at address 0"))?;
+    // SAFETY: the table (`entries` x 16 bytes, checked to fit) lies in the
+    // BAR just assigned inside the PCI window, which the identity map covers
+    // as Device memory; nothing else accesses it.
+    let mut table = unsafe { UniqueMmioPointer::new(NonNull::slice_from_raw_parts(base, entries)) };
     let doorbell = (map::GICV2M + crate::arch::irq::V2M_MSI_SETSPI_NS) as u64;
-    for i in 0..VECTORS as usize {
-        // SAFETY: entry `i` (16 bytes) of the MSI-X table lies in the BAR
-        // just assigned (table_size > i), mapped as Device memory.
-        unsafe {
-            let e = base.add(4 * i);
-            e.write_volatile(doorbell as u32);
-            e.add(1).write_volatile((doorbell >> 32) as u32);
-            e.add(2).write_volatile(first + i as u32);
-            e.add(3).write_volatile(0); // unmasked
-        }
+    for i in 0..VECTORS {
+        let mut e = table.get(i as usize).ok_or(BoardError::Msi("MSI-X entry out of range"))?;
+        field!(e, addr_lo).write(doorbell as u32);
+        field!(e, addr_hi).write((doorbell >> 32) as u32);
+        field!(e, data).write(first + i);
+        field!(e, ctrl).write(0); // unmasked
     }
     crate::arch::irq::init(first, VECTORS).map_err(|_| BoardError::Msi("GIC refused to enable an SPI"))?;
-    // Message Control: enable (bit 15), function mask off (bit 14).
-    ecam.write(bdf, cap, (ctrl & !(1 << 30)) | (1 << 31));
+    msix.set_function_mask(false, ecam);
+    msix.set_enabled(true, ecam);
     crate::info!("MSI-X: {} vectors -> GICv2m SPIs {}..{}", VECTORS, first, first + VECTORS);
     Ok(())
 }
@@ -176,9 +210,10 @@ pub struct Gpu {
 /// Enumerates PCI, assigns BARs, finds the ivshmem-doorbell device and
 /// wraps it with the RAM carve-out. Call once.
 pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
-    let mut ecam = Ecam;
+    // SAFETY: bring-up runs once; this is the only `Ecam`.
+    let ecam = unsafe { Ecam::bus0() }.ok_or(BoardError::NoIvshmem)?;
     let mut found = None;
-    pci::enumerate_bus0(&mut ecam, |f| {
+    pci::enumerate_bus0(&ecam, |f| {
         crate::info!(
             "pci {:02x}:{:02x}.{} {:04x}:{:04x}",
             f.bdf.bus,
@@ -193,7 +228,7 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     });
     let bdf = found.ok_or(BoardError::NoIvshmem)?;
     let mut window = BarWindow::new(map::PCI_MMIO, map::PCI_MMIO_LEN);
-    let bars = pci::assign_bars(&mut ecam, bdf, &mut window).map_err(BoardError::Bars)?;
+    let bars = pci::assign_bars(&ecam, bdf, &mut window).map_err(BoardError::Bars)?;
     for (i, b) in bars.iter().enumerate().filter(|(_, b)| b.size != 0) {
         crate::info!("  BAR{} {:#x} size {:#x}{}", i, b.addr, b.size, if b.is_64 { " (64-bit)" } else { "" });
     }
@@ -220,7 +255,7 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
     }
     crate::debug!("model memory {:#x} +{:#x}, GPU carve-out {:#x} +{:#x}", base, size, lo, hi - lo);
     if mode == IrqMode::Msi {
-        setup_msix(&mut ecam, bdf, &bars)?;
+        setup_msix(&ecam, bdf, &bars)?;
     }
     crate::info!(
         "ivshmem at {:02x}.{}: peer {} model peer {}",

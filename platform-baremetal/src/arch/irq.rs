@@ -10,10 +10,13 @@
 
 use core::arch::asm;
 use core::cell::UnsafeCell;
+use core::ptr::NonNull;
 use core::sync::atomic::{AtomicU32, Ordering};
 
 use arm_gic::gicv2::GicV2;
 use arm_gic::{IntId, InterruptGroup, Trigger};
+use safe_mmio::fields::ReadPure;
+use safe_mmio::UniqueMmioPointer;
 use umd_core::platform::IrqWait;
 
 use crate::map;
@@ -44,9 +47,13 @@ static GIC: GicCell = GicCell(UnsafeCell::new(None));
 
 /// The MSI SPIs the GICv2m frame offers: (first INTID, count).
 pub fn v2m_spis() -> (u32, u32) {
+    let Some(typer) = NonNull::new((map::GICV2M + V2M_MSI_TYPER) as *mut ReadPure<u32>) else {
+        return (0, 0);
+    };
     // SAFETY: the GICv2m frame is mapped as Device memory (GiB 0 of the
-    // identity map); MSI_TYPER is a read-only register.
-    let t = unsafe { ((map::GICV2M + V2M_MSI_TYPER) as *const u32).read_volatile() };
+    // identity map); MSI_TYPER is a read-only register without side
+    // effects, so this short-lived pointer aliases nothing that matters.
+    let t = unsafe { UniqueMmioPointer::new(typer) }.read();
     ((t >> 16) & 0x3ff, t & 0x3ff)
 }
 

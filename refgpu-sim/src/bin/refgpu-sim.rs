@@ -6,12 +6,14 @@ use std::process::ExitCode;
 fn main() -> ExitCode {
     let opts = match refgpu_sim::parse_args(std::env::args().skip(1)) {
         Ok(o) => o,
-        Err(refgpu_sim::ArgError::Help) => {
-            println!("{}", refgpu_sim::USAGE);
-            return ExitCode::SUCCESS;
+        // --help and --version (exit code 0) and every parse error (2),
+        // printed by clap with the usage.
+        Err(refgpu_sim::ArgError::Cli(e)) => {
+            let _ = e.print();
+            return ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2));
         }
         Err(e) => {
-            eprintln!("refgpu-sim: {e}\n\n{}", refgpu_sim::USAGE);
+            eprintln!("refgpu-sim: {e}\n\n{}", refgpu_sim::usage());
             return ExitCode::from(2);
         }
     };

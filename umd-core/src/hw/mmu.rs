@@ -1,8 +1,12 @@
 //! The refgpu MMU format (`docs/refgpu.md` section 3): page-table entry bits
 //! and the VA split the device walks.
 //!
-//! This is the one place the format is encoded; the page-table builder
-//! ([`crate::mem::pagetable`]) and any software walker use these constants.
+//! This is the one place the format is encoded: [`Pte`] is the entry as
+//! typed fields (the `bitfield` crate), and the entry functions below
+//! ([`leaf_entry`], [`table_entry`], [`is_bad`], ...) are written over it;
+//! the page-table builder ([`crate::mem::pagetable`]) and any software
+//! walker use them. The `PTE_*` masks describe the same bits for tests and
+//! for code that builds entries by hand; a unit test checks both agree.
 //!
 //! A GPU virtual address is 48 bits wide and translated by a four-level walk:
 //!
@@ -88,70 +92,100 @@ pub const fn entry_span(level: usize) -> u64 {
     }
 }
 
+bitfield::bitfield! {
+    /// A page-table entry (`docs/refgpu.md` section 3.2) as fields.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct Pte(pub u64);
+    impl Debug;
+    /// VALID, bit 0: otherwise a TRANSLATION fault (other bits ignored).
+    pub valid, set_valid: 0;
+    /// TABLE, bit 1: a next-level table (L0, L1 must; L2 may; L3 must,
+    /// meaning "4 KiB page").
+    pub table, set_table: 1;
+    /// READ, bit 2 (leaf): reads and command fetches allowed.
+    pub read, set_read: 2;
+    /// WRITE, bit 3 (leaf): writes allowed.
+    pub write, set_write: 3;
+    /// CACHE, bits 5:4 (leaf): one of the `CACHE_*` values (3 is BAD_PTE).
+    pub u8, cache, set_cache: 5, 4;
+    /// Bits 11:6, reserved: must be 0 (BAD_PTE).
+    pub u8, reserved_low, _: 11, 6;
+    /// ADDR, bits 47:12: the physical frame (address >> 12) of the next
+    /// table or of the page.
+    pub u64, frame, set_frame: 47, 12;
+    /// Bits 63:48, reserved: must be 0 (BAD_PTE).
+    pub u16, reserved_high, _: 63, 48;
+}
+
+impl Pte {
+    /// The physical address the entry points to (ADDR with bits 11:0 zero).
+    #[inline]
+    pub fn addr(self) -> u64 {
+        self.frame() << 12
+    }
+}
+
 /// A table entry pointing to the next-level table at physical `table`.
 #[inline]
-pub const fn table_entry(table: u64) -> u64 {
-    (table & PTE_ADDR_MASK) | PTE_TABLE | PTE_VALID
+pub fn table_entry(table: u64) -> u64 {
+    let mut e = Pte(0);
+    e.set_frame(table >> 12);
+    e.set_table(true);
+    e.set_valid(true);
+    e.0
 }
 
 /// Encodes a leaf entry. `level` 3 gives a 4 KiB page (TABLE = 1), level 2
-/// a 2 MiB block (TABLE = 0). `cache` is one of the `CACHE_*` values.
+/// a 2 MiB block (TABLE = 0). `cache` is one of the `CACHE_*` values (only
+/// its two low bits are used).
 #[inline]
-pub const fn leaf_entry(level: usize, phys: u64, read: bool, write: bool, cache: u64) -> u64 {
-    let mut e = (phys & PTE_ADDR_MASK) | PTE_VALID | ((cache & 0b11) << PTE_CACHE_SHIFT);
-    if level == PAGE_LEVEL {
-        e |= PTE_TABLE;
-    }
-    if read {
-        e |= PTE_READ;
-    }
-    if write {
-        e |= PTE_WRITE;
-    }
-    e
+pub fn leaf_entry(level: usize, phys: u64, read: bool, write: bool, cache: u64) -> u64 {
+    let mut e = Pte(0);
+    e.set_frame(phys >> 12);
+    e.set_valid(true);
+    e.set_table(level == PAGE_LEVEL);
+    e.set_read(read);
+    e.set_write(write);
+    e.set_cache((cache & 0b11) as u8);
+    e.0
 }
 
 /// Physical address field of an entry.
 #[inline]
-pub const fn entry_addr(entry: u64) -> u64 {
-    entry & PTE_ADDR_MASK
+pub fn entry_addr(entry: u64) -> u64 {
+    Pte(entry).addr()
 }
 
 /// True when the entry is valid.
 #[inline]
-pub const fn is_valid(entry: u64) -> bool {
-    entry & PTE_VALID != 0
+pub fn is_valid(entry: u64) -> bool {
+    Pte(entry).valid()
 }
 
 /// True when a valid entry at `level` points to a next-level table.
 #[inline]
-pub const fn is_table(level: usize, entry: u64) -> bool {
-    level < PAGE_LEVEL && entry & PTE_TABLE != 0
+pub fn is_table(level: usize, entry: u64) -> bool {
+    level < PAGE_LEVEL && Pte(entry).table()
 }
 
 /// True when the entry would make the device report BAD_PTE at `level`
 /// (section 3.2): reserved bits set, reserved cache value, a TABLE bit the
 /// level forbids, or a misaligned block address. Invalid entries are never bad.
 #[inline]
-pub const fn is_bad(level: usize, entry: u64) -> bool {
-    if !is_valid(entry) {
+pub fn is_bad(level: usize, entry: u64) -> bool {
+    let e = Pte(entry);
+    if !e.valid() {
         return false;
     }
-    if entry & (PTE_RESERVED_LOW | PTE_RESERVED_HIGH) != 0 {
+    if e.reserved_low() != 0 || e.reserved_high() != 0 {
         return true;
     }
-    let table = entry & PTE_TABLE != 0;
+    let reserved_cache = u64::from(e.cache()) == CACHE_RESERVED;
     match level {
-        0 | 1 => !table,
-        2 => {
-            if table {
-                false
-            } else {
-                (entry & PTE_CACHE_MASK) >> PTE_CACHE_SHIFT == CACHE_RESERVED
-                    || entry & (PAGE_SIZE_2M - 1) & PTE_ADDR_MASK != 0
-            }
-        }
-        _ => !table || (entry & PTE_CACHE_MASK) >> PTE_CACHE_SHIFT == CACHE_RESERVED,
+        0 | 1 => !e.table(),
+        // A 2 MiB block: cache must not be reserved, ADDR bits 20:12 zero.
+        2 => !e.table() && (reserved_cache || e.frame() & 0x1FF != 0),
+        _ => !e.table() || reserved_cache,
     }
 }
 
@@ -175,5 +209,58 @@ mod tests {
         assert!(is_bad(3, 0x4010_300D));
         assert!(is_bad(0, 0x4010_3005));
         assert!(is_bad(3, 0x4010_303F));
+    }
+
+    #[test]
+    fn typed_entry_agrees_with_the_masks() {
+        let all = Pte(u64::MAX);
+        assert!(all.valid() && all.table() && all.read() && all.write());
+        assert_eq!(u64::from(all.cache()) << PTE_CACHE_SHIFT, PTE_CACHE_MASK);
+        assert_eq!(u64::from(all.reserved_low()) << 6, PTE_RESERVED_LOW);
+        assert_eq!(all.addr(), PTE_ADDR_MASK);
+        assert_eq!(u64::from(all.reserved_high()) << 48, PTE_RESERVED_HIGH);
+        for (bit, f) in [
+            (PTE_VALID, Pte::valid as fn(&Pte) -> bool),
+            (PTE_TABLE, Pte::table),
+            (PTE_READ, Pte::read),
+            (PTE_WRITE, Pte::write),
+        ] {
+            assert!(f(&Pte(bit)) && !f(&Pte(!bit)));
+        }
+        // Every bit belongs to exactly one field.
+        assert_eq!(
+            PTE_VALID
+                | PTE_TABLE
+                | PTE_READ
+                | PTE_WRITE
+                | PTE_CACHE_MASK
+                | PTE_RESERVED_LOW
+                | PTE_ADDR_MASK
+                | PTE_RESERVED_HIGH,
+            u64::MAX
+        );
+    }
+
+    #[test]
+    fn entries_round_trip() {
+        for level in [2, 3] {
+            for cache in [CACHE_UNCACHED, CACHE_WRITE_COMBINED, CACHE_CACHED] {
+                let e = leaf_entry(level, 0x8_0000_0000 + 0x20_0000, true, false, cache);
+                let p = Pte(e);
+                assert!(p.valid() && p.read() && !p.write());
+                assert_eq!(
+                    (p.table(), u64::from(p.cache()), entry_addr(e)),
+                    (level == 3, cache, 0x8_0020_0000)
+                );
+                assert!(!is_bad(level, e) && is_valid(e) && !is_table(level, e));
+            }
+        }
+        let t = table_entry(0x4000_1FFF);
+        assert_eq!((t, entry_addr(t)), (0x4000_1003, 0x4000_1000), "low bits of the address dropped");
+        assert!(is_table(0, t) && is_table(2, t) && !is_table(3, t));
+        assert_eq!(leaf_entry(3, 0x1000, false, false, 7) >> 4 & 3, 3, "cache keeps its two low bits");
+        assert!(is_bad(3, leaf_entry(3, 0x1000, true, false, CACHE_RESERVED)));
+        assert!(is_bad(2, leaf_entry(2, 0x20_0000, true, false, CACHE_RESERVED)));
+        assert!(is_bad(1, t | (1 << 48)) && is_bad(1, t | (1 << 6)) && !is_bad(1, t & !PTE_VALID));
     }
 }

@@ -1,5 +1,12 @@
 //! Register page offsets (`docs/refgpu.md` section 2). Shared by every
 //! generation; platforms use these to implement register access.
+//!
+//! Register values with fields have typed views ([`FaultStatus`],
+//! [`EngineStatus`], [`EngineCtrl`], [`IrqBits`], built with the
+//! `bitfield` crate): decoding goes through them, so the bit positions are
+//! written down once, here. The single-bit masks (`engine::STATUS_HALTED`,
+//! [`irq_fence`], ...) stay for writes and quick tests; a unit test checks
+//! that both descriptions agree.
 
 /// ID register: magic, generation, revision.
 pub const ID: u32 = 0x000;
@@ -97,3 +104,98 @@ pub const fn irq_fault(e: u32) -> u32 {
 
 /// The ivshmem control-doorbell vector (`docs/refgpu.md` section 2.3).
 pub const CONTROL_VECTOR: u32 = 3;
+
+bitfield::bitfield! {
+    /// An engine's FAULT_STATUS (+0x34) as fields.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct FaultStatus(pub u32);
+    impl Debug;
+    /// KIND, bits 3:0: 1 TRANSLATION, 2 PERMISSION, 3 INVALID_PACKET,
+    /// 4 BAD_PTE, 5 BUS.
+    pub u8, kind, set_kind: 3, 0;
+    /// ACCESS, bits 5:4: 0 READ, 1 WRITE, 2 FETCH.
+    pub u8, access, set_access: 5, 4;
+    /// Bits 15:8: the faulting packet's opcode (0 when unknown).
+    pub u8, opcode, set_opcode: 15, 8;
+    /// VALID, bit 31: a fault is latched.
+    pub valid, set_valid: 31;
+}
+
+bitfield::bitfield! {
+    /// An engine's STATUS (+0x18) as fields.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct EngineStatus(pub u32);
+    impl Debug;
+    /// BUSY, bit 0: a packet is executing or RPTR != WPTR.
+    pub busy, set_busy: 0;
+    /// WAITING, bit 1: blocked in WAIT_MEM.
+    pub waiting, set_waiting: 1;
+    /// HALTED, bit 2: stopped by a fault.
+    pub halted, set_halted: 2;
+    /// IN_IB, bit 3: executing an indirect buffer.
+    pub in_ib, set_in_ib: 3;
+}
+
+bitfield::bitfield! {
+    /// An engine's CTRL (+0x14) as fields.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct EngineCtrl(pub u32);
+    impl Debug;
+    /// ENABLE, bit 0: the engine fetches while set.
+    pub enable, set_enable: 0;
+    /// RESET, bit 1: write 1 to reset; reads 1 until the reset is done.
+    pub reset, set_reset: 1;
+}
+
+bitfield::bitfield! {
+    /// IRQ_STATUS / IRQ_MASK as fields: one bit per engine in each group.
+    #[derive(Clone, Copy, PartialEq, Eq)]
+    pub struct IrqBits(pub u32);
+    impl Debug;
+    /// Bits 2:0: FENCE interrupt of engine `e` at bit `e`.
+    pub u8, fences, set_fences: 2, 0;
+    /// Bits 10:8: FAULT of engine `e` at bit `e` of this field.
+    pub u8, faults, set_faults: 10, 8;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine::*;
+    use super::*;
+
+    #[test]
+    fn typed_views_agree_with_the_masks() {
+        assert!(FaultStatus(FAULT_VALID).valid() && !FaultStatus(!FAULT_VALID).valid());
+        let st = EngineStatus(STATUS_BUSY | STATUS_HALTED);
+        assert!(st.busy() && st.halted() && !st.waiting() && !st.in_ib());
+        assert!(EngineStatus(STATUS_WAITING).waiting() && EngineStatus(STATUS_IN_IB).in_ib());
+        let c = EngineCtrl(CTRL_ENABLE);
+        assert!(c.enable() && !c.reset() && EngineCtrl(CTRL_RESET).reset());
+        let mut w = EngineCtrl(0);
+        w.set_reset(true);
+        w.set_enable(true);
+        assert_eq!(w.0, CTRL_RESET | CTRL_ENABLE);
+        for e in 0..ENGINES {
+            assert_eq!(IrqBits(irq_fence(e)).fences(), 1 << e);
+            assert_eq!(IrqBits(irq_fence(e)).faults(), 0);
+            assert_eq!(IrqBits(irq_fault(e)).faults(), 1 << e);
+            assert_eq!(IrqBits(irq_fault(e)).fences(), 0);
+        }
+    }
+
+    #[test]
+    fn fault_status_fields_from_the_spec() {
+        // VALID, KIND 4 (BAD_PTE), ACCESS 2 (FETCH), opcode 0x15.
+        let v = FaultStatus((1 << 31) | (0x15 << 8) | (2 << 4) | 4);
+        assert_eq!((v.valid(), v.kind(), v.access(), v.opcode()), (true, 4, 2, 0x15));
+        let mut w = FaultStatus(0);
+        w.set_valid(true);
+        w.set_kind(4);
+        w.set_access(2);
+        w.set_opcode(0x15);
+        assert_eq!(w, v);
+        // Bits outside every field (7:6, 30:16) do not leak into them.
+        let noise = FaultStatus(0x7FFF_00C0);
+        assert_eq!((noise.valid(), noise.kind(), noise.access(), noise.opcode()), (false, 0, 0, 0));
+    }
+}

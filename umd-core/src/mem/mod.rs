@@ -14,9 +14,13 @@
 //! - [`stats`]: statistics types, all O(1) to read.
 //!
 //! `docs/memory.md` explains the design.
+//!
+//! For platforms rather than the device: [`pages`], runs of 4 KiB pages over
+//! a caller-provided bitmap, under a `dma_alloc` that carves a fixed window.
 
 pub mod buffer;
 pub mod manager;
+pub mod pages;
 pub mod pagetable;
 pub mod pool;
 pub mod stats;

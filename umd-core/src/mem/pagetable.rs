@@ -276,12 +276,13 @@ impl PageTable {
                 continue;
             }
             let span = entry_span(level);
+            let leaf = mmu::Pte(e);
             return Ok(Translation {
-                phys: entry_addr(e) | (va & span.wrapping_sub(1)),
+                phys: leaf.addr() | (va & span.wrapping_sub(1)),
                 page_size: span,
-                read: e & mmu::PTE_READ != 0,
-                write: e & mmu::PTE_WRITE != 0,
-                cache: ((e & mmu::PTE_CACHE_MASK) >> mmu::PTE_CACHE_SHIFT) as u8,
+                read: leaf.read(),
+                write: leaf.write(),
+                cache: leaf.cache(),
             });
         }
         Err(WalkFault::BadPte { level: 3 })

@@ -127,10 +127,11 @@ impl Access {
 impl FaultInfo {
     /// Decodes FAULT_STATUS and FAULT_ADDR; None when VALID is clear.
     pub fn from_regs(status: u32, addr: u64) -> Option<FaultInfo> {
-        if status & crate::hw::regs::engine::FAULT_VALID == 0 {
+        let status = crate::hw::regs::FaultStatus(status);
+        if !status.valid() {
             return None;
         }
-        let kind = match (status & 0xF) as u8 {
+        let kind = match status.kind() {
             1 => FaultKind::Translation,
             2 => FaultKind::Permission,
             3 => FaultKind::InvalidPacket,
@@ -138,13 +139,13 @@ impl FaultInfo {
             5 => FaultKind::Bus,
             k => FaultKind::Unknown(k),
         };
-        let access = match ((status >> 4) & 0x3) as u8 {
+        let access = match status.access() {
             0 => Access::Read,
             1 => Access::Write,
             2 => Access::Fetch,
             a => Access::Unknown(a),
         };
-        Some(FaultInfo { kind, access, addr, opcode: ((status >> 8) & 0xFF) as u8 })
+        Some(FaultInfo { kind, access, addr, opcode: status.opcode() })
     }
 }
 
