@@ -1,28 +1,49 @@
 //! The conformance suite on the in-process model, both generations, with
-//! interrupts and polling only. One test per (generation, mode); each
+//! interrupts and polling only, on a coherent platform and on one that
+//! models a write-back CPU cache (CPU stores reach the model only when
+//! cleaned, GPU writes reach the CPU only when invalidated, dirty lines are
+//! written back at random doorbells). One test per (generation, mode); each
 //! prints every scenario's result and fails on any FAIL (a SKIP must carry
-//! a reason and is listed).
+//! a reason and is listed). The last test removes one clean (the page
+//! tables') and shows the suite catches it.
 
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_linux::suite::run_suite;
-use platform_linux::InProcess;
+use platform_linux::{Cache, InProcess, InProcessOptions};
 use refgpu_model::{Generation as ModelGen, ModelConfig};
-use umd_core::direct::Device;
+use umd_core::direct::{Device, MmuMode};
+use umd_core::hw::regs;
+use umd_core::platform::DirectIo;
 use umd_core::storage::DeviceStorage;
 
-fn run(gen: ModelGen, use_irq: bool) {
-    let platform =
-        InProcess::new(ModelConfig { generation: gen, mem_size: 96 << 20, ..ModelConfig::default() })
-            .expect("model starts");
+fn platform(gen: ModelGen, cache: Cache) -> InProcess {
+    let cfg = ModelConfig { generation: gen, mem_size: 96 << 20, ..ModelConfig::default() };
+    InProcess::with_options(cfg, InProcessOptions { cache }).expect("model starts")
+}
+
+fn run_on(platform: &InProcess, label: &str, use_irq: bool) {
     let cfg = umd_core::config::Config { use_irq, ..SUITE_CONFIG };
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev: Device<'_, InProcess, SUITE_CHUNKS> =
-        Device::new(&platform, &mut storage, cfg, SUITE_MMU).expect("device comes up");
-    let failures = run_suite(&dev, &format!("{gen:?} irq={use_irq}"));
-    assert!(failures.is_empty(), "{gen:?} irq={use_irq}:\n{}", failures.join("\n"));
+        Device::new(platform, &mut storage, cfg, SUITE_MMU).expect("device comes up");
+    let failures = run_suite(&dev, label);
+    assert!(failures.is_empty(), "{label}:\n{}", failures.join("\n"));
     let report = dev.shutdown();
     assert_eq!(report.leaked_buffers, 0, "the suite leaked buffers");
     assert_eq!(platform.dma_pages_used(), 0, "platform memory leaked");
+}
+
+fn run(gen: ModelGen, use_irq: bool) {
+    run_on(&platform(gen, Cache::Coherent), &format!("{gen:?} irq={use_irq}"), use_irq);
+}
+
+/// Write-back cache; 2 % of the dirty lines written back at each doorbell,
+/// so a missing clean can also show up as data arriving at a random time.
+fn run_write_back(gen: ModelGen) {
+    let p = platform(gen, Cache::WriteBack { seed: 0x5EED, evict_per_mille: 20 });
+    run_on(&p, &format!("{gen:?} write-back"), true);
+    let stats = p.cache_stats();
+    assert!(stats.lines_cleaned > 0 && stats.lines_invalidated > 0, "the cache was exercised: {stats:?}");
 }
 
 #[test]
@@ -43,4 +64,37 @@ fn gen2_with_interrupts() {
 #[test]
 fn gen2_polling_only() {
     run(ModelGen::Gen2, false);
+}
+
+#[test]
+fn gen1_write_back_cache() {
+    run_write_back(ModelGen::Gen1);
+}
+
+#[test]
+fn gen2_write_back_cache() {
+    run_write_back(ModelGen::Gen2);
+}
+
+/// The page tables' clean removed (the cache drops every clean of the
+/// table region once the device is up): the PTEs of every buffer the
+/// suite maps stay in the CPU cache, the GPU faults on them, and the suite
+/// must say so.
+#[test]
+fn removed_page_table_clean_is_caught() {
+    let p = platform(ModelGen::Gen2, Cache::WriteBack { seed: 1, evict_per_mille: 0 });
+    let MmuMode::Enabled { table_pages, .. } = SUITE_MMU else { panic!("the suite runs with the MMU on") };
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, InProcess, SUITE_CHUNKS> =
+        Device::new(&p, &mut storage, SUITE_CONFIG, SUITE_MMU).expect("device comes up");
+    // The table region starts at the root table.
+    let lo = u64::from(p.read_reg(regs::MMU_ROOT_LO).unwrap());
+    let hi = u64::from(p.read_reg(regs::MMU_ROOT_HI).unwrap());
+    let root = hi << 32 | lo;
+    p.ignore_cleans(root..root + (table_pages as u64) * 4096).unwrap();
+    let failures = run_suite(&dev, "Gen2 write-back, page-table cleans dropped");
+    let ignored = p.cache_stats().cleans_ignored;
+    assert!(ignored > 0, "the injection dropped no clean");
+    assert!(!failures.is_empty(), "the suite passed with {ignored} page-table cleans dropped");
+    println!("{} scenarios failed with the page-table clean removed", failures.len());
 }
