@@ -1,5 +1,5 @@
 //! Tunables, in one place, with the defaults the field suggests
-//! (DESIGN.md section 7; the article's section 6.2; etnaviv and msm hang
+//! (field figures from Mesa and the kernel drivers; etnaviv and msm hang
 //! checks). On Linux, `platform-linux` lets environment variables override
 //! them (`UMD_IB_CHUNK_BYTES`, `UMD_HANG_WINDOW_MS`, ...).
 

@@ -94,6 +94,8 @@ impl fmt::Display for DecodeError {
     }
 }
 
+impl core::error::Error for DecodeError {}
+
 /// A rule of the generation that a decoded packet breaks: what the encoder
 /// would have refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,6 +361,8 @@ impl fmt::Display for StreamFileError {
         }
     }
 }
+
+impl core::error::Error for StreamFileError {}
 
 /// A parsed `.rgcs` file: which chip, where the stream lives, the packets.
 #[derive(Clone, Copy, Debug)]

@@ -88,6 +88,8 @@ impl fmt::Display for PoolSetupError {
     }
 }
 
+impl core::error::Error for PoolSetupError {}
+
 /// Counts of chunks per state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct IbPoolStats {

@@ -43,6 +43,8 @@ impl fmt::Display for PlatformError {
     }
 }
 
+impl core::error::Error for PlatformError {}
+
 /// How memory is allocated by [`Platform::dma_alloc`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct DmaFlags {

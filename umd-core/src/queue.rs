@@ -99,6 +99,8 @@ impl fmt::Display for SubmitError {
     }
 }
 
+impl core::error::Error for SubmitError {}
+
 impl From<DepError> for SubmitError {
     fn from(e: DepError) -> Self {
         match e {
@@ -137,6 +139,8 @@ impl fmt::Display for WaitError {
         }
     }
 }
+
+impl core::error::Error for WaitError {}
 
 /// Where a fence stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -54,6 +54,8 @@ impl fmt::Display for RingError {
     }
 }
 
+impl core::error::Error for RingError {}
+
 /// What one [`Ring::write`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Written {

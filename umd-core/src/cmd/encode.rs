@@ -163,6 +163,8 @@ impl fmt::Display for EncodeError {
     }
 }
 
+impl core::error::Error for EncodeError {}
+
 /// Where a command lands: `pad` NOP dwords, then a `packet`-dword packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Placement {

@@ -59,6 +59,8 @@ impl fmt::Display for InitError {
     }
 }
 
+impl core::error::Error for InitError {}
+
 /// What was still allocated when a device went down.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ShutdownReport {

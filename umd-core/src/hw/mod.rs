@@ -91,6 +91,8 @@ impl fmt::Display for ProbeError {
     }
 }
 
+impl core::error::Error for ProbeError {}
+
 /// The chip identity decoded from the ID register.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ChipId {

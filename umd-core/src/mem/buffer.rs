@@ -184,6 +184,8 @@ impl fmt::Display for BufferError {
     }
 }
 
+impl core::error::Error for BufferError {}
+
 /// One line of a leak report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LeakEntry {

@@ -112,6 +112,8 @@ impl fmt::Display for AllocError {
     }
 }
 
+impl core::error::Error for AllocError {}
+
 impl AllocError {
     fn from_pool(e: PoolError, align: u64) -> AllocError {
         match e {

@@ -70,6 +70,8 @@ impl fmt::Display for PagesError {
     }
 }
 
+impl core::error::Error for PagesError {}
+
 /// A page allocator over `pages` pages whose used/free bits live in `S`.
 #[derive(Debug)]
 pub struct PageBitmap<S> {

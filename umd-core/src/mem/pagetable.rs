@@ -134,6 +134,8 @@ impl fmt::Display for PtError {
     }
 }
 
+impl core::error::Error for PtError {}
+
 /// What the device would do with an access, per the spec's walk.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WalkFault {

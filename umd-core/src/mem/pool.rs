@@ -147,6 +147,8 @@ impl fmt::Display for BackingError {
     }
 }
 
+impl core::error::Error for BackingError {}
+
 /// Where the pool gets blocks of GPU-visible memory and their addresses.
 pub trait Backing {
     /// The memory of one block (a platform region).
@@ -210,6 +212,8 @@ impl fmt::Display for PoolError {
         }
     }
 }
+
+impl core::error::Error for PoolError {}
 
 /// A live pool allocation. Deliberately neither `Clone` nor `Copy`: giving
 /// it back to [`Pool::free`] consumes it. A large allocation carries its

@@ -188,6 +188,8 @@ impl fmt::Display for VaError {
     }
 }
 
+impl core::error::Error for VaError {}
+
 /// Where a non-fixed allocation goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Placement {

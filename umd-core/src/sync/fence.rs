@@ -248,3 +248,5 @@ impl fmt::Display for FenceError {
         }
     }
 }
+
+impl core::error::Error for FenceError {}
