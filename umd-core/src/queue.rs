@@ -68,6 +68,12 @@ pub enum SubmitError {
     DeviceLost,
     /// A platform call failed.
     Platform(PlatformError),
+    /// Foreign syncs (sync_file, syncobj) given in direct mode: only a
+    /// kernel can wait for them.
+    ForeignSyncUnsupported,
+    /// The queue's kernel context was reset and the core had not finished
+    /// recovering it within the hang window.
+    QueueRecovering(QueueId),
 }
 
 impl fmt::Display for SubmitError {
@@ -95,6 +101,10 @@ impl fmt::Display for SubmitError {
             }
             SubmitError::DeviceLost => write!(f, "device lost"),
             SubmitError::Platform(e) => write!(f, "platform: {e}"),
+            SubmitError::ForeignSyncUnsupported => {
+                write!(f, "foreign syncs need a kernel driver (direct mode can not wait for them)")
+            }
+            SubmitError::QueueRecovering(q) => write!(f, "{q} is still recovering from a kernel reset"),
         }
     }
 }

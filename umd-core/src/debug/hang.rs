@@ -158,6 +158,37 @@ pub struct HangReport {
     pub ib: Window,
 }
 
+impl HangReport {
+    /// A report with no register capture (device loss; a kernel's reset,
+    /// whose capture is the kernel's devcoredump): `counts` is (emitted,
+    /// completed).
+    pub const fn uncaptured(
+        queue: QueueId,
+        reason: HangReason,
+        at_ns: u64,
+        generation: Generation,
+        counts: (Seqno, Seqno),
+    ) -> HangReport {
+        HangReport {
+            queue,
+            reason,
+            at_ns,
+            generation,
+            rptr: 0,
+            wptr: 0,
+            status: 0,
+            cur_addr: 0,
+            ib_base: 0,
+            ib_size: 0,
+            emitted: counts.0,
+            completed: counts.1,
+            fault: None,
+            ring: Window::EMPTY,
+            ib: Window::EMPTY,
+        }
+    }
+}
+
 impl fmt::Display for HangReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "queue {} stuck at {} ns: {}", self.queue, self.at_ns, self.reason)?;

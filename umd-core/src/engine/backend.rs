@@ -18,7 +18,7 @@ use crate::debug::HangReport;
 use crate::hw::ChipId;
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
-use crate::platform::{DmaRegion, Platform};
+use crate::platform::{DmaRegion, ForeignSync, Platform};
 use crate::queue::SubmitError;
 use crate::sync::{FenceError, FenceId, Seqno};
 
@@ -40,6 +40,8 @@ pub struct Job<'a> {
     pub seqno: Seqno,
     /// Fences of other queues the hardware must wait for first.
     pub waits: &'a [FenceId],
+    /// Foreign syncs to wait for first (kernel mode only).
+    pub foreign: &'a [ForeignSync],
     /// The IB: GPU address and dwords.
     pub ib: (u64, u32),
 }
@@ -60,13 +62,8 @@ pub enum EmitError {
 pub enum Poll {
     /// The last completed sequence number.
     Completed(Seqno),
-    /// The kernel reset the queue: work up to `upto` failed with `error`.
-    Reset {
-        /// Last cancelled sequence number.
-        upto: Seqno,
-        /// Why.
-        error: FenceError,
-    },
+    /// Nothing could be read this time (a transient kernel error).
+    Unchanged,
     /// The device is gone.
     Lost,
 }
@@ -150,6 +147,18 @@ pub trait Backend: sealed::Sealed + Sized {
     fn emit(&self, qs: &mut Self::Queue, job: &Job<'_>) -> Result<EmitInfo, EmitError>;
     /// Reads queue `q`'s completion state.
     fn poll(&self, q: usize) -> Poll;
+
+    /// Whether this backend may hold emitted submissions back
+    /// ([`Backend::flush`] then needs calling).
+    fn holds(&self) -> bool {
+        false
+    }
+    /// Hands queue `q`'s held-back submissions whose waits are satisfiable
+    /// now to the hardware (under the queue's submit lock).
+    fn flush(&self, qs: &mut Self::Queue, q: usize) -> Result<(), Gone> {
+        let _ = (qs, q);
+        Ok(())
+    }
 
     /// Acknowledges interrupts; false when the device is gone.
     fn ack_interrupts(&self) -> Result<bool, Gone>;

@@ -18,7 +18,7 @@
 //! fence are refused before they reach the GPU
 //! ([`crate::queue::SubmitError::DependencyFailed`]).
 
-use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind, Window};
+use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind};
 use crate::queue::{FenceStatus, WaitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
@@ -42,18 +42,20 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let Some(q) = self.queues.get(qi).filter(|_| qi < self.nq) else { return Seqno(0) };
         match self.b.poll(qi) {
             Poll::Completed(s) => {
+                // A kernel's timeline also passes work whose producer
+                // failed (the kernel ran it on input that never arrived):
+                // it counts as complete only once its producers have
+                // signalled or their failure has been propagated to it.
+                let s = if B::MODE == super::Mode::Kernel {
+                    self.deps
+                        .lock()
+                        .cap(QueueId(qi as u8), s, |w| w.is_signalled_by(self.completed_of(w.queue)))
+                } else {
+                    s
+                };
                 q.timeline.advance(s);
             }
-            Poll::Reset { upto, error } => {
-                // The kernel reset the queue: the same bookkeeping as a
-                // direct-mode reset. The backend keeps reporting it until
-                // `reset` acknowledges it, so a busy queue (its holder is
-                // submitting) is handled by a later pass.
-                if let Some(mut qs) = q.submit.try_lock() {
-                    let report = self.kernel_report(qi, upto);
-                    self.fail_locked(qi, &mut qs, Failure { error, report }, upto);
-                }
-            }
+            Poll::Unchanged => {}
             Poll::Lost => {
                 self.device_lost();
             }
@@ -99,10 +101,30 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// Reads every queue (see [`Engine::process`]).
+    /// Reads every queue (see [`Engine::process`]), after handing held
+    /// work to the hardware.
     pub(crate) fn process_all(&self) {
+        self.flush_held();
         for qi in 0..self.nq {
             self.process(qi);
+        }
+    }
+
+    /// Lets the backend hand held-back submissions (kernel mode's wait
+    /// before signal) to the hardware, on every queue whose submit lock is
+    /// free (a busy queue's holder flushes it).
+    pub(crate) fn flush_held(&self) {
+        if !self.b.holds() {
+            return;
+        }
+        for qi in 0..self.nq {
+            let Some(q) = self.queues.get(qi) else { continue };
+            let Some(mut qs) = q.submit.try_lock() else { continue };
+            if self.b.flush(&mut qs, qi).is_err() {
+                drop(qs);
+                self.device_lost();
+                return;
+            }
         }
     }
 
@@ -308,46 +330,15 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 q.record_failure(after, upto, FenceError::DeviceLost);
                 q.timeline.force(upto);
                 q.processed.store(upto.0, Ordering::Release);
-                let report = HangReport {
-                    queue: QueueId(qi as u8),
-                    reason: HangReason::DeviceLost,
-                    at_ns: self.b.platform().now_ns(),
-                    generation: self.b.chip().generation,
-                    rptr: 0,
-                    wptr: 0,
-                    status: 0,
-                    cur_addr: 0,
-                    ib_base: 0,
-                    ib_size: 0,
-                    emitted: upto,
-                    completed: after,
-                    fault: None,
-                    ring: Window::EMPTY,
-                    ib: Window::EMPTY,
-                };
+                let report = HangReport::uncaptured(
+                    QueueId(qi as u8),
+                    HangReason::DeviceLost,
+                    self.b.platform().now_ns(),
+                    self.b.chip().generation,
+                    (upto, after),
+                );
                 *self.last_hang.lock() = Some(report);
             }
-        }
-    }
-
-    fn kernel_report(&self, qi: usize, upto: Seqno) -> HangReport {
-        let completed = self.queues.get(qi).map_or(Seqno(0), |q| q.completed());
-        HangReport {
-            queue: QueueId(qi as u8),
-            reason: HangReason::KernelReset,
-            at_ns: self.b.platform().now_ns(),
-            generation: self.b.chip().generation,
-            rptr: 0,
-            wptr: 0,
-            status: 0,
-            cur_addr: 0,
-            ib_base: 0,
-            ib_size: 0,
-            emitted: upto,
-            completed,
-            fault: None,
-            ring: Window::EMPTY,
-            ib: Window::EMPTY,
         }
     }
 }

@@ -28,7 +28,7 @@ use crate::sync::{Fence, FenceId, QueueId, Seqno};
 use super::backend::{Backend, EmitError, Job};
 use super::buffers::{BufferUse, MAX_BUFFER_USES};
 use super::{Counters, Engine};
-use crate::platform::Platform;
+use crate::platform::{ForeignSync, Platform};
 
 /// What to submit: the queue, the fences to wait for (of other queues,
 /// possibly not emitted yet), and the buffers the work reads and writes.
@@ -41,12 +41,17 @@ pub struct Submit<'a> {
     /// Buffers the work uses (checked, and their frees gated on this
     /// submission: [`crate::mem::buffer::Tracking::Declared`]).
     pub buffers: &'a [BufferUse],
+    /// Syncs from outside the device (a sync_file, a syncobj another
+    /// process shared) the kernel waits for first. Kernel mode only: the
+    /// core can not see them, so they take no part in its dependency
+    /// checks.
+    pub foreign: &'a [ForeignSync],
 }
 
 impl<'a> Submit<'a> {
     /// Work on `queue`, no waits, no declared buffers.
     pub const fn on(queue: QueueId) -> Submit<'a> {
-        Submit { queue, waits: &[], buffers: &[] }
+        Submit { queue, waits: &[], buffers: &[], foreign: &[] }
     }
 
     /// After `waits`.
@@ -58,6 +63,12 @@ impl<'a> Submit<'a> {
     /// Using `buffers`.
     pub const fn using(mut self, buffers: &'a [BufferUse]) -> Submit<'a> {
         self.buffers = buffers;
+        self
+    }
+
+    /// After the foreign syncs `foreign` (kernel mode).
+    pub const fn after_foreign(mut self, foreign: &'a [ForeignSync]) -> Submit<'a> {
+        self.foreign = foreign;
         self
     }
 }
@@ -83,7 +94,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     where
         F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
     {
-        self.submit_with(&Submit { queue, waits, buffers: &[] }, record)
+        self.submit_with(&Submit { queue, waits, buffers: &[], foreign: &[] }, record)
     }
 
     /// [`Engine::submit`] with declared buffers.
@@ -138,6 +149,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         if s.waits.len() > MAX_WAITS {
             return Err(SubmitError::TooManyWaits { given: s.waits.len() });
+        }
+        if !s.foreign.is_empty() && B::MODE != super::Mode::Kernel {
+            return Err(SubmitError::ForeignSyncUnsupported);
+        }
+        if s.foreign.len() > crate::kernel::MAX_FOREIGN {
+            return Err(SubmitError::TooManyWaits { given: s.foreign.len() });
         }
         if s.buffers.len() > MAX_BUFFER_USES {
             return Err(SubmitError::TooManyBuffers { given: s.buffers.len() });
@@ -265,7 +282,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     return Err(SubmitError::Buffer(e));
                 }
             }
-            let job = Job { queue: qi, seqno, waits: waits.ids(), ib };
+            let job = Job { queue: qi, seqno, waits: waits.ids(), foreign: s.foreign, ib };
             match self.b.emit(&mut qs, &job) {
                 Ok(info) => {
                     if let Some(m) = mem.as_mut() {
@@ -285,6 +302,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         Counters::add(&self.stats.ring_wraps, 1);
                     }
                     self.trace_submit(qi, seqno, dwords, ib.0, info.wptr);
+                    // Work held back for this submission may go now.
+                    self.flush_held();
                     return Ok(Fence { id: fence, device: self.id });
                 }
                 Err(e) => {

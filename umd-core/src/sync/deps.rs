@@ -286,6 +286,18 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
             .and_then(|e| e.waits().iter().find(|w| !w.is_signalled_by(completed_of(w.queue))).copied())
     }
 
+    /// How far `queue`'s timeline may be believed when it reads `seen`:
+    /// just below the oldest pending submission up to `seen` that waits for
+    /// a fence `resolved` does not hold yet (work can not complete before
+    /// what it waits for; a timeline that says so passed failed work whose
+    /// failure is not known yet).
+    pub fn cap(&self, queue: QueueId, seen: Seqno, resolved: impl Fn(FenceId) -> bool) -> Seqno {
+        self.pending(usize::from(queue.0))
+            .take_while(|e| e.seqno.is_signalled_by(seen))
+            .find(|e| e.waits().iter().any(|w| !resolved(*w)))
+            .map_or(seen, |e| Seqno(e.seqno.0.wrapping_sub(1)))
+    }
+
     /// Forgets `queue`'s entries that `completed` covers (oldest first,
     /// stopping at the first pending one).
     pub fn retire(&mut self, queue: QueueId, completed: Seqno) {

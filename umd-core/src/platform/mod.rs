@@ -302,6 +302,12 @@ pub unsafe trait Platform {
     }
 }
 
+mod kernel;
+pub use kernel::{
+    ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
+    KernelWait,
+};
+
 /// The spin lock the project's platforms use ([`Platform::RawMutex`]).
 pub type SpinLock = spin::Mutex<()>;
 
@@ -324,56 +330,4 @@ pub trait DirectIo: Platform {
     fn control_doorbell(&self) -> Result<(), PlatformError> {
         Ok(())
     }
-}
-
-/// A point a kernel-mediated submission waits for or signals.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct KernelSync {
-    /// Engine whose timeline it is.
-    pub engine: u32,
-    /// Value on that timeline.
-    pub value: u64,
-}
-
-/// Kernel-mediated mode: the kernel owns the rings and the page tables.
-pub trait KernelIo: Platform {
-    /// The chip's ID register value, as the kernel driver reports it (a
-    /// DRM driver exposes it through its info ioctl).
-    fn chip_id(&self) -> Result<u32, PlatformError>;
-
-    /// Binds `len` bytes of `region` at GPU address `va` (the UMD chose
-    /// `va`, as libdrm's VA manager does).
-    fn bind_va(&self, va: u64, region: &DmaRegion, len: usize, writable: bool) -> Result<(), PlatformError>;
-
-    /// Removes a binding made by [`KernelIo::bind_va`].
-    fn unbind_va(&self, va: u64, len: usize) -> Result<(), PlatformError>;
-
-    /// Submits the IB at `ib_va` (`ib_dwords` long) to `engine`, after the
-    /// `waits` have signalled; the kernel signals `signal` when it is done.
-    fn submit(
-        &self,
-        engine: u32,
-        ib_va: u64,
-        ib_dwords: u32,
-        waits: &[KernelSync],
-        signal: KernelSync,
-    ) -> Result<(), PlatformError>;
-
-    /// The last value `engine`'s timeline reached, or why the kernel
-    /// abandoned its work ([`KernelError`]).
-    fn completed(&self, engine: u32) -> Result<u64, KernelError>;
-}
-
-/// How a kernel reports that it gave up on an engine's work.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KernelError {
-    /// The kernel reset the engine after a hang; work up to `upto` failed.
-    Reset {
-        /// The last value of the timeline the reset cancelled.
-        upto: u64,
-    },
-    /// The device is gone.
-    DeviceLost,
-    /// Another platform error.
-    Platform(PlatformError),
 }
