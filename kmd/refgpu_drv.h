@@ -164,6 +164,7 @@ struct refgpu_ctx {
 	bool innocent;			/* its jobs were re-run after a reset */
 	u32 fault_status;
 	u64 fault_addr;
+	u64 guilty_seqno;		/* the culprit's SUBMIT seqno, set before guilty */
 	struct refgpu_vm *vm;		/* reference */
 };
 

@@ -330,6 +330,9 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 				ctx->fault_status = eng->fault_status;
 				ctx->fault_addr = eng->fault_addr;
 			}
+			ctx->guilty_seqno = guilty->base.s_fence->finished.seqno;
+			/* CTX_QUERY reads the culprit's details after seeing guilty. */
+			smp_wmb();
 			atomic_set(&ctx->guilty, 1);
 			guilty->reset_error = fault ? -EIO : -ETIMEDOUT;
 			drm_sched_increase_karma(&guilty->base);
@@ -565,6 +568,11 @@ int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *
 		args->state = REFGPU_CTX_STATE_OK;
 	args->engine = ctx->engine;
 	args->reset_count = atomic64_read(&rdev->reset_count);
+	args->guilty_seqno = 0;
+	if (args->state == REFGPU_CTX_STATE_GUILTY) {
+		smp_rmb();	/* pairs with the timeout handler's smp_wmb() */
+		args->guilty_seqno = ctx->guilty_seqno;
+	}
 	args->fault_status = ctx->fault_status;
 	args->fault_addr = ctx->fault_addr;
 	refgpu_ctx_put(ctx);

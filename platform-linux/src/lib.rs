@@ -8,28 +8,47 @@
 //! - [`config`]: [`umd_core::config::Config`] overridden by `UMD_*`
 //!   environment variables, with typed parse errors;
 //! - [`selftest`]: bring-up checks for any direct-mode platform;
-//! - [`suite`]: the conformance suite on a host (threads, result checks).
+//! - [`suite`]: the conformance suite on a host (threads, result checks);
+//! - [`drm`]: kernel-mediated mode over the refgpu DRM driver's render node.
 //!
-//! The DRM backend (kernel-mediated submission) is not written yet.
-//! See `platform-linux/README.md` for starting `refgpu-sim` and connecting.
+//! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
+//! [`selftest`]; pulls the model in), `suite` (default), `drm`. A DRM
+//! user builds with `default-features = false, features = ["drm"]` and gets
+//! neither the model nor the suite. See `platform-linux/README.md` for
+//! starting `refgpu-sim` and connecting.
 
+#[cfg(feature = "model")]
 pub mod cache;
 pub mod config;
+#[cfg(feature = "model")]
 pub mod cosim;
+#[cfg(feature = "drm")]
+pub mod drm;
+#[cfg(feature = "model")]
 pub mod inproc;
+#[cfg(feature = "model")]
 pub mod selftest;
+#[cfg(feature = "suite")]
 pub mod suite;
+#[cfg(feature = "model")]
 mod sys;
 
+#[cfg(feature = "model")]
 pub use cache::{Cache, CacheControlError, CacheStats};
+#[cfg(feature = "model")]
 pub use cosim::{Cosim, CosimError, CosimOptions, MemWindow};
+#[cfg(feature = "drm")]
+pub use drm::{Drm, DrmError};
+#[cfg(feature = "model")]
 pub use inproc::{InProcess, InProcessOptions};
 
 /// DMA pages of a model's memory window: `umd_core`'s bitmap page
 /// allocator over a host vector.
+#[cfg(feature = "model")]
 type PageHeap = umd_core::mem::pages::PageBitmap<Vec<u64>>;
 
 /// A page heap of `pages` free pages.
+#[cfg(feature = "model")]
 fn page_heap(pages: usize) -> PageHeap {
     PageHeap::new(vec![0; pages.div_ceil(64)], pages).expect("the storage holds one bit per page")
 }

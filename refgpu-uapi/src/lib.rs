@@ -300,4 +300,7 @@ pub struct CtxQuery {
     pub fault_status: u64,
     /// Out: the faulting GPU address, or 0.
     pub fault_addr: u64,
+    /// Out: when guilty, the SUBMIT `seqno` of the job that hung or
+    /// faulted (every later job of the context failed too); else 0.
+    pub guilty_seqno: u64,
 }

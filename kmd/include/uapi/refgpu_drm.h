@@ -148,6 +148,7 @@ struct drm_refgpu_ctx_query {
 	__u64 reset_count;	/* out: engine resets on the device so far */
 	__u64 fault_status;	/* out: GUILTY by a fault: FAULT_STATUS; else 0 */
 	__u64 fault_addr;	/* out: the faulting GPU address, or 0 */
+	__u64 guilty_seqno;	/* out: GUILTY: the SUBMIT seqno of the job that hung or faulted; else 0 */
 };
 
 #define DRM_IOCTL_REFGPU_GET_PARAM \

@@ -761,6 +761,7 @@ fn hang_recovery() -> R {
     ensure!(status == -libc::ETIMEDOUT, "H's fence status {status}, expected -ETIMEDOUT");
     let q = ok(fx.dev.ctx_query(h), "CTX_QUERY H")?;
     ensure!(q.state == u::ctx_state::GUILTY, "H state {}", q.state);
+    ensure!(q.guilty_seqno == sh.seqno, "guilty_seqno {} is not H's seqno {}", q.guilty_seqno, sh.seqno);
     ensure!(q.reset_count > resets0, "reset_count {} did not grow from {resets0}", q.reset_count);
     expect_errno(
         fx.dev.submit_full(h, ib, dw, &[], &[], 0).map(|_| ()),
@@ -819,6 +820,7 @@ fn fault_recovery() -> R {
         q.fault_status
     );
     ensure!(q.fault_addr == unmapped, "FAULT_ADDR {:#x}", q.fault_addr);
+    ensure!(q.guilty_seqno == 1, "guilty_seqno {}: the context's first job faulted", q.guilty_seqno);
     ensure!(fx.data.map.r32(0) == 1, "the packet before the fault ran");
     expect_errno(
         fx.dev.submit_full(ctx, fx.ib.va, 1, &[], &[], 0).map(|_| ()),
