@@ -73,6 +73,8 @@ pub const GUEST_TESTS: &[&str] = &[
     "devcoredump",
     "fault_recovery",
     "teardown_killed_process",
+    "conformance_kernel_mode",
+    "kernel_mode_sync_files_and_reset_status",
     "bench_submit_vs_null_ioctl",
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",

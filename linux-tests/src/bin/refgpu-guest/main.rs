@@ -9,6 +9,7 @@
 
 mod drm;
 mod fixture;
+mod kernel_mode;
 mod tests;
 
 use std::ffi::CString;

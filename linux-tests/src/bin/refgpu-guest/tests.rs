@@ -51,6 +51,8 @@ pub fn all() -> Vec<Test> {
         ("devcoredump", devcoredump),
         ("fault_recovery", fault_recovery),
         ("teardown_killed_process", teardown_killed_process),
+        ("conformance_kernel_mode", crate::kernel_mode::conformance_kernel_mode),
+        ("kernel_mode_sync_files_and_reset_status", crate::kernel_mode::kernel_mode_sync_files_and_reset_status),
         ("bench_submit_vs_null_ioctl", bench_submit_vs_null_ioctl),
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),

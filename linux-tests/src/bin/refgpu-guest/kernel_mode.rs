@@ -1,0 +1,95 @@
+//! The driver core in kernel mode on the real kernel driver: the whole
+//! conformance suite on a `KernelDevice` over platform-linux's DRM
+//! platform, and the core's kernel-mode features the suite does not reach
+//! (sync_file export and import, context status after a reset).
+
+use std::os::fd::AsFd;
+
+use conformance::{run_all, Env, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG};
+use platform_linux::suite::StdThreads;
+use platform_linux::Drm;
+use umd_core::engine::Submit;
+use umd_core::kernel::KernelDevice;
+use umd_core::platform::ContextStatus;
+use umd_core::queue::WaitError;
+use umd_core::storage::DeviceStorage;
+use umd_core::sync::{FenceError, QueueId};
+
+use crate::{ensure, R};
+
+fn drm() -> Result<Drm, String> {
+    Drm::open_default().map_err(|e| format!("opening the render node: {e}"))
+}
+
+/// Every conformance scenario in kernel mode; one `@@ SCENARIO` line each.
+pub fn conformance_kernel_mode() -> R {
+    let drm = drm()?;
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = KernelDevice::<Drm, SUITE_CHUNKS>::new(&drm, &mut storage, SUITE_CONFIG)
+        .map_err(|e| format!("kernel-mode device: {e}"))?;
+    let env = Env { parallel: Some(&StdThreads) };
+    let (mut failed, mut seen) = (Vec::new(), Vec::new());
+    run_all(&dev, &env, |r| {
+        println!("@@ SCENARIO kernel-mode {r}");
+        seen.push(r.name);
+        match r.outcome {
+            Outcome::Pass => {}
+            Outcome::Skip if !r.detail.as_str().is_empty() => {}
+            _ => failed.push(r.name),
+        }
+    });
+    ensure!(seen == SCENARIO_NAMES, "scenarios reported: {seen:?}");
+    ensure!(failed.is_empty(), "kernel mode failed: {}", failed.join(", "));
+    let report = dev.shutdown();
+    ensure!(report.leaked_buffers == 0, "the suite leaked {} buffers", report.leaked_buffers);
+    Ok(())
+}
+
+/// A fence exported as a sync_file is waited for by a submission that
+/// imports it (the round trip another process or device would make), and
+/// a hang's context is replaced and reported.
+pub fn kernel_mode_sync_files_and_reset_status() -> R {
+    let drm = drm()?;
+    let mut storage: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
+    let dev = KernelDevice::<Drm, 4>::new(&drm, &mut storage, SUITE_CONFIG).map_err(|e| e.to_string())?;
+    let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let va = dev.va(buf).map_err(|e| e.to_string())?;
+    let a = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[0x1234])).map_err(|e| e.to_string())?;
+    let point = dev.sync_point(a).map_err(|e| e.to_string())?;
+    let file = drm.export_sync_file(point).map_err(|e| format!("export: {e}"))?;
+    let foreign = drm.import_sync_file(file.as_fd()).map_err(|e| format!("import: {e}"))?;
+    let waits = [foreign];
+    let b = dev
+        .submit_with(&Submit::on(QueueId(1)).after_foreign(&waits), |cb| cb.write_data(va + 4, &[0x5678]))
+        .map_err(|e| e.to_string())?;
+    dev.wait(b, 5_000_000_000).map_err(|e| e.to_string())?;
+    ensure!(dev.read_u32(buf, 0) == Ok(0x1234), "the exported fence's work");
+    ensure!(dev.read_u32(buf, 1) == Ok(0x5678), "the importer's work");
+    drm.release_foreign(foreign);
+    // A hang: the kernel times the job out and marks its context guilty;
+    // the core fails the fence and replaces the context.
+    let hang = dev
+        .submit(QueueId(0), &[], |cb| {
+            cb.push(&umd_core::cmd::Command::WaitMem {
+                addr: va + 8,
+                reference: 1,
+                mask: 0xFFFF_FFFF,
+                op: umd_core::cmd::CompareOp::Eq,
+                wide: false,
+            })
+        })
+        .map_err(|e| e.to_string())?;
+    match dev.wait(hang, 10_000_000_000) {
+        Err(WaitError::Failed(FenceError::DeviceHung)) => {}
+        r => return Err(format!("the hang's fence: {r:?}")),
+    }
+    ensure!(dev.context_status(QueueId(0)) == Ok(ContextStatus::Ok), "a new context after the reset");
+    let after = dev.submit(QueueId(0), &[], |cb| cb.write_data(va + 12, &[9])).map_err(|e| e.to_string())?;
+    dev.wait(after, 5_000_000_000).map_err(|e| e.to_string())?;
+    ensure!(dev.read_u32(buf, 3) == Ok(9), "the queue after the reset");
+    dev.free(buf).map_err(|e| e.to_string())?;
+    ensure!(dev.shutdown().leaked_buffers == 0, "leaks");
+    // The devcoredump the hang produced belongs to this test.
+    let _ = crate::fixture::clear_devcoredumps();
+    Ok(())
+}
