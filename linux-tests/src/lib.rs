@@ -78,6 +78,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_submit_vs_null_ioctl",
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",
+    "bench_umd_submit_kernel_vs_direct",
     "kmsg_clean",
 ];
 

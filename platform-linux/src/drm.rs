@@ -27,16 +27,18 @@ use rustix::io::Errno;
 use rustix::ioctl::{Ioctl, IoctlOutput, Opcode};
 use rustix::mm::{MapFlags, ProtFlags};
 use umd_core::platform::{
-    ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError,
-    KernelSync, KernelWait, Platform, PlatformError,
+    ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
+    KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
 
 /// The GPU page size (VM_BIND granule).
 const PAGE: u64 = 4096;
 
 /// `DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE`: `DRM_IOWR(0xC2, struct drm_syncobj_handle)`.
-const DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE: u32 =
-    (3 << 30) | ((std::mem::size_of::<drm_ffi::drm_syncobj_handle>() as u32) << 16) | ((b'd' as u32) << 8) | 0xC2;
+const DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE: u32 = (3 << 30)
+    | ((std::mem::size_of::<drm_ffi::drm_syncobj_handle>() as u32) << 16)
+    | ((b'd' as u32) << 8)
+    | 0xC2;
 
 /// Why a refgpu render node could not be opened.
 #[derive(Debug)]
@@ -145,7 +147,8 @@ impl Drm {
         if name != "refgpu" {
             return Err(DrmError::NotRefgpu(path.to_path_buf(), name));
         }
-        let param = |p: u32, what: &'static str| get_param(fd.as_fd(), p).map_err(|e| DrmError::Ioctl(what, e));
+        let param =
+            |p: u32, what: &'static str| get_param(fd.as_fd(), p).map_err(|e| DrmError::Ioctl(what, e));
         let info = KernelInfo {
             chip_id: param(u::param::CHIP_ID, "GET_PARAM CHIP_ID")? as u32,
             engines: param(u::param::ENGINE_COUNT, "GET_PARAM ENGINE_COUNT")? as u32,
@@ -159,7 +162,10 @@ impl Drm {
             match drm_ffi::syncobj::create(fd.as_fd(), false) {
                 Ok(s) => timelines.push(s.handle),
                 Err(e) => {
-                    return Err(DrmError::Ioctl("SYNCOBJ_CREATE", Errno::from_io_error(&e).unwrap_or(Errno::IO)))
+                    return Err(DrmError::Ioctl(
+                        "SYNCOBJ_CREATE",
+                        Errno::from_io_error(&e).unwrap_or(Errno::IO),
+                    ))
                 }
             }
         }
@@ -386,8 +392,16 @@ impl KernelIo for Drm {
         })
     }
 
-    fn bind(&self, va: u64, region: &DmaRegion, offset: u64, len: u64, read_only: bool) -> Result<(), PlatformError> {
-        let handle = u32::try_from(region.handle()).map_err(|_| PlatformError::Os(Errno::INVAL.raw_os_error()))?;
+    fn bind(
+        &self,
+        va: u64,
+        region: &DmaRegion,
+        offset: u64,
+        len: u64,
+        read_only: bool,
+    ) -> Result<(), PlatformError> {
+        let handle =
+            u32::try_from(region.handle()).map_err(|_| PlatformError::Os(Errno::INVAL.raw_os_error()))?;
         let op = u::VmBindOp {
             op: u::VM_BIND_OP_MAP,
             flags: if read_only { u::VM_BIND_READ_ONLY } else { 0 },
@@ -401,7 +415,12 @@ impl KernelIo for Drm {
     }
 
     fn unbind(&self, va: u64, len: u64) -> Result<(), PlatformError> {
-        let op = u::VmBindOp { op: u::VM_BIND_OP_UNMAP, va, size: len.next_multiple_of(PAGE), ..Default::default() };
+        let op = u::VmBindOp {
+            op: u::VM_BIND_OP_UNMAP,
+            va,
+            size: len.next_multiple_of(PAGE),
+            ..Default::default()
+        };
         self.bind_ops(&[op])
     }
 
@@ -417,15 +436,21 @@ impl KernelIo for Drm {
         let mut n = 0;
         for w in waits {
             let s = match *w {
-                KernelWait::Point(p) => {
-                    u::Sync { handle: self.timeline(p.queue).map_err(KernelSubmitError::Platform)?, flags: 0, point: p.point }
+                KernelWait::Point(p) => u::Sync {
+                    handle: self.timeline(p.queue).map_err(KernelSubmitError::Platform)?,
+                    flags: 0,
+                    point: p.point,
+                },
+                KernelWait::Foreign(f) if self.is_foreign(f) => {
+                    u::Sync { handle: f.0 as u32, flags: 0, point: 0 }
                 }
-                KernelWait::Foreign(f) if self.is_foreign(f) => u::Sync { handle: f.0 as u32, flags: 0, point: 0 },
                 KernelWait::Foreign(_) => {
                     return Err(KernelSubmitError::Platform(PlatformError::Os(Errno::NOENT.raw_os_error())))
                 }
             };
-            let slot = ins.get_mut(n).ok_or(KernelSubmitError::Platform(PlatformError::Os(Errno::INVAL.raw_os_error())))?;
+            let slot = ins
+                .get_mut(n)
+                .ok_or(KernelSubmitError::Platform(PlatformError::Os(Errno::INVAL.raw_os_error())))?;
             *slot = s;
             n += 1;
         }

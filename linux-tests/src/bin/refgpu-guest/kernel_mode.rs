@@ -93,3 +93,85 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
     let _ = crate::fixture::clear_devcoredumps();
     Ok(())
 }
+
+/// The CPU cost of one submission through the driver core, in kernel mode
+/// (record into the IB pool, `SUBMIT` with a timeline out-sync) against
+/// direct mode (record, ring write, doorbell) on the in-process model of
+/// the same generation on this guest's CPU, and against a null ioctl
+/// (`DRM_IOCTL_VERSION`). Same work: one WRITE_DATA per submission.
+pub fn bench_umd_submit_kernel_vs_direct() -> R {
+    use platform_linux::InProcess;
+    use refgpu_model::{Generation as ModelGen, ModelConfig};
+    use std::time::Instant;
+    use umd_core::direct::{Device, MmuMode};
+
+    const N: usize = 2000;
+    const BATCH: usize = 100;
+    let drm = drm()?;
+    let gen = if drm.generation() == 1 { ModelGen::Gen1 } else { ModelGen::Gen2 };
+    let cfg = umd_core::config::Config { use_irq: false, ..SUITE_CONFIG };
+
+    // Kernel mode.
+    let mut ks: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
+    let kdev = KernelDevice::<Drm, 16>::new(&drm, &mut ks, cfg).map_err(|e| e.to_string())?;
+    let kbuf = kdev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let kva = kdev.va(kbuf).map_err(|e| e.to_string())?;
+    let mut kernel_ns = 0f64;
+    for b in 0..N / BATCH {
+        let t0 = Instant::now();
+        let mut last = None;
+        for i in 0..BATCH {
+            let v = (b * BATCH + i) as u32;
+            last =
+                Some(kdev.submit(QueueId(2), &[], |cb| cb.write_data(kva, &[v])).map_err(|e| e.to_string())?);
+        }
+        kernel_ns += t0.elapsed().as_nanos() as f64;
+        if let Some(f) = last {
+            kdev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
+        }
+    }
+    ensure!(kdev.read_u32(kbuf, 0) == Ok((N - 1) as u32), "kernel mode's last write");
+    kdev.free(kbuf).map_err(|e| e.to_string())?;
+    drop(kdev);
+
+    // Direct mode, in-process model.
+    let model = InProcess::new(ModelConfig { generation: gen, mem_size: 64 << 20, ..ModelConfig::default() })
+        .map_err(|e| format!("model: {e}"))?;
+    let mut ds: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
+    let ddev: Device<'_, InProcess, 16> =
+        Device::new(&model, &mut ds, cfg, MmuMode::DEFAULT).map_err(|e| e.to_string())?;
+    let dbuf = ddev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let dva = ddev.va(dbuf).map_err(|e| e.to_string())?;
+    let mut direct_ns = 0f64;
+    for b in 0..N / BATCH {
+        let t0 = Instant::now();
+        let mut last = None;
+        for i in 0..BATCH {
+            let v = (b * BATCH + i) as u32;
+            last =
+                Some(ddev.submit(QueueId(2), &[], |cb| cb.write_data(dva, &[v])).map_err(|e| e.to_string())?);
+        }
+        direct_ns += t0.elapsed().as_nanos() as f64;
+        if let Some(f) = last {
+            ddev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
+        }
+    }
+    ensure!(ddev.read_u32(dbuf, 0) == Ok((N - 1) as u32), "direct mode's last write");
+    ddev.free(dbuf).map_err(|e| e.to_string())?;
+    drop(ddev);
+
+    // A null ioctl (one DRM_IOCTL_VERSION without buffers).
+    let raw = crate::drm::Dev::open().map_err(|e| format!("open: errno {e}"))?;
+    let t0 = Instant::now();
+    for _ in 0..N {
+        raw.version_null().map_err(|e| format!("VERSION: errno {e}"))?;
+    }
+    let null_ns = t0.elapsed().as_nanos() as f64 / N as f64;
+    let (k, d) = (kernel_ns / N as f64, direct_ns / N as f64);
+    println!(
+        "@@ BENCH umd_submit_kernel_vs_direct kernel_mode_ns={k:.0} direct_mode_ns={d:.0} null_ioctl_ns={null_ns:.0} kernel/direct={:.1} kernel/null_ioctl={:.1} n={N}",
+        k / d,
+        k / null_ns
+    );
+    Ok(())
+}

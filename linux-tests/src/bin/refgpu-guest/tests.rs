@@ -52,10 +52,14 @@ pub fn all() -> Vec<Test> {
         ("fault_recovery", fault_recovery),
         ("teardown_killed_process", teardown_killed_process),
         ("conformance_kernel_mode", crate::kernel_mode::conformance_kernel_mode),
-        ("kernel_mode_sync_files_and_reset_status", crate::kernel_mode::kernel_mode_sync_files_and_reset_status),
+        (
+            "kernel_mode_sync_files_and_reset_status",
+            crate::kernel_mode::kernel_mode_sync_files_and_reset_status,
+        ),
         ("bench_submit_vs_null_ioctl", bench_submit_vs_null_ioctl),
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),
+        ("bench_umd_submit_kernel_vs_direct", crate::kernel_mode::bench_umd_submit_kernel_vs_direct),
         ("kmsg_clean", kmsg_clean),
     ]
 }
