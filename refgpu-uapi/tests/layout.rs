@@ -53,7 +53,7 @@ fn structs() -> Vec<StructRow> {
         layout!(
             "drm_refgpu_ctx_query",
             u::CtxQuery,
-            [ctx_id, state, engine, pad, reset_count, fault_status, fault_addr]
+            [ctx_id, state, engine, pad, reset_count, fault_status, fault_addr, guilty_seqno]
         ),
     ]
 }
