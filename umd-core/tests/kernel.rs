@@ -62,6 +62,8 @@ struct KState {
     foreign_signalled: HashSet<u64>,
     lost: bool,
     kernel_waits: u32,
+    /// Refuse every submission after this many more (EFAULT).
+    refuse_after: Option<u32>,
 }
 
 /// The fake kernel behind a mutex (the core calls platforms through `&self`).
@@ -81,6 +83,7 @@ impl FakeKernel {
             foreign_signalled: HashSet::new(),
             lost: false,
             kernel_waits: 0,
+            refuse_after: None,
         }))
     }
 
@@ -248,6 +251,11 @@ impl KernelIo for FakeKernel {
         if k.lost {
             return Err(KernelSubmitError::DeviceLost);
         }
+        match k.refuse_after {
+            Some(0) => return Err(KernelSubmitError::Platform(PlatformError::Os(14))),
+            Some(n) => k.refuse_after = Some(n - 1),
+            None => {}
+        }
         // The refgpu driver refuses an in-sync point nobody submitted.
         for w in waits {
             if let KernelWait::Point(s) = w {
@@ -401,6 +409,23 @@ fn a_wait_before_signal_beyond_the_limit_fails_and_the_queue_goes_on() {
     assert!(k.k().jobs.is_empty(), "the held job never reached the kernel");
     let next = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
     dev.wait(next, T).unwrap();
+}
+
+#[test]
+fn held_work_the_kernel_refuses_fails_instead_of_waiting_forever() {
+    with_kernel(Generation::Gen2, |dev, k| {
+        let future = dev.next_fence(QueueId(2)).unwrap();
+        let held = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
+        // The producer goes in; the held job after it is refused, on every
+        // retry.
+        k.k().refuse_after = Some(1);
+        let producer = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        dev.wait(producer, T).unwrap();
+        assert_eq!(dev.wait(held, T), Err(WaitError::Failed(FenceError::DeviceHung)));
+        k.k().refuse_after = None;
+        let next = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0010)).unwrap();
+        dev.wait(next, T).unwrap();
+    });
 }
 
 #[test]

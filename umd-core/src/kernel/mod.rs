@@ -343,7 +343,19 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
             }
             _ => None,
         });
-        let Some(producer) = missing else { return Ok(None) };
+        let Some(producer) = missing else {
+            // Ready but still held: the kernel refused it (a flush ran
+            // since it became ready). It can never run; fail it and what
+            // follows it on the queue rather than hold them forever.
+            self.flush(qs, v.queue)?;
+            if qs.held.front().is_some_and(|h| self.ready(h.waits())) {
+                return Ok(Some(Failure {
+                    error: FenceError::DeviceHung,
+                    report: self.report(v, HangReason::KernelReset, None),
+                }));
+            }
+            return Ok(None);
+        };
         let now = self.p.now_ns();
         let since = *qs.blocked_since_ns.get_or_insert(now);
         match v.hang.unsubmitted_wait_ns {
