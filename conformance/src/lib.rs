@@ -213,7 +213,7 @@ impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
 }
 
 /// Number of scenarios.
-pub const SCENARIOS: usize = 17;
+pub const SCENARIOS: usize = 18;
 
 /// Every scenario, in a fixed order.
 pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
@@ -235,6 +235,7 @@ pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENAR
         Scenario { name: "failure_history_survives_resets", body: history_survives_resets },
         Scenario { name: "wait_before_signal_is_not_a_hang", body: wait_before_signal },
         Scenario { name: "multi_submitter", body: multi_submitter },
+        Scenario { name: "dma_overrun_caught", body: dma_overrun },
     ]
 }
 
@@ -257,6 +258,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "failure_history_survives_resets",
     "wait_before_signal_is_not_a_hang",
     "multi_submitter",
+    "dma_overrun_caught",
 ];
 
 /// Runs every scenario on `dev`, handing each result to `out`.
@@ -361,6 +363,24 @@ where
         Ok(fence) => Ok(fence),
         Err(e) => fail!(d, "submit on {q}: {e}"),
     }
+}
+
+/// Submits work that faults on purpose, with the validation mode (which
+/// would refuse it) off for that one submission.
+fn submit_unvalidated<B: Backend, const C: usize, F>(
+    dev: Dev<'_, '_, B, C>,
+    q: QueueId,
+    d: &mut Detail,
+    f: F,
+) -> Result<Fence, Stop>
+where
+    F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
+{
+    let was = dev.validation();
+    let _ = dev.set_validation(false);
+    let r = submit(dev, q, &[], d, f);
+    let _ = dev.set_validation(was);
+    r
 }
 
 fn wait<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, f: Fence, d: &mut Detail) -> Result<(), Stop> {
@@ -606,7 +626,7 @@ fn page_fault<B: Backend, const C: usize>(
         skip!(d, "MMU bypassed on this device: no faults to take");
     }
     let (dst, t) = alloc(dev, 4096, d)?;
-    let f = submit(dev, COPY, &[], d, |cb| cb.copy(UNMAPPED, t, 256))?;
+    let f = submit_unvalidated(dev, COPY, d, |cb| cb.copy(UNMAPPED, t, 256))?;
     match dev.wait(f, GUARD_NS) {
         Err(WaitError::Failed(FenceError::Fault(info))) => {
             check!(d, info.kind == FaultKind::Translation, "fault kind {:?}", info.kind);
@@ -929,6 +949,85 @@ fn many_small_buffers<B: Backend, const C: usize>(
     Ok(())
 }
 
+/// The article's hang (section 5.3): a DMA_COPY whose size disagrees with
+/// its source buffer's real size runs past the allocation into unmapped
+/// memory. With the validation mode (where compiled in) the submission is
+/// refused, naming the packet, the field, the buffer and the overrun; with
+/// it off the device faults and the report names the buffer nearest the
+/// fault address.
+fn dma_overrun<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const WEIGHTS: u64 = 128 << 10;
+    const SPAN: u64 = 2 << 20;
+    if !dev.mmu_enabled() {
+        skip!(d, "MMU bypassed on this device: an overrun reaches memory instead of faulting");
+    }
+    let was_validating = dev.validation();
+    let (dst, t) = alloc(dev, WEIGHTS, d)?;
+    // Make room: a free 2 MiB-aligned span, so nothing is mapped right after
+    // the buffer (a buffer freed before any use is unmapped at once).
+    let (hole, _) = alloc_with(dev, &BufferDesc::new(SPAN).align(SPAN).declared(), d)?;
+    free(dev, hole, d)?;
+    let (weights, w) = alloc_with(dev, &BufferDesc::new(WEIGHTS).align(SPAN).tag("weights"), d)?;
+    // The size field says WEIGHTS, but the copy starts 16 bytes in.
+    let bad = |cb: &mut Recorder<'_>| cb.copy(w + 16, t, WEIGHTS);
+    if dev.set_validation(true).is_ok() {
+        let r = dev.submit(COPY, &[], bad);
+        match r {
+            Err(SubmitError::Invalid(e)) => {
+                check!(
+                    d,
+                    e.packet == 0 && e.field == umd_core::hw::Field::Src,
+                    "refused at packet {} field {}",
+                    e.packet,
+                    e.field.name()
+                );
+                match e.problem {
+                    umd_core::engine::validate::Problem::Overrun { buffer } => {
+                        check!(d, buffer.tag == "weights", "names buffer '{}'", buffer.tag);
+                        check!(d, e.overrun() == 16, "overrun of {} bytes, expected 16", e.overrun());
+                    }
+                    p => fail!(d, "validation found {p:?}, expected an overrun"),
+                }
+            }
+            other => fail!(d, "validation let the overrun through: {other:?}"),
+        }
+        // A correct copy passes validation.
+        let ok = submit(dev, COPY, &[], d, |cb| cb.copy(w, t, WEIGHTS))?;
+        wait(dev, ok, d)?;
+    }
+    let _ = dev.set_validation(false);
+    let f = submit(dev, COPY, &[], d, bad)?;
+    let r = dev.wait(f, GUARD_NS);
+    let _ = dev.set_validation(was_validating);
+    match r {
+        Err(WaitError::Failed(FenceError::Fault(info))) => {
+            check!(d, info.addr >= w + WEIGHTS, "fault at {:#x}, inside the buffer", info.addr);
+            let Some(report) = dev.last_hang() else { fail!(d, "no fault report") };
+            let Some(near) = report.near else { fail!(d, "the report names no buffer") };
+            check!(
+                d,
+                near.tag == "weights" && !near.freed,
+                "the report names '{}' (freed: {})",
+                near.tag,
+                near.freed
+            );
+            check!(d, near.addr >= near.va + near.size, "the fault is not past the buffer: {near}");
+        }
+        Err(WaitError::Failed(e)) if dev.mode() == Mode::Kernel => {
+            // A kernel without fault details for this context reports a
+            // hang; the failure itself is what matters.
+            let _ = e;
+        }
+        other => fail!(d, "expected a fault past the buffer, got {other:?}"),
+    }
+    free(dev, weights, d)?;
+    free(dev, dst, d)
+}
+
 /// A producer that hangs fails its consumer on another queue (already on
 /// the GPU) with a cause naming it, and a later submission that waits on
 /// either is refused before it reaches the GPU.
@@ -988,7 +1087,7 @@ fn history_survives_resets<B: Backend, const C: usize>(
     const RESETS: usize = 40;
     let (dst, t) = alloc(dev, 4096, d)?;
     let fault = |dev: Dev<'_, '_, B, C>, d: &mut Detail| -> Result<Fence, Stop> {
-        let f = submit(dev, COPY, &[], d, |cb| cb.copy(UNMAPPED, t, 64))?;
+        let f = submit_unvalidated(dev, COPY, d, |cb| cb.copy(UNMAPPED, t, 64))?;
         match dev.wait(f, GUARD_NS) {
             Err(WaitError::Failed(_)) => Ok(f),
             other => fail!(d, "expected a fault, got {other:?}"),

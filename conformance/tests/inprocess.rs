@@ -66,6 +66,22 @@ fn gen2_polling_only() {
     run(ModelGen::Gen2, false);
 }
 
+/// The whole suite with the validation mode on: no scenario's correct work
+/// is refused (the scenarios that fault on purpose switch it off around
+/// that submission), and `dma_overrun_caught` sees the overrun refused.
+#[cfg(feature = "validation")]
+#[test]
+fn gen2_validation_mode() {
+    let p = platform(ModelGen::Gen2, Cache::Coherent);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, InProcess, SUITE_CHUNKS> =
+        Device::new(&p, &mut storage, SUITE_CONFIG, SUITE_MMU).expect("device comes up");
+    dev.set_validation(true).expect("built with the validation feature");
+    let failures = run_suite(&dev, "Gen2 validation");
+    assert!(failures.is_empty(), "Gen2 validation:\n{}", failures.join("\n"));
+    assert!(dev.validation(), "the suite left validation on");
+}
+
 #[test]
 fn gen1_write_back_cache() {
     run_write_back(ModelGen::Gen1);

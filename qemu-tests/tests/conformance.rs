@@ -98,7 +98,8 @@ macro_rules! suite {
                 many_small_buffers,
                 failure_propagates,
                 failure_history_survives_resets,
-                wait_before_signal_is_not_a_hang
+                wait_before_signal_is_not_a_hang,
+                dma_overrun_caught
             );
             #[test]
             fn multi_submitter_is_skipped_with_a_reason() {

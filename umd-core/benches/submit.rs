@@ -151,6 +151,46 @@ fn fake_platform_cost() -> f64 {
     median(samples)
 }
 
+/// Submission cost with the validation mode on against off, same device,
+/// `packets` WRITE_DATA packets into one buffer (feature `validation`).
+#[cfg(feature = "validation")]
+fn validation_cost(packets: usize) -> (f64, f64) {
+    let cfg = Config { ring_bytes: 64 << 10, ib_chunk_bytes: 64 << 10, use_irq: false, ..Config::DEFAULT };
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Fake, 32> = Device::new(&fake, &mut storage, cfg, MmuMode::Bypass).unwrap();
+    fake.state().mode = Mode::Manual;
+    // A device with 64 live buffers (the lookup scans the table).
+    let bufs: Vec<_> = (0..64).map(|_| dev.alloc_buffer(4096).unwrap()).collect();
+    let va = dev.va(bufs[63]).unwrap();
+    let run = |on: bool| {
+        dev.set_validation(on).unwrap();
+        let mut samples = Vec::new();
+        for _ in 0..ROUNDS {
+            let t = Instant::now();
+            let mut last = None;
+            for _ in 0..BATCH {
+                last = Some(
+                    dev.submit(QueueId(0), &[], |cb| {
+                        for i in 0..packets as u64 {
+                            cb.write_data(va + 16 * (i % 256), &[1, 2, 3, 4])?;
+                        }
+                        Ok(())
+                    })
+                    .unwrap(),
+                );
+            }
+            samples.push(t.elapsed().as_nanos() as f64 / BATCH as f64);
+            fake.state().run(0);
+            dev.wait(last.unwrap(), 1_000_000_000).unwrap();
+        }
+        median(samples)
+    };
+    let off = run(false);
+    let on = run(true);
+    (off, on)
+}
+
 fn main() {
     println!(
         "{:>8} {:>16} {:>16} {:>16} {:>12} {:>12}",
@@ -163,6 +203,15 @@ fn main() {
         println!("{packets:>8} {enc:>16.0} {on:>16.0} {off:>16.0} {:>12.2} {:>12.2}", on / enc, off / enc);
     }
     println!("fake platform calls per submission: {:.0} ns", fake_platform_cost());
+    #[cfg(feature = "validation")]
+    for packets in [1, 10, 100] {
+        let (off, on) = validation_cost(packets);
+        println!(
+            "validation, {packets} packets, 64 live buffers: off {off:.0} ns, on {on:.0} ns, {:.0} ns per packet, ratio {:.2}",
+            (on - off) / packets as f64,
+            on / off
+        );
+    }
     let one = throughput(1);
     let two = throughput(2);
     println!("throughput: 1 thread {one:.0}/s, 2 threads on 2 queues {two:.0}/s, ratio {:.2}", two / one);

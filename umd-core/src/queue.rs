@@ -74,6 +74,9 @@ pub enum SubmitError {
     /// The queue's kernel context was reset and the core had not finished
     /// recovering it within the hang window.
     QueueRecovering(QueueId),
+    /// The validation mode found a packet that would reach memory it must
+    /// not (see [`crate::engine::validate`]); nothing was executed.
+    Invalid(crate::engine::validate::ValidationError),
 }
 
 impl fmt::Display for SubmitError {
@@ -105,6 +108,7 @@ impl fmt::Display for SubmitError {
                 write!(f, "foreign syncs need a kernel driver (direct mode can not wait for them)")
             }
             SubmitError::QueueRecovering(q) => write!(f, "{q} is still recovering from a kernel reset"),
+            SubmitError::Invalid(e) => write!(f, "validation: {e}"),
         }
     }
 }

@@ -156,6 +156,44 @@ pub struct HangReport {
     pub ring: Window,
     /// IB contents around the current packet (empty when in the ring).
     pub ib: Window,
+    /// For a fault: the buffer nearest the faulting address.
+    pub near: Option<NearBuffer>,
+}
+
+/// The buffer nearest a faulting address, as the fault report names it
+/// ("16 bytes past buffer 'weights' (65536 bytes)").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NearBuffer {
+    /// Its tag.
+    pub tag: &'static str,
+    /// Its allocation number on the device.
+    pub serial: u64,
+    /// Its GPU address.
+    pub va: u64,
+    /// Its size in bytes.
+    pub size: u64,
+    /// It had been freed (its memory still waited for fences).
+    pub freed: bool,
+    /// The faulting address.
+    pub addr: u64,
+}
+
+impl fmt::Display for NearBuffer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let end = self.va.saturating_add(self.size);
+        let freed = if self.freed { "freed " } else { "" };
+        let what = |f: &mut fmt::Formatter<'_>| {
+            write!(f, "{freed}buffer '{}' #{} ({} bytes at {:#x})", self.tag, self.serial, self.size, self.va)
+        };
+        if self.addr < self.va {
+            write!(f, "{} bytes before ", self.va.saturating_sub(self.addr))?;
+        } else if self.addr >= end {
+            write!(f, "{} bytes past ", self.addr.saturating_sub(end))?;
+        } else {
+            write!(f, "{} bytes into ", self.addr.saturating_sub(self.va))?;
+        }
+        what(f)
+    }
 }
 
 impl HangReport {
@@ -185,6 +223,7 @@ impl HangReport {
             fault: None,
             ring: Window::EMPTY,
             ib: Window::EMPTY,
+            near: None,
         }
     }
 }
@@ -209,6 +248,9 @@ impl fmt::Display for HangReport {
         )?;
         if let Some(fault) = self.fault {
             writeln!(f, "  fault: {fault}")?;
+        }
+        if let Some(near) = self.near {
+            writeln!(f, "  nearest buffer: {near}")?;
         }
         if self.ring.len > 0 {
             writeln!(f, "  ring from the read pointer:")?;

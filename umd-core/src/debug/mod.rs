@@ -3,5 +3,5 @@
 pub mod hang;
 pub mod trace;
 
-pub use hang::{HangReason, HangReport, Window};
+pub use hang::{HangReason, HangReport, NearBuffer, Window};
 pub use trace::{TraceEvent, TraceKind, TraceRing};

@@ -217,6 +217,7 @@ fn capture<P: DirectIo>(
         fault,
         ring,
         ib,
+        near: None,
     })
 }
 

@@ -217,8 +217,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Fails queue `qi`'s pending work `(completed, upto]` with
     /// `failure.error`, poisons the work that depends on it, resets the
     /// queue (the caller holds its submit lock) and records the report.
-    pub(crate) fn fail_locked(&self, qi: usize, qs: &mut B::Queue, failure: Failure, upto: Seqno) {
+    pub(crate) fn fail_locked(&self, qi: usize, qs: &mut B::Queue, mut failure: Failure, upto: Seqno) {
         let Some(q) = self.queues.get(qi) else { return };
+        // A fault names the buffer nearest its address (before the reset
+        // recycles what the cancelled work held).
+        if let Some(info) = failure.report.fault {
+            failure.report.near = self.nearest_buffer(info.addr);
+        }
         let after = q.completed();
         let queue = QueueId(qi as u8);
         let n = upto.distance(after).max(0) as u64;
@@ -277,6 +282,19 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if !resume_ok {
             self.device_lost();
         }
+    }
+
+    /// The buffer nearest GPU address `addr`, for fault reports.
+    pub(crate) fn nearest_buffer(&self, addr: u64) -> Option<crate::debug::NearBuffer> {
+        let (info, handle) = self.mem.lock().buffers.nearest(addr)?;
+        Some(crate::debug::NearBuffer {
+            tag: info.tag,
+            serial: info.serial,
+            va: info.va,
+            size: info.size,
+            freed: handle.is_none(),
+            addr,
+        })
     }
 
     /// Poisons every pending submission that waits (transitively) on a

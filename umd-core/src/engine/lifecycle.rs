@@ -111,6 +111,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             last_hang: Mutex::new(None),
             stats: Counters::default(),
             lost: AtomicBool::new(false),
+            #[cfg(feature = "validation")]
+            validating: AtomicBool::new(false),
             torn_down: AtomicBool::new(false),
         })
     }

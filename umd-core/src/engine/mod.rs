@@ -33,6 +33,7 @@ pub mod complete;
 pub mod lifecycle;
 pub(crate) mod queue;
 pub mod submit;
+pub mod validate;
 pub mod wait;
 
 use core::sync::atomic::{AtomicBool, AtomicU32};
@@ -156,6 +157,9 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) last_hang: Mutex<Raw<B>, Option<HangReport>>,
     pub(crate) stats: Counters,
     pub(crate) lost: AtomicBool,
+    /// The validation mode is on (`validation` feature).
+    #[cfg(feature = "validation")]
+    pub(crate) validating: AtomicBool,
     pub(crate) torn_down: AtomicBool,
 }
 

@@ -117,6 +117,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if waited.get() {
             Counters::add(&self.stats.pool_waits, 1);
         }
+        // Dropping `pending` on a refusal gives its chunks back.
+        #[cfg(feature = "validation")]
+        if self.validation() {
+            self.validate_ib((finished.gpu_va, finished.size_dw), s.buffers)?;
+        }
         // The commands must be visible to the device before the ring points
         // at them (a no-op on coherent platforms).
         let p = self.b.platform();
@@ -137,6 +142,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let qi = self.precheck(s)?;
         let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
         self.enc.check(&ib).map_err(SubmitError::Encode)?;
+        // The IB itself must lie in a live buffer (its packets are the
+        // caller's: only recorded IBs are checked packet by packet).
+        #[cfg(feature = "validation")]
+        if self.validation() {
+            self.validate_operand(
+                crate::hw::PacketKind::IndirectBuffer,
+                crate::hw::Field::Addr,
+                ib_va,
+                size_dw.saturating_mul(4),
+                s.buffers,
+            )?;
+        }
         let waits = self.filter_waits(s, qi)?;
         self.commit(s, qi, &waits, (ib_va, size_dw as u32), size_dw, None)
     }

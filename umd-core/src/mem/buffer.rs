@@ -211,6 +211,8 @@ pub(crate) struct Live<B> {
 #[derive(Debug)]
 pub(crate) struct Retiring<B> {
     pub(crate) alloc: PoolAlloc<B>,
+    /// What it was (fault reports and validation name freed buffers).
+    pub(crate) info: BufferInfo,
     /// The fence of each queue in `mask` that must signal first.
     pub(crate) gate: [u64; MAX_QUEUES],
     pub(crate) mask: u8,
@@ -375,7 +377,7 @@ impl<'s, B> BufferTable<'s, B> {
         let SlotState::Live(l) = core::mem::replace(&mut slot.state, SlotState::Free) else {
             return Err(BufferError::Stale);
         };
-        slot.state = SlotState::Retiring(Retiring { alloc: l.alloc, gate, mask });
+        slot.state = SlotState::Retiring(Retiring { alloc: l.alloc, info: l.info, gate, mask });
         slot.gen = slot.gen.wrapping_add(1);
         self.live = self.live.wrapping_sub(1);
         self.live_bytes = self.live_bytes.wrapping_sub(size);
@@ -418,6 +420,41 @@ impl<'s, B> BufferTable<'s, B> {
         self.retiring = self.retiring.wrapping_sub(1);
         self.retiring_bytes = self.retiring_bytes.wrapping_sub(r.alloc.reserved());
         Some(r.alloc)
+    }
+
+    /// The buffer, live or freed and still waiting for its fences, whose
+    /// `[va, va + size)` is nearest to `addr` (distance 0 when inside), with
+    /// its handle when live. O(N): fault reports and the validation mode.
+    pub(crate) fn nearest(&self, addr: u64) -> Option<(BufferInfo, Option<BufferHandle>)> {
+        let dist = |i: &BufferInfo| {
+            if addr < i.va {
+                i.va.saturating_sub(addr)
+            } else {
+                addr.saturating_sub(i.va.saturating_add(i.size).saturating_sub(1))
+            }
+        };
+        let mut best: Option<(u64, BufferInfo, Option<BufferHandle>)> = None;
+        let n = (self.bump as usize).min(self.slots.len());
+        for (i, slot) in self.slots.iter().enumerate().take(n) {
+            let (info, handle) = match &slot.state {
+                SlotState::Live(l) => {
+                    let index = u32::try_from(i).unwrap_or(NIL);
+                    (l.info, Some(BufferHandle { device: self.device, index, gen: slot.gen }))
+                }
+                SlotState::Retiring(r) => (r.info, None),
+                SlotState::Free => continue,
+            };
+            let d = dist(&info);
+            // Prefer a live buffer over a freed one at the same distance.
+            let better = match &best {
+                None => true,
+                Some((bd, _, bh)) => d < *bd || (d == *bd && bh.is_none() && handle.is_some()),
+            };
+            if better {
+                best = Some((d, info, handle));
+            }
+        }
+        best.map(|(_, i, h)| (i, h))
     }
 
     /// Calls `f` for every live buffer (the leak report). O(N).

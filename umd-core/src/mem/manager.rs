@@ -459,4 +459,10 @@ impl<'s, B> Buffers<'s, B> {
     pub(crate) fn live(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
         self.table.get(h)
     }
+
+    /// The buffer (live, or freed and waiting for its fences) nearest to
+    /// GPU address `addr`, with its handle when live. O(N).
+    pub fn nearest(&self, addr: u64) -> Option<(BufferInfo, Option<BufferHandle>)> {
+        self.table.nearest(addr)
+    }
 }

@@ -171,6 +171,15 @@ impl DmaRegion {
         }
     }
 
+    /// A read-only byte view (empty for device-only memory).
+    pub fn bytes(&self) -> &[u8] {
+        match self.cpu {
+            // SAFETY: as `words`; bytes have no alignment requirement.
+            Some(p) => unsafe { core::slice::from_raw_parts(p.as_ptr().cast::<u8>(), self.len) },
+            None => &[],
+        }
+    }
+
     /// A read-only dword view (for dumps of memory the device only reads;
     /// empty for device-only memory).
     pub fn words(&self) -> &[u32] {

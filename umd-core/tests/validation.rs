@@ -1,0 +1,193 @@
+//! The validation mode (feature `validation`) on the scripted fake: every
+//! class of bad operand refused with the packet, field, buffer and problem
+//! named, nothing executed, the queue usable after; correct work passes;
+//! off by default. Without the feature, switching it on is refused (the
+//! last test, compiled either way).
+
+mod support;
+
+use support::Fake;
+use umd_core::config::Config;
+use umd_core::direct::{Device, MmuMode};
+use umd_core::hw::Generation;
+use umd_core::storage::DeviceStorage;
+
+type Storage = DeviceStorage<256, 256, 64, 256>;
+
+fn cfg() -> Config {
+    Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
+}
+
+fn with_device(f: impl FnOnce(&Device<'_, Fake, 4>)) {
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, cfg(), MmuMode::Bypass).expect("device comes up");
+    f(&dev);
+}
+
+#[cfg(feature = "validation")]
+mod on {
+    use super::support::Mode;
+    use super::with_device;
+    use umd_core::cmd::{Command, CompareOp, DispatchOp};
+    use umd_core::engine::validate::{Problem, ValidationError};
+    use umd_core::engine::{BufferUse, Submit};
+    use umd_core::hw::{Field, PacketKind};
+    use umd_core::mem::BufferDesc;
+    use umd_core::queue::SubmitError;
+    use umd_core::sync::QueueId;
+
+    const COPY: QueueId = QueueId(2);
+    const COMPUTE: QueueId = QueueId(1);
+
+    fn refused(r: Result<umd_core::sync::Fence, SubmitError>) -> ValidationError {
+        match r {
+            Err(SubmitError::Invalid(e)) => e,
+            other => panic!("expected a validation error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn every_bad_operand_is_refused_and_nothing_runs() {
+        with_device(|dev| {
+            assert!(!dev.validation(), "off by default");
+            dev.set_validation(true).unwrap();
+            dev.platform().state().mode = Mode::Manual;
+            let w = dev.alloc(&BufferDesc::new(1000).tag("weights")).unwrap();
+            let wv = dev.va(w).unwrap();
+            let ro = dev.alloc(&BufferDesc::new(256).gpu_read_only().tag("lut")).unwrap();
+            let rov = dev.va(ro).unwrap();
+            let gone = dev.alloc(&BufferDesc::new(512).tag("old")).unwrap();
+            let gv = dev.va(gone).unwrap();
+            // Pin "old" behind an in-flight fence, then free it: freed, not yet recycled.
+            let pin = dev.submit(COPY, &[], |cb| cb.copy(gv, wv, 4)).unwrap();
+            dev.free(gone).unwrap();
+            let doorbells = dev.platform().state().doorbells;
+
+            // Overrun: the article's case, in the second packet.
+            let e = refused(dev.submit(COPY, &[], |cb| {
+                cb.fill(wv, 16, 0)?;
+                cb.copy(wv + 16, wv, 1000)
+            }));
+            assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::DmaCopy, Field::Src));
+            match e.problem {
+                Problem::Overrun { buffer } => {
+                    assert_eq!((buffer.tag, buffer.size, e.overrun()), ("weights", 1000, 16))
+                }
+                p => panic!("{p:?}"),
+            }
+            assert!(e.to_string().contains("runs 16 bytes past the end of buffer 'weights'"), "{e}");
+            // Outside every buffer.
+            let e = refused(dev.submit(COPY, &[], |cb| cb.write_data(0x7_0000_0000, &[1])));
+            assert!(matches!(e.problem, Problem::Outside { .. }), "{e}");
+            // Inside a freed buffer.
+            let e = refused(dev.submit(COPY, &[], |cb| cb.fill(gv, 64, 0)));
+            assert!(matches!(e.problem, Problem::Freed { buffer } if buffer.tag == "old"), "{e}");
+            // A write to a GPU read-only buffer (reading it is fine).
+            let e = refused(dev.submit(COPY, &[], |cb| cb.copy(wv, rov, 64)));
+            assert_eq!(e.field, Field::Dst);
+            assert!(matches!(e.problem, Problem::ReadOnly { buffer } if buffer.tag == "lut"), "{e}");
+            // Wrap-around: address + size runs past the top of gen2's 48-bit
+            // address space.
+            let e = refused(dev.submit(COPY, &[], |cb| cb.copy((1 << 48) - 64, wv, 128)));
+            assert_eq!(e.problem, Problem::Wraps, "{e}");
+            // DISPATCH operands, WAIT_MEM, FENCE, TIMESTAMP.
+            let e = refused(dev.submit(COMPUTE, &[], |cb| {
+                cb.push(&Command::Dispatch {
+                    op: DispatchOp::AddU32,
+                    a: wv,
+                    b: wv,
+                    dst: wv + 800,
+                    count: 100,
+                    scalar_bits: 0,
+                })
+            }));
+            assert_eq!(e.field, Field::Dst);
+            assert!(matches!(e.problem, Problem::Overrun { .. }) && e.overrun() == 200, "{e}");
+            let e = refused(dev.submit(COPY, &[], |cb| {
+                cb.push(&Command::WaitMem {
+                    addr: wv + 1000,
+                    reference: 0,
+                    mask: 0xFFFF_FFFF,
+                    op: CompareOp::Eq,
+                    wide: false,
+                })
+            }));
+            assert!(matches!(e.problem, Problem::Outside { .. } | Problem::Overrun { .. }), "{e}");
+            let st = dev.alloc(&BufferDesc::new(12).tag("stamp")).unwrap();
+            let sv = dev.va(st).unwrap();
+            let e = refused(dev.submit(COPY, &[], |cb| cb.timestamp(sv + 8)));
+            assert!(
+                matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "stamp") && e.overrun() == 4,
+                "{e}"
+            );
+
+            assert_eq!(dev.platform().state().doorbells, doorbells, "nothing reached the GPU");
+            assert_eq!(dev.pool_stats().recording, 0, "refused recordings gave their chunks back");
+            // Correct work passes, and the queue runs.
+            let ok = dev.submit(COPY, &[], |cb| cb.copy(wv, wv + 500, 500)).unwrap();
+            dev.platform().state().run_all();
+            dev.wait(pin, 1_000_000_000).unwrap();
+            dev.wait(ok, 1_000_000_000).unwrap();
+            dev.set_validation(false).unwrap();
+            // Off: the same overrun is submitted (the device will deal with it).
+            dev.platform().state().mode = Mode::Manual;
+            assert!(dev.submit(COPY, &[], |cb| cb.copy(wv + 16, wv, 1000)).is_ok());
+        });
+    }
+
+    #[test]
+    fn declared_buffers_must_be_declared_for_what_the_packet_does() {
+        with_device(|dev| {
+            dev.set_validation(true).unwrap();
+            let a = dev.alloc(&BufferDesc::new(4096).declared().tag("a")).unwrap();
+            let b = dev.alloc(&BufferDesc::new(4096).declared().tag("b")).unwrap();
+            let (av, bv) = (dev.va(a).unwrap(), dev.va(b).unwrap());
+            let copy = |cb: &mut umd_core::ibpool::Recorder<'_>| cb.copy(av, bv, 64);
+            // Not declared at all.
+            let e = refused(dev.submit(COPY, &[], copy));
+            assert!(
+                matches!(e.problem, Problem::Undeclared { buffer, write: false } if buffer.tag == "a"),
+                "{e}"
+            );
+            // The destination declared for reading only.
+            let uses = [BufferUse::read(a), BufferUse::read(b)];
+            let e = refused(dev.submit_with(&Submit::on(COPY).using(&uses), copy));
+            assert!(
+                matches!(e.problem, Problem::Undeclared { buffer, write: true } if buffer.tag == "b"),
+                "{e}"
+            );
+            // Declared as used.
+            let uses = [BufferUse::read(a), BufferUse::write(b)];
+            let f = dev.submit_with(&Submit::on(COPY).using(&uses), copy).unwrap();
+            let r = dev.wait(f, 1_000_000_000);
+            assert!(r.is_ok(), "{r:?}: {}", dev.last_hang().map(|h| h.to_string()).unwrap_or_default());
+            // A caller-built IB must lie in a live buffer.
+            let e = refused(dev.submit_ib(&Submit::on(COPY), 0x7_0000_0000, 8));
+            assert_eq!(e.opcode, PacketKind::IndirectBuffer);
+        });
+    }
+}
+
+#[cfg(not(feature = "validation"))]
+#[test]
+fn without_the_feature_validation_can_not_be_switched_on() {
+    with_device(|dev| {
+        assert_eq!(dev.set_validation(true), Err(umd_core::engine::validate::ValidationUnavailable));
+        assert!(!dev.validation());
+        assert_eq!(dev.set_validation(false), Ok(()));
+    });
+}
+
+#[test]
+fn a_fault_report_names_the_nearest_buffer() {
+    use umd_core::debug::NearBuffer;
+    let near = |addr| NearBuffer { tag: "weights", serial: 3, va: 0x1000, size: 65536, freed: false, addr };
+    assert_eq!(
+        near(0x1000 + 65536 + 16).to_string(),
+        "16 bytes past buffer 'weights' #3 (65536 bytes at 0x1000)"
+    );
+    assert_eq!(near(0xff8).to_string(), "8 bytes before buffer 'weights' #3 (65536 bytes at 0x1000)");
+    let freed = NearBuffer { freed: true, ..near(0x1010) };
+    assert_eq!(freed.to_string(), "16 bytes into freed buffer 'weights' #3 (65536 bytes at 0x1000)");
+}
