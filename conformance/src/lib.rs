@@ -213,7 +213,7 @@ impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
 }
 
 /// Number of scenarios.
-pub const SCENARIOS: usize = 18;
+pub const SCENARIOS: usize = 19;
 
 /// Every scenario, in a fixed order.
 pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
@@ -236,6 +236,7 @@ pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENAR
         Scenario { name: "wait_before_signal_is_not_a_hang", body: wait_before_signal },
         Scenario { name: "multi_submitter", body: multi_submitter },
         Scenario { name: "dma_overrun_caught", body: dma_overrun },
+        Scenario { name: "events_across_queues", body: events },
     ]
 }
 
@@ -259,6 +260,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "wait_before_signal_is_not_a_hang",
     "multi_submitter",
     "dma_overrun_caught",
+    "events_across_queues",
 ];
 
 /// Runs every scenario on `dev`, handing each result to `out`.
@@ -947,6 +949,75 @@ fn many_small_buffers<B: Backend, const C: usize>(
     check!(d, blocks < (TOTAL / 5) as u64, "{blocks} platform blocks for {TOTAL} buffers: slabs not reused");
     check!(d, dev.buffer_stats().live == live_before, "buffers left live");
     Ok(())
+}
+
+/// Events across queues (the article's section 3.1): COPY fills a buffer
+/// and sets an event; COMPUTE, submitted after it with no fence between
+/// them, waits for the event on the GPU and copies the buffer; the CPU
+/// waits for the same event, resets it, and unblocks GFX work waiting for a
+/// second event by setting it from the host. GPU timestamps around the
+/// work are nanoseconds in order. A destroyed event is refused.
+fn events<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const N: u64 = 4096;
+    let (src, s) = alloc(dev, N, d)?;
+    let (dst, t) = alloc(dev, N, d)?;
+    let (Ok(ev), Ok(host_ev)) = (dev.create_event(), dev.create_event()) else { fail!(d, "create_event") };
+    let (Ok(t0), Ok(t1)) = (dev.create_timestamp(), dev.create_timestamp()) else {
+        fail!(d, "create_timestamp")
+    };
+    check!(d, dev.event_is_set(ev) == Ok(false), "a new event is set");
+    let producer = submit(dev, COPY, &[], d, |cb| {
+        cb.push(&t0.write())?;
+        cb.fill(s, N, 0x5EED_0001)?;
+        cb.push(&ev.set())
+    })?;
+    let consumer = submit(dev, COMPUTE, &[], d, |cb| {
+        cb.push(&ev.wait())?;
+        cb.copy(s, t, N)?;
+        cb.push(&t1.write())
+    })?;
+    if let Err(e) = dev.wait_event(ev, GUARD_NS) {
+        fail!(d, "host wait for the GPU-set event: {e}");
+    }
+    wait(dev, producer, d)?;
+    wait(dev, consumer, d)?;
+    let mut got = [0u8; 4];
+    let _ = dev.read(dst, N - 4, &mut got);
+    check!(
+        d,
+        u32::from_le_bytes(got) == 0x5EED_0001,
+        "COMPUTE copied {:#x} before the event",
+        u32::from_le_bytes(got)
+    );
+    match (dev.timestamp_ns(t0), dev.timestamp_ns(t1)) {
+        (Ok(Some(a)), Ok(Some(b))) => check!(d, b >= a, "timestamps out of order: {a} then {b}"),
+        other => fail!(d, "timestamps not written: {other:?}"),
+    }
+    check!(d, dev.reset_event(ev).is_ok() && dev.event_is_set(ev) == Ok(false), "host reset");
+    // GPU work waiting for an event the host sets.
+    let gated = submit(dev, GFX, &[], d, |cb| {
+        cb.push(&host_ev.wait())?;
+        cb.write_data(t, &[0xABCD])
+    })?;
+    check!(
+        d,
+        dev.query(gated) == Ok(FenceStatus::Pending) || dev.mode() == Mode::Kernel,
+        "ran before the event"
+    );
+    check!(d, dev.set_event(host_ev).is_ok(), "host set");
+    wait(dev, gated, d)?;
+    check!(d, dev.read_u32(dst, 0) == Ok(0xABCD), "the host-gated write");
+    for e in [ev, host_ev] {
+        check!(d, dev.destroy_event(e).is_ok(), "destroy");
+    }
+    check!(d, dev.set_event(ev) == Err(umd_core::mem::BufferError::Stale), "a destroyed event was accepted");
+    let _ = (dev.destroy_timestamp(t0), dev.destroy_timestamp(t1));
+    free(dev, src, d)?;
+    free(dev, dst, d)
 }
 
 /// The article's hang (section 5.3): a DMA_COPY whose size disagrees with

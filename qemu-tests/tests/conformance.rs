@@ -99,7 +99,8 @@ macro_rules! suite {
                 failure_propagates,
                 failure_history_survives_resets,
                 wait_before_signal_is_not_a_hang,
-                dma_overrun_caught
+                dma_overrun_caught,
+                events_across_queues
             );
             #[test]
             fn multi_submitter_is_skipped_with_a_reason() {

@@ -37,8 +37,12 @@ use tables::Tables;
 
 /// Fence slot stride: 64 bytes, the strictest generation's alignment.
 pub const FENCE_STRIDE: usize = 64;
-/// How long register handshakes (reset, TLB invalidate) may take.
-const HANDSHAKE_NS: u64 = 100_000_000;
+/// How long register handshakes (reset, TLB invalidate) may take before
+/// the device counts as lost: hardware answers in microseconds, but a
+/// modelled device behind a loaded host (co-simulation, QEMU under TCG)
+/// can be descheduled for a good part of 100 ms, so the guard is 1 s, as
+/// in the kernel driver.
+const HANDSHAKE_NS: u64 = 1_000_000_000;
 
 /// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
 pub type Device<'d, P, const CHUNKS: usize = 16> = Engine<'d, Direct<'d, P>, CHUNKS>;

@@ -122,6 +122,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// waits (servicing the device) for the oldest of those, up to the
     /// hang-check limit. Every failure names its cause.
     pub fn alloc(&self, desc: &BufferDesc) -> Result<BufferHandle, AllocError> {
+        self.alloc_info(desc).map(|(h, _)| h)
+    }
+
+    /// [`Engine::alloc`], also returning what was allocated.
+    pub fn alloc_info(&self, desc: &BufferDesc) -> Result<(BufferHandle, BufferInfo), AllocError> {
         if self.is_lost() {
             return Err(AllocError::DeviceLost);
         }
@@ -136,10 +141,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 let mut mem = self.mem.lock();
                 let super::MemState { buffers, va, maps } = &mut *mem;
                 let mut backer = Backer { b: &self.b, va, maps };
-                match buffers.alloc(&mut backer, desc) {
-                    Ok(h) => {
+                match buffers.alloc_info(&mut backer, desc) {
+                    Ok((h, info)) => {
                         self.zero_new(&mem.buffers, h);
-                        return Ok(h);
+                        return Ok((h, info));
                     }
                     Err(
                         e @ (AllocError::TableFull { .. }

@@ -30,6 +30,7 @@
 pub mod backend;
 pub mod buffers;
 pub mod complete;
+pub mod events;
 pub mod lifecycle;
 pub(crate) mod queue;
 pub mod submit;
@@ -55,6 +56,7 @@ use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
+pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InitError, ShutdownReport};
 pub use submit::Submit;
 

@@ -219,6 +219,15 @@ impl<'s, B> Buffers<'s, B> {
         backing: &mut K,
         desc: &BufferDesc,
     ) -> Result<BufferHandle, AllocError> {
+        self.alloc_info(backing, desc).map(|(h, _)| h)
+    }
+
+    /// [`Buffers::alloc`], also returning what was allocated.
+    pub fn alloc_info<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        desc: &BufferDesc,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
         if desc.size == 0 {
             return Err(AllocError::ZeroSize);
         }
@@ -252,7 +261,7 @@ impl<'s, B> Buffers<'s, B> {
             serial: self.serial,
         };
         match self.table.insert(info, a) {
-            Ok(h) => Ok(h),
+            Ok(h) => Ok((h, info)),
             Err(a) => {
                 // Unreachable in practice (checked above); give the memory back.
                 let _ = self.pool.free(backing, a);

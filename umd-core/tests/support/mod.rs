@@ -241,6 +241,12 @@ impl FakeState {
                 }
                 true
             }
+            Command::Timestamp { addr } => {
+                // The device clock: the fake's virtual time.
+                let now = self.now;
+                self.write_u64(addr, now);
+                true
+            }
             Command::Fill { dst, size, value } => {
                 for i in 0..size / 4 {
                     self.write_u32(dst + 4 * i, value);
