@@ -92,11 +92,19 @@ impl EngineShared {
     }
 }
 
+/// Transfer time owed before an engine sleeps it off (shorter sleeps
+/// are not accurate).
+const MEM_DEBT_PAY_NS: u64 = 200_000;
+
 /// Everything the engines share.
 pub(crate) struct Shared {
     pub gen: Generation,
     pub regs: Arc<RegPage>,
     pub mem: SysMem,
+    /// Local memory (section 3.5), if the device has any.
+    pub local: Option<SysMem>,
+    /// Transfer cost per KiB: [system, local] memory.
+    pub ns_per_kib: [u32; 2],
     pub mmu: MmuState,
     pub irq: Irq,
     pub clock: Clock,
@@ -115,6 +123,8 @@ impl Shared {
             gen,
             regs,
             mem,
+            local: None,
+            ns_per_kib: [0, 0],
             mmu: MmuState::default(),
             irq,
             clock: Clock::new(),
@@ -124,6 +134,23 @@ impl Shared {
             inject_version: AtomicU64::new(0),
             wait_poll,
         }
+    }
+
+    /// The memory physical address `pa` lies in: local memory when it is
+    /// in that window, system memory otherwise (which faults outside its
+    /// own window).
+    pub fn phys(&self, pa: u64) -> &SysMem {
+        match &self.local {
+            Some(l) if pa >= l.base() && pa - l.base() < l.size() => l,
+            _ => &self.mem,
+        }
+    }
+
+    /// The time `bytes` bytes at `pa` cost (section 3.5), in ns.
+    pub fn cost_ns(&self, pa: u64, bytes: u64) -> u64 {
+        let local = self.local.as_ref().is_some_and(|l| pa >= l.base() && pa - l.base() < l.size());
+        let per_kib = u64::from(self.ns_per_kib[usize::from(local)]);
+        bytes.saturating_mul(per_kib) / 1024
     }
 
     /// Engine register `off` of engine `e`.
@@ -175,6 +202,9 @@ pub(crate) struct Engine {
     pub buf: Vec<u32>,
     /// DMA staging buffer.
     pub tmp: Vec<u8>,
+    /// Transfer time owed (section 3.5), paid in gate() once it is large
+    /// enough for a sleep to be accurate.
+    pub mem_debt_ns: u64,
     rptr: u32,
     status: u32,
     halted: bool,
@@ -193,6 +223,7 @@ impl Engine {
             inj,
             buf: Vec::with_capacity(4096),
             tmp: vec![0; CHUNK],
+            mem_debt_ns: 0,
             rptr: 0,
             status: 0,
             halted: false,
@@ -397,15 +428,26 @@ impl Engine {
         if !self.inj.latency.is_zero() {
             self.pause(self.inj.latency)?;
         }
+        if self.mem_debt_ns >= MEM_DEBT_PAY_NS {
+            let d = Duration::from_nanos(std::mem::take(&mut self.mem_debt_ns));
+            self.pause(d)?;
+        }
         Ok(())
+    }
+
+    /// Notes that `bytes` at `pa` were transferred (their time is owed).
+    pub fn charge(&mut self, pa: u64, bytes: u64) {
+        self.mem_debt_ns = self.mem_debt_ns.saturating_add(self.sh.cost_ns(pa, bytes));
     }
 
     /// Translates with the fault's opcode filled in.
     pub fn xl(&mut self, va: u64, access: Access, opcode: u8) -> Res<Translation> {
-        self.xlat.translate(&self.sh.mmu, &self.sh.mem, va, access).map_err(|mut f| {
-            f.opcode = opcode;
-            Stop::Fault(f)
-        })
+        self.xlat.translate(&self.sh.mmu, &self.sh.mem, self.sh.local.as_ref(), va, access).map_err(
+            |mut f| {
+                f.opcode = opcode;
+                Stop::Fault(f)
+            },
+        )
     }
 
     /// Fetches the packet at `hdr` with at most `avail` dwords before the
@@ -418,7 +460,7 @@ impl Engine {
         }
         let gen = self.sh.gen;
         let t = self.xl(hdr, Access::Fetch, 0)?;
-        let h = self.sh.mem.read_u32(t.pa).map_err(|_| bus(hdr, Access::Fetch, 0))?;
+        let h = self.sh.phys(t.pa).read_u32(t.pa).map_err(|_| bus(hdr, Access::Fetch, 0))?;
         let raw = packet::raw_opcode(gen, h);
         let header = packet::decode_header(gen, h).map_err(|e| Fault::invalid(hdr, e.opcode))?;
         if avail == 0 || header.ndw > avail - 1 {
@@ -443,7 +485,7 @@ impl Engine {
             if n == 0 {
                 break Err(bus(va, Access::Fetch, raw).into());
             }
-            if self.sh.mem.read_u32s(t.pa, &mut buf[i..i + n]).is_err() {
+            if self.sh.phys(t.pa).read_u32s(t.pa, &mut buf[i..i + n]).is_err() {
                 break Err(bus(va, Access::Fetch, raw).into());
             }
             i += n;

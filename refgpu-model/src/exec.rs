@@ -99,10 +99,11 @@ impl Engine {
                 }
             };
             let n = ((t.extent / 4) as usize).clamp(1, data.len() - i);
-            if self.sh.mem.write_u32s(t.pa, &data[i..i + n]).is_err() {
+            if self.sh.phys(t.pa).write_u32s(t.pa, &data[i..i + n]).is_err() {
                 result = Err(bus(va, Access::Write, opcode).into());
                 break;
             }
+            self.charge(t.pa, 4 * n as u64);
             i += n;
         }
         self.buf = buf;
@@ -126,7 +127,11 @@ impl Engine {
             let va = src + i as u64;
             let t = self.xl(va, Access::Read, opcode)?;
             let n = (t.extent.min((len - i) as u64) as usize).max(1);
-            self.sh.mem.read_bytes(t.pa, &mut tmp[i..i + n]).map_err(|_| bus(va, Access::Read, opcode))?;
+            self.sh
+                .phys(t.pa)
+                .read_bytes(t.pa, &mut tmp[i..i + n])
+                .map_err(|_| bus(va, Access::Read, opcode))?;
+            self.charge(t.pa, n as u64);
             i += n;
         }
         let mut i = 0usize;
@@ -134,7 +139,11 @@ impl Engine {
             let va = dst + i as u64;
             let t = self.xl(va, Access::Write, opcode)?;
             let n = (t.extent.min((len - i) as u64) as usize).max(1);
-            self.sh.mem.write_bytes(t.pa, &tmp[i..i + n]).map_err(|_| bus(va, Access::Write, opcode))?;
+            self.sh
+                .phys(t.pa)
+                .write_bytes(t.pa, &tmp[i..i + n])
+                .map_err(|_| bus(va, Access::Write, opcode))?;
+            self.charge(t.pa, n as u64);
             i += n;
         }
         Ok(())
@@ -206,9 +215,10 @@ impl Engine {
             if n == 0 {
                 break Err(bus(va, Access::Write, opcode).into());
             }
-            if self.sh.mem.fill_u32(t.pa, n, value).is_err() {
+            if self.sh.phys(t.pa).fill_u32(t.pa, n, value).is_err() {
                 break Err(bus(va, Access::Write, opcode).into());
             }
+            self.charge(t.pa, n);
             done += n;
             since_check += n;
         };
@@ -237,7 +247,7 @@ impl Engine {
 
     fn read_wait_value(&mut self, addr: u64, wide: bool, opcode: u8) -> Res<u64> {
         let t = self.xl(addr, Access::Read, opcode)?;
-        let mem = &self.sh.mem;
+        let mem = self.sh.phys(t.pa);
         let v = if wide { mem.read_u64(t.pa) } else { mem.read_u32(t.pa).map(u64::from) };
         v.map_err(|_| bus(addr, Access::Read, opcode).into())
     }
@@ -311,11 +321,11 @@ impl Engine {
                 Err(e) => break Err(e),
             };
             let run = (ta.extent.min(tb.extent).min(td.extent) / 4).clamp(1, count - i).min(CHUNK as u64 / 4);
-            let mem = &self.sh.mem;
+            let sh = std::sync::Arc::clone(&self.sh);
             let mut err = None;
             for k in 0..run {
-                let x = mem.read_u32(ta.pa + 4 * k);
-                let y = mem.read_u32(tb.pa + 4 * k);
+                let x = sh.phys(ta.pa).read_u32(ta.pa + 4 * k);
+                let y = sh.phys(tb.pa).read_u32(tb.pa + 4 * k);
                 let (x, y) = match (x, y) {
                     (Ok(x), Ok(y)) => (x, y),
                     (Err(_), _) => {
@@ -327,10 +337,13 @@ impl Engine {
                         break;
                     }
                 };
-                if mem.write_u32(td.pa + 4 * k, dispatch::element(op, x, y, scalar)).is_err() {
+                if sh.phys(td.pa).write_u32(td.pa + 4 * k, dispatch::element(op, x, y, scalar)).is_err() {
                     err = Some(bus(dst + 4 * (i + k), Access::Write, opcode));
                     break;
                 }
+            }
+            for pa in [ta.pa, tb.pa, td.pa] {
+                self.charge(pa, 4 * run);
             }
             if let Some(f) = err {
                 break Err(f.into());

@@ -228,11 +228,14 @@ impl Translator {
         self.tlb = [TlbEntry::default(); TLB_ENTRIES];
     }
 
-    /// Translates the GPU address `va` for `access`.
+    /// Translates the GPU address `va` for `access`. Page tables are read
+    /// from system memory `mem`; the result may lie there or in `local`
+    /// memory (section 3.5).
     pub fn translate(
         &mut self,
         mmu: &MmuState,
         mem: &SysMem,
+        local: Option<&SysMem>,
         va: u64,
         access: Access,
     ) -> Result<Translation, Fault> {
@@ -245,7 +248,7 @@ impl Translator {
             self.engine_generation = engine_generation;
         }
         if !mmu.enabled.load(Ordering::Acquire) {
-            let extent = mem.extent(va);
+            let extent = window_extent(mem, local, va);
             if extent == 0 {
                 return Err(fault(FaultKind::Bus, access, va));
             }
@@ -258,7 +261,14 @@ impl Translator {
             if !allowed(e.read, e.write, access) {
                 return Err(fault(FaultKind::Permission, access, va));
             }
-            return self.finish(mem, e.pa_page + (va & (PAGE - 1)), PAGE - (va & (PAGE - 1)), va, access);
+            return self.finish(
+                mem,
+                local,
+                e.pa_page + (va & (PAGE - 1)),
+                PAGE - (va & (PAGE - 1)),
+                va,
+                access,
+            );
         }
         let root = mmu.root_for(self.engine);
         let leaf = walk(mem, root, va, access)?;
@@ -273,22 +283,32 @@ impl Translator {
             read: leaf.read,
             write: leaf.write,
         };
-        self.finish(mem, pa, leaf.size - off, va, access)
+        self.finish(mem, local, pa, leaf.size - off, va, access)
     }
 
     fn finish(
         &self,
         mem: &SysMem,
+        local: Option<&SysMem>,
         pa: u64,
         extent: u64,
         va: u64,
         access: Access,
     ) -> Result<Translation, Fault> {
-        let in_window = mem.extent(pa);
+        let in_window = window_extent(mem, local, pa);
         if in_window == 0 {
             return Err(fault(FaultKind::Bus, access, va));
         }
         Ok(Translation { pa, extent: extent.min(in_window) })
+    }
+}
+
+/// Bytes from `pa` to the end of the window (system or local memory) it
+/// lies in; 0 outside both.
+fn window_extent(mem: &SysMem, local: Option<&SysMem>, pa: u64) -> u64 {
+    match local.map(|l| l.extent(pa)) {
+        Some(n) if n > 0 => n,
+        _ => mem.extent(pa),
     }
 }
 

@@ -57,6 +57,15 @@ pub struct ModelConfig {
     pub clock_publish_interval: Duration,
     /// Initial fault injection (none by default).
     pub fault_injection: FaultInjection,
+    /// Local memory (gen2 only, `docs/refgpu.md` section 3.5): `None`
+    /// gives a gen2 device 8 MiB and a gen1 device none; `Some(0)` none.
+    /// A multiple of 4 KiB.
+    pub local_size: Option<u64>,
+    /// Time a transfer spends per KiB of system memory it reads or
+    /// writes (default 64 ns).
+    pub sys_ns_per_kib: u32,
+    /// The same for local memory (default 8 ns).
+    pub local_ns_per_kib: u32,
 }
 
 impl Default for ModelConfig {
@@ -69,7 +78,39 @@ impl Default for ModelConfig {
             wait_poll_interval: Duration::from_micros(50),
             clock_publish_interval: Duration::from_micros(100),
             fault_injection: FaultInjection::default(),
+            local_size: None,
+            sys_ns_per_kib: 64,
+            local_ns_per_kib: 8,
         }
+    }
+}
+
+impl ModelConfig {
+    /// The local memory this configuration gives the device, in bytes.
+    pub fn local_bytes(&self) -> u64 {
+        match (self.generation, self.local_size) {
+            (Generation::Gen1, _) => 0,
+            (Generation::Gen2, None) => regs::LOCAL_SIZE_DEFAULT,
+            (Generation::Gen2, Some(n)) => n,
+        }
+    }
+
+    fn local_mem(&self) -> Result<Option<SysMem>, ModelError> {
+        if self.generation == Generation::Gen1 && self.local_size.is_some_and(|n| n > 0) {
+            return Err(ModelError::Config("gen1 has no local memory"));
+        }
+        let size = self.local_bytes();
+        if size == 0 {
+            return Ok(None);
+        }
+        if size % 4096 != 0 {
+            return Err(ModelError::Config("local_size must be a multiple of 4 KiB"));
+        }
+        let sys_end = self.mem_base.saturating_add(self.mem_size);
+        if self.mem_base < regs::LOCAL_BASE.saturating_add(size) && regs::LOCAL_BASE < sys_end {
+            return Err(ModelError::Config("system memory overlaps the local memory window"));
+        }
+        SysMem::new_owned(regs::LOCAL_BASE, size).map(Some)
     }
 }
 
@@ -124,8 +165,23 @@ pub struct Model {
 }
 
 fn is_listed(off: u32) -> bool {
-    matches!(off, 0x000 | 0x004 | 0x010 | 0x014 | 0x020 | 0x024 | 0x028 | 0x02C | 0x030 | 0x034)
-        || engine_root_reg(off).is_some()
+    matches!(
+        off,
+        0x000
+            | 0x004
+            | 0x010
+            | 0x014
+            | 0x020
+            | 0x024
+            | 0x028
+            | 0x02C
+            | 0x030
+            | 0x034
+            | 0x058
+            | 0x05C
+            | 0x060
+            | 0x064
+    ) || engine_root_reg(off).is_some()
         || (0x100..0x100 + 0x40 * NUM_ENGINES as u32).contains(&off) && off % 4 == 0
 }
 
@@ -184,15 +240,23 @@ impl Model {
             Some(m) => m,
             None => SysMem::new_owned(cfg.mem_base, cfg.mem_size)?,
         };
+        let local = cfg.local_mem()?;
         page.clear();
         page.store(
             regs::ID,
             (regs::ID_MAGIC << 16) | (u32::from(cfg.generation.number()) << 8) | u32::from(cfg.revision),
         );
         page.store(regs::ENGINE_COUNT, NUM_ENGINES as u32);
+        if let Some(l) = &local {
+            page.store64(regs::LOCAL_BASE_LO, l.base());
+            page.store64(regs::LOCAL_SIZE_LO, l.size());
+        }
         let (irq, irq_rx) = Irq::new(Arc::clone(&page));
         irq.set_delay(cfg.fault_injection.irq_delay);
-        let sh = Arc::new(Shared::new(cfg.generation, page, mem, irq, cfg.wait_poll_interval));
+        let mut shared = Shared::new(cfg.generation, page, mem, irq, cfg.wait_poll_interval);
+        shared.local = local;
+        shared.ns_per_kib = [cfg.sys_ns_per_kib, cfg.local_ns_per_kib];
+        let sh = Arc::new(shared);
         let model = Self {
             sh,
             engines: Mutex::new(Vec::new()),

@@ -40,6 +40,18 @@ pub const MMU_INVALIDATE: u32 = 0x02C;
 pub const CLOCK_LO: u32 = 0x030;
 /// CLOCK_HI (RO).
 pub const CLOCK_HI: u32 = 0x034;
+/// Physical address of local memory, bits 31:0 (gen2, section 3.5; RO).
+pub const LOCAL_BASE_LO: u32 = 0x058;
+/// Bits 47:32 of the same address (RO).
+pub const LOCAL_BASE_HI: u32 = 0x05C;
+/// Size of local memory in bytes, bits 31:0 (RO; 0: none).
+pub const LOCAL_SIZE_LO: u32 = 0x060;
+/// Bits 63:32 of the same size (RO).
+pub const LOCAL_SIZE_HI: u32 = 0x064;
+/// Where the model places local memory.
+pub const LOCAL_BASE: u64 = 1 << 47;
+/// The model's local memory on gen2 unless configured otherwise.
+pub const LOCAL_SIZE_DEFAULT: u64 = 8 << 20;
 
 /// ENGINE_ROOT_LO(e) (RW): engine `e`'s own address-space root, bits 31:12
 /// (`docs/refgpu.md` 3.4).

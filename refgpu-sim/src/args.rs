@@ -76,6 +76,10 @@ pub struct Cli {
     /// CLOCK update interval in the register page
     #[arg(long, value_name = "DUR", default_value = "100us", value_parser = duration)]
     clock_publish: Duration,
+    /// Local memory of a gen2 device (docs/refgpu.md 3.5), a multiple of
+    /// 4K; 0 for none [default: 8M on gen2, none on gen1]
+    #[arg(long, value_name = "BYTES", value_parser = bytes)]
+    local_mem: Option<u64>,
 }
 
 impl From<Cli> for Options {
@@ -101,6 +105,7 @@ impl From<Cli> for Options {
             },
             wait_poll: c.wait_poll,
             clock_publish: c.clock_publish,
+            local_mem: c.local_mem,
         }
     }
 }
@@ -136,6 +141,8 @@ pub struct Options {
     pub wait_poll: Duration,
     /// CLOCK publishing interval.
     pub clock_publish: Duration,
+    /// Local memory (`None`: the generation's default).
+    pub local_mem: Option<u64>,
 }
 
 impl Options {
@@ -153,6 +160,7 @@ impl Options {
             fault: FaultInjection::default(),
             wait_poll: Duration::from_micros(50),
             clock_publish: Duration::from_micros(100),
+            local_mem: None,
         }
     }
 }
@@ -303,6 +311,11 @@ pub fn validate(o: &Options) -> Result<(), ArgError> {
             &show(o.mem_base),
             "4 KiB aligned, window ending at or below 2^48",
         ));
+    }
+    if let Some(l) = o.local_mem {
+        if l % 4096 != 0 || (l > 0 && o.generation == Generation::Gen1) || l > 1 << 40 {
+            return Err(invalid("--local-mem", &show(l), "a multiple of 4 KiB up to 1 TiB, and 0 on gen1"));
+        }
     }
     if o.mem_file_offset % 4096 != 0 {
         return Err(invalid("--mem-file-offset", &show(o.mem_file_offset), "a multiple of 4 KiB"));

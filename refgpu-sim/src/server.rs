@@ -190,6 +190,8 @@ impl Server {
             wait_poll_interval: opts.wait_poll,
             clock_publish_interval: opts.clock_publish,
             fault_injection: opts.fault.clone(),
+            local_size: opts.local_mem,
+            ..ModelConfig::default()
         };
         let sink: Arc<dyn IrqSink> = irq.clone();
         // SAFETY: both mappings are page aligned, `shm` holds at least 8 KiB
