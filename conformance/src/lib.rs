@@ -213,7 +213,7 @@ impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
 }
 
 /// Number of scenarios.
-pub const SCENARIOS: usize = 19;
+pub const SCENARIOS: usize = 20;
 
 /// Every scenario, in a fixed order.
 pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
@@ -237,6 +237,7 @@ pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENAR
         Scenario { name: "multi_submitter", body: multi_submitter },
         Scenario { name: "dma_overrun_caught", body: dma_overrun },
         Scenario { name: "events_across_queues", body: events },
+        Scenario { name: "local_memory_eviction", body: local_memory },
     ]
 }
 
@@ -261,6 +262,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "multi_submitter",
     "dma_overrun_caught",
     "events_across_queues",
+    "local_memory_eviction",
 ];
 
 /// Runs every scenario on `dev`, handing each result to `out`.
@@ -949,6 +951,88 @@ fn many_small_buffers<B: Backend, const C: usize>(
     check!(d, blocks < (TOTAL / 5) as u64, "{blocks} platform blocks for {TOTAL} buffers: slabs not reused");
     check!(d, dev.buffer_stats().live == live_before, "buffers left live");
     Ok(())
+}
+
+/// Local memory and eviction (the article's section 4.2): a working set
+/// of three times local memory, in buffers that prefer local memory, is
+/// filled and read back with every word checked while the driver evicts
+/// and restores under it; a cyclic pattern over one buffer more than fits
+/// stays within the policy's bound of moves; a submission whose local
+/// working set exceeds local memory is refused.
+fn local_memory<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    let Some(lm) = dev.local_memory() else {
+        skip!(d, "no local memory here (gen1, MMU bypassed, or kernel mode)");
+    };
+    let piece = (lm.size / 4) & !0xFFF;
+    const N: usize = 12;
+    let s0 = dev.stats();
+    let (back, bv) = alloc(dev, piece, d)?;
+    let mut slots: [Option<(BufferHandle, u64)>; N] = [None; N];
+    for b in slots.iter_mut() {
+        *b = Some(alloc_with(dev, &BufferDesc::new(piece).local().tag("working-set"), d)?);
+    }
+    let bufs = slots.map(|b| b.unwrap_or((back, bv)));
+    // Fill each (its own value), then read each back through system memory.
+    for (i, (h, va)) in bufs.iter().enumerate() {
+        let uses = [BufferUse::write(*h)];
+        let f = match dev
+            .submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(*va, piece, 0x1000 + i as u32))
+        {
+            Ok(f) => f,
+            Err(e) => fail!(d, "fill {i}: {e}"),
+        };
+        wait(dev, f, d)?;
+    }
+    for (i, (h, va)) in bufs.iter().enumerate() {
+        let uses = [BufferUse::read(*h), BufferUse::write(back)];
+        let f = match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.copy(*va, bv, piece)) {
+            Ok(f) => f,
+            Err(e) => fail!(d, "read back {i}: {e}"),
+        };
+        wait(dev, f, d)?;
+        let want = 0x1000 + i as u32;
+        let last = piece / 4 - 1;
+        for w in [0, last / 2, last] {
+            let got = dev.read_u32(back, w);
+            check!(d, got == Ok(want), "buffer {i} word {w}: {got:?}, expected {want:#x}");
+        }
+    }
+    let s1 = dev.stats();
+    check!(
+        d,
+        s1.evictions > s0.evictions && s1.restores > s0.restores,
+        "no eviction or restore happened: {s1:?}"
+    );
+    // Thrash: five buffers (one more than fits), touched in turn.
+    let subs = 40u64;
+    for k in 0..subs as usize {
+        let (h, va) = bufs[k % 5];
+        let uses = [BufferUse::write(h)];
+        match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(va, 256, k as u32)) {
+            Ok(f) => wait(dev, f, d)?,
+            Err(e) => fail!(d, "thrash step {k}: {e}"),
+        }
+    }
+    let s2 = dev.stats();
+    let moves = (s2.evictions - s1.evictions) + (s2.restores - s1.restores);
+    let window = u64::from(dev.config().local_min_residency.max(1));
+    let bound = 5 * (subs / window + 1);
+    check!(d, moves <= bound, "{moves} moves for {subs} cyclic submissions over 5 buffers, bound {bound}");
+    // A working set larger than local memory is refused.
+    let uses: [BufferUse; 5] = core::array::from_fn(|i| BufferUse::read(bufs[i].0));
+    match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(bv, 64, 0)) {
+        Err(SubmitError::WorkingSetTooLarge { .. }) => {}
+        other => fail!(d, "a working set of 5/4 of local memory: {other:?}"),
+    }
+    let _ = write!(d, "{moves} moves in the cyclic phase (bound {bound})");
+    for (h, _) in bufs {
+        free(dev, h, d)?;
+    }
+    free(dev, back, d)
 }
 
 /// Events across queues (the article's section 3.1): COPY fills a buffer

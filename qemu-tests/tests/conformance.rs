@@ -28,7 +28,10 @@ fn every_scenario_reported(r: &Run) {
         .iter()
         .filter(|(n, s)| match s {
             Status::Pass => false,
-            Status::Skip(why) => !(n == "multi_submitter" && why.contains("no threads")),
+            Status::Skip(why) => {
+                !((n == "multi_submitter" && why.contains("no threads"))
+                    || (n == "local_memory_eviction" && r.generation == 1 && why.contains("no local memory")))
+            }
             Status::Fail(_) => true,
         })
         .collect();
@@ -102,6 +105,20 @@ macro_rules! suite {
                 dma_overrun_caught,
                 events_across_queues
             );
+            #[test]
+            fn local_memory_eviction() {
+                let r = run($gen, $mode);
+                if r.generation == 1 {
+                    let out = outcome(&r);
+                    let Ok(out) = out.as_ref() else { return };
+                    match out.status("local_memory_eviction") {
+                        Some(Status::Skip(why)) => assert!(why.contains("no local memory"), "{why}"),
+                        other => panic!("local memory on gen1: {other:?}"),
+                    }
+                } else {
+                    check_scenario(&r, "local_memory_eviction");
+                }
+            }
             #[test]
             fn multi_submitter_is_skipped_with_a_reason() {
                 let out = outcome(&run($gen, $mode));

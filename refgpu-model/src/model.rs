@@ -58,7 +58,7 @@ pub struct ModelConfig {
     /// Initial fault injection (none by default).
     pub fault_injection: FaultInjection,
     /// Local memory (gen2 only, `docs/refgpu.md` section 3.5): `None`
-    /// gives a gen2 device 8 MiB and a gen1 device none; `Some(0)` none.
+    /// gives a gen2 device 2 MiB and a gen1 device none; `Some(0)` none.
     /// A multiple of 4 KiB.
     pub local_size: Option<u64>,
     /// Time a transfer spends per KiB of system memory it reads or

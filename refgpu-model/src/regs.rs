@@ -51,7 +51,7 @@ pub const LOCAL_SIZE_HI: u32 = 0x064;
 /// Where the model places local memory.
 pub const LOCAL_BASE: u64 = 1 << 47;
 /// The model's local memory on gen2 unless configured otherwise.
-pub const LOCAL_SIZE_DEFAULT: u64 = 8 << 20;
+pub const LOCAL_SIZE_DEFAULT: u64 = 2 << 20;
 
 /// ENGINE_ROOT_LO(e) (RW): engine `e`'s own address-space root, bits 31:12
 /// (`docs/refgpu.md` 3.4).

@@ -77,7 +77,7 @@ pub struct Cli {
     #[arg(long, value_name = "DUR", default_value = "100us", value_parser = duration)]
     clock_publish: Duration,
     /// Local memory of a gen2 device (docs/refgpu.md 3.5), a multiple of
-    /// 4K; 0 for none [default: 8M on gen2, none on gen1]
+    /// 4K; 0 for none [default: 2M on gen2, none on gen1]
     #[arg(long, value_name = "BYTES", value_parser = bytes)]
     local_mem: Option<u64>,
 }

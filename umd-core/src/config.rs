@@ -65,6 +65,12 @@ pub struct Config {
     pub dep_wait_ns: u64,
     /// Hang detection.
     pub hang: HangConfig,
+    /// Local memory (`docs/memory.md`, "Local memory and eviction"): a
+    /// buffer used by one of the last this-many submissions is not evicted
+    /// to make room for another (LRU with a minimum residency); a restore
+    /// that finds no other victim is deferred and the work runs from system
+    /// memory instead of thrashing.
+    pub local_min_residency: u32,
 }
 
 impl Config {
@@ -86,6 +92,7 @@ impl Config {
         ],
         use_irq: true,
         dep_wait_ns: 500_000_000,
+        local_min_residency: 4,
         hang: HangConfig {
             window_ns: 500_000_000,
             min_progress_bytes: 16,

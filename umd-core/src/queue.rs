@@ -77,6 +77,14 @@ pub enum SubmitError {
     /// The validation mode found a packet that would reach memory it must
     /// not (see [`crate::engine::validate`]); nothing was executed.
     Invalid(crate::engine::validate::ValidationError),
+    /// The local-memory buffers the submission declares do not fit in local
+    /// memory together.
+    WorkingSetTooLarge {
+        /// Bytes they need.
+        needed: u64,
+        /// Bytes of local memory.
+        local: u64,
+    },
 }
 
 impl fmt::Display for SubmitError {
@@ -109,6 +117,9 @@ impl fmt::Display for SubmitError {
             }
             SubmitError::QueueRecovering(q) => write!(f, "{q} is still recovering from a kernel reset"),
             SubmitError::Invalid(e) => write!(f, "validation: {e}"),
+            SubmitError::WorkingSetTooLarge { needed, local } => {
+                write!(f, "local working set of {needed} bytes exceeds the {local} bytes of local memory")
+            }
         }
     }
 }

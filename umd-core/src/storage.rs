@@ -29,13 +29,16 @@ pub const PENDING_WAITS: usize = 32;
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;
 
 /// Storage for one device: `BUFFERS` buffer handles, `VA_NODES` GPU VA
-/// allocator nodes, `SLABS` slab descriptors and `TRACE` trace events.
-/// `docs/perf.md` lists its size per configuration.
+/// allocator nodes, `SLABS` slab descriptors, `TRACE` trace events and a
+/// bitmap of `LOCAL_WORDS` words for local-memory pages (64 pages of 4 KiB
+/// per word: the default covers 16 MiB; a larger local memory is used up to
+/// that). `docs/perf.md` lists its size per configuration.
 pub struct DeviceStorage<
     const BUFFERS: usize = 1024,
     const VA_NODES: usize = 1024,
     const SLABS: usize = 256,
     const TRACE: usize = 256,
+    const LOCAL_WORDS: usize = 64,
 > {
     pub(crate) buffers: [BufferSlot<DmaRegion>; BUFFERS],
     pub(crate) retiring: [Deque<u32, BUFFERS>; MAX_QUEUES],
@@ -43,10 +46,16 @@ pub struct DeviceStorage<
     pub(crate) va: [VaNode; VA_NODES],
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
+    pub(crate) local: [u64; LOCAL_WORDS],
 }
 
-impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize>
-    DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+impl<
+        const BUFFERS: usize,
+        const VA_NODES: usize,
+        const SLABS: usize,
+        const TRACE: usize,
+        const LOCAL_WORDS: usize,
+    > DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
 {
     /// Empty storage (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
@@ -57,6 +66,7 @@ impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRAC
             va: [VaNode::EMPTY; VA_NODES],
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
+            local: [0; LOCAL_WORDS],
         }
     }
 
@@ -70,20 +80,31 @@ impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRAC
             va: &mut self.va,
             deps: &mut self.deps,
             trace: crate::debug::TraceRing::new(&mut self.trace),
+            local: &mut self.local,
         }
     }
 }
 
-impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize> Default
-    for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+impl<
+        const BUFFERS: usize,
+        const VA_NODES: usize,
+        const SLABS: usize,
+        const TRACE: usize,
+        const LOCAL_WORDS: usize,
+    > Default for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
 {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<const BUFFERS: usize, const VA_NODES: usize, const SLABS: usize, const TRACE: usize> core::fmt::Debug
-    for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE>
+impl<
+        const BUFFERS: usize,
+        const VA_NODES: usize,
+        const SLABS: usize,
+        const TRACE: usize,
+        const LOCAL_WORDS: usize,
+    > core::fmt::Debug for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("DeviceStorage")
@@ -103,4 +124,5 @@ pub(crate) struct StorageParts<'s> {
     pub(crate) va: &'s mut [VaNode],
     pub(crate) deps: &'s mut Deps,
     pub(crate) trace: crate::debug::TraceRing<'s>,
+    pub(crate) local: &'s mut [u64],
 }

@@ -73,7 +73,8 @@ fn classes_bins_and_slabs() {
     let l = p.alloc(&mut k, 100_000, 1, MemKind::DEFAULT).unwrap();
     assert_eq!((l.reserved(), l.class()), (102_400, SizeClass::Large));
     // Another kind of memory never shares a slab.
-    let ro = p.alloc(&mut k, 100, 1, MemKind { gpu_read_only: true, device_only: false }).unwrap();
+    let ro =
+        p.alloc(&mut k, 100, 1, MemKind { gpu_read_only: true, device_only: false, local: false }).unwrap();
     assert_ne!(ro.addr(), a.addr() + 256);
     // An alignment up to 4 KiB stays in a slab bin; above it goes large.
     let d = p.alloc(&mut k, 100, 4096, MemKind::DEFAULT).unwrap();

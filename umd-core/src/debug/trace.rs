@@ -29,6 +29,10 @@ pub enum TraceKind {
     Fault,
     /// An engine was reset (`arg` = fences completed with an error).
     Reset,
+    /// A buffer was evicted from local memory (`arg` = its GPU address).
+    Evict,
+    /// A buffer was brought back into local memory (`arg` = its GPU address).
+    Restore,
 }
 
 impl TraceKind {
@@ -44,6 +48,8 @@ impl TraceKind {
             TraceKind::Hang => "hang",
             TraceKind::Fault => "fault",
             TraceKind::Reset => "reset",
+            TraceKind::Evict => "evict",
+            TraceKind::Restore => "restore",
         }
     }
 }

@@ -307,9 +307,9 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
     /// engines. The large tables live in `storage`; the device borrows it
     /// and the platform for its lifetime. On error everything allocated is
     /// freed again.
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize>(
+    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize>(
         p: &'d P,
-        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR>,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW>,
         cfg: Config,
         mmu: MmuMode,
     ) -> Result<Self, InitError> {
@@ -361,6 +361,18 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
                 InitError::Vm(e)
             })?;
             self.mem.get_mut().maps = Some(tables);
+            // Local memory (gen2, spec 3.5): only with the MMU, which moves
+            // buffers between it and system memory under one address.
+            let reg = |lo: u32| -> Result<u64, InitError> {
+                let l = p.read_reg(lo).map_err(InitError::Platform)?;
+                let h = p.read_reg(lo.wrapping_add(4)).map_err(InitError::Platform)?;
+                Ok(u64::from(l) | u64::from(h) << 32)
+            };
+            let (base, size) = (reg(regs::LOCAL_BASE_LO)?, reg(regs::LOCAL_SIZE_LO)?);
+            if size > 0 {
+                let used = self.mem.get_mut().local.activate(base, size);
+                crate::log::log_info!("local memory: {:#x} bytes at {:#x}, {:#x} managed", size, base, used);
+            }
         }
         // Fence slots, then a ring per queue.
         let fence = self.alloc_mapped(4096, Perms::RW)?;

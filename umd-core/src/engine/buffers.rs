@@ -20,7 +20,7 @@ use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::sync::QueueId;
 
 use super::backend::Backend;
-use super::Engine;
+use super::{Counters, Engine};
 
 /// Most buffers one submission declares.
 pub const MAX_BUFFER_USES: usize = 64;
@@ -67,24 +67,42 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
     pub(crate) b: &'a B,
     pub(crate) va: &'a mut Option<VaAllocator<&'d mut [VaNode]>>,
     pub(crate) maps: &'a mut B::Maps,
+    pub(crate) local: &'a mut super::residency::LocalMem<'d>,
+    /// A local-memory block that finds no room comes from system memory
+    /// instead (after eviction failed to make room).
+    pub(crate) fallback: bool,
 }
 
-impl<B: Backend> Backing for Backer<'_, '_, B> {
+impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     type Block = DmaRegion;
 
     fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, DmaRegion), BackingError> {
         let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
         let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
         let p = self.b.platform();
-        let region = p.dma_alloc(len, flags).map_err(|e| match e {
-            crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
-            _ => BackingError::PlatformMemory { len },
-        })?;
+        let local = if kind.local && self.va.is_some() { self.local.alloc(bytes) } else { None };
+        let region = match local {
+            Some(r) => r,
+            None if kind.local && self.local.is_active() && self.va.is_some() && !self.fallback => {
+                return Err(BackingError::LocalMemory)
+            }
+            None => p.dma_alloc(len, flags).map_err(|e| match e {
+                crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
+                _ => BackingError::PlatformMemory { len },
+            })?,
+        };
+        let release = |local: &mut super::residency::LocalMem<'d>, region: DmaRegion| {
+            if super::residency::is_local(&region) {
+                local.free(region);
+            } else {
+                p.dma_free(region);
+            }
+        };
         let Some(va) = self.va.as_mut() else {
             // MMU bypassed: the GPU address is the memory's.
             let addr = region.dev_addr();
             if addr.checked_rem(align) != Some(0) {
-                p.dma_free(region);
+                release(self.local, region);
                 return Err(BackingError::Unaligned);
             }
             return Ok((addr, region));
@@ -92,14 +110,14 @@ impl<B: Backend> Backing for Backer<'_, '_, B> {
         let addr = match va.alloc(bytes, align, Placement::BottomUp) {
             Ok(a) => a,
             Err(e) => {
-                p.dma_free(region);
+                release(self.local, region);
                 return Err(BackingError::Va(e));
             }
         };
         let perms = Perms { read: true, write: !kind.gpu_read_only, cache: CachePolicy::Uncached };
         if let Err(e) = self.b.map(self.maps, addr, &region, perms) {
             let _ = va.free(addr);
-            p.dma_free(region);
+            release(self.local, region);
             return Err(e);
         }
         Ok((addr, region))
@@ -110,7 +128,11 @@ impl<B: Backend> Backing for Backer<'_, '_, B> {
             self.b.unmap(self.maps, addr, bytes);
             let _ = va.free(addr);
         }
-        self.b.platform().dma_free(block);
+        if super::residency::is_local(&block) {
+            self.local.free(block);
+        } else {
+            self.b.platform().dma_free(block);
+        }
     }
 }
 
@@ -136,15 +158,30 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let limit =
             hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
         let start = self.b.platform().now_ns();
+        // A local-memory buffer that finds no room evicts idle ones, then
+        // falls back to system memory.
+        let mut fallback = false;
         loop {
             let oldest = {
                 let mut mem = self.mem.lock();
-                let super::MemState { buffers, va, maps } = &mut *mem;
-                let mut backer = Backer { b: &self.b, va, maps };
-                match buffers.alloc_info(&mut backer, desc) {
+                let (buffers, mut backer) = mem.split(&self.b);
+                backer.fallback = fallback;
+                let r = buffers.alloc_info(&mut backer, desc);
+                match r {
                     Ok((h, info)) => {
                         self.zero_new(&mem.buffers, h);
+                        if fallback {
+                            Counters::add(&self.stats.local_fallbacks, 1);
+                        }
                         return Ok((h, info));
+                    }
+                    Err(AllocError::LocalMemory) => {
+                        drop(mem);
+                        let bytes = desc.size.next_multiple_of(4096);
+                        if !self.make_room(bytes) {
+                            fallback = true;
+                        }
+                        continue;
                     }
                     Err(
                         e @ (AllocError::TableFull { .. }
@@ -204,8 +241,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// buffer is mapped.
     pub fn free(&self, h: BufferHandle) -> Result<(), BufferError> {
         let mut mem = self.mem.lock();
-        let super::MemState { buffers, va, maps } = &mut *mem;
-        let mut backer = Backer { b: &self.b, va, maps };
+        let (buffers, mut backer) = mem.split(&self.b);
         let q = |i: usize| self.queues.get(i);
         buffers.free(
             &mut backer,
@@ -330,8 +366,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Gives kept empty slabs back to the platform. Returns bytes.
     pub fn trim(&self) -> u64 {
         let mut mem = self.mem.lock();
-        let super::MemState { buffers, va, maps } = &mut *mem;
-        let mut backer = Backer { b: &self.b, va, maps };
+        let (buffers, mut backer) = mem.split(&self.b);
         buffers.trim(&mut backer)
     }
 

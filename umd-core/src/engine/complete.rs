@@ -78,8 +78,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         if !self.is_lost() {
             let mut mem = self.mem.lock();
-            let super::MemState { buffers, va, maps } = &mut *mem;
-            let mut backer = super::buffers::Backer { b: &self.b, va, maps };
+            let (buffers, mut backer) = mem.split(&self.b);
             buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), RECLAIM_BUDGET);
         }
         if cancelled {

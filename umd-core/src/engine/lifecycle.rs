@@ -78,9 +78,15 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// `va_arena` (None: addresses are the memory's own), backend mapping
     /// state `maps` and per-queue state `queues`. The IB pool is set up by
     /// [`Engine::init_ib_pool`] once the backend can map memory.
-    pub(crate) fn assemble<const BUF: usize, const VA: usize, const SL: usize, const TR: usize>(
+    pub(crate) fn assemble<
+        const BUF: usize,
+        const VA: usize,
+        const SL: usize,
+        const TR: usize,
+        const LW: usize,
+    >(
         b: B,
-        storage: &'d mut DeviceStorage<BUF, VA, SL, TR>,
+        storage: &'d mut DeviceStorage<BUF, VA, SL, TR, LW>,
         cfg: Config,
         va_arena: Option<(u64, u64)>,
         maps: B::Maps,
@@ -105,7 +111,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             nq,
             queues: queues.map(QueueCore::new),
             ib: IbPool::unset(),
-            mem: Mutex::new(MemState { buffers, va, maps }),
+            mem: Mutex::new(MemState {
+                buffers,
+                va,
+                maps,
+                local: super::residency::LocalMem::new(parts.local),
+            }),
             deps: Mutex::new(parts.deps),
             trace: Mutex::new(parts.trace),
             last_hang: Mutex::new(None),
@@ -199,8 +210,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         });
         {
             let mem = self.mem.get_mut();
-            let super::MemState { buffers, va, maps } = mem;
-            let mut backer = super::buffers::Backer { b: &self.b, va, maps };
+            let (buffers, mut backer) = mem.split(&self.b);
             buffers.release_all(&mut backer);
         }
         if let Some((region, va)) = self.ib.release() {

@@ -33,6 +33,7 @@ pub mod complete;
 pub mod events;
 pub mod lifecycle;
 pub(crate) mod queue;
+pub mod residency;
 pub mod submit;
 pub mod validate;
 pub mod wait;
@@ -58,6 +59,7 @@ pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
 pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InitError, ShutdownReport};
+pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
 
 use queue::QueueCore;
@@ -103,6 +105,19 @@ pub struct DeviceStats {
     pub pte_writes: u64,
     /// GPU TLB invalidations (direct mode).
     pub tlb_invalidations: u64,
+    /// Buffers moved from local to system memory.
+    pub evictions: u64,
+    /// Buffers moved back into local memory.
+    pub restores: u64,
+    /// Bytes those moves copied.
+    pub bytes_moved: u64,
+    /// Evictions of a buffer used within twice the minimum residency.
+    pub thrash_events: u64,
+    /// Restores not done for lack of an idle victim (the work used the
+    /// system-memory copy).
+    pub restores_deferred: u64,
+    /// Local-memory buffers placed in system memory at allocation.
+    pub local_fallbacks: u64,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +133,12 @@ pub(crate) struct Counters {
     pub(crate) dep_waits: AtomicU64,
     pub(crate) interrupts: AtomicU64,
     pub(crate) wait_ns: AtomicU64,
+    pub(crate) evictions: AtomicU64,
+    pub(crate) restores: AtomicU64,
+    pub(crate) bytes_moved: AtomicU64,
+    pub(crate) thrash_events: AtomicU64,
+    pub(crate) restores_deferred: AtomicU64,
+    pub(crate) local_fallbacks: AtomicU64,
 }
 
 impl Counters {
@@ -132,6 +153,19 @@ pub(crate) struct MemState<'d, B: Backend> {
     /// GPU VA (None: MMU bypassed, addresses are the memory's).
     pub(crate) va: Option<VaAllocator<&'d mut [VaNode]>>,
     pub(crate) maps: B::Maps,
+    /// The device's local memory, if it has any.
+    pub(crate) local: residency::LocalMem<'d>,
+}
+
+impl<'d, B: Backend> MemState<'d, B> {
+    /// The buffer manager and a backing over the rest, for manager calls.
+    pub(crate) fn split<'a>(
+        &'a mut self,
+        b: &'a B,
+    ) -> (&'a mut Buffers<'d, DmaRegion>, buffers::Backer<'a, 'd, B>) {
+        let MemState { buffers, va, maps, local } = self;
+        (buffers, buffers::Backer { b, va, maps, local, fallback: false })
+    }
 }
 
 /// Runtime tunables.
@@ -263,6 +297,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             wait_ns: l(&s.wait_ns),
             pte_writes: pte,
             tlb_invalidations: tlb,
+            evictions: l(&s.evictions),
+            restores: l(&s.restores),
+            bytes_moved: l(&s.bytes_moved),
+            thrash_events: l(&s.thrash_events),
+            restores_deferred: l(&s.restores_deferred),
+            local_fallbacks: l(&s.local_fallbacks),
         }
     }
 

@@ -102,7 +102,26 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     where
         F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
     {
+        self.submit_inner(s, record, false)
+    }
+
+    /// A submission of the driver's own (buffer moves): no residency
+    /// preparation, no validation (it uses temporary mappings).
+    pub(crate) fn submit_internal<F>(&self, s: &Submit<'_>, record: F) -> Result<Fence, SubmitError>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
+    {
+        self.submit_inner(s, record, true)
+    }
+
+    fn submit_inner<F>(&self, s: &Submit<'_>, record: F, internal: bool) -> Result<Fence, SubmitError>
+    where
+        F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
+    {
         let qi = self.precheck(s)?;
+        // Local-memory buffers in place (and pinned until the submission
+        // has noted their use).
+        let _pins = if internal { None } else { self.prepare_residency(s)? };
         let waits = self.filter_waits(s, qi)?;
         let queue = s.queue;
         let batching = self.cfg.batching;
@@ -119,7 +138,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         // Dropping `pending` on a refusal gives its chunks back.
         #[cfg(feature = "validation")]
-        if self.validation() {
+        if !internal && self.validation() {
             self.validate_ib((finished.gpu_va, finished.size_dw), s.buffers)?;
         }
         // The commands must be visible to the device before the ring points
@@ -140,6 +159,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return Err(SubmitError::IbTooLarge { dwords: size_dw, max });
         }
         let qi = self.precheck(s)?;
+        let _pins = self.prepare_residency(s)?;
         let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
         self.enc.check(&ib).map_err(SubmitError::Encode)?;
         // The IB itself must lie in a live buffer (its packets are the

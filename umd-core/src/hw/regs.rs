@@ -18,6 +18,10 @@ pub const IRQ_STATUS: u32 = 0x010;
 pub const IRQ_MASK: u32 = 0x014;
 /// MMU enable.
 pub const MMU_CTRL: u32 = 0x020;
+/// Local memory's physical address, bits 31:0 (gen2, spec 3.5; RO).
+pub const LOCAL_BASE_LO: u32 = 0x058;
+/// Local memory's size in bytes, bits 31:0 (RO; 0: none; HI at +4).
+pub const LOCAL_SIZE_LO: u32 = 0x060;
 /// Level-0 table physical address, low half.
 pub const MMU_ROOT_LO: u32 = 0x024;
 /// Level-0 table physical address, high half.

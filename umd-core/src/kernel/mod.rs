@@ -439,9 +439,9 @@ impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
     /// context per queue and sets up the IB pool in the kernel's VA range.
     /// The large tables live in `storage`; the device borrows it and the
     /// platform for its lifetime.
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize>(
+    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize>(
         p: &'d P,
-        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR>,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW>,
         cfg: Config,
     ) -> Result<Self, InitError> {
         let info = p.info().map_err(InitError::Platform)?;

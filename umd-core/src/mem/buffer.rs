@@ -71,6 +71,20 @@ impl BufferDesc {
         self
     }
 
+    /// Prefer the device's local memory (gen2, `docs/refgpu.md` 3.5): the
+    /// buffer is placed there when there is room, evicted to system memory
+    /// when room is needed and it is idle, and brought back when a
+    /// submission declares it. Local memory has no CPU access, so the
+    /// buffer is device-only; declared tracking is what tells the driver
+    /// when it is idle, so it is implied. Without local memory (gen1, MMU
+    /// bypassed, kernel mode) the buffer lives in system memory.
+    pub const fn local(mut self) -> BufferDesc {
+        self.kind.local = true;
+        self.kind.device_only = true;
+        self.tracking = Tracking::Declared;
+        self
+    }
+
     /// Frees gated on declared uses only.
     pub const fn declared(mut self) -> BufferDesc {
         self.tracking = Tracking::Declared;
@@ -205,6 +219,14 @@ pub(crate) struct Live<B> {
     /// Queues in `last_use` (bit per queue).
     pub(crate) used: u8,
     pub(crate) mapped: bool,
+    /// When a submission last declared it (the device's submission count;
+    /// local-memory LRU).
+    pub(crate) touched: u64,
+    /// When it was last evicted (the same clock; 0: never).
+    pub(crate) evicted: u64,
+    /// Submissions being prepared or moves in progress that need it where
+    /// it is (never evicted while > 0).
+    pub(crate) pinned: u16,
 }
 
 /// A freed buffer whose memory waits for fences.
@@ -320,7 +342,16 @@ impl<'s, B> BufferTable<'s, B> {
         slot.gen = slot.gen.wrapping_add(1);
         slot.next_free = NIL;
         let size = info.size;
-        slot.state = SlotState::Live(Live { info, alloc, last_use: [0; MAX_QUEUES], used: 0, mapped: false });
+        slot.state = SlotState::Live(Live {
+            info,
+            alloc,
+            last_use: [0; MAX_QUEUES],
+            used: 0,
+            mapped: false,
+            touched: 0,
+            evicted: 0,
+            pinned: 0,
+        });
         self.live = self.live.wrapping_add(1);
         self.live_bytes = self.live_bytes.wrapping_add(size);
         Ok(BufferHandle { device: self.device, index, gen: slot.gen })
@@ -455,6 +486,22 @@ impl<'s, B> BufferTable<'s, B> {
             }
         }
         best.map(|(_, i, h)| (i, h))
+    }
+
+    /// The live buffer for which `key` gives the smallest value (`None`:
+    /// not a candidate). O(N).
+    pub(crate) fn min_live(&self, mut key: impl FnMut(&Live<B>) -> Option<u64>) -> Option<BufferHandle> {
+        let mut best: Option<(u64, BufferHandle)> = None;
+        let n = (self.bump as usize).min(self.slots.len());
+        for (i, slot) in self.slots.iter().enumerate().take(n) {
+            let SlotState::Live(l) = &slot.state else { continue };
+            let Some(k) = key(l) else { continue };
+            if best.is_none_or(|(bk, _)| k < bk) {
+                let index = u32::try_from(i).unwrap_or(NIL);
+                best = Some((k, BufferHandle { device: self.device, index, gen: slot.gen }));
+            }
+        }
+        best.map(|(_, h)| h)
     }
 
     /// Calls `f` for every live buffer (the leak report). O(N).

@@ -82,6 +82,10 @@ pub enum AllocError {
     },
     /// The device is gone.
     DeviceLost,
+    /// Local memory had no room (only while the driver frees some by
+    /// eviction; a buffer that prefers local memory falls back to system
+    /// memory rather than fail with this).
+    LocalMemory,
 }
 
 impl fmt::Display for AllocError {
@@ -93,6 +97,7 @@ impl fmt::Display for AllocError {
             }
             AllocError::TooLarge { size } => write!(f, "{size} bytes overflow the address space"),
             AllocError::TableFull { capacity } => write!(f, "all {capacity} buffer handles are in use"),
+            AllocError::LocalMemory => write!(f, "local memory full"),
             AllocError::VaSpace { class } => {
                 write!(f, "{} buffer: no GPU VA range is large enough", class.name())
             }
@@ -129,6 +134,7 @@ impl AllocError {
                 BackingError::Map => AllocError::Map { class },
                 BackingError::Unaligned => AllocError::Unaligned { align },
                 BackingError::DeviceLost => AllocError::DeviceLost,
+                BackingError::LocalMemory => AllocError::LocalMemory,
             },
             PoolError::ForeignToken => AllocError::Map { class: SizeClass::Large },
         }
@@ -467,6 +473,16 @@ impl<'s, B> Buffers<'s, B> {
     /// The live buffer state (for the device's checks).
     pub(crate) fn live(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
         self.table.get(h)
+    }
+
+    /// The live buffer `h` names, mutably.
+    pub(crate) fn live_mut(&mut self, h: BufferHandle) -> Result<&mut Live<B>, BufferError> {
+        self.table.get_mut(h)
+    }
+
+    /// The live buffer with the smallest `key` (see `BufferTable::min_live`).
+    pub(crate) fn min_live(&self, key: impl FnMut(&Live<B>) -> Option<u64>) -> Option<BufferHandle> {
+        self.table.min_live(key)
     }
 
     /// The buffer (live, or freed and waiting for its fences) nearest to

@@ -101,11 +101,15 @@ pub struct MemKind {
     /// The CPU never touches it (the platform may give memory without a
     /// CPU mapping).
     pub device_only: bool,
+    /// Placed in the device's local memory when it has some and there is
+    /// room (`docs/memory.md`, "Local memory and eviction"); always a block
+    /// of its own.
+    pub local: bool,
 }
 
 impl MemKind {
     /// Read-write, CPU-visible: the default.
-    pub const DEFAULT: MemKind = MemKind { gpu_read_only: false, device_only: false };
+    pub const DEFAULT: MemKind = MemKind { gpu_read_only: false, device_only: false, local: false };
 
     /// Index of the kind in per-kind tables (`0..KINDS`).
     pub const fn index(self) -> usize {
@@ -131,6 +135,8 @@ pub enum BackingError {
     Unaligned,
     /// The device is gone.
     DeviceLost,
+    /// Local memory has no room for the block.
+    LocalMemory,
 }
 
 impl fmt::Display for BackingError {
@@ -142,6 +148,7 @@ impl fmt::Display for BackingError {
             }
             BackingError::Map => f.write_str("mapping the memory for the GPU failed"),
             BackingError::Unaligned => f.write_str("platform memory not aligned as asked (MMU bypassed)"),
+            BackingError::LocalMemory => f.write_str("local memory full"),
             BackingError::DeviceLost => f.write_str("device lost"),
         }
     }
@@ -244,6 +251,22 @@ impl<B> PoolAlloc<B> {
     /// Bytes actually reserved (slot size, or the request rounded to 4 KiB).
     pub fn reserved(&self) -> u64 {
         self.reserved
+    }
+    /// The block of a large allocation (a slab slot has none of its own).
+    pub fn block(&self) -> Option<&B> {
+        match &self.kind {
+            Kind::Large { block } => Some(block),
+            Kind::Slab { .. } => None,
+        }
+    }
+    /// Puts `new` in place of a large allocation's block (its memory moved,
+    /// same GPU address) and returns the old one; a slab slot gives `new`
+    /// back.
+    pub fn replace_block(&mut self, new: B) -> Result<B, B> {
+        match &mut self.kind {
+            Kind::Large { block } => Ok(core::mem::replace(block, new)),
+            Kind::Slab { .. } => Err(new),
+        }
     }
     /// The size class this allocation was served from.
     pub fn class(&self) -> SizeClass {
@@ -410,7 +433,7 @@ where
             return Err(PoolError::BadAlignment { align });
         }
         match slot_for(size, align) {
-            Some((bin, _)) if size <= MEDIUM_MAX => self.alloc_slot(backing, size, bin, kind),
+            Some((bin, _)) if size <= MEDIUM_MAX && !kind.local => self.alloc_slot(backing, size, bin, kind),
             _ => self.alloc_large(backing, size, align, kind),
         }
     }

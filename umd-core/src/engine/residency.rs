@@ -1,0 +1,532 @@
+//! Local memory and eviction (the article's section 4.2, third point;
+//! `docs/refgpu.md` section 3.5; `docs/memory.md`, "Local memory and
+//! eviction").
+//!
+//! A buffer allocated with [`crate::mem::BufferDesc::local`] prefers the
+//! device's local memory. It gets local pages when there are some (after
+//! evicting idle buffers if needed), system memory otherwise. Its GPU
+//! address never changes: a move copies the contents with the COPY engine
+//! through a temporary mapping, then rewrites the buffer's page-table
+//! entries to the new memory (with a TLB invalidation) and frees the old.
+//!
+//! - **Eviction** takes the least recently used local buffer that no
+//!   unsignalled submission uses (declared tracking says which), that no
+//!   submission being prepared has pinned, and that none of the last
+//!   [`crate::config::Config::local_min_residency`] submissions used.
+//! - **Restore**: a submission that declares a local-preferring buffer
+//!   living in system memory brings it back first, evicting others (never
+//!   one of its own working set). A working set larger than local memory
+//!   is refused ([`crate::queue::SubmitError::WorkingSetTooLarge`]); when
+//!   no victim is idle and old enough the restore is deferred and the work
+//!   uses the system copy. A buffer evicted less than a minimum-residency
+//!   window ago is not brought back either. Together these bound
+//!   thrashing: a buffer moves at most once per window, so `n` buffers
+//!   over `s` submissions move at most `n * (s / window + 1)` times.
+//!
+//! Without local memory (gen1, MMU bypassed, kernel mode) every such
+//! buffer lives in system memory and nothing moves.
+
+use crate::cmd::EncodeError;
+use crate::ibpool::Recorder;
+use crate::mem::pages::PageBitmap;
+use crate::mem::pagetable::{CachePolicy, Perms};
+use crate::mem::va::Placement;
+use crate::mem::{BufferError, BufferHandle, Tracking};
+use crate::platform::{DmaFlags, DmaRegion, Platform};
+use crate::queue::{SubmitError, WaitError};
+use crate::sync::atomic::Ordering;
+use crate::sync::{QueueId, Seqno};
+
+use super::buffers::BufferUse;
+use super::submit::Submit;
+use super::{Backend, Counters, Engine};
+
+/// The handle that marks a region as local memory (regions of local
+/// memory are the driver's, not the platform's).
+pub(crate) const LOCAL_HANDLE: u64 = u64::MAX - 1;
+
+/// The COPY engine, which moves buffers.
+const COPY: QueueId = QueueId(2);
+
+const PAGE: u64 = 4096;
+
+/// Whether `r` is local memory.
+pub(crate) fn is_local(r: &DmaRegion) -> bool {
+    r.handle() == LOCAL_HANDLE && r.cpu_ptr().is_none()
+}
+
+/// The local-memory page allocator (a bitmap over caller storage).
+pub(crate) enum LocalMem<'d> {
+    /// No local memory (yet): the storage waits.
+    Unset(&'d mut [u64]),
+    /// Local memory `[base, base + pages * 4 KiB)`.
+    Active { base: u64, pages: PageBitmap<&'d mut [u64]> },
+    /// Moved out (transient).
+    Gone,
+}
+
+impl<'d> LocalMem<'d> {
+    /// No local memory, with `words` of bitmap storage for later.
+    pub(crate) fn new(words: &'d mut [u64]) -> Self {
+        LocalMem::Unset(words)
+    }
+
+    /// Uses `[base, base + size)` (as much of it as the storage covers).
+    /// Returns the bytes managed.
+    pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
+        let LocalMem::Unset(words) = self else { return 0 };
+        let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
+        if pages == 0 {
+            return 0;
+        }
+        let LocalMem::Unset(words) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
+        match PageBitmap::new(words, pages) {
+            Ok(p) => {
+                *self = LocalMem::Active { base, pages: p };
+                (pages as u64).saturating_mul(PAGE)
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether there is local memory.
+    pub(crate) fn is_active(&self) -> bool {
+        matches!(self, LocalMem::Active { .. })
+    }
+
+    /// Bytes managed and bytes in use.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        match self {
+            LocalMem::Active { pages, .. } => (
+                (pages.pages() as u64).saturating_mul(PAGE),
+                (pages.used_pages() as u64).saturating_mul(PAGE),
+            ),
+            _ => (0, 0),
+        }
+    }
+
+    /// A region of `bytes` (rounded to pages) of local memory, if there is
+    /// room.
+    pub(crate) fn alloc(&mut self, bytes: u64) -> Option<DmaRegion> {
+        let LocalMem::Active { base, pages } = self else { return None };
+        let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
+        let first = pages.alloc(n).ok()?;
+        let addr = base.checked_add((first as u64).checked_mul(PAGE)?)?;
+        let len = n.checked_mul(PAGE as usize)?;
+        // SAFETY: no CPU pointer; the pages `[first, first + n)` were just
+        // taken from the bitmap, so the range belongs to this region alone
+        // until `free` gives it back.
+        Some(unsafe { DmaRegion::with_handle(None, addr, len, LOCAL_HANDLE) })
+    }
+
+    /// Gives a region from [`LocalMem::alloc`] back.
+    pub(crate) fn free(&mut self, r: DmaRegion) {
+        let LocalMem::Active { base, pages } = self else { return };
+        let Some(off) = r.dev_addr().checked_sub(*base) else { return };
+        let _ = pages.free((off / PAGE) as usize, r.len().div_ceil(PAGE as usize));
+    }
+}
+
+/// Where a buffer's memory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// In local memory.
+    Local,
+    /// In system memory.
+    System,
+}
+
+/// The device's local memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LocalMemory {
+    /// Bytes the driver manages.
+    pub size: u64,
+    /// Bytes in use.
+    pub used: u64,
+}
+
+/// Why a buffer could not be moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MoveError {
+    /// Not a live buffer of this device.
+    Buffer(BufferError),
+    /// The buffer does not prefer local memory, or the device has none.
+    NotLocal,
+    /// The buffer is in use by unsignalled work, or pinned by a submission
+    /// being prepared.
+    Busy,
+    /// No room: no idle victim old enough to evict.
+    NoRoom,
+    /// The copy failed (the device hung, faulted or was lost); the buffer
+    /// stayed where it was.
+    Copy(WaitError),
+    /// Memory for the destination or its temporary mapping.
+    Memory,
+}
+
+impl core::fmt::Display for MoveError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            MoveError::Buffer(e) => write!(f, "{e}"),
+            MoveError::NotLocal => write!(f, "the buffer does not use local memory (or there is none)"),
+            MoveError::Busy => write!(f, "the buffer is in use"),
+            MoveError::NoRoom => write!(f, "no idle buffer can be evicted to make room"),
+            MoveError::Copy(e) => write!(f, "the copy failed: {e}"),
+            MoveError::Memory => write!(f, "no memory for the move"),
+        }
+    }
+}
+
+impl core::error::Error for MoveError {}
+
+/// Buffers a submission pinned while it is prepared; unpinned on drop.
+pub(crate) struct Pins<'e, 'd, B: Backend, const C: usize> {
+    dev: &'e Engine<'d, B, C>,
+    handles: [Option<BufferHandle>; super::buffers::MAX_BUFFER_USES],
+}
+
+impl<B: Backend, const C: usize> Drop for Pins<'_, '_, B, C> {
+    fn drop(&mut self) {
+        let mut mem = self.dev.mem.lock();
+        for h in self.handles.iter().flatten() {
+            if let Ok(l) = mem.buffers.live_mut(*h) {
+                l.pinned = l.pinned.saturating_sub(1);
+            }
+        }
+    }
+}
+
+/// What a move needs to know about its buffer.
+#[derive(Clone, Copy)]
+struct Subject {
+    h: BufferHandle,
+    va: u64,
+    bytes: u64,
+    perms: Perms,
+    touched: u64,
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    fn clock(&self) -> u64 {
+        self.stats.submissions.load(Ordering::Relaxed)
+    }
+
+    fn busy(&self, last_use: &[u64], used: u8) -> bool {
+        last_use.iter().enumerate().any(|(q, s)| {
+            used & (1u8 << (q & 7)) != 0 && !Seqno(*s).is_signalled_by(self.completed_of(QueueId(q as u8)))
+        })
+    }
+
+    /// The device's local memory (`None`: it has none, or it is not used:
+    /// MMU bypassed, kernel mode).
+    pub fn local_memory(&self) -> Option<LocalMemory> {
+        let mem = self.mem.lock();
+        mem.local.is_active().then(|| {
+            let (size, used) = mem.local.usage();
+            LocalMemory { size, used }
+        })
+    }
+
+    /// Where a buffer's memory is now.
+    pub fn residency(&self, h: BufferHandle) -> Result<Residency, BufferError> {
+        let mem = self.mem.lock();
+        let l = mem.buffers.live(h)?;
+        Ok(match l.alloc.block() {
+            Some(r) if is_local(r) => Residency::Local,
+            _ => Residency::System,
+        })
+    }
+
+    /// Moves an idle local buffer to system memory now (its GPU address is
+    /// unchanged).
+    pub fn evict(&self, h: BufferHandle) -> Result<(), MoveError> {
+        let s = self.take_subject(h, Residency::Local)?;
+        self.move_to_system(s)
+    }
+
+    /// Brings a local-preferring buffer in system memory back to local
+    /// memory now, evicting idle buffers if needed.
+    pub fn make_resident(&self, h: BufferHandle) -> Result<(), MoveError> {
+        let s = self.take_subject(h, Residency::System)?;
+        let r = self.move_to_local(s);
+        self.unpin(h);
+        r
+    }
+
+    /// Checks `h` can move away from `from`, and pins it.
+    fn take_subject(&self, h: BufferHandle, from: Residency) -> Result<Subject, MoveError> {
+        let mut mem = self.mem.lock();
+        let active = mem.local.is_active();
+        let l = mem.buffers.live_mut(h).map_err(MoveError::Buffer)?;
+        if !l.info.kind.local || !active {
+            return Err(MoveError::NotLocal);
+        }
+        let here = match l.alloc.block() {
+            Some(r) if is_local(r) => Residency::Local,
+            _ => Residency::System,
+        };
+        if here != from {
+            return Err(MoveError::NotLocal);
+        }
+        let (last_use, used) = (l.last_use, l.used);
+        if l.pinned > 0 || self.busy(&last_use, used) {
+            return Err(MoveError::Busy);
+        }
+        let l = mem.buffers.live_mut(h).map_err(MoveError::Buffer)?;
+        l.pinned = l.pinned.saturating_add(1);
+        Ok(Subject {
+            h,
+            va: l.info.va,
+            bytes: l.alloc.reserved(),
+            perms: Perms { read: true, write: !l.info.kind.gpu_read_only, cache: CachePolicy::Uncached },
+            touched: l.touched,
+        })
+    }
+
+    fn unpin(&self, h: BufferHandle) {
+        if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
+            l.pinned = l.pinned.saturating_sub(1);
+        }
+    }
+
+    /// Picks and pins the least recently used idle local buffer not used
+    /// by the last `min_residency` submissions.
+    fn pick_victim(&self) -> Option<Subject> {
+        let now = self.clock();
+        let min = u64::from(self.cfg.local_min_residency);
+        let h = {
+            let mem = self.mem.lock();
+            mem.buffers.min_live(|l| {
+                let local = l.alloc.block().is_some_and(is_local);
+                let old = l.touched.saturating_add(min) <= now || l.touched == 0;
+                (local && l.pinned == 0 && old && !self.busy(&l.last_use, l.used)).then_some(l.touched)
+            })?
+        };
+        self.take_subject(h, Residency::Local).ok()
+    }
+
+    /// Evicts one idle buffer; false when there is none.
+    fn evict_one(&self) -> bool {
+        let Some(v) = self.pick_victim() else { return false };
+        self.move_to_system(v).is_ok()
+    }
+
+    /// Copies `s`'s contents into `to` (mapped at a temporary address) with
+    /// the COPY engine and waits.
+    fn copy_out(&self, s: Subject, to: &DmaRegion) -> Result<(), MoveError> {
+        let tmp = {
+            let mut mem = self.mem.lock();
+            let (_, backer) = mem.split(&self.b);
+            let va = backer.va.as_mut().ok_or(MoveError::NotLocal)?;
+            let tmp = va.alloc(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
+            let rw = Perms { read: true, write: true, cache: CachePolicy::Uncached };
+            if self.b.map(backer.maps, tmp, to, rw).is_err() {
+                if let Some(va) = backer.va.as_mut() {
+                    let _ = va.free(tmp);
+                }
+                return Err(MoveError::Memory);
+            }
+            tmp
+        };
+        let uses = [BufferUse::read(s.h)];
+        let r = self
+            .submit_internal(
+                &Submit::on(COPY).using(&uses),
+                |cb: &mut Recorder<'_>| -> Result<(), EncodeError> { cb.copy(s.va, tmp, s.bytes) },
+            )
+            .map_err(|e| match e {
+                SubmitError::DeviceLost => {
+                    MoveError::Copy(WaitError::Failed(crate::sync::FenceError::DeviceLost))
+                }
+                _ => MoveError::Memory,
+            })
+            .and_then(|f| {
+                let hang = self.tun.lock().hang;
+                let limit =
+                    hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)) + 1);
+                self.wait_done(f, limit).map_err(MoveError::Copy)
+            });
+        let mut mem = self.mem.lock();
+        let (_, backer) = mem.split(&self.b);
+        self.b.unmap(backer.maps, tmp, s.bytes);
+        if let Some(va) = backer.va.as_mut() {
+            let _ = va.free(tmp);
+        }
+        r
+    }
+
+    /// Points `s`'s GPU address at `to` and returns the memory it had;
+    /// `Err(to)` when the buffer was freed meanwhile.
+    fn remap(&self, s: Subject, to: DmaRegion) -> Result<DmaRegion, DmaRegion> {
+        let mut mem = self.mem.lock();
+        let super::MemState { buffers, maps, .. } = &mut *mem;
+        let Ok(l) = buffers.live_mut(s.h) else { return Err(to) };
+        self.b.unmap(maps, s.va, s.bytes);
+        if self.b.map(maps, s.va, &to, s.perms).is_err() {
+            // Put the old memory back under the address.
+            if let Some(old) = l.alloc.block() {
+                let _ = self.b.map(maps, s.va, old, s.perms);
+            }
+            return Err(to);
+        }
+        l.alloc.replace_block(to)
+    }
+
+    fn move_to_system(&self, s: Subject) -> Result<(), MoveError> {
+        let p = self.b.platform();
+        let len = usize::try_from(s.bytes).map_err(|_| MoveError::Memory)?;
+        let to = match p.dma_alloc(len, DmaFlags::DEVICE_ONLY) {
+            Ok(r) => r,
+            Err(_) => {
+                self.unpin(s.h);
+                return Err(MoveError::Memory);
+            }
+        };
+        if let Err(e) = self.copy_out(s, &to) {
+            p.dma_free(to);
+            self.unpin(s.h);
+            return Err(e);
+        }
+        match self.remap(s, to) {
+            Ok(old) => {
+                let mut mem = self.mem.lock();
+                mem.local.free(old);
+                if let Ok(l) = mem.buffers.live_mut(s.h) {
+                    l.evicted = self.clock().max(1);
+                }
+            }
+            Err(to) => p.dma_free(to),
+        }
+        self.unpin(s.h);
+        Counters::add(&self.stats.evictions, 1);
+        Counters::add(&self.stats.bytes_moved, s.bytes);
+        let window = u64::from(self.cfg.local_min_residency).saturating_mul(2);
+        if s.touched != 0 && s.touched.saturating_add(window) > self.clock() {
+            Counters::add(&self.stats.thrash_events, 1);
+        }
+        self.record_trace(crate::debug::TraceKind::Evict, usize::from(COPY.0), Seqno(0), s.va);
+        Ok(())
+    }
+
+    /// Moves a pinned buffer from system into local memory, evicting idle
+    /// buffers for room. The caller unpins.
+    fn move_to_local(&self, s: Subject) -> Result<(), MoveError> {
+        let to = loop {
+            if let Some(r) = self.mem.lock().local.alloc(s.bytes) {
+                break r;
+            }
+            if !self.evict_one() {
+                return Err(MoveError::NoRoom);
+            }
+        };
+        if let Err(e) = self.copy_out(s, &to) {
+            self.mem.lock().local.free(to);
+            return Err(e);
+        }
+        match self.remap(s, to) {
+            Ok(old) => self.b.platform().dma_free(old),
+            Err(to) => self.mem.lock().local.free(to),
+        }
+        Counters::add(&self.stats.restores, 1);
+        Counters::add(&self.stats.bytes_moved, s.bytes);
+        self.record_trace(crate::debug::TraceKind::Restore, usize::from(COPY.0), Seqno(0), s.va);
+        Ok(())
+    }
+
+    /// Makes a local allocation's room: evicts idle buffers until `bytes`
+    /// fit; false when no victim is left.
+    pub(crate) fn make_room(&self, bytes: u64) -> bool {
+        loop {
+            {
+                let mem = self.mem.lock();
+                let (size, used) = mem.local.usage();
+                // Free pages may be fragmented; try the allocation itself.
+                if size.saturating_sub(used) >= bytes && bytes > 0 {
+                    return true;
+                }
+            }
+            if !self.evict_one() {
+                return false;
+            }
+        }
+    }
+
+    /// Before a submission: pins its declared buffers, refuses a
+    /// local working set larger than local memory, brings evicted ones
+    /// back (or defers that), and marks them used now.
+    pub(crate) fn prepare_residency(
+        &self,
+        s: &Submit<'_>,
+    ) -> Result<Option<Pins<'_, 'd, B, CHUNKS>>, SubmitError> {
+        if s.buffers.is_empty() {
+            return Ok(None);
+        }
+        let mut pins = Pins { dev: self, handles: [None; super::buffers::MAX_BUFFER_USES] };
+        let mut restore = [None; super::buffers::MAX_BUFFER_USES];
+        {
+            let mut mem = self.mem.lock();
+            let (capacity, _) = mem.local.usage();
+            if capacity == 0 {
+                return Ok(None);
+            }
+            let mut needed = 0u64;
+            for (i, u) in s.buffers.iter().enumerate() {
+                let Ok(l) = mem.buffers.live_mut(u.buffer) else { continue };
+                if !l.info.kind.local || l.info.tracking != Tracking::Declared {
+                    continue;
+                }
+                if pins.handles.iter().flatten().any(|h| *h == u.buffer) {
+                    continue;
+                }
+                needed = needed.saturating_add(l.alloc.reserved());
+                l.pinned = l.pinned.saturating_add(1);
+                if let Some(slot) = pins.handles.get_mut(i) {
+                    *slot = Some(u.buffer);
+                }
+                let min = u64::from(self.cfg.local_min_residency);
+                let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
+                if recently_evicted && !l.alloc.block().is_some_and(is_local) {
+                    Counters::add(&self.stats.restores_deferred, 1);
+                } else if !l.alloc.block().is_some_and(is_local) {
+                    if let Some(slot) = restore.get_mut(i) {
+                        *slot = Some(Subject {
+                            h: u.buffer,
+                            va: l.info.va,
+                            bytes: l.alloc.reserved(),
+                            perms: Perms {
+                                read: true,
+                                write: !l.info.kind.gpu_read_only,
+                                cache: CachePolicy::Uncached,
+                            },
+                            touched: l.touched,
+                        });
+                    }
+                }
+            }
+            if needed > capacity {
+                return Err(SubmitError::WorkingSetTooLarge { needed, local: capacity });
+            }
+        }
+        for s in restore.iter().flatten() {
+            match self.move_to_local(*s) {
+                Ok(()) => {}
+                Err(MoveError::NoRoom) => Counters::add(&self.stats.restores_deferred, 1),
+                Err(MoveError::Copy(WaitError::Failed(crate::sync::FenceError::DeviceLost))) => {
+                    return Err(SubmitError::DeviceLost)
+                }
+                // A failed move leaves the buffer where it was: correct,
+                // just slower.
+                Err(_) => Counters::add(&self.stats.restores_deferred, 1),
+            }
+        }
+        let now = self.clock().saturating_add(1);
+        let mut mem = self.mem.lock();
+        for h in pins.handles.iter().flatten() {
+            if let Ok(l) = mem.buffers.live_mut(*h) {
+                l.touched = now;
+            }
+        }
+        drop(mem);
+        Ok(Some(pins))
+    }
+}
