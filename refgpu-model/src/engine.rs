@@ -92,9 +92,9 @@ impl EngineShared {
     }
 }
 
-/// Transfer time owed before an engine sleeps it off (shorter sleeps
-/// are not accurate).
-const MEM_DEBT_PAY_NS: u64 = 200_000;
+/// Transfer time from which an engine sleeps it off rather than spinning
+/// (shorter sleeps are not accurate).
+const MEM_DEBT_SLEEP_NS: u64 = 200_000;
 
 /// Everything the engines share.
 pub(crate) struct Shared {
@@ -202,8 +202,8 @@ pub(crate) struct Engine {
     pub buf: Vec<u32>,
     /// DMA staging buffer.
     pub tmp: Vec<u8>,
-    /// Transfer time owed (section 3.5), paid in gate() once it is large
-    /// enough for a sleep to be accurate.
+    /// Transfer time owed (section 3.5), paid in gate() before the next
+    /// packet.
     pub mem_debt_ns: u64,
     rptr: u32,
     status: u32,
@@ -428,9 +428,17 @@ impl Engine {
         if !self.inj.latency.is_zero() {
             self.pause(self.inj.latency)?;
         }
-        if self.mem_debt_ns >= MEM_DEBT_PAY_NS {
-            let d = Duration::from_nanos(std::mem::take(&mut self.mem_debt_ns));
-            self.pause(d)?;
+        // Transfers take their time before the next packet starts: short
+        // debts are spun off (a sleep that short is not accurate), long
+        // ones slept.
+        let debt = std::mem::take(&mut self.mem_debt_ns);
+        if debt >= MEM_DEBT_SLEEP_NS {
+            self.pause(Duration::from_nanos(debt))?;
+        } else if debt > 0 {
+            let until = Instant::now() + Duration::from_nanos(debt);
+            while Instant::now() < until {
+                std::hint::spin_loop();
+            }
         }
         Ok(())
     }
