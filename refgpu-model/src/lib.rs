@@ -16,6 +16,7 @@
 //! | [`dispatch`] | DISPATCH element arithmetic |
 //! | [`faultinject`] | latency, dropped fences, stalled engines, delayed interrupts |
 //! | `shm` | `shm::Mapping` (feature `shm`): the shared mappings of the ivshmem binding, for the server and the host side |
+//! | [`shared_ram`] | the shared-RAM binding's layout and doorbell-watch schedule |
 //! | [`irq`] | IRQ_STATUS edges, vector delivery thread, [`IrqSink`] |
 //! | [`wake`] | lost-wake-up-free sleeping with bounded re-check intervals |
 //! | `model` | [`Model`]: construction, register semantics of both transports, memory helpers, shutdown |
@@ -59,6 +60,7 @@ pub mod mmu;
 mod model;
 pub mod packet;
 pub mod regs;
+pub mod shared_ram;
 #[cfg(feature = "shm")]
 pub mod shm;
 pub mod wake;

@@ -9,28 +9,36 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser};
-use refgpu_model::{FaultInjection, Generation};
+use refgpu_model::{shared_ram, FaultInjection, Generation};
 
 /// The command line as `clap` sees it (help text from these comments).
 #[derive(Parser, Debug)]
 #[command(
     name = "refgpu-sim",
     version,
+    override_usage = "refgpu-sim --socket <PATH> --mem-file <PATH> [OPTIONS]\n       refgpu-sim --shared-ram <FILE> [OPTIONS]",
     about = "The reference GPU's co-simulation server: the functional model as peer 0 of QEMU's ivshmem-doorbell protocol",
     after_help = "Numbers take 0x hex and K/M/G (binary) suffixes; durations need a unit: ns, us, ms or s."
 )]
 pub struct Cli {
     /// UNIX socket to listen on (removed on exit)
-    #[arg(long, value_name = "PATH")]
-    socket: PathBuf,
+    #[arg(long, value_name = "PATH", required_unless_present = "shared_ram")]
+    socket: Option<PathBuf>,
     /// System memory: a file mapped shared (QEMU guest RAM with
     /// memory-backend-file,share=on; created with --mem-file-offset +
     /// --mem-size bytes if missing)
-    #[arg(long, value_name = "PATH")]
-    mem_file: PathBuf,
-    /// Physical address of the file's first used byte
-    #[arg(long, value_name = "ADDR", default_value = "0x40000000", value_parser = address)]
-    mem_base: u64,
+    #[arg(long, value_name = "PATH", required_unless_present = "shared_ram")]
+    mem_file: Option<PathBuf>,
+    /// Shared-RAM binding instead of ivshmem (docs/refgpu.md 2.3): attach
+    /// to this RAM file (QEMU mps2-an386's PSRAM with
+    /// memory-backend-file,share=on; must exist and be exactly 16 MiB);
+    /// register page and doorbells in its last 8 KiB, polling only
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["socket", "mem_file", "mem_size", "mem_file_offset", "shm_size", "vectors"])]
+    shared_ram: Option<PathBuf>,
+    /// Physical address of the file's first used byte [default: 0x40000000;
+    /// 0x21000000 with --shared-ram]
+    #[arg(long, value_name = "ADDR", value_parser = address)]
+    mem_base: Option<u64>,
     /// Size of system memory
     #[arg(long, value_name = "BYTES", default_value = "64M", value_parser = bytes)]
     mem_size: u64,
@@ -84,12 +92,14 @@ pub struct Cli {
 
 impl From<Cli> for Options {
     fn from(c: Cli) -> Options {
+        let shared = c.shared_ram.is_some();
         Options {
-            socket: c.socket,
-            mem_file: c.mem_file,
+            socket: c.socket.unwrap_or_default(),
+            mem_file: c.mem_file.unwrap_or_default(),
             mem_file_offset: c.mem_file_offset,
-            mem_base: c.mem_base,
-            mem_size: c.mem_size,
+            mem_base: c.mem_base.unwrap_or(if shared { shared_ram::REGION_BASE } else { 0x4000_0000 }),
+            mem_size: if shared { shared_ram::mem_size(shared_ram::REGION_SIZE) } else { c.mem_size },
+            shared_ram: c.shared_ram,
             generation: c.generation,
             shm_size: c.shm_size,
             vectors: c.vectors,
@@ -143,6 +153,10 @@ pub struct Options {
     pub clock_publish: Duration,
     /// Local memory (`None`: the generation's default).
     pub local_mem: Option<u64>,
+    /// The shared-RAM binding's RAM file (`None`: ivshmem, with `socket`
+    /// and `mem_file`). With it, `mem_size` is the region's system memory
+    /// (16 MiB - 8 KiB) and `socket`, `mem_file` are unused.
+    pub shared_ram: Option<PathBuf>,
 }
 
 impl Options {
@@ -161,6 +175,18 @@ impl Options {
             wait_poll: Duration::from_micros(50),
             clock_publish: Duration::from_micros(100),
             local_mem: None,
+            shared_ram: None,
+        }
+    }
+
+    /// Options of the shared-RAM binding with the defaults above for
+    /// `file` (base 0x2100_0000, system memory 16 MiB - 8 KiB).
+    pub fn shared_ram(file: impl Into<PathBuf>) -> Self {
+        Self {
+            mem_base: shared_ram::REGION_BASE,
+            mem_size: shared_ram::mem_size(shared_ram::REGION_SIZE),
+            shared_ram: Some(file.into()),
+            ..Self::new("", "")
         }
     }
 }
@@ -423,6 +449,30 @@ mod tests {
     }
 
     #[test]
+    fn shared_ram_mode() {
+        let o = parse_args(args("--shared-ram /tmp/ram --gen 2 --stall-engines 1")).unwrap();
+        assert_eq!(
+            o,
+            Options {
+                generation: Generation::Gen2,
+                fault: FaultInjection { stalled_engines: 1, ..FaultInjection::default() },
+                ..Options::shared_ram("/tmp/ram")
+            }
+        );
+        assert_eq!((o.mem_base, o.mem_size), (0x2100_0000, 0xFF_E000));
+        assert_eq!(parse_args(args("--shared-ram r --mem-base 0x60000000")).unwrap().mem_base, 0x6000_0000);
+        for extra in ["--socket s", "--mem-file m", "--mem-size 8M", "--vectors 5", "--shm-size 1M"] {
+            let e = parse_args(args(&format!("--shared-ram r {extra}"))).unwrap_err();
+            assert!(
+                matches!(&e, ArgError::Cli(c) if c.kind() == ErrorKind::ArgumentConflict),
+                "{extra}: {e}"
+            );
+        }
+        let e = parse_args(args("--gen 2")).unwrap_err();
+        assert!(matches!(&e, ArgError::Cli(c) if c.kind() == ErrorKind::MissingRequiredArgument), "{e}");
+    }
+
+    #[test]
     fn help_and_version_are_not_failures() {
         for a in ["--help", "-h", "--version"] {
             match parse_args(args(a)).unwrap_err() {
@@ -431,9 +481,10 @@ mod tests {
             }
         }
         let help = Cli::command().render_long_help().to_string();
-        for opt in ["--socket", "--mem-file", "--drop-fence-prob", "--clock-publish", "K/M/G"] {
+        for opt in ["--socket", "--mem-file", "--shared-ram", "--drop-fence-prob", "--clock-publish", "K/M/G"]
+        {
             assert!(help.contains(opt), "{opt} missing from --help");
         }
-        assert!(usage().contains("--socket <PATH>"));
+        assert!(usage().contains("--socket <PATH>") && usage().contains("--shared-ram <FILE>"));
     }
 }

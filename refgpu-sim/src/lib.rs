@@ -40,14 +40,22 @@
 //! `env!("CARGO_BIN_EXE_refgpu-sim")` instead of hunting for it in
 //! `target/`.
 //!
+//! With `--shared-ram FILE` there is no socket and no peer: the model
+//! attaches to a RAM file that a host without PCI (QEMU `mps2-an386`) maps
+//! as its RAM, and watches doorbell words in it ([`shared_ram`],
+//! `docs/refgpu.md` 2.3).
+//!
 //! Modules: [`args`] (command line), [`proto`] (wire format and the info
-//! page), [`server`] (the peer, its event loop and the model), `sys`
+//! page), [`server`] (the peer, its event loop and the model), [`shared_ram`]
+//! (the shared-RAM binding's server), `sys`
 //! (eventfds, signals).
 
 pub mod args;
 pub mod proto;
 pub mod server;
+pub mod shared_ram;
 mod sys;
 
 pub use args::{parse_args, usage, ArgError, Options};
 pub use server::{Server, ServerError};
+pub use shared_ram::SharedRamServer;

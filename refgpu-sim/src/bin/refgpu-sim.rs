@@ -17,14 +17,25 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut server = match refgpu_sim::Server::new(opts) {
+    if opts.shared_ram.is_some() {
+        return serve(refgpu_sim::SharedRamServer::new(opts), |s| s.run());
+    }
+    serve(refgpu_sim::Server::new(opts), |s| s.run())
+}
+
+/// Runs a server that started, or reports why it did not.
+fn serve<S>(
+    server: Result<S, refgpu_sim::ServerError>,
+    run: impl FnOnce(&mut S) -> Result<(), refgpu_sim::ServerError>,
+) -> ExitCode {
+    let mut server = match server {
         Ok(s) => s,
         Err(e) => {
             eprintln!("refgpu-sim: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match server.run() {
+    match run(&mut server) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("refgpu-sim: {e}");
