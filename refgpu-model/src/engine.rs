@@ -115,6 +115,11 @@ pub(crate) struct Shared {
     pub inject_version: AtomicU64,
     /// Longest time WAIT_MEM sleeps between re-reads.
     pub wait_poll: Duration,
+    /// Serialises applications of the control registers ([`crate::control`]).
+    pub control_lock: Mutex<()>,
+    /// Doorbell eventfds the engine threads take themselves.
+    #[cfg(feature = "shm")]
+    pub bells: crate::bell::Bells,
 }
 
 impl Shared {
@@ -133,6 +138,9 @@ impl Shared {
             inject: Mutex::new(FaultInjection::default()),
             inject_version: AtomicU64::new(0),
             wait_poll,
+            control_lock: Mutex::new(()),
+            #[cfg(feature = "shm")]
+            bells: crate::bell::Bells::default(),
         }
     }
 
@@ -297,11 +305,32 @@ impl Engine {
                     Err(Stop::Fault(f)) => self.halt(f),
                     Err(Stop::Abort) => {}
                 }
-            } else {
+            } else if !self.take_bell() {
                 self.go_idle();
-                self.es().waker.wait(seen, IDLE_RECHECK);
+                self.sleep(seen);
             }
         }
+    }
+
+    /// Takes a doorbell rung on this engine's eventfd, if one is attached
+    /// ([`crate::bell`]).
+    fn take_bell(&self) -> bool {
+        #[cfg(feature = "shm")]
+        return self.sh.take_bell(self.id);
+        #[cfg(not(feature = "shm"))]
+        false
+    }
+
+    /// Sleeps while idle until woken, a doorbell eventfd fires, or the
+    /// re-check interval passes.
+    fn sleep(&self, seen: u64) {
+        #[cfg(feature = "shm")]
+        if let Some(bell) = self.sh.bells.engine[self.id].get() {
+            use std::os::fd::AsFd;
+            self.es().waker.wait_or_fd(seen, bell.as_fd(), IDLE_RECHECK);
+            return;
+        }
+        self.es().waker.wait(seen, IDLE_RECHECK);
     }
 
     fn refresh_injection(&mut self) {

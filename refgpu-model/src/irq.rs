@@ -8,12 +8,16 @@
 //! atomic OR itself, so a host clear is never missed), or the host unmasks
 //! a bit that is pending (compared against the mask last applied).
 //!
-//! Vectors are delivered by one thread per model to an [`IrqSink`], in
-//! order, each after the injected `irq_delay`. The sink is a callback
+//! A vector an engine raises while no delay is injected and nothing is
+//! queued goes to the [`IrqSink`] at once, from the engine's thread (one
+//! thread hop less between the fence write and the host's wake-up). Every
+//! other vector (a delay is injected, or earlier ones are still queued, or
+//! it comes from an IRQ_MASK change) is delivered by one thread per model,
+//! in order, each after the injected `irq_delay`. The sink is a callback
 //! (in-process platform, tests) or the co-sim server forwarding vector `e`
-//! to the host peer's eventfd.
+//! to the host peer's eventfd; it must not call back into the model.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -57,27 +61,56 @@ pub(crate) struct Irq {
     delay_ns: AtomicU64,
     counts: [AtomicU64; NUM_ENGINES],
     tx: Mutex<Option<Sender<(Instant, u32)>>>,
+    /// Vectors queued for the delivery thread and not yet raised.
+    queued: Arc<AtomicUsize>,
+    /// The sink, for vectors raised at once.
+    sink: Option<Arc<dyn IrqSink>>,
+}
+
+/// The delivery thread's side of [`Irq`].
+pub(crate) struct Delivery {
+    rx: Receiver<(Instant, u32)>,
+    queued: Arc<AtomicUsize>,
+    sink: Option<Arc<dyn IrqSink>>,
 }
 
 impl Irq {
-    /// The interrupt logic and the receiving end for the delivery thread.
-    pub fn new(regs: Arc<RegPage>) -> (Self, Receiver<(Instant, u32)>) {
+    /// The interrupt logic and the delivery thread's side.
+    pub fn new(regs: Arc<RegPage>, sink: Option<Arc<dyn IrqSink>>) -> (Self, Delivery) {
         let (tx, rx) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
         let irq = Self {
             regs,
             applied_mask: AtomicU32::new(0),
             delay_ns: AtomicU64::new(0),
             counts: Default::default(),
             tx: Mutex::new(Some(tx)),
+            queued: Arc::clone(&queued),
+            sink: sink.clone(),
         };
-        (irq, rx)
+        (irq, Delivery { rx, queued, sink })
     }
 
-    /// Sets IRQ_STATUS bits; raises the vectors whose unmasked bits went
-    /// from 0 to 1.
+    /// Sets IRQ_STATUS bits (from an engine's thread); raises the vectors
+    /// whose unmasked bits went from 0 to 1, at once when nothing is
+    /// queued and no delay is injected.
     pub fn set_status(&self, bits: u32) {
         let old = self.regs.fetch_or(regs::IRQ_STATUS, bits);
         let rising = bits & !old & self.applied_mask.load(Ordering::SeqCst);
+        if rising == 0 {
+            return;
+        }
+        if self.delay_ns.load(Ordering::Relaxed) == 0 && self.queued.load(Ordering::SeqCst) == 0 {
+            for e in 0..NUM_ENGINES {
+                if rising & regs::irq_engine_bits(e) != 0 {
+                    self.counts[e].fetch_add(1, Ordering::SeqCst);
+                    if let Some(s) = &self.sink {
+                        s.raise(e as u32);
+                    }
+                }
+            }
+            return;
+        }
         self.deliver_edges(rising);
     }
 
@@ -109,7 +142,10 @@ impl Irq {
                 self.counts[e].fetch_add(1, Ordering::SeqCst);
                 let at = Instant::now() + Duration::from_nanos(self.delay_ns.load(Ordering::Relaxed));
                 if let Some(tx) = self.tx.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                    let _ = tx.send((at, e as u32));
+                    self.queued.fetch_add(1, Ordering::SeqCst);
+                    if tx.send((at, e as u32)).is_err() {
+                        self.queued.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
             }
         }
@@ -122,14 +158,15 @@ impl Irq {
 }
 
 /// Body of the delivery thread.
-pub(crate) fn delivery_loop(rx: Receiver<(Instant, u32)>, sink: Option<Arc<dyn IrqSink>>) {
-    while let Ok((at, v)) = rx.recv() {
+pub(crate) fn delivery_loop(d: Delivery) {
+    while let Ok((at, v)) = d.rx.recv() {
         let now = Instant::now();
         if at > now {
             std::thread::sleep(at - now);
         }
-        if let Some(s) = &sink {
+        if let Some(s) = &d.sink {
             s.raise(v);
         }
+        d.queued.fetch_sub(1, Ordering::SeqCst);
     }
 }

@@ -47,7 +47,10 @@
 //! The model never panics on guest input: every bad command stream ends in
 //! a latched fault (or a hang the driver must reset), never in a crash.
 
+#[cfg(feature = "shm")]
+mod bell;
 pub mod clock;
+mod control;
 pub mod dispatch;
 mod engine;
 mod error;

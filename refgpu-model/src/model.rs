@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::engine::{Engine, Shared, ATTN_RESET, ATTN_SHUTDOWN};
+use crate::engine::{Engine, Shared, ATTN_SHUTDOWN};
 use crate::error::{Fault, ModelError};
 use crate::faultinject::FaultInjection;
 use crate::irq::{self, Irq, IrqSink};
@@ -251,7 +251,7 @@ impl Model {
             page.store64(regs::LOCAL_BASE_LO, l.base());
             page.store64(regs::LOCAL_SIZE_LO, l.size());
         }
-        let (irq, irq_rx) = Irq::new(Arc::clone(&page));
+        let (irq, delivery) = Irq::new(Arc::clone(&page), sink);
         irq.set_delay(cfg.fault_injection.irq_delay);
         let mut shared = Shared::new(cfg.generation, page, mem, irq, cfg.wait_poll_interval);
         shared.local = local;
@@ -269,7 +269,7 @@ impl Model {
         // From here on, `model`'s Drop joins whatever was started.
         let t = std::thread::Builder::new()
             .name("refgpu-irq".into())
-            .spawn(move || irq::delivery_loop(irq_rx, sink))
+            .spawn(move || irq::delivery_loop(delivery))
             .map_err(|_| ModelError::Spawn)?;
         lock(&model.others).push(t);
         for e in 0..NUM_ENGINES {
@@ -372,7 +372,7 @@ impl Model {
             }
             regs::MMU_CTRL | regs::MMU_ROOT_LO | regs::MMU_ROOT_HI => {
                 sh.regs.store(off, v);
-                self.apply_mmu();
+                sh.apply_mmu();
             }
             regs::MMU_INVALIDATE => {
                 if v & 1 != 0 {
@@ -381,7 +381,7 @@ impl Model {
             }
             _ if engine_root_reg(off).is_some() => {
                 sh.regs.store(off, v);
-                self.apply_engine_roots();
+                sh.apply_engine_roots();
             }
             _ => {
                 let Some((e, r)) = engine_reg(off) else {
@@ -394,7 +394,7 @@ impl Model {
                     eng::CTRL => {
                         let v = v & (regs::CTRL_ENABLE | regs::CTRL_RESET);
                         sh.regs.store(off, v);
-                        self.apply_enable(e, v);
+                        sh.apply_enable(e, v);
                         if v & regs::CTRL_RESET != 0 {
                             // Errors only when the engine thread is gone
                             // (after shutdown); nothing more to do then.
@@ -415,59 +415,33 @@ impl Model {
         let sh = &self.sh;
         if (vector as usize) < NUM_ENGINES {
             sh.doorbell(vector as usize);
-            return;
-        }
-        if vector != regs::CONTROL_VECTOR {
-            return;
-        }
-        sh.irq.apply_mask(sh.regs.load(regs::IRQ_MASK));
-        self.apply_mmu();
-        self.apply_engine_roots();
-        if sh.regs.load(regs::MMU_INVALIDATE) != 0 {
-            sh.mmu.invalidate();
-            sh.regs.store(regs::MMU_INVALIDATE, 0);
-        }
-        for e in 0..NUM_ENGINES {
-            let ctrl = sh.ereg(e, eng::CTRL);
-            self.apply_enable(e, ctrl);
-            if ctrl & regs::CTRL_RESET != 0 {
-                self.request_reset(e);
-            }
+        } else if vector == regs::CONTROL_VECTOR {
+            sh.apply_control();
         }
     }
 
-    fn apply_mmu(&self) {
-        let r = &self.sh.regs;
-        self.sh.mmu.apply(r.load(regs::MMU_CTRL), r.load(regs::MMU_ROOT_LO), r.load(regs::MMU_ROOT_HI));
+    /// Hands the ivshmem doorbell eventfds to the model (feature `shm`):
+    /// `fds[e]` is engine `e`'s (vector `e`), `fds[3]` the control
+    /// doorbell's. Each idle engine then sleeps on its own eventfd, so a
+    /// host's doorbell wakes the engine thread directly (`docs/refgpu.md`
+    /// section 2.3, binding decisions). The eventfds must be non-blocking.
+    /// Whoever also watches the control eventfd (the server's loop) must
+    /// apply it with [`Model::take_control_bell`], never by reading it.
+    ///
+    /// # Errors
+    ///
+    /// Doorbells were already attached, or an eventfd could not be made.
+    #[cfg(feature = "shm")]
+    pub fn attach_doorbells(&self, fds: [std::os::fd::OwnedFd; NUM_ENGINES + 1]) -> std::io::Result<()> {
+        self.sh.attach_bells(fds)
     }
 
-    fn apply_engine_roots(&self) {
-        let r = &self.sh.regs;
-        for e in 0..NUM_ENGINES {
-            self.sh.mmu.apply_engine_root(
-                e,
-                r.load(regs::engine_root_lo(e)),
-                r.load(regs::engine_root_hi(e)),
-            );
-        }
-    }
-
-    fn apply_enable(&self, e: usize, ctrl: u32) {
-        let es = &self.sh.engines[e];
-        let en = ctrl & regs::CTRL_ENABLE != 0;
-        if es.enabled.swap(en, Ordering::SeqCst) != en {
-            es.waker.wake();
-        }
-    }
-
-    /// Starts a reset of engine `e` and returns the request number.
-    fn request_reset(&self, e: usize) -> u64 {
-        let es = &self.sh.engines[e];
-        let my = es.reset_req.fetch_add(1, Ordering::SeqCst) + 1;
-        es.attn.fetch_or(ATTN_RESET, Ordering::SeqCst);
-        es.waker.wake();
-        self.sh.mem_waker.wake();
-        my
+    /// Applies a pending control doorbell from the attached control
+    /// eventfd (see [`Model::attach_doorbells`]); returns whether there
+    /// was one.
+    #[cfg(feature = "shm")]
+    pub fn take_control_bell(&self) -> bool {
+        self.sh.take_control_bell()
     }
 
     /// Resets engine `e` (section 4.5) and waits until the reset is done.
@@ -477,7 +451,7 @@ impl Model {
             return Err(ModelError::Config("no such engine"));
         }
         self.sh.regs.fetch_or(regs::engine_base(e) + eng::CTRL, regs::CTRL_RESET);
-        let my = self.request_reset(e);
+        let my = self.sh.request_reset(e);
         let es = &self.sh.engines[e];
         loop {
             let seen = es.reset_waker.seq();
@@ -509,12 +483,15 @@ impl Model {
         }
         let r = |off: u32| self.sh.ereg(e, off);
         let r64 = |lo: u32| u64::from(r(lo)) | (u64::from(r(lo + 4)) << 32);
+        // STATUS before FAULT_STATUS: the engine publishes the fault before
+        // HALTED, so a snapshot showing HALTED also shows its fault.
+        let status = r(eng::STATUS);
         let fault_status = r(eng::FAULT_STATUS);
         Some(EngineSnapshot {
             rptr: r(eng::RING_RPTR),
             wptr: r(eng::RING_WPTR),
             ctrl: r(eng::CTRL),
-            status: r(eng::STATUS),
+            status,
             cur_addr: r64(eng::CUR_ADDR_LO),
             ib_base: r64(eng::IB_BASE_LO),
             ib_size: r(eng::IB_SIZE),

@@ -1,12 +1,15 @@
 //! The model peer: shared memory, eventfds, the model, and the event loop.
 //!
 //! One thread (the caller of [`Server::run`]) polls the signalfd, the
-//! listening socket, the connected host's socket and the model's doorbell
-//! eventfds. A doorbell wakeup on vector `v` becomes `model.doorbell(v)`
-//! (vectors 0..2 ring the engines, 3 applies the control registers, higher
-//! vectors are ignored). Model interrupts (vector `e` = engine `e`) are
-//! written to the host's eventfd for vector `e` by the model's interrupt
-//! thread through [`HostIrq`].
+//! listening socket, the connected host's socket and the model's control
+//! doorbell eventfd (vector 3, applied with `model.take_control_bell()`;
+//! higher vectors are drained and ignored). The engine doorbells (vectors
+//! 0..2) are not this thread's: they are handed to the model
+//! (`Model::attach_doorbells`), whose idle engine threads sleep on them, so
+//! a host's doorbell wakes the engine that runs the packets directly. Model
+//! interrupts (vector `e` = engine `e`) are written to the host's eventfd
+//! for vector `e` through [`HostIrq`], by the engine's own thread unless a
+//! delay is injected.
 //!
 //! Host lifecycle:
 //!
@@ -201,6 +204,14 @@ impl Server {
         // them only with atomics; the host process may write concurrently.
         let model = unsafe { Model::new_shared(cfg, shm.ptr(), mem.ptr(), Some(sink)) }
             .map_err(ServerError::Model)?;
+        let bells = [0, 1, 2, CONTROL_VECTOR as usize]
+            .map(|v| model_efds[v].try_clone())
+            .into_iter()
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(io_err("eventfd"))?;
+        let bells: [OwnedFd; 4] =
+            bells.try_into().map_err(|_| ServerError::Config("four doorbell eventfds".into()))?;
+        model.attach_doorbells(bells).map_err(io_err("attaching doorbells"))?;
 
         let listener = bind(&opts.socket)?;
         log(format_args!(
@@ -242,13 +253,15 @@ impl Server {
 
     /// Serves until SIGINT or SIGTERM.
     pub fn run(&mut self) -> Result<(), ServerError> {
-        let n = self.model_efds.len();
+        // The engines' doorbells belong to the engine threads.
+        let first = CONTROL_VECTOR as usize;
+        let n = self.model_efds.len() - first;
         loop {
             let (sig, listen, bells, host) = {
                 let mut fds = Vec::with_capacity(n + 3);
                 fds.push(PollFd::new(&self.sigfd, PollFlags::IN));
                 fds.push(PollFd::new(&self.listener, PollFlags::IN));
-                for e in &self.model_efds {
+                for e in &self.model_efds[first..] {
                     fds.push(PollFd::new(e, PollFlags::IN));
                 }
                 if let Some(h) = &self.host {
@@ -263,9 +276,11 @@ impl Server {
                 let bells: Vec<bool> = fds[2..2 + n].iter().map(ready).collect();
                 (ready(&fds[0]), ready(&fds[1]), bells, fds.get(2 + n).is_some_and(ready))
             };
-            for (v, _) in bells.iter().enumerate().filter(|(_, r)| **r) {
-                if sys::eventfd_drain(&self.model_efds[v]) > 0 {
-                    self.model.doorbell(v as u32);
+            for (i, _) in bells.iter().enumerate().filter(|(_, r)| **r) {
+                if i == 0 {
+                    self.model.take_control_bell();
+                } else {
+                    sys::eventfd_drain(&self.model_efds[first + i]);
                 }
             }
             if sig {

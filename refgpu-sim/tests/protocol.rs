@@ -185,3 +185,57 @@ fn live_socket_is_not_stolen() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("in use by a running server"));
 }
+
+/// Section 2.3: a control doorbell rung before an engine's doorbell is
+/// applied before that engine fetches, although the engine takes its own
+/// doorbell on its own thread. Each round turns the MMU on with an empty
+/// root table, rings the control doorbell and at once the engine: the ring
+/// fetch must fault (TRANSLATION at the ring's address), never run with
+/// the MMU still off (which would write the fence).
+#[test]
+fn control_doorbell_applies_before_a_later_engine_doorbell() {
+    let sim = Sim::start(&[]);
+    let c = Client::connect(&sim, 4);
+    let mem = Map::mem(&sim);
+    let root = MEM_BASE + 0x1000;
+    for i in 0..1024 {
+        mem.u32(0x1000 + i * 4).store(0, SeqCst);
+    }
+    let words = write_and_fence(1);
+    for (i, w) in words.iter().enumerate() {
+        mem.u32(i * 4).store(*w, SeqCst);
+    }
+    for round in 0..200 {
+        mem.u64(0x140).store(0, SeqCst);
+        // Reset the engine with the MMU off, keeping it enabled (so only
+        // the MMU, not CTRL.ENABLE, stands between the doorbell and a
+        // fetch), then program its ring.
+        c.reg(regs::MMU_CTRL).store(0, SeqCst);
+        ereg(&c, eng::CTRL).store(regs::CTRL_RESET | regs::CTRL_ENABLE, SeqCst);
+        c.ring(regs::CONTROL_VECTOR as usize);
+        let start = Instant::now();
+        while ereg(&c, eng::CTRL).load(SeqCst) & regs::CTRL_RESET != 0 {
+            assert!(start.elapsed() < GUARD, "reset never completed");
+            std::thread::yield_now();
+        }
+        ereg(&c, eng::RING_BASE_LO).store(MEM_BASE as u32, SeqCst);
+        ereg(&c, eng::RING_BASE_HI).store(0, SeqCst);
+        ereg(&c, eng::RING_SIZE).store(4096, SeqCst);
+        // MMU on with nothing mapped: control doorbell, then at once the
+        // engine's doorbell.
+        c.reg(regs::MMU_ROOT_LO).store(root as u32, SeqCst);
+        c.reg(regs::MMU_ROOT_HI).store(0, SeqCst);
+        c.reg(regs::MMU_CTRL).store(regs::MMU_ENABLE, SeqCst);
+        c.ring(regs::CONTROL_VECTOR as usize);
+        ereg(&c, eng::RING_WPTR).store(words.len() as u32 * 4, SeqCst);
+        c.ring(E);
+        let start = Instant::now();
+        while ereg(&c, eng::STATUS).load(SeqCst) & regs::STATUS_HALTED == 0 {
+            assert_eq!(mem.u64(0x140).load(SeqCst), 0, "round {round}: the ring ran with the MMU off");
+            assert!(start.elapsed() < GUARD, "round {round}: engine neither faulted nor ran");
+            std::thread::yield_now();
+        }
+        assert_eq!(mem.u64(0x140).load(SeqCst), 0, "round {round}: the ring ran with the MMU off");
+        assert_eq!(ereg(&c, eng::FAULT_ADDR_LO).load(SeqCst), MEM_BASE as u32, "round {round}");
+    }
+}
