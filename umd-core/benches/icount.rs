@@ -1,0 +1,244 @@
+//! Instruction counts (Valgrind's callgrind through gungraun) of the hot
+//! paths: encoding small packets, a direct-mode submission on the scripted
+//! fake (1 / 10 / 100 packets), a wait on an already signalled fence, VA
+//! allocator steps and buffer alloc/free through the device.
+//!
+//! Counts are exact and repeat run to run on a loaded machine, so
+//! `tools/perf-gate.sh` compares them against the committed baseline
+//! (`umd-core/benches/icount-baseline.txt`) and fails on a regression.
+//! Everything a benchmark needs is built in its setup function, which
+//! callgrind does not count; each benchmark function measures only the
+//! operations named in its doc line.
+//!
+//! Run: `tools/perf-gate.sh` (needs `valgrind` and `gungraun-runner`
+//! 0.18.2; the script installs the runner), or directly
+//! `cargo bench -p umd-core --bench icount`.
+
+// gungraun's macros generate modules without docs.
+#![allow(missing_docs)]
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::hint::black_box;
+
+use gungraun::prelude::*;
+use support::{Fake, Mode};
+use umd_core::cmd::{Command, Encoder};
+use umd_core::config::Config;
+use umd_core::direct::{Device, MmuMode};
+use umd_core::hw::Generation;
+use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::BufferDesc;
+use umd_core::storage::DeviceStorage;
+use umd_core::sync::{Fence, QueueId};
+
+/// Packets per encode benchmark.
+const ENCODE_PACKETS: u64 = 64;
+
+/// The small packets of the issue, in rotation: FENCE, WRITE_DATA of 4
+/// dwords, DMA_COPY, FILL.
+fn small_packet(i: u64, data: &[u32]) -> Command<'_> {
+    match i % 4 {
+        0 => Command::Fence { addr: 0x50_0000 + 64 * i, value: i, irq: false },
+        1 => Command::write_data(0x20_0000 + 64 * i, data),
+        2 => Command::Copy { src: 0x30_0000, dst: 0x40_0000 + 256 * i, size: 256 },
+        _ => Command::Fill { dst: 0x60_0000 + 256 * i, size: 256, value: 0xdead_beef },
+    }
+}
+
+fn encode_setup(generation: Generation) -> (Encoder, Vec<u32>) {
+    (Encoder::new(generation), vec![0u32; 64 << 10])
+}
+
+// Encodes 64 small packets (FENCE / WRITE_DATA(4) / DMA_COPY / FILL).
+#[library_benchmark]
+#[bench::gen1(args = (Generation::Gen1), setup = encode_setup)]
+#[bench::gen2(args = (Generation::Gen2), setup = encode_setup)]
+fn encode_small(input: (Encoder, Vec<u32>)) -> Vec<u32> {
+    let (enc, mut out) = input;
+    let data = [1u32, 2, 3, 4];
+    let mut pos = 0;
+    for i in 0..ENCODE_PACKETS {
+        pos += enc.encode(&small_packet(i, &data), &mut out, pos, 0x10_0000).unwrap_or(0);
+    }
+    black_box(pos);
+    out
+}
+
+/// A gen2 direct-mode device on the fake (MMU bypassed, engines run only
+/// when told), warmed up by one submission that has completed, plus the
+/// packet count to submit. The fake and the storage are leaked (the
+/// benchmark process runs once); fixtures are boxed so that passing them
+/// in and out of the measured function moves a pointer, not the device.
+struct SubmitFixture {
+    fake: &'static Fake,
+    dev: Device<'static, Fake, 32>,
+    packets: u64,
+}
+
+fn device(gen: Generation, mmu: MmuMode, ring: usize) -> (&'static Fake, Device<'static, Fake, 32>) {
+    let cfg = Config { ring_bytes: ring, ib_chunk_bytes: 64 << 10, use_irq: false, ..Config::DEFAULT };
+    let fake: &'static Fake = Box::leak(Box::new(Fake::new(gen, 64 << 20)));
+    let storage: &'static mut DeviceStorage = Box::leak(Box::default());
+    let dev = Device::new(fake, storage, cfg, mmu).expect("device");
+    fake.state().mode = Mode::Manual;
+    (fake, dev)
+}
+
+fn submit_n(dev: &Device<'static, Fake, 32>, packets: u64) -> Fence {
+    let data = [1u32, 2, 3, 4];
+    dev.submit(QueueId(0), &[], |cb| {
+        for i in 0..packets {
+            cb.write_data(0x8040_0000 + 16 * (i % 256), &data)?;
+        }
+        Ok(())
+    })
+    .expect("submit")
+}
+
+fn submit_setup(packets: u64) -> Box<SubmitFixture> {
+    let (fake, dev) = device(Generation::Gen2, MmuMode::Bypass, 64 << 10);
+    let f = submit_n(&dev, packets);
+    fake.state().run(0);
+    dev.wait(f, 1_000_000_000).expect("warm-up wait");
+    Box::new(SubmitFixture { fake, dev, packets })
+}
+
+// One direct-mode submission of N WRITE_DATA(4) packets: record, IB
+// bookkeeping, ring write, fence, doorbell.
+#[library_benchmark]
+#[bench::p1(args = (1), setup = submit_setup)]
+#[bench::p10(args = (10), setup = submit_setup)]
+#[bench::p100(args = (100), setup = submit_setup)]
+fn submit(fx: Box<SubmitFixture>) -> Box<SubmitFixture> {
+    black_box(submit_n(&fx.dev, fx.packets));
+    fx
+}
+
+fn wait_setup() -> (Box<SubmitFixture>, Fence) {
+    let fx = submit_setup(1);
+    let f = submit_n(&fx.dev, 1);
+    fx.fake.state().run(0);
+    (fx, f)
+}
+
+// `wait` on a fence whose value is already in memory (the fast path).
+#[library_benchmark]
+#[bench::signalled(setup = wait_setup)]
+fn wait_signalled(input: (Box<SubmitFixture>, Fence)) -> Box<SubmitFixture> {
+    let (fx, f) = input;
+    black_box(fx.dev.wait(black_box(f), 1_000_000_000)).expect("wait");
+    fx
+}
+
+/// A deterministic generator (64-bit LCG), so every run replays the same
+/// sequence.
+struct Lcg(u64);
+
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+    /// The VA benchmark's size mix (docs/perf.md, "Memory"): 50 % small
+    /// 16 B-1 KiB and 35 % medium 1-64 KiB at 128 B alignment, 15 % large
+    /// 64-256 KiB at 4 KiB alignment.
+    fn request(&mut self) -> (u64, u64) {
+        let r = self.next() % 100;
+        if r < 50 {
+            (16 + self.next() % 1009, 128)
+        } else if r < 85 {
+            (1024 + self.next() % (63 << 10), 128)
+        } else {
+            ((64 << 10) + self.next() % (192 << 10), 4096)
+        }
+    }
+}
+
+/// Steps per VA benchmark.
+const VA_STEPS: usize = 100;
+
+struct VaFixture {
+    va: VaAllocator<Vec<VaNode>>,
+    live: Vec<u64>,
+    /// Per step: which live allocation to free, then what to allocate.
+    steps: Vec<(usize, u64, u64)>,
+}
+
+/// 1,000 live allocations of the mixed workload in a 1 GiB arena, plus the
+/// steps to replay.
+fn va_setup(mixed: bool) -> Box<VaFixture> {
+    let mut rng = Lcg(0x5eed);
+    let mut va = VaAllocator::new(vec![VaNode::EMPTY; 4096], 1 << 32, 1 << 30).expect("arena");
+    let live: Vec<u64> = (0..1000)
+        .map(|_| {
+            let (s, a) = rng.request();
+            va.alloc(s, a, Placement::BottomUp).expect("fill")
+        })
+        .collect();
+    let steps = (0..VA_STEPS)
+        .map(|_| {
+            let victim = (rng.next() % 1000) as usize;
+            let (s, a) = if mixed { rng.request() } else { (256, 128) };
+            (victim, s, a)
+        })
+        .collect();
+    Box::new(VaFixture { va, live, steps })
+}
+
+// 100 steady-state steps of `VaAllocator`: free a live allocation (by
+// address), allocate a new one; the mixed workload or 256 B requests.
+#[library_benchmark]
+#[bench::mixed(args = (true), setup = va_setup)]
+#[bench::small(args = (false), setup = va_setup)]
+fn va_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.live.get_mut(victim) else { continue };
+        black_box(fx.va.free(*slot)).ok();
+        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
+    }
+    fx
+}
+
+/// Buffers per buffer benchmark.
+const BUFFERS: usize = 16;
+
+struct BufferFixture {
+    dev: Device<'static, Fake, 32>,
+    size: u64,
+}
+
+/// A gen2 device with the MMU on (buffers take GPU addresses from the VA
+/// allocator and are mapped); one buffer of the size allocated and freed
+/// first, so slabs and page tables exist.
+fn buffer_setup(size: u64) -> Box<BufferFixture> {
+    let (_, dev) = device(Generation::Gen2, MmuMode::DEFAULT, 4096);
+    let h = dev.alloc(&BufferDesc::new(size).declared()).expect("warm-up alloc");
+    dev.free(h).expect("warm-up free");
+    Box::new(BufferFixture { dev, size })
+}
+
+// 16 buffers allocated, then freed (declared tracking, nothing in
+// flight): small (256 B slab slot), medium (16 KiB) and large (1 MiB,
+// its own block and mapping).
+#[library_benchmark]
+#[bench::small(args = (256), setup = buffer_setup)]
+#[bench::medium(args = (16 << 10), setup = buffer_setup)]
+#[bench::large(args = (1 << 20), setup = buffer_setup)]
+fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
+    let mut hs = [None; BUFFERS];
+    for h in &mut hs {
+        *h = fx.dev.alloc(&BufferDesc::new(fx.size).declared()).ok();
+    }
+    for h in hs.into_iter().flatten() {
+        black_box(fx.dev.free(h)).ok();
+    }
+    fx
+}
+
+library_benchmark_group!(name = encode; benchmarks = encode_small);
+library_benchmark_group!(name = submission; benchmarks = submit, wait_signalled);
+library_benchmark_group!(name = memory; benchmarks = va_steps, buffer_alloc_free);
+
+main!(library_benchmark_groups = encode, submission, memory);
