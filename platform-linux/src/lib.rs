@@ -9,6 +9,7 @@
 //!   environment variables, with typed parse errors;
 //! - [`selftest`]: bring-up checks for any direct-mode platform;
 //! - [`suite`]: the conformance suite on a host (threads, result checks);
+//! - [`faults`]: the fault matrix's workload and its accounting;
 //! - [`drm`]: kernel-mediated mode over the refgpu DRM driver's render node.
 //!
 //! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
@@ -24,6 +25,8 @@ pub mod config;
 pub mod cosim;
 #[cfg(feature = "drm")]
 pub mod drm;
+#[cfg(feature = "suite")]
+pub mod faults;
 #[cfg(feature = "model")]
 pub mod inproc;
 #[cfg(feature = "model")]
