@@ -15,9 +15,11 @@
 //!    frame's output buffer ("present").
 //!
 //! Every job is bracketed by `TIMESTAMP` packets, so per-engine busy time
-//! comes from the GPU clock. Two frames are in flight: frame `f` reuses
-//! frame `f - 2`'s buffers after the CPU has waited for that frame's GFX
-//! fence and checked every output word bit-exactly. Every buffer comes from
+//! comes from the GPU clock, and the exported trace shows each job on its
+//! engine's GPU track next to the driver's CPU-side events. Two or three
+//! frames are in flight (`depth`): frame `f` reuses frame `f - depth`'s
+//! buffers after the CPU has waited for that frame's GFX fence and checked
+//! every output word bit-exactly. Every buffer comes from
 //! the driver's buffer manager: the slots' buffers live for the run, and
 //! each frame's constant table is a transient buffer, checked and freed
 //! when the frame retires. The report shows the pools' figures.
@@ -49,6 +51,8 @@ const COPY: QueueId = QueueId(2);
 pub const N: usize = 4096;
 /// Most frames one run can do (timestamp slots).
 pub const MAX_FRAMES: u32 = 64;
+/// Most frames in flight (buffer slots).
+pub const MAX_DEPTH: u32 = 3;
 /// IB chunks of the demo's device.
 pub const CHUNKS: usize = 16;
 /// Events the demo keeps for the exported trace (the device's own ring is
@@ -121,6 +125,14 @@ pub struct QueueFigures {
     pub host_span_ns: u64,
     /// Largest command buffer (dwords, from the trace's encode events).
     pub max_cmd_dwords: u64,
+    /// Jobs whose submit, GPU span and fence sighting were all found.
+    pub timed_jobs: u32,
+    /// Sum over those jobs of submit -> GPU start (ns): waiting for the
+    /// engine and for the jobs it depends on.
+    pub queued_ns: u64,
+    /// Sum over those jobs of GPU end -> fence seen by the driver (ns):
+    /// how late the CPU looked.
+    pub unseen_ns: u64,
 }
 
 /// What a run did.
@@ -128,6 +140,8 @@ pub struct QueueFigures {
 pub struct Summary {
     /// Frames run.
     pub frames: u32,
+    /// Frames in flight.
+    pub depth: u32,
     /// Frames whose every output word was right.
     pub verified: u32,
     /// Output words checked.
@@ -210,20 +224,24 @@ struct Slot {
 
 struct InFlight {
     frame: u32,
+    slot: usize,
     copy: Fence,
     compute: Fence,
     gfx: Fence,
     consts: Buf,
 }
 
-/// Runs `frames` frames (at most [`MAX_FRAMES`]) and returns the figures;
-/// every driver event lands in `trace`.
+/// Runs `frames` frames (at most [`MAX_FRAMES`]) with `depth` of them in
+/// flight (2 or 3) and returns the figures; every driver event, and every
+/// job's GPU span when the device clock can be read, lands in `trace`.
 pub fn run<B: Backend, const C: usize>(
     dev: &Engine<'_, B, C>,
     frames: u32,
+    depth: u32,
     trace: &mut TraceRing<'_>,
 ) -> Result<Summary, DemoError> {
     let frames = frames.clamp(1, MAX_FRAMES);
+    let depth = depth.clamp(2, MAX_DEPTH);
     let start = dev.platform().now_ns();
     let mut allocs = 0u32;
     let n4 = (N * 4) as u64;
@@ -235,15 +253,22 @@ pub fn run<B: Backend, const C: usize>(
             output: alloc(dev, n4, tag, &mut allocs)?,
         })
     };
-    let slots = [mk("slot 0")?, mk("slot 1")?];
+    let mut slots: [Option<Slot>; MAX_DEPTH as usize] = [None, None, None];
+    for (i, s) in slots.iter_mut().take(depth as usize).enumerate() {
+        *s = Some(mk(["slot 0", "slot 1", "slot 2"].get(i).copied().unwrap_or("slot"))?);
+    }
     let ts = alloc(dev, TS_BYTES, "timestamps", &mut allocs)?;
-    let mut sum = Summary { frames, ..Summary::default() };
-    let mut inflight: [Option<InFlight>; 2] = [None, None];
+    let mut sum = Summary { frames, depth, ..Summary::default() };
+    let mut inflight: [Option<InFlight>; MAX_DEPTH as usize] = [None, None, None];
+    // Fence seqnos per frame and queue, for the GPU spans.
+    let mut seqnos = [[0u64; 3]; MAX_FRAMES as usize];
 
-    for f in 0..frames + 2 {
-        let si = (f % 2) as usize;
-        let slot = &slots[si];
-        // Retire the frame that used this slot two frames ago.
+    for f in 0..frames + depth {
+        let si = (f % depth) as usize;
+        let Some(slot) = slots.get(si).and_then(Option::as_ref) else {
+            return Err(err("slots", "a slot index past the depth"));
+        };
+        // Retire the frame that used this slot `depth` frames ago.
         if let Some(old) = inflight.get_mut(si).and_then(Option::take) {
             retire(dev, slot, old, &mut sum, trace)?;
         }
@@ -294,14 +319,19 @@ pub fn run<B: Backend, const C: usize>(
         for q in sum.queues.iter_mut() {
             q.jobs += 1;
         }
+        if let Some(s) = seqnos.get_mut(f as usize) {
+            *s = [gfx.seqno().0, compute.seqno().0, copy.seqno().0];
+        }
         if let Some(s) = inflight.get_mut(si) {
-            *s = Some(InFlight { frame: f, copy, compute, gfx, consts });
+            *s = Some(InFlight { frame: f, slot: si, copy, compute, gfx, consts });
         }
     }
     drain_trace(dev, trace);
     sum.cpu_ns = dev.platform().now_ns().saturating_sub(start);
 
-    // GPU timestamps: [GFX start, end, COMPUTE start, end, COPY start, end] per frame.
+    // GPU timestamps: [GFX start, end, COMPUTE start, end, COPY start, end]
+    // per frame; on the trace's GPU tracks through a clock pairing.
+    let sync = dev.clock_sync();
     let mut raw = [0u8; 6 * 8];
     let (mut first, mut last) = (u64::MAX, 0u64);
     for f in 0..frames as u64 {
@@ -315,13 +345,17 @@ pub fn run<B: Backend, const C: usize>(
             fig.engine_ns += e.saturating_sub(s);
             first = first.min(s);
             last = last.max(e);
+            let seqno = seqnos.get(f as usize).and_then(|r| r.get(q)).copied().unwrap_or(0);
+            if let Some(sync) = &sync {
+                trace.record_gpu_span(q as u8, seqno, sync, s, e);
+            }
         }
     }
     sum.gpu_span_ns = last.saturating_sub(first);
     host_spans(trace, &mut sum);
     sum.buffers = dev.buffer_stats();
     sum.allocs = allocs;
-    for s in &slots {
+    for s in slots.iter().flatten() {
         for b in [s.staging, s.input, s.result, s.output] {
             dev.free(b.h).map_err(|e| err("free", e))?;
         }
@@ -382,16 +416,34 @@ fn retire<B: Backend, const C: usize>(
     }
     if ok {
         sum.verified += 1;
-        platform_baremetal::info!("frame {} retired: {} output words bit-exact", old.frame, N);
+        platform_baremetal::info!(
+            "frame {} retired from slot {}: {} output words bit-exact",
+            old.frame,
+            old.slot,
+            N
+        );
     } else {
         platform_baremetal::warn!("frame {} retired with a wrong word", old.frame);
     }
     dev.free(old.consts.h).map_err(|e| err("free constants", e))
 }
 
-/// Per queue: union of [submit, fence seen] spans and the largest encode.
+/// Per queue: union of [submit, fence seen] spans, the largest encode, and
+/// where each job's submit -> fence-seen time went (queued before the GPU
+/// started it, on the GPU, unseen after it ended), from the fence events
+/// and the GPU spans of the same job.
 fn host_spans(trace: &TraceRing<'_>, sum: &mut Summary) {
     for (q, fig) in sum.queues.iter_mut().enumerate() {
+        for g in trace.iter().filter(|e| e.kind == TraceKind::GpuSpan && usize::from(e.queue) == q) {
+            let seen = trace.iter().find(|e| {
+                e.kind == TraceKind::FenceSignalled && e.queue == g.queue && e.seqno == g.seqno && e.arg != 0
+            });
+            if let Some(s) = seen {
+                fig.timed_jobs += 1;
+                fig.queued_ns += g.ts_ns.saturating_sub(s.arg);
+                fig.unseen_ns += s.ts_ns.saturating_sub(g.ts_ns.saturating_add(g.arg));
+            }
+        }
         let (mut cur_s, mut cur_e, mut total) = (0u64, 0u64, 0u64);
         for e in trace.iter().filter(|e| usize::from(e.queue) == q) {
             match e.kind {
@@ -441,8 +493,8 @@ pub fn write_report<B: Backend, const C: usize>(
     )?;
     writeln!(
         out,
-        "workload   : {} frames x (COPY upload -> COMPUTE DISPATCH saxpy -> GFX copy-out), {} f32 per array, 2 frames in flight",
-        sum.frames, N
+        "workload   : {} frames x (COPY upload -> COMPUTE DISPATCH saxpy -> GFX copy-out), {} f32 per array, {} frames in flight",
+        sum.frames, N, sum.depth
     )?;
     writeln!(
         out,
@@ -486,6 +538,21 @@ pub fn write_report<B: Backend, const C: usize>(
             chunks,
             if chunks == 1 { "" } else { "s" },
             if chunks > 1 { ", chained" } else { "" }
+        )?;
+    }
+    writeln!(
+        out,
+        "per job    : submit -> GPU start (queued) | on the GPU | GPU end -> fence seen (unseen), averages"
+    )?;
+    for (name, fig) in ["GFX", "COMPUTE", "COPY"].iter().zip(sum.queues.iter()) {
+        let n = u64::from(fig.timed_jobs.max(1));
+        writeln!(
+            out,
+            "  {name:<8} : {} | {} | {} ({} jobs timed)",
+            Ms(fig.queued_ns / n),
+            Ms(fig.engine_ns / u64::from(fig.jobs.max(1))),
+            Ms(fig.unseen_ns / n),
+            fig.timed_jobs
         )?;
     }
     let busy: u64 = sum.queues.iter().map(|q| q.engine_ns).sum();

@@ -206,3 +206,52 @@ fn write_back_cache_catches_a_dropped_clean() {
     p.clear_ignored_cleans().unwrap();
     assert_eq!(fence_through_cached_ring(&p, true), (7, 7));
 }
+
+/// A job bracketed by TIMESTAMPs, placed on the CPU timeline with
+/// `clock_sync` (the model's clock starts at 0 when it is created, the
+/// platform's is CLOCK_MONOTONIC: a wrong offset or sign puts the span
+/// far outside its submission), lands between the submit and the wait's
+/// return, and is exported on the GPU engine's track.
+#[test]
+fn gpu_spans_land_inside_their_submission_on_the_cpu_timeline() {
+    use umd_core::debug::{trace::TraceStorage, TraceKind, TraceRing};
+    let p = platform(Generation::Gen2);
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = device(&p, &mut storage, true);
+    let ts = dev.alloc_buffer(4096).unwrap();
+    let work = dev.alloc_buffer(1 << 20).unwrap();
+    let (tva, wva) = (dev.va(ts).unwrap(), dev.va(work).unwrap());
+    // Let the model's clock and the platform's drift apart from creation.
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    let sync = dev.clock_sync().expect("direct mode reads the device clock");
+    let before = p.now_ns();
+    let f = dev
+        .submit(QueueId(2), &[], |cb| {
+            cb.timestamp(tva)?;
+            cb.fill(wva, 1 << 20, 0xA5A5_A5A5)?;
+            cb.timestamp(tva + 8)
+        })
+        .unwrap();
+    dev.wait(f, 10_000_000_000).unwrap();
+    let after = p.now_ns();
+    let mut raw = [0u8; 16];
+    dev.read(ts, 0, &mut raw).unwrap();
+    let start = u64::from_le_bytes(raw[..8].try_into().unwrap());
+    let end = u64::from_le_bytes(raw[8..].try_into().unwrap());
+    assert!(start != 0 && end >= start, "timestamps {start} {end}");
+    let mut tstore = TraceStorage::<8>::new();
+    let mut ring = TraceRing::new(&mut tstore);
+    ring.record_gpu_span(2, f.seqno().0, &sync, start, end);
+    let ev = *ring.iter().next().unwrap();
+    assert_eq!(ev.kind, TraceKind::GpuSpan);
+    assert_eq!(ev.arg, end - start);
+    let slack = sync.uncertainty_ns;
+    assert!(ev.ts_ns + slack >= before, "span starts {} ns before its submit", before - ev.ts_ns);
+    assert!(ev.ts_ns + ev.arg <= after + slack, "span ends {} ns after the wait", ev.ts_ns + ev.arg - after);
+    let mut json = String::new();
+    ring.write_chrome_json(&mut json).unwrap();
+    assert!(json.contains("\"GPU engines (TIMESTAMPs)\""), "{json}");
+    assert!(json.contains("\"ph\":\"X\",\"pid\":2,\"tid\":2"), "{json}");
+    dev.free(ts).unwrap();
+    dev.free(work).unwrap();
+}

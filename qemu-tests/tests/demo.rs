@@ -1,12 +1,13 @@
 //! The demo image (the README's main command boots it through
 //! `src/bin/demo.rs`): every frame verified, the report printed and a
-//! well-formed Chrome trace between the markers; both generations, MSI and
-//! polling.
+//! well-formed Chrome trace between the markers, with every job's GPU span
+//! on its engine's track and matched to its fence; both generations, MSI
+//! and polling, two and three frames in flight.
 
 use qemu_tests::{outcome, Mode, Run};
 
-fn check_demo(generation: u8, mode: Mode) {
-    let run = Run { args: vec!["frames=6"], ..Run::new("demo", generation, mode) };
+fn check_demo(generation: u8, mode: Mode, depth: &'static str) {
+    let run = Run { args: vec!["frames=6", depth], ..Run::new("demo", generation, mode) };
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
     let text = out.console.iter().filter(|l| !l.starts_with('{')).cloned().collect::<Vec<_>>().join("\n");
@@ -19,6 +20,7 @@ fn check_demo(generation: u8, mode: Mode) {
         "IB pool    : 16 chunks x 4096 B",
         "buffers    :",
         "faults     : 0 faults, 0 hangs, 0 resets",
+        &format!("{} frames in flight", &depth["depth=".len()..]),
     ] {
         assert!(text.contains(want), "report lacks {want:?}:\n{text}");
     }
@@ -28,16 +30,28 @@ fn check_demo(generation: u8, mode: Mode) {
     for q in ["\"tid\":0", "\"tid\":1", "\"tid\":2"] {
         assert!(json.contains(&format!("\"ph\":\"X\",\"pid\":1,{q}")), "no job slice on {q}");
     }
+    // GPU side: one span per job on each engine's track, each matched to
+    // its fence by the report (same queue and seqno).
+    assert!(json.contains("\"GPU engines (TIMESTAMPs)\""), "no GPU process in the trace");
+    for q in ["\"tid\":0", "\"tid\":1", "\"tid\":2"] {
+        let spans = json.matches(&format!("\"ph\":\"X\",\"pid\":2,{q},")).count();
+        assert_eq!(spans, 6, "GPU spans on {q}");
+    }
+    assert_eq!(
+        text.matches("(6 jobs timed)").count(),
+        3,
+        "every job's GPU span matched to its fence:\n{text}"
+    );
     let (open, close) = (json.matches('{').count(), json.matches('}').count());
     assert_eq!(open, close, "unbalanced braces in the trace");
 }
 
 #[test]
 fn demo_gen2_msi() {
-    check_demo(2, Mode::Msi);
+    check_demo(2, Mode::Msi, "depth=2");
 }
 
 #[test]
 fn demo_gen1_polling() {
-    check_demo(1, Mode::Polling);
+    check_demo(1, Mode::Polling, "depth=3");
 }

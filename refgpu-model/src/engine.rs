@@ -306,6 +306,11 @@ impl Engine {
                     Err(Stop::Abort) => {}
                 }
             } else if !self.take_bell() {
+                // The ring ran dry: the last transfers' time passes before
+                // the engine reports idle.
+                if self.mem_debt_ns > 0 && self.pay_debt().is_err() {
+                    continue;
+                }
                 self.go_idle();
                 self.sleep(seen);
             }
@@ -457,9 +462,12 @@ impl Engine {
         if !self.inj.latency.is_zero() {
             self.pause(self.inj.latency)?;
         }
-        // Transfers take their time before the next packet starts: short
-        // debts are spun off (a sleep that short is not accurate), long
-        // ones slept.
+        Ok(())
+    }
+
+    /// Takes the time the transfers so far owe: short debts are spun off (a
+    /// sleep that short is not accurate), long ones slept.
+    fn pay_debt(&mut self) -> Res<()> {
         let debt = std::mem::take(&mut self.mem_debt_ns);
         if debt >= MEM_DEBT_SLEEP_NS {
             self.pause(Duration::from_nanos(debt))?;
@@ -538,6 +546,18 @@ impl Engine {
     /// handles).
     fn execute(&mut self, hdr: u64, header: Header, pkt: Packet) -> Res<()> {
         let opcode = header.op.opcode(self.sh.gen);
+        // Transfers take their time before anything that can make it
+        // visible starts (a FENCE, TIMESTAMP, WAIT_MEM, WRITE_DATA, an IB
+        // boundary): back-to-back transfers add up their debts and pay them
+        // once enough has built up to sleep, rather than spinning a host
+        // core for each small one.
+        let transfer = matches!(
+            pkt,
+            Packet::DmaCopy { .. } | Packet::Fill { .. } | Packet::Dispatch { .. } | Packet::Nop
+        );
+        if !transfer || self.mem_debt_ns >= MEM_DEBT_SLEEP_NS {
+            self.pay_debt()?;
+        }
         match pkt {
             Packet::IndirectBuffer { addr, size } => self.run_ib(addr, size),
             // CHAIN is only decoded inside an IB, where `run_ib` takes it.

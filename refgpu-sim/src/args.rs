@@ -88,6 +88,13 @@ pub struct Cli {
     /// 4K; 0 for none [default: 2M on gen2, none on gen1]
     #[arg(long, value_name = "BYTES", value_parser = bytes)]
     local_mem: Option<u64>,
+    /// Transfer time of system memory per KiB moved (docs/refgpu.md 3.5);
+    /// raise it to model a GPU whose work outweighs the host's
+    #[arg(long, value_name = "NS", default_value = "64", value_parser = count)]
+    sys_ns_per_kib: u32,
+    /// Transfer time of local memory per KiB moved
+    #[arg(long, value_name = "NS", default_value = "8", value_parser = count)]
+    local_ns_per_kib: u32,
 }
 
 impl From<Cli> for Options {
@@ -116,6 +123,7 @@ impl From<Cli> for Options {
             wait_poll: c.wait_poll,
             clock_publish: c.clock_publish,
             local_mem: c.local_mem,
+            ns_per_kib: [c.sys_ns_per_kib, c.local_ns_per_kib],
         }
     }
 }
@@ -153,6 +161,8 @@ pub struct Options {
     pub clock_publish: Duration,
     /// Local memory (`None`: the generation's default).
     pub local_mem: Option<u64>,
+    /// Transfer time per KiB of system and local memory (ns).
+    pub ns_per_kib: [u32; 2],
     /// The shared-RAM binding's RAM file (`None`: ivshmem, with `socket`
     /// and `mem_file`). With it, `mem_size` is the region's system memory
     /// (16 MiB - 8 KiB) and `socket`, `mem_file` are unused.
@@ -175,6 +185,7 @@ impl Options {
             wait_poll: Duration::from_micros(50),
             clock_publish: Duration::from_micros(100),
             local_mem: None,
+            ns_per_kib: [64, 8],
             shared_ram: None,
         }
     }
@@ -343,6 +354,11 @@ pub fn validate(o: &Options) -> Result<(), ArgError> {
             return Err(invalid("--local-mem", &show(l), "a multiple of 4 KiB up to 1 TiB, and 0 on gen1"));
         }
     }
+    for (name, v) in [("--sys-ns-per-kib", o.ns_per_kib[0]), ("--local-ns-per-kib", o.ns_per_kib[1])] {
+        if v > 10_000_000 {
+            return Err(invalid(name, &v.to_string(), "at most 10000000 (10 ms per KiB)"));
+        }
+    }
     if o.mem_file_offset % 4096 != 0 {
         return Err(invalid("--mem-file-offset", &show(o.mem_file_offset), "a multiple of 4 KiB"));
     }
@@ -446,6 +462,18 @@ mod tests {
         assert!(bad("--mem-size 6000").1.starts_with("--mem-size"));
         assert!(bad("--mem-base 0x1001").1.starts_with("--mem-base"));
         assert!(bad("--mem-file-offset 100").1.starts_with("--mem-file-offset"));
+        assert!(bad("--sys-ns-per-kib 10000001").1.starts_with("--sys-ns-per-kib"));
+        assert!(bad("--local-ns-per-kib 20000000").1.starts_with("--local-ns-per-kib"));
+        assert_eq!(bad("--sys-ns-per-kib=-1").0, Some(ErrorKind::ValueValidation));
+    }
+
+    #[test]
+    fn memory_speed() {
+        let o = parse_args(args("--socket s --mem-file m")).unwrap();
+        assert_eq!(o.ns_per_kib, [64, 8], "the model's defaults");
+        let o =
+            parse_args(args("--socket s --mem-file m --sys-ns-per-kib 40000 --local-ns-per-kib 0")).unwrap();
+        assert_eq!(o.ns_per_kib, [40_000, 0]);
     }
 
     #[test]

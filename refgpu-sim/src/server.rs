@@ -194,6 +194,8 @@ impl Server {
             clock_publish_interval: opts.clock_publish,
             fault_injection: opts.fault.clone(),
             local_size: opts.local_mem,
+            sys_ns_per_kib: opts.ns_per_kib[0],
+            local_ns_per_kib: opts.ns_per_kib[1],
             ..ModelConfig::default()
         };
         let sink: Arc<dyn IrqSink> = irq.clone();

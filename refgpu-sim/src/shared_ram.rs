@@ -105,6 +105,8 @@ impl SharedRamServer {
             clock_publish_interval: opts.clock_publish,
             fault_injection: opts.fault.clone(),
             local_size: opts.local_mem,
+            sys_ns_per_kib: opts.ns_per_kib[0],
+            local_ns_per_kib: opts.ns_per_kib[1],
             ..ModelConfig::default()
         };
         // The register page lies inside the mapping, 8 KiB from its end.

@@ -5,7 +5,8 @@
 //! between `@@ TRACE BEGIN` and `@@ TRACE END`; the host writes it to a
 //! file).
 //!
-//! Semihosting command line: `polling` (default) or `msi`, `frames=<n>`.
+//! Semihosting command line: `polling` (default) or `msi`, `frames=<n>`,
+//! `depth=<2|3>` (frames in flight, default 2).
 #![no_std]
 #![no_main]
 
@@ -27,8 +28,9 @@ fn main() -> ! {
     let Some(storage) = TRACE.try_lock() else { exit::exit(2) };
     let mut trace = TraceRing::new(spin::mutex::MutexGuard::leak(storage));
     let frames = boot::arg_u64("frames").unwrap_or(8) as u32;
+    let depth = boot::arg_u64("depth").unwrap_or(2) as u32;
     let (dev, mode) = boot::device::<{ demo::CHUNKS }>("demo", demo::CONFIG, MmuMode::DEFAULT);
-    let sum = match demo::run(&dev, frames, &mut trace) {
+    let sum = match demo::run(&dev, frames, depth, &mut trace) {
         Ok(s) => s,
         Err(e) => {
             println!("@@ RESULT demo FAIL {e}");

@@ -22,10 +22,19 @@ struct Args {
     generation: u8,
     mode: Mode,
     frames: u32,
+    depth: Option<u32>,
+    gpu_bound: Option<u32>,
     trace: PathBuf,
 }
 
-const USAGE: &str = "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--trace FILE]";
+const USAGE: &str =
+    "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--depth 2|3] [--gpu-bound [NS_PER_KIB]] [--trace FILE]";
+
+/// `--gpu-bound`'s default model memory speed: 20 us per KiB, so that a
+/// frame's GPU work (~100 KiB moved per engine) outweighs the guest CPU's
+/// per-frame work under TCG (~1.5 ms) and the engines, not the CPU, set
+/// the pace.
+const GPU_BOUND_NS_PER_KIB: u32 = 20_000;
 
 fn workspace_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -39,6 +48,8 @@ fn parse() -> Result<Args, String> {
         generation: 2,
         mode: Mode::Msi,
         frames: 8,
+        depth: None,
+        gpu_bound: None,
         trace: workspace_root().join("target").join("demo-trace.json"),
     };
     let mut it = std::env::args().skip(1);
@@ -58,6 +69,24 @@ fn parse() -> Result<Args, String> {
                 a.frames = value("--frames")?.parse().map_err(|e| format!("--frames: {e}"))?;
             }
             "--trace" => a.trace = PathBuf::from(value("--trace")?),
+            "--depth" => {
+                a.depth = match value("--depth")?.as_str() {
+                    "2" => Some(2),
+                    "3" => Some(3),
+                    d => return Err(format!("--depth {d}: 2 or 3 frames in flight")),
+                }
+            }
+            "--gpu-bound" => {
+                a.gpu_bound = Some(GPU_BOUND_NS_PER_KIB);
+            }
+            g if g.starts_with("--gpu-bound=") => {
+                let v = &g["--gpu-bound=".len()..];
+                let ns: u32 = v.parse().map_err(|e| format!("--gpu-bound={v}: {e}"))?;
+                if ns == 0 || ns > 10_000_000 {
+                    return Err(format!("--gpu-bound={v}: 1 ..= 10000000 ns per KiB"));
+                }
+                a.gpu_bound = Some(ns);
+            }
             "-h" | "--help" => return Err(USAGE.to_string()),
             other => return Err(format!("unknown argument {other}\n{USAGE}")),
         }
@@ -127,8 +156,15 @@ fn main() -> ExitCode {
         return ExitCode::from(2);
     }
     let frames = format!("frames={}", args.frames);
+    // GPU-bound mode: slower model memory, three frames in flight.
+    let depth = format!("depth={}", args.depth.unwrap_or(if args.gpu_bound.is_some() { 3 } else { 2 }));
+    let sim_args = match args.gpu_bound {
+        Some(ns) => vec!["--sys-ns-per-kib".to_string(), ns.to_string()],
+        None => Vec::new(),
+    };
     let run = Run {
-        args: vec![Box::leak(frames.into_boxed_str())],
+        args: vec![Box::leak(frames.into_boxed_str()), Box::leak(depth.into_boxed_str())],
+        sim_args,
         ..Run::new("demo", args.generation, args.mode)
     };
     eprintln!(

@@ -33,6 +33,10 @@ pub enum TraceKind {
     Evict,
     /// A buffer was brought back into local memory (`arg` = its GPU address).
     Restore,
+    /// Work ran on the engine (GPU side, from TIMESTAMPs): `ts_ns` is its
+    /// start on the platform clock, `arg` its duration in ns
+    /// ([`TraceRing::record_gpu_span`]).
+    GpuSpan,
 }
 
 impl TraceKind {
@@ -50,6 +54,7 @@ impl TraceKind {
             TraceKind::Reset => "reset",
             TraceKind::Evict => "evict",
             TraceKind::Restore => "restore",
+            TraceKind::GpuSpan => "gpu",
         }
     }
 }
@@ -139,6 +144,28 @@ impl<'s> TraceRing<'s> {
         }
     }
 
+    /// Records work that ran on engine `queue` from `start_gpu` to
+    /// `end_gpu` on the device clock (two TIMESTAMPs around it), placed on
+    /// the platform clock with `sync` ([`crate::engine::Engine::clock_sync`]).
+    /// The exported trace shows it on the GPU engine's own track. A span
+    /// that ends before it starts is recorded with length 0.
+    pub fn record_gpu_span(
+        &mut self,
+        queue: u8,
+        seqno: u64,
+        sync: &crate::engine::ClockSync,
+        start_gpu: u64,
+        end_gpu: u64,
+    ) {
+        self.record(TraceEvent {
+            ts_ns: sync.to_cpu_ns(start_gpu),
+            kind: TraceKind::GpuSpan,
+            queue,
+            seqno,
+            arg: end_gpu.saturating_sub(start_gpu),
+        });
+    }
+
     /// Events overwritten since the start.
     pub fn dropped(&self) -> u64 {
         self.dropped
@@ -180,11 +207,18 @@ impl<'s> TraceRing<'s> {
     pub fn write_chrome_json(&self, out: &mut impl Write) -> fmt::Result {
         out.write_str("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[")?;
         let mut first = true;
-        for q in 0..4u8 {
+        for (pid, name) in [(1, "driver (CPU side)"), (2, "GPU engines (TIMESTAMPs)")] {
             sep(out, &mut first)?;
             write!(
                 out,
-                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{q},\"args\":{{\"name\":\"{}\"}}}}",
+                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"args\":{{\"name\":\"{name}\"}}}}"
+            )?;
+        }
+        for (pid, q) in (0..4u8).map(|q| (1, q)).chain((0..3u8).map(|q| (2, q))) {
+            sep(out, &mut first)?;
+            write!(
+                out,
+                "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":{q},\"args\":{{\"name\":\"{}\"}}}}",
                 match q {
                     0 => "GFX",
                     1 => "COMPUTE",
@@ -195,6 +229,19 @@ impl<'s> TraceRing<'s> {
         }
         for e in self.iter() {
             sep(out, &mut first)?;
+            if e.kind == TraceKind::GpuSpan {
+                write!(
+                    out,
+                    "{{\"name\":\"job {}\",\"ph\":\"X\",\"pid\":2,\"tid\":{},\"ts\":{}.{:03},\"dur\":{}.{:03}}}",
+                    e.seqno,
+                    e.queue,
+                    e.ts_ns / 1000,
+                    e.ts_ns % 1000,
+                    e.arg / 1000,
+                    e.arg % 1000
+                )?;
+                continue;
+            }
             if e.kind == TraceKind::FenceSignalled && e.arg != 0 && e.arg <= e.ts_ns {
                 let start = e.arg;
                 write!(

@@ -147,6 +147,13 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         self.chip
     }
 
+    fn gpu_clock_ns(&self) -> Option<u64> {
+        // Reading CLOCK_LO latches CLOCK_HI (docs/refgpu.md 2.1).
+        let lo = self.p.read_reg(regs::CLOCK_LO).ok()?;
+        let hi = self.p.read_reg(regs::CLOCK_HI).ok()?;
+        Some(u64::from(hi) << 32 | u64::from(lo))
+    }
+
     fn queues(&self) -> usize {
         self.nq
     }

@@ -184,6 +184,13 @@ pub trait Backend: sealed::Sealed + Sized {
         (0, 0)
     }
 
+    /// The device clock (ns, the clock TIMESTAMP writes), if this mode can
+    /// read it (direct mode reads CLOCK_LO/HI; a kernel driver does not
+    /// expose it).
+    fn gpu_clock_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// Waits for `seqno` of queue `q` without polling, if the backend can.
     fn block(&self, q: usize, seqno: Seqno, timeout_ns: u64) -> Block {
         let _ = (q, seqno, timeout_ns);

@@ -197,4 +197,73 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     pub fn destroy_timestamp(&self, q: TimestampQuery) -> Result<(), BufferError> {
         self.free(q.buffer)
     }
+
+    /// Pairs the device clock with the platform clock, so that GPU
+    /// timestamps can be placed on the driver's timeline (the trace's
+    /// GPU spans, [`crate::debug::TraceRing::record_gpu_span`]). `None` when
+    /// this mode can not read the device clock (kernel mode).
+    ///
+    /// Over ivshmem the model publishes CLOCK into the register page every
+    /// so often (`docs/refgpu.md` 2.3), so a single reading may be stale by
+    /// up to that interval. The pairing therefore reads until the value
+    /// changes (for at most [`CLOCK_SYNC_SPIN_NS`]): the new value was
+    /// published between the last two reads, and the pair takes the middle
+    /// of that window; [`ClockSync::uncertainty_ns`] is half its width.
+    pub fn clock_sync(&self) -> Option<ClockSync> {
+        let p = self.b.platform();
+        let start = p.now_ns();
+        let mut prev = self.b.gpu_clock_ns()?;
+        let mut prev_before = start;
+        // The read count bounds the loop on a platform whose clock stands
+        // still (a test double).
+        for reads in 1u32.. {
+            let before = p.now_ns();
+            let gpu_ns = self.b.gpu_clock_ns()?;
+            let after = p.now_ns();
+            let changed = gpu_ns != prev;
+            if changed || after.saturating_sub(start) > CLOCK_SYNC_SPIN_NS || reads >= CLOCK_SYNC_MAX_READS {
+                // Changed: published within [prev_before, after]. Not
+                // changed: the reading is at most one publish interval old.
+                let from = if changed { prev_before } else { before };
+                let window = after.saturating_sub(from);
+                return Some(ClockSync {
+                    cpu_ns: from.saturating_add(window / 2),
+                    gpu_ns,
+                    uncertainty_ns: window / 2,
+                });
+            }
+            prev = gpu_ns;
+            prev_before = before;
+        }
+        None
+    }
+}
+
+/// Longest [`Engine::clock_sync`] waits for the device clock to move.
+pub const CLOCK_SYNC_SPIN_NS: u64 = 2_000_000;
+/// Most device-clock reads [`Engine::clock_sync`] makes.
+const CLOCK_SYNC_MAX_READS: u32 = 100_000;
+
+/// A device-clock reading paired with the platform clock
+/// ([`Engine::clock_sync`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockSync {
+    /// Platform time (ns) of the reading.
+    pub cpu_ns: u64,
+    /// Device clock (ns) at that moment.
+    pub gpu_ns: u64,
+    /// Half the window the device clock was read in (ns).
+    pub uncertainty_ns: u64,
+}
+
+impl ClockSync {
+    /// Platform time of device-clock time `gpu_ns` (both clocks count
+    /// nanoseconds; saturates at 0).
+    pub const fn to_cpu_ns(&self, gpu_ns: u64) -> u64 {
+        if gpu_ns >= self.gpu_ns {
+            self.cpu_ns.saturating_add(gpu_ns.saturating_sub(self.gpu_ns))
+        } else {
+            self.cpu_ns.saturating_sub(self.gpu_ns.saturating_sub(gpu_ns))
+        }
+    }
 }

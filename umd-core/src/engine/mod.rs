@@ -57,7 +57,7 @@ use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
-pub use events::{Event, EventError, TimestampQuery};
+pub use events::{ClockSync, Event, EventError, TimestampQuery};
 pub use lifecycle::{InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
