@@ -196,7 +196,6 @@ impl Server {
             local_size: opts.local_mem,
             sys_ns_per_kib: opts.ns_per_kib[0],
             local_ns_per_kib: opts.ns_per_kib[1],
-            ..ModelConfig::default()
         };
         let sink: Arc<dyn IrqSink> = irq.clone();
         // SAFETY: both mappings are page aligned, `shm` holds at least 8 KiB

@@ -107,7 +107,6 @@ impl SharedRamServer {
             local_size: opts.local_mem,
             sys_ns_per_kib: opts.ns_per_kib[0],
             local_ns_per_kib: opts.ns_per_kib[1],
-            ..ModelConfig::default()
         };
         // The register page lies inside the mapping, 8 KiB from its end.
         let regs_ptr = std::ptr::NonNull::new(
