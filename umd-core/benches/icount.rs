@@ -166,21 +166,41 @@ struct VaFixture {
     steps: Vec<(usize, u64, u64)>,
 }
 
-/// 1,000 live allocations of the mixed workload in a 1 GiB arena, plus the
-/// steps to replay.
-fn va_setup(mixed: bool) -> Box<VaFixture> {
+/// Which VA workload.
+#[derive(Clone, Copy)]
+enum VaLoad {
+    /// The Memory section's mix, 4,096 nodes over 1 GiB (region trees).
+    Mixed,
+    /// 256 B requests, same allocator.
+    Small,
+    /// talc's random_actions sizes up to 200 B, 2^18 nodes over 128 MiB
+    /// as in tools/talc-bench (512 B regions: the list index).
+    Dense,
+}
+
+/// 1,000 live allocations of the workload, plus the steps to replay.
+fn va_setup(load: VaLoad) -> Box<VaFixture> {
     let mut rng = Lcg(0x5eed);
-    let mut va = VaAllocator::new(vec![VaNode::EMPTY; 4096], 1 << 32, 1 << 30).expect("arena");
+    let (nodes, arena) = match load {
+        VaLoad::Dense => (1 << 18, 128 << 20),
+        VaLoad::Mixed | VaLoad::Small => (4096, 1 << 30),
+    };
+    let mut va = VaAllocator::new(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena");
+    let request = |rng: &mut Lcg| match load {
+        VaLoad::Mixed => rng.request(),
+        VaLoad::Small => (256, 128),
+        VaLoad::Dense => (4 + rng.next() % 196, 8),
+    };
     let live: Vec<u64> = (0..1000)
         .map(|_| {
-            let (s, a) = rng.request();
+            let (s, a) = request(&mut rng);
             va.alloc(s, a, Placement::BottomUp).expect("fill")
         })
         .collect();
     let steps = (0..VA_STEPS)
         .map(|_| {
             let victim = (rng.next() % 1000) as usize;
-            let (s, a) = if mixed { rng.request() } else { (256, 128) };
+            let (s, a) = request(&mut rng);
             (victim, s, a)
         })
         .collect();
@@ -188,10 +208,11 @@ fn va_setup(mixed: bool) -> Box<VaFixture> {
 }
 
 // 100 steady-state steps of `VaAllocator`: free a live allocation (by
-// address), allocate a new one; the mixed workload or 256 B requests.
+// address), allocate a new one; the workloads of `VaLoad`.
 #[library_benchmark]
-#[bench::mixed(args = (true), setup = va_setup)]
-#[bench::small(args = (false), setup = va_setup)]
+#[bench::mixed(args = (VaLoad::Mixed), setup = va_setup)]
+#[bench::small(args = (VaLoad::Small), setup = va_setup)]
+#[bench::dense(args = (VaLoad::Dense), setup = va_setup)]
 fn va_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
     for &(victim, size, align) in &fx.steps {
         let Some(slot) = fx.live.get_mut(victim) else { continue };

@@ -17,7 +17,8 @@
 //! allocation index's O(log n) worst-case shape); its fragmentation column
 //! is not comparable (the arena is mostly one hole).
 //! Run: `cargo bench -p umd-core --bench va_alloc`
-//! (`VA_BENCH_ONLY_OURS=1` for our two rows only, e.g. under `perf record`).
+//! (`VA_BENCH_ONLY_OURS=1` for our two rows only, e.g. under `perf record`;
+//! `VA_BENCH_LARGE_ALIGN=128` gives the large class 128 B alignment).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::hint::black_box;
@@ -229,8 +230,18 @@ fn request(r: &mut Rng) -> (u64, u64) {
     } else if c < 85 {
         (1024 + r.below(63 * 1024), 128)
     } else {
-        (64 * 1024 + 1 + r.below(192 * 1024), 4096)
+        (64 * 1024 + 1 + r.below(192 * 1024), large_align())
     }
+}
+
+/// Alignment of the large class: 4 KiB, or 128 B with
+/// `VA_BENCH_LARGE_ALIGN=128` (to separate the cost of high alignment from
+/// the cost of large sizes, e.g. for talc 4's high-alignment path).
+fn large_align() -> u64 {
+    static ALIGN: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *ALIGN.get_or_init(|| {
+        std::env::var("VA_BENCH_LARGE_ALIGN").ok().and_then(|v| v.parse().ok()).unwrap_or(4096)
+    })
 }
 
 #[derive(Default)]

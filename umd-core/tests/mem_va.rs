@@ -168,9 +168,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: CASES, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_sequences(ops in proptest::collection::vec(op(), 1..STEPS), nodes in 3usize..400) {
+    fn random_sequences(ops in proptest::collection::vec(op(), 1..STEPS), nodes in 3usize..400, list in any::<bool>()) {
         let base = 0x4000_0000u64;
-        let size = 64 * MIB;
+        // Few nodes over 64 MiB: large regions indexed by trees. 4096 more
+        // nodes over 16 MiB: 4 KiB regions indexed by the address list.
+        let (size, nodes) = if list { (16 * MIB, nodes + 4096) } else { (64 * MIB, nodes) };
         let mut a = arena(nodes, base, size);
         let mut live: Vec<(u64, u64)> = Vec::new();
         for op in ops {
@@ -251,7 +253,7 @@ proptest! {
 
 #[test]
 fn fixed_addresses_across_regions_and_groups() {
-    // 4096 nodes -> 4096 regions of 16 KiB over 64 MiB, 256 groups.
+    // 4096 nodes -> 4096 regions of 16 KiB over 64 MiB, 64 groups of 1 MiB.
     let mut a = arena(4096, 0, 64 * MIB);
     // The last allocation before a fixed address may be in the same region,
     // an earlier region of the same group, or a far group.
@@ -279,6 +281,46 @@ fn fixed_addresses_across_regions_and_groups() {
     for x in rest {
         a.free(x).unwrap();
         a.validate().unwrap();
+    }
+    baseline(&a);
+}
+
+/// The largest directory: 2^18 nodes cut a 128 MiB arena into 2^18
+/// regions of 512 B (4096 groups, the whole group bitmap), so small
+/// allocations spread over many tiny region trees. Fixed requests find the
+/// allocation before them across regions, groups and bitmap words.
+#[test]
+#[cfg_attr(miri, ignore = "2^18 nodes: too slow under Miri")]
+fn many_small_regions() {
+    let mut a = arena(1 << 18, 0, 128 * MIB);
+    let mut live = Vec::new();
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..20_000u64 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        if live.len() < 300 || x % 2 == 0 {
+            let align = if x % 7 == 0 { 4096 } else { 8 };
+            live.push(a.alloc(4 + x % 2000, align, Placement::BottomUp).unwrap());
+        } else {
+            let v = live.swap_remove((x % live.len() as u64) as usize);
+            a.free(v).unwrap();
+        }
+        if i % 5000 == 0 {
+            a.validate().unwrap();
+        }
+    }
+    // Beyond the live ones: the last word of the group bitmap, then
+    // fixed ranges whose predecessor is in another word, group or region.
+    let top = a.alloc_fixed(128 * MIB - 512, 128).unwrap();
+    let mid = a.alloc_fixed(100 * MIB + 384, 128).unwrap();
+    assert_eq!(a.alloc_fixed(100 * MIB + 256, 256), Err(VaError::Overlap));
+    assert_eq!(a.alloc_fixed(100 * MIB + 512, 128), Ok(100 * MIB + 512));
+    assert_eq!(a.alloc_fixed(128 * MIB - 1024, 1024), Err(VaError::Overlap));
+    assert_eq!(a.alloc_fixed(64 * MIB, 36 * MIB + 384), Ok(64 * MIB));
+    a.validate().unwrap();
+    for v in live.into_iter().chain([top, mid, 100 * MIB + 512, 64 * MIB]) {
+        a.free(v).unwrap();
     }
     baseline(&a);
 }

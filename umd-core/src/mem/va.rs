@@ -23,6 +23,14 @@
 //!   lives in the node with the region's number, so the directory takes no
 //!   extra storage. A two-level bitmap of non-empty regions answers "the last
 //!   allocation before this address" for fixed-address requests.
+//! - When the node storage is large enough that regions are at most 32
+//!   granules (4 KiB: at least one node per 4 KiB of arena), the directory
+//!   slot holds the region's *first* allocation instead of a tree root, and
+//!   the address-ordered list is the index: a lookup walks at most 34
+//!   ranges of its region, an insertion or removal is O(1) (the next
+//!   allocation is at most two ranges on, as holes are coalesced). No tree
+//!   rotations: with many small allocations this halves the cost of an
+//!   alloc/free pair (docs/perf.md, talc's benchmark suite).
 //!
 //! # Cost
 //!
@@ -39,6 +47,8 @@
 //! worst (everything in one region) an AVL tree of all `n` allocations:
 //! height ≤ 1.44 log2(n + 2). Every operation is therefore O(log n) in the
 //! worst case and O(1) apart from that tree; there is no loop over holes.
+//! With the list index (small regions) the region search is a walk of at
+//! most 34 ranges: every operation is O(1).
 //!
 //! # Placement
 //!
@@ -73,12 +83,25 @@ const GRANULE_SHIFT: u32 = 7;
 pub const EXACT_PROBES: usize = 8;
 
 /// Regions per group: the directory bitmap has one bit per group, and each
-/// group keeps a count of its non-empty regions.
-const GROUP: u32 = 16;
+/// group keeps a count of its non-empty regions. 64 (rather than 16) lets a
+/// large node array cut the arena into 4x more, smaller regions, so region
+/// trees stay a few nodes deep under many small allocations (docs/perf.md,
+/// talc's suite); `prev_region` scans at most 2 x 64 slots.
+const GROUP: u32 = 64;
 
 /// Most regions the allocation index cuts the arena into (64 × 64 groups of
 /// [`GROUP`] regions). The real number is also at most the node capacity.
 pub const MAX_REGIONS: usize = 64 * 64 * GROUP as usize;
+
+/// Regions of at most `1 << LIST_GRANULES_LOG2` granules (4 KiB) index
+/// their allocations with a list instead of a tree (see [`VaAllocator`]'s
+/// module documentation, "Allocation index"): a lookup walks at most that
+/// many ranges.
+const LIST_GRANULES_LOG2: u32 = 5;
+
+/// Most ranges a lookup walks in a list-indexed region: one per granule of
+/// the region, plus a hole before the first allocation.
+const LIST_WALK: usize = (1 << LIST_GRANULES_LOG2) + 2;
 
 /// Upper bound on the height of any tree the allocator builds (AVL height for
 /// `u32::MAX` nodes is below 46), used to bound iterative descents.
@@ -235,6 +258,10 @@ pub struct VaAllocator<S> {
     /// Regions are `1 << region_shift` bytes; `regions` of them.
     region_shift: u32,
     regions: u32,
+    /// Regions are small enough (at most 2^LIST_GRANULES_LOG2 granules)
+    /// that the directory slot holds the region's first allocation and the
+    /// address list is the index; otherwise it holds an AVL tree's root.
+    list_index: bool,
     /// Bit `f`: some class of level `f` is non-empty.
     fl_bits: u64,
     /// Bit `s` of word `f`: class `f * 16 + s` is non-empty.
@@ -308,6 +335,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             high_water: 0,
             region_shift,
             regions,
+            list_index: region_shift <= GRANULE_SHIFT + LIST_GRANULES_LOG2,
             fl_bits: 0,
             sl_bits: [0; FL_COUNT],
             heads: [NIL; CLASSES],
@@ -406,9 +434,25 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// region-tree removal (O(log n) worst case), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
-        let (root, removed) = self.tree_remove(self.root(r), addr);
-        let x = removed.ok_or(VaError::NotAllocated)?;
-        self.set_root(r, root);
+        let x = if self.list_index {
+            let x = self.find_alloc(addr).ok_or(VaError::NotAllocated)?;
+            if self.root(r) == x {
+                // The region's next allocation, if any: holes are
+                // coalesced, so it is at most two ranges on.
+                let mut y = self.next(x);
+                if self.state(y) == HOLE {
+                    y = self.next(y);
+                }
+                let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
+                self.set_root(r, first);
+            }
+            x
+        } else {
+            let (root, removed) = self.tree_remove(self.root(r), addr);
+            let x = removed.ok_or(VaError::NotAllocated)?;
+            self.set_root(r, root);
+            x
+        };
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
@@ -597,8 +641,43 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             if root != NIL {
                 in_group = in_group.wrapping_add(1);
             }
-            let mut prev_key = None;
-            self.check_tree(root, 0, r, &mut prev_key, &mut indexed)?;
+            if self.list_index {
+                if let Some(v) = self.node(root) {
+                    if v.state != ALLOC && v.state != RETIRED {
+                        return Err("directory slot is not an allocation");
+                    }
+                    if self.region_of(v.start) != Some(r) {
+                        return Err("directory slot names another region's allocation");
+                    }
+                    // First of its region: no allocation of the region before it.
+                    let mut p = v.prev;
+                    for _ in 0..2 {
+                        let Some(w) = self.node(p) else { break };
+                        if self.region_of(w.start) != Some(r) {
+                            break;
+                        }
+                        if w.state != HOLE {
+                            return Err("directory slot is not the region's first allocation");
+                        }
+                        p = w.prev;
+                    }
+                    // Every allocation of the region is reached by the walk.
+                    let mut x = root;
+                    for _ in 0..LIST_WALK {
+                        let Some(w) = self.node(x) else { break };
+                        if self.region_of(w.start) != Some(r) {
+                            break;
+                        }
+                        if w.state == ALLOC || w.state == RETIRED {
+                            indexed = indexed.wrapping_add(1);
+                        }
+                        x = w.next;
+                    }
+                }
+            } else {
+                let mut prev_key = None;
+                self.check_tree(root, 0, r, &mut prev_key, &mut indexed)?;
+            }
             let g = r / GROUP;
             if r.wrapping_add(1) % GROUP == 0 || r.wrapping_add(1) == self.regions {
                 if self.node(g).map(|x| x.group) != Some(in_group) {
@@ -723,8 +802,15 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         };
         self.set(n, addr, size, ALLOC);
         if let Some(r) = self.region_of(addr) {
-            let root = self.tree_insert(self.root(r), n);
-            self.set_root(r, root);
+            if self.list_index {
+                let first = self.root(r);
+                if first == NIL || addr < self.start(first) {
+                    self.set_root(r, n);
+                }
+            } else {
+                let root = self.tree_insert(self.root(r), n);
+                self.set_root(r, root);
+            }
         }
         self.alloc_count = self.alloc_count.wrapping_add(1);
         self.used = self.used.wrapping_add(size);
@@ -740,10 +826,17 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         let Some(r) = self.region_of(addr) else {
             return NIL;
         };
-        let a = self.tree_pred_or_eq(self.root(r), addr).or_else(|| {
-            let p = self.prev_region(r)?;
-            self.tree_max(self.root(p))
-        });
+        let a = if self.list_index {
+            self.list_pred_or_eq(r, addr).or_else(|| {
+                let p = self.prev_region(r)?;
+                self.list_pred_or_eq(p, u64::MAX)
+            })
+        } else {
+            self.tree_pred_or_eq(self.root(r), addr).or_else(|| {
+                let p = self.prev_region(r)?;
+                self.tree_max(self.root(p))
+            })
+        };
         match a {
             // Holes are coalesced, so whatever follows the last allocation
             // at or before `addr` is a hole reaching past `addr`.
@@ -1086,6 +1179,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 
     fn find_alloc(&self, addr: u64) -> Option<u32> {
         let r = self.region_of(addr)?;
+        if self.list_index {
+            return self.list_pred_or_eq(r, addr).filter(|&x| self.start(x) == addr);
+        }
         let mut x = self.root(r);
         for _ in 0..MAX_HEIGHT {
             let v = self.node(x)?;
@@ -1095,6 +1191,25 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             x = if addr < v.start { v.a } else { v.b };
         }
         None
+    }
+
+    /// List index: the last allocation of region `r` starting at or before
+    /// `key`. Walks the address list from the region's first allocation, at
+    /// most [`LIST_WALK`] ranges (every range is at least a granule).
+    fn list_pred_or_eq(&self, r: u32, key: u64) -> Option<u32> {
+        let mut x = self.root(r);
+        let mut best = None;
+        for _ in 0..LIST_WALK {
+            let Some(v) = self.node(x) else { break };
+            if v.start > key || self.region_of(v.start) != Some(r) {
+                break;
+            }
+            if v.state == ALLOC || v.state == RETIRED {
+                best = Some(x);
+            }
+            x = v.next;
+        }
+        best
     }
 
     // ----- region trees: AVL keyed by `start` ------------------------------
