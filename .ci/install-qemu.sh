@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs qemu-system-aarch64 (package qemu-system-arm) from Debian
+# Installs qemu-system-aarch64 and qemu-system-arm (the Cortex-M board,
+# mps2-an386), both in package qemu-system-arm, from Debian
 # bookworm-backports, for qemu-tests. Idempotent: does nothing when the
 # binary is already there; adds the backports suite to apt's sources only if
 # no source lists it yet.
@@ -10,8 +11,8 @@
 # (docs/baremetal.md).
 set -euo pipefail
 
-if command -v qemu-system-aarch64 >/dev/null 2>&1; then
-    echo "qemu-system-aarch64 already installed: $(qemu-system-aarch64 --version | head -n1)"
+if command -v qemu-system-aarch64 >/dev/null 2>&1 && command -v qemu-system-arm >/dev/null 2>&1; then
+    echo "qemu-system-aarch64 and qemu-system-arm already installed: $(qemu-system-aarch64 --version | head -n1)"
     exit 0
 fi
 
@@ -36,3 +37,4 @@ $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq -t bookworm-backports --no-install-recommends qemu-system-arm
 
 qemu-system-aarch64 --version | head -n1
+qemu-system-arm --version | head -n1

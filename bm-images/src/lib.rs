@@ -1,5 +1,7 @@
-//! Bare-metal aarch64 images for QEMU's `virt` machine, and the scenarios
-//! they run (shared so every image reports results the same way).
+//! Bare-metal images: aarch64 for QEMU's `virt` machine and Cortex-M4 for
+//! QEMU's `mps2-an386` (the `m-*` binaries, feature `cortex-m-image`,
+//! target `thumbv7em-none-eabihf`), and the scenarios they run (shared so
+//! every image reports results the same way).
 //!
 //! The binaries (`src/bin/*.rs`) need the `image` feature and build only
 //! for `aarch64-unknown-none`; `qemu-tests` builds them with
@@ -22,6 +24,8 @@
 pub mod bench;
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub mod boot;
+#[cfg(all(target_arch = "arm", target_os = "none"))]
+pub mod boot_m;
 pub mod demo;
 /// The bring-up checks the smoke image runs (shared with the Linux
 /// platforms' self-test).
@@ -29,3 +33,14 @@ pub use conformance::bringup as smoke;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub use boot::report_line;
+
+/// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
+#[cfg(all(target_arch = "arm", target_os = "none"))]
+pub fn report_line(r: &conformance::ScenarioResult) {
+    let tag = match r.outcome {
+        conformance::Outcome::Pass => "PASS",
+        conformance::Outcome::Fail => "FAIL",
+        conformance::Outcome::Skip => "SKIP",
+    };
+    platform_baremetal::println!("@@ RESULT {} {tag} {}", r.name, r.detail);
+}

@@ -1,5 +1,8 @@
 //! Bare-metal platform for `umd-core` on QEMU's aarch64 `virt` machine
-//! (`-M virt,gic-version=2 -cpu cortex-a53`, EL1, no firmware, no OS).
+//! (`-M virt,gic-version=2 -cpu cortex-a53`, EL1, no firmware, no OS), and
+//! on the Cortex-M4 of QEMU's `mps2-an386` (`docs/cortex-m.md`: the
+//! shared-RAM transport [`shared_ram`], `cortex-m-rt` boot, SysTick time,
+//! the CMSDK UART, HardFault reports decoded by [`m_fault`]).
 //!
 //! What it does (see `docs/baremetal.md` for the boot flow and memory map):
 //!
@@ -42,10 +45,25 @@
 
 pub mod carveout;
 pub mod esr;
+pub mod hal;
+// Its heartbeat state uses 64-bit atomics: the aarch64 transport (and the
+// host's tests), not built for thumbv7em.
+#[cfg(target_has_atomic = "64")]
 pub mod ivshmem;
 pub mod log;
+pub mod m_fault;
+// aarch64 stage-1 descriptors (64-bit constants): not for 32-bit Arm.
+#[cfg(not(target_arch = "arm"))]
 pub mod map;
 pub mod pci;
+pub mod shared_ram;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
+pub mod arch;
+
+/// The Cortex-M hardware half (`mps2-an386`): the same module name as the
+/// aarch64 one, so the log macros and images find `arch::console`,
+/// `arch::exit` and `arch::timer` on either.
+#[cfg(all(target_arch = "arm", target_os = "none"))]
+#[path = "arch_m/mod.rs"]
 pub mod arch;

@@ -6,7 +6,7 @@
 //! - with the `defmt` feature: to `defmt` (compact frames with interned
 //!   format strings, written over semihosting by `defmt-semihosting`; the
 //!   host decodes them with `defmt-decoder` and the image ELF's `.defmt`
-//!   section, see `qemu-tests`). Timestamps are the generic timer in µs;
+//!   section, see `qemu-tests`). Timestamps are the arch's clock in µs;
 //! - without it, on the bare-metal target: to the PL011 as plain text,
 //!   `LEVEL message` (e.g. `INFO  pci 00:02.0 1af4:1110`);
 //! - on the host (the portable half's unit tests): nowhere; the arguments
@@ -54,7 +54,7 @@ impl<T: fmt::Display + ?Sized> defmt::Format for Disp<'_, T> {
 
 /// The plain-text back end of the macros (bare-metal target, no `defmt`):
 /// one `LEVEL message` line on the PL011.
-#[cfg(all(not(feature = "defmt"), target_arch = "aarch64", target_os = "none"))]
+#[cfg(all(not(feature = "defmt"), target_os = "none"))]
 #[doc(hidden)]
 pub fn plain(level: &str, args: fmt::Arguments<'_>) {
     crate::arch::console::write_fmt(format_args!("{level:<5} {args}\n"));
@@ -72,7 +72,7 @@ macro_rules! __bm_log {
 }
 
 /// The macros' dispatch; not for direct use.
-#[cfg(all(not(feature = "defmt"), target_arch = "aarch64", target_os = "none"))]
+#[cfg(all(not(feature = "defmt"), target_os = "none"))]
 #[doc(hidden)]
 #[macro_export]
 #[collapse_debuginfo(yes)]
@@ -83,7 +83,7 @@ macro_rules! __bm_log {
 }
 
 /// The macros' dispatch; not for direct use.
-#[cfg(all(not(feature = "defmt"), not(all(target_arch = "aarch64", target_os = "none"))))]
+#[cfg(all(not(feature = "defmt"), not(target_os = "none")))]
 #[doc(hidden)]
 #[macro_export]
 #[collapse_debuginfo(yes)]
@@ -131,6 +131,7 @@ macro_rules! trace {
     ($($arg:tt)*) => { $crate::__bm_log!(trace, "TRACE", $($arg)*) };
 }
 
-// The defmt timestamp: the generic timer in microseconds since it started.
-#[cfg(all(feature = "defmt", target_arch = "aarch64", target_os = "none"))]
+// The defmt timestamp: the arch's clock (aarch64: the generic timer;
+// Cortex-M: SysTick) in microseconds since it started.
+#[cfg(all(feature = "defmt", target_os = "none"))]
 defmt::timestamp!("{=u64:us}", crate::arch::timer::now_ns() / 1000);

@@ -28,6 +28,16 @@
 //! [`RUN_TIMEOUT`] (a failure guard, not a performance threshold) kills
 //! both and reports the last console and model lines.
 //!
+//! The Cortex-M board ([`Board::Mps2An386`], [`Run::cortex_m`]) differs
+//! in steps 1-3: the `m-*` images are built for `thumbv7em-none-eabihf`
+//! ([`m_artifacts`]), the harness creates the RAM file with exactly
+//! 16 MiB ([`PSRAM_BYTES`]) and starts `refgpu-sim --shared-ram` on it
+//! (waiting for its "attached" line; a model that refuses the file is a
+//! [`HarnessError::Setup`] with its message), and boots
+//! `qemu-system-arm -M mps2-an386,memory-backend=mem` with the file as
+//! the board's PSRAM (no ivshmem device: the GPU is reached through that
+//! RAM, polling only).
+//!
 //! Nothing is installed here: a missing `qemu-system-aarch64` is an error
 //! naming the package and `.ci/install-qemu.sh`, so the tests fail
 //! loudly instead of passing silently.
@@ -52,7 +62,7 @@ pub const RUN_TIMEOUT: Duration = Duration::from_secs(180);
 pub const QEMU: &str = "qemu-system-aarch64";
 
 /// What to tell someone without QEMU.
-pub const INSTALL_HINT: &str = "qemu-system-aarch64 was not found on PATH. Install QEMU 10 from Debian \
+pub const INSTALL_HINT: &str = "qemu-system-aarch64 or qemu-system-arm was not found on PATH (both come with Debian's qemu-system-arm package). Install QEMU 10 from Debian \
      bookworm-backports: run `.ci/install-qemu.sh` (as root: adds bookworm-backports to apt's sources, \
      then `apt-get install -t bookworm-backports qemu-system-arm`; plain bookworm's 7.2 conflicts with \
      the preinstalled qemu-utils 10.0).";
@@ -76,9 +86,29 @@ impl Mode {
     }
 }
 
+/// The QEMU machine an image boots on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Board {
+    /// `qemu-system-aarch64 -M virt`, Cortex-A53, the GPU behind
+    /// `ivshmem-doorbell` (images of `bm-images`, `aarch64-unknown-none`).
+    Virt,
+    /// `qemu-system-arm -M mps2-an386`, Cortex-M4, the GPU in the shared
+    /// 16 MiB PSRAM (`m-*` images, `thumbv7em-none-eabihf`; polling only).
+    Mps2An386,
+}
+
+/// QEMU for the Cortex-M board.
+pub const QEMU_ARM: &str = "qemu-system-arm";
+
+/// Size of the Cortex-M board's RAM file: QEMU's `mps2-an386` PSRAM,
+/// which must be exactly this.
+pub const PSRAM_BYTES: u64 = 16 << 20;
+
 /// One boot of an image.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct Run {
+    /// The machine.
+    pub board: Board,
     /// Image (binary of `bm-images`).
     pub image: &'static str,
     /// GPU generation the model runs (`refgpu-sim --gen`).
@@ -92,12 +122,33 @@ pub struct Run {
     /// Kill `refgpu-sim` (SIGKILL, as a crash) when a console line starts
     /// with this text: the device-loss test.
     pub kill_model_on: Option<&'static str>,
+    /// Boot without starting the model (the image must say that none is
+    /// running; Cortex-M only).
+    pub no_model: bool,
+    /// Size the harness gives the shared RAM file instead of
+    /// [`PSRAM_BYTES`] (a wrong size must be refused; Cortex-M only).
+    pub ram_file_bytes: Option<u64>,
 }
 
 impl Run {
     /// A plain run of `image` on `generation` in `mode`.
     pub fn new(image: &'static str, generation: u8, mode: Mode) -> Run {
-        Run { image, generation, mode, sim_args: Vec::new(), args: Vec::new(), kill_model_on: None }
+        Run {
+            board: Board::Virt,
+            image,
+            generation,
+            mode,
+            sim_args: Vec::new(),
+            args: Vec::new(),
+            kill_model_on: None,
+            no_model: false,
+            ram_file_bytes: None,
+        }
+    }
+
+    /// A run of the Cortex-M image `image` on `mps2-an386` (polling).
+    pub fn cortex_m(image: &'static str, generation: u8) -> Run {
+        Run { board: Board::Mps2An386, ..Run::new(image, generation, Mode::Polling) }
     }
 }
 
@@ -218,7 +269,11 @@ fn target_dir() -> PathBuf {
 
 /// Whether `qemu-system-aarch64` runs.
 pub fn qemu_available() -> bool {
-    Command::new(QEMU)
+    qemu_runs(QEMU)
+}
+
+fn qemu_runs(qemu: &str) -> bool {
+    Command::new(qemu)
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -281,6 +336,37 @@ pub fn artifacts() -> Result<Artifacts, String> {
             let t = target_dir();
             Ok(Artifacts {
                 image_dir: t.join("aarch64-unknown-none").join("release"),
+                sim: t.join("release").join("refgpu-sim"),
+            })
+        })
+        .clone()
+}
+
+/// Builds the Cortex-M images (`m-*`) and the model once per process;
+/// returns the images' directory.
+pub fn m_artifacts() -> Result<Artifacts, String> {
+    static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            cargo(
+                &[
+                    "build",
+                    "--release",
+                    "--target",
+                    "thumbv7em-none-eabihf",
+                    "--features",
+                    "cortex-m-image,defmt",
+                    "-p",
+                    "bm-images",
+                ],
+                &IMAGE_ENV,
+            )
+            .map_err(|e| e.to_string())?;
+            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"], &[])
+                .map_err(|e| e.to_string())?;
+            let t = target_dir();
+            Ok(Artifacts {
+                image_dir: t.join("thumbv7em-none-eabihf").join("release"),
                 sim: t.join("release").join("refgpu-sim"),
             })
         })
@@ -365,10 +451,18 @@ pub fn boot(run: &Run) -> Result<Outcome, HarnessError> {
 /// what happened. The two streams are read separately, so their relative
 /// order is only approximate.
 pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outcome, HarnessError> {
-    if !qemu_available() {
+    let qemu = match run.board {
+        Board::Virt => QEMU,
+        Board::Mps2An386 => QEMU_ARM,
+    };
+    if !qemu_runs(qemu) {
         return Err(HarnessError::NoQemu);
     }
-    let art = artifacts().map_err(HarnessError::Build)?;
+    let art = match run.board {
+        Board::Virt => artifacts(),
+        Board::Mps2An386 => m_artifacts(),
+    }
+    .map_err(HarnessError::Build)?;
     let image = art.image_dir.join(run.image);
     if !image.exists() {
         return Err(HarnessError::Build(format!("image {} was not built", image.display())));
@@ -383,21 +477,50 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     let ram_size = format!("{RAM_MB}M");
 
     let model_lines: Lines = Arc::default();
+    if run.board == Board::Mps2An386 {
+        // QEMU maps this file as the PSRAM: it must be exactly 16 MiB; the
+        // model attaches to it and refuses any other size.
+        let len = run.ram_file_bytes.unwrap_or(PSRAM_BYTES);
+        std::fs::File::create(&ram)
+            .and_then(|f| f.set_len(len))
+            .map_err(|e| HarnessError::Setup(format!("RAM file {}: {e}", ram.display())))?;
+    }
     let mut sim_cmd = Command::new(&art.sim);
+    match run.board {
+        Board::Virt => {
+            sim_cmd.arg("--socket").arg(&sock).arg("--mem-file").arg(&ram).args([
+                "--mem-size",
+                &ram_size,
+                "--vectors",
+                "4",
+            ]);
+        }
+        Board::Mps2An386 => {
+            sim_cmd.arg("--shared-ram").arg(&ram);
+        }
+    }
     sim_cmd
-        .arg("--socket")
-        .arg(&sock)
-        .arg("--mem-file")
-        .arg(&ram)
-        .args(["--mem-size", &ram_size, "--gen", &run.generation.to_string(), "--vectors", "4"])
+        .args(["--gen", &run.generation.to_string()])
         .args(&run.sim_args)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let mut sim = Guard {
-        child: sim_cmd
-            .spawn()
-            .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?,
+        child: if run.no_model {
+            // Something to guard that is not the model: the image must
+            // find no model attached.
+            Command::new("sleep")
+                .arg("3600")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| HarnessError::Setup(format!("starting sleep: {e}")))?
+        } else {
+            sim_cmd
+                .spawn()
+                .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?
+        },
         name: "refgpu-sim",
         polite: true,
     };
@@ -408,25 +531,45 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     if let Some(e) = sim.child.stderr.take() {
         readers.push(collect(e, model_lines.clone()));
     }
-    // The model creates the RAM file and then listens; wait for the socket.
+    // The model creates the RAM file and then listens; wait for the socket
+    // (ivshmem) or for its "attached" line (shared RAM).
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
+    let ready = || match run.board {
+        Board::Virt => sock.exists(),
+        Board::Mps2An386 => run.no_model || snapshot(&model_lines).iter().any(|l| l.contains("attached to")),
+    };
+    while !ready() {
         if let Ok(Some(st)) = sim.child.try_wait() {
             return Err(HarnessError::Setup(format!(
-                "refgpu-sim exited ({st}) before listening:\n{}",
+                "refgpu-sim exited ({st}) before listening or attaching:\n{}",
                 snapshot(&model_lines).join("\n")
             )));
         }
         if Instant::now() > deadline {
-            return Err(HarnessError::Setup("refgpu-sim did not create its socket".into()));
+            return Err(HarnessError::Setup("refgpu-sim did not create its socket or attach".into()));
         }
         thread::sleep(Duration::from_millis(5));
     }
 
     let console: Lines = Arc::default();
-    let mut qemu_cmd = Command::new(QEMU);
+    let mut qemu_cmd = Command::new(qemu);
+    match run.board {
+        Board::Virt => {
+            qemu_cmd.args([
+                "-M",
+                "virt,gic-version=2,memory-backend=mem",
+                "-cpu",
+                "cortex-a53",
+                "-m",
+                &ram_size,
+            ]);
+        }
+        Board::Mps2An386 => {
+            qemu_cmd.args(["-M", "mps2-an386,memory-backend=mem"]);
+        }
+    }
+    let psram = format!("{}M", PSRAM_BYTES >> 20);
     qemu_cmd
-        .args(["-M", "virt,gic-version=2,memory-backend=mem", "-cpu", "cortex-a53", "-m", &ram_size])
         // QEMU's stdout: the semihosting `:tt` stream, i.e. the defmt
         // frames alone. The PL011 text goes to QEMU's stderr (with QEMU's
         // own messages, as before).
@@ -440,17 +583,20 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
             run.args.iter().map(|a| format!(",arg={a}")).collect::<String>()
         ))
         .arg("-object")
-        .arg(format!("memory-backend-file,id=mem,size={ram_size},mem-path={},share=on", ram.display()))
-        .arg("-chardev")
-        .arg(format!("socket,path={},id=ivs", sock.display()))
-        .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"])
-        .arg("-kernel")
-        .arg(&image)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .arg(format!(
+            "memory-backend-file,id=mem,size={},mem-path={},share=on",
+            if run.board == Board::Virt { &ram_size } else { &psram },
+            ram.display()
+        ));
+    if run.board == Board::Virt {
+        qemu_cmd
+            .arg("-chardev")
+            .arg(format!("socket,path={},id=ivs", sock.display()))
+            .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"]);
+    }
+    qemu_cmd.arg("-kernel").arg(&image).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
     let mut qemu = Guard {
-        child: qemu_cmd.spawn().map_err(|e| HarnessError::Setup(format!("starting {QEMU}: {e}")))?,
+        child: qemu_cmd.spawn().map_err(|e| HarnessError::Setup(format!("starting {qemu}: {e}")))?,
         name: "qemu",
         polite: false,
     };

@@ -554,3 +554,26 @@ fn completions_seen_by_any_path_are_traced_and_reclaimed() {
     assert_eq!(dev.stats().fences_signalled, 2);
     assert_eq!(dev.pool_stats().in_flight, 0, "both chunks reclaimed");
 }
+
+/// `MemoryPlan` is exactly what `Device::new` takes: a fake with that many
+/// bytes is enough, one page less is not, and the plan names the pool
+/// that did not fit (the IB pool, allocated last).
+#[test]
+fn memory_plan_is_what_device_new_takes() {
+    use umd_core::direct::MemoryPlan;
+    for (cfg, mmu) in [(small_cfg(), MmuMode::DEFAULT), (Config::DEFAULT, MmuMode::Bypass)] {
+        let plan = MemoryPlan::new(&cfg, mmu, 8, 3);
+        let fake = Fake::new(Generation::Gen1, plan.total());
+        let mut storage: Box<Storage> = Box::default();
+        let dev = Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).unwrap();
+        assert_eq!(fake.state().bytes_in_use(), plan.total());
+        drop(dev);
+        assert_eq!(fake.state().bytes_in_use(), 0);
+        let short = plan.total() - 4096;
+        let fake = Fake::new(Generation::Gen1, short);
+        let mut storage: Box<Storage> = Box::default();
+        assert!(Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).is_err());
+        assert_eq!(fake.state().bytes_in_use(), 0, "a failed Device::new gives everything back");
+        assert_eq!(plan.check(short).unwrap_err().what, "IB pool");
+    }
+}

@@ -6,11 +6,13 @@
 //! queue's fence slot it depends on, an INDIRECT_BUFFER to the recorded
 //! commands, and a FENCE writing the submission's sequence number to its
 //! queue's slot (with an interrupt). [`hang`] is the progress-based hang
-//! and fault check and the reset; [`tables`] the GPU page tables.
+//! and fault check and the reset; [`tables`] the GPU page tables;
+//! [`plan`] the DMA memory a device takes at bring-up.
 //!
 //! [`Device`] is the engine over this backend.
 
 pub mod hang;
+pub mod plan;
 pub mod tables;
 
 use core::sync::atomic::fence as mem_fence;
@@ -33,6 +35,7 @@ use crate::sync::{Seqno, MAX_QUEUES};
 
 pub use crate::engine::InitError;
 use hang::Watch;
+pub use plan::{DoesNotFit, MemoryPlan};
 use tables::Tables;
 
 /// Fence slot stride: 64 bytes, the strictest generation's alignment.

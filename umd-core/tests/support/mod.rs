@@ -314,6 +314,11 @@ impl FakeState {
         Ok(unsafe { DmaRegion::new(ptr, MEM_BASE + off as u64, pages * PAGE) })
     }
 
+    /// Bytes of the fake's memory handed out.
+    pub fn bytes_in_use(&self) -> usize {
+        self.pages_used.iter().filter(|u| **u).count() * PAGE
+    }
+
     pub fn dma_free(&mut self, region: DmaRegion) {
         let off = (region.dev_addr() - MEM_BASE) as usize;
         let pages = region.len() / PAGE;

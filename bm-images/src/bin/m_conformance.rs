@@ -1,0 +1,50 @@
+//! Cortex-M conformance image (`mps2-an386`): the whole `conformance`
+//! suite on the refgpu behind the shared-RAM binding (polling), one
+//! `@@ RESULT` line per scenario with its guest time, the page-fault
+//! scenario's decoded report between `@@ REPORT <scenario> BEGIN` /
+//! `@@ REPORT END`, then exits through semihosting: 0 when nothing
+//! failed, 1 otherwise. Scenarios that cannot run here (no threads; gen1
+//! has no local memory) are skipped with the reason printed.
+#![no_std]
+#![no_main]
+
+use bm_images::boot_m::{self, Gpu};
+use bm_images::report_line;
+use conformance::{Env, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use platform_baremetal::arch::{exit, timer};
+use platform_baremetal::{image_main, println};
+
+image_main!(main);
+
+static DEVICE: spin::Once<Gpu<SUITE_CHUNKS>> = spin::Once::new();
+
+fn main() -> ! {
+    let dev = boot_m::device("m-conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);
+    // One core, no scheduler: no threads for the multi-submitter scenario.
+    let env = Env { parallel: None };
+    let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
+    for s in conformance::scenarios() {
+        let t0 = timer::now_ns();
+        let r = s.run(dev, &env);
+        let ms = timer::now_ns().saturating_sub(t0) / 1_000_000;
+        match r.outcome {
+            Outcome::Pass => passed += 1,
+            Outcome::Fail => failed += 1,
+            Outcome::Skip => skipped += 1,
+        }
+        report_line(&r);
+        println!("   ({} ms guest time)", ms);
+        if r.name == "page_fault_reported" {
+            if let Some(h) = dev.last_hang() {
+                println!("@@ REPORT {} BEGIN", r.name);
+                println!("{h}");
+                println!("@@ REPORT END");
+            }
+        }
+    }
+    println!("stats: {:?}", dev.stats());
+    println!("doorbells rung: {}", dev.platform().doorbells_rung());
+    println!("@@ IRQS msi=0 total=0");
+    println!("@@ DONE passed={passed} failed={failed} skipped={skipped}");
+    exit::exit(if failed == 0 { 0 } else { 1 })
+}

@@ -1,0 +1,116 @@
+//! Cortex-M fault image (`mps2-an386`): failures on purpose, for the fault
+//! tests. Semihosting command line (after the image name):
+//!
+//! - `cpu`: reads an address nothing decodes (after printing
+//!   `@@ FAULT_ADDR <addr>`); the bus fault escalates to HardFault, whose
+//!   handler prints the stacked registers and CFSR/HFSR/MMFAR/BFAR
+//!   decoded, and exits with status 3.
+//! - `device_loss`: first rings a doorbell for an engine that does not
+//!   exist (`@@ BAD_DOORBELL <error>`: refused, nothing written), then
+//!   submits small jobs on every queue, waiting for each; after a few
+//!   prints `@@ KILL_MODEL_NOW` (the harness SIGKILLs `refgpu-sim`). When
+//!   a submit or wait fails, prints `@@ DEVICE_LOST ...` with how long
+//!   after the last completed fence the loss was detected, and exits 4.
+//! - `small_carveout`: brings up with a 64 KiB GPU carve-out, too small
+//!   for the device's pools: `@@ FATAL bring-up: ...` naming the pool
+//!   that does not fit, exit 2 (before looking for the model).
+#![no_std]
+#![no_main]
+
+use bm_images::boot_m::{self, Gpu};
+use platform_baremetal::arch::{exit, timer};
+use platform_baremetal::{image_main, println};
+use umd_core::config::Config;
+use umd_core::direct::MmuMode;
+use umd_core::platform::DirectIo;
+use umd_core::sync::QueueId;
+
+image_main!(main);
+
+/// Exit status when the device was lost (and reported).
+const EXIT_DEVICE_LOST: i32 = 4;
+
+/// Nothing decodes this address on mps2-an386 (between the PSRAM's end at
+/// 0x2200_0000 and the peripherals at 0x4000_0000): a precise bus fault.
+const UNMAPPED: usize = 0x3000_0040;
+
+static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
+
+fn main() -> ! {
+    if boot_m::has_arg("cpu") {
+        println!("@@ BOOT m-fault mode=polling");
+        println!("@@ FAULT_ADDR {UNMAPPED:#x}");
+        // SAFETY: deliberately invalid: the read faults (bus error) and
+        // the HardFault handler reports it and exits; it never returns.
+        let v = unsafe { (UNMAPPED as *const u32).read_volatile() };
+        println!("@@ FATAL read of an unmapped address returned {v:#x}");
+        exit::exit(1)
+    }
+    if boot_m::has_arg("small_carveout") {
+        let cfg = Config::DEFAULT;
+        boot_m::transport("m-fault", 64 * 1024, &cfg, MmuMode::DEFAULT, 8);
+        println!("@@ FATAL a 64 KiB carve-out was accepted");
+        exit::exit(1)
+    }
+    if boot_m::has_arg("device_loss") {
+        device_loss()
+    }
+    println!("@@ FATAL m-fault image: say `cpu`, `device_loss` or `small_carveout`");
+    exit::exit(2)
+}
+
+fn device_loss() -> ! {
+    let cfg = Config::DEFAULT;
+    let dev = boot_m::device("m-fault", &DEVICE, cfg, MmuMode::DEFAULT);
+    let before = dev.platform().doorbells_rung();
+    match dev.platform().doorbell(3) {
+        Ok(()) => println!("@@ FATAL a doorbell for engine 3 was accepted"),
+        Err(e) => println!(
+            "@@ BAD_DOORBELL engine 3: {e:?} (doorbells rung before {before}, after {})",
+            dev.platform().doorbells_rung()
+        ),
+    }
+    let va = match dev.alloc_buffer(4096).map(|b| dev.va(b)) {
+        Ok(Ok(va)) => va,
+        _ => {
+            println!("@@ FATAL alloc");
+            exit::exit(2)
+        }
+    };
+    let mut last_ok = timer::now_ns();
+    for i in 0..1_000_000u64 {
+        if i == 20 {
+            println!("@@ KILL_MODEL_NOW after {i} fences");
+        }
+        let q = QueueId((i % 3) as u8);
+        let err = match dev.submit(q, &[], |cb| cb.write_data(va + 4 * (i % 1024), &[i as u32])) {
+            Ok(f) => match dev.wait(f, 30_000_000_000) {
+                Ok(()) => None,
+                Err(e) => Some(Err(e)),
+            },
+            Err(e) => Some(Ok(e)),
+        };
+        let Some(err) = err else {
+            last_ok = timer::now_ns();
+            continue;
+        };
+        let ms = timer::now_ns().saturating_sub(last_ok) / 1_000_000;
+        let window_ms = cfg.hang.window_ns / 1_000_000;
+        match err {
+            Ok(e) => println!(
+                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): submit: {e}"
+            ),
+            Err(e) => println!(
+                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): wait: {e}"
+            ),
+        }
+        println!("device lost: {}, transport lost: {}", dev.is_lost(), dev.platform().is_lost());
+        if let Some(h) = dev.last_hang() {
+            println!("{h}");
+        }
+        println!("stats: {:?}", dev.stats());
+        exit::exit(EXIT_DEVICE_LOST)
+    }
+    println!("@@ FATAL the device was never lost");
+    exit::exit(1)
+}

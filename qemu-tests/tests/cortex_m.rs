@@ -1,0 +1,226 @@
+//! The Cortex-M4 under QEMU `mps2-an386`, the GPU in the board's shared
+//! PSRAM (`docs/cortex-m.md`): the whole conformance suite on both
+//! generations (one boot each), the fault image (model killed, CPU fault,
+//! a doorbell for an engine that does not exist, a carve-out too small for
+//! the pools), no model running, and a RAM file of the wrong size.
+
+use qemu_tests::{boot, check_run, check_scenario, outcome, HarnessError, Run, Status};
+
+/// Exit status of the fault image after a detected device loss.
+const EXIT_DEVICE_LOST: i32 = 4;
+/// Exit status after a CPU exception.
+const EXIT_EXCEPTION: i32 = 3;
+/// Exit status when bring-up failed.
+const EXIT_BRINGUP: i32 = 2;
+
+fn suite(generation: u8) -> Run {
+    Run::cortex_m("m-conformance", generation)
+}
+
+/// Every scenario reported once, in order; the only skips are the ones
+/// this board cannot run, each with its reason printed.
+fn every_scenario_reported(generation: u8) {
+    let r = suite(generation);
+    let out = outcome(&r);
+    let Ok(out) = out.as_ref() else { return };
+    for (n, s) in &out.results {
+        eprintln!("cortex-m gen{generation} {n}: {s:?}");
+    }
+    let names: Vec<&str> = out.results.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, conformance::SCENARIO_NAMES, "scenarios reported\n{}", out.tail(30));
+    let bad: Vec<_> = out
+        .results
+        .iter()
+        .filter(|(n, s)| match s {
+            Status::Pass => false,
+            Status::Skip(why) => {
+                !((n == "multi_submitter" && why.contains("no threads"))
+                    || (n == "local_memory_eviction" && generation == 1 && why.contains("no local memory")))
+            }
+            Status::Fail(_) => true,
+        })
+        .collect();
+    assert!(bad.is_empty(), "scenarios not passing on {r:?}: {bad:?}\n{}", out.tail(30));
+}
+
+macro_rules! gen_suite {
+    ($m:ident, $gen:expr) => {
+        mod $m {
+            use super::*;
+
+            #[test]
+            fn exits_zero_on_the_right_generation_polling() {
+                check_run(&suite($gen));
+            }
+            #[test]
+            fn every_scenario_reported_and_passing() {
+                every_scenario_reported($gen);
+            }
+            #[test]
+            fn page_fault_report_over_the_uart() {
+                let out = outcome(&suite($gen));
+                let Ok(out) = out.as_ref() else { return };
+                let Some((_, lines)) = out.reports.iter().find(|(n, _)| n == "page_fault_reported") else {
+                    panic!("no fault report printed\n{}", out.tail(40))
+                };
+                let text = lines.join("\n");
+                for want in ["Translation fault on Read at 0x1c0000040", "DMA_COPY", "SRC=0x1c0000040"] {
+                    assert!(text.contains(want), "fault report lacks {want:?}:\n{text}");
+                }
+            }
+            #[test]
+            fn core_scenarios() {
+                for s in [
+                    "copy_fill_write",
+                    "ib_chaining",
+                    "ring_wraparound",
+                    "pipeline_copy_compute_copy",
+                    "hang_detected_and_recovered",
+                    "stress_random_dependencies",
+                    "events_across_queues",
+                ] {
+                    check_scenario(&suite($gen), s);
+                }
+            }
+            #[test]
+            fn defmt_logs_decoded() {
+                let out = outcome(&suite($gen));
+                let Ok(out) = out.as_ref() else { return };
+                assert!(
+                    out.log("shared RAM: model attached").is_some(),
+                    "no decoded defmt bring-up log\n{}",
+                    out.tail(20)
+                );
+            }
+        }
+    };
+}
+
+gen_suite!(gen1, 1);
+gen_suite!(gen2, 2);
+
+#[test]
+fn gen2_runs_local_memory_eviction() {
+    check_scenario(&suite(2), "local_memory_eviction");
+}
+
+/// `refgpu-sim` is SIGKILLed while the guest submits and waits: the guest
+/// notices by itself (the heartbeat stops; QEMU exits on its own), prints
+/// `@@ DEVICE_LOST`, and exits 4. Before that, a doorbell for engine 3 was
+/// refused without ringing anything.
+#[test]
+fn model_killed_mid_run_and_bad_doorbell() {
+    let run = Run {
+        args: vec!["device_loss"],
+        kill_model_on: Some("@@ KILL_MODEL_NOW"),
+        ..Run::cortex_m("m-fault", 1)
+    };
+    let out = outcome(&run);
+    let Ok(out) = out.as_ref() else { return };
+    let bad = out
+        .console
+        .iter()
+        .find(|l| l.starts_with("@@ BAD_DOORBELL"))
+        .unwrap_or_else(|| panic!("{}", out.tail(30)));
+    assert!(bad.contains("Unsupported"), "{bad}");
+    let (before, after) = (bad.split("before ").nth(1), bad.split("after ").nth(1));
+    assert_eq!(
+        before.and_then(|s| s.split(',').next()),
+        after.map(|s| s.trim_end_matches(')')),
+        "the refused doorbell rang something: {bad}"
+    );
+    assert!(out.model_killed, "the guest never asked for the kill\n{}", out.tail(30));
+    assert!(!out.timed_out, "the guest did not notice the model dying\n{}", out.tail(30));
+    let line = out
+        .console
+        .iter()
+        .find(|l| l.starts_with("@@ DEVICE_LOST detected"))
+        .unwrap_or_else(|| panic!("no device-loss report\n{}", out.tail(30)));
+    eprintln!("cortex-m: {line}");
+    assert!(line.contains("device lost") || line.contains("DeviceLost"), "not a device loss: {line}");
+    let ms: u64 = line
+        .strip_prefix("@@ DEVICE_LOST detected ")
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unparsable: {line}"));
+    let window: u64 = line
+        .split("(hang window ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("unparsable: {line}"));
+    // Failure guard, not a performance threshold (see tests/faults.rs).
+    assert!(ms <= 10 * window, "device loss noticed after {ms} ms with a {window} ms hang window");
+    assert_eq!(out.exit_code, Some(EXIT_DEVICE_LOST), "QEMU exit status\n{}", out.tail(30));
+}
+
+/// A bus fault on purpose: the HardFault handler prints the stacked
+/// registers and the decoded CFSR/HFSR/MMFAR/BFAR, and QEMU exits 3.
+#[test]
+fn hard_fault_is_decoded_and_exits_non_zero() {
+    let out = outcome(&Run { args: vec!["cpu"], ..Run::cortex_m("m-fault", 1) });
+    let Ok(out) = out.as_ref() else { return };
+    let text = out.console.join("\n");
+    let addr = out
+        .console
+        .iter()
+        .find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))
+        .and_then(|a| u32::from_str_radix(a.trim().trim_start_matches("0x"), 16).ok())
+        .unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
+    for want in [
+        "@@ EXCEPTION HardFault: PC 0x",
+        "BusFault: CFSR 0x00008200 [PRECISERR (precise data bus error), BFARVALID]",
+        "HFSR 0x40000000 [FORCED",
+        "MMFAR 0x",
+        &format!("BFAR {addr:#010x}"),
+        &format!("bus fault at address {addr:#010x}"),
+        &format!("r0  {addr:#010x}"),
+        "r12 0x",
+        "lr  0x",
+        "xpsr 0x",
+    ] {
+        assert!(text.contains(want), "HardFault report lacks {want:?}:\n{text}");
+    }
+    assert!(!text.contains("@@ FATAL"), "the faulting read returned:\n{text}");
+    assert_eq!(out.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
+}
+
+/// A firmware whose carve-out is too small for the device's pools gets a
+/// typed error naming the pool that did not fit, and exits 2.
+#[test]
+fn carve_out_too_small_is_named() {
+    let out = outcome(&Run { args: vec!["small_carveout"], ..Run::cortex_m("m-fault", 1) });
+    let Ok(out) = out.as_ref() else { return };
+    let text = out.console.join("\n");
+    assert!(
+        text.contains("@@ FATAL bring-up: GPU carve-out too small for the configured pools: the page tables (262144 bytes) does not fit: 65536 bytes left of 65536"),
+        "{text}"
+    );
+    assert_eq!(out.exit_code, Some(EXIT_BRINGUP), "{text}");
+}
+
+/// No model on the RAM file: the firmware says so after its bounded wait
+/// and exits 2 (no hang).
+#[test]
+fn no_model_running_is_reported() {
+    let out = outcome(&Run { no_model: true, ..Run::cortex_m("m-conformance", 1) });
+    let Ok(out) = out.as_ref() else { return };
+    let text = out.console.join("\n");
+    assert!(!out.timed_out, "{text}");
+    assert!(text.contains("@@ FATAL bring-up: no model attached to the shared RAM"), "{text}");
+    assert_eq!(out.exit_code, Some(EXIT_BRINGUP), "{text}");
+}
+
+/// A RAM file that is not exactly 16 MiB: the model refuses it and the
+/// harness reports the model's reason (QEMU is not started).
+#[test]
+fn wrong_size_ram_file_is_a_harness_error() {
+    let run = Run { ram_file_bytes: Some(8 << 20), ..Run::cortex_m("m-conformance", 1) };
+    match boot(&run) {
+        Err(HarnessError::Setup(why)) => {
+            assert!(why.contains("must be exactly 16 MiB") && why.contains("0x800000 bytes"), "{why}")
+        }
+        Err(e) => panic!("{e}"),
+        Ok(out) => panic!("booted with an 8 MiB RAM file: exit {:?}\n{}", out.exit_code, out.tail(20)),
+    }
+}
