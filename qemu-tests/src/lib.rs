@@ -540,6 +540,10 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     };
     while !ready() {
         if let Ok(Some(st)) = sim.child.try_wait() {
+            // Its pipes are at EOF: let the readers take everything it said.
+            for r in readers.drain(..) {
+                let _ = r.join();
+            }
             return Err(HarnessError::Setup(format!(
                 "refgpu-sim exited ({st}) before listening or attaching:\n{}",
                 snapshot(&model_lines).join("\n")

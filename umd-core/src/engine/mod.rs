@@ -23,7 +23,8 @@
 //! picture.
 //!
 //! The modules: [`submit`] (the submission path), [`complete`] (completion
-//! processing, the service loop, failure handling), [`wait`] (waits),
+//! processing, the service loop, failure handling), [`wait`] (waits), [`wait_async`]
+//! (the same waits as futures for async executors),
 //! [`buffers`] (buffer allocation, freeing and CPU access), [`queue`] (one
 //! queue), [`backend`] (what a mode provides).
 
@@ -37,6 +38,7 @@ pub mod residency;
 pub mod submit;
 pub mod validate;
 pub mod wait;
+pub mod wait_async;
 
 use core::sync::atomic::{AtomicBool, AtomicU32};
 
@@ -61,6 +63,7 @@ pub use events::{ClockSync, Event, EventError, TimestampQuery};
 pub use lifecycle::{InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
+pub use wait_async::{AnyFenceWait, AnyWaitError, FenceWait, Wakeups};
 
 use queue::QueueCore;
 

@@ -1,0 +1,209 @@
+//! Async fence waits (`Engine::wait_async`, `wait_any_async`, `Wakeups`)
+//! against the scripted fake, polled by hand with a counting waker, so
+//! every step is seen: pending and registered with the adaptive
+//! deadline, woken by a tick or an interrupt, ready once the engine ran;
+//! the any-of future's index, its errors and bad input; a full hub. (The same futures under a real executor
+//! with the in-process model: `platform-linux/tests/async_wait.rs`.)
+
+mod support;
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+
+use support::{EngineFault, Fake, Mode};
+use umd_core::config::Config;
+use umd_core::direct::{Device, MmuMode};
+use umd_core::engine::{AnyWaitError, Wakeups};
+use umd_core::hw::Generation;
+use umd_core::queue::WaitError;
+use umd_core::storage::DeviceStorage;
+use umd_core::sync::{FenceError, QueueId};
+
+type Storage = DeviceStorage<256, 256, 64, 256>;
+
+struct Count(AtomicUsize);
+
+impl Wake for Count {
+    fn wake(self: Arc<Self>) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn waker() -> (Arc<Count>, Waker) {
+    let c = Arc::new(Count(AtomicUsize::new(0)));
+    (c.clone(), Waker::from(c))
+}
+
+fn cfg() -> Config {
+    Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
+}
+
+fn with_device(f: impl FnOnce(&Device<'_, Fake, 4>)) {
+    let fake = Fake::new(Generation::Gen2, 4 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev: Device<'_, Fake, 4> = Device::new(&fake, &mut *storage, cfg(), MmuMode::Bypass).unwrap();
+    dev.platform().state().mode = Mode::Manual;
+    f(&dev);
+}
+
+#[test]
+fn pending_then_woken_by_tick_then_ready() {
+    with_device(|dev| {
+        let hub: Wakeups<4> = Wakeups::new();
+        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let (count, w) = waker();
+        let mut cx = Context::from_waker(&w);
+        let mut fut = pin!(dev.wait_async(&hub, f));
+        // Spin phase of the schedule (first 2 µs): the future wakes itself.
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woke itself while the schedule spins");
+        assert_eq!(hub.waiting(), 0);
+        // Past the spin phase: registered with a deadline one interval on.
+        dev.platform().state().now += 5_000;
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Pending);
+        assert_eq!(hub.waiting(), 1);
+        let now = dev.platform().state().now;
+        let deadline = hub.next_deadline().unwrap();
+        assert!(deadline > now && deadline <= now + 1_100, "1 µs step: {deadline} vs {now}");
+        // A tick before the deadline wakes nobody; at the deadline it does.
+        assert_eq!(hub.on_tick(deadline - 1), Some(deadline));
+        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(hub.on_tick(deadline), None);
+        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(hub.waiting(), 0);
+        // Woken but not done: registers again.
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Pending);
+        dev.platform().state().run(0);
+        assert_eq!(hub.on_interrupt(), 1, "an interrupt wakes every waiter");
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(())));
+        // The blocking API is unchanged.
+        assert_eq!(dev.wait(f, 0), Ok(()));
+    });
+}
+
+#[test]
+fn deadlines_follow_the_adaptive_schedule() {
+    with_device(|dev| {
+        let hub: Wakeups<4> = Wakeups::new();
+        let f = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let (_c, w) = waker();
+        let mut cx = Context::from_waker(&w);
+        let mut fut = pin!(dev.wait_async(&hub, f));
+        assert!(fut.as_mut().poll(&mut cx).is_pending()); // starts the clock
+        for (advance, step) in [(200_000u64, 10_000u64), (2_000_000, 100_000)] {
+            dev.platform().state().now += advance;
+            assert!(fut.as_mut().poll(&mut cx).is_pending());
+            let now = dev.platform().state().now;
+            let d = hub.next_deadline().unwrap();
+            assert!(d > now && d <= now + step + 200, "step {step}: deadline {d}, now {now}");
+        }
+    });
+}
+
+#[test]
+fn any_of_reports_the_first_done_and_errors() {
+    with_device(|dev| {
+        let hub: Wakeups<4> = Wakeups::new();
+        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let (_c, w) = waker();
+        let mut cx = Context::from_waker(&w);
+        let list = [a, b];
+        let mut fut = pin!(dev.wait_any_async(&hub, &list));
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        dev.platform().state().run(2);
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(1)), "the COPY fence finished first");
+
+        let mut empty = pin!(dev.wait_any_async(&hub, &[]));
+        assert_eq!(empty.as_mut().poll(&mut cx), Poll::Ready(Err(AnyWaitError::Empty)));
+
+        // A fence that was never submitted is refused, with its index.
+        let mut future_fence = b;
+        for _ in 0..5 {
+            future_fence = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
+        }
+        dev.platform().state().run(2);
+        let other = Fake::new(Generation::Gen2, 4 << 20);
+        let mut st2: Box<Storage> = Box::default();
+        let dev2: Device<'_, Fake, 4> = Device::new(&other, &mut *st2, cfg(), MmuMode::Bypass).unwrap();
+        let foreign = dev2.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let list = [future_fence, foreign];
+        let mut fut = pin!(dev.wait_any_async(&hub, &list));
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(0)), "the first in list order wins");
+        let list = [foreign, future_fence];
+        let mut fut = pin!(dev.wait_any_async(&hub, &list));
+        assert_eq!(
+            fut.as_mut().poll(&mut cx),
+            Poll::Ready(Err(AnyWaitError::Fence { index: 0, error: WaitError::ForeignFence(foreign) }))
+        );
+    });
+}
+
+#[test]
+fn timeout_and_hang_end_the_future() {
+    with_device(|dev| {
+        let hub: Wakeups<4> = Wakeups::new();
+        dev.platform().state().engines[0].fault = EngineFault::Stuck;
+        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let (_c, w) = waker();
+        let mut cx = Context::from_waker(&w);
+        let mut fut = pin!(dev.wait_async(&hub, f).timeout_ns(50_000));
+        assert!(fut.as_mut().poll(&mut cx).is_pending());
+        dev.platform().state().now += 60_000;
+        assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Err(WaitError::Timeout)));
+        // Without a timeout, the device's hang check fails the fence.
+        let mut fut = pin!(dev.wait_async(&hub, f));
+        let mut result = Poll::Pending;
+        for _ in 0..100 {
+            dev.platform().state().now += 200_000_000;
+            result = fut.as_mut().poll(&mut cx);
+            if result.is_ready() {
+                break;
+            }
+        }
+        match result {
+            Poll::Ready(Err(WaitError::Failed(FenceError::DeviceHung))) => {}
+            other => panic!("{other:?}"),
+        }
+    });
+}
+
+#[test]
+fn a_full_hub_wakes_the_future_itself() {
+    with_device(|dev| {
+        let hub: Wakeups<1> = Wakeups::new();
+        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        dev.platform().state().now += 5_000;
+        let (ca, wa) = waker();
+        let (cb, wb) = waker();
+        let mut fa = pin!(dev.wait_async(&hub, a));
+        let mut fb = pin!(dev.wait_async(&hub, b));
+        assert!(fa.as_mut().poll(&mut Context::from_waker(&wa)).is_pending());
+        dev.platform().state().now += 5_000;
+        assert!(fa.as_mut().poll(&mut Context::from_waker(&wa)).is_pending());
+        assert_eq!(hub.waiting(), 1);
+        assert_eq!(ca.0.load(Ordering::SeqCst), 1, "self-woken in the spin phase only, then registered");
+        assert!(fb.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
+        dev.platform().state().now += 5_000;
+        assert!(fb.as_mut().poll(&mut Context::from_waker(&wb)).is_pending());
+        assert_eq!(cb.0.load(Ordering::SeqCst), 2, "no slot: woke itself (spin phase, then full hub)");
+    });
+    // Ticks wake only what is due; interrupts wake everyone.
+    let hub: Wakeups<2> = Wakeups::new();
+    let (c1, w1) = waker();
+    let (c2, w2) = waker();
+    assert!(hub.register(&w1, 100));
+    assert!(hub.register(&w2, 300));
+    assert!(hub.register(&w1, 200), "the same waker refreshes its slot");
+    assert_eq!(hub.waiting(), 2);
+    assert_eq!(hub.on_tick(150), Some(200));
+    assert_eq!(hub.on_tick(200), Some(300));
+    assert_eq!((c1.0.load(Ordering::SeqCst), c2.0.load(Ordering::SeqCst)), (1, 0));
+    assert_eq!(hub.on_interrupt(), 1);
+    assert_eq!(c2.0.load(Ordering::SeqCst), 1);
+    assert_eq!(hub.next_deadline(), None);
+}
