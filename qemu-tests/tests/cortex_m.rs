@@ -224,3 +224,31 @@ fn wrong_size_ram_file_is_a_harness_error() {
         Ok(out) => panic!("booted with an 8 MiB RAM file: exit {:?}\n{}", out.exit_code, out.tail(20)),
     }
 }
+
+/// `embassy-executor` on the M4: two tasks submit to GFX and COPY and
+/// await their fences concurrently (`wait_async`), plus a wait for "any
+/// of" two fences; the waits are woken by TIMER0 one-shot ticks at the
+/// adaptive schedule's deadlines (no interrupts on this binding). The
+/// model charges 20 µs per packet so the waits really suspend.
+#[test]
+fn embassy_tasks_await_fences_concurrently() {
+    let run = Run { sim_args: vec!["--packet-latency".into(), "20us".into()], ..Run::cortex_m("m-async", 2) };
+    let out = outcome(&run);
+    let Ok(out) = out.as_ref() else { return };
+    let text = out.console.join("\n");
+    for q in ["q0", "q2"] {
+        assert!(text.contains(&format!("@@ ASYNC worker {q} rounds=32 ok")), "{text}");
+    }
+    let line = out
+        .console
+        .iter()
+        .find_map(|l| l.strip_prefix("@@ ASYNC overlap max_in_flight="))
+        .unwrap_or_else(|| panic!("{text}"));
+    let mut it = line.split_whitespace();
+    let overlap: u32 = it.next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    let ticks: u32 =
+        it.next().and_then(|t| t.strip_prefix("ticks=")).and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert_eq!(overlap, 2, "the two tasks' waits never overlapped: {text}");
+    assert!(ticks > 0, "no timer tick woke a wait: {text}");
+    assert_eq!(out.exit_code, Some(0), "{text}");
+}

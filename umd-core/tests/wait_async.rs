@@ -207,3 +207,20 @@ fn a_full_hub_wakes_the_future_itself() {
     assert_eq!(c2.0.load(Ordering::SeqCst), 1);
     assert_eq!(hub.next_deadline(), None);
 }
+
+static ARMED: std::sync::Mutex<Vec<u64>> = std::sync::Mutex::new(Vec::new());
+
+fn arm(deadline: u64) {
+    ARMED.lock().unwrap().push(deadline);
+}
+
+#[test]
+fn a_timer_hub_is_told_every_deadline() {
+    let hub: Wakeups<1> = Wakeups::with_timer(arm);
+    let (_c1, w1) = waker();
+    let (_c2, w2) = waker();
+    assert!(hub.register(&w1, 500));
+    assert!(!hub.register(&w2, 400), "full: not stored, so no timer");
+    assert!(hub.register(&w1, 300));
+    assert_eq!(*ARMED.lock().unwrap(), [500, 300]);
+}

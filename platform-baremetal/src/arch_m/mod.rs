@@ -1,6 +1,7 @@
 //! The Cortex-M4 hardware half, for QEMU's `mps2-an386`: boot glue
 //! (`cortex-m-rt`), the CMSDK UART console, SysTick time, the DWT cycle
-//! counter, the HardFault report, semihosting exit and the board
+//! counter, one-shot ticks for async waits (TIMER0), the HardFault
+//! report, semihosting exit and the board
 //! bring-up over the shared-RAM transport.
 //!
 //! No caches: the Cortex-M4 has none for data (the AN386 image has no
@@ -16,6 +17,7 @@ pub mod console;
 pub mod cycles;
 pub mod exit;
 pub mod fault;
+pub mod tick;
 pub mod timer;
 
 pub use cortex_m_rt as rt;
@@ -33,7 +35,7 @@ use defmt_semihosting as _;
 /// `cortex-m-rt`'s reset (RAM initialised, FPU on) with the console and
 /// SysTick started. Also provides the HardFault handler (decoded report,
 /// exit status 3), the SysTick handler (the clock's wrap count), a
-/// default handler for anything else, and the panic handler (exit 101).
+/// default handler (TIMER0's tick, anything else is reported), and the panic handler (exit 101).
 /// The image crate needs `cortex-m-rt` as a dependency (its attribute
 /// macros name it).
 #[macro_export]
@@ -59,7 +61,9 @@ macro_rules! image_main {
 
         #[::cortex_m_rt::exception]
         unsafe fn DefaultHandler(irqn: i16) {
-            $crate::arch::fault::unexpected(irqn)
+            if !$crate::arch::tick::dispatch(irqn) {
+                $crate::arch::fault::unexpected(irqn)
+            }
         }
 
         #[panic_handler]

@@ -14,7 +14,9 @@
 //! - [`Wakeups::on_tick`] from a timer: waiters whose deadline passed are
 //!   woken; it returns the next deadline, so a one-shot timer can be
 //!   programmed for exactly that (the tick then follows the adaptive
-//!   schedule instead of a fixed rate).
+//!   schedule instead of a fixed rate). A hub made with
+//!   [`Wakeups::with_timer`] also tells the timer each deadline as it is
+//!   registered, so an idle timer is started when a wait begins.
 //!
 //! Wakes are never lost: the hub's lock is only tried from the interrupt
 //! or timer side; when it is held (the interrupted code was registering),
@@ -50,6 +52,7 @@ struct Slot {
 pub struct Wakeups<const N: usize> {
     slots: spin::Mutex<[Slot; N]>,
     missed: AtomicBool,
+    notify: Option<fn(u64)>,
 }
 
 impl<const N: usize> Default for Wakeups<N> {
@@ -64,7 +67,18 @@ impl<const N: usize> Wakeups<N> {
         Wakeups {
             slots: spin::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
             missed: AtomicBool::new(false),
+            notify: None,
         }
+    }
+
+    /// A hub that tells a one-shot timer about each registered deadline:
+    /// `notify(deadline_ns)` is called (outside the hub's lock) after every
+    /// registration, so the timer can fire at the earliest one and call
+    /// [`Wakeups::on_tick`] then (which returns the next).
+    pub const fn with_timer(notify: fn(u64)) -> Self {
+        let mut w = Self::new();
+        w.notify = Some(notify);
+        w
     }
 
     /// Registers `waker` (or refreshes its entry) to be woken at
@@ -91,6 +105,9 @@ impl<const N: usize> Wakeups<N> {
         };
         if self.missed.swap(false, Ordering::AcqRel) {
             self.wake_where(|_| true);
+        }
+        if let (true, Some(n)) = (stored, self.notify) {
+            n(deadline_ns);
         }
         stored
     }

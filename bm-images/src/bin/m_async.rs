@@ -1,0 +1,120 @@
+//! Cortex-M async image (`mps2-an386`): `embassy-executor` (thread mode:
+//! the core sleeps in WFE when no task is ready) runs two tasks that
+//! submit to different queues (GFX and COPY) and await their fences
+//! concurrently through `Device::wait_async`; a third future waits for
+//! "any of" two fences. The waits are woken by TIMER0 one-shot ticks at
+//! the deadlines of the adaptive schedule (`Wakeups::with_timer`): the
+//! binding has no interrupts. Prints `@@ ASYNC ...` lines, exit 0 when
+//! every wait succeeded, every word landed and the two tasks' waits
+//! overlapped; 1 otherwise.
+#![no_std]
+#![no_main]
+
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use bm_images::boot_m::{self, Gpu};
+use embassy_executor::{Executor, Spawner};
+use platform_baremetal::arch::{exit, tick, timer};
+use platform_baremetal::{image_main, println};
+use static_cell::StaticCell;
+use umd_core::config::Config;
+use umd_core::direct::MmuMode;
+use umd_core::engine::Wakeups;
+use umd_core::sync::QueueId;
+
+image_main!(main);
+
+const ROUNDS: u32 = 32;
+
+static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
+static HUB: Wakeups<4> = Wakeups::with_timer(tick::arm_at);
+static EXECUTOR: StaticCell<Executor> = StaticCell::new();
+/// Waits in flight now, and the most at once.
+static IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+static MAX_IN_FLIGHT: AtomicU32 = AtomicU32::new(0);
+static DONE: AtomicU32 = AtomicU32::new(0);
+static FAILED: AtomicU32 = AtomicU32::new(0);
+
+fn on_tick() {
+    if let Some(next) = HUB.on_tick(timer::now_ns()) {
+        tick::arm_at(next);
+    }
+}
+
+fn main() -> ! {
+    let dev = boot_m::device("m-async", &DEVICE, Config::DEFAULT, MmuMode::DEFAULT);
+    tick::init(on_tick);
+    let executor = EXECUTOR.init(Executor::new());
+    executor.run(|spawner| start(spawner, dev))
+}
+
+fn start(spawner: Spawner, dev: &'static Gpu<8>) {
+    for q in [0u8, 2] {
+        match worker(dev, q) {
+            Ok(t) => spawner.spawn(t),
+            Err(e) => {
+                println!("@@ FATAL spawn: {e:?}");
+                exit::exit(2)
+            }
+        }
+    }
+}
+
+fn finish(dev: &'static Gpu<8>) -> ! {
+    let failed = FAILED.load(Ordering::Acquire);
+    let overlap = MAX_IN_FLIGHT.load(Ordering::Acquire);
+    println!(
+        "@@ ASYNC overlap max_in_flight={overlap} ticks={} doorbells={}",
+        tick::fired(),
+        dev.platform().doorbells_rung()
+    );
+    println!("@@ DONE passed={} failed={failed}", 2 - failed.min(2));
+    exit::exit(if failed == 0 && overlap >= 2 { 0 } else { 1 })
+}
+
+#[embassy_executor::task(pool_size = 2)]
+async fn worker(dev: &'static Gpu<8>, q: u8) {
+    let ok = run(dev, QueueId(q)).await;
+    match ok {
+        Ok(()) => println!("@@ ASYNC worker q{q} rounds={ROUNDS} ok"),
+        Err(why) => {
+            FAILED.fetch_add(1, Ordering::AcqRel);
+            println!("@@ ASYNC worker q{q} FAIL {why}");
+        }
+    }
+    if DONE.fetch_add(1, Ordering::AcqRel) == 1 {
+        finish(dev)
+    }
+}
+
+async fn run(dev: &'static Gpu<8>, q: QueueId) -> Result<(), &'static str> {
+    let buf = dev.alloc_buffer(4096).map_err(|_| "alloc")?;
+    let va = dev.va(buf).map_err(|_| "va")?;
+    for i in 0..ROUNDS {
+        let f = dev
+            .submit(q, &[], |cb| cb.write_data(va + 4 * u64::from(i), &[i ^ 0x5A5A]))
+            .map_err(|_| "submit")?;
+        let n = IN_FLIGHT.fetch_add(1, Ordering::AcqRel) + 1;
+        MAX_IN_FLIGHT.fetch_max(n, Ordering::AcqRel);
+        let r = dev.wait_async(&HUB, f).timeout_ns(10_000_000_000).await;
+        IN_FLIGHT.fetch_sub(1, Ordering::AcqRel);
+        r.map_err(|_| "wait")?;
+    }
+    // Any of: this queue's fence and one on COMPUTE.
+    let a = dev.submit(q, &[], |cb| cb.write_data(va + 0x800, &[1])).map_err(|_| "submit")?;
+    let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).map_err(|_| "submit")?;
+    let list = [a, b];
+    let i = dev.wait_any_async(&HUB, &list).timeout_ns(10_000_000_000).await.map_err(|_| "wait_any")?;
+    if dev.query(list[i]) != Ok(umd_core::queue::FenceStatus::Signalled) {
+        return Err("wait_any returned a pending fence");
+    }
+    let mut out = [0u8; 4 * ROUNDS as usize];
+    dev.read(buf, 0, &mut out).map_err(|_| "read")?;
+    for (i, c) in out.chunks_exact(4).enumerate() {
+        if u32::from_le_bytes([c[0], c[1], c[2], c[3]]) != (i as u32) ^ 0x5A5A {
+            return Err("a word did not land");
+        }
+    }
+    dev.wait(b, 1_000_000_000).map_err(|_| "blocking wait")?;
+    Ok(())
+}
