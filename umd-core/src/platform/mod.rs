@@ -14,6 +14,9 @@
 
 use core::fmt;
 use core::ptr::NonNull;
+#[cfg(target_has_atomic = "64")]
+use core::sync::atomic::AtomicU64;
+use core::sync::atomic::{AtomicU32, Ordering};
 
 /// Why the platform could not do what the core asked.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -70,7 +73,10 @@ impl DmaFlags {
 ///
 /// The region is owned: only its holder accesses it from the CPU, and it
 /// goes back with [`Platform::dma_free`]. The device may read and write it
-/// at any time; the core reads device-written words with volatile loads.
+/// at any time; the core reads device-written words with atomic loads
+/// (volatile ones where the target has no atomics of that width), so that
+/// a device modelled in the same process, writing with atomics, is
+/// race-free in Rust's memory model and under ThreadSanitizer.
 /// Shared references only read (`&self` methods never write), which is why
 /// a region may be shared between threads.
 #[derive(Debug)]
@@ -84,7 +90,7 @@ pub struct DmaRegion {
 // SAFETY: a region is an owning handle to memory no other CPU code touches
 // (the `new` contract); moving it to another thread moves that ownership.
 unsafe impl Send for DmaRegion {}
-// SAFETY: through `&DmaRegion` the memory is only read (volatile loads, or
+// SAFETY: through `&DmaRegion` the memory is only read (atomic loads, or
 // a shared slice while no `&mut` exists, which `&self` guarantees); the
 // device's own writes are outside the CPU's memory model as for any DMA.
 unsafe impl Sync for DmaRegion {}
@@ -191,52 +197,65 @@ impl DmaRegion {
         }
     }
 
+    /// The word at `byte_offset`, if it lies in the region and the address
+    /// is aligned to `size`.
     fn word_ptr(&self, byte_offset: usize, size: usize) -> Option<*mut u32> {
         let end = byte_offset.checked_add(size)?;
-        if end > self.cpu_len() || byte_offset.checked_rem(size) != Some(0) {
+        if end > self.cpu_len() {
             return None;
         }
         let base = self.cpu?;
         // SAFETY: offset checked to lie inside the region.
-        Some(unsafe { base.as_ptr().cast::<u8>().add(byte_offset).cast::<u32>() })
+        let p = unsafe { base.as_ptr().cast::<u8>().add(byte_offset) };
+        ((p as usize).checked_rem(size) == Some(0)).then_some(p.cast::<u32>())
     }
 
-    /// Volatile 64-bit load of a value the device writes (a fence slot);
-    /// None when out of range, misaligned or not CPU-visible.
-    pub fn read_u64(&self, byte_offset: usize) -> Option<u64> {
-        let p = self.word_ptr(byte_offset, 8)?;
-        // SAFETY: in range, 8-byte aligned (region base is 4 KiB aligned
-        // per the platform contract), valid per `new`.
-        Some(unsafe { core::ptr::read_volatile(p.cast::<u64>()) })
-    }
-
-    /// Volatile 64-bit store; false when out of range, misaligned or not
+    /// 64-bit load of a value the device writes (a fence slot), with
+    /// acquire ordering; None when out of range, misaligned or not
     /// CPU-visible.
-    pub fn write_u64(&mut self, byte_offset: usize, value: u64) -> bool {
-        match self.word_ptr(byte_offset, 8) {
-            Some(p) => {
-                // SAFETY: as in `read_u64`; `&mut self` is exclusive.
-                unsafe { core::ptr::write_volatile(p.cast::<u64>(), value) };
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Volatile 32-bit load.
-    pub fn read_u32(&self, byte_offset: usize) -> Option<u32> {
-        let p = self.word_ptr(byte_offset, 4)?;
-        // SAFETY: in range, 4-byte aligned, valid per `new`.
+    pub fn read_u64(&self, byte_offset: usize) -> Option<u64> {
+        let p = self.word_ptr(byte_offset, 8)?.cast::<u64>();
+        #[cfg(target_has_atomic = "64")]
+        // SAFETY: in range and 8-byte aligned (checked), valid per `new`;
+        // every CPU-side access to device-shared words is atomic.
+        return Some(unsafe { AtomicU64::from_ptr(p) }.load(Ordering::Acquire));
+        #[cfg(not(target_has_atomic = "64"))]
+        // SAFETY: in range and aligned (checked), valid per `new`.
         Some(unsafe { core::ptr::read_volatile(p) })
     }
 
-    /// Volatile 32-bit store; false when out of range, misaligned or not
-    /// CPU-visible.
+    /// 64-bit store with release ordering; false when out of range,
+    /// misaligned or not CPU-visible.
+    pub fn write_u64(&mut self, byte_offset: usize, value: u64) -> bool {
+        let Some(p) = self.word_ptr(byte_offset, 8) else {
+            return false;
+        };
+        let p = p.cast::<u64>();
+        #[cfg(target_has_atomic = "64")]
+        // SAFETY: as in `read_u64`; `&mut self` is exclusive on the CPU.
+        unsafe { AtomicU64::from_ptr(p) }.store(value, Ordering::Release);
+        #[cfg(not(target_has_atomic = "64"))]
+        // SAFETY: as in `read_u64`; `&mut self` is exclusive on the CPU.
+        unsafe {
+            core::ptr::write_volatile(p, value)
+        };
+        true
+    }
+
+    /// 32-bit load with acquire ordering.
+    pub fn read_u32(&self, byte_offset: usize) -> Option<u32> {
+        let p = self.word_ptr(byte_offset, 4)?;
+        // SAFETY: in range, 4-byte aligned (checked), valid per `new`.
+        Some(unsafe { AtomicU32::from_ptr(p) }.load(Ordering::Acquire))
+    }
+
+    /// 32-bit store with release ordering; false when out of range,
+    /// misaligned or not CPU-visible.
     pub fn write_u32(&mut self, byte_offset: usize, value: u32) -> bool {
         match self.word_ptr(byte_offset, 4) {
             Some(p) => {
                 // SAFETY: as in `read_u32`; `&mut self` is exclusive.
-                unsafe { core::ptr::write_volatile(p, value) };
+                unsafe { AtomicU32::from_ptr(p) }.store(value, Ordering::Release);
                 true
             }
             None => false,

@@ -109,13 +109,34 @@ impl FakeState {
         (off + len <= self.mem.len() * 8).then_some(off)
     }
 
+    /// The word at byte offset `o` as an atomic: the driver reads words
+    /// the fake GPU writes (fence slots) from other threads, as with any
+    /// device, and both sides' accesses are atomic (`DmaRegion`).
+    fn word(&self, o: usize) -> Option<&std::sync::atomic::AtomicU32> {
+        if o % 4 != 0 {
+            return None;
+        }
+        // SAFETY: `o + 4` is inside `mem` (checked by `offset`) and 4-byte
+        // aligned; every concurrent access to these words is atomic.
+        Some(unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(self.mem.as_ptr().cast::<u8>().add(o).cast_mut().cast())
+        })
+    }
+
     pub fn read_u32(&self, addr: u64) -> Option<u32> {
         let o = self.offset(addr, 4)?;
-        Some(u32::from_le_bytes(self.bytes()[o..o + 4].try_into().unwrap()))
+        match self.word(o) {
+            Some(w) => Some(w.load(std::sync::atomic::Ordering::Acquire)),
+            None => Some(u32::from_le_bytes(self.bytes()[o..o + 4].try_into().unwrap())),
+        }
     }
 
     pub fn write_u32(&mut self, addr: u64, v: u32) -> Option<()> {
         let o = self.offset(addr, 4)?;
+        if let Some(w) = self.word(o) {
+            w.store(v, std::sync::atomic::Ordering::Release);
+            return Some(());
+        }
         // SAFETY: in range per `offset`; u64 storage viewed as bytes.
         let b =
             unsafe { std::slice::from_raw_parts_mut(self.mem.as_mut_ptr().cast::<u8>(), self.mem.len() * 8) };
