@@ -170,9 +170,9 @@ proptest! {
     #[test]
     fn random_sequences(ops in proptest::collection::vec(op(), 1..STEPS), nodes in 3usize..400, list in any::<bool>()) {
         let base = 0x4000_0000u64;
-        // Few nodes over 64 MiB: large regions indexed by trees. 4096 more
-        // nodes over 16 MiB: 4 KiB regions indexed by the address list.
-        let (size, nodes) = if list { (16 * MIB, nodes + 4096) } else { (64 * MIB, nodes) };
+        // Few nodes over 64 MiB: large regions indexed by trees. 1024 more
+        // nodes over 4 MiB: 4 KiB regions indexed by the address list.
+        let (size, nodes) = if list { (4 * MIB, nodes + 1024) } else { (64 * MIB, nodes) };
         let mut a = arena(nodes, base, size);
         let mut live: Vec<(u64, u64)> = Vec::new();
         for op in ops {
