@@ -6,12 +6,17 @@
 //! the table reports the median ns per packet, the bytes per packet and the
 //! ratio encoder / memcpy (1.0 = as fast as copying the finished bytes).
 //!
+//! A second table compares the encoder with the store limit: hand-written
+//! code that stores the same dwords for the same commands (header constants
+//! and field positions typed in from `docs/refgpu.md`, NOP padding, no
+//! validation, no tables), checked to produce the encoder's exact bytes.
+//!
 //! Run: `cargo bench -p umd-core --bench encode`
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use umd_core::cmd::{Command, Encoder};
+use umd_core::cmd::{Command, Encoder, Payload};
 use umd_core::hw::Generation;
 
 const REPS: usize = 301;
@@ -62,6 +67,167 @@ fn measure(name: &str, gen: Generation, cmds: &[Command<'_>]) -> Row {
         black_box(&mut dst).copy_from_slice(black_box(&image));
     });
     Row { name: format!("{gen} {name}"), packets: cmds.len(), dwords, enc_ns, memcpy_ns }
+}
+
+/// Hand-written store of one command for `gen`: the limit an encoder can
+/// reach (no validation, no description lookups). Only the packets of the
+/// store-limit workloads are handled.
+#[inline(always)]
+fn store(gen: Generation, cmd: &Command<'_>, out: &mut [u32], pos: usize, base_va: u64) -> usize {
+    let g2 = gen == Generation::Gen2;
+    let hdr = |op1: u32, op2: u32, flags: u32, ndw: u32| {
+        if g2 {
+            0x7000_0000 | (ndw << 16) | (flags << 8) | op2
+        } else {
+            (op1 << 24) | (flags << 16) | ndw
+        }
+    };
+    let lo = |v: u64| v as u32;
+    let hi = |v: u64| (v >> 32) as u32;
+    // gen2: DMA_COPY / FILL headers 32-byte aligned, padded with one NOP.
+    let pad = |out: &mut [u32], pos: usize| -> usize {
+        if !g2 {
+            return 0;
+        }
+        let va = base_va + pos as u64 * 4;
+        let n = ((32 - (va % 32)) % 32 / 4) as usize;
+        if n > 0 {
+            out[pos] = hdr(0, 0, 0, n as u32 - 1);
+            out[pos + 1..pos + n].fill(0);
+        }
+        n
+    };
+    match *cmd {
+        Command::Fence { addr, value, irq } => {
+            let o = &mut out[pos..pos + 5];
+            o[0] = hdr(0x04, 0x30, irq as u32, 4);
+            o[1] = lo(addr);
+            o[2] = hi(addr);
+            o[3] = lo(value);
+            o[4] = hi(value);
+            5
+        }
+        Command::WriteData { dst, data: Payload::Words(w) } => {
+            let n = w.len();
+            let o = &mut out[pos..pos + 3 + n];
+            o[0] = hdr(0x01, 0x10, 0, 2 + n as u32);
+            o[1] = lo(dst);
+            o[2] = hi(dst);
+            o[3..].copy_from_slice(w);
+            3 + n
+        }
+        Command::Copy { src, dst, size } => {
+            let p = pad(out, pos);
+            let o = &mut out[pos + p..pos + p + 6];
+            o[0] = hdr(0x02, 0x20, 0, 5);
+            if g2 {
+                o[1] = size as u32;
+                o[2] = lo(src);
+                o[3] = hi(src);
+                o[4] = lo(dst);
+                o[5] = hi(dst);
+            } else {
+                o[1] = lo(src);
+                o[2] = hi(src);
+                o[3] = lo(dst);
+                o[4] = hi(dst);
+                o[5] = size as u32;
+            }
+            p + 6
+        }
+        Command::Fill { dst, size, value } => {
+            let p = pad(out, pos);
+            let o = &mut out[pos + p..pos + p + 5];
+            o[0] = hdr(0x03, 0x21, 0, 4);
+            if g2 {
+                o[1] = size as u32;
+                o[2] = lo(dst);
+                o[3] = hi(dst);
+            } else {
+                o[1] = lo(dst);
+                o[2] = hi(dst);
+                o[3] = size as u32;
+            }
+            o[4] = value;
+            p + 5
+        }
+        _ => unreachable!("not a store-limit workload"),
+    }
+}
+
+fn store_all(gen: Generation, cmds: &[Command<'_>], out: &mut [u32]) -> usize {
+    let mut pos = 0;
+    for c in cmds {
+        pos += store(gen, c, out, pos, 0x10_0000);
+    }
+    pos
+}
+
+struct StoreRow {
+    name: String,
+    packets: usize,
+    enc_ns: f64,
+    store_ns: f64,
+}
+
+/// Encoder against the hand-written stores of the same commands.
+fn measure_store(name: &str, gen: Generation, cmds: &[Command<'_>]) -> StoreRow {
+    let enc = Encoder::new(gen);
+    let mut a = vec![0u32; 1 << 20];
+    let mut b = vec![0xdead_beefu32; 1 << 20];
+    let na = encode_all(&enc, cmds, &mut a);
+    let nb = store_all(gen, cmds, &mut b);
+    assert_eq!(a[..na], b[..nb], "{gen} {name}: the store baseline must write the encoder's bytes");
+    for _ in 0..10 {
+        encode_all(&enc, black_box(cmds), &mut a);
+        store_all(gen, black_box(cmds), &mut b);
+    }
+    let enc_ns = median_ns(|| {
+        black_box(encode_all(&enc, black_box(cmds), black_box(&mut a)));
+    });
+    let store_ns = median_ns(|| {
+        black_box(store_all(black_box(gen), black_box(cmds), black_box(&mut b)));
+    });
+    StoreRow { name: format!("{gen} {name}"), packets: cmds.len(), enc_ns, store_ns }
+}
+
+fn store_limit() {
+    const N: u64 = 3000;
+    let data: Vec<u32> = (0..16).collect();
+    let mut rows = Vec::new();
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let fence: Vec<Command<'_>> =
+            (0..N).map(|i| Command::Fence { addr: 0x50_0000 + 64 * i, value: i, irq: i % 2 == 0 }).collect();
+        rows.push(measure_store("FENCE", gen, &fence));
+        for n in [1usize, 4, 16] {
+            let wd: Vec<Command<'_>> =
+                (0..N).map(|i| Command::write_data(0x20_0000 + 64 * i, &data[..n])).collect();
+            rows.push(measure_store(&format!("WRITE_DATA({n})"), gen, &wd));
+        }
+        let copy: Vec<Command<'_>> =
+            (0..N).map(|i| Command::Copy { src: 0x30_0000, dst: 0x40_0000 + i * 8, size: 4096 }).collect();
+        rows.push(measure_store("DMA_COPY", gen, &copy));
+        let fill: Vec<Command<'_>> =
+            (0..N).map(|i| Command::Fill { dst: 0x60_0000 + 16 * i, size: 256, value: i as u32 }).collect();
+        rows.push(measure_store("FILL", gen, &fill));
+    }
+    println!();
+    println!("store limit: encoder against hand-written stores of the same dwords");
+    println!(
+        "{:<46} {:>8} {:>12} {:>14} {:>8}",
+        "workload", "packets", "enc ns/pkt", "store ns/pkt", "ratio"
+    );
+    for r in rows {
+        let n = r.packets as f64;
+        println!(
+            "{:<46} {:>8} {:>12.2} {:>14.2} {:>8.2}",
+            r.name,
+            r.packets,
+            r.enc_ns / n,
+            r.store_ns / n,
+            r.enc_ns / r.store_ns
+        );
+    }
 }
 
 fn main() {
@@ -117,4 +283,5 @@ fn main() {
             r.enc_ns / r.memcpy_ns
         );
     }
+    store_limit();
 }

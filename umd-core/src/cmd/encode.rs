@@ -3,7 +3,9 @@
 //! It validates a [`Command`] against the generation's limits and rules,
 //! computes the NOP padding the generation needs in front of it, and writes
 //! header, fields and tail where the description says they live. Nothing in
-//! here knows which generation it is encoding for.
+//! here knows which generation it is encoding for: each entry point is
+//! instantiated once per generation with that generation's description as a
+//! compile-time constant, so the table lookups fold into straight code.
 
 use core::fmt;
 
@@ -182,208 +184,102 @@ impl Placement {
 }
 
 /// A generation's encoder: a thin handle on its description.
+///
+/// Every method dispatches once on the generation to code specialised for
+/// it: the description is a `static` known at compile time and the packet
+/// kind is known in each arm of the command match, so the table walks of
+/// `prepare` and `write` fold into straight stores and compares (the
+/// description stays the only place layouts and limits are written down).
 #[derive(Clone, Copy, Debug)]
 pub struct Encoder {
-    desc: &'static GenDesc,
+    generation: Generation,
+}
+
+/// A generation known at compile time: each entry point below is
+/// monomorphised once per generation, with its description as a constant.
+trait Gen {
+    const DESC: &'static GenDesc;
+}
+
+struct Gen1;
+impl Gen for Gen1 {
+    const DESC: &'static GenDesc = &crate::hw::gen1::DESC;
+}
+
+struct Gen2;
+impl Gen for Gen2 {
+    const DESC: &'static GenDesc = &crate::hw::gen2::DESC;
+}
+
+/// Calls `$f::<G>(...)` for the encoder's generation, so each generation
+/// gets its own folded copy of `$f` (one copy, not one per call site).
+macro_rules! per_gen {
+    ($self:expr, $f:ident($($arg:expr),*)) => {
+        match $self.generation {
+            Generation::Gen1 => $f::<Gen1>($($arg),*),
+            Generation::Gen2 => $f::<Gen2>($($arg),*),
+        }
+    };
+}
+
+/// Calls `$f(desc, kind, cmd, ...)` with the packet kind as a constant in
+/// the arms of the packets a submission path writes often (FENCE,
+/// WRITE_DATA, DMA_COPY, FILL, INDIRECT_BUFFER, CHAIN), so their description
+/// entries fold too; the rest share one copy that reads the kind at run time
+/// (code size: firmware links this).
+macro_rules! per_kind {
+    ($f:ident($desc:expr, $cmd:expr $(, $arg:expr)*)) => {
+        match $cmd {
+            Command::WriteData { .. } => $f($desc, PacketKind::WriteData, $cmd $(, $arg)*),
+            Command::Copy { .. } => $f($desc, PacketKind::DmaCopy, $cmd $(, $arg)*),
+            Command::Fill { .. } => $f($desc, PacketKind::Fill, $cmd $(, $arg)*),
+            Command::Fence { .. } => $f($desc, PacketKind::Fence, $cmd $(, $arg)*),
+            Command::IndirectBuffer { .. } => $f($desc, PacketKind::IndirectBuffer, $cmd $(, $arg)*),
+            Command::Chain { .. } => $f($desc, PacketKind::Chain, $cmd $(, $arg)*),
+            _ => $f($desc, $cmd.kind(), $cmd $(, $arg)*),
+        }
+    };
 }
 
 impl Encoder {
     /// The encoder for `generation`.
     pub const fn new(generation: Generation) -> Encoder {
-        Encoder { desc: generation.desc() }
-    }
-
-    /// The encoder for an explicit description.
-    pub const fn for_desc(desc: &'static GenDesc) -> Encoder {
-        Encoder { desc }
+        Encoder { generation }
     }
 
     /// The description this encoder follows.
     pub const fn desc(&self) -> &'static GenDesc {
-        self.desc
-    }
-
-    #[inline]
-    fn packet(&self, kind: PacketKind) -> Result<&'static PacketDesc, EncodeError> {
-        // Tables are in `PacketKind::ALL` order (checked by a test), so the
-        // kind indexes its entry; the comparison guards a malformed table.
-        match self.desc.packets.get(kind as usize) {
-            Some(p) if p.kind == kind => Ok(p),
-            _ => self.desc.packet(kind).ok_or(EncodeError::Unsupported { kind }),
-        }
-    }
-
-    /// Validates `cmd` once and gathers what writing it needs.
-    #[inline(always)]
-    fn prepare<'c>(&self, cmd: &Command<'c>) -> Result<Prepared<'c>, EncodeError> {
-        let p = self.packet(cmd.kind())?;
-        let tail = cmd.tail();
-        let ndw = self.ndw(p, cmd, tail)?;
-        self.check_rules(p, cmd)?;
-        let va_limit = self.desc.va_limit();
-        for fd in p.fields {
-            let value = cmd.field(fd.field);
-            if fd.field.is_address() && value >= va_limit {
-                return Err(EncodeError::AddressOutOfRange {
-                    kind: p.kind,
-                    field: fd.field,
-                    addr: value,
-                    va_bits: self.desc.limits.va_bits,
-                });
-            }
-            if value > fd.loc.max() {
-                return Err(EncodeError::LimitExceeded {
-                    kind: p.kind,
-                    field: fd.field,
-                    value,
-                    max: fd.loc.max(),
-                });
-            }
-        }
-        Ok(Prepared { p, cmd: *cmd, tail, ndw })
-    }
-
-    /// Payload dwords of `cmd` in this generation, after validating it.
-    #[inline]
-    fn ndw(&self, p: &PacketDesc, cmd: &Command<'_>, tail: Option<Payload<'_>>) -> Result<u32, EncodeError> {
-        let kind = p.kind;
-        let too_large = |ndw: u64| EncodeError::PayloadTooLarge { kind, ndw, max: self.desc.limits.max_ndw };
-        let ndw: u64 = match (p.ndw, cmd) {
-            (Ndw::Fixed(n), _) => n.into(),
-            (Ndw::Tail { min, .. }, Command::Nop { dwords }) => {
-                u64::from(min).saturating_add((*dwords).into())
-            }
-            (Ndw::Tail { min, min_tail }, _) => {
-                let t = tail.map_or(0, |t| t.len()) as u64;
-                if t < min_tail.into() {
-                    return Err(EncodeError::ZeroSize { kind });
-                }
-                u64::from(min).saturating_add(t)
-            }
-        };
-        if ndw > self.desc.limits.max_ndw.into() {
-            return Err(too_large(ndw));
-        }
-        u32::try_from(ndw).map_err(|_| too_large(ndw))
+        self.generation.desc()
     }
 
     /// Checks `cmd` against this generation's limits and rules without
     /// writing anything. This is also what the decoder uses to flag rule
     /// violations in a stream.
     pub fn check(&self, cmd: &Command<'_>) -> Result<(), EncodeError> {
-        self.prepare(cmd).map(|_| ())
-    }
-
-    /// Packet-specific rules, with every number taken from the description.
-    #[inline]
-    fn check_rules(&self, p: &PacketDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
-        let kind = p.kind;
-        let lim = &self.desc.limits;
-        let rules = &self.desc.rules;
-        let align = |field: Field, value: u64, align: u64| {
-            if align > 1 && misalignment(value, align) != 0 {
-                Err(EncodeError::Misaligned { kind, field, value, align })
-            } else {
-                Ok(())
-            }
-        };
-        let range = |field: Field, value: u64, max: u64| {
-            if value == 0 {
-                Err(EncodeError::ZeroSize { kind })
-            } else if value > max {
-                Err(EncodeError::LimitExceeded { kind, field, value, max })
-            } else {
-                Ok(())
-            }
-        };
-        match *cmd {
-            Command::Nop { .. } | Command::Barrier { .. } => Ok(()),
-            Command::WriteData { dst, .. } => align(Field::Dst, dst, 4),
-            Command::Copy { size, .. } => range(Field::Size, size, lim.max_copy_bytes),
-            Command::Fill { dst, size, .. } => {
-                range(Field::Size, size, lim.max_fill_bytes)?;
-                align(Field::Size, size, 4)?;
-                align(Field::Dst, dst, 4)
-            }
-            Command::Fence { addr, .. } => {
-                if misalignment(addr, rules.fence_align) != 0 {
-                    Err(EncodeError::MisalignedFence {
-                        addr,
-                        align: rules.fence_align,
-                        device: rules.misaligned_fence,
-                    })
-                } else {
-                    Ok(())
-                }
-            }
-            Command::WaitMem { addr, reference, mask, wide, .. } => {
-                if !wide && reference >> 32 != 0 {
-                    return Err(EncodeError::InvalidOperand { kind, field: Field::Ref });
-                }
-                if !wide && mask >> 32 != 0 {
-                    return Err(EncodeError::InvalidOperand { kind, field: Field::Mask });
-                }
-                align(Field::Addr, addr, if wide { 8 } else { 4 })
-            }
-            Command::Timestamp { addr } => align(Field::Addr, addr, 8),
-            Command::IndirectBuffer { addr, size_dw } | Command::Chain { addr, size_dw } => {
-                range(Field::Size, size_dw.into(), lim.max_ib_dwords.into())?;
-                align(Field::Addr, addr, rules.ib_align)
-            }
-            Command::Dispatch { a, b, dst, count, .. } => {
-                range(Field::Count, count.into(), lim.max_dispatch_count)?;
-                align(Field::A, a, 4)?;
-                align(Field::B, b, 4)?;
-                align(Field::Dst, dst, 4)
-            }
-        }
+        check_in(self.desc(), cmd)
     }
 
     /// Where `cmd` would land if written at GPU address `va`: the padding
     /// the generation requires in front, and the packet size. Validates.
     pub fn placement(&self, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
-        let prep = self.prepare(cmd)?;
-        Ok(prep.placement(self, va))
+        placement_in(self.desc(), cmd, va)
     }
 
     /// NOP dwords needed before a `kind` packet at `va`.
     #[inline]
     pub fn pad_before(&self, kind: PacketKind, va: u64) -> usize {
-        let align = self.desc.rules.exec_align;
-        if !kind.needs_exec_alignment() || align <= 4 {
-            return 0;
-        }
-        let misalign = misalignment(va, align);
-        if misalign == 0 {
-            0
-        } else {
-            (align.saturating_sub(misalign) / 4) as usize
-        }
+        pad_before(self.desc(), kind, va)
     }
 
     /// The largest padding any packet can need.
     pub fn max_pad(&self) -> usize {
-        (self.desc.rules.exec_align / 4).saturating_sub(1) as usize
+        (self.desc().rules.exec_align / 4).saturating_sub(1) as usize
     }
 
     /// Writes NOP padding over all of `out` (one NOP packet; nothing for an
     /// empty slice). Fails only if `out` exceeds the maximum NDW + 1.
     pub fn write_nops(&self, out: &mut [u32]) -> Result<(), EncodeError> {
-        let Some((head, payload)) = out.split_first_mut() else {
-            return Ok(());
-        };
-        let ndw = payload.len();
-        if ndw > self.desc.limits.max_ndw as usize {
-            return Err(EncodeError::PayloadTooLarge {
-                kind: PacketKind::Nop,
-                ndw: ndw as u64,
-                max: self.desc.limits.max_ndw,
-            });
-        }
-        let nop = self.packet(PacketKind::Nop)?;
-        *head = self.desc.header.encode(nop.opcode, 0, ndw as u32);
-        payload.fill(0);
-        Ok(())
+        write_nops(self.desc(), out)
     }
 
     /// Encodes `cmd` into `out[pos..]`, where `out[0]` is at GPU address
@@ -396,9 +292,43 @@ impl Encoder {
         pos: usize,
         base_va: u64,
     ) -> Result<usize, EncodeError> {
+        per_gen!(self, encode_in(cmd, out, pos, base_va))
+    }
+}
+
+// Checks and placements are not on the per-packet hot path of encoding
+// (the encoder validates as it writes), so they share one table walk for
+// both generations, with description and kind read at run time: firmware
+// links them, and specialising them too would cost ~5 KiB of Cortex-M code.
+#[inline(never)]
+fn check_in(desc: &'static GenDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
+    prepare(desc, cmd.kind(), cmd).map(|_| ())
+}
+
+#[inline(never)]
+fn placement_in(desc: &'static GenDesc, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
+    Ok(prepare(desc, cmd.kind(), cmd)?.placement(desc, va))
+}
+
+fn encode_in<G: Gen>(
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    let desc = G::DESC;
+    #[inline(always)]
+    fn one(
+        desc: &'static GenDesc,
+        kind: PacketKind,
+        cmd: &Command<'_>,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
         let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
-        let prep = self.prepare(cmd)?;
-        let place = prep.placement(self, va);
+        let prep = prepare(desc, kind, cmd)?;
+        let place = prep.placement(desc, va);
         let available = out.len().saturating_sub(pos);
         let total = place.total();
         if total > available {
@@ -409,10 +339,184 @@ impl Encoder {
         let (pad, pkt) = dst
             .split_at_mut_checked(place.pad)
             .ok_or(EncodeError::BufferFull { needed: total, available })?;
-        self.write_nops(pad)?;
-        prep.write(self, pkt);
+        if !pad.is_empty() {
+            write_nops(desc, pad)?;
+        }
+        prep.write(desc, pkt);
         Ok(total)
     }
+    per_kind!(one(desc, cmd, out, pos, base_va))
+}
+
+/// The description of `kind`.
+#[inline(always)]
+fn packet(desc: &'static GenDesc, kind: PacketKind) -> Result<&'static PacketDesc, EncodeError> {
+    // Tables are in `PacketKind::ALL` order (checked by a test), so the
+    // kind indexes its entry; the comparison guards a malformed table.
+    match desc.packets.get(kind as usize) {
+        Some(p) if p.kind == kind => Ok(p),
+        _ => desc.packet(kind).ok_or(EncodeError::Unsupported { kind }),
+    }
+}
+
+/// Validates `cmd` (a `kind` command) once and gathers what writing it needs.
+#[inline(always)]
+fn prepare<'c>(
+    desc: &'static GenDesc,
+    kind: PacketKind,
+    cmd: &Command<'c>,
+) -> Result<Prepared<'c>, EncodeError> {
+    let p = packet(desc, kind)?;
+    let tail = cmd.tail();
+    let ndw = ndw(desc, p, cmd, tail)?;
+    check_rules(desc, p, cmd)?;
+    let va_limit = desc.va_limit();
+    for fd in p.fields {
+        let value = cmd.field(fd.field);
+        if fd.field.is_address() && value >= va_limit {
+            return Err(EncodeError::AddressOutOfRange {
+                kind: p.kind,
+                field: fd.field,
+                addr: value,
+                va_bits: desc.limits.va_bits,
+            });
+        }
+        if value > fd.loc.max() {
+            return Err(EncodeError::LimitExceeded {
+                kind: p.kind,
+                field: fd.field,
+                value,
+                max: fd.loc.max(),
+            });
+        }
+    }
+    Ok(Prepared { p, cmd: *cmd, tail, ndw })
+}
+
+/// Payload dwords of `cmd` in this generation, after validating it.
+#[inline(always)]
+fn ndw(
+    desc: &'static GenDesc,
+    p: &PacketDesc,
+    cmd: &Command<'_>,
+    tail: Option<Payload<'_>>,
+) -> Result<u32, EncodeError> {
+    let kind = p.kind;
+    let too_large = |ndw: u64| EncodeError::PayloadTooLarge { kind, ndw, max: desc.limits.max_ndw };
+    let ndw: u64 = match (p.ndw, cmd) {
+        (Ndw::Fixed(n), _) => n.into(),
+        (Ndw::Tail { min, .. }, Command::Nop { dwords }) => u64::from(min).saturating_add((*dwords).into()),
+        (Ndw::Tail { min, min_tail }, _) => {
+            let t = tail.map_or(0, |t| t.len()) as u64;
+            if t < min_tail.into() {
+                return Err(EncodeError::ZeroSize { kind });
+            }
+            u64::from(min).saturating_add(t)
+        }
+    };
+    if ndw > desc.limits.max_ndw.into() {
+        return Err(too_large(ndw));
+    }
+    u32::try_from(ndw).map_err(|_| too_large(ndw))
+}
+
+/// Packet-specific rules, with every number taken from the description.
+#[inline(always)]
+fn check_rules(desc: &'static GenDesc, p: &PacketDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
+    let kind = p.kind;
+    let lim = &desc.limits;
+    let rules = &desc.rules;
+    let align = |field: Field, value: u64, align: u64| {
+        if align > 1 && misalignment(value, align) != 0 {
+            Err(EncodeError::Misaligned { kind, field, value, align })
+        } else {
+            Ok(())
+        }
+    };
+    let range = |field: Field, value: u64, max: u64| {
+        if value == 0 {
+            Err(EncodeError::ZeroSize { kind })
+        } else if value > max {
+            Err(EncodeError::LimitExceeded { kind, field, value, max })
+        } else {
+            Ok(())
+        }
+    };
+    match *cmd {
+        Command::Nop { .. } | Command::Barrier { .. } => Ok(()),
+        Command::WriteData { dst, .. } => align(Field::Dst, dst, 4),
+        Command::Copy { size, .. } => range(Field::Size, size, lim.max_copy_bytes),
+        Command::Fill { dst, size, .. } => {
+            range(Field::Size, size, lim.max_fill_bytes)?;
+            align(Field::Size, size, 4)?;
+            align(Field::Dst, dst, 4)
+        }
+        Command::Fence { addr, .. } => {
+            if misalignment(addr, rules.fence_align) != 0 {
+                Err(EncodeError::MisalignedFence {
+                    addr,
+                    align: rules.fence_align,
+                    device: rules.misaligned_fence,
+                })
+            } else {
+                Ok(())
+            }
+        }
+        Command::WaitMem { addr, reference, mask, wide, .. } => {
+            if !wide && reference >> 32 != 0 {
+                return Err(EncodeError::InvalidOperand { kind, field: Field::Ref });
+            }
+            if !wide && mask >> 32 != 0 {
+                return Err(EncodeError::InvalidOperand { kind, field: Field::Mask });
+            }
+            align(Field::Addr, addr, if wide { 8 } else { 4 })
+        }
+        Command::Timestamp { addr } => align(Field::Addr, addr, 8),
+        Command::IndirectBuffer { addr, size_dw } | Command::Chain { addr, size_dw } => {
+            range(Field::Size, size_dw.into(), lim.max_ib_dwords.into())?;
+            align(Field::Addr, addr, rules.ib_align)
+        }
+        Command::Dispatch { a, b, dst, count, .. } => {
+            range(Field::Count, count.into(), lim.max_dispatch_count)?;
+            align(Field::A, a, 4)?;
+            align(Field::B, b, 4)?;
+            align(Field::Dst, dst, 4)
+        }
+    }
+}
+
+/// NOP dwords needed before a `kind` packet at `va`.
+#[inline(always)]
+fn pad_before(desc: &GenDesc, kind: PacketKind, va: u64) -> usize {
+    let align = desc.rules.exec_align;
+    if !kind.needs_exec_alignment() || align <= 4 {
+        return 0;
+    }
+    let misalign = misalignment(va, align);
+    if misalign == 0 {
+        0
+    } else {
+        (align.saturating_sub(misalign) / 4) as usize
+    }
+}
+
+/// One NOP packet over all of `out`.
+fn write_nops(desc: &'static GenDesc, out: &mut [u32]) -> Result<(), EncodeError> {
+    let Some((head, payload)) = out.split_first_mut() else {
+        return Ok(());
+    };
+    let ndw = payload.len();
+    if ndw > desc.limits.max_ndw as usize {
+        return Err(EncodeError::PayloadTooLarge {
+            kind: PacketKind::Nop,
+            ndw: ndw as u64,
+            max: desc.limits.max_ndw,
+        });
+    }
+    let nop = packet(desc, PacketKind::Nop)?;
+    *head = desc.header.encode(nop.opcode, 0, ndw as u32);
+    payload.fill(0);
+    Ok(())
 }
 
 /// A validated command, ready to be written.
@@ -424,14 +528,17 @@ struct Prepared<'c> {
 }
 
 impl Prepared<'_> {
-    #[inline]
-    fn placement(&self, enc: &Encoder, va: u64) -> Placement {
-        Placement { pad: enc.pad_before(self.p.kind, va), packet: GenDesc::packet_dwords(self.ndw) as usize }
+    #[inline(always)]
+    fn placement(&self, desc: &GenDesc, va: u64) -> Placement {
+        Placement {
+            pad: pad_before(desc, self.p.kind, va),
+            packet: GenDesc::packet_dwords(self.ndw) as usize,
+        }
     }
 
     /// Writes the packet into `pkt`, which is exactly its size.
     #[inline(always)]
-    fn write(&self, enc: &Encoder, pkt: &mut [u32]) {
+    fn write(&self, desc: &GenDesc, pkt: &mut [u32]) {
         let Some((head, payload)) = pkt.split_first_mut() else {
             return;
         };
@@ -472,6 +579,6 @@ impl Prepared<'_> {
                 }
             }
         }
-        *head = enc.desc.header.encode(self.p.opcode, flags, self.ndw);
+        *head = desc.header.encode(self.p.opcode, flags, self.ndw);
     }
 }

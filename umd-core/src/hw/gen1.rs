@@ -14,8 +14,9 @@ const fn f(field: super::Field, loc: Loc) -> FieldDesc {
     FieldDesc { field, loc }
 }
 
-/// The gen1 description.
-pub static DESC: GenDesc = GenDesc {
+/// The gen1 description. A `const`, so that code specialised for gen1 (the
+/// encoder) sees its values at compile time in every crate and folds them.
+pub const DESC: GenDesc = GenDesc {
     generation: Generation::Gen1,
     header: HeaderLayout {
         opcode: Bits::new(24, 8),

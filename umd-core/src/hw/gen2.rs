@@ -15,8 +15,9 @@ const fn f(field: super::Field, loc: Loc) -> FieldDesc {
     FieldDesc { field, loc }
 }
 
-/// The gen2 description.
-pub static DESC: GenDesc = GenDesc {
+/// The gen2 description. A `const`, so that code specialised for gen2 (the
+/// encoder) sees its values at compile time in every crate and folds them.
+pub const DESC: GenDesc = GenDesc {
     generation: Generation::Gen2,
     header: HeaderLayout {
         opcode: Bits::new(0, 8),
