@@ -1,0 +1,118 @@
+//! The GPU VA allocator against a shadow interval set, on operation
+//! sequences from the fuzzer's bytes (alloc with any size, alignment and
+//! placement; fixed allocations anywhere; retire; free of live, retired,
+//! stale and made-up addresses). Invariants: an allocation is aligned,
+//! inside the arena and overlaps no other (shadow check); a refusal is a
+//! typed error that changes nothing (stats equal before and after); the
+//! stats match the shadow (used bytes, count); `validate` holds after every
+//! step; once everything is freed the arena is one hole again.
+#![no_main]
+
+use std::collections::BTreeMap;
+
+use libfuzzer_sys::fuzz_target;
+use umd_core::mem::va::{Placement, VaAllocator, VaNode, MIN_ALIGN};
+
+fuzz_target!(|data: &[u8]| {
+    let mut it = data.iter().copied();
+    let mut next = || it.next();
+    let (Some(b0), Some(b1)) = (next(), next()) else { return };
+    let nodes = 4 + usize::from(b0 % 60);
+    let base = u64::from(b1) * MIN_ALIGN * 1024;
+    let size = 64 * MIN_ALIGN << (b0 >> 6);
+    let mut va = VaAllocator::new(vec![VaNode::EMPTY; nodes].into_boxed_slice(), base, size).expect("arena");
+    // Shadow: start -> (size, retired).
+    let mut shadow: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    let word = |next: &mut dyn FnMut() -> Option<u8>| -> Option<u64> {
+        let mut v = 0u64;
+        for _ in 0..3 {
+            v = v << 8 | u64::from(next()?);
+        }
+        Some(v)
+    };
+    loop {
+        let Some(op) = next() else { break };
+        let before = va.stats();
+        let pick = |n: u64| shadow.keys().nth((n as usize) % shadow.len().max(1)).copied();
+        match op % 6 {
+            0 | 1 => {
+                let Some(w) = word(&mut next) else { break };
+                let sz = (w & 0xFFFF) * (1 + (w >> 20));
+                let align = 1u64 << ((w >> 16) % 24);
+                let placement = if op & 0x80 == 0 { Placement::BottomUp } else { Placement::TopDown };
+                match va.alloc(sz, align, placement) {
+                    Ok(a) => {
+                        let r = va.lookup(a).expect("a fresh allocation is found");
+                        assert!(r.size >= sz.max(1) && r.size % MIN_ALIGN == 0);
+                        assert_eq!(a % align.max(MIN_ALIGN), 0, "alignment");
+                        assert!(a >= base && a + r.size <= base + size, "inside the arena");
+                        if let Some((&s, &(l, _))) = shadow.range(..=a).next_back() {
+                            assert!(s + l <= a, "overlaps [{s:#x}, +{l:#x})");
+                        }
+                        if let Some((&s, _)) = shadow.range(a..).next() {
+                            assert!(a + r.size <= s, "overlaps the next allocation at {s:#x}");
+                        }
+                        shadow.insert(a, (r.size, false));
+                    }
+                    Err(_) => assert_eq!(va.stats(), before, "a refused alloc changed the allocator"),
+                }
+            }
+            2 => {
+                let Some(w) = word(&mut next) else { break };
+                let addr = base + (w & 0xFFF) * MIN_ALIGN + if w & 0x8000 != 0 { 4 } else { 0 };
+                let sz = (w >> 12 & 0xFF) * MIN_ALIGN + 1;
+                match va.alloc_fixed(addr, sz) {
+                    Ok(a) => {
+                        assert_eq!(a, addr);
+                        let l = va.lookup(a).expect("found").size;
+                        let clash =
+                            shadow.range(..a + l).next_back().is_some_and(|(&s, &(sl, _))| s + sl > a);
+                        assert!(!clash, "fixed allocation overlaps");
+                        shadow.insert(a, (l, false));
+                    }
+                    Err(_) => assert_eq!(va.stats(), before, "a refused fixed alloc changed the allocator"),
+                }
+            }
+            3 => {
+                let Some(n) = next() else { break };
+                if let Some(a) = pick(u64::from(n)) {
+                    let (l, retired) = shadow[&a];
+                    let r = va.retire(a);
+                    if retired {
+                        assert!(r.is_err(), "a second retire is refused");
+                    } else {
+                        assert_eq!(r, Ok(l));
+                        shadow.insert(a, (l, true));
+                    }
+                }
+            }
+            4 => {
+                let Some(n) = next() else { break };
+                if let Some(a) = pick(u64::from(n)) {
+                    let (l, _) = shadow.remove(&a).expect("picked");
+                    assert_eq!(va.free(a), Ok(l));
+                    assert!(va.free(a).is_err(), "a double free is refused");
+                }
+            }
+            _ => {
+                // A made-up address: refused unless it is an allocation.
+                let Some(w) = word(&mut next) else { break };
+                let a = base.wrapping_add(w * 4);
+                if !shadow.contains_key(&a) {
+                    assert!(va.free(a).is_err() && va.retire(a).is_err() && va.lookup(a).is_none());
+                    assert_eq!(va.stats(), before, "a refused free changed the allocator");
+                }
+            }
+        }
+        va.validate().expect("allocator invariants");
+        let s = va.stats();
+        assert_eq!(s.used, shadow.values().map(|v| v.0).sum::<u64>(), "used bytes");
+        assert_eq!(s.allocations as usize, shadow.len(), "allocation count");
+    }
+    for (a, (l, _)) in std::mem::take(&mut shadow) {
+        assert_eq!(va.free(a), Ok(l));
+    }
+    let s = va.stats();
+    assert_eq!((s.used, s.free, s.holes, s.allocations), (0, size, 1, 0), "all memory back");
+    va.validate().expect("allocator invariants");
+});
