@@ -252,3 +252,18 @@ fn embassy_tasks_await_fences_concurrently() {
     assert!(ticks > 0, "no timer tick woke a wait: {text}");
     assert_eq!(out.exit_code, Some(0), "{text}");
 }
+
+/// 32-bit correctness on the target: the GPU VA arena at 0x7FFF_0000_0000
+/// (48-bit addresses through page tables, packets and buffer handles on a
+/// 32-bit `usize`), a copy and fill there checked byte by byte, sizes
+/// above 4 GiB refused rather than truncated, a pool plan that saturates.
+#[test]
+fn addresses_and_sizes_on_the_32_bit_target() {
+    let run = Run::cortex_m("m-width", 2);
+    let out = outcome(&run);
+    let Ok(out) = out.as_ref() else { return };
+    for s in ["usize_is_32_bits_no_64_bit_atomics", "high_va_copy_and_fill", "sizes_over_usize_refused"] {
+        check_scenario(&run, s);
+    }
+    assert_eq!(out.exit_code, Some(0), "{}", out.tail(20));
+}
