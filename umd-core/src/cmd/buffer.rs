@@ -176,44 +176,53 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     fn push_inner(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
-        // Validate first: a bad command never costs a chunk or a CHAIN.
-        self.enc.check(cmd)?;
         if self.cur.is_none() {
+            // Validate first: a bad command never costs a chunk.
+            self.enc.check(cmd)?;
             let chunk = self.take_chunk()?;
             self.first = Some((chunk.gpu_va, 0));
             self.cur = Some(chunk);
             self.pos = 0;
         }
-        let (va, usable) = match &self.cur {
-            Some(c) => (c.gpu_va, self.usable(c)),
-            None => return Err(EncodeError::ChunkUnavailable),
-        };
-        let here = va.wrapping_add((self.pos as u64).wrapping_mul(4));
-        let need = self.enc.placement(cmd, here)?.total();
-        if self.pos.saturating_add(need) > usable {
-            // Move to a fresh chunk (which may be larger than what was left
-            // of this one, e.g. a batched chunk resumed part-way), and only
-            // then decide whether the packet can fit a chunk at all. Chunks
-            // start IB-aligned, which every generation makes packet-aligned
-            // (the `descriptions_are_consistent` test), so no padding there.
-            self.chain_to_next()?;
-            let fresh = self.enc.placement(cmd, 0)?.total();
-            let capacity = self.cur.as_ref().map_or(0, |c| self.usable(c));
-            if fresh > capacity {
-                return Err(EncodeError::PacketTooLargeForChunk { needed: fresh, capacity });
+        // The encoder validates before it looks at the room left, so a bad
+        // command fails here without touching the chunk, and `BufferFull`
+        // means a valid command that does not fit: one validation per
+        // packet on the common path.
+        let n = match self.encode_here(cmd) {
+            Err(EncodeError::BufferFull { .. }) => {
+                // Move to a fresh chunk (which may be larger than what was
+                // left of this one, e.g. a batched chunk resumed part-way),
+                // and only then decide whether the packet can fit a chunk at
+                // all. Chunks start IB-aligned, which every generation makes
+                // packet-aligned (the `descriptions_are_consistent` test), so
+                // no padding there.
+                self.chain_to_next()?;
+                let capacity = self.cur.as_ref().map_or(0, |c| self.usable(c));
+                match self.encode_here(cmd) {
+                    Err(EncodeError::BufferFull { needed, .. }) => {
+                        return Err(EncodeError::PacketTooLargeForChunk { needed, capacity })
+                    }
+                    r => r?,
+                }
             }
-        }
+            r => r?,
+        };
+        self.pos = self.pos.saturating_add(n);
+        self.total = self.total.saturating_add(n as u64);
+        self.packets = self.packets.saturating_add(1);
+        Ok(())
+    }
+
+    /// Encodes `cmd` at the current position of the current chunk, within
+    /// its usable part (the room for a closing CHAIN stays free).
+    fn encode_here(&mut self, cmd: &Command<'_>) -> Result<usize, EncodeError> {
         let Some(cur) = self.cur.as_mut() else {
             return Err(EncodeError::ChunkUnavailable);
         };
         let usable =
             cur.mem.len().min(self.enc.desc().limits.max_ib_dwords as usize).saturating_sub(CHAIN_DWORDS);
         let limit = cur.mem.get_mut(..usable).ok_or(EncodeError::ChunkUnavailable)?;
-        let n = self.enc.encode(cmd, limit, self.pos, cur.gpu_va)?;
-        self.pos = self.pos.saturating_add(n);
-        self.total = self.total.saturating_add(n as u64);
-        self.packets = self.packets.saturating_add(1);
-        Ok(())
+        self.enc.encode(cmd, limit, self.pos, cur.gpu_va)
     }
 
     /// Closes the current chunk with a CHAIN to a new one.
