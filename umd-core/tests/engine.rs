@@ -491,3 +491,41 @@ fn shutdown_reports_leaks_with_tags() {
     assert_eq!((r.leaked_buffers, r.leaked_bytes), (1, 70_000));
     assert_eq!(fake.state().allocs, 0, "leaked memory is given back at teardown");
 }
+
+/// Frees whose fences have passed are taken back when memory runs out,
+/// even when completion processing (which reclaims a bounded number at a
+/// time) left some waiting and every queue is idle: the allocation must not
+/// wait for a fence that already signalled and then fail.
+#[test]
+fn memory_pressure_reclaims_frees_whose_fences_passed() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let mut held = Vec::new();
+        loop {
+            match dev.alloc_buffer(64) {
+                Ok(h) => held.push(h),
+                Err(AllocError::TableFull { .. } | AllocError::SlabCapacity { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let n = held.len();
+        assert!(n > 100, "only {n} buffers fit");
+        let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+        for h in held.drain(..) {
+            dev.free(h).unwrap();
+        }
+        assert_eq!(dev.buffer_stats().waiting, n as u64);
+        dev.platform().state().run_all();
+        dev.wait(f, 1_000_000_000).unwrap();
+        for i in 0..n {
+            match dev.alloc_buffer(64) {
+                Ok(h) => held.push(h),
+                Err(e) => panic!("allocation {i} of {n} failed with every fence passed: {e}"),
+            }
+        }
+        assert_eq!(dev.buffer_stats().waiting, 0);
+        for h in held {
+            dev.free(h).unwrap();
+        }
+    });
+}

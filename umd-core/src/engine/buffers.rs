@@ -189,10 +189,30 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         | AllocError::VaNodes
                         | AllocError::PlatformMemory { .. }
                         | AllocError::SlabCapacity { .. }),
-                    ) => match buffers.oldest_waiting() {
-                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
-                        _ => return Err(e),
-                    },
+                    ) => {
+                        // Completion processing reclaims a bounded number
+                        // of frees at a time, so frees whose fences have
+                        // passed may still wait with every queue idle:
+                        // take them all back before waiting for a fence.
+                        let mut reclaimed = 0usize;
+                        if !self.is_lost() {
+                            for q in 0..self.nq {
+                                reclaimed = reclaimed.saturating_add(buffers.reclaim(
+                                    &mut backer,
+                                    q,
+                                    &|q| self.completed_of(QueueId(q as u8)),
+                                    usize::MAX,
+                                ));
+                            }
+                        }
+                        if reclaimed > 0 {
+                            continue;
+                        }
+                        match buffers.oldest_waiting() {
+                            Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
+                            _ => return Err(e),
+                        }
+                    }
                     Err(e) => return Err(e),
                 }
             };
