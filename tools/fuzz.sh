@@ -3,14 +3,15 @@
 # corpus (fuzz/corpus/<target>, never modified: new inputs go to
 # target/fuzz-corpus/<target>) and prints executions and coverage.
 # Usage: tools/fuzz.sh [SECONDS per target, default 60] [TARGET...]
-# A crash fails the run; libFuzzer leaves the input in fuzz/artifacts/.
+# A crash, or one input running longer than 30 s (a hang), fails the run;
+# libFuzzer leaves the input in fuzz/artifacts/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(decode roundtrip va_alloc driver)
+    targets=(decode roundtrip va_alloc driver model)
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 cd fuzz
@@ -19,7 +20,7 @@ for t in "${targets[@]}"; do
     work="../target/fuzz-corpus/$t"
     mkdir -p "$work"
     log="../target/fuzz-$t.log"
-    if ! cargo +nightly fuzz run "$t" "$work" "corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 >"$log" 2>&1; then
+    if ! cargo +nightly fuzz run "$t" "$work" "corpus/$t" -- -max_total_time="$secs" -timeout=30 -print_final_stats=1 >"$log" 2>&1; then
         tail -40 "$log"
         echo "fuzz target $t failed (input in fuzz/artifacts/$t)" >&2
         exit 1
