@@ -148,10 +148,10 @@ impl fmt::Display for Accounting {
 }
 
 /// SplitMix64.
-struct Rng(u64);
+pub(crate) struct Rng(pub(crate) u64);
 
 impl Rng {
-    fn next(&mut self) -> u64 {
+    pub(crate) fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -159,13 +159,13 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    fn below(&mut self, n: u64) -> u64 {
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
 }
 
 /// The value job `i` writes.
-fn stamp(seed: u64, i: usize) -> u32 {
+pub(crate) fn stamp(seed: u64, i: usize) -> u32 {
     (seed as u32 ^ 0xA5A5_0000).wrapping_add(i as u32).wrapping_mul(0x9E37_79B1) | 1
 }
 
@@ -230,29 +230,15 @@ pub fn run<B: Backend + Sync, const C: usize>(
     // Resolve every fence.
     let mut guard = GUARD_NS;
     for &(f, i) in &fences {
-        match dev.wait(f, guard) {
-            Ok(()) => {
-                acc.signalled += 1;
+        match resolve(dev, f, guard, &mut acc) {
+            Outcome::Signalled => {
                 if dev.read_u32(out, i as u64).ok() != Some(stamp(w.seed, i)) {
                     acc.wrong_data += 1;
                 }
             }
-            Err(WaitError::Failed(e)) => {
-                match e.cause() {
-                    Cause::Hung => acc.failed_hung += 1,
-                    Cause::Fault(_) => acc.failed_fault += 1,
-                    Cause::Lost => acc.failed_lost += 1,
-                    Cause::NeverSignalled => acc.failed_never += 1,
-                }
-                if matches!(e, umd_core::sync::FenceError::Dependency { .. }) {
-                    acc.failed_dependency += 1;
-                }
-            }
-            Err(_) => {
-                // Lost: the rest are only queried, the run already fails.
-                acc.lost += 1;
-                guard = 0;
-            }
+            Outcome::Failed(_) => {}
+            // Lost: the rest are only queried, the run already fails.
+            Outcome::Lost => guard = 0,
         }
     }
     dev.free(out).expect("free result buffer");
@@ -273,6 +259,49 @@ pub fn run<B: Backend + Sync, const C: usize>(
     acc
 }
 
+/// What became of one fence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Signalled.
+    Signalled,
+    /// Failed with this reason.
+    Failed(Cause),
+    /// Still pending after the guard, or an error without a reason.
+    Lost,
+}
+
+/// Waits for `f` (at most `guard` ns) and counts its outcome in `acc`.
+pub(crate) fn resolve<B: Backend + Sync, const C: usize>(
+    dev: &Engine<'_, B, C>,
+    f: Fence,
+    guard: u64,
+    acc: &mut Accounting,
+) -> Outcome {
+    match dev.wait(f, guard) {
+        Ok(()) => {
+            acc.signalled += 1;
+            Outcome::Signalled
+        }
+        Err(WaitError::Failed(e)) => {
+            let cause = e.cause();
+            match cause {
+                Cause::Hung => acc.failed_hung += 1,
+                Cause::Fault(_) => acc.failed_fault += 1,
+                Cause::Lost => acc.failed_lost += 1,
+                Cause::NeverSignalled => acc.failed_never += 1,
+            }
+            if matches!(e, umd_core::sync::FenceError::Dependency { .. }) {
+                acc.failed_dependency += 1;
+            }
+            Outcome::Failed(cause)
+        }
+        Err(_) => {
+            acc.lost += 1;
+            Outcome::Lost
+        }
+    }
+}
+
 /// Attempts of the probe on a queue without a lasting fault.
 pub const PROBE_ATTEMPTS: u32 = 3;
 
@@ -283,7 +312,7 @@ pub const PROBE_ATTEMPTS: u32 = 3;
 /// behind that wait fails with it); one with a lasting fault may fail every
 /// time, but always with a reason. Returns whether that held and the
 /// attempts that failed. Prints what went wrong.
-fn probe<B: Backend + Sync, const C: usize>(
+pub(crate) fn probe<B: Backend + Sync, const C: usize>(
     dev: &Engine<'_, B, C>,
     queues: &[QueueId],
     w: Workload,

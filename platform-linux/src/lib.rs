@@ -10,6 +10,8 @@
 //! - [`selftest`]: bring-up checks for any direct-mode platform;
 //! - [`suite`]: the conformance suite on a host (threads, result checks);
 //! - [`faults`]: the fault matrix's workload and its accounting;
+//! - [`soak`]: the soak's workload (long run, injected hangs and faults,
+//!   sampled statistics checked flat);
 //! - [`drm`]: kernel-mediated mode over the refgpu DRM driver's render node.
 //!
 //! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
@@ -31,6 +33,8 @@ pub mod faults;
 pub mod inproc;
 #[cfg(feature = "model")]
 pub mod selftest;
+#[cfg(feature = "suite")]
+pub mod soak;
 #[cfg(feature = "suite")]
 pub mod suite;
 #[cfg(feature = "model")]
