@@ -13,7 +13,9 @@
 //! REFGPU_SOAK_SUBMISSIONS=1000000 cargo test --release -p refgpu-sim --test soak -- --ignored --nocapture
 //! ```
 //!
-//! With `REFGPU_SOAK_SERIES` set, every sampled value is printed.
+//! `REFGPU_SOAK_GEN=1` runs generation 1 (default 2), `REFGPU_SOAK_POLL=1`
+//! polling only (default: interrupts); with `REFGPU_SOAK_SERIES` set, every
+//! sampled value is printed.
 //!
 //! `short_soak` runs the same with 10,000 submissions in every test run.
 //! `docs/reliability.md` has the latest figures.
@@ -55,7 +57,9 @@ fn run(jobs: usize) {
     let server = sim.child.as_ref().expect("running").id().to_string();
     let p = Cosim::connect(&sim.socket).expect("connect to refgpu-sim");
     let mut storage: Box<DeviceStorage> = Box::default();
-    let dev: Device<'_, Cosim, SUITE_CHUNKS> = match Device::new(&p, &mut storage, CONFIG, SUITE_MMU) {
+    let use_irq = std::env::var_os("REFGPU_SOAK_POLL").is_none();
+    let cfg = Config { use_irq, ..CONFIG };
+    let dev: Device<'_, Cosim, SUITE_CHUNKS> = match Device::new(&p, &mut storage, cfg, SUITE_MMU) {
         Ok(d) => d,
         Err(e) => panic!("Device::new: {e}\n{}", sim.log_text()),
     };
@@ -91,7 +95,7 @@ fn run(jobs: usize) {
     let rep = soak::run(&dev, s, &mut probe);
     let secs = start.elapsed().as_secs_f64();
     println!(
-        "soak gen{gen}: {jobs} submissions in {secs:.1} s ({:.0} per second); hang window {} ms, a hang and a fault every {}",
+        "soak gen{gen} irq={use_irq}: {jobs} submissions in {secs:.1} s ({:.0} per second); hang window {} ms, a hang and a fault every {}",
         jobs as f64 / secs,
         CONFIG.hang.window_ns / 1_000_000,
         s.hang_every
