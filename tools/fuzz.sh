@@ -11,7 +11,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-    targets=(decode roundtrip va_alloc driver model)
+    targets=(decode roundtrip va_alloc driver model protocol)
 fi
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
 cd fuzz

@@ -57,5 +57,5 @@ pub mod shared_ram;
 mod sys;
 
 pub use args::{parse_args, usage, ArgError, Options};
-pub use server::{Server, ServerError};
+pub use server::{Server, ServerError, Turn};
 pub use shared_ram::SharedRamServer;

@@ -24,11 +24,15 @@
 //!   eventfds are dropped and the device is *parked* as by a function-level
 //!   reset: IRQ_MASK = 0, MMU off, ENGINE_ROOT = 0, every engine reset with CTRL = RESET
 //!   (which also disables it), IRQ_STATUS cleared, pending doorbells
-//!   discarded. System memory is left as it is. The model and the server
+//!   discarded; the words hosts may only read (ID, ENGINE_COUNT,
+//!   LOCAL_BASE/SIZE, the binding info page) are put back as published at
+//!   start, whatever the host wrote there. System memory is left as it is. The model and the server
 //!   keep running for the next host.
 //! - **protocol errors**: ivshmem peers never send data to the server, so
-//!   any byte from the host is an error: it is logged (`peer N: protocol
-//!   error: ...`) and the host is disconnected.
+//!   any byte from the host is an error, whatever it looks like (a partial
+//!   message, a well-formed int64, one with fds attached): it is logged
+//!   (`peer N: protocol error: ...`) and the host is disconnected. Fds a
+//!   host attaches are never received: the kernel closes them.
 //! - **SIGINT / SIGTERM**: the loop ends, the model shuts down, the socket
 //!   file is removed (also on drop).
 
@@ -114,6 +118,15 @@ struct Host {
     stream: UnixStream,
 }
 
+/// What a [`Server::turn`] ended with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Turn {
+    /// Go on serving.
+    Continue,
+    /// SIGINT or SIGTERM arrived: stop (the caller drops the server).
+    Stop,
+}
+
 /// The co-simulation server. Field order is drop order: the model stops
 /// before the mappings it uses go away.
 pub struct Server {
@@ -129,6 +142,10 @@ pub struct Server {
     next_id: u16,
     socket: PathBuf,
     opts: Options,
+    /// The words of the shared memory hosts must not write (the register
+    /// page's identity registers and the binding info page) as published
+    /// at start, put back when a host leaves.
+    read_only: Vec<(usize, u32)>,
 }
 
 fn log(msg: fmt::Arguments<'_>) {
@@ -214,6 +231,7 @@ impl Server {
             bells.try_into().map_err(|_| ServerError::Config("four doorbell eventfds".into()))?;
         model.attach_doorbells(bells).map_err(io_err("attaching doorbells"))?;
 
+        let read_only = read_only_words(&shm);
         let listener = bind(&opts.socket)?;
         log(format_args!(
             "listening on {} (gen {}, system memory {:#x}+{:#x} from {} at offset {:#x}, shm {:#x} bytes, {} vectors)",
@@ -239,6 +257,7 @@ impl Server {
             next_id: 1,
             socket: opts.socket.clone(),
             opts,
+            read_only,
         })
     }
 
@@ -254,48 +273,70 @@ impl Server {
 
     /// Serves until SIGINT or SIGTERM.
     pub fn run(&mut self) -> Result<(), ServerError> {
+        while self.turn(None)? == Turn::Continue {}
+        Ok(())
+    }
+
+    /// One turn of the event loop: waits up to `timeout` (`None`: for
+    /// ever) for an event, then handles every event that is ready: control
+    /// doorbells, the connected host's socket (EOF or a protocol error
+    /// disconnects it), a new connection, a termination signal. [`run`]
+    /// is this in a loop; a caller that drives the server itself (the
+    /// `protocol` fuzz target, tests) turns it with a zero timeout after
+    /// each thing it did.
+    ///
+    /// [`run`]: Server::run
+    pub fn turn(&mut self, timeout: Option<Duration>) -> Result<Turn, ServerError> {
         // The engines' doorbells belong to the engine threads.
         let first = CONTROL_VECTOR as usize;
         let n = self.model_efds.len() - first;
-        loop {
-            let (sig, listen, bells, host) = {
-                let mut fds = Vec::with_capacity(n + 3);
-                fds.push(PollFd::new(&self.sigfd, PollFlags::IN));
-                fds.push(PollFd::new(&self.listener, PollFlags::IN));
-                for e in &self.model_efds[first..] {
-                    fds.push(PollFd::new(e, PollFlags::IN));
-                }
-                if let Some(h) = &self.host {
-                    fds.push(PollFd::new(&h.stream, PollFlags::IN));
-                }
-                match poll(&mut fds, None) {
-                    Ok(_) => {}
-                    Err(rustix::io::Errno::INTR) => continue,
-                    Err(e) => return Err(ServerError::Io("poll", e.into())),
-                }
-                let ready = |f: &PollFd<'_>| !f.revents().is_empty();
-                let bells: Vec<bool> = fds[2..2 + n].iter().map(ready).collect();
-                (ready(&fds[0]), ready(&fds[1]), bells, fds.get(2 + n).is_some_and(ready))
-            };
-            for (i, _) in bells.iter().enumerate().filter(|(_, r)| **r) {
-                if i == 0 {
-                    self.model.take_control_bell();
-                } else {
-                    sys::eventfd_drain(&self.model_efds[first + i]);
-                }
+        let timeout = timeout.map(|d| rustix::event::Timespec {
+            tv_sec: d.as_secs().try_into().unwrap_or(i64::MAX),
+            tv_nsec: d.subsec_nanos().into(),
+        });
+        let (sig, listen, bells, host) = {
+            let mut fds = Vec::with_capacity(n + 3);
+            fds.push(PollFd::new(&self.sigfd, PollFlags::IN));
+            fds.push(PollFd::new(&self.listener, PollFlags::IN));
+            for e in &self.model_efds[first..] {
+                fds.push(PollFd::new(e, PollFlags::IN));
             }
-            if sig {
-                let signo = sys::read_signal(&self.sigfd).unwrap_or(0);
-                log(format_args!("signal {signo}: shutting down"));
-                return Ok(());
+            if let Some(h) = &self.host {
+                fds.push(PollFd::new(&h.stream, PollFlags::IN));
             }
-            if host {
-                self.service_host();
+            match poll(&mut fds, timeout.as_ref()) {
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => return Ok(Turn::Continue),
+                Err(e) => return Err(ServerError::Io("poll", e.into())),
             }
-            if listen {
-                self.accept();
+            let ready = |f: &PollFd<'_>| !f.revents().is_empty();
+            let bells: Vec<bool> = fds[2..2 + n].iter().map(ready).collect();
+            (ready(&fds[0]), ready(&fds[1]), bells, fds.get(2 + n).is_some_and(ready))
+        };
+        for (i, _) in bells.iter().enumerate().filter(|(_, r)| **r) {
+            if i == 0 {
+                self.model.take_control_bell();
+            } else {
+                sys::eventfd_drain(&self.model_efds[first + i]);
             }
         }
+        if sig {
+            let signo = sys::read_signal(&self.sigfd).unwrap_or(0);
+            log(format_args!("signal {signo}: shutting down"));
+            return Ok(Turn::Stop);
+        }
+        if host {
+            self.service_host();
+        }
+        if listen {
+            self.accept();
+        }
+        Ok(Turn::Continue)
+    }
+
+    /// The peer id of the connected host, if one is connected.
+    pub fn host_id(&self) -> Option<u16> {
+        self.host.as_ref().map(|h| h.id)
     }
 
     fn accept(&mut self) {
@@ -390,6 +431,13 @@ impl Server {
             log(format_args!("warning: an engine did not finish its reset while parking"));
         }
         store(regs::IRQ_STATUS, 0);
+        // Plain shared memory: a host may have scribbled over words that
+        // are read-only by contract; the next host must find them intact.
+        for &(off, v) in &self.read_only {
+            if let Some(w) = self.shm.u32_at(off) {
+                w.store(v, Ordering::SeqCst);
+            }
+        }
         for fd in &self.model_efds {
             sys::eventfd_drain(fd);
         }
@@ -426,6 +474,26 @@ fn write_info_page(shm: &Mapping, opts: &Options, path: &[u8]) -> Result<(), Out
     w32(info::PATH_LEN_OFF, path.len() as u32, Ordering::Relaxed)?;
     shm.write_bytes(base + info::PATH_OFF, path)?;
     w32(info::MAGIC_OFF, info::MAGIC, Ordering::Release)
+}
+
+/// The words hosts may only read, with their current values: ID,
+/// ENGINE_COUNT, LOCAL_BASE/LOCAL_SIZE, and the whole binding info page.
+fn read_only_words(shm: &Mapping) -> Vec<(usize, u32)> {
+    let identity = [
+        regs::ID,
+        regs::ENGINE_COUNT,
+        regs::LOCAL_BASE_LO,
+        regs::LOCAL_BASE_HI,
+        regs::LOCAL_SIZE_LO,
+        regs::LOCAL_SIZE_HI,
+    ]
+    .map(|r| r as usize);
+    let info_page = (info::OFFSET..info::OFFSET + 0x1000).step_by(4);
+    identity
+        .into_iter()
+        .chain(info_page)
+        .filter_map(|off| shm.u32_at(off).map(|w| (off, w.load(Ordering::SeqCst))))
+        .collect()
 }
 
 fn bind(path: &Path) -> Result<UnixListener, ServerError> {

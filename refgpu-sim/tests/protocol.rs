@@ -239,3 +239,39 @@ fn control_doorbell_applies_before_a_later_engine_doorbell() {
         assert_eq!(ereg(&c, eng::FAULT_ADDR_LO).load(SeqCst), MEM_BASE as u32, "round {round}");
     }
 }
+
+/// Plain shared memory does not protect the words hosts may only read: a
+/// host that scribbled over ID and the binding info page, then broke the
+/// protocol with bytes carrying a file descriptor, must leave them intact
+/// for the next host (found by the `protocol` fuzz target). The descriptor
+/// it sent is never taken, and the next host's device works.
+#[test]
+fn read_only_words_are_restored_after_a_host_with_fds_breaks_the_protocol() {
+    let sim = Sim::start(&[]);
+    let c1 = Client::connect(&sim, 4);
+    let id = c1.reg(regs::ID).load(SeqCst);
+    let info_magic = c1.shm.u32(0x1000).load(SeqCst);
+    let path_len = c1.shm.u32(0x1028).load(SeqCst);
+    c1.reg(regs::ID).store(0xDEAD_BEEF, SeqCst);
+    c1.reg(regs::ENGINE_COUNT).store(7, SeqCst);
+    c1.shm.u32(0x1000).store(0, SeqCst);
+    c1.shm.u32(0x1028).store(0xFFFF, SeqCst);
+    let efd = rustix::event::eventfd(0, rustix::event::EventfdFlags::CLOEXEC).unwrap();
+    let msg = (-1i64).to_le_bytes();
+    let iov = [std::io::IoSlice::new(&msg)];
+    let mut space = [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    let mut control = rustix::net::SendAncillaryBuffer::new(&mut space);
+    let fds = [std::os::fd::AsFd::as_fd(&efd)];
+    assert!(control.push(rustix::net::SendAncillaryMessage::ScmRights(&fds)));
+    rustix::net::sendmsg(&c1.stream, &iov, &mut control, rustix::net::SendFlags::NOSIGNAL).unwrap();
+    assert!(recv(&c1.stream).is_none(), "the server kept a host that sent it an fd");
+    sim.wait_log("peer 1: protocol error: received 8 byte(s)");
+    sim.wait_log("device parked");
+    let c2 = Client::connect(&sim, 4);
+    assert_eq!(c2.reg(regs::ID).load(SeqCst), id);
+    assert_eq!(c2.reg(regs::ENGINE_COUNT).load(SeqCst), 3);
+    assert_eq!(c2.shm.u32(0x1000).load(SeqCst), info_magic);
+    assert_eq!(c2.shm.u32(0x1028).load(SeqCst), path_len);
+    let mem = Map::mem(&sim);
+    job_with_irq(&c2, &mem, 5);
+}
