@@ -13,7 +13,7 @@
 //! turn never fails); every host that sent something or left is
 //! disconnected; the process holds exactly the file descriptors it held
 //! before the input (none a host sent is kept, none of a departed host's
-//! eventfds leaks); the device is parked (IRQ_MASK, MMU_CTRL, IRQ_STATUS,
+//! eventfds leaks: the count equals a fresh server's with no host); the device is parked (IRQ_MASK, MMU_CTRL, IRQ_STATUS,
 //! every engine's CTRL and STATUS 0) with its read-only words as published
 //! at start; and a well-formed host then gets exactly the setup messages of
 //! the spec (version 0, its id, -1 with the shared memory, one eventfd per
@@ -53,6 +53,8 @@ struct Sim {
     server: Server,
     /// The shared memory's read-only words as first seen: (offset, value).
     read_only: Vec<(usize, u32)>,
+    /// Descriptors open with the server up and no host ever connected.
+    fds_fresh: usize,
     _dir: PathBuf,
 }
 
@@ -71,6 +73,7 @@ fn start() -> Sim {
     opts.wait_poll = Duration::from_micros(20);
     opts.ns_per_kib = [0, 0];
     let mut server = Server::new(opts).expect("server starts");
+    let fds_fresh = open_fds();
     // A host's view of the read-only words, through its own mapping.
     let c = Client::connect(&mut server);
     let mut read_only: Vec<(usize, u32)> = [regs::ID, regs::ENGINE_COUNT].map(|r| (r as usize, 0)).to_vec();
@@ -80,7 +83,7 @@ fn start() -> Sim {
     }
     assert_eq!(read_only[0].1 >> 16, regs::ID_MAGIC);
     c.leave(&mut server);
-    Sim { server, read_only, _dir: dir }
+    Sim { server, read_only, fds_fresh, _dir: dir }
 }
 
 /// One turn without waiting; the server must not fail or stop.
@@ -381,5 +384,7 @@ fuzz_target!(|data: &[u8]| {
         c.leave(&mut sim.server);
         check_parked(sim);
         assert_eq!(open_fds(), fds_before, "file descriptors leaked");
+        // And none is kept for a host that left (its interrupt eventfds).
+        assert_eq!(open_fds(), sim.fds_fresh, "descriptors held for a departed host");
     });
 });
