@@ -13,8 +13,9 @@
 //! turn never fails); every host that sent something or left is
 //! disconnected; the process holds exactly the file descriptors it held
 //! before the input (none a host sent is kept, none of a departed host's
-//! eventfds leaks: the count equals a fresh server's with no host); the device is parked (IRQ_MASK, MMU_CTRL, IRQ_STATUS,
-//! every engine's CTRL and STATUS 0) with its read-only words as published
+//! eventfds leaks: the count equals a fresh server's with no host); the
+//! device is parked (IRQ_MASK, MMU_CTRL, IRQ_STATUS, every engine's CTRL
+//! and STATUS 0) with its read-only words as published
 //! at start; and a well-formed host then gets exactly the setup messages of
 //! the spec (version 0, its id, -1 with the shared memory, one eventfd per
 //! vector for the model and for itself, nothing else), runs a FENCE job
