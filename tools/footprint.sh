@@ -4,8 +4,61 @@
 # section sizes of its own object (compiler-builtins excluded), and fails if
 # a panic path survived optimisation (a function of ours that still
 # references a core::panicking routine after fat LTO).
+#
+# `tools/footprint.sh table` instead prints the per-configuration table of
+# docs/perf.md: the direct-mode driver alone (probe without its `codec`
+# entry points) on thumbv7em-none-eabihf, per generation feature set and
+# encoder, and where the bytes of a one-generation build go (symbol sizes
+# of the fat-LTO object, grouped by subsystem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+own_sizes() {
+    llvm-size -A "$1" | awk '
+        /\(ex / { own = ($1 ~ /^footprint-/) ; next }
+        own && $1 ~ /^\.text/   { t += $2 }
+        own && $1 ~ /^\.rodata/ { r += $2 }
+        own && $1 ~ /^\.data/   { d += $2 }
+        own && $1 ~ /^\.bss/    { b += $2 }
+        END { printf "%d %d %d %d", t, r, d, b }'
+}
+
+if [ "${1:-}" = table ]; then
+    t=thumbv7em-none-eabihf
+    lib="target/$t/footprint/libfootprint.a"
+    printf '| configuration (footprint features) | .text | .rodata |\n| --- | ---: | ---: |\n'
+    for f in gen1,gen2,codec gen1,gen2 gen1 gen2 gen1,gen2,compact-encoder gen1,compact-encoder gen2,compact-encoder; do
+        cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
+        read -r text rodata _ <<<"$(own_sizes "$lib")"
+        printf '| `%s` | %s | %s |\n' "$f" "$text" "$rodata"
+    done
+    # Where a one-generation driver's bytes go (the last build: gen2,
+    # compact encoder), by subsystem; a symbol counts in the first group
+    # whose pattern it matches.
+    dir=$(mktemp -d)
+    (cd "$dir" && ar x "$OLDPWD/$lib")
+    printf '\n| part of `gen2,compact-encoder` | .text |\n| --- | ---: |\n'
+    llvm-nm -S -t d --demangle "$dir"/footprint-*.o | awk '
+        $3 ~ /^[tT]$/ {
+            n = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", n); s = $2 + 0
+            if      (n ~ /umd_core::cmd::|umd_core::hw::/)                        g = "encoder, command buffer"
+            else if (n ~ /pagetable|tables::|Backend.::(map|unmap)|invalidate_tlb/) g = "MMU: page tables, map/unmap, TLB"
+            else if (n ~ /hang::|debug::hang|record_failure|QueueCore.*failure|device_lost|FailureHistory/) g = "hang check, capture, recovery"
+            else if (n ~ /trace/)                                                 g = "trace"
+            else if (n ~ /residency|LocalMem/)                                    g = "local memory (residency)"
+            else if (n ~ /mem::va::/)                                             g = "GPU VA allocator"
+            else if (n ~ /mem::pool|mem::manager|mem::buffer|engine::buffers|Backer|alloc_mapped/) g = "buffers, pools"
+            else if (n ~ /engine::submit|ibpool|ring::|engine::wait|sync::/)     g = "submit, rings, IB pool, wait, sync"
+            else if (n ~ /engine::complete|engine::queue|Counters/)              g = "completion"
+            else if (n ~ /umd_fp_device_smoke|lifecycle|direct::|drop_in_place/) g = "bring-up, teardown (inlined into the probe)"
+            else                                                                   g = "other"
+            sum[g] += s
+        }
+        END { for (g in sum) printf "| %s | %d |\n", g, sum[g] }' | sort -t'|' -k3 -nr
+    rm -rf "$dir"
+    exit 0
+fi
+
 status=0
 printf '%-40s %-24s %8s %8s %8s %8s\n' build target .text .rodata .data .bss
 for build in driver driver+conformance; do
@@ -14,13 +67,7 @@ for build in driver driver+conformance; do
     for t in thumbv7em-none-eabihf aarch64-unknown-none; do
         cargo build -q -p footprint --profile footprint --target "$t" "${features[@]}"
         lib="target/$t/footprint/libfootprint.a"
-        sizes=$(llvm-size -A "$lib" | awk '
-            /\(ex / { own = ($1 ~ /^footprint-/) ; next }
-            own && $1 ~ /^\.text/   { t += $2 }
-            own && $1 ~ /^\.rodata/ { r += $2 }
-            own && $1 ~ /^\.data/   { d += $2 }
-            own && $1 ~ /^\.bss/    { b += $2 }
-            END { printf "%d %d %d %d", t, r, d, b }')
+        sizes=$(own_sizes "$lib")
         read -r text rodata data bss <<<"$sizes"
         printf '%-40s %-24s %8s %8s %8s %8s\n' "$build" "$t" "$text" "$rodata" "$data" "$bss"
         # Code of ours (umd_core, the probe's entry points) that branches to

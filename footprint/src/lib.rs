@@ -17,8 +17,11 @@
 // clippy) the crate links std and has no panic handler of its own.
 #![cfg_attr(target_os = "none", no_std)]
 
+#[cfg(feature = "codec")]
 use umd_core::cmd::{split_region, Command, CommandBuffer, Encoder, SliceChunks};
+#[cfg(feature = "codec")]
 use umd_core::decode::Decoder;
+#[cfg(feature = "codec")]
 use umd_core::hw::{probe, Generation};
 
 /// Encodes a fence, a copy and a fill for the chip with ID register `id`
@@ -27,6 +30,7 @@ use umd_core::hw::{probe, Generation};
 ///
 /// # Safety
 /// `out` must be valid for writes of `len` dwords.
+#[cfg(feature = "codec")]
 #[no_mangle]
 pub unsafe extern "C" fn umd_fp_encode(id: u32, out: *mut u32, len: usize, va: u64) -> usize {
     let Ok(chip) = probe(id) else { return 0 };
@@ -48,6 +52,7 @@ pub unsafe extern "C" fn umd_fp_encode(id: u32, out: *mut u32, len: usize, va: u
 ///
 /// # Safety
 /// `bytes` must be valid for reads of `len` bytes.
+#[cfg(feature = "codec")]
 #[no_mangle]
 pub unsafe extern "C" fn umd_fp_decode(gen: u8, bytes: *const u8, len: usize) -> usize {
     let Some(gen) = Generation::from_number(gen) else {
@@ -59,6 +64,7 @@ pub unsafe extern "C" fn umd_fp_decode(gen: u8, bytes: *const u8, len: usize) ->
 }
 
 /// Validates one fence command for generation `gen`; 1 if it encodes.
+#[cfg(feature = "codec")]
 #[no_mangle]
 pub extern "C" fn umd_fp_check_fence(gen: u8, addr: u64) -> u32 {
     let Some(gen) = Generation::from_number(gen) else {

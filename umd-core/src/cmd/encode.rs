@@ -201,12 +201,16 @@ trait Gen {
     const DESC: &'static GenDesc;
 }
 
+#[cfg(feature = "gen1")]
 struct Gen1;
+#[cfg(feature = "gen1")]
 impl Gen for Gen1 {
     const DESC: &'static GenDesc = &crate::hw::gen1::DESC;
 }
 
+#[cfg(feature = "gen2")]
 struct Gen2;
+#[cfg(feature = "gen2")]
 impl Gen for Gen2 {
     const DESC: &'static GenDesc = &crate::hw::gen2::DESC;
 }
@@ -216,12 +220,15 @@ impl Gen for Gen2 {
 macro_rules! per_gen {
     ($self:expr, $f:ident($($arg:expr),*)) => {
         match $self.generation {
+            #[cfg(feature = "gen1")]
             Generation::Gen1 => $f::<Gen1>($($arg),*),
+            #[cfg(feature = "gen2")]
             Generation::Gen2 => $f::<Gen2>($($arg),*),
         }
     };
 }
 
+#[cfg(not(feature = "compact-encoder"))]
 /// Calls `$f(desc, kind, cmd, ...)` with the packet kind as a constant in
 /// the arms of the packets a submission path writes often (FENCE,
 /// WRITE_DATA, DMA_COPY, FILL, INDIRECT_BUFFER, CHAIN), so their description
@@ -300,9 +307,10 @@ impl Encoder {
 // (the encoder validates as it writes), so they share one table walk for
 // both generations, with description and kind read at run time: firmware
 // links them, and specialising them too would cost ~5 KiB of Cortex-M code.
-#[inline(never)]
+// `check` is `placement` at address 0 with the placement dropped (one copy
+// of the walk in the image, ~1.4 KB of Cortex-M code less than two).
 fn check_in(desc: &'static GenDesc, cmd: &Command<'_>) -> Result<(), EncodeError> {
-    prepare(desc, cmd.kind(), cmd).map(|_| ())
+    placement_in(desc, cmd, 0).map(|_| ())
 }
 
 #[inline(never)]
@@ -310,6 +318,7 @@ fn placement_in(desc: &'static GenDesc, cmd: &Command<'_>, va: u64) -> Result<Pl
     Ok(prepare(desc, cmd.kind(), cmd)?.placement(desc, va))
 }
 
+#[cfg(not(feature = "compact-encoder"))]
 fn encode_in<G: Gen>(
     cmd: &Command<'_>,
     out: &mut [u32],
@@ -317,35 +326,63 @@ fn encode_in<G: Gen>(
     base_va: u64,
 ) -> Result<usize, EncodeError> {
     let desc = G::DESC;
-    #[inline(always)]
-    fn one(
-        desc: &'static GenDesc,
-        kind: PacketKind,
-        cmd: &Command<'_>,
-        out: &mut [u32],
-        pos: usize,
-        base_va: u64,
-    ) -> Result<usize, EncodeError> {
-        let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
-        let prep = prepare(desc, kind, cmd)?;
-        let place = prep.placement(desc, va);
-        let available = out.len().saturating_sub(pos);
-        let total = place.total();
-        if total > available {
-            return Err(EncodeError::BufferFull { needed: total, available });
-        }
-        let end = pos.saturating_add(total);
-        let dst = out.get_mut(pos..end).ok_or(EncodeError::BufferFull { needed: total, available })?;
-        let (pad, pkt) = dst
-            .split_at_mut_checked(place.pad)
-            .ok_or(EncodeError::BufferFull { needed: total, available })?;
-        if !pad.is_empty() {
-            write_nops(desc, pad)?;
-        }
-        prep.write(desc, pkt);
-        Ok(total)
+    per_kind!(encode_one(desc, cmd, out, pos, base_va))
+}
+
+/// `compact-encoder`: one table walk for every packet, with the packet
+/// kind read at run time (the folded copies above cost ~4 KB of Cortex-M
+/// code per generation; this costs the walk's time on every packet).
+#[cfg(feature = "compact-encoder")]
+#[inline(always)]
+fn encode_in<G: Gen>(
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_dyn(G::DESC, cmd, out, pos, base_va)
+}
+
+/// The one copy of `compact-encoder`'s walk, shared by the generations.
+#[cfg(feature = "compact-encoder")]
+#[inline(never)]
+fn encode_dyn(
+    desc: &'static GenDesc,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_one(desc, cmd.kind(), cmd, out, pos, base_va)
+}
+
+/// Validates `cmd` (a `kind` command) and writes it at `out[pos..]`.
+#[inline(always)]
+fn encode_one(
+    desc: &'static GenDesc,
+    kind: PacketKind,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
+    let prep = prepare(desc, kind, cmd)?;
+    let place = prep.placement(desc, va);
+    let available = out.len().saturating_sub(pos);
+    let total = place.total();
+    if total > available {
+        return Err(EncodeError::BufferFull { needed: total, available });
     }
-    per_kind!(one(desc, cmd, out, pos, base_va))
+    let end = pos.saturating_add(total);
+    let dst = out.get_mut(pos..end).ok_or(EncodeError::BufferFull { needed: total, available })?;
+    let (pad, pkt) =
+        dst.split_at_mut_checked(place.pad).ok_or(EncodeError::BufferFull { needed: total, available })?;
+    if !pad.is_empty() {
+        write_nops(desc, pad)?;
+    }
+    prep.write(desc, pkt);
+    Ok(total)
 }
 
 /// The description of `kind`.

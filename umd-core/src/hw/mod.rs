@@ -9,18 +9,26 @@
 //!
 //! The contract these tables transcribe is `docs/refgpu.md` sections 5 and 6.
 
+#[cfg(not(any(feature = "gen1", feature = "gen2")))]
+compile_error!("umd-core needs at least one generation: enable feature `gen1` or `gen2`");
+
+#[cfg(feature = "gen1")]
 pub mod gen1;
+#[cfg(feature = "gen2")]
 pub mod gen2;
 pub mod mmu;
 pub mod regs;
 
 use core::fmt;
 
-/// A refgpu hardware generation.
+/// A refgpu hardware generation: one variant per generation this build
+/// drives (cargo features `gen1`, `gen2`; both by default).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Generation {
+    #[cfg(feature = "gen1")]
     /// Generation 1: opcode in the top byte, 40-bit addresses, small limits.
     Gen1,
+    #[cfg(feature = "gen2")]
     /// Generation 2: typed header, 48-bit addresses, 32-byte DMA alignment,
     /// 64-byte fence alignment (misaligned fences are silently dropped).
     Gen2,
@@ -30,7 +38,9 @@ impl Generation {
     /// The description of this generation.
     pub const fn desc(self) -> &'static GenDesc {
         match self {
+            #[cfg(feature = "gen1")]
             Generation::Gen1 => &gen1::DESC,
+            #[cfg(feature = "gen2")]
             Generation::Gen2 => &gen2::DESC,
         }
     }
@@ -38,15 +48,20 @@ impl Generation {
     /// The generation number as the ID register encodes it (1 or 2).
     pub const fn number(self) -> u8 {
         match self {
+            #[cfg(feature = "gen1")]
             Generation::Gen1 => 1,
+            #[cfg(feature = "gen2")]
             Generation::Gen2 => 2,
         }
     }
 
-    /// The generation with ID-register number `n`, if it is one we know.
+    /// The generation with ID-register number `n`, if it is one this build
+    /// drives (a generation whose feature is off is unknown here).
     pub const fn from_number(n: u8) -> Option<Generation> {
         match n {
+            #[cfg(feature = "gen1")]
             1 => Some(Generation::Gen1),
+            #[cfg(feature = "gen2")]
             2 => Some(Generation::Gen2),
             _ => None,
         }
