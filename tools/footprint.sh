@@ -23,12 +23,28 @@ own_sizes() {
         END { printf "%d %d %d %d", t, r, d, b }'
 }
 
+# Code of ours (umd_core, the probe's entry points) that branches to a
+# panic routine means a panic path survived optimisation. The conformance
+# suite is test code and is not held to this.
+panic_paths() {
+    local offenders
+    offenders=$(llvm-objdump -r "$1" 2>/dev/null | awk '
+        /^RELOCATION RECORDS FOR/ { sec = $4; next }
+        sec ~ /^\[\.text\..*(umd_core|umd_fp_device|umd_fp_encode|umd_fp_decode|umd_fp_check)/ && $3 ~ /4core/ && $3 ~ /panicking|_fail|panic_/ { print sec " -> " $3 }' | sort -u)
+    if [ -n "$offenders" ]; then
+        echo "$2: panic paths survive in umd-core:" >&2
+        echo "$offenders" >&2
+        return 1
+    fi
+}
+
 if [ "${1:-}" = table ]; then
     t=thumbv7em-none-eabihf
     lib="target/$t/footprint/libfootprint.a"
     printf '| configuration (footprint features) | .text | .rodata |\n| --- | ---: | ---: |\n'
     for f in gen1,gen2,codec gen1,gen2 gen1 gen2 gen1,gen2,compact-encoder gen1,compact-encoder gen2,compact-encoder; do
         cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
+        panic_paths "$lib" "$t ($f)" || exit 1
         read -r text rodata _ <<<"$(own_sizes "$lib")"
         printf '| `%s` | %s | %s |\n' "$f" "$text" "$rodata"
     done
@@ -70,17 +86,7 @@ for build in driver driver+conformance; do
         sizes=$(own_sizes "$lib")
         read -r text rodata data bss <<<"$sizes"
         printf '%-40s %-24s %8s %8s %8s %8s\n' "$build" "$t" "$text" "$rodata" "$data" "$bss"
-        # Code of ours (umd_core, the probe's entry points) that branches to
-        # a panic routine means a panic path survived optimisation. The
-        # conformance suite is test code and is not held to this.
-        offenders=$(llvm-objdump -r "$lib" 2>/dev/null | awk '
-            /^RELOCATION RECORDS FOR/ { sec = $4; next }
-            sec ~ /^\[\.text\..*(umd_core|umd_fp_device|umd_fp_encode|umd_fp_decode|umd_fp_check)/ && $3 ~ /4core/ && $3 ~ /panicking|_fail|panic_/ { print sec " -> " $3 }' | sort -u)
-        if [ -n "$offenders" ]; then
-            echo "$t ($build): panic paths survive in umd-core:" >&2
-            echo "$offenders" >&2
-            status=1
-        fi
+        panic_paths "$lib" "$t ($build)" || status=1
     done
 done
 exit $status

@@ -27,6 +27,11 @@
 //!
 //! Features: `defmt` (driver logs as defmt frames, for firmware) or `log`
 //! (the `log` facade, for Linux); neither by default (no logging code).
+//! `gen1`, `gen2` (both by default): the generations the build drives; a
+//! firmware for one chip enables only its own and links no code of the
+//! other. `compact-encoder`: a smaller, slower encoder (one description
+//! walk for every packet instead of code folded per packet kind).
+//! `validation`: the validation mode (see [`engine`]).
 #![no_std]
 #![cfg_attr(
     not(test),
