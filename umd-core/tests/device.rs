@@ -310,6 +310,80 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
 }
 
 #[test]
+fn an_engine_still_stalled_after_its_reset_does_not_take_its_waiters_down() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        dev.platform().state().mode = Mode::OnDelay;
+        // GFX stops fetching for good: its reset completes, but the engine
+        // never runs another packet (not even one that would write its
+        // fence slot).
+        dev.platform().state().stalled[0] = true;
+        let buf = dev.alloc_buffer(4096).unwrap();
+        let b = dev.va(buf).unwrap();
+        let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+        // COMPUTE waits for it on the GPU, then runs independent work.
+        let c1 = dev.submit(COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
+        let c2 = dev.submit(COMPUTE, &[], |cb| cb.write_data(b + 8, &[3])).unwrap();
+        assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+        let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
+        assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
+        // The reset released COMPUTE's wait although GFX never ran again:
+        // its own work signals, COMPUTE is not judged hung.
+        dev.wait(c2, 10_000_000_000).unwrap();
+        assert_eq!(dev.read_u32(buf, 2), Ok(3));
+        assert_eq!(dev.stats().resets, 1, "only the stalled queue was reset");
+        // A failed fence keeps the reason it was first answered with.
+        assert_eq!(dev.wait(c1, 1_000_000_000), Err(WaitError::Failed(dependency)));
+        assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
+    }
+}
+
+#[test]
+fn a_poisoned_fence_keeps_its_reason_when_its_own_queue_is_reset() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    dev.platform().state().mode = Mode::OnDelay;
+    dev.platform().state().engines[0].fault = EngineFault::Stuck;
+    dev.platform().state().engines[1].fault = EngineFault::Stuck;
+    let f1 = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let c1 = dev.submit(COMPUTE, &[f1], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+    let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
+    assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
+    // COMPUTE hangs too: its reset cancels c1 again, which keeps the reason
+    // it was first answered with.
+    let c2 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    assert_eq!(dev.wait(c2, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+    assert_eq!(dev.stats().resets, 2);
+    assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
+}
+
+#[test]
+fn an_engine_that_faults_while_idle_is_reset_without_blaming_the_next_job() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        let f0 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        dev.wait(f0, 1_000_000_000).unwrap();
+        // COMPUTE is idle when its engine halts with a fault (no job of
+        // ours caused it). The service pass sees the fault interrupt.
+        dev.platform().state().inject_fault(1, 1, 0, 0x1_0000_0000);
+        assert!(dev.service().is_some(), "the idle fault is reported");
+        let report = dev.last_hang().unwrap();
+        assert_eq!(report.queue, COMPUTE);
+        assert!(matches!(report.reason, HangReason::Fault(_)), "{report}");
+        assert_eq!(report.emitted, report.completed, "no fence was pending");
+        assert_eq!((dev.stats().faults, dev.stats().resets), (1, 1));
+        assert_eq!(dev.query(f0), Ok(FenceStatus::Signalled), "finished work stays signalled");
+        // The next job runs.
+        let f1 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        dev.wait(f1, 1_000_000_000).unwrap();
+        assert_eq!(dev.stats().resets, 1);
+    }
+}
+
+#[test]
 fn a_loop_that_moves_but_never_signals_is_a_hang() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());

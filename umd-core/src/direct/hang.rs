@@ -1,7 +1,9 @@
 //! The direct-mode hang and fault check, the capture taken before a reset,
 //! and the reset itself.
 //!
-//! A queue with pending work is checked on every service pass:
+//! A queue with pending work is checked on every service pass, an idle one
+//! after its engine raised a fault interrupt (reset then, with no fence to
+//! fail, rather than blamed on the next job):
 //! - HALTED or a valid FAULT_STATUS: a fault; reset.
 //! - Blocked on purpose: its next submission waits for an unsignalled
 //!   fence of another queue. If that fence is emitted, the other queue is
@@ -63,7 +65,8 @@ pub(crate) fn check<P: DirectIo>(
 ) -> Result<Option<Failure>, Gone> {
     let p = d.p;
     let e = v.queue as u32;
-    if !v.emitted.is_after(v.completed) {
+    let idle = !v.emitted.is_after(v.completed);
+    if idle && !v.fault_irq {
         qs.watch.armed = false;
         return Ok(None);
     }
@@ -79,6 +82,10 @@ pub(crate) fn check<P: DirectIo>(
             None => (HangReason::DeviceLost, FenceError::DeviceLost),
         };
         return capture(d, qs, v, reason).map(|report| Some(Failure { error, report }));
+    }
+    if idle {
+        qs.watch.armed = false;
+        return Ok(None);
     }
     let hang = v.hang;
     let w = &mut qs.watch;
@@ -144,26 +151,21 @@ pub(crate) fn reset<P: DirectIo>(d: &Direct<'_, P>, qs: &mut DirectQueue, q: usi
     Ok(())
 }
 
-/// After the failure was recorded: the ring starts empty and a FENCE
-/// writes `upto` to the queue's slot through the engine itself, so engines
-/// waiting on the cancelled fences move on (the CPU never writes a fence
-/// slot the GPU owns).
+/// After the failure was recorded: the ring starts empty (the reset set
+/// RPTR and WPTR to 0) and the CPU writes `upto` to the queue's fence slot,
+/// as amdgpu's force-completion does, so engines waiting on the cancelled
+/// fences move on even if this engine never runs again (an engine still
+/// stalled after its reset would never run a FENCE put in its ring). The
+/// reset engine does not write the slot until it is given new work.
 pub(crate) fn resume<P: DirectIo>(
     d: &Direct<'_, P>,
     qs: &mut DirectQueue,
     q: usize,
     upto: Seqno,
 ) -> Result<(), Gone> {
-    let p = d.p;
-    let e = q as u32;
     let Some(ring) = qs.ring.as_mut() else { return Err(Gone) };
     ring.reset();
-    let fence = crate::cmd::Command::Fence { addr: d.slot_va(q), value: upto.0, irq: false };
-    let written = ring.write(&d.enc, &[fence], 0).map_err(|_| Gone)?;
-    p.cache_clean(ring.region(), written.start, written.bytes);
-    core::sync::atomic::fence(core::sync::atomic::Ordering::Release);
-    p.write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32).map_err(|_| Gone)?;
-    p.doorbell(e).map_err(|_| Gone)
+    d.force_slot(q, upto)
 }
 
 /// Reads the engine's registers and the command memory around it.

@@ -21,7 +21,9 @@ use crate::sync::atomic::{AtomicU64, Ordering};
 
 use crate::cmd::{Command, CompareOp, Encoder};
 use crate::config::Config;
-use crate::engine::backend::{sealed, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView};
+use crate::engine::backend::{
+    sealed, Acked, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
+};
 use crate::engine::Engine;
 use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId};
@@ -128,6 +130,21 @@ impl<'d, P: DirectIo> Direct<'d, P> {
         self.tlb_invalidations.fetch_add(1, Ordering::Relaxed);
         write_ctl(self.p, regs::MMU_INVALIDATE, 1)?;
         handshake(self.p, regs::MMU_INVALIDATE, 1)
+    }
+
+    /// Writes `value` to queue `q`'s fence slot from the CPU (after the
+    /// queue's engine was reset: nothing on the GPU writes it then) and
+    /// cleans it to the device.
+    fn force_slot(&self, q: usize, value: Seqno) -> Result<(), Gone> {
+        let off = q.checked_mul(FENCE_STRIDE).ok_or(Gone)?;
+        // SAFETY: the fence slots are never viewed as a slice: every CPU
+        // access to them is `read_u64` (poll) or a 64-bit store (bring-up,
+        // here), and each queue's slot is forced only under its submit lock.
+        if !unsafe { self.fence_mem.store_u64_shared(off, value.0) } {
+            return Err(Gone);
+        }
+        self.p.cache_clean(&self.fence_mem, off, 8);
+        Ok(())
     }
 
     /// GPU address of queue `q`'s fence slot.
@@ -242,12 +259,16 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         }
     }
 
-    fn ack_interrupts(&self) -> Result<bool, Gone> {
-        match self.p.read_reg(regs::IRQ_STATUS) {
-            Ok(0) => Ok(false),
-            Ok(bits) => self.p.write_reg(regs::IRQ_STATUS, bits).map(|_| true).map_err(|_| Gone),
-            Err(_) => Err(Gone),
-        }
+    fn ack_interrupts(&self) -> Result<Acked, Gone> {
+        let bits = match self.p.read_reg(regs::IRQ_STATUS) {
+            Ok(0) => return Ok(Acked::default()),
+            Ok(bits) => bits,
+            Err(_) => return Err(Gone),
+        };
+        self.p.write_reg(regs::IRQ_STATUS, bits).map_err(|_| Gone)?;
+        let faults =
+            (0..self.nq as u32).filter(|e| bits & regs::irq_fault(*e) != 0).fold(0, |m, e| m | 1 << e);
+        Ok(Acked { any: true, faults })
     }
 
     fn check(&self, qs: &mut DirectQueue, view: &QueueView<'_>) -> Result<Option<Failure>, Gone> {

@@ -84,6 +84,19 @@ pub struct QueueView<'a> {
     pub hang: HangConfig,
     /// The IB pool's GPU address and memory (for captures).
     pub ib: (u64, &'a DmaRegion),
+    /// The queue's engine raised a fault interrupt since the last check.
+    pub fault_irq: bool,
+}
+
+/// What [`Backend::ack_interrupts`] acknowledged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Acked {
+    /// Some interrupt was pending.
+    pub any: bool,
+    /// Queues (bit `q`) whose engine raised a fault interrupt: checked even
+    /// when they have no work (an engine that faults while idle is reset
+    /// then, not when the next job finds it halted).
+    pub faults: u32,
 }
 
 /// A queue the backend found stuck or faulted: reset it.
@@ -160,8 +173,9 @@ pub trait Backend: sealed::Sealed + Sized {
         Ok(())
     }
 
-    /// Acknowledges interrupts; false when the device is gone.
-    fn ack_interrupts(&self) -> Result<bool, Gone>;
+    /// Acknowledges interrupts: which were pending (`Err` when the device
+    /// is gone).
+    fn ack_interrupts(&self) -> Result<Acked, Gone>;
     /// The hang and fault check of one queue (under its submit lock):
     /// `Some` when it must be reset.
     fn check(&self, qs: &mut Self::Queue, view: &QueueView<'_>) -> Result<Option<Failure>, Gone>;

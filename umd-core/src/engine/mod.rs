@@ -196,6 +196,9 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) last_hang: Mutex<Raw<B>, Option<HangReport>>,
     pub(crate) stats: Counters,
     pub(crate) lost: AtomicBool,
+    /// Queues (bit `q`) whose fault interrupt was acknowledged but not yet
+    /// checked (see [`backend::Acked::faults`]).
+    pub(crate) fault_irqs: AtomicU32,
     /// The validation mode is on (`validation` feature).
     #[cfg(feature = "validation")]
     pub(crate) validating: AtomicBool,

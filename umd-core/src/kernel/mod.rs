@@ -33,7 +33,7 @@ use heapless::Deque;
 use crate::config::Config;
 use crate::debug::{HangReason, HangReport};
 use crate::engine::backend::{
-    sealed, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
+    sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
 use crate::engine::{Engine, InitError};
 use crate::hw::{probe, ChipId};
@@ -304,8 +304,8 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         }
     }
 
-    fn ack_interrupts(&self) -> Result<bool, Gone> {
-        Ok(false)
+    fn ack_interrupts(&self) -> Result<Acked, Gone> {
+        Ok(Acked::default())
     }
 
     fn check(&self, qs: &mut KernelQueue, v: &QueueView<'_>) -> Result<Option<Failure>, Gone> {

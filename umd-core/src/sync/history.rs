@@ -79,10 +79,44 @@ impl<const N: usize> FailureHistory<N> {
         self.ranges.iter().take(self.len).rev().flatten().find(|r| r.contains(s)).map(|r| r.error)
     }
 
-    /// Records that `(after, upto]` failed with `error`. Ranges that
-    /// overlap or touch an existing one of the same error join it; an empty
-    /// range (`upto` not after `after`) records nothing.
+    /// Records that `(after, upto]` failed with `error`. Fences already
+    /// recorded keep their reason (a fence answered `Dependency` stays so
+    /// when its queue is reset later): only the parts of the range not
+    /// recorded yet are added. A part that touches an existing range of the
+    /// same error joins it; an empty range (`upto` not after `after`)
+    /// records nothing.
     pub fn record(&mut self, after: Seqno, upto: Seqno, error: FenceError) {
+        if !upto.is_after(after) || N == 0 {
+            return;
+        }
+        // Each pass skips one recorded range or adds one gap before it, and
+        // there are at most N ranges (a merge to make room only joins them).
+        let mut cursor = after;
+        for _ in 0..N.saturating_mul(2).saturating_add(2) {
+            if !upto.is_after(cursor) {
+                return;
+            }
+            let next = self.ranges().find(|r| r.upto.is_after(cursor)).copied();
+            match next {
+                // `cursor` lies inside a recorded range: skip what it covers.
+                Some(r) if !r.after.is_after(cursor) => cursor = r.upto,
+                Some(r) => {
+                    let end = earlier(r.after, upto);
+                    self.insert(cursor, end, error);
+                    cursor = end;
+                }
+                None => {
+                    self.insert(cursor, upto, error);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Adds `(after, upto]` (not overlapping a recorded range, see
+    /// `record`); it joins a touching range of the same error, and an
+    /// overlapping one if there is one after all.
+    fn insert(&mut self, after: Seqno, upto: Seqno, error: FenceError) {
         if !upto.is_after(after) || N == 0 {
             return;
         }
@@ -108,7 +142,7 @@ impl<const N: usize> FailureHistory<N> {
             return;
         }
         if let Some(Some(r)) = self.ranges.get(at).copied() {
-            if !r.after.is_after(upto) || r.after == upto && r.error == error {
+            if upto.is_after(r.after) || r.after == upto && r.error == error {
                 let merged = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
                 if let Some(slot) = self.ranges.get_mut(at) {
                     *slot = Some(merged);
@@ -120,7 +154,7 @@ impl<const N: usize> FailureHistory<N> {
         if self.len >= N {
             self.merge_closest();
             // The merge removed one slot before or around `at`.
-            self.record(after, upto, error);
+            self.insert(after, upto, error);
             return;
         }
         // Shift `at..len` up by one and insert.
@@ -138,7 +172,8 @@ impl<const N: usize> FailureHistory<N> {
         }
     }
 
-    /// Joins ranges after `i` that the (grown) range `i` now overlaps.
+    /// Joins ranges after `i` that the (grown) range `i` now overlaps or
+    /// touches with the same error.
     fn absorb_following(&mut self, i: usize) {
         for _ in 0..N {
             let (Some(Some(cur)), Some(Some(next))) =
@@ -146,7 +181,10 @@ impl<const N: usize> FailureHistory<N> {
             else {
                 return;
             };
-            if next.after.is_after(cur.upto) {
+            // Overlapping, or touching with the same error (a touching range
+            // of another error keeps its own).
+            let joins = cur.upto.is_after(next.after) || next.after == cur.upto && next.error == cur.error;
+            if !joins {
                 return;
             }
             if let Some(slot) = self.ranges.get_mut(i) {
@@ -295,6 +333,45 @@ mod tests {
         h.record(Seqno(5), Seqno(9), HUNG);
         assert_eq!(h.lookup(Seqno(5)), Some(e));
         assert_eq!(h.lookup(Seqno(6)), Some(HUNG));
+    }
+
+    #[test]
+    fn a_failed_fence_keeps_its_first_reason() {
+        let mut h = FailureHistory::<8>::new();
+        let producer = FenceId::new(QueueId(2), 7);
+        let dep = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
+        // Two poisoned fences, then a reset cancelling the range around them.
+        h.record(Seqno(11), Seqno(12), dep);
+        h.record(Seqno(14), Seqno(15), dep);
+        h.record(Seqno(10), Seqno(17), HUNG);
+        for (s, want) in [(11, HUNG), (12, dep), (13, HUNG), (14, HUNG), (15, dep), (16, HUNG), (17, HUNG)] {
+            assert_eq!(h.lookup(Seqno(s)), Some(want), "fence {s}");
+        }
+        assert_eq!(h.lookup(Seqno(10)), None);
+        assert_eq!(h.lookup(Seqno(18)), None);
+        assert_eq!(h.merges(), 0);
+        // A range covering everything recorded adds only what is new.
+        h.record(Seqno(5), Seqno(20), FenceError::DeviceLost);
+        assert_eq!(h.lookup(Seqno(12)), Some(dep));
+        assert_eq!(h.lookup(Seqno(13)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(6)), Some(FenceError::DeviceLost));
+        assert_eq!(h.lookup(Seqno(20)), Some(FenceError::DeviceLost));
+        assert_eq!(h.lookup(Seqno(21)), None);
+    }
+
+    #[test]
+    fn a_range_grown_to_touch_another_reason_does_not_swallow_it() {
+        let mut h = FailureHistory::<8>::new();
+        let producer = FenceId::new(QueueId(0), 7);
+        let dep = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
+        h.record(Seqno(0), Seqno(2), HUNG);
+        h.record(Seqno(5), Seqno(6), dep);
+        // The gap (2, 5] joins (0, 2] and now touches the poisoned fence.
+        h.record(Seqno(2), Seqno(8), HUNG);
+        assert_eq!(h.lookup(Seqno(6)), Some(dep));
+        assert_eq!(h.lookup(Seqno(5)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(7)), Some(HUNG));
+        assert_eq!(h.ranges().count(), 3);
     }
 
     #[test]

@@ -65,6 +65,9 @@ pub struct FakeState {
     pub irq_capable: bool,
     pub lost: bool,
     pub allocs: usize,
+    /// Engines that do not fetch, reset or not (the model's stall knob:
+    /// RESET still completes, the engine still does not run).
+    pub stalled: [bool; 3],
     /// Device ranges the driver cleaned from the data cache.
     pub cleaned: Vec<(u64, usize)>,
 }
@@ -87,6 +90,7 @@ impl FakeState {
             irq_capable: false,
             lost: false,
             allocs: 0,
+            stalled: [false; 3],
             cleaned: Vec::new(),
         }
     }
@@ -173,7 +177,7 @@ impl FakeState {
 
     /// Runs engine `e` until its ring is empty, it blocks or it faults.
     pub fn run(&mut self, e: usize) {
-        if self.engines[e].halted.is_some() {
+        if self.engines[e].halted.is_some() || self.stalled[e] {
             return;
         }
         match self.engines[e].fault {
