@@ -15,10 +15,10 @@
 use heapless::Deque;
 
 use crate::debug::trace::TraceStorage;
+use crate::engine::buffers::Backed;
 use crate::mem::buffer::BufferSlot;
 use crate::mem::pool::Slab;
 use crate::mem::va::VaNode;
-use crate::platform::DmaRegion;
 use crate::sync::deps::DepGraph;
 use crate::sync::MAX_QUEUES;
 
@@ -40,9 +40,9 @@ pub struct DeviceStorage<
     const TRACE: usize = 256,
     const LOCAL_WORDS: usize = 64,
 > {
-    pub(crate) buffers: [BufferSlot<DmaRegion>; BUFFERS],
+    pub(crate) buffers: [BufferSlot<Backed>; BUFFERS],
     pub(crate) retiring: [Deque<u32, BUFFERS>; MAX_QUEUES],
-    pub(crate) slabs: [Slab<DmaRegion>; SLABS],
+    pub(crate) slabs: [Slab<Backed>; SLABS],
     pub(crate) va: [VaNode; VA_NODES],
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
@@ -118,9 +118,9 @@ impl<
 
 /// A storage's parts, borrowed by a device.
 pub(crate) struct StorageParts<'s> {
-    pub(crate) buffers: &'s mut [BufferSlot<DmaRegion>],
+    pub(crate) buffers: &'s mut [BufferSlot<Backed>],
     pub(crate) retiring: [&'s mut heapless::deque::DequeView<u32>; MAX_QUEUES],
-    pub(crate) slabs: &'s mut [Slab<DmaRegion>],
+    pub(crate) slabs: &'s mut [Slab<Backed>],
     pub(crate) va: &'s mut [VaNode],
     pub(crate) deps: &'s mut Deps,
     pub(crate) trace: crate::debug::TraceRing<'s>,

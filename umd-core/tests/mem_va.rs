@@ -403,3 +403,53 @@ fn sparse_arena_degenerates_to_one_tree_and_stays_correct() {
     assert_eq!(a.alloc_fixed(1 << 46, 1 << 20), Ok(1 << 46));
     a.validate().unwrap();
 }
+
+/// `free_handle` frees exactly what `free` of its address would, skips the
+/// lookup when the handle is current, and falls back to it (same result)
+/// when the handle is stale: its node now records another allocation, or
+/// nothing. Both index modes (list: many small regions; trees: few).
+#[test]
+fn free_handle_matches_free_and_refuses_stale_handles() {
+    for (nodes, size) in [(1 << 12, 1 << 20), (64, 1 << 30)] {
+        let mut va = arena(nodes, 0x10_0000, size);
+        let h: Vec<_> =
+            (0..20).map(|i| va.alloc_handle(100 + i * 300, 128, Placement::BottomUp).unwrap()).collect();
+        for x in &h {
+            assert_eq!(va.lookup(x.addr()).map(|r| r.addr), Some(x.addr()));
+        }
+        // Free some by handle: h[10..] in order (each coalesces with the
+        // hole before it, so their nodes are released for reuse), and
+        // h[0], h[2], h[4] (isolated holes).
+        let freed: Vec<_> = h[10..].iter().chain([&h[0], &h[2], &h[4]]).copied().collect();
+        for x in &freed {
+            let expect = va.lookup(x.addr()).unwrap().size;
+            assert_eq!(va.free_handle(*x), Ok(expect));
+            va.validate().unwrap();
+        }
+        // A second free of the same handle is refused and changes nothing.
+        let before = va.stats();
+        assert_eq!(va.free_handle(h[0]), Err(VaError::NotAllocated));
+        assert_eq!(va.stats(), before);
+        // Reuse the freed nodes: a stale handle whose node now records
+        // another allocation must not free that one.
+        let fresh: Vec<_> = (0..10).map(|_| va.alloc_handle(128, 128, Placement::TopDown).unwrap()).collect();
+        let before = va.stats();
+        for x in &freed {
+            if fresh.iter().any(|f| f.addr() == x.addr()) {
+                continue;
+            }
+            assert_eq!(va.free_handle(*x), Err(VaError::NotAllocated), "stale handle {x:?}");
+        }
+        assert_eq!(va.stats(), before, "stale handles changed the allocator");
+        // Retired allocations are freed by handle too.
+        let r = h[1];
+        let l = va.retire(r.addr()).unwrap();
+        assert_eq!(va.free_handle(r), Ok(l));
+        for x in fresh.iter().chain([&h[3]]).chain(&h[5..10]) {
+            assert!(va.free_handle(*x).is_ok());
+            va.validate().unwrap();
+        }
+        let s = va.stats();
+        assert_eq!((s.used, s.holes, s.allocations), (0, 1, 0), "all memory back");
+    }
+}

@@ -15,7 +15,7 @@ use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, Leak
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind};
-use crate::mem::va::{Placement, VaAllocator, VaNode};
+use crate::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::sync::QueueId;
 
@@ -73,10 +73,28 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
     pub(crate) fallback: bool,
 }
 
-impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
-    type Block = DmaRegion;
+/// A block of the pools: its memory and, with the MMU on, the VA
+/// allocator's handle for its GPU address, so that releasing the block
+/// frees the address without looking it up ([`VaAllocator::free_handle`]).
+#[derive(Debug)]
+pub(crate) struct Backed {
+    /// The memory.
+    pub(crate) region: DmaRegion,
+    /// Its GPU address range (`None` with the MMU bypassed).
+    pub(crate) va: Option<VaHandle>,
+}
 
-    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, DmaRegion), BackingError> {
+impl core::ops::Deref for Backed {
+    type Target = DmaRegion;
+    fn deref(&self) -> &DmaRegion {
+        &self.region
+    }
+}
+
+impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
+    type Block = Backed;
+
+    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, Backed), BackingError> {
         let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
         let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
         let p = self.b.platform();
@@ -105,29 +123,34 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
                 release(self.local, region);
                 return Err(BackingError::Unaligned);
             }
-            return Ok((addr, region));
+            return Ok((addr, Backed { region, va: None }));
         };
-        let addr = match va.alloc(bytes, align, Placement::BottomUp) {
-            Ok(a) => a,
+        let handle = match va.alloc_handle(bytes, align, Placement::BottomUp) {
+            Ok(h) => h,
             Err(e) => {
                 release(self.local, region);
                 return Err(BackingError::Va(e));
             }
         };
+        let addr = handle.addr();
         let perms = Perms { read: true, write: !kind.gpu_read_only, cache: CachePolicy::Uncached };
         if let Err(e) = self.b.map(self.maps, addr, &region, perms) {
-            let _ = va.free(addr);
+            let _ = va.free_handle(handle);
             release(self.local, region);
             return Err(e);
         }
-        Ok((addr, region))
+        Ok((addr, Backed { region, va: Some(handle) }))
     }
 
-    fn release(&mut self, addr: u64, bytes: u64, block: DmaRegion) {
+    fn release(&mut self, addr: u64, bytes: u64, block: Backed) {
         if let Some(va) = self.va.as_mut() {
             self.b.unmap(self.maps, addr, bytes);
-            let _ = va.free(addr);
+            let _ = match block.va {
+                Some(h) if h.addr() == addr => va.free_handle(h),
+                _ => va.free(addr),
+            };
         }
+        let block = block.region;
         if super::residency::is_local(&block) {
             self.local.free(block);
         } else {
@@ -228,7 +251,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Zeroes a new slab slot (fresh blocks come zeroed from the platform;
     /// reused slots hold their last owner's data).
-    fn zero_new(&self, buffers: &crate::mem::manager::Buffers<'d, DmaRegion>, h: BufferHandle) {
+    fn zero_new(&self, buffers: &crate::mem::manager::Buffers<'d, Backed>, h: BufferHandle) {
         let Ok(info) = buffers.info(h) else { return };
         if info.class == crate::mem::pool::SizeClass::Large || info.kind.device_only {
             return;

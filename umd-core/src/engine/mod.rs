@@ -51,7 +51,7 @@ use crate::hw::ChipId;
 use crate::ibpool::{IbPool, IbPoolStats};
 use crate::mem::manager::{BufferStats, Buffers};
 use crate::mem::va::{VaAllocator, VaNode};
-use crate::platform::{DmaRegion, Platform};
+use crate::platform::Platform;
 use crate::storage::Deps;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
@@ -152,7 +152,7 @@ impl Counters {
 
 /// The memory manager's state, behind one lock.
 pub(crate) struct MemState<'d, B: Backend> {
-    pub(crate) buffers: Buffers<'d, DmaRegion>,
+    pub(crate) buffers: Buffers<'d, buffers::Backed>,
     /// GPU VA (None: MMU bypassed, addresses are the memory's).
     pub(crate) va: Option<VaAllocator<&'d mut [VaNode]>>,
     pub(crate) maps: B::Maps,
@@ -165,7 +165,7 @@ impl<'d, B: Backend> MemState<'d, B> {
     pub(crate) fn split<'a>(
         &'a mut self,
         b: &'a B,
-    ) -> (&'a mut Buffers<'d, DmaRegion>, buffers::Backer<'a, 'd, B>) {
+    ) -> (&'a mut Buffers<'d, buffers::Backed>, buffers::Backer<'a, 'd, B>) {
         let MemState { buffers, va, maps, local } = self;
         (buffers, buffers::Backer { b, va, maps, local, fallback: false })
     }

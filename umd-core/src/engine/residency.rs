@@ -297,7 +297,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let h = {
             let mem = self.mem.lock();
             mem.buffers.min_live(|l| {
-                let local = l.alloc.block().is_some_and(is_local);
+                let local = l.alloc.block().is_some_and(|b| is_local(b));
                 let old = l.touched.saturating_add(min) <= now || l.touched == 0;
                 (local && l.pinned == 0 && old && !self.busy(&l.last_use, l.used)).then_some(l.touched)
             })?
@@ -318,16 +318,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let mut mem = self.mem.lock();
             let (_, backer) = mem.split(&self.b);
             let va = backer.va.as_mut().ok_or(MoveError::NotLocal)?;
-            let tmp = va.alloc(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
+            let handle = va.alloc_handle(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
+            let tmp = handle.addr();
             let rw = Perms { read: true, write: true, cache: CachePolicy::Uncached };
             if self.b.map(backer.maps, tmp, to, rw).is_err() {
                 if let Some(va) = backer.va.as_mut() {
-                    let _ = va.free(tmp);
+                    let _ = va.free_handle(handle);
                 }
                 return Err(MoveError::Memory);
             }
-            tmp
+            handle
         };
+        let (handle, tmp) = (tmp, tmp.addr());
         let uses = [BufferUse::read(s.h)];
         let r = self
             .submit_internal(
@@ -350,7 +352,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let (_, backer) = mem.split(&self.b);
         self.b.unmap(backer.maps, tmp, s.bytes);
         if let Some(va) = backer.va.as_mut() {
-            let _ = va.free(tmp);
+            let _ = va.free_handle(handle);
         }
         r
     }
@@ -369,7 +371,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
             return Err(to);
         }
-        l.alloc.replace_block(to)
+        // The GPU address, and so its VA handle, stays with the buffer.
+        let va = l.alloc.block().and_then(|b| b.va);
+        l.alloc
+            .replace_block(super::buffers::Backed { region: to, va })
+            .map(|b| b.region)
+            .map_err(|b| b.region)
     }
 
     fn move_to_system(&self, s: Subject) -> Result<(), MoveError> {
@@ -485,9 +492,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 let min = u64::from(self.cfg.local_min_residency);
                 let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
-                if recently_evicted && !l.alloc.block().is_some_and(is_local) {
+                if recently_evicted && !l.alloc.block().is_some_and(|b| is_local(b)) {
                     Counters::add(&self.stats.restores_deferred, 1);
-                } else if !l.alloc.block().is_some_and(is_local) {
+                } else if !l.alloc.block().is_some_and(|b| is_local(b)) {
                     if let Some(slot) = restore.get_mut(i) {
                         *slot = Some(Subject {
                             h: u.buffer,

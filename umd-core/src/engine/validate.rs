@@ -348,7 +348,7 @@ mod check {
 
         fn check_operand(
             &self,
-            buffers: &Buffers<'_, DmaRegion>,
+            buffers: &Buffers<'_, crate::engine::buffers::Backed>,
             o: Operand,
             declared: &[BufferUse],
         ) -> Result<(), Problem> {

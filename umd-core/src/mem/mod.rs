@@ -35,4 +35,4 @@ pub use pool::{
     Backing, BackingError, ClassStats, MemKind, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
 };
 pub use stats::VaStats;
-pub use va::{Placement, VaAllocator, VaError, VaNode, VaRange, MIN_ALIGN};
+pub use va::{Placement, VaAllocator, VaError, VaHandle, VaNode, VaRange, MIN_ALIGN};

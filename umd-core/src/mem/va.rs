@@ -234,6 +234,28 @@ pub struct VaRange {
     pub retired: bool,
 }
 
+/// A live allocation as returned by [`VaAllocator::alloc_handle`]: its
+/// address and the bookkeeping node that records it, so that
+/// [`VaAllocator::free_handle`] can free it without looking the address up.
+///
+/// A handle is only a hint about where the record is: the allocator checks
+/// it (the node must record a live or retired allocation starting at
+/// [`VaHandle::addr`]) and otherwise falls back to the address lookup, so a
+/// stale or forged handle behaves exactly like [`VaAllocator::free`] of its
+/// address and can not free another allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct VaHandle {
+    addr: u64,
+    node: u32,
+}
+
+impl VaHandle {
+    /// First address of the allocation.
+    pub const fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
 /// The VA allocator over `[base, base + size)` with node storage `S`.
 ///
 /// `S` is anything that derefs to a node slice: `[VaNode; N]` (const
@@ -383,6 +405,19 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         Ok(addr)
     }
 
+    /// [`VaAllocator::alloc`], returning a [`VaHandle`] (the address and
+    /// the node that records it) for [`VaAllocator::free_handle`]. Same
+    /// placement, cost and errors.
+    pub fn alloc_handle(&mut self, size: u64, align: u64, placement: Placement) -> Result<VaHandle, VaError> {
+        let (size, align) = normalize(size, align)?;
+        if size > self.size {
+            return Err(VaError::NoSpace);
+        }
+        let (hole, addr) = self.find_fit(size, align, placement)?;
+        let node = self.carve(hole, addr, size)?;
+        Ok(VaHandle { addr, node })
+    }
+
     /// Reserves exactly `[addr, addr + size)` (libdrm's `va_base_required`).
     /// `addr` must be a multiple of [`MIN_ALIGN`]; the size is rounded up to
     /// it. Worst case O(log n).
@@ -431,21 +466,13 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// Frees the allocation starting at `addr` (live or retired) and
     /// coalesces it with adjacent holes. Returns its size. An unknown
     /// address, or a second free, is [`VaError::NotAllocated`]. One
-    /// region-tree removal (O(log n) worst case), the rest O(1).
+    /// region-tree removal (O(log n) worst case; with the list index a walk
+    /// of at most 34 ranges), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
         let x = if self.list_index {
-            let x = self.find_alloc(addr).ok_or(VaError::NotAllocated)?;
-            if self.root(r) == x {
-                // The region's next allocation, if any: holes are
-                // coalesced, so it is at most two ranges on.
-                let mut y = self.next(x);
-                if self.state(y) == HOLE {
-                    y = self.next(y);
-                }
-                let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
-                self.set_root(r, first);
-            }
+            let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
+            self.list_unindex(r, x);
             x
         } else {
             let (root, removed) = self.tree_remove(self.root(r), addr);
@@ -453,6 +480,52 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             self.set_root(r, root);
             x
         };
+        Ok(self.release_alloc(x, addr))
+    }
+
+    /// Frees the allocation of a handle from [`VaAllocator::alloc_handle`]
+    /// (live or retired) and coalesces it; returns its size. The result is
+    /// always that of [`VaAllocator::free`]`(handle.addr())`, but when the
+    /// handle's node still records the allocation (checked in O(1)) the
+    /// address is not looked up: with the list index the whole free is
+    /// O(1); with region trees the node is unlinked from its tree (the same
+    /// O(log n) descent as `free`, no separate search). A stale handle (its
+    /// allocation freed, the node reused) falls back to the address lookup.
+    pub fn free_handle(&mut self, handle: VaHandle) -> Result<u64, VaError> {
+        let addr = handle.addr;
+        let x = handle.node;
+        let current =
+            self.node(x).is_some_and(|v| v.start == addr && (v.state == ALLOC || v.state == RETIRED));
+        if !current || !self.list_index {
+            return self.free(addr);
+        }
+        let Some(r) = self.region_of(addr) else {
+            return Err(VaError::NotAllocated);
+        };
+        self.list_unindex(r, x);
+        Ok(self.release_alloc(x, addr))
+    }
+
+    /// List index: takes allocation `x` of region `r` out of the index (the
+    /// directory slot moves on if `x` was the region's first). O(1).
+    #[inline]
+    fn list_unindex(&mut self, r: u32, x: u32) {
+        if self.root(r) == x {
+            // The region's next allocation, if any: holes are coalesced, so
+            // it is at most two ranges on.
+            let mut y = self.next(x);
+            if self.state(y) == HOLE {
+                y = self.next(y);
+            }
+            let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
+            self.set_root(r, first);
+        }
+    }
+
+    /// Turns allocation `x` (at `addr`, already out of the index) into a
+    /// hole, coalescing with its neighbours; returns its size. O(1).
+    #[inline]
+    fn release_alloc(&mut self, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
@@ -494,7 +567,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                 self.hole_count = self.hole_count.wrapping_add(1);
             }
         }
-        Ok(size)
+        size
     }
 
     /// Current statistics. O(1), except `largest_free`, which walks the
@@ -758,7 +831,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     }
 
     /// Splits hole `h` into [front hole] [allocation] [back hole].
-    fn carve(&mut self, h: u32, addr: u64, size: u64) -> Result<(), VaError> {
+    fn carve(&mut self, h: u32, addr: u64, size: u64) -> Result<u32, VaError> {
         let hs = self.start(h);
         let he = hs.wrapping_add(self.len(h));
         let end = addr.wrapping_add(size);
@@ -817,7 +890,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if self.used > self.high_water {
             self.high_water = self.used;
         }
-        Ok(())
+        Ok(n)
     }
 
     /// The range (hole or allocation) that contains `addr`, which must be
@@ -1180,7 +1253,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     fn find_alloc(&self, addr: u64) -> Option<u32> {
         let r = self.region_of(addr)?;
         if self.list_index {
-            return self.list_pred_or_eq(r, addr).filter(|&x| self.start(x) == addr);
+            return self.list_find(r, addr);
         }
         let mut x = self.root(r);
         for _ in 0..MAX_HEIGHT {
@@ -1189,6 +1262,23 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                 return Some(x);
             }
             x = if addr < v.start { v.a } else { v.b };
+        }
+        None
+    }
+
+    /// List index: the allocation of region `r` (which holds `addr`) that
+    /// starts at `addr`. Walks the address list from the region's first
+    /// allocation while ranges start below `addr`: they are all in the
+    /// region, so at most [`LIST_WALK`] of them.
+    #[inline]
+    fn list_find(&self, r: u32, addr: u64) -> Option<u32> {
+        let mut x = self.root(r);
+        for _ in 0..LIST_WALK {
+            let v = self.node(x)?;
+            if v.start >= addr {
+                return (v.start == addr && (v.state == ALLOC || v.state == RETIRED)).then_some(x);
+            }
+            x = v.next;
         }
         None
     }
@@ -1410,6 +1500,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 }
 
 /// Validates and rounds a (size, align) request.
+#[inline]
 fn normalize(size: u64, align: u64) -> Result<(u64, u64), VaError> {
     if size == 0 {
         return Err(VaError::ZeroSize);
