@@ -1,7 +1,8 @@
 //! The GPU VA allocator against a shadow interval set, on operation
 //! sequences from the fuzzer's bytes (alloc with any size, alignment and
-//! placement; fixed allocations anywhere; retire; free of live, retired,
-//! stale and made-up addresses). Invariants: an allocation is aligned,
+//! placement, by address or by handle; fixed allocations anywhere; retire;
+//! free of live, retired, stale and made-up addresses, and by current and
+//! stale handles, which must give exactly what a free of the address gives). Invariants: an allocation is aligned,
 //! inside the arena and overlaps no other (shadow check); a refusal is a
 //! typed error that changes nothing (stats equal before and after); the
 //! stats match the shadow (used bytes, count); `validate` holds after every
@@ -11,7 +12,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use umd_core::mem::va::{Placement, VaAllocator, VaNode, MIN_ALIGN};
+use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode, MIN_ALIGN};
 
 fuzz_target!(|data: &[u8]| {
     let mut it = data.iter().copied();
@@ -23,6 +24,8 @@ fuzz_target!(|data: &[u8]| {
     let mut va = VaAllocator::new(vec![VaNode::EMPTY; nodes].into_boxed_slice(), base, size).expect("arena");
     // Shadow: start -> (size, retired).
     let mut shadow: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
+    // Every handle ever returned (current or stale).
+    let mut handles: Vec<VaHandle> = Vec::new();
     let word = |next: &mut dyn FnMut() -> Option<u8>| -> Option<u64> {
         let mut v = 0u64;
         for _ in 0..3 {
@@ -40,7 +43,15 @@ fuzz_target!(|data: &[u8]| {
                 let sz = (w & 0xFFFF) * (1 + (w >> 20));
                 let align = 1u64 << ((w >> 16) % 24);
                 let placement = if op & 0x80 == 0 { Placement::BottomUp } else { Placement::TopDown };
-                match va.alloc(sz, align, placement) {
+                let r = if op & 0x40 == 0 {
+                    va.alloc(sz, align, placement)
+                } else {
+                    va.alloc_handle(sz, align, placement).map(|h| {
+                        handles.push(h);
+                        h.addr()
+                    })
+                };
+                match r {
                     Ok(a) => {
                         let r = va.lookup(a).expect("a fresh allocation is found");
                         assert!(r.size >= sz.max(1) && r.size % MIN_ALIGN == 0);
@@ -85,6 +96,20 @@ fuzz_target!(|data: &[u8]| {
                         shadow.insert(a, (l, true));
                     }
                 }
+            }
+            4 if op & 0x40 != 0 && !handles.is_empty() => {
+                // Free by a handle, current or stale: the same as a free of
+                // its address.
+                let Some(n) = next() else { break };
+                let h = handles[usize::from(n) % handles.len()];
+                match shadow.remove(&h.addr()) {
+                    Some((l, _)) => assert_eq!(va.free_handle(h), Ok(l)),
+                    None => {
+                        assert!(va.free_handle(h).is_err(), "a stale handle is refused");
+                        assert_eq!(va.stats(), before, "a refused free changed the allocator");
+                    }
+                }
+                assert!(va.free_handle(h).is_err(), "a double free is refused");
             }
             4 => {
                 let Some(n) = next() else { break };

@@ -28,7 +28,7 @@ use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
 use umd_core::mem::BufferDesc;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, QueueId};
@@ -162,6 +162,8 @@ const VA_STEPS: usize = 100;
 struct VaFixture {
     va: VaAllocator<Vec<VaNode>>,
     live: Vec<u64>,
+    /// The same allocations' handles (for `va_handle_steps`).
+    handles: Vec<VaHandle>,
     /// Per step: which live allocation to free, then what to allocate.
     steps: Vec<(usize, u64, u64)>,
 }
@@ -191,12 +193,13 @@ fn va_setup(load: VaLoad) -> Box<VaFixture> {
         VaLoad::Small => (256, 128),
         VaLoad::Dense => (4 + rng.next() % 196, 8),
     };
-    let live: Vec<u64> = (0..1000)
+    let handles: Vec<VaHandle> = (0..1000)
         .map(|_| {
             let (s, a) = request(&mut rng);
-            va.alloc(s, a, Placement::BottomUp).expect("fill")
+            va.alloc_handle(s, a, Placement::BottomUp).expect("fill")
         })
         .collect();
+    let live = handles.iter().map(|h| h.addr()).collect();
     let steps = (0..VA_STEPS)
         .map(|_| {
             let victim = (rng.next() % 1000) as usize;
@@ -204,7 +207,7 @@ fn va_setup(load: VaLoad) -> Box<VaFixture> {
             (victim, s, a)
         })
         .collect();
-    Box::new(VaFixture { va, live, steps })
+    Box::new(VaFixture { va, live, handles, steps })
 }
 
 // 100 steady-state steps of `VaAllocator`: free a live allocation (by
@@ -218,6 +221,22 @@ fn va_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
         let Some(slot) = fx.live.get_mut(victim) else { continue };
         black_box(fx.va.free(*slot)).ok();
         *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
+    }
+    fx
+}
+
+// The same steps with the handle-based free (`alloc_handle`/`free_handle`:
+// no address lookup).
+#[library_benchmark]
+#[bench::mixed(args = (VaLoad::Mixed), setup = va_setup)]
+#[bench::dense(args = (VaLoad::Dense), setup = va_setup)]
+fn va_handle_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.handles.get_mut(victim) else { continue };
+        black_box(fx.va.free_handle(*slot)).ok();
+        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
+            *slot = h;
+        }
     }
     fx
 }
@@ -260,6 +279,6 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
 
 library_benchmark_group!(name = encode; benchmarks = encode_small);
 library_benchmark_group!(name = submission; benchmarks = submit, wait_signalled);
-library_benchmark_group!(name = memory; benchmarks = va_steps, buffer_alloc_free);
+library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, buffer_alloc_free);
 
 main!(library_benchmark_groups = encode, submission, memory);
