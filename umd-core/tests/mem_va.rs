@@ -407,10 +407,11 @@ fn sparse_arena_degenerates_to_one_tree_and_stays_correct() {
 /// `free_handle` frees exactly what `free` of its address would, skips the
 /// lookup when the handle is current, and falls back to it (same result)
 /// when the handle is stale: its node now records another allocation, or
-/// nothing. Both index modes (list: many small regions; trees: few).
+/// nothing. Both index modes (list: many small regions; trees of one or
+/// several allocations).
 #[test]
 fn free_handle_matches_free_and_refuses_stale_handles() {
-    for (nodes, size) in [(1 << 12, 1 << 20), (64, 1 << 30)] {
+    for (nodes, size) in [(1 << 12, 1 << 20), (64, 1 << 20), (64, 1 << 30)] {
         let mut va = arena(nodes, 0x10_0000, size);
         let h: Vec<_> =
             (0..20).map(|i| va.alloc_handle(100 + i * 300, 128, Placement::BottomUp).unwrap()).collect();

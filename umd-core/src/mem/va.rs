@@ -38,7 +38,9 @@
 //! | --- | --- |
 //! | [`VaAllocator::alloc`] | two bitmap lookups, one hole (for alignment > 128 B: at most [`EXACT_PROBES`] + 1 holes), a split, one insertion into a region tree |
 //! | [`VaAllocator::alloc_fixed`] | one region-tree search, at most one bitmap lookup and one more tree search, a split |
-//! | [`VaAllocator::free`] | one region-tree removal, then O(1): both neighbours via links, ≤ 2 free-list moves |
+//! | [`VaAllocator::free`] | one region-tree removal (list index: a walk of ≤ 34 ranges), then O(1): both neighbours via links, ≤ 2 free-list moves |
+//! | [`VaAllocator::alloc_handle`] | as `alloc` |
+//! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
@@ -488,27 +490,33 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// always that of [`VaAllocator::free`]`(handle.addr())`, but when the
     /// handle's node still records the allocation (checked in O(1)) the
     /// address is not looked up: with the list index the whole free is
-    /// O(1); with region trees the node is unlinked from its tree (the same
-    /// O(log n) descent as `free`, no separate search). A stale handle (its
+    /// O(1); with region trees a region's only allocation is unlinked in
+    /// O(1), otherwise by the tree removal (the same O(log n) descent as
+    /// `free`, no separate search). A stale handle (its
     /// allocation freed, the node reused) falls back to the address lookup.
     pub fn free_handle(&mut self, handle: VaHandle) -> Result<u64, VaError> {
         let addr = handle.addr;
         let x = handle.node;
         let current =
             self.node(x).is_some_and(|v| v.start == addr && (v.state == ALLOC || v.state == RETIRED));
-        if !current || !self.list_index {
+        let Some(r) = self.region_of(addr).filter(|_| current) else {
+            return self.free(addr);
+        };
+        if self.list_index {
+            self.list_unindex(r, x);
+        } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
+            // The region's only allocation (the usual case when
+            // allocations are spread over the arena): no tree to search.
+            self.set_root(r, NIL);
+        } else {
             return self.free(addr);
         }
-        let Some(r) = self.region_of(addr) else {
-            return Err(VaError::NotAllocated);
-        };
-        self.list_unindex(r, x);
         Ok(self.release_alloc(x, addr))
     }
 
     /// List index: takes allocation `x` of region `r` out of the index (the
     /// directory slot moves on if `x` was the region's first). O(1).
-    #[inline]
+    #[inline(always)]
     fn list_unindex(&mut self, r: u32, x: u32) {
         if self.root(r) == x {
             // The region's next allocation, if any: holes are coalesced, so
@@ -524,7 +532,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 
     /// Turns allocation `x` (at `addr`, already out of the index) into a
     /// hole, coalescing with its neighbours; returns its size. O(1).
-    #[inline]
+    #[inline(always)]
     fn release_alloc(&mut self, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
