@@ -175,7 +175,8 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     u32::from(ok)
 }
 
-/// The device's tables (a `static`: placed by the loader, never moved).
+/// The device's tables (a `static`: placed by the loader, never moved; all
+/// zeros, so in `.bss`, which `tools/footprint.sh` checks).
 static STORAGE: spin::Mutex<umd_core::storage::DeviceStorage<64, 128, 32, 64>> =
     spin::Mutex::new(umd_core::storage::DeviceStorage::new());
 

@@ -60,10 +60,10 @@ impl<
     /// Empty storage (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
         DeviceStorage {
-            buffers: [const { BufferSlot::EMPTY }; BUFFERS],
+            buffers: [const { BufferSlot::ZEROED }; BUFFERS],
             retiring: [const { Deque::new() }; MAX_QUEUES],
-            slabs: [const { Slab::EMPTY }; SLABS],
-            va: [VaNode::EMPTY; VA_NODES],
+            slabs: [const { Slab::ZEROED }; SLABS],
+            va: [VaNode::ZEROED; VA_NODES],
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
             local: [0; LOCAL_WORDS],

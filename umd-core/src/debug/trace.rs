@@ -11,8 +11,11 @@ use core::fmt::{self, Write};
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceKind {
+    // Numbered from 1, so that `Option<TraceKind>::None` (and with it an
+    // empty trace slot) is the zero byte: `DeviceStorage::new()` is then
+    // all zeros and a `static` of it lands in `.bss`.
     /// A command buffer was recorded (`arg` = dwords).
-    Encode,
+    Encode = 1,
     /// A submission reached the ring (`arg` = IB address).
     Submit,
     /// The doorbell was rung (`arg` = new write pointer).
