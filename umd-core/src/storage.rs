@@ -12,6 +12,8 @@
 //! let dev = Device::new(&PLATFORM, STORAGE.take(), Config::DEFAULT, MmuMode::DEFAULT)?;
 //! ```
 
+use core::mem::MaybeUninit;
+
 use heapless::Deque;
 
 use crate::debug::trace::TraceStorage;
@@ -40,7 +42,12 @@ pub struct DeviceStorage<
     const TRACE: usize = 256,
     const LOCAL_WORDS: usize = 64,
 > {
-    pub(crate) buffers: [BufferSlot<Backed>; BUFFERS],
+    /// Zeroed, not initialised: an empty slot is not all zeros (the
+    /// compiler encodes `Free` in a niche of value 2, and a `repr(u8)` tag
+    /// that would make it 0 costs 5 % of a small alloc/free), while an
+    /// all-zero storage lands in `.bss` rather than `.data` (and flash).
+    /// [`DeviceStorage::parts`] writes every slot before lending them.
+    pub(crate) buffers: [MaybeUninit<BufferSlot<Backed>>; BUFFERS],
     pub(crate) retiring: [Deque<u32, BUFFERS>; MAX_QUEUES],
     pub(crate) slabs: [Slab<Backed>; SLABS],
     pub(crate) va: [VaNode; VA_NODES],
@@ -60,7 +67,7 @@ impl<
     /// Empty storage (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
         DeviceStorage {
-            buffers: [const { BufferSlot::ZEROED }; BUFFERS],
+            buffers: [const { MaybeUninit::zeroed() }; BUFFERS],
             retiring: [const { Deque::new() }; MAX_QUEUES],
             slabs: [const { Slab::ZEROED }; SLABS],
             va: [VaNode::ZEROED; VA_NODES],
@@ -74,7 +81,7 @@ impl<
     pub(crate) fn parts(&mut self) -> StorageParts<'_> {
         let [r0, r1, r2, r3] = &mut self.retiring;
         StorageParts {
-            buffers: &mut self.buffers,
+            buffers: init_slots(&mut self.buffers),
             retiring: [r0.as_mut_view(), r1.as_mut_view(), r2.as_mut_view(), r3.as_mut_view()],
             slabs: &mut self.slabs,
             va: &mut self.va,
@@ -83,6 +90,20 @@ impl<
             local: &mut self.local,
         }
     }
+}
+
+/// Writes an empty slot into every element of `raw` and lends them as
+/// initialised slots.
+fn init_slots<B>(raw: &mut [MaybeUninit<BufferSlot<B>>]) -> &mut [BufferSlot<B>] {
+    for s in raw.iter_mut() {
+        // No drop of the previous content: a slot has no drop glue.
+        s.write(BufferSlot::EMPTY);
+    }
+    // SAFETY: the loop above initialised every element; `MaybeUninit<T>`
+    // has the layout of `T`, so the slice cast keeps length and layout; the
+    // returned borrow is the exclusive one taken of `raw`, so no element
+    // can be de-initialised while it lives.
+    unsafe { &mut *(core::ptr::from_mut(raw) as *mut [BufferSlot<B>]) }
 }
 
 impl<

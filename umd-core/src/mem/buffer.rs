@@ -240,13 +240,9 @@ pub(crate) struct Retiring<B> {
     pub(crate) mask: u8,
 }
 
-// `repr(u8)`: an explicit tag whose `Free` is 0, so that an empty slot is
-// all zeros and `DeviceStorage::new()` lands in `.bss` (without it the
-// compiler encodes `Free` in a niche of value 2).
 #[derive(Debug)]
-#[repr(u8)]
 enum SlotState<B> {
-    Free = 0,
+    Free,
     Live(Live<B>),
     Retiring(Retiring<B>),
 }
@@ -263,9 +259,6 @@ pub struct BufferSlot<B> {
 impl<B> BufferSlot<B> {
     /// An unused slot.
     pub const EMPTY: BufferSlot<B> = BufferSlot { gen: 0, next_free: NIL, state: SlotState::Free };
-    /// Filler for storage that the buffer table resets to
-    /// [`BufferSlot::EMPTY`] before use (zero links).
-    pub(crate) const ZEROED: BufferSlot<B> = BufferSlot { gen: 0, next_free: 0, state: SlotState::Free };
 }
 
 const NIL: u32 = u32::MAX;
