@@ -49,7 +49,9 @@ pub struct DeviceStorage<
     /// [`DeviceStorage::parts`] writes every slot before lending them.
     pub(crate) buffers: [MaybeUninit<BufferSlot<Backed>>; BUFFERS],
     pub(crate) retiring: [Deque<u32, BUFFERS>; MAX_QUEUES],
-    pub(crate) slabs: [Slab<Backed>; SLABS],
+    /// Zeroed too (`Slab::block: None` is a niche of value 2); written
+    /// empty by [`DeviceStorage::parts`].
+    pub(crate) slabs: [MaybeUninit<Slab<Backed>>; SLABS],
     pub(crate) va: [VaNode; VA_NODES],
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
@@ -69,7 +71,7 @@ impl<
         DeviceStorage {
             buffers: [const { MaybeUninit::zeroed() }; BUFFERS],
             retiring: [const { Deque::new() }; MAX_QUEUES],
-            slabs: [const { Slab::ZEROED }; SLABS],
+            slabs: [const { MaybeUninit::zeroed() }; SLABS],
             va: [VaNode::ZEROED; VA_NODES],
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
@@ -81,9 +83,9 @@ impl<
     pub(crate) fn parts(&mut self) -> StorageParts<'_> {
         let [r0, r1, r2, r3] = &mut self.retiring;
         StorageParts {
-            buffers: init_slots(&mut self.buffers),
+            buffers: init_all(&mut self.buffers, || BufferSlot::EMPTY),
             retiring: [r0.as_mut_view(), r1.as_mut_view(), r2.as_mut_view(), r3.as_mut_view()],
-            slabs: &mut self.slabs,
+            slabs: init_all(&mut self.slabs, || Slab::EMPTY),
             va: &mut self.va,
             deps: &mut self.deps,
             trace: crate::debug::TraceRing::new(&mut self.trace),
@@ -92,18 +94,19 @@ impl<
     }
 }
 
-/// Writes an empty slot into every element of `raw` and lends them as
-/// initialised slots.
-fn init_slots<B>(raw: &mut [MaybeUninit<BufferSlot<B>>]) -> &mut [BufferSlot<B>] {
+/// Writes `empty()` into every element of `raw` and lends them as
+/// initialised values.
+fn init_all<T>(raw: &mut [MaybeUninit<T>], empty: impl Fn() -> T) -> &mut [T] {
     for s in raw.iter_mut() {
-        // No drop of the previous content: a slot has no drop glue.
-        s.write(BufferSlot::EMPTY);
+        // The previous content is not dropped: buffer slots and slab
+        // descriptors have no drop glue.
+        s.write(empty());
     }
     // SAFETY: the loop above initialised every element; `MaybeUninit<T>`
     // has the layout of `T`, so the slice cast keeps length and layout; the
     // returned borrow is the exclusive one taken of `raw`, so no element
     // can be de-initialised while it lives.
-    unsafe { &mut *(core::ptr::from_mut(raw) as *mut [BufferSlot<B>]) }
+    unsafe { &mut *(core::ptr::from_mut(raw) as *mut [T]) }
 }
 
 impl<

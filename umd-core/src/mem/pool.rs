@@ -310,22 +310,6 @@ impl<B> Slab<B> {
         live: false,
         block: None,
     };
-
-    /// All zeros but `block`: filler for storage that the buffer manager
-    /// resets to [`Slab::EMPTY`] before use.
-    pub(crate) const ZEROED: Slab<B> = Slab {
-        base: 0,
-        used: 0,
-        gen: 0,
-        next: 0,
-        prev: 0,
-        bin: 0,
-        kind: 0,
-        slots: 0,
-        class: 0,
-        live: false,
-        block: None,
-    };
 }
 
 fn class_from(c: u8) -> SizeClass {
