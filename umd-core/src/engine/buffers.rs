@@ -244,7 +244,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 },
                 device: self.id,
             };
-            let _ = self.wait_done(fence, limit);
+            if let Err(crate::queue::WaitError::Failed(_)) = self.wait_done(fence, limit) {
+                // A failed fence answers at once, but work poisoned through
+                // a dependency may still run and hold the memory: let time
+                // pass (the hang check runs on every pass) instead of
+                // spinning on the answer until the limit.
+                let q = QueueId(oldest.0 as u8);
+                if !oldest.1.is_signalled_by(self.completed_of(q)) {
+                    let p = self.b.platform();
+                    let elapsed = p.now_ns().saturating_sub(start);
+                    p.delay_ns(self.cfg.wait_interval(elapsed).max(1_000));
+                }
+            }
             self.process_all();
         }
     }
