@@ -21,7 +21,9 @@ for t in "${targets[@]}"; do
     mkdir -p "$work"
     log="../target/fuzz-$t.log"
     if ! cargo +nightly fuzz run "$t" "$work" "corpus/$t" -- -max_total_time="$secs" -timeout=30 -print_final_stats=1 >"$log" 2>&1; then
-        tail -40 "$log"
+        # The panic message and the first frames, then libFuzzer's summary.
+        grep -m1 -A12 -E 'panicked at|ERROR: (AddressSanitizer|libFuzzer)' "$log" || true
+        tail -25 "$log"
         echo "fuzz target $t failed (input in fuzz/artifacts/$t)" >&2
         exit 1
     fi

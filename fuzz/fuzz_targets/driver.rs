@@ -200,11 +200,15 @@ fuzz_target!(|data: &[u8]| {
             }
         }
     }
-    // Frees gated on a queue whose last work failed through a dependency
-    // stay out of circulation until that queue completes something again
-    // (docs/reliability.md, findings): one job on every queue, which must
-    // run (an engine that faulted while idle was reset by the service
-    // passes above, not left for this job to find).
+    // Every fence has passed and the service passes above took back every
+    // free (completion passes reclaim a bounded number at a time; a
+    // service pass takes back the rest without waiting for another
+    // completion).
+    let stats = dev.buffer_stats();
+    assert_eq!((stats.live, stats.waiting), (0, 0), "buffers back once every fence passed");
+    // The healed device takes work on every queue (an engine that faulted
+    // while idle was reset by the service passes above, not left for this
+    // job to find).
     dev.platform().state().mode = Mode::OnDoorbell;
     for q in 0..3u8 {
         let f = dev.submit(QueueId(q), &[], |cb| cb.barrier()).expect("the healed device takes work");
@@ -220,8 +224,6 @@ fuzz_target!(|data: &[u8]| {
             other => panic!("fence {f} answered before, now {other:?}"),
         }
     }
-    let stats = dev.buffer_stats();
-    assert_eq!((stats.live, stats.waiting), (0, 0), "buffers back once every fence resolved");
     let report = dev.shutdown();
     assert_eq!(report.leaked_buffers, 0);
     assert_eq!(fake.state().allocs, 0, "every DMA region back");

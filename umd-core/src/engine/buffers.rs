@@ -217,21 +217,16 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         // of frees at a time, so frees whose fences have
                         // passed may still wait with every queue idle:
                         // take them all back before waiting for a fence.
+                        let oldest = buffers.oldest_waiting();
+                        drop(mem);
                         let mut reclaimed = 0usize;
-                        if !self.is_lost() {
-                            for q in 0..self.nq {
-                                reclaimed = reclaimed.saturating_add(buffers.reclaim(
-                                    &mut backer,
-                                    q,
-                                    &|q| self.completed_of(QueueId(q as u8)),
-                                    usize::MAX,
-                                ));
-                            }
+                        for q in 0..self.nq {
+                            reclaimed = reclaimed.saturating_add(self.reclaim(q, usize::MAX));
                         }
                         if reclaimed > 0 {
                             continue;
                         }
-                        match buffers.oldest_waiting() {
+                        match oldest {
                             Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
                             _ => return Err(e),
                         }
@@ -419,6 +414,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Gives kept empty slabs back to the platform. Returns bytes.
     pub fn trim(&self) -> u64 {
+        // Slabs held only by frees whose fences have passed empty first.
+        for q in 0..self.nq {
+            self.reclaim(q, usize::MAX);
+        }
         let mut mem = self.mem.lock();
         let (buffers, mut backer) = mem.split(&self.b);
         buffers.trim(&mut backer)

@@ -29,7 +29,9 @@ use super::{Counters, Engine};
 use crate::platform::Platform;
 
 /// Retiring buffers released per queue per completion pass (bounds the
-/// time one call spends; the rest follows on the next).
+/// time one wait or query spends; what is left follows on the next pass,
+/// with or without a new completion, and [`Engine::service`] takes back
+/// all of it).
 const RECLAIM_BUDGET: usize = 64;
 /// Trace spans recorded per queue per completion pass.
 const SPANS: u64 = 64;
@@ -62,8 +64,29 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         if let Some((before, now)) = q.claim() {
             self.after_completion(qi, before, now, false);
+        } else if self.reclaim_backlog.load(Ordering::Relaxed) & (1u32 << qi) != 0 {
+            self.reclaim(qi, RECLAIM_BUDGET);
         }
         q.completed()
+    }
+
+    /// Returns to the pools up to `budget` frees waiting on queue `qi`
+    /// whose fences have passed, and notes whether more are ready (see
+    /// `reclaim_backlog`). Memory of a lost device is kept until teardown.
+    pub(crate) fn reclaim(&self, qi: usize, budget: usize) -> usize {
+        if self.is_lost() {
+            return 0;
+        }
+        let mut mem = self.mem.lock();
+        let (buffers, mut backer) = mem.split(&self.b);
+        let n = buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), budget);
+        let bit = 1u32 << qi;
+        if buffers.front_ready(qi, self.completed_of(QueueId(qi as u8))) {
+            self.reclaim_backlog.fetch_or(bit, Ordering::Relaxed);
+        } else {
+            self.reclaim_backlog.fetch_and(!bit, Ordering::Relaxed);
+        }
+        n
     }
 
     /// Bookkeeping for `(before, now]` of queue `qi`: done by the one
@@ -76,11 +99,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if !cancelled {
             Counters::add(&self.stats.fences_signalled, n);
         }
-        if !self.is_lost() {
-            let mut mem = self.mem.lock();
-            let (buffers, mut backer) = mem.split(&self.b);
-            buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), RECLAIM_BUDGET);
-        }
+        self.reclaim(qi, RECLAIM_BUDGET);
         if cancelled {
             return;
         }
@@ -151,7 +170,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.status(fence)
     }
 
-    /// Acknowledges interrupts, processes completions, and checks every
+    /// Acknowledges interrupts, processes completions, takes back every
+    /// free whose fences have passed, and checks every
     /// queue with work for faults and hangs. A stuck queue is reset, its
     /// pending fences fail (and the work that waits on them), and the
     /// report is returned (and kept, see [`Engine::last_hang`]). A queue
@@ -175,6 +195,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
         }
         self.process_all();
+        for qi in 0..self.nq {
+            if self.reclaim_backlog.load(Ordering::Relaxed) & (1u32 << qi) != 0 {
+                self.reclaim(qi, usize::MAX);
+            }
+        }
         let mut report = None;
         for qi in 0..self.nq {
             let Some(q) = self.queues.get(qi) else { continue };

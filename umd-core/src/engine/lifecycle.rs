@@ -123,6 +123,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             stats: Counters::default(),
             lost: AtomicBool::new(false),
             fault_irqs: core::sync::atomic::AtomicU32::new(0),
+            reclaim_backlog: core::sync::atomic::AtomicU32::new(0),
             #[cfg(feature = "validation")]
             validating: AtomicBool::new(false),
             torn_down: AtomicBool::new(false),

@@ -199,6 +199,11 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     /// Queues (bit `q`) whose fault interrupt was acknowledged but not yet
     /// checked (see [`backend::Acked::faults`]).
     pub(crate) fault_irqs: AtomicU32,
+    /// Queues (bit `q`) whose completion pass ran out of reclaim budget
+    /// with frees still ready: later passes carry on without waiting for
+    /// another completion (set and cleared under the memory lock, read
+    /// without it as a hint).
+    pub(crate) reclaim_backlog: AtomicU32,
     /// The validation mode is on (`validation` feature).
     #[cfg(feature = "validation")]
     pub(crate) validating: AtomicBool,

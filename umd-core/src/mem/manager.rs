@@ -432,6 +432,16 @@ impl<'s, B> Buffers<'s, B> {
         n
     }
 
+    /// Whether the oldest free waiting on `queue` may move on (its gate on
+    /// that queue is covered by `done`): what a reclaim that ran out of
+    /// budget left behind.
+    pub fn front_ready(&self, queue: usize, done: Seqno) -> bool {
+        let Some(&index) = self.retiring.get(queue).and_then(|f| f.front()) else { return false };
+        self.table
+            .retiring_ref(index)
+            .is_some_and(|r| Seqno(r.gate.get(queue).copied().unwrap_or(0)).is_signalled_by(done))
+    }
+
     /// The fence the oldest waiting free of some queue waits for (queue
     /// index, sequence number): what to wait for when memory runs out.
     pub fn oldest_waiting(&self) -> Option<(usize, Seqno)> {
