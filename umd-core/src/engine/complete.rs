@@ -29,9 +29,9 @@ use super::{Counters, Engine};
 use crate::platform::Platform;
 
 /// Retiring buffers released per queue per completion pass (bounds the
-/// time one wait or query spends; what is left follows on the next pass,
-/// with or without a new completion, and [`Engine::service`] takes back
-/// all of it).
+/// time one wait or query spends); what is left goes back on the next
+/// completion pass or [`Engine::service`] pass (every wait on pending work
+/// runs one), whichever comes first.
 const RECLAIM_BUDGET: usize = 64;
 /// Trace spans recorded per queue per completion pass.
 const SPANS: u64 = 64;
@@ -64,8 +64,6 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         if let Some((before, now)) = q.claim() {
             self.after_completion(qi, before, now, false);
-        } else if self.reclaim_backlog.load(Ordering::Relaxed) & (1u32 << qi) != 0 {
-            self.reclaim(qi, RECLAIM_BUDGET);
         }
         q.completed()
     }
@@ -81,9 +79,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let (buffers, mut backer) = mem.split(&self.b);
         let n = buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), budget);
         let bit = 1u32 << qi;
-        if buffers.front_ready(qi, self.completed_of(QueueId(qi as u8))) {
+        // Short of the budget, the reclaim stopped at a free that is not
+        // ready (or at none).
+        if n >= budget && buffers.front_ready(qi, self.completed_of(QueueId(qi as u8))) {
             self.reclaim_backlog.fetch_or(bit, Ordering::Relaxed);
-        } else {
+        } else if self.reclaim_backlog.load(Ordering::Relaxed) & bit != 0 {
             self.reclaim_backlog.fetch_and(!bit, Ordering::Relaxed);
         }
         n

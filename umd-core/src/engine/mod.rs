@@ -200,9 +200,9 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     /// checked (see [`backend::Acked::faults`]).
     pub(crate) fault_irqs: AtomicU32,
     /// Queues (bit `q`) whose completion pass ran out of reclaim budget
-    /// with frees still ready: later passes carry on without waiting for
-    /// another completion (set and cleared under the memory lock, read
-    /// without it as a hint).
+    /// with frees still ready: the next service pass takes them back
+    /// without waiting for another completion (set and cleared under the
+    /// memory lock, read without it as a hint).
     pub(crate) reclaim_backlog: AtomicU32,
     /// The validation mode is on (`validation` feature).
     #[cfg(feature = "validation")]
