@@ -51,6 +51,7 @@ pub mod cmd;
 pub mod config;
 pub mod debug;
 pub mod decode;
+#[forbid(unsafe_code)]
 pub mod direct;
 pub mod engine;
 pub mod hw;

@@ -311,8 +311,17 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
 
 #[test]
 fn an_engine_still_stalled_after_its_reset_does_not_take_its_waiters_down() {
-    for gen in [Generation::Gen1, Generation::Gen2] {
-        let mut rig_dev = rig(gen);
+    // Also on a non-coherent system: the CPU's write to the reset queue's
+    // fence slot reaches the other engines only if it is cleaned from the
+    // CPU's cache.
+    let fakes = [
+        (Generation::Gen1, Fake::new as fn(Generation, usize) -> Fake),
+        (Generation::Gen2, Fake::new),
+        (Generation::Gen1, Fake::non_coherent),
+        (Generation::Gen2, Fake::non_coherent),
+    ];
+    for (gen, fake) in fakes {
+        let mut rig_dev = Rig { fake: fake(gen, 4 << 20), storage: Box::default() };
         let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
         dev.platform().state().mode = Mode::OnDelay;
         // GFX stops fetching for good: its reset completes, but the engine
@@ -328,6 +337,9 @@ fn an_engine_still_stalled_after_its_reset_does_not_take_its_waiters_down() {
         assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
         let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
         assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
+        // The device sees GFX's slot at f1's value, written by the CPU.
+        let slot = dev.fence_slot_va(GFX).unwrap();
+        assert_eq!(dev.platform().state().fence_slot(slot), f1.id.seqno.0, "{gen:?}");
         // The reset released COMPUTE's wait although GFX never ran again:
         // its own work signals, COMPUTE is not judged hung.
         dev.wait(c2, 10_000_000_000).unwrap();

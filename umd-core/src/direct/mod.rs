@@ -29,6 +29,7 @@ use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
+use crate::platform::slots::FenceSlots;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
 use crate::queue::SubmitError;
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
@@ -40,8 +41,7 @@ use hang::Watch;
 pub use plan::{DoesNotFit, MemoryPlan};
 use tables::Tables;
 
-/// Fence slot stride: 64 bytes, the strictest generation's alignment.
-pub const FENCE_STRIDE: usize = 64;
+pub use crate::platform::slots::FENCE_STRIDE;
 /// How long register handshakes (reset, TLB invalidate) may take before
 /// the device counts as lost: hardware answers in microseconds, but a
 /// modelled device behind a loaded host (co-simulation, QEMU under TCG)
@@ -88,8 +88,7 @@ pub struct Direct<'d, P: DirectIo> {
     chip: ChipId,
     enc: Encoder,
     nq: usize,
-    fence_mem: DmaRegion,
-    fence_va: u64,
+    slots: FenceSlots,
     mmu: bool,
     programmed: bool,
     pte_writes: AtomicU64,
@@ -136,20 +135,16 @@ impl<'d, P: DirectIo> Direct<'d, P> {
     /// queue's engine was reset: nothing on the GPU writes it then) and
     /// cleans it to the device.
     fn force_slot(&self, q: usize, value: Seqno) -> Result<(), Gone> {
-        let off = q.checked_mul(FENCE_STRIDE).ok_or(Gone)?;
-        // SAFETY: the fence slots are never viewed as a slice: every CPU
-        // access to them is `read_u64` (poll) or a 64-bit store (bring-up,
-        // here), and each queue's slot is forced only under its submit lock.
-        if !unsafe { self.fence_mem.store_u64_shared(off, value.0) } {
-            return Err(Gone);
+        if self.slots.force(self.p, q, value) {
+            Ok(())
+        } else {
+            Err(Gone)
         }
-        self.p.cache_clean(&self.fence_mem, off, 8);
-        Ok(())
     }
 
     /// GPU address of queue `q`'s fence slot.
     pub(crate) fn slot_va(&self, q: usize) -> u64 {
-        self.fence_va.wrapping_add((q as u64).wrapping_mul(FENCE_STRIDE as u64))
+        self.slots.va(q)
     }
 }
 
@@ -251,10 +246,8 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     }
 
     fn poll(&self, q: usize) -> Poll {
-        let off = q.saturating_mul(FENCE_STRIDE);
-        self.p.cache_invalidate(&self.fence_mem, off, 8);
-        match self.fence_mem.read_u64(off) {
-            Some(v) => Poll::Completed(Seqno(v)),
+        match self.slots.read(self.p, q) {
+            Some(v) => Poll::Completed(v),
             None => Poll::Lost,
         }
     }
@@ -305,7 +298,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     }
 
     fn release(&mut self, maps: &mut Option<Tables>) {
-        let f = core::mem::replace(&mut self.fence_mem, DmaRegion::empty());
+        let f = self.slots.take_region();
         if !f.is_empty() {
             self.p.dma_free(f);
         }
@@ -360,8 +353,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
             chip,
             enc,
             nq,
-            fence_mem: DmaRegion::empty(),
-            fence_va: 0,
+            slots: FenceSlots::empty(),
             mmu: matches!(mmu, MmuMode::Enabled { .. }),
             programmed: false,
             pte_writes: AtomicU64::new(0),
@@ -406,9 +398,8 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
             }
         }
         // Fence slots, then a ring per queue.
-        let fence = self.alloc_mapped(4096, Perms::RW)?;
-        self.b.fence_va = fence.1;
-        self.b.fence_mem = fence.0;
+        let (region, va) = self.alloc_mapped(4096, Perms::RW)?;
+        self.b.slots = FenceSlots::new(region, va);
         for qi in 0..self.nq {
             let (region, va) = self.alloc_mapped(self.cfg.ring_bytes, Perms::RO)?;
             let ring = Ring::new(region, va, self.cfg.ring_bytes).map_err(|(_, r)| {
@@ -427,10 +418,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
     fn program(&mut self) -> Result<(), InitError> {
         let p = self.b.p;
         let pf = InitError::Platform;
-        for q in 0..MAX_QUEUES {
-            self.b.fence_mem.write_u64(q.saturating_mul(FENCE_STRIDE), 0);
-        }
-        p.cache_clean(&self.b.fence_mem, 0, self.b.fence_mem.len());
+        self.b.slots.clear(p);
         let root = self.mem.get_mut().maps.as_mut().map(|t| {
             t.pages.flush(p);
             t.root()

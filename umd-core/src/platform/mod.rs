@@ -242,35 +242,6 @@ impl DmaRegion {
         true
     }
 
-    /// 64-bit store with release ordering through a shared reference;
-    /// false when out of range, misaligned or not CPU-visible. On a target
-    /// without 64-bit atomics the low word is stored before the high one, so
-    /// a reader that races with a store moving the value forward may see it
-    /// smaller for a moment, never larger than the value stored.
-    ///
-    /// # Safety
-    /// While the region is shared, no slice view of it ([`DmaRegion::words`],
-    /// [`DmaRegion::bytes`]) may be alive, and every CPU access to the word
-    /// must go through the atomic accessors ([`DmaRegion::read_u64`] and this
-    /// one): a word the driver forces while other threads poll it.
-    pub unsafe fn store_u64_shared(&self, byte_offset: usize, value: u64) -> bool {
-        let Some(p) = self.word_ptr(byte_offset, 8) else {
-            return false;
-        };
-        #[cfg(target_has_atomic = "64")]
-        // SAFETY: in range and 8-byte aligned (checked), valid per `new`;
-        // the caller guarantees every CPU access to the word is atomic.
-        unsafe { AtomicU64::from_ptr(p.cast::<u64>()) }.store(value, Ordering::Release);
-        #[cfg(not(target_has_atomic = "64"))]
-        {
-            // SAFETY: as above, two aligned 32-bit halves of the checked word.
-            let (lo, hi) = unsafe { (AtomicU32::from_ptr(p), AtomicU32::from_ptr(p.add(1))) };
-            lo.store(value as u32, Ordering::Release);
-            hi.store((value >> 32) as u32, Ordering::Release);
-        }
-        true
-    }
-
     /// 32-bit load with acquire ordering.
     pub fn read_u32(&self, byte_offset: usize) -> Option<u32> {
         let p = self.word_ptr(byte_offset, 4)?;
@@ -360,6 +331,7 @@ pub unsafe trait Platform {
 }
 
 mod kernel;
+pub(crate) mod slots;
 pub use kernel::{
     ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
     KernelWait,
