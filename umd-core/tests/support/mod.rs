@@ -8,9 +8,9 @@
 //! exactly when fences land. Time is virtual: `delay_ns` advances the clock,
 //! so hang windows pass instantly and deterministically. MMU: bypass only.
 //!
-//! Memory is coherent unless the fake is made with `Fake::non_coherent`:
-//! then the CPU works on a cache of its own (see `CpuCache`) that only the
-//! driver's cache maintenance moves data through.
+//! `Fake` is coherent; `NonCoherent` wraps it with a CPU data cache the
+//! engines do not see, which only the driver's cache maintenance moves data
+//! through.
 #![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing, missing_docs)]
 
 use std::ptr::NonNull;
@@ -74,33 +74,6 @@ pub struct FakeState {
     pub stalled: [bool; 3],
     /// Device ranges the driver cleaned from the data cache.
     pub cleaned: Vec<(u64, usize)>,
-    /// The CPU's data cache, on a non-coherent fake.
-    cache: Option<CpuCache>,
-}
-
-/// A write-back CPU data cache with 32-bit lines over the whole of the
-/// fake's memory, for a non-coherent fake: the driver's regions point into
-/// `cpu`, the engines use `mem`. `cache_clean` writes back the words the
-/// CPU changed since they were last in sync with memory; `cache_invalidate`
-/// reloads words from memory, dropping CPU writes not cleaned (a plain
-/// invalidate, the strictest reading of `Platform::cache_invalidate`).
-/// Nothing moves between the two otherwise: a CPU write the driver does not
-/// clean never reaches the engines, a device write it does not invalidate
-/// is never seen.
-struct CpuCache {
-    /// The CPU's view (the driver accesses it, atomically where it shares
-    /// words with other threads).
-    cpu: Vec<u64>,
-    /// Each 32-bit word of `cpu` as it was when last in sync with `mem`.
-    synced: Vec<u32>,
-}
-
-/// The 32-bit word at byte offset `o` of `v` as an atomic.
-fn atomic_word(v: &[u64], o: usize) -> &std::sync::atomic::AtomicU32 {
-    assert!(o % 4 == 0 && o + 4 <= v.len() * 8);
-    // SAFETY: in range and 4-byte aligned (asserted); every access to the
-    // words the driver may share between threads is atomic.
-    unsafe { std::sync::atomic::AtomicU32::from_ptr(v.as_ptr().cast::<u8>().add(o).cast_mut().cast()) }
 }
 
 impl FakeState {
@@ -123,17 +96,7 @@ impl FakeState {
             allocs: 0,
             stalled: [false; 3],
             cleaned: Vec::new(),
-            cache: None,
         }
-    }
-
-    /// The byte range of memory behind `region[offset..offset + len]`,
-    /// widened to whole 32-bit words and clipped to the region.
-    fn word_range(region: &DmaRegion, offset: usize, len: usize) -> std::ops::Range<usize> {
-        let base = (region.dev_addr() - MEM_BASE) as usize;
-        let start = base + offset.min(region.len()) / 4 * 4;
-        let end = base + offset.saturating_add(len).min(region.len()).div_ceil(4) * 4;
-        start..end.max(start)
     }
 
     /// Raw pointer to byte `off` of the fake's memory (benchmarks signal
@@ -374,17 +337,8 @@ impl FakeState {
         let off = start * PAGE;
         // Zero it.
         self.mem[off / 8..(off + pages * PAGE) / 8].iter_mut().for_each(|w| *w = 0);
-        let base = match self.cache.as_mut() {
-            Some(c) => {
-                c.cpu[off / 8..(off + pages * PAGE) / 8].iter_mut().for_each(|w| *w = 0);
-                c.synced[off / 4..(off + pages * PAGE) / 4].iter_mut().for_each(|w| *w = 0);
-                c.cpu.as_mut_ptr()
-            }
-            None => self.mem.as_mut_ptr(),
-        };
-        // SAFETY: `off` is inside `mem` (and `cpu`, of the same length);
-        // the Vecs' buffers never move.
-        let ptr = unsafe { NonNull::new_unchecked(base.cast::<u8>().add(off)) };
+        // SAFETY: `off` is inside `mem`; the Vec's buffer never moves.
+        let ptr = unsafe { NonNull::new_unchecked(self.mem.as_mut_ptr().cast::<u8>().add(off)) };
         // SAFETY: valid for `pages * PAGE` bytes, exclusively handed out.
         Ok(unsafe { DmaRegion::new(ptr, MEM_BASE + off as u64, pages * PAGE) })
     }
@@ -403,26 +357,6 @@ impl FakeState {
 
     pub fn cache_clean(&mut self, region: &DmaRegion, offset: usize, len: usize) {
         self.cleaned.push((region.dev_addr() + offset as u64, len));
-        let Some(c) = self.cache.as_mut() else { return };
-        let range = Self::word_range(region, offset, len);
-        for o in range.step_by(4) {
-            let v = atomic_word(&c.cpu, o).load(std::sync::atomic::Ordering::Acquire);
-            if v != c.synced[o / 4] {
-                atomic_word(&self.mem, o).store(v, std::sync::atomic::Ordering::Release);
-                c.synced[o / 4] = v;
-            }
-        }
-    }
-
-    /// Reloads the CPU's cache from memory (non-coherent fake only).
-    pub fn cache_invalidate(&mut self, region: &DmaRegion, offset: usize, len: usize) {
-        let Some(c) = self.cache.as_mut() else { return };
-        let range = Self::word_range(region, offset, len);
-        for o in range.step_by(4) {
-            let v = atomic_word(&self.mem, o).load(std::sync::atomic::Ordering::Acquire);
-            atomic_word(&c.cpu, o).store(v, std::sync::atomic::Ordering::Release);
-            c.synced[o / 4] = v;
-        }
     }
 
     pub fn now_ns(&mut self) -> u64 {
@@ -535,22 +469,12 @@ impl FakeState {
 }
 
 /// The fake as a platform: its state behind a mutex, so the core can call
-/// it from several threads; whether it models a non-coherent system
-/// (outside the mutex: a coherent fake's cache maintenance costs no lock).
-pub struct Fake(Mutex<FakeState>, bool);
+/// it from several threads.
+pub struct Fake(Mutex<FakeState>);
 
 impl Fake {
     pub fn new(gen: Generation, mem_bytes: usize) -> Fake {
-        Fake(Mutex::new(FakeState::new(gen, mem_bytes)), false)
-    }
-
-    /// A fake whose CPU has a data cache the device does not see
-    /// (`CpuCache`): data moves only through the driver's `cache_clean`
-    /// and `cache_invalidate`.
-    pub fn non_coherent(gen: Generation, mem_bytes: usize) -> Fake {
-        let mut st = FakeState::new(gen, mem_bytes);
-        st.cache = Some(CpuCache { cpu: vec![0u64; mem_bytes / 8], synced: vec![0u32; mem_bytes / 4] });
-        Fake(Mutex::new(st), true)
+        Fake(Mutex::new(FakeState::new(gen, mem_bytes)))
     }
 
     /// The fake's state (engines, registers, memory, counters).
@@ -573,11 +497,6 @@ unsafe impl Platform for Fake {
     fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
         self.state().cache_clean(region, offset, len)
     }
-    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
-        if self.1 {
-            self.state().cache_invalidate(region, offset, len)
-        }
-    }
     fn now_ns(&self) -> u64 {
         self.state().now_ns()
     }
@@ -598,5 +517,143 @@ impl DirectIo for Fake {
     }
     fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
         self.state().doorbell(engine)
+    }
+}
+
+/// A fake with its state reachable (`Fake`, `NonCoherent`), for tests
+/// that run on both.
+pub trait Scripted: DirectIo {
+    /// The fake's state (engines, registers, memory, counters).
+    fn state(&self) -> MutexGuard<'_, FakeState>;
+}
+
+impl Scripted for Fake {
+    fn state(&self) -> MutexGuard<'_, FakeState> {
+        Fake::state(self)
+    }
+}
+
+/// A write-back CPU data cache with 32-bit lines over the whole of the
+/// fake's memory: the driver's regions point into `cpu`, the engines use
+/// the fake's memory.
+struct CpuCache {
+    /// The CPU's view (the driver accesses it, atomically where it shares
+    /// words with other threads).
+    cpu: Vec<u64>,
+    /// Each 32-bit word of `cpu` as it was when last in sync with memory.
+    synced: Vec<u32>,
+}
+
+/// The 32-bit word at byte offset `o` of `v` as an atomic.
+fn atomic_word(v: &[u64], o: usize) -> &std::sync::atomic::AtomicU32 {
+    assert!(o % 4 == 0 && o + 4 <= v.len() * 8);
+    // SAFETY: in range and 4-byte aligned (asserted); every access to the
+    // words the driver may share between threads is atomic.
+    unsafe { std::sync::atomic::AtomicU32::from_ptr(v.as_ptr().cast::<u8>().add(o).cast_mut().cast()) }
+}
+
+/// The fake on a non-coherent system: the CPU works on a cache of its own
+/// (`CpuCache`). `cache_clean` writes back the words the CPU changed since
+/// they were last in sync with memory; `cache_invalidate` reloads words
+/// from memory, dropping CPU writes not cleaned (a plain invalidate, the
+/// strictest reading of `Platform::cache_invalidate`). Nothing moves
+/// between the two otherwise: a CPU write the driver does not clean never
+/// reaches the engines, a device write it does not invalidate is never
+/// seen. (A separate type so the coherent fake the benchmarks measure has
+/// no cache code.)
+pub struct NonCoherent {
+    fake: Fake,
+    cache: Mutex<CpuCache>,
+}
+
+impl NonCoherent {
+    pub fn new(gen: Generation, mem_bytes: usize) -> NonCoherent {
+        NonCoherent {
+            fake: Fake::new(gen, mem_bytes),
+            cache: Mutex::new(CpuCache { cpu: vec![0u64; mem_bytes / 8], synced: vec![0u32; mem_bytes / 4] }),
+        }
+    }
+
+    fn cache(&self) -> MutexGuard<'_, CpuCache> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The byte range of memory behind `region[offset..offset + len]`,
+    /// widened to whole 32-bit words and clipped to the region.
+    fn words(region: &DmaRegion, offset: usize, len: usize) -> std::ops::Range<usize> {
+        let base = (region.dev_addr() - MEM_BASE) as usize;
+        let start = base + offset.min(region.len()) / 4 * 4;
+        let end = base + offset.saturating_add(len).min(region.len()).div_ceil(4) * 4;
+        start..end.max(start)
+    }
+}
+
+impl Scripted for NonCoherent {
+    fn state(&self) -> MutexGuard<'_, FakeState> {
+        self.fake.state()
+    }
+}
+
+// SAFETY: as for `Fake`; the CPU side of a region points into `cpu`, which
+// is never reallocated, at the region's offset in the fake's memory.
+unsafe impl Platform for NonCoherent {
+    type RawMutex = umd_core::platform::SpinLock;
+
+    fn dma_alloc(&self, len: usize, flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        let r = self.fake.dma_alloc(len, flags)?;
+        let off = (r.dev_addr() - MEM_BASE) as usize;
+        let mut c = self.cache();
+        c.cpu[off / 8..(off + r.len()) / 8].iter_mut().for_each(|w| *w = 0);
+        c.synced[off / 4..(off + r.len()) / 4].iter_mut().for_each(|w| *w = 0);
+        // SAFETY: `off + len` lies inside `cpu` (as inside the fake's
+        // memory, of the same size); the Vec's buffer never moves.
+        let ptr = unsafe { NonNull::new_unchecked(c.cpu.as_mut_ptr().cast::<u8>().add(off)) };
+        // SAFETY: valid for the region's bytes, handed out once until freed.
+        Ok(unsafe { DmaRegion::new(ptr, r.dev_addr(), r.len()) })
+    }
+    fn dma_free(&self, region: DmaRegion) {
+        self.fake.dma_free(region)
+    }
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
+        let mut st = self.fake.state();
+        st.cache_clean(region, offset, len);
+        let c = &mut *self.cache();
+        for o in Self::words(region, offset, len).step_by(4) {
+            let v = atomic_word(&c.cpu, o).load(std::sync::atomic::Ordering::Acquire);
+            if v != c.synced[o / 4] {
+                atomic_word(&st.mem, o).store(v, std::sync::atomic::Ordering::Release);
+                c.synced[o / 4] = v;
+            }
+        }
+    }
+    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
+        let st = self.fake.state();
+        let c = &mut *self.cache();
+        for o in Self::words(region, offset, len).step_by(4) {
+            let v = atomic_word(&st.mem, o).load(std::sync::atomic::Ordering::Acquire);
+            atomic_word(&c.cpu, o).store(v, std::sync::atomic::Ordering::Release);
+            c.synced[o / 4] = v;
+        }
+    }
+    fn now_ns(&self) -> u64 {
+        self.fake.now_ns()
+    }
+    fn delay_ns(&self, ns: u64) {
+        self.fake.delay_ns(ns)
+    }
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
+        self.fake.wait_irq(timeout_ns)
+    }
+}
+
+impl DirectIo for NonCoherent {
+    fn read_reg(&self, off: u32) -> Result<u32, PlatformError> {
+        self.fake.read_reg(off)
+    }
+    fn write_reg(&self, off: u32, v: u32) -> Result<(), PlatformError> {
+        self.fake.write_reg(off, v)
+    }
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
+        self.fake.doorbell(engine)
     }
 }
