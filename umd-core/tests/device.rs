@@ -352,6 +352,67 @@ fn still_stalled_after_reset<P: Scripted>(fake: P) {
 }
 
 #[test]
+fn wait_passed_waits_for_failed_work_that_still_runs() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let mut rig_dev = rig(gen);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        // Engines run only when told: COMPUTE's work stays queued.
+        dev.platform().state().mode = Mode::Manual;
+        dev.platform().state().engines[0].fault = EngineFault::Stuck;
+        let buf = dev.alloc_buffer(4096).unwrap();
+        let b = dev.va(buf).unwrap();
+        let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+        let c = dev.submit(COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
+        assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+        // The hung queue's reset passed its cancelled fence.
+        assert_eq!(dev.wait_passed(f1, 0), Ok(()));
+        // c failed through its producer and answers at once, but its work
+        // has not run: its queue has not passed it.
+        let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
+        assert_eq!(dev.wait(c, 0), Err(WaitError::Failed(dependency)));
+        let delays = dev.platform().state().delays;
+        assert_eq!(dev.wait_passed(c, 0), Err(WaitError::Timeout));
+        assert_eq!(dev.platform().state().delays, delays, "a timeout of 0 does not sleep");
+        assert_eq!(dev.platform().state().read_u32(b + 4), Some(0));
+        // Waiting lets time pass (the engines run when the driver sleeps)
+        // until the work ran and COMPUTE passed it.
+        dev.platform().state().mode = Mode::OnDelay;
+        assert_eq!(dev.wait_passed(c, 1_000_000_000), Ok(()));
+        assert!(dev.platform().state().delays > delays);
+        assert_eq!(dev.platform().state().read_u32(b + 4), Some(2), "the work ran");
+        assert_eq!(dev.wait(c, 0), Err(WaitError::Failed(dependency)), "still failed");
+        assert_eq!((dev.stats().hangs, dev.stats().resets), (1, 1));
+    }
+}
+
+#[test]
+fn wait_passed_times_out_checks_the_fence_and_reports_loss() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    dev.platform().state().mode = Mode::Manual;
+    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    // Pending work: a timeout, as `wait` gives.
+    assert_eq!(dev.wait_passed(f, 2_000_000), Err(WaitError::Timeout));
+    assert_eq!(dev.stats().hangs, 0);
+    dev.platform().state().run(0);
+    assert_eq!(dev.wait_passed(f, 2_000_000), Ok(()));
+    // The fence itself is checked as by `wait`.
+    let next = dev.next_fence(GFX).unwrap();
+    assert_eq!(dev.wait_passed(next, 0), Err(WaitError::NotSubmitted(next)));
+    let mut other = f;
+    other.id.queue = umd_core::sync::QueueId(3);
+    assert_eq!(dev.wait_passed(other, 0), Err(WaitError::UnknownQueue(other.id.queue)));
+    // Device loss: the timeline is forced past everything, but nothing
+    // passed on the GPU; every answer is the loss, also for a fence that
+    // had passed before.
+    let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    dev.platform().state().lost = true;
+    assert_eq!(dev.wait_passed(g, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
+    assert!(dev.is_lost());
+    assert_eq!(dev.wait_passed(f, 0), Err(WaitError::Failed(FenceError::DeviceLost)));
+}
+
+#[test]
 fn a_poisoned_fence_keeps_its_reason_when_its_own_queue_is_reset() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());

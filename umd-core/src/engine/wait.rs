@@ -3,11 +3,16 @@
 //! (or let the backend block, e.g. a kernel's timeline wait), until the
 //! fence signals, fails, or the timeout passes. A wait holds no lock, so
 //! submissions go on while it sleeps.
+//!
+//! [`Engine::wait_passed`] follows the same schedule but waits for the
+//! queue's timeline to pass the fence, failed or not: a fence that failed
+//! through a dependency answers at once, while its work may still run on
+//! the GPU and use its memory.
 
 use crate::debug::TraceKind;
 use crate::platform::{IrqWait, Platform};
 use crate::queue::{FenceStatus, WaitError};
-use crate::sync::Fence;
+use crate::sync::{Fence, FenceError, Seqno};
 
 use super::backend::{Backend, Block};
 use super::{Counters, Engine};
@@ -44,8 +49,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     pub(crate) fn wait_done(&self, fence: Fence, timeout_ns: u64) -> Result<(), WaitError> {
         let p = self.b.platform();
         let start = p.now_ns();
-        let mut irq_ok = self.cfg.use_irq;
-        let mut block_ok = true;
+        let mut how = Pause { irq_ok: self.cfg.use_irq, block_ok: true };
         loop {
             match self.status(fence)? {
                 FenceStatus::Signalled => return Ok(()),
@@ -60,27 +64,88 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             if let FenceStatus::Failed(e) = self.status(fence)? {
                 return Err(WaitError::Failed(e));
             }
-            let remaining = timeout_ns.saturating_sub(elapsed);
-            let cap = (self.tun.lock().hang.window_ns / 4).max(1);
-            if block_ok {
-                let q = usize::from(fence.id.queue.0);
-                match self.b.block(q, fence.id.seqno, remaining.min(cap)) {
-                    Block::Unsupported => block_ok = false,
-                    Block::Done | Block::TimedOut => continue,
-                }
-            }
-            let interval = self.cfg.wait_interval(elapsed);
-            if interval == 0 {
-                crate::sync::atomic::spin_hint();
-                continue;
-            }
-            if irq_ok {
-                match p.wait_irq(remaining.min(cap)) {
-                    IrqWait::Unsupported => irq_ok = false,
-                    IrqWait::Interrupt | IrqWait::TimedOut => continue,
-                }
-            }
-            p.delay_ns(interval.min(remaining));
+            self.pause(&mut how, usize::from(fence.id.queue.0), fence.id.seqno, elapsed, timeout_ns);
         }
     }
+
+    /// Waits until `fence`'s queue has passed it on the GPU, whether it
+    /// signalled or failed, or `timeout_ns` passes (0: just check), on the
+    /// schedule of [`Engine::wait`], servicing the device meanwhile.
+    ///
+    /// Unlike [`Engine::wait`], a failed fence does not answer at once: work
+    /// that failed through a dependency still runs and uses its memory until
+    /// its queue passes it, and a hung queue passes its cancelled fences
+    /// when it is reset. After a device loss nothing passes any more (the
+    /// device's memory stays in use until teardown): the answer is then
+    /// `Failed(DeviceLost)`, also for a fence that had passed. The checks
+    /// and errors of [`Engine::wait`] for the fence itself are the same
+    /// (`ForeignFence`, `UnknownQueue`, `NotSubmitted`).
+    ///
+    /// Bounded as `wait`: every iteration returns or spins, sleeps or
+    /// waits for an interrupt, and time moves towards the timeout.
+    pub fn wait_passed(&self, fence: Fence, timeout_ns: u64) -> Result<(), WaitError> {
+        if fence.device != self.id {
+            return Err(WaitError::ForeignFence(fence));
+        }
+        let q = self.queue(fence.id.queue).ok_or(WaitError::UnknownQueue(fence.id.queue))?;
+        if fence.id.seqno.is_after(q.emitted()) {
+            return Err(WaitError::NotSubmitted(fence));
+        }
+        let qi = usize::from(fence.id.queue.0);
+        let p = self.b.platform();
+        let start = p.now_ns();
+        let mut how = Pause { irq_ok: self.cfg.use_irq, block_ok: true };
+        loop {
+            let completed = self.process(qi);
+            if self.is_lost() {
+                return Err(WaitError::Failed(FenceError::DeviceLost));
+            }
+            if fence.id.seqno.is_signalled_by(completed) {
+                return Ok(());
+            }
+            let elapsed = p.now_ns().saturating_sub(start);
+            if timeout_ns == 0 || elapsed >= timeout_ns {
+                return Err(WaitError::Timeout);
+            }
+            self.service();
+            self.pause(&mut how, qi, fence.id.seqno, elapsed, timeout_ns);
+        }
+    }
+
+    /// One pause of a wait loop on queue `qi` reaching `seqno`, `elapsed`
+    /// into a wait of `timeout_ns` (less than it): the backend blocks, or a
+    /// spin, an interrupt wait or a sleep, as the schedule says. Interrupt
+    /// and backend waits are capped at a quarter of the hang window so the
+    /// hang check keeps running; `how` remembers which of them the
+    /// platform and backend turned out not to support.
+    #[inline]
+    fn pause(&self, how: &mut Pause, qi: usize, seqno: Seqno, elapsed: u64, timeout_ns: u64) {
+        let p = self.b.platform();
+        let remaining = timeout_ns.saturating_sub(elapsed);
+        let cap = (self.tun.lock().hang.window_ns / 4).max(1);
+        if how.block_ok {
+            match self.b.block(qi, seqno, remaining.min(cap)) {
+                Block::Unsupported => how.block_ok = false,
+                Block::Done | Block::TimedOut => return,
+            }
+        }
+        let interval = self.cfg.wait_interval(elapsed);
+        if interval == 0 {
+            crate::sync::atomic::spin_hint();
+            return;
+        }
+        if how.irq_ok {
+            match p.wait_irq(remaining.min(cap)) {
+                IrqWait::Unsupported => how.irq_ok = false,
+                IrqWait::Interrupt | IrqWait::TimedOut => return,
+            }
+        }
+        p.delay_ns(interval.min(remaining));
+    }
+}
+
+/// Which ways of pausing a wait loop may still work (see `Engine::pause`).
+struct Pause {
+    irq_ok: bool,
+    block_ok: bool,
 }
