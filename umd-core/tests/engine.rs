@@ -553,3 +553,41 @@ fn memory_pressure_reclaims_frees_whose_fences_passed() {
         }
     });
 }
+
+/// Memory that work poisoned through a dependency may still use comes back
+/// once that work has stopped running. An allocation waiting for it waits
+/// for the work's queue to pass it (with the wait's own schedule and hang
+/// check), instead of trying the allocation again every wait interval
+/// because the poisoned fence answers at once.
+#[test]
+fn an_allocation_behind_poisoned_work_waits_for_the_work_instead_of_retrying() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        dev.platform().state().engines[0].fault = EngineFault::Stuck;
+        let a = dev.submit(GFX, &[], |cb| cb.barrier()).unwrap();
+        let b = dev.submit(COMPUTE, &[a], |cb| cb.barrier()).unwrap();
+        let mut held = Vec::new();
+        loop {
+            match dev.alloc_buffer(1 << 20) {
+                Ok(h) => held.push(h),
+                Err(AllocError::PlatformMemory { .. }) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        assert!(!held.is_empty());
+        for h in held {
+            dev.free(h).unwrap();
+        }
+        let refused = dev.platform().state().dma_refused;
+        let h = dev.alloc_buffer(1 << 20).expect("the memory comes back once the work has stopped");
+        let tries = dev.platform().state().dma_refused - refused;
+        assert!(tries <= 8, "{tries} refused allocation attempts while the work ran");
+        assert!(matches!(dev.query(a), Ok(FenceStatus::Failed(_))));
+        assert!(
+            matches!(dev.query(b), Ok(FenceStatus::Failed(FenceError::Dependency { .. }))),
+            "{:?}",
+            dev.query(b)
+        );
+        dev.free(h).unwrap();
+    });
+}

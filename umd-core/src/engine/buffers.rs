@@ -177,6 +177,24 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         // Memory whose fences have signalled goes back first.
         self.process_all();
+        {
+            let mut mem = self.mem.lock();
+            let (buffers, mut backer) = mem.split(&self.b);
+            if let Ok((h, info)) = buffers.alloc_info(&mut backer, desc) {
+                self.zero_new(&mem.buffers, h);
+                return Ok((h, info));
+            }
+        }
+        self.alloc_waiting(desc)
+    }
+
+    /// [`Engine::alloc_info`] once the first try failed: make room in local
+    /// memory or fall back, take back frees whose fences have passed, wait
+    /// for the fence of the oldest waiting free, up to the limit (the
+    /// failed try left no trace, so this tries again first). Out of line:
+    /// the fast path does not pay for it.
+    #[inline(never)]
+    fn alloc_waiting(&self, desc: &BufferDesc) -> Result<(BufferHandle, BufferInfo), AllocError> {
         let hang = self.tun.lock().hang;
         let limit =
             hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
@@ -235,24 +253,28 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
             };
             // Memory is waiting for a fence: wait for it, then try again.
-            let fence = crate::sync::Fence {
-                id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 },
-                device: self.id,
-            };
-            if let Err(crate::queue::WaitError::Failed(_)) = self.wait_done(fence, limit) {
-                // A failed fence answers at once, but work poisoned through
-                // a dependency may still run and hold the memory: let time
-                // pass (the hang check runs on every pass) instead of
-                // spinning on the answer until the limit.
-                let q = QueueId(oldest.0 as u8);
-                if !oldest.1.is_signalled_by(self.completed_of(q)) {
-                    let p = self.b.platform();
-                    let elapsed = p.now_ns().saturating_sub(start);
-                    p.delay_ns(self.cfg.wait_interval(elapsed).max(1_000));
-                }
+            self.wait_for_memory(
+                oldest,
+                limit.saturating_sub(self.b.platform().now_ns().saturating_sub(start)),
+            );
+            if self.is_lost() {
+                return Err(AllocError::DeviceLost);
             }
-            self.process_all();
         }
+    }
+
+    /// Waits up to `timeout_ns` for queue `oldest.0` to pass `oldest.1`,
+    /// the fence the oldest waiting free waits for. It waits for the work
+    /// to stop running, not for the fence's answer: work poisoned through
+    /// a dependency fails at once but still runs and holds the memory.
+    fn wait_for_memory(&self, oldest: (usize, crate::sync::Seqno), timeout_ns: u64) {
+        let fence = crate::sync::Fence {
+            id: crate::sync::FenceId { queue: QueueId(oldest.0 as u8), seqno: oldest.1 },
+            device: self.id,
+        };
+        // A timeout ends in the caller's limit check.
+        let _ = self.wait_until(fence, timeout_ns.max(1), super::wait::Until::Passed);
+        self.process_all();
     }
 
     /// Zeroes a new slab slot (fresh blocks come zeroed from the platform;

@@ -121,6 +121,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Reads every queue (see [`Engine::process`]), after handing held
     /// work to the hardware.
+    #[inline]
     pub(crate) fn process_all(&self) {
         self.flush_held();
         for qi in 0..self.nq {

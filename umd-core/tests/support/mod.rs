@@ -69,6 +69,8 @@ pub struct FakeState {
     pub irq_capable: bool,
     pub lost: bool,
     pub allocs: usize,
+    /// DMA allocations refused for want of memory.
+    pub dma_refused: usize,
     /// Engines that do not fetch, reset or not (the model's stall knob:
     /// RESET still completes, the engine still does not run).
     pub stalled: [bool; 3],
@@ -94,6 +96,7 @@ impl FakeState {
             irq_capable: false,
             lost: false,
             allocs: 0,
+            dma_refused: 0,
             stalled: [false; 3],
             cleaned: Vec::new(),
         }
@@ -329,9 +332,19 @@ impl FakeState {
     pub fn dma_alloc(&mut self, len: usize) -> Result<DmaRegion, PlatformError> {
         let pages = len.div_ceil(PAGE);
         let total = self.pages_used.len();
-        let start = (0..total.saturating_sub(pages - 1))
-            .find(|s| self.pages_used[*s..*s + pages].iter().all(|u| !u))
-            .ok_or(PlatformError::OutOfMemory { len })?;
+        // First fit, skipping past the last used page of a window that
+        // does not fit (one pass over the pages).
+        let mut s = 0;
+        let start = loop {
+            if s + pages > total {
+                self.dma_refused += 1;
+                return Err(PlatformError::OutOfMemory { len });
+            }
+            match self.pages_used[s..s + pages].iter().rposition(|u| *u) {
+                Some(used) => s += used + 1,
+                None => break s,
+            }
+        };
         self.pages_used[start..start + pages].iter_mut().for_each(|u| *u = true);
         self.allocs += 1;
         let off = start * PAGE;
