@@ -724,3 +724,27 @@ fn memory_plan_is_what_device_new_takes() {
         assert_eq!(plan.check(short).unwrap_err().what, "IB pool");
     }
 }
+
+/// A second `map` of a mapped buffer is refused, and refusing it must not
+/// touch the CPU cache: invalidating there would throw away what the first
+/// guard wrote and has not cleaned yet (on a non-coherent platform).
+#[test]
+fn a_refused_second_map_keeps_the_first_guards_writes() {
+    fn check<P: Scripted>(fake: P) {
+        let mut storage: Box<Storage> = Box::default();
+        let dev: Device<'_, P, 4> =
+            Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+        let h = dev.alloc_buffer(256).unwrap();
+        {
+            let mut m = dev.map(h).unwrap();
+            m.words_mut()[5] = 0xC0DE;
+            assert!(matches!(dev.map(h), Err(umd_core::mem::BufferError::Mapped)));
+        }
+        assert_eq!(dev.read_u32(h, 5), Ok(0xC0DE), "the first guard's write survived the refused map");
+        dev.free(h).unwrap();
+    }
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        check(Fake::new(gen, 4 << 20));
+        check(NonCoherent::new(gen, 4 << 20));
+    }
+}

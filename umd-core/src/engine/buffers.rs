@@ -273,7 +273,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             device: self.id,
         };
         // A timeout ends in the caller's limit check.
-        let _ = self.wait_until(fence, timeout_ns.max(1), super::wait::Until::Passed);
+        let _ = self.wait_passed(fence, timeout_ns.max(1));
         self.process_all();
     }
 
@@ -420,11 +420,15 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let base = region.cpu_ptr().ok_or(BufferError::NoCpuAccess)?;
             let off = usize::try_from(off).map_err(|_| BufferError::Stale)?;
             let size = usize::try_from(size).map_err(|_| BufferError::Stale)?;
-            self.b.platform().cache_invalidate(region, off, size);
             // SAFETY: `off + size` lies inside the region (the pool's slot).
             (unsafe { base.as_ptr().add(off) }, size, off)
         };
+        // Refuse a second mapping before touching the cache: invalidating
+        // would drop what the first mapping wrote and has not cleaned.
         mem.buffers.set_mapped(h, true)?;
+        if let Ok((region, _, _)) = mem.buffers.memory(h) {
+            self.b.platform().cache_invalidate(region, region_off, len);
+        }
         Ok(Mapped { dev: self, h, ptr, len, off: region_off })
     }
 

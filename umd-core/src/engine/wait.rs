@@ -17,17 +17,6 @@ use crate::sync::{Fence, FenceError, Seqno};
 use super::backend::{Backend, Block};
 use super::{Counters, Engine};
 
-/// What a wait waits for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Until {
-    /// The fence's answer: signalled, or failed (a failure answers at once).
-    Answered,
-    /// The fence's queue passing it: its work no longer runs, whatever its
-    /// answer (work poisoned through a dependency still runs after its
-    /// fence failed, and holds the memory it uses until then).
-    Passed,
-}
-
 impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Waits until `fence` signals, fails, or `timeout_ns` passes (0: just
     /// check). Follows the adaptive schedule of the configuration, with
@@ -58,24 +47,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// timeout. Interrupt and backend waits are capped at a quarter of the
     /// hang window so the hang check keeps running.
     pub(crate) fn wait_done(&self, fence: Fence, timeout_ns: u64) -> Result<(), WaitError> {
-        self.wait_until(fence, timeout_ns, Until::Answered)
-    }
-
-    /// The wait loop, until `until` holds for `fence`.
-    pub(crate) fn wait_until(&self, fence: Fence, timeout_ns: u64, until: Until) -> Result<(), WaitError> {
         let p = self.b.platform();
         let start = p.now_ns();
         let mut how = Pause { irq_ok: self.cfg.use_irq, block_ok: true };
         loop {
             match self.status(fence)? {
                 FenceStatus::Signalled => return Ok(()),
-                FenceStatus::Failed(e) if until == Until::Answered => return Err(WaitError::Failed(e)),
-                FenceStatus::Failed(_)
-                    if fence.id.seqno.is_signalled_by(self.completed_of(fence.id.queue)) =>
-                {
-                    return Ok(())
-                }
-                FenceStatus::Failed(_) | FenceStatus::Pending => {}
+                FenceStatus::Failed(e) => return Err(WaitError::Failed(e)),
+                FenceStatus::Pending => {}
             }
             let elapsed = p.now_ns().saturating_sub(start);
             if timeout_ns == 0 || elapsed >= timeout_ns {
@@ -83,9 +62,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
             self.service();
             if let FenceStatus::Failed(e) = self.status(fence)? {
-                if until == Until::Answered {
-                    return Err(WaitError::Failed(e));
-                }
+                return Err(WaitError::Failed(e));
             }
             self.pause(&mut how, usize::from(fence.id.queue.0), fence.id.seqno, elapsed, timeout_ns);
         }
