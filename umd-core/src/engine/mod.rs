@@ -121,6 +121,13 @@ pub struct DeviceStats {
     pub restores_deferred: u64,
     /// Local-memory buffers placed in system memory at allocation.
     pub local_fallbacks: u64,
+    /// Times a queue's failure history, full, merged two failed ranges
+    /// (summed over queues). Until the first, every fence's answer is
+    /// exact and final; after it, some old fences may answer
+    /// approximately: a success in a merged gap as failed, or a failure
+    /// with its neighbour's reason, never a failure as success
+    /// (`sync::history`).
+    pub history_merges: u64,
 }
 
 #[derive(Debug, Default)]
@@ -314,6 +321,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             thrash_events: l(&s.thrash_events),
             restores_deferred: l(&s.restores_deferred),
             local_fallbacks: l(&s.local_fallbacks),
+            history_merges: self.queues.iter().take(self.nq).map(QueueCore::history_merges).sum(),
         }
     }
 

@@ -104,6 +104,16 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         }
     }
 
+    /// How often the failure history merged ranges to make room (after
+    /// which some old fences may answer approximately, see
+    /// [`FailureHistory`]).
+    pub(crate) fn history_merges(&self) -> u64 {
+        if self.failures.load(Ordering::Acquire) == 0 {
+            return 0;
+        }
+        self.history.lock().merges()
+    }
+
     /// Takes and drops the history lock (loom models make their locks on
     /// first use, before sharing).
     #[cfg(loom)]

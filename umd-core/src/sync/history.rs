@@ -13,7 +13,10 @@
 //! history, so failed work can never turn into success, however many resets
 //! follow. The price is paid only after more than `N` separate failures
 //! with successful work between them: successful fences inside a merged gap
-//! then report the later range's failure. Resets in a row (a queue that
+//! then report a failure, and when the merged ranges failed for different
+//! reasons, the fences of one of them report the other's reason (the merge
+//! chosen is the one that misreports the fewest fences; `merges` counts
+//! them, and `DeviceStats::history_merges` shows them). Resets in a row (a queue that
 //! keeps hanging) leave no gap and merge exactly. `docs/architecture.md`
 //! ("Failure history") explains the choice.
 
@@ -27,7 +30,7 @@ pub struct FailedRange {
     pub after: Seqno,
     /// The last failed sequence number.
     pub upto: Seqno,
-    /// Why (for a merged range: the later range's reason).
+    /// Why (for a merged range: the longer range's reason).
     pub error: FenceError,
 }
 
@@ -214,8 +217,10 @@ impl<const N: usize> FailureHistory<N> {
         }
     }
 
-    /// Merges the two neighbours with the smallest gap (the fewest
-    /// successful fences to misreport), keeping the later one's error.
+    /// Merges the two neighbours whose merge misreports the fewest fences:
+    /// the successful ones in the gap between them, plus, when their
+    /// reasons differ, the fences of the shorter range (the merged range
+    /// keeps the longer one's reason; the later one's on a tie).
     fn merge_closest(&mut self) {
         let mut best: Option<(usize, u64)> = None;
         for i in 0..self.len.saturating_sub(1) {
@@ -225,8 +230,9 @@ impl<const N: usize> FailureHistory<N> {
                 continue;
             };
             let gap = b.after.distance(a.upto).max(0) as u64;
-            if best.is_none_or(|(_, g)| gap < g) {
-                best = Some((i, gap));
+            let cost = if a.error == b.error { gap } else { gap.saturating_add(len(&a).min(len(&b))) };
+            if best.is_none_or(|(_, c)| cost < c) {
+                best = Some((i, cost));
             }
         }
         let Some((i, _)) = best else { return };
@@ -235,12 +241,18 @@ impl<const N: usize> FailureHistory<N> {
         else {
             return;
         };
+        let error = if len(&a) > len(&b) { a.error } else { b.error };
         if let Some(slot) = self.ranges.get_mut(i) {
-            *slot = Some(FailedRange { after: a.after, upto: b.upto, error: b.error });
+            *slot = Some(FailedRange { after: a.after, upto: b.upto, error });
         }
         self.remove(i.saturating_add(1));
         self.merges = self.merges.saturating_add(1);
     }
+}
+
+/// Fences in `r`.
+fn len(r: &FailedRange) -> u64 {
+    r.upto.distance(r.after).max(0) as u64
 }
 
 fn later(a: Seqno, b: Seqno) -> Seqno {
@@ -267,6 +279,38 @@ mod tests {
     use crate::sync::QueueId;
 
     const HUNG: FenceError = FenceError::DeviceHung;
+
+    /// A full history merges the neighbours whose merge misreports the
+    /// fewest fences: two ranges of the same reason before two of
+    /// different reasons at the same distance, so a fence keeps its reason.
+    #[test]
+    fn a_merge_prefers_neighbours_of_the_same_reason() {
+        let mut h = FailureHistory::<3>::new();
+        h.record(Seqno(0), Seqno(1), FenceError::DeviceLost);
+        h.record(Seqno(2), Seqno(3), HUNG);
+        h.record(Seqno(4), Seqno(5), HUNG);
+        h.record(Seqno(6), Seqno(7), FenceError::DeviceLost);
+        assert_eq!(h.merges(), 1);
+        assert_eq!(h.lookup(Seqno(1)), Some(FenceError::DeviceLost), "fence 1 kept its reason");
+        assert_eq!(h.lookup(Seqno(3)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(4)), Some(HUNG), "the success in the merged gap now reports a failure");
+        assert_eq!(h.lookup(Seqno(5)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(7)), Some(FenceError::DeviceLost));
+        assert_eq!(h.lookup(Seqno(6)), None);
+    }
+
+    /// Merging ranges of different reasons keeps the longer one's reason.
+    #[test]
+    fn a_merge_of_different_reasons_keeps_the_longer_ranges() {
+        let mut h = FailureHistory::<2>::new();
+        h.record(Seqno(0), Seqno(5), HUNG);
+        h.record(Seqno(6), Seqno(7), FenceError::DeviceLost);
+        h.record(Seqno(20), Seqno(21), FenceError::DeviceLost);
+        assert_eq!(h.merges(), 1);
+        assert_eq!(h.lookup(Seqno(3)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(7)), Some(HUNG));
+        assert_eq!(h.lookup(Seqno(21)), Some(FenceError::DeviceLost));
+    }
 
     #[test]
     fn ranges_answer_and_gaps_do_not() {
