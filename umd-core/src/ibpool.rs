@@ -488,10 +488,11 @@ impl Pending<'_> {
     /// before the GPU reads them (not the whole pool).
     pub fn dirty(&self, mut f: impl FnMut(usize, usize)) {
         let cd = self.pool.chunk_dwords();
-        for i in 0..MAX_CHUNKS {
-            if self.rec.taken & (1u64 << i) == 0 {
-                continue;
-            }
+        // Only the chunks taken (usually one), lowest first.
+        let mut taken = self.rec.taken;
+        while taken != 0 {
+            let i = taken.trailing_zeros() as usize;
+            taken &= taken.wrapping_sub(1);
             let start = self.rec.resume.filter(|(r, _, _)| *r == i).map_or(0, |(_, used, _)| used);
             let end = match self.rec.used_last {
                 Some((last, used)) if last == i => used,
