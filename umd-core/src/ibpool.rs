@@ -303,8 +303,13 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         let q = usize::from(rec.queue.0);
         let last = rec.used_last.map(|(l, _)| l);
         let mut open_now = None;
-        for (i, s) in st.chunks.iter_mut().enumerate() {
-            if rec.taken & (1u64 << (i & 63)) == 0 || *s != ChunkState::Recording {
+        // Only the chunks this recording took (usually one), not the pool.
+        let mut taken = rec.taken;
+        while taken != 0 {
+            let i = taken.trailing_zeros() as usize;
+            taken &= taken.wrapping_sub(1);
+            let Some(s) = st.chunks.get_mut(i) else { continue };
+            if *s != ChunkState::Recording {
                 continue;
             }
             let resumed = rec.resume.filter(|(r, _, _)| *r == i);
