@@ -177,8 +177,15 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
 
     fn push_inner(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
         if self.cur.is_none() {
-            // Validate first: a bad command never costs a chunk.
-            self.enc.check(cmd)?;
+            // Validate first: a bad command never costs a chunk. The
+            // encoder validates before it looks at the room left, so
+            // encoding into no room at all is the check (the encoder's
+            // folded code, not `check`'s table walk): `BufferFull` means
+            // a valid command.
+            match self.enc.encode(cmd, &mut [], 0, 0) {
+                Ok(_) | Err(EncodeError::BufferFull { .. }) => {}
+                Err(e) => return Err(e),
+            }
             let chunk = self.take_chunk()?;
             self.first = Some((chunk.gpu_va, 0));
             self.cur = Some(chunk);
