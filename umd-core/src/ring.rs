@@ -74,6 +74,11 @@ pub const MIN_RING: usize = 4096;
 /// See [`MIN_RING`].
 pub const MAX_RING: usize = 4 << 20;
 
+/// Dwords [`Ring::write`] encodes on the stack before copying them in:
+/// a submission's ring packets (up to four WAIT_MEMs, the IB and the
+/// fence, 83 dwords with gen2's worst padding) fit.
+const STAGE_DWORDS: usize = 96;
+
 /// A ring in GPU-visible memory.
 #[derive(Debug)]
 pub struct Ring {
@@ -151,12 +156,69 @@ impl Ring {
         Ok(off.saturating_sub(at))
     }
 
+    /// Encodes `cmds` into `stage` as they would lie in the ring from
+    /// byte offset `at`: the dwords used, `Ok(None)` when `stage` is too
+    /// small for them.
+    fn stage(
+        &self,
+        enc: &Encoder,
+        cmds: &[Command<'_>],
+        at: usize,
+        stage: &mut [u32],
+    ) -> Result<Option<usize>, EncodeError> {
+        let base = self.gpu_va.wrapping_add(at as u64);
+        let mut pos = 0;
+        for c in cmds {
+            match enc.encode(c, stage, pos, base) {
+                Ok(n) => pos = pos.saturating_add(n),
+                Err(EncodeError::BufferFull { .. }) => return Ok(None),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(Some(pos))
+    }
+
     /// Writes `cmds` contiguously at the write pointer (wrapping with NOP
     /// padding if they do not fit before the end), given the engine's read
     /// pointer `rptr`. Nothing is written on error. The caller publishes
     /// [`Written::wptr`] afterwards.
+    ///
+    /// The packets of a submission (its waits, the IB, the fence) are
+    /// encoded once into a buffer on the stack and copied in: one
+    /// validating pass, not a placement pass and then an encoding pass.
+    /// Lists too long for that buffer take the two passes.
     pub fn write(&mut self, enc: &Encoder, cmds: &[Command<'_>], rptr: usize) -> Result<Written, RingError> {
-        let capacity = self.size.saturating_sub(4);
+        let mut stage = [0u32; STAGE_DWORDS];
+        let Some(here) = self.stage(enc, cmds, self.wptr, &mut stage).map_err(RingError::Encode)? else {
+            return self.write_unstaged(enc, cmds, rptr);
+        };
+        let here = here.saturating_mul(4);
+        let (start, pad, len) = if self.wptr.saturating_add(here) <= self.size {
+            (self.wptr, 0, here)
+        } else {
+            // Padding depends on the address: encode again for offset 0.
+            let Some(from_zero) = self.stage(enc, cmds, 0, &mut stage).map_err(RingError::Encode)? else {
+                return self.write_unstaged(enc, cmds, rptr);
+            };
+            (0, self.size.saturating_sub(self.wptr), from_zero.saturating_mul(4))
+        };
+        let size = self.size;
+        let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
+        let staged = stage.get(..len / 4).ok_or(RingError::BadSize { size })?;
+        // Same lengths by construction: no length-mismatch panic path.
+        let dst = ring.get_mut(start / 4..).and_then(|r| r.get_mut(..staged.len()));
+        dst.ok_or(RingError::BadSize { size })?.copy_from_slice(staged);
+        Ok(self.advance(pad, len, wptr))
+    }
+
+    /// [`Ring::write`] for packet lists longer than its stack buffer:
+    /// places them first (validating), then encodes them in the ring.
+    fn write_unstaged(
+        &mut self,
+        enc: &Encoder,
+        cmds: &[Command<'_>],
+        rptr: usize,
+    ) -> Result<Written, RingError> {
         let here = self.span(enc, cmds, self.wptr).map_err(RingError::Encode)?;
         let (start, pad, len) = if self.wptr.saturating_add(here) <= self.size {
             (self.wptr, 0, here)
@@ -164,6 +226,27 @@ impl Ring {
             let from_zero = self.span(enc, cmds, 0).map_err(RingError::Encode)?;
             (0, self.size.saturating_sub(self.wptr), from_zero)
         };
+        let gpu_va = self.gpu_va;
+        let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
+        let mut pos = start / 4;
+        for c in cmds {
+            pos = pos.saturating_add(enc.encode(c, ring, pos, gpu_va).map_err(RingError::Encode)?);
+        }
+        Ok(self.advance(pad, len, wptr))
+    }
+
+    /// Checks that `len` bytes from byte offset `start`, after `pad` bytes
+    /// of tail padding, fit the ring now, and writes the padding: the
+    /// ring's dwords and the write pointer after those bytes.
+    fn reserve(
+        &mut self,
+        enc: &Encoder,
+        start: usize,
+        pad: usize,
+        len: usize,
+        rptr: usize,
+    ) -> Result<(&mut [u32], usize), RingError> {
+        let capacity = self.size.saturating_sub(4);
         let needed = pad.saturating_add(len);
         if len > capacity {
             return Err(RingError::TooLarge { needed: len, capacity });
@@ -172,24 +255,116 @@ impl Ring {
         if needed > free {
             return Err(RingError::Full { needed, free });
         }
+        let (size, wptr) = (self.size, self.wptr);
         let words = self.region.words_mut();
         if pad > 0 {
-            let tail =
-                words.get_mut(self.wptr / 4..self.size / 4).ok_or(RingError::BadSize { size: self.size })?;
+            let tail = words.get_mut(wptr / 4..size / 4).ok_or(RingError::BadSize { size })?;
             let max = (enc.desc().limits.max_ndw as usize).saturating_add(1);
             for nop in tail.chunks_mut(max.max(1)) {
                 enc.write_nops(nop).map_err(RingError::Encode)?;
             }
         }
-        let ring = words.get_mut(..self.size / 4).ok_or(RingError::BadSize { size: self.size })?;
-        let mut pos = start / 4;
-        for c in cmds {
-            pos = pos.saturating_add(enc.encode(c, ring, pos, self.gpu_va).map_err(RingError::Encode)?);
-        }
-        let end = pos.saturating_mul(4);
-        let wptr = end & self.size.wrapping_sub(1);
-        let w = Written { start: self.wptr, wptr, wrapped: pad > 0, bytes: needed };
+        let ring = words.get_mut(..size / 4).ok_or(RingError::BadSize { size })?;
+        Ok((ring, start.saturating_add(len) & size.wrapping_sub(1)))
+    }
+
+    /// Moves the write pointer to `wptr` after a write of `len` bytes
+    /// behind `pad` bytes of tail padding.
+    fn advance(&mut self, pad: usize, len: usize, wptr: usize) -> Written {
+        let w = Written { start: self.wptr, wptr, wrapped: pad > 0, bytes: pad.saturating_add(len) };
         self.wptr = wptr;
-        Ok(w)
+        w
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use crate::cmd::CompareOp;
+    use crate::hw::Generation;
+    use core::ptr::NonNull;
+    use std::boxed::Box;
+    use std::vec;
+    use std::vec::Vec;
+
+    const SIZE: usize = 4096;
+    const VA: u64 = 0x1_0000;
+
+    fn ring() -> Ring {
+        let mem: &'static mut [u32] = Box::leak(vec![0xdead_beef_u32; SIZE / 4].into_boxed_slice());
+        let cpu = NonNull::from(mem).cast::<u8>();
+        // SAFETY: `mem` is leaked, 4-byte aligned, `SIZE` bytes, and used
+        // by this region alone.
+        let region = unsafe { DmaRegion::new(cpu, VA, SIZE) };
+        Ring::new(region, VA, SIZE).map_err(|(e, _)| e).unwrap()
+    }
+
+    fn gens() -> Vec<Generation> {
+        vec![
+            #[cfg(feature = "gen1")]
+            Generation::Gen1,
+            #[cfg(feature = "gen2")]
+            Generation::Gen2,
+        ]
+    }
+
+    fn cmds(waits: usize) -> Vec<Command<'static>> {
+        let wait = |q: u64| Command::WaitMem {
+            addr: 0x2000 + 64 * q,
+            reference: q,
+            mask: u64::MAX,
+            op: CompareOp::SeqGe,
+            wide: true,
+        };
+        (0..waits as u64)
+            .map(wait)
+            .chain([
+                Command::IndirectBuffer { addr: 0x8000, size_dw: 8 },
+                Command::Fence { addr: 0x2000, value: 7, irq: true },
+            ])
+            .collect()
+    }
+
+    /// The staged write (one encoding pass) leaves exactly the bytes and
+    /// write pointer of the two-pass write, at every offset and across
+    /// wraps; a list longer than the stage takes the two passes.
+    #[test]
+    fn staged_write_matches_two_pass_write() {
+        for generation in gens() {
+            let enc = Encoder::new(generation);
+            for waits in [0, 1, 4, 12] {
+                let list = cmds(waits);
+                let (mut a, mut b) = (ring(), ring());
+                for _ in 0..300 {
+                    let (ra, rb) = (a.wptr(), b.wptr());
+                    let wa = a.write(&enc, &list, ra).unwrap();
+                    let wb = b.write_unstaged(&enc, &list, rb).unwrap();
+                    assert_eq!(wa, wb, "{generation:?}, {waits} waits");
+                    assert_eq!(a.region_words(), b.region_words(), "{generation:?}, {waits} waits");
+                }
+            }
+        }
+    }
+
+    /// Errors leave the ring as it was.
+    #[cfg(feature = "gen2")]
+    #[test]
+    fn failed_write_touches_nothing() {
+        let enc = Encoder::new(Generation::Gen2);
+        let mut r = ring();
+        let list = cmds(1);
+        r.write(&enc, &list, 0).unwrap();
+        // A bad packet after good ones (a misaligned fence).
+        let before: Vec<u32> = r.region_words().to_vec();
+        let (wptr, bad) = (r.wptr(), [list[0], Command::Fence { addr: 0x2008, value: 1, irq: false }]);
+        assert!(matches!(r.write(&enc, &bad, wptr), Err(RingError::Encode(_))));
+        assert_eq!((r.region_words(), r.wptr()), (&before[..], wptr));
+        // Full: the engine has consumed nothing.
+        while r.write(&enc, &list, 0).is_ok() {}
+        let full: Vec<u32> = r.region_words().to_vec();
+        let wptr = r.wptr();
+        assert!(matches!(r.write(&enc, &list, 0), Err(RingError::Full { .. })));
+        assert_eq!((r.region_words(), r.wptr()), (&full[..], wptr));
     }
 }
