@@ -73,10 +73,10 @@ impl<'a> Submit<'a> {
     }
 }
 
-/// The waits a submission still needs the hardware to wait for.
+/// The waits a submission still needs the hardware to wait for (fences
+/// of this device: `filter_waits` refuses others, so the ids are enough).
 struct Waits {
     ids: [FenceId; MAX_WAITS],
-    fences: [Option<Fence>; MAX_WAITS],
     n: usize,
 }
 
@@ -208,7 +208,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Drops waits that need no hardware wait (signalled, same queue) and
     /// refuses waits on failed, foreign or impossible fences.
     fn filter_waits(&self, s: &Submit<'_>, qi: usize) -> Result<Waits, SubmitError> {
-        let mut w = Waits { ids: [FenceId::default(); MAX_WAITS], fences: [None; MAX_WAITS], n: 0 };
+        let mut w = Waits { ids: [FenceId::default(); MAX_WAITS], n: 0 };
         for f in s.waits {
             if f.device != self.id {
                 return Err(SubmitError::ForeignFence(*f));
@@ -230,9 +230,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 // Earlier work on the same queue: ring order covers it.
                 continue;
             }
-            if let (Some(id), Some(fe)) = (w.ids.get_mut(w.n), w.fences.get_mut(w.n)) {
+            if let Some(id) = w.ids.get_mut(w.n) {
                 *id = f.id;
-                *fe = Some(*f);
                 w.n = w.n.saturating_add(1);
             }
         }
@@ -285,9 +284,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             // Dependencies (a submission without waits can not close a cycle).
             if waits.n > 0 {
                 let mut deps = self.deps.lock();
-                for f in waits.fences.iter().take(waits.n).flatten() {
-                    if let Some(error) = self.queue(f.id.queue).and_then(|wq| wq.failure(f.id.seqno)) {
-                        return Err(SubmitError::DependencyFailed { fence: *f, error });
+                for &id in waits.ids() {
+                    if let Some(error) = self.queue(id.queue).and_then(|wq| wq.failure(id.seqno)) {
+                        return Err(SubmitError::DependencyFailed {
+                            fence: Fence { id, device: self.id },
+                            error,
+                        });
                     }
                 }
                 deps.check(queue, seqno, waits.ids(), |o| self.completed_of(o)).map_err(SubmitError::from)?;
