@@ -207,7 +207,7 @@ pub struct HeaderLayout {
 
 impl HeaderLayout {
     /// Builds a header dword.
-    #[inline]
+    #[inline(always)]
     pub const fn encode(&self, opcode: u8, flags: u32, ndw: u32) -> u32 {
         let mut h = 0;
         h = self.opcode.put(h, opcode as u32);
