@@ -143,7 +143,9 @@ impl<'s> TraceRing<'s> {
                 self.dropped = self.dropped.saturating_add(1);
             }
             *slot = Some(ev);
-            self.next = self.next.saturating_add(1).checked_rem(n).unwrap_or(0);
+            // `next < n` here: wrap with a compare, not a division.
+            let next = self.next.saturating_add(1);
+            self.next = if next >= n { 0 } else { next };
         }
     }
 
