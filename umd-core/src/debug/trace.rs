@@ -288,3 +288,27 @@ fn sep(out: &mut impl Write, first: &mut bool) -> fmt::Result {
 fn ts_slot(seqno: u64) -> usize {
     seqno.checked_rem(SUBMIT_TIMES as u64).unwrap_or(0) as usize
 }
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use super::*;
+    use std::boxed::Box;
+    use std::vec::Vec;
+
+    /// A full ring overwrites the oldest event, counts it as dropped, and
+    /// keeps the newest `N` oldest first, across several wraps.
+    #[test]
+    fn ring_wraps_oldest_first() {
+        let mut storage: Box<TraceStorage<4>> = Box::default();
+        let mut t = TraceRing::new(&mut storage);
+        let ev = |seqno| TraceEvent { ts_ns: seqno, kind: TraceKind::Submit, queue: 0, seqno, arg: 0 };
+        for s in 1..=11 {
+            t.record(ev(s));
+        }
+        assert_eq!(t.dropped(), 7);
+        assert_eq!(t.iter().map(|e| e.seqno).collect::<Vec<_>>(), [8, 9, 10, 11]);
+        t.record(ev(12));
+        assert_eq!(t.iter().map(|e| e.seqno).collect::<Vec<_>>(), [9, 10, 11, 12]);
+    }
+}
