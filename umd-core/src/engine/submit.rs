@@ -120,8 +120,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     {
         let qi = self.precheck(s)?;
         // Local-memory buffers in place (and pinned until the submission
-        // has noted their use).
-        let _pins = if internal { None } else { self.prepare_residency(s)? };
+        // has noted their use). Without declared buffers there is nothing
+        // to pin: skip the call and the move of its (large) result.
+        let _pins = if internal || s.buffers.is_empty() { None } else { self.prepare_residency(s)? };
         let waits = self.filter_waits(s, qi)?;
         let queue = s.queue;
         let batching = self.cfg.batching;
