@@ -1,6 +1,6 @@
 //! Instruction counts (Valgrind's callgrind through gungraun) of the hot
 //! paths: encoding small packets, a direct-mode submission on the scripted
-//! fake (1 / 10 / 100 packets), a wait on an already signalled fence, VA
+//! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
 //! allocator steps and buffer alloc/free through the device.
 //!
 //! Counts are exact and repeat run to run on a loaded machine, so
@@ -27,6 +27,7 @@ use support::{Fake, Mode};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
 use umd_core::mem::BufferDesc;
@@ -117,6 +118,42 @@ fn submit_setup(packets: u64) -> Box<SubmitFixture> {
 fn submit(fx: Box<SubmitFixture>) -> Box<SubmitFixture> {
     black_box(submit_n(&fx.dev, fx.packets));
     fx
+}
+
+/// A submission fixture and `BufferUse`s of live buffers allocated with
+/// declared tracking (their frees wait for the submissions that list
+/// them), plus the GPU address of the first.
+struct DeclaredFixture {
+    fx: Box<SubmitFixture>,
+    uses: Vec<BufferUse>,
+    va: u64,
+}
+
+fn submit_declared(dev: &Device<'static, Fake, 32>, uses: &[BufferUse], va: u64) -> Fence {
+    dev.submit_with(&Submit::on(QueueId(0)).using(uses), |cb| cb.write_data(va, &[1, 2, 3, 4]))
+        .expect("submit")
+}
+
+fn declared_setup(buffers: usize) -> Box<DeclaredFixture> {
+    let fx = submit_setup(1);
+    let uses: Vec<BufferUse> = (0..buffers)
+        .map(|_| BufferUse::read_write(fx.dev.alloc(&BufferDesc::new(4096).declared()).expect("buffer")))
+        .collect();
+    let va = fx.dev.va(uses[0].buffer).expect("va");
+    let f = submit_declared(&fx.dev, &uses, va);
+    fx.fake.state().run(0);
+    fx.dev.wait(f, 1_000_000_000).expect("warm-up wait");
+    fx.fake.state().cleaned.reserve(64);
+    Box::new(DeclaredFixture { fx, uses, va })
+}
+
+// One direct-mode submission of one WRITE_DATA(4) packet declaring N
+// buffers: the submission above plus the buffers' checks and use notes.
+#[library_benchmark]
+#[bench::b4(args = (4), setup = declared_setup)]
+fn submit_declared_buffers(dx: Box<DeclaredFixture>) -> Box<DeclaredFixture> {
+    black_box(submit_declared(&dx.fx.dev, &dx.uses, dx.va));
+    dx
 }
 
 fn wait_setup() -> (Box<SubmitFixture>, Fence) {
@@ -281,7 +318,7 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
 }
 
 library_benchmark_group!(name = encode; benchmarks = encode_small);
-library_benchmark_group!(name = submission; benchmarks = submit, wait_signalled);
+library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
 library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, buffer_alloc_free);
 
 main!(library_benchmark_groups = encode, submission, memory);
