@@ -179,17 +179,40 @@ impl core::fmt::Display for MoveError {
 
 impl core::error::Error for MoveError {}
 
-/// Buffers a submission pinned while it is prepared; unpinned on drop.
-pub(crate) struct Pins<'e, 'd, B: Backend, const C: usize> {
+/// Buffers a submission pinned while it is prepared (bit `i` of `pinned`
+/// is `buffers[i]`, a mask rather than a copy of up to 64 handles);
+/// unpinned on drop.
+pub(crate) struct Pins<'e, 'd, 's, B: Backend, const C: usize> {
     dev: &'e Engine<'d, B, C>,
-    handles: [Option<BufferHandle>; super::buffers::MAX_BUFFER_USES],
+    buffers: &'s [BufferUse],
+    pinned: u64,
 }
 
-impl<B: Backend, const C: usize> Drop for Pins<'_, '_, B, C> {
+impl<'s, B: Backend, const C: usize> Pins<'_, '_, 's, B, C> {
+    /// The pinned buffers.
+    fn handles(&self) -> impl Iterator<Item = BufferHandle> + 's {
+        let (buffers, mut bits) = (self.buffers, self.pinned);
+        core::iter::from_fn(move || {
+            while bits != 0 {
+                let i = bits.trailing_zeros() as usize;
+                bits &= bits.wrapping_sub(1);
+                if let Some(u) = buffers.get(i) {
+                    return Some(u.buffer);
+                }
+            }
+            None
+        })
+    }
+}
+
+impl<B: Backend, const C: usize> Drop for Pins<'_, '_, '_, B, C> {
     fn drop(&mut self) {
+        if self.pinned == 0 {
+            return;
+        }
         let mut mem = self.dev.mem.lock();
-        for h in self.handles.iter().flatten() {
-            if let Ok(l) = mem.buffers.live_mut(*h) {
+        for h in self.handles() {
+            if let Ok(l) = mem.buffers.live_mut(h) {
                 l.pinned = l.pinned.saturating_sub(1);
             }
         }
@@ -461,35 +484,36 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Before a submission: pins its declared buffers, refuses a
     /// local working set larger than local memory, brings evicted ones
     /// back (or defers that), and marks them used now.
-    pub(crate) fn prepare_residency(
+    pub(crate) fn prepare_residency<'s>(
         &self,
-        s: &Submit<'_>,
-    ) -> Result<Option<Pins<'_, 'd, B, CHUNKS>>, SubmitError> {
+        s: &Submit<'s>,
+    ) -> Result<Option<Pins<'_, 'd, 's, B, CHUNKS>>, SubmitError> {
         if s.buffers.is_empty() {
             return Ok(None);
         }
-        let mut pins = Pins { dev: self, handles: [None; super::buffers::MAX_BUFFER_USES] };
-        let mut restore = [None; super::buffers::MAX_BUFFER_USES];
+        // Nothing pinned yet: dropping it on the way out costs nothing.
+        let mut pins = Pins { dev: self, buffers: s.buffers, pinned: 0 };
+        let mut restore: [Option<Subject>; super::buffers::MAX_BUFFER_USES];
         {
             let mut mem = self.mem.lock();
             let (capacity, _) = mem.local.usage();
             if capacity == 0 {
                 return Ok(None);
             }
+            // Only with local memory: the table is 64 moves' worth.
+            restore = [None; super::buffers::MAX_BUFFER_USES];
             let mut needed = 0u64;
             for (i, u) in s.buffers.iter().enumerate() {
                 let Ok(l) = mem.buffers.live_mut(u.buffer) else { continue };
                 if !l.info.kind.local || l.info.tracking != Tracking::Declared {
                     continue;
                 }
-                if pins.handles.iter().flatten().any(|h| *h == u.buffer) {
+                if pins.handles().any(|h| h == u.buffer) {
                     continue;
                 }
                 needed = needed.saturating_add(l.alloc.reserved());
                 l.pinned = l.pinned.saturating_add(1);
-                if let Some(slot) = pins.handles.get_mut(i) {
-                    *slot = Some(u.buffer);
-                }
+                pins.pinned |= 1u64.checked_shl(i as u32).unwrap_or(0);
                 let min = u64::from(self.cfg.local_min_residency);
                 let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
                 if recently_evicted && !l.alloc.block().is_some_and(|b| is_local(b)) {
@@ -528,8 +552,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         let now = self.clock().saturating_add(1);
         let mut mem = self.mem.lock();
-        for h in pins.handles.iter().flatten() {
-            if let Ok(l) = mem.buffers.live_mut(*h) {
+        for h in pins.handles() {
+            if let Ok(l) = mem.buffers.live_mut(h) {
                 l.touched = now;
             }
         }
