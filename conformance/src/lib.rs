@@ -31,7 +31,7 @@ use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};
 use umd_core::config::{Config, HangConfig, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::MmuMode;
-use umd_core::engine::{Backend, BufferUse, Engine, Mode, Submit};
+use umd_core::engine::{Backend, BufferUse, Engine, Event, Mode, Submit};
 use umd_core::hw::Generation;
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle};
@@ -410,19 +410,35 @@ fn expect_words<B: Backend, const C: usize>(
     }
 }
 
-/// A 64-bit semaphore at `va` the host releases: WAIT_MEM until it reads 1.
-fn gate_cmd(va: u64) -> Command<'static> {
-    Command::WaitMem { addr: va, reference: 1, mask: u64::MAX, op: CompareOp::Eq, wide: true }
+/// A gate the host opens: an event the GPU work waits for and the host
+/// sets (the driver's event word is accessed with atomics on the CPU, so
+/// the host's store does not race the GPU's WAIT_MEM polling it).
+fn gate<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, d: &mut Detail) -> Result<Event, Stop> {
+    match dev.create_event() {
+        Ok(e) => Ok(e),
+        Err(e) => fail!(d, "create the gate: {e}"),
+    }
 }
 
 fn release_gate<B: Backend, const C: usize>(
     dev: Dev<'_, '_, B, C>,
-    h: BufferHandle,
+    g: Event,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    match dev.write_words(h, 0, &[1, 0]) {
+    match dev.set_event(g) {
         Ok(()) => Ok(()),
         Err(e) => fail!(d, "release the gate: {e}"),
+    }
+}
+
+fn destroy_gate<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    g: Event,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    match dev.destroy_event(g) {
+        Ok(()) => Ok(()),
+        Err(e) => fail!(d, "destroy the gate: {e}"),
     }
 }
 
@@ -700,17 +716,19 @@ fn pool_exhaustion<B: Backend, const C: usize>(
     d: &mut Detail,
 ) -> Result<(), Stop> {
     let (sem, s) = alloc(dev, 4096, d)?;
-    // Block GFX on a semaphore the host releases, then submit jobs that each
+    let g = gate(dev, d)?;
+    // Block GFX on a gate the host releases, then submit jobs that each
     // need most of a chunk until the pool runs dry.
-    let gate = submit(dev, GFX, &[], d, |cb| cb.push(&gate_cmd(s)))?;
+    let gated = submit(dev, GFX, &[], d, |cb| cb.push(&g.wait()))?;
     dev.set_pool_exhaustion(PoolExhaustion::Error);
     let exhausted = fill_pool(dev, s, d);
     // Whatever happened, release the gate and restore the policy so later
     // scenarios find a working queue.
-    release_gate(dev, sem, d)?;
+    release_gate(dev, g, d)?;
     dev.set_pool_exhaustion(PoolExhaustion::WaitOldest);
     let last = exhausted?;
-    wait(dev, gate, d)?;
+    wait(dev, gated, d)?;
+    destroy_gate(dev, g, d)?;
     // With the waiting policy the next submission gets a chunk back as soon
     // as the oldest fence signals.
     let after = submit(dev, GFX, &[], d, |cb| cb.write_data(s + 8, &[0xAB]))?;
@@ -848,7 +866,7 @@ fn free_while_in_flight<B: Backend, const C: usize>(
     const LEN: u64 = 64 * 1024;
     const WORDS: usize = (LEN / 4) as usize;
     for declared in [false, true] {
-        let (gate, g) = alloc(dev, 4096, d)?;
+        let g = gate(dev, d)?;
         let desc = if declared { BufferDesc::new(LEN).declared() } else { BufferDesc::new(LEN) };
         let (src, s) = alloc_with(dev, &desc.tag("freed-in-flight"), d)?;
         let (out, o) = alloc(dev, LEN, d)?;
@@ -858,7 +876,7 @@ fn free_while_in_flight<B: Backend, const C: usize>(
         let uses = [BufferUse::read(src), BufferUse::write(out)];
         let job = Submit::on(COPY).using(if declared { &uses } else { &[] });
         let f = match dev.submit_with(&job, |cb| {
-            cb.push(&gate_cmd(g))?;
+            cb.push(&g.wait())?;
             cb.copy(s, o, LEN)
         }) {
             Ok(f) => f,
@@ -877,7 +895,7 @@ fn free_while_in_flight<B: Backend, const C: usize>(
             fill(dev, h, WORDS, |i| pattern(i, 0xBAD), d)?;
             *slot = Some(h);
         }
-        release_gate(dev, gate, d)?;
+        release_gate(dev, g, d)?;
         wait(dev, f, d)?;
         expect_words(dev, out, WORDS, d, |i| pattern(i, 0xF4EE))?;
         // After the fence the memory goes back (on the next allocation or
@@ -888,7 +906,7 @@ fn free_while_in_flight<B: Backend, const C: usize>(
             free(dev, *h, d)?;
         }
         free(dev, out, d)?;
-        free(dev, gate, d)?;
+        destroy_gate(dev, g, d)?;
     }
     Ok(())
 }

@@ -130,17 +130,55 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Sets the event from the CPU.
     pub fn set_event(&self, e: Event) -> Result<(), BufferError> {
-        self.write_words(e.buffer, 0, &SET)
+        self.store_event(e, SET[0])
     }
 
     /// Resets the event from the CPU.
     pub fn reset_event(&self, e: Event) -> Result<(), BufferError> {
-        self.write_words(e.buffer, 0, &RESET)
+        self.store_event(e, RESET[0])
     }
 
     /// Whether the event is set.
     pub fn event_is_set(&self, e: Event) -> Result<bool, BufferError> {
-        Ok(self.read_u32(e.buffer, 0)? != 0)
+        self.with_event_word(e, |p, region, off| {
+            p.cache_invalidate(region, off, 4);
+            region.read_u32(off).map(|w| w != 0).ok_or(BufferError::NoCpuAccess)
+        })?
+    }
+
+    /// Stores the event's word from the CPU and cleans it to the device.
+    fn store_event(&self, e: Event, value: u32) -> Result<(), BufferError> {
+        self.with_event_word(e, |p, region, off| {
+            // SAFETY: an event's buffer is private to `Event` (no handle
+            // for a map, a copy or a slice view escapes), and every CPU
+            // access to its word is this store or the `read_u32` of
+            // `event_is_set`.
+            if !unsafe { region.store_u32_shared(off, value) } {
+                return Err(BufferError::NoCpuAccess);
+            }
+            p.cache_clean(region, off, 4);
+            Ok(())
+        })?
+    }
+
+    /// Runs `f` on the event's word (the platform, the region holding it
+    /// and its byte offset there) under the memory lock.
+    ///
+    /// The word is one the GPU reads (WAIT_MEM) and writes (WRITE_DATA)
+    /// while the CPU sets, resets or polls it, so the CPU accesses it with
+    /// atomics (release store, acquire load), not with the buffer copies:
+    /// a device modelled in this process is inside Rust's memory model,
+    /// and a plain copy racing its atomic access is a data race there
+    /// (ThreadSanitizer reported both directions on the in-process model).
+    fn with_event_word<R>(
+        &self,
+        e: Event,
+        f: impl FnOnce(&B::P, &crate::platform::DmaRegion, usize) -> R,
+    ) -> Result<R, BufferError> {
+        let mem = self.mem.lock();
+        let (region, base, _) = mem.buffers.memory(e.buffer)?;
+        let off = usize::try_from(base).map_err(|_| BufferError::Stale)?;
+        Ok(f(self.b.platform(), region, off))
     }
 
     /// Waits until the event is set or `timeout_ns` passes, following the

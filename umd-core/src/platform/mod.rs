@@ -242,6 +242,25 @@ impl DmaRegion {
         true
     }
 
+    /// 32-bit store with release ordering through a shared reference;
+    /// false when out of range, misaligned or not CPU-visible.
+    ///
+    /// # Safety
+    /// While the region is shared, no slice view of it ([`DmaRegion::words`],
+    /// [`DmaRegion::bytes`]) may be alive, and every CPU access to the word
+    /// must go through the atomic accessors ([`DmaRegion::read_u32`] and
+    /// this one): a word the CPU and the device hand each other while both
+    /// run (an event's word, `engine::events`).
+    pub unsafe fn store_u32_shared(&self, byte_offset: usize, value: u32) -> bool {
+        let Some(p) = self.word_ptr(byte_offset, 4) else {
+            return false;
+        };
+        // SAFETY: in range and 4-byte aligned (checked), valid per `new`;
+        // the caller guarantees every CPU access to the word is atomic.
+        unsafe { AtomicU32::from_ptr(p) }.store(value, Ordering::Release);
+        true
+    }
+
     /// 32-bit load with acquire ordering.
     pub fn read_u32(&self, byte_offset: usize) -> Option<u32> {
         let p = self.word_ptr(byte_offset, 4)?;
