@@ -15,13 +15,20 @@
 //! a Rust reference to its bytes: it hands out the raw base pointer (for
 //! [`crate::Model::new_shared`] and DMA regions, whose contracts cover it)
 //! and atomic views of single words.
+//!
+//! The mapping is made and removed through the C library's `mmap` and
+//! `munmap`, not rustix's direct system calls: ThreadSanitizer intercepts
+//! the C library's, and so learns that an unmapped range's accesses are
+//! over. Without that, a range unmapped by one co-simulation test and
+//! mapped again by another running in parallel kept its old access history,
+//! and ThreadSanitizer reported the first test's accesses (a page-table
+//! read at shutdown) racing the second's (zeroing a new DMA region) at the
+//! same address in two different mappings.
 
 use std::io;
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
-
-use rustix::mm::{mmap, munmap, MapFlags, ProtFlags};
 
 /// An access outside the mapping or misaligned (nothing was accessed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,11 +63,23 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     /// Maps `len` bytes of `fd` from `offset`, shared, read-write.
     pub fn new(fd: impl AsFd, len: usize, offset: u64) -> io::Result<Self> {
+        let offset =
+            libc::off_t::try_from(offset).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
         // SAFETY: a fresh mapping at an address the kernel chooses overlaps
-        // nothing Rust owns; the result is checked.
+        // nothing Rust owns; `fd` is open for the call; the result is checked.
         let p = unsafe {
-            mmap(std::ptr::null_mut(), len, ProtFlags::READ | ProtFlags::WRITE, MapFlags::SHARED, fd, offset)
-        }?;
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                fd.as_fd().as_raw_fd(),
+                offset,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
         let ptr = NonNull::new(p.cast::<u8>()).ok_or_else(|| io::Error::other("mmap returned null"))?;
         Ok(Self { ptr, len })
     }
@@ -124,7 +143,7 @@ impl Drop for Mapping {
         // SAFETY: exactly the range mmap returned; the mapping's users (a
         // model over it, DMA regions into it) are gone before its owner
         // drops it.
-        let _ = unsafe { munmap(self.ptr.as_ptr().cast(), self.len) };
+        let _ = unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
     }
 }
 
