@@ -124,3 +124,30 @@ impl ProbeQueue {
         self.0.emitted().0
     }
 }
+
+/// The per-queue record of acknowledged fault interrupts
+/// (`Engine::fault_irqs`): the real type, over loom's atomics.
+pub struct ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs);
+
+impl Default for ProbeFaultIrqs {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProbeFaultIrqs {
+    /// None pending.
+    pub fn new() -> Self {
+        ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs::new())
+    }
+
+    /// What `Engine::service` does with the faults it acknowledged.
+    pub fn note(&self, queues: u32) {
+        self.0.note(queues)
+    }
+
+    /// What queue `q`'s hang check reads into its view.
+    pub fn take(&self, q: usize) -> bool {
+        self.0.take(q)
+    }
+}

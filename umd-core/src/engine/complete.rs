@@ -186,9 +186,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 if acked.any {
                     Counters::add(&self.stats.interrupts, 1);
                 }
-                if acked.faults != 0 {
-                    self.fault_irqs.fetch_or(acked.faults, Ordering::AcqRel);
-                }
+                self.fault_irqs.note(acked.faults);
             }
             Err(Gone) => {
                 self.device_lost();
@@ -229,7 +227,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             blocked_on: self.blocked_on(qi),
             hang: self.tun.lock().hang,
             ib: (self.ib.range().0, self.ib.region()),
-            fault_irq: self.fault_irqs.fetch_and(!(1u32 << qi), Ordering::AcqRel) & 1 << qi != 0,
+            fault_irq: self.fault_irqs.take(qi),
         };
         let Some(failure) = self.b.check(qs, &view)? else { return Ok(None) };
         let upto = q.emitted();

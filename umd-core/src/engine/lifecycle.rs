@@ -122,7 +122,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             last_hang: Mutex::new(None),
             stats: Counters::default(),
             lost: AtomicBool::new(false),
-            fault_irqs: core::sync::atomic::AtomicU32::new(0),
+            fault_irqs: crate::sync::fault_irqs::FaultIrqs::new(),
             reclaim_backlog: core::sync::atomic::AtomicU32::new(0),
             #[cfg(feature = "validation")]
             validating: AtomicBool::new(false),

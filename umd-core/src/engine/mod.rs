@@ -205,7 +205,7 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) lost: AtomicBool,
     /// Queues (bit `q`) whose fault interrupt was acknowledged but not yet
     /// checked (see [`backend::Acked::faults`]).
-    pub(crate) fault_irqs: AtomicU32,
+    pub(crate) fault_irqs: crate::sync::fault_irqs::FaultIrqs,
     /// Queues (bit `q`) whose completion pass ran out of reclaim budget
     /// with frees still ready: the next service pass takes them back
     /// without waiting for another completion (set and cleared under the

@@ -6,6 +6,7 @@
 
 pub(crate) mod atomic;
 pub mod deps;
+pub(crate) mod fault_irqs;
 pub mod fence;
 pub mod history;
 pub mod seqno;
