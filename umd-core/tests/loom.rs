@@ -1,7 +1,9 @@
 //! Model-checked concurrency (run with `RUSTFLAGS="--cfg loom" cargo test
 //! -p umd-core --test loom --release`): the per-queue timeline is advanced
 //! by an interrupt handler and a polling waiter at the same time, and read
-//! by submitters; loom explores every interleaving of those atomics.
+//! by submitters; loom explores every interleaving of those atomics. The
+//! last model races fault-interrupt acknowledgements against the hang
+//! checks that consume them (`Engine::fault_irqs`).
 #![cfg(loom)]
 
 use loom::sync::Arc;
