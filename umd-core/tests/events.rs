@@ -4,7 +4,7 @@
 
 mod support;
 
-use support::{Fake, Mode};
+use support::{Fake, Mode, NonCoherent, Scripted};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::EventError;
@@ -61,4 +61,39 @@ fn an_event_of_another_device_is_refused() {
     assert!(matches!(b.set_event(ev), Err(BufferError::ForeignDevice { .. })));
     assert!(matches!(b.destroy_event(ev), Err(BufferError::ForeignDevice { .. })));
     assert_eq!(a.event_is_set(ev), Ok(false), "the owner's event is unchanged");
+}
+
+/// The event's word moves between the CPU and the GPU in both directions,
+/// on a coherent system and on a non-coherent one, where only the driver's
+/// clean after the host's store puts the value in the memory the GPU reads,
+/// and only its invalidate before the host's load shows the host what the
+/// GPU wrote.
+#[test]
+fn host_and_gpu_see_each_others_event_writes() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        handoff(Fake::new(gen, 8 << 20));
+        handoff(NonCoherent::new(gen, 8 << 20));
+    }
+}
+
+fn handoff<P: Scripted>(fake: P) {
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<P, 4>::new(&fake, &mut storage, cfg(), MmuMode::Bypass).unwrap();
+    dev.platform().state().mode = Mode::OnDelay;
+    let ev = dev.create_event().unwrap();
+    let on_gpu = || dev.platform().state().read_u32(ev.va()).expect("the event's word is in memory");
+    // Host to GPU: set and reset reach device memory.
+    dev.set_event(ev).unwrap();
+    assert_eq!(on_gpu(), 1, "the host's set did not reach the GPU");
+    dev.reset_event(ev).unwrap();
+    assert_eq!(on_gpu(), 0, "the host's reset did not reach the GPU");
+    // GPU to host: the host sees the GPU's set (its wait and its query)
+    // and then the GPU's reset.
+    let set = dev.submit(QueueId(2), &[], |cb| cb.push(&ev.set())).unwrap();
+    dev.wait_event(ev, 1_000_000_000).unwrap();
+    dev.wait(set, 1_000_000_000).unwrap();
+    assert_eq!(dev.event_is_set(ev), Ok(true));
+    let reset = dev.submit(QueueId(2), &[], |cb| cb.push(&ev.reset())).unwrap();
+    dev.wait(reset, 1_000_000_000).unwrap();
+    assert_eq!(dev.event_is_set(ev), Ok(false), "the host did not see the GPU's reset");
 }

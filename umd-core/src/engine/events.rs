@@ -149,10 +149,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Stores the event's word from the CPU and cleans it to the device.
     fn store_event(&self, e: Event, value: u32) -> Result<(), BufferError> {
         self.with_event_word(e, |p, region, off| {
-            // SAFETY: an event's buffer is private to `Event` (no handle
-            // for a map, a copy or a slice view escapes), and every CPU
-            // access to its word is this store or the `read_u32` of
-            // `event_is_set`.
+            // SAFETY: an event's buffer handle is private to `Event`, so
+            // no map guard or buffer copy reaches its word, and every CPU
+            // access to the word is this store or the `read_u32` of
+            // `event_is_set`; nothing makes a slice view of a buffer
+            // pool's region (a map guard covers only its own buffer).
             if !unsafe { region.store_u32_shared(off, value) } {
                 return Err(BufferError::NoCpuAccess);
             }
