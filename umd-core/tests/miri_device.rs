@@ -98,7 +98,10 @@ fn a_hung_engine_is_reset_and_its_waiter_fails_with_it() {
         let hung = dev.submit(GFX, &[], |cb| cb.write_data(va, &[1])).unwrap();
         let waiter = dev.submit(COPY, &[hung], |cb| cb.write_data(va + 4, &[2])).unwrap();
         assert_eq!(dev.wait(hung, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
-        assert!(matches!(dev.wait(waiter, 1_000_000_000), Err(WaitError::Failed(FenceError::Dependency { .. }))));
+        assert!(matches!(
+            dev.wait(waiter, 1_000_000_000),
+            Err(WaitError::Failed(FenceError::Dependency { .. }))
+        ));
         dev.platform().state().engines[0].fault = EngineFault::None;
         dev.platform().state().mode = Mode::OnDoorbell;
         let after = dev.submit(GFX, &[], |cb| cb.write_data(va + 8, &[3])).unwrap();
