@@ -9,7 +9,6 @@
 //! hardware edge (DMA regions, fence slots, page tables, the fake's
 //! memory) against the aliasing and provenance rules while they run.
 
-#[allow(dead_code, unused_imports)]
 mod support;
 
 use support::{EngineFault, Fake, Mode};
