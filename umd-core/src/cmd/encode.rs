@@ -408,8 +408,13 @@ fn prepare<'c>(
     let ndw = ndw(desc, p, cmd, tail)?;
     check_rules(desc, p, cmd)?;
     let va_limit = desc.va_limit();
-    for fd in p.fields {
+    // Each operand is read from the command once, here, while the arm's
+    // command variant is still known; `write` stores these values (reading
+    // the command again there re-dispatched on its variant per field).
+    let mut values = [0u64; MAX_FIELDS];
+    for (fd, slot) in p.fields.iter().zip(values.iter_mut()) {
         let value = cmd.field(fd.field);
+        *slot = value;
         if fd.field.is_address() && value >= va_limit {
             return Err(EncodeError::AddressOutOfRange {
                 kind: p.kind,
@@ -427,7 +432,7 @@ fn prepare<'c>(
             });
         }
     }
-    Ok(Prepared { p, cmd: *cmd, tail, ndw })
+    Ok(Prepared { p, values, tail, ndw })
 }
 
 /// Payload dwords of `cmd` in this generation, after validating it.
@@ -556,10 +561,31 @@ fn write_nops(desc: &'static GenDesc, out: &mut [u32]) -> Result<(), EncodeError
     Ok(())
 }
 
+/// The most operands a packet description lists (checked for every
+/// generation at compile time below).
+const MAX_FIELDS: usize = 8;
+
+/// Whether every packet of `desc` lists at most [`MAX_FIELDS`] operands.
+const fn fields_fit(desc: &GenDesc) -> bool {
+    let mut rest: &[PacketDesc] = &desc.packets;
+    while let [p, tail @ ..] = rest {
+        if p.fields.len() > MAX_FIELDS {
+            return false;
+        }
+        rest = tail;
+    }
+    true
+}
+#[cfg(feature = "gen1")]
+const _: () = assert!(fields_fit(&crate::hw::gen1::DESC));
+#[cfg(feature = "gen2")]
+const _: () = assert!(fields_fit(&crate::hw::gen2::DESC));
+
 /// A validated command, ready to be written.
 struct Prepared<'c> {
     p: &'static PacketDesc,
-    cmd: Command<'c>,
+    /// The operands, in the order of `p.fields`.
+    values: [u64; MAX_FIELDS],
     tail: Option<Payload<'c>>,
     ndw: u32,
 }
@@ -585,8 +611,7 @@ impl Prepared<'_> {
             f.iter_mut().for_each(|d| *d = 0);
         }
         let mut flags = 0u32;
-        for fd in self.p.fields {
-            let v = self.cmd.field(fd.field);
+        for (fd, &v) in self.p.fields.iter().zip(self.values.iter()) {
             match fd.loc {
                 Loc::Flags(bits) => flags = bits.put(flags, v as u32),
                 Loc::Payload { dw, bits } => {
