@@ -369,15 +369,16 @@ fn encode_one(
     let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
     let prep = prepare(desc, kind, cmd)?;
     let place = prep.placement(desc, va);
-    let available = out.len().saturating_sub(pos);
     let total = place.total();
-    if total > available {
-        return Err(EncodeError::BufferFull { needed: total, available });
-    }
-    let end = pos.saturating_add(total);
-    let dst = out.get_mut(pos..end).ok_or(EncodeError::BufferFull { needed: total, available })?;
-    let (pad, pkt) =
-        dst.split_at_mut_checked(place.pad).ok_or(EncodeError::BufferFull { needed: total, available })?;
+    // One length check for the whole packet (padding included); the
+    // stores below index within `dst`.
+    let full = EncodeError::BufferFull { needed: total, available: out.len().saturating_sub(pos) };
+    let Some(dst) = out.get_mut(pos..).and_then(|o| o.get_mut(..total)) else {
+        return Err(full);
+    };
+    let Some((pad, pkt)) = dst.split_at_mut_checked(place.pad) else {
+        return Err(full);
+    };
     if !pad.is_empty() {
         write_nops(desc, pad)?;
     }
