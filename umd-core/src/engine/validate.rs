@@ -214,7 +214,6 @@ mod check {
     use crate::hw::{Field, PacketKind};
     use crate::mem::buffer::{BufferInfo, Tracking};
     use crate::mem::manager::Buffers;
-    use crate::platform::DmaRegion;
 
     /// One memory operand of a packet.
     #[derive(Clone, Copy)]
