@@ -43,10 +43,15 @@ const IDLE_RECHECK: Duration = Duration::from_millis(20);
 /// CHAIN hops within one ring packet after which the engine throttles (a
 /// CHAIN loop is a hang; it must not eat a host core).
 const CHAIN_THROTTLE_AFTER: u64 = 4096;
-/// How long a throttled engine sleeps every [`CHAIN_THROTTLE_EVERY`] hops.
+/// A throttled engine pauses after this much work...
+const CHAIN_THROTTLE_WORK: Duration = Duration::from_micros(50);
+/// ...for this many times as long as it worked (at least
+/// [`CHAIN_THROTTLE_SLEEP`]): a CHAIN loop uses at most a fifth of a core
+/// however long a hop takes (debug builds and sanitizers make hops slow; a
+/// pause every fixed number of hops let a slow build's loop use half).
+const CHAIN_THROTTLE_FACTOR: u32 = 4;
+/// The shortest pause of a throttled engine.
 const CHAIN_THROTTLE_SLEEP: Duration = Duration::from_micros(200);
-/// See [`CHAIN_THROTTLE_SLEEP`].
-const CHAIN_THROTTLE_EVERY: u64 = 16;
 /// Bytes (or elements × 4) a DMA_COPY, FILL or DISPATCH moves between checks
 /// for a reset request.
 pub(crate) const CHUNK: usize = 64 * 1024;
@@ -577,6 +582,7 @@ impl Engine {
         self.set_status(self.status | regs::STATUS_IN_IB);
         let mut off: u32 = 0;
         let mut hops: u64 = 0;
+        let mut worked_since = Instant::now();
         while off < size {
             let hdr = base + 4 * u64::from(off);
             let (header, pkt) = self.fetch(hdr, size - off, true)?;
@@ -586,8 +592,14 @@ impl Engine {
                 off = 0;
                 self.set_ib(base, size);
                 hops += 1;
-                if hops > CHAIN_THROTTLE_AFTER && hops % CHAIN_THROTTLE_EVERY == 0 {
-                    self.pause(CHAIN_THROTTLE_SLEEP)?;
+                if hops == CHAIN_THROTTLE_AFTER {
+                    worked_since = Instant::now();
+                } else if hops > CHAIN_THROTTLE_AFTER {
+                    let worked = worked_since.elapsed();
+                    if worked >= CHAIN_THROTTLE_WORK {
+                        self.pause((worked * CHAIN_THROTTLE_FACTOR).max(CHAIN_THROTTLE_SLEEP))?;
+                        worked_since = Instant::now();
+                    }
                 } else if hops % 64 == 0 {
                     std::thread::yield_now();
                 }

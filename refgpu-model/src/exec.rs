@@ -16,6 +16,7 @@
 //!   engine in WAIT_MEM re-reads at once.
 
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use crate::dispatch;
 use crate::engine::{bus, Engine, Res, Stop, CHUNK};
@@ -26,6 +27,8 @@ use crate::regs;
 /// WAIT_MEM re-reads this many times (yielding in between) before it
 /// starts sleeping on the memory waker.
 const WAIT_SPINS: u32 = 64;
+/// The longest re-read interval of a WAIT_MEM that nothing wakes.
+const WAIT_POLL_MAX: Duration = Duration::from_millis(1);
 
 impl Engine {
     /// Executes one non-IB packet.
@@ -262,6 +265,7 @@ impl Engine {
         opcode: u8,
     ) -> Res<()> {
         let mut tries = 0u32;
+        let mut waiting_since: Option<Instant> = None;
         let r = loop {
             let seen = self.sh.mem_waker.seq();
             let m = match self.read_wait_value(addr, wide, opcode) {
@@ -281,7 +285,13 @@ impl Engine {
                 tries += 1;
                 std::thread::yield_now();
             } else {
-                self.sh.mem_waker.wait(seen, self.sh.wait_poll);
+                // Re-read at `wait_poll` at first, then at a tenth of the
+                // time waited so far, up to WAIT_POLL_MAX: a wait that
+                // never holds (a hang) costs little host CPU, and a write
+                // nothing wakes is seen within 10 % of the wait's age.
+                let since = *waiting_since.get_or_insert_with(Instant::now);
+                let interval = self.sh.wait_poll.max((since.elapsed() / 10).min(WAIT_POLL_MAX));
+                self.sh.mem_waker.wait(seen, interval);
             }
         };
         self.set_waiting(false);

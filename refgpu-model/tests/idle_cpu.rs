@@ -42,6 +42,7 @@ fn hung_engines_do_not_spin() {
         r.wait_for("COPY in the self-CHAIN", || r.snap(COPY).cur_addr == ia);
         std::thread::sleep(Duration::from_millis(50));
         let share = cpu_share(Duration::from_millis(500));
+        eprintln!("{gen:?}: two hung engines use {:.0}% of a core", share * 100.0);
         assert!(share < 0.5, "{gen:?}: two hung engines used {:.0}% of a core", share * 100.0);
         r.reset(GFX);
         r.reset(COPY);
