@@ -177,15 +177,39 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         // Memory whose fences have signalled goes back first.
         self.process_all();
-        {
-            let mut mem = self.mem.lock();
-            let (buffers, mut backer) = mem.split(&self.b);
-            if let Ok((h, info)) = buffers.alloc_info(&mut backer, desc) {
+        match self.try_alloc(desc, false, None) {
+            Ok(r) => Ok(r),
+            Err(_) => self.alloc_waiting(desc),
+        }
+    }
+
+    /// One allocation attempt under the memory lock (`fallback`: a
+    /// local-memory buffer may go to system memory); a slab slot handed out
+    /// is zeroed. A failure leaves no trace; with `oldest` it also notes
+    /// there the queue and fence the oldest free still waiting waits for
+    /// (what a caller may wait for).
+    #[inline(always)]
+    fn try_alloc(
+        &self,
+        desc: &BufferDesc,
+        fallback: bool,
+        oldest: Option<&mut Option<(usize, crate::sync::Seqno)>>,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
+        let mut mem = self.mem.lock();
+        let (buffers, mut backer) = mem.split(&self.b);
+        backer.fallback = fallback;
+        match buffers.alloc_info(&mut backer, desc) {
+            Ok((h, info)) => {
                 self.zero_new(&mem.buffers, h);
-                return Ok((h, info));
+                Ok((h, info))
+            }
+            Err(e) => {
+                if let Some(o) = oldest {
+                    *o = buffers.oldest_waiting();
+                }
+                Err(e)
             }
         }
-        self.alloc_waiting(desc)
     }
 
     /// [`Engine::alloc_info`] once the first try failed: make room in local
@@ -203,54 +227,41 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // falls back to system memory.
         let mut fallback = false;
         loop {
-            let oldest = {
-                let mut mem = self.mem.lock();
-                let (buffers, mut backer) = mem.split(&self.b);
-                backer.fallback = fallback;
-                let r = buffers.alloc_info(&mut backer, desc);
-                match r {
-                    Ok((h, info)) => {
-                        self.zero_new(&mem.buffers, h);
-                        if fallback {
-                            Counters::add(&self.stats.local_fallbacks, 1);
-                        }
-                        return Ok((h, info));
+            let mut waiting = None;
+            let oldest = match self.try_alloc(desc, fallback, Some(&mut waiting)) {
+                Ok((h, info)) => {
+                    if fallback {
+                        Counters::add(&self.stats.local_fallbacks, 1);
                     }
-                    Err(AllocError::LocalMemory) => {
-                        drop(mem);
-                        let bytes = desc.size.next_multiple_of(4096);
-                        if !self.make_room(bytes) {
-                            fallback = true;
-                        }
+                    return Ok((h, info));
+                }
+                Err(AllocError::LocalMemory) => {
+                    let bytes = desc.size.next_multiple_of(4096);
+                    if !self.make_room(bytes) {
+                        fallback = true;
+                    }
+                    continue;
+                }
+                Err(
+                    e @ (AllocError::TableFull { .. }
+                    | AllocError::VaSpace { .. }
+                    | AllocError::VaNodes
+                    | AllocError::PlatformMemory { .. }
+                    | AllocError::SlabCapacity { .. }),
+                ) => {
+                    // Completion processing reclaims a bounded number
+                    // of frees at a time, so frees whose fences have
+                    // passed may still wait with every queue idle:
+                    // take them all back before waiting for a fence.
+                    if self.reclaim_ready() > 0 {
                         continue;
                     }
-                    Err(
-                        e @ (AllocError::TableFull { .. }
-                        | AllocError::VaSpace { .. }
-                        | AllocError::VaNodes
-                        | AllocError::PlatformMemory { .. }
-                        | AllocError::SlabCapacity { .. }),
-                    ) => {
-                        // Completion processing reclaims a bounded number
-                        // of frees at a time, so frees whose fences have
-                        // passed may still wait with every queue idle:
-                        // take them all back before waiting for a fence.
-                        let oldest = buffers.oldest_waiting();
-                        drop(mem);
-                        let mut reclaimed = 0usize;
-                        for q in 0..self.nq {
-                            reclaimed = reclaimed.saturating_add(self.reclaim(q, usize::MAX));
-                        }
-                        if reclaimed > 0 {
-                            continue;
-                        }
-                        match oldest {
-                            Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
-                            _ => return Err(e),
-                        }
+                    match waiting {
+                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
+                        _ => return Err(e),
                     }
-                    Err(e) => return Err(e),
                 }
+                Err(e) => return Err(e),
             };
             // Memory is waiting for a fence: wait for it, then try again.
             self.wait_for_memory(
@@ -441,9 +452,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Gives kept empty slabs back to the platform. Returns bytes.
     pub fn trim(&self) -> u64 {
         // Slabs held only by frees whose fences have passed empty first.
-        for q in 0..self.nq {
-            self.reclaim(q, usize::MAX);
-        }
+        self.reclaim_ready();
         let mut mem = self.mem.lock();
         let (buffers, mut backer) = mem.split(&self.b);
         buffers.trim(&mut backer)

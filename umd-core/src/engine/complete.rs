@@ -89,6 +89,16 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         n
     }
 
+    /// Returns to the pools every free, on every queue, whose fences have
+    /// passed (no budget). Returns how many.
+    pub(crate) fn reclaim_ready(&self) -> usize {
+        let mut n = 0usize;
+        for qi in 0..self.nq {
+            n = n.saturating_add(self.reclaim(qi, usize::MAX));
+        }
+        n
+    }
+
     /// Bookkeeping for `(before, now]` of queue `qi`: done by the one
     /// caller that moved `processed` (or by a reset, for `cancelled` work,
     /// which gets no signalled count or trace span).
@@ -121,7 +131,6 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Reads every queue (see [`Engine::process`]), after handing held
     /// work to the hardware.
-    #[inline]
     pub(crate) fn process_all(&self) {
         self.flush_held();
         for qi in 0..self.nq {
