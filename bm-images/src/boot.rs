@@ -109,6 +109,13 @@ pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuM
     }
 }
 
+/// The transport [`device_on`] set up, for what a device's platform
+/// still answers after [`Device::shutdown`] consumed the device (the DMA
+/// pages it got back).
+pub fn transport_ref() -> Option<&'static IvshmemGpu<VirtHal>> {
+    TRANSPORT.get()
+}
+
 /// [`transport`] then [`device_on`].
 pub fn device<const C: usize>(image: &str, cfg: Config, mmu: MmuMode) -> (Gpu<C>, IrqMode) {
     let (io, mode) = transport(image);

@@ -21,6 +21,7 @@
 #![no_std]
 
 pub mod bringup;
+pub mod faults;
 pub mod io;
 
 use core::fmt::{self, Write};

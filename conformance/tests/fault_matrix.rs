@@ -1,6 +1,6 @@
 //! The fault matrix on the in-process model: every fault-injection knob of
 //! the model × both generations × interrupts and polling. Each cell runs
-//! `platform_linux::faults`' seeded workload (random queues, cross-queue
+//! `conformance::faults`' seeded workload (random queues, cross-queue
 //! waits, buffers freed in flight) with the knob set, takes the knob away,
 //! and checks the accounting: every accepted submission signalled (with
 //! its data) or failed with a reason, none lost, every buffer, IB chunk
@@ -10,8 +10,8 @@
 
 use std::time::Duration;
 
+use conformance::faults::{self, Accounting, Workload};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-use platform_linux::faults::{self, Accounting, Workload};
 use platform_linux::InProcess;
 use refgpu_model::{FaultInjection, Generation as ModelGen, ModelConfig};
 use umd_core::direct::Device;
@@ -42,9 +42,11 @@ fn cell(gen: ModelGen, use_irq: bool, name: &str, fi: &FaultInjection) -> Accoun
         Device::new(&p, &mut storage, dcfg, SUITE_MMU).expect("device comes up");
     p.model().set_fault_injection(fi.clone());
     let w = Workload { seed: 0xFA17 ^ u64::from(use_irq), jobs: JOBS, impaired_after: 0 };
-    let acc =
-        faults::run(&dev, w, &mut || {}, &mut || p.model().set_fault_injection(FaultInjection::default()));
+    let mut log = String::new();
+    let heal = &mut || p.model().set_fault_injection(FaultInjection::default());
+    let acc = faults::run(&dev, w, &mut || {}, heal, &mut log).expect("the workload starts");
     let report = dev.shutdown();
+    print!("{log}");
     println!("{gen:?} irq={use_irq} {name}: {acc}");
     if let Err(e) = acc.check() {
         panic!("{gen:?} irq={use_irq} {name}: {e}\n{acc}");

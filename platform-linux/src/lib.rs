@@ -9,9 +9,9 @@
 //!   environment variables, with typed parse errors;
 //! - [`selftest`]: bring-up checks for any direct-mode platform;
 //! - [`suite`]: the conformance suite on a host (threads, result checks);
-//! - [`faults`]: the fault matrix's workload and its accounting;
 //! - [`soak`]: the soak's workload (long run, injected hangs and faults,
-//!   sampled statistics checked flat);
+//!   sampled statistics checked flat; its accounting is the fault
+//!   matrix's, [`conformance::faults`]);
 //! - [`drm`]: kernel-mediated mode over the refgpu DRM driver's render node.
 //!
 //! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
@@ -27,8 +27,6 @@ pub mod config;
 pub mod cosim;
 #[cfg(feature = "drm")]
 pub mod drm;
-#[cfg(feature = "suite")]
-pub mod faults;
 #[cfg(feature = "model")]
 pub mod inproc;
 #[cfg(feature = "model")]

@@ -11,7 +11,7 @@
 //! the command and the latest figures.
 //!
 //! The accounting ([`Accounting`]) and the probe of the device afterwards
-//! are the fault matrix's ([`crate::faults`]).
+//! are the fault matrix's ([`conformance::faults`]).
 
 use std::collections::VecDeque;
 use std::fmt::{self, Write};
@@ -22,7 +22,7 @@ use umd_core::mem::BufferHandle;
 use umd_core::queue::SubmitError;
 use umd_core::sync::{Cause, Fence, QueueId};
 
-use crate::faults::{self, Accounting, Outcome, Rng, Workload, GUARD_NS};
+use conformance::faults::{self, Accounting, FenceOutcome, Rng, Workload, GUARD_NS};
 
 /// A GPU address the driver never maps (3 GiB into the suite's 4 GiB VA
 /// arena, which the soak's buffers never reach): a copy from it faults.
@@ -171,7 +171,7 @@ impl SoakReport {
     pub fn check(&self) -> Result<(), String> {
         let mut bad = Vec::new();
         if let Err(e) = self.acc.check() {
-            bad.push(e);
+            bad.push(e.to_string());
         }
         if self.injected_signalled != 0 {
             bad.push(format!("{} injected hangs or faults signalled", self.injected_signalled));
@@ -455,7 +455,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
         rep.acc.usable_after = true;
     } else {
         let w = Workload { seed: s.seed, jobs: 0, impaired_after: 0 };
-        (rep.acc.usable_after, rep.acc.probe_failures) = faults::probe(dev, &queues, w);
+        (rep.acc.usable_after, rep.acc.probe_failures) = faults::probe(dev, &queues, w, &mut Stdout);
     }
     let _ = dev.service();
     let bs = dev.buffer_stats();
@@ -477,20 +477,20 @@ fn resolve_oldest<B: Backend + Sync, const C: usize>(
     let Some((f, kind)) = inflight.pop_front() else { return };
     let outcome = faults::resolve(dev, f, GUARD_NS, &mut rep.acc);
     match (outcome, kind) {
-        (Outcome::Signalled, Kind::Job { slot, stamp })
+        (FenceOutcome::Signalled, Kind::Job { slot, stamp })
             if dev.read_u32(out, slot as u64).ok() != Some(stamp) =>
         {
             rep.acc.wrong_data += 1
         }
-        (Outcome::Signalled, Kind::Job { .. }) => {}
-        (Outcome::Signalled, _) => rep.injected_signalled += 1,
-        (Outcome::Failed(Cause::Hung), Kind::Hang) => rep.hangs_reported += 1,
-        (Outcome::Failed(Cause::Fault(_)), Kind::Fault) => rep.faults_reported += 1,
+        (FenceOutcome::Signalled, Kind::Job { .. }) => {}
+        (FenceOutcome::Signalled, _) => rep.injected_signalled += 1,
+        (FenceOutcome::Failed(Cause::Hung), Kind::Hang) => rep.hangs_reported += 1,
+        (FenceOutcome::Failed(Cause::Fault(_)), Kind::Fault) => rep.faults_reported += 1,
         _ => {}
     }
     // A later submission waiting on a failed fence would be refused: wait
     // on that queue's newer work only.
-    if matches!(outcome, Outcome::Failed(_)) {
+    if matches!(outcome, FenceOutcome::Failed(_)) {
         if let Some(l) = last.get_mut(usize::from(f.id.queue.0)) {
             if *l == Some(f) {
                 *l = None;
@@ -529,5 +529,15 @@ fn sample<B: Backend + Sync, const C: usize>(
     values.extend((probe.measure)());
     for (s, v) in rep.series.iter_mut().zip(values) {
         s.points.push((at, v));
+    }
+}
+
+/// The probe's log, printed as it comes (the soak runs in a test).
+struct Stdout;
+
+impl Write for Stdout {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        print!("{s}");
+        Ok(())
     }
 }

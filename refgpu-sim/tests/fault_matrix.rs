@@ -1,7 +1,7 @@
 //! The fault matrix over co-simulation: every fault-injection knob of
 //! `refgpu-sim` (set on its command line, so it stays on for the whole
 //! run) plus a server killed halfway × both generations × interrupts and
-//! polling. Each cell runs `platform_linux::faults`' seeded workload and
+//! polling. Each cell runs `conformance::faults`' seeded workload and
 //! checks its accounting: every accepted submission signalled (with its
 //! data) or failed with a reason, none lost, every buffer, IB chunk and
 //! DMA page back, the device usable afterwards on the queues without a
@@ -12,8 +12,8 @@
 mod common;
 
 use common::Sim;
+use conformance::faults::{self, Accounting, Workload};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-use platform_linux::faults::{self, Accounting, Workload};
 use platform_linux::Cosim;
 use umd_core::direct::Device;
 use umd_core::storage::DeviceStorage;
@@ -62,7 +62,9 @@ fn cell(gen: &str, use_irq: bool, k: &Knob) -> Accounting {
             sim.signal_and_wait(rustix::process::Signal::KILL);
         }
     };
-    let acc = faults::run(&dev, w, &mut midway, &mut || {});
+    let mut log = String::new();
+    let acc = faults::run(&dev, w, &mut midway, &mut || {}, &mut log).expect("the workload starts");
+    print!("{log}");
     let label = format!("cosim gen{gen} irq={use_irq} {}", k.name);
     println!("{label}: {acc}");
     if let Err(e) = acc.check() {

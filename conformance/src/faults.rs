@@ -2,9 +2,15 @@
 //! submissions over every queue, with random cross-queue waits and buffers
 //! allocated for one job and freed while it is in flight, driven while a
 //! fault is injected; then every fence is resolved and counted. Used by the
-//! in-process (`conformance/tests/fault_matrix.rs`) and co-simulation
-//! (`refgpu-sim/tests/fault_matrix.rs`) matrices; `docs/reliability.md`
-//! has the table.
+//! in-process (`conformance/tests/fault_matrix.rs`), co-simulation
+//! (`refgpu-sim/tests/fault_matrix.rs`) and bare-metal
+//! (`qemu-tests/tests/faults.rs`, through the `fault` image) matrices, and
+//! by the soak's accounting; `docs/reliability.md` has the table.
+//!
+//! `no_std` and heap-free like the rest of the suite: at most [`MAX_JOBS`]
+//! submissions per run, and what goes wrong besides the accounting (a
+//! probe attempt that failed, a refusal the injection does not explain) is
+//! written to the caller's log.
 //!
 //! The promise checked ([`Accounting::check`]): every submission accepted by
 //! the driver ends signalled (and then its data is there) or failed with a
@@ -12,11 +18,14 @@
 //! and IB chunk comes back; afterwards the device either runs new work on
 //! every healthy queue or says it is lost.
 
-use core::fmt;
+use core::fmt::{self, Write};
 
 use umd_core::engine::{Backend, BufferUse, Engine, Submit};
 use umd_core::queue::{SubmitError, WaitError};
 use umd_core::sync::{Cause, Fence, QueueId};
+
+/// Most submissions one [`run`] attempts.
+pub const MAX_JOBS: usize = 64;
 
 /// Failure guard of one wait (never a performance threshold).
 pub const GUARD_NS: u64 = 30_000_000_000;
@@ -60,6 +69,9 @@ pub struct Accounting {
     /// Submissions refused with a typed error (a failed dependency, a lost
     /// device): never submitted, the caller told why.
     pub refused: u64,
+    /// Submissions refused with an error the injection does not explain
+    /// (the first is written to the run's log): a driver bug.
+    pub unexpected_refusals: u64,
     /// Buffers still live after everything was freed and resolved.
     pub leaked_buffers: u64,
     /// Frees still waiting for a fence after every fence resolved.
@@ -82,39 +94,68 @@ impl Accounting {
         self.failed_hung + self.failed_fault + self.failed_lost + self.failed_never
     }
 
-    /// Checks the promise; the text says what broke.
-    pub fn check(&self) -> Result<(), String> {
-        let mut bad = Vec::new();
-        if self.submitted != self.signalled + self.failed() + self.lost {
-            bad.push(format!(
-                "{} submitted but {} accounted",
-                self.submitted,
-                self.signalled + self.failed() + self.lost
-            ));
+    /// Checks the promise; the error's text says what broke.
+    pub fn check(&self) -> Result<(), Broken<'_>> {
+        if self.broken(&mut |_| {}) {
+            Err(Broken(self))
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Calls `note` with each broken part of the promise; whether any was.
+    fn broken(&self, note: &mut dyn FnMut(fmt::Arguments<'_>)) -> bool {
+        let mut any = false;
+        let mut say = |args: fmt::Arguments<'_>| {
+            note(args);
+            any = true;
+        };
+        let accounted = self.signalled + self.failed() + self.lost;
+        if self.submitted != accounted {
+            say(format_args!("{} submitted but {accounted} accounted", self.submitted));
         }
         if self.lost != 0 {
-            bad.push(format!("{} completions lost", self.lost));
+            say(format_args!("{} completions lost", self.lost));
         }
         if self.wrong_data != 0 {
-            bad.push(format!("{} signalled fences without their data", self.wrong_data));
+            say(format_args!("{} signalled fences without their data", self.wrong_data));
+        }
+        if self.unexpected_refusals != 0 {
+            say(format_args!(
+                "{} submissions refused for no fault of the injection",
+                self.unexpected_refusals
+            ));
         }
         if self.leaked_buffers != 0 || self.frees_waiting != 0 {
-            bad.push(format!(
+            say(format_args!(
                 "{} buffers leaked, {} frees still waiting",
                 self.leaked_buffers, self.frees_waiting
             ));
         }
         if self.chunks_busy != 0 {
-            bad.push(format!("{} IB chunks not returned", self.chunks_busy));
+            say(format_args!("{} IB chunks not returned", self.chunks_busy));
         }
         if !self.usable_after {
-            bad.push("the device neither ran new work nor reported itself lost".into());
+            say(format_args!("the device neither ran new work nor reported itself lost"));
         }
-        if bad.is_empty() {
-            Ok(())
-        } else {
-            Err(bad.join("; "))
-        }
+        any
+    }
+}
+
+/// What broke in an [`Accounting`] ([`Accounting::check`]); its text lists
+/// each broken part.
+#[derive(Clone, Copy, Debug)]
+pub struct Broken<'a>(&'a Accounting);
+
+impl fmt::Display for Broken<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut sep = "";
+        let mut r = Ok(());
+        self.0.broken(&mut |args| {
+            r = r.and_then(|()| write!(f, "{sep}{args}"));
+            sep = "; ";
+        });
+        r
     }
 }
 
@@ -147,11 +188,12 @@ impl fmt::Display for Accounting {
     }
 }
 
-/// SplitMix64.
-pub(crate) struct Rng(pub(crate) u64);
+/// SplitMix64: the workloads' random choices, the same on every platform.
+pub struct Rng(pub u64);
 
 impl Rng {
-    pub(crate) fn next(&mut self) -> u64 {
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -159,54 +201,98 @@ impl Rng {
         z ^ (z >> 31)
     }
 
-    pub(crate) fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+    /// A number in `0..n` (0 when `n` is 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
     }
 }
 
 /// The value job `i` writes.
-pub(crate) fn stamp(seed: u64, i: usize) -> u32 {
+pub fn stamp(seed: u64, i: usize) -> u32 {
     (seed as u32 ^ 0xA5A5_0000).wrapping_add(i as u32).wrapping_mul(0x9E37_79B1) | 1
+}
+
+/// Why a run could not start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RunError {
+    /// More jobs than [`MAX_JOBS`].
+    TooManyJobs(usize),
+    /// The result buffer could not be allocated.
+    ResultBuffer(umd_core::mem::AllocError),
+    /// The result buffer has no GPU address (a driver bug).
+    ResultVa(umd_core::mem::BufferError),
+}
+
+impl fmt::Display for RunError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RunError::TooManyJobs(n) => write!(f, "{n} jobs asked for, at most {MAX_JOBS} per run"),
+            RunError::ResultBuffer(e) => write!(f, "result buffer: {e}"),
+            RunError::ResultVa(e) => write!(f, "result buffer's address: {e}"),
+        }
+    }
 }
 
 /// Runs the workload on `dev`. `midway` is called once half the jobs are
 /// submitted (to kill the server, say); `heal` once every fence has
-/// resolved, to take the fault away before the device is probed.
+/// resolved, to take the fault away before the device is probed. What the
+/// accounting does not say (probe attempts that failed, the first
+/// unexplained refusal) goes to `log`, a line each.
 pub fn run<B: Backend + Sync, const C: usize>(
     dev: &Engine<'_, B, C>,
     w: Workload,
     midway: &mut dyn FnMut(),
     heal: &mut dyn FnMut(),
-) -> Accounting {
+    log: &mut dyn Write,
+) -> Result<Accounting, RunError> {
+    if w.jobs > MAX_JOBS {
+        return Err(RunError::TooManyJobs(w.jobs));
+    }
     let mut acc = Accounting::default();
-    let nq = dev.queue_count().min(3);
-    let queues: Vec<QueueId> = (0..nq as u8).map(QueueId).collect();
+    let nq = dev.queue_count().clamp(1, 3);
+    let all = [QueueId(0), QueueId(1), QueueId(2)];
+    let queues = all.get(..nq).unwrap_or(&all);
     let mut rng = Rng(w.seed);
-    let out = dev.alloc_buffer((w.jobs as u64 * 4).max(4)).expect("result buffer");
-    let out_va = dev.va(out).expect("va");
+    let out = dev.alloc_buffer((w.jobs as u64 * 4).max(4)).map_err(RunError::ResultBuffer)?;
+    let out_va = match dev.va(out) {
+        Ok(va) => va,
+        Err(e) => {
+            let _ = dev.free(out);
+            return Err(RunError::ResultVa(e));
+        }
+    };
     // (fence, job index) of every accepted submission.
-    let mut fences: Vec<(Fence, usize)> = Vec::new();
-    let mut last: Vec<Option<Fence>> = vec![None; nq];
+    let mut fences: heapless::Vec<(Fence, usize), MAX_JOBS> = heapless::Vec::new();
+    let mut last: [Option<Fence>; 3] = [None; 3];
     for i in 0..w.jobs {
         if i == w.jobs / 2 {
             midway();
         }
         let qi = rng.below(nq as u64) as usize;
-        let q = queues[qi];
-        let mut waits = Vec::new();
+        let q = queues.get(qi).copied().unwrap_or(QueueId(0));
+        let mut wait: Option<Fence> = None;
         let oq = rng.below(nq as u64) as usize;
         if oq != qi && rng.below(2) == 0 {
-            if let Some(f) = last[oq] {
-                waits.push(f);
-            }
+            wait = last.get(oq).copied().flatten();
         }
+        let waits = wait.as_slice();
         // One job in four also writes a scratch buffer that is freed as
         // soon as the job is submitted (its memory must stay out of
         // circulation until the fence).
         let scratch = if rng.below(4) == 0 { dev.alloc_buffer(64 + rng.below(8192)).ok() } else { None };
         let scratch_va = scratch.and_then(|h| dev.va(h).ok());
-        let uses: Vec<BufferUse> = scratch.iter().map(|h| BufferUse::write(*h)).collect();
-        let job = Submit::on(q).after(&waits).using(if rng.below(2) == 0 { &uses } else { &[] });
+        // Half of the jobs declare their buffer (drawn for every job, so the
+        // sequence is the same whether a scratch buffer came or not).
+        let declare = rng.below(2) == 0;
+        let uses: [BufferUse; 1];
+        let declared: &[BufferUse] = match scratch {
+            Some(h) if declare => {
+                uses = [BufferUse::write(h)];
+                &uses
+            }
+            _ => &[],
+        };
+        let job = Submit::on(q).after(waits).using(declared);
         let r = dev.submit_with(&job, |cb| {
             if let Some(sva) = scratch_va {
                 cb.write_data(sva, &[i as u32])?;
@@ -216,52 +302,68 @@ pub fn run<B: Backend + Sync, const C: usize>(
         match r {
             Ok(f) => {
                 acc.submitted += 1;
-                fences.push((f, i));
-                last[qi] = Some(f);
+                // Capacity is MAX_JOBS >= w.jobs: never full.
+                let _ = fences.push((f, i));
+                if let Some(l) = last.get_mut(qi) {
+                    *l = Some(f);
+                }
             }
             Err(SubmitError::DependencyFailed { .. }) | Err(SubmitError::DeviceLost) => acc.refused += 1,
             Err(SubmitError::Platform(_)) if dev.is_lost() => acc.refused += 1,
-            Err(e) => panic!("job {i} on {q}: submission refused for no fault of the injection: {e}"),
+            Err(e) => {
+                if acc.unexpected_refusals == 0 {
+                    let _ = writeln!(
+                        log,
+                        "job {i} on {q}: submission refused for no fault of the injection: {e}"
+                    );
+                }
+                acc.unexpected_refusals += 1;
+            }
         }
         if let Some(h) = scratch {
-            dev.free(h).expect("free scratch");
+            if let Err(e) = dev.free(h) {
+                let _ = writeln!(log, "job {i}: free of its scratch buffer refused: {e}");
+                acc.leaked_buffers += 1;
+            }
         }
     }
     // Resolve every fence.
     let mut guard = GUARD_NS;
     for &(f, i) in &fences {
         match resolve(dev, f, guard, &mut acc) {
-            Outcome::Signalled => {
+            FenceOutcome::Signalled => {
                 if dev.read_u32(out, i as u64).ok() != Some(stamp(w.seed, i)) {
                     acc.wrong_data += 1;
                 }
             }
-            Outcome::Failed(_) => {}
+            FenceOutcome::Failed(_) => {}
             // Lost: the rest are only queried, the run already fails.
-            Outcome::Lost => guard = 0,
+            FenceOutcome::Lost => guard = 0,
         }
     }
-    dev.free(out).expect("free result buffer");
+    if dev.free(out).is_err() {
+        acc.leaked_buffers += 1;
+    }
     heal();
     acc.device_lost = dev.is_lost();
     if acc.device_lost {
         acc.usable_after = true;
     } else {
-        (acc.usable_after, acc.probe_failures) = probe(dev, &queues, w);
+        (acc.usable_after, acc.probe_failures) = probe(dev, queues, w, log);
     }
     // Everything resolved: frees released, chunks back.
     let _ = dev.service();
     let bs = dev.buffer_stats();
-    acc.leaked_buffers = bs.live;
+    acc.leaked_buffers += bs.live;
     acc.frees_waiting = if acc.device_lost { 0 } else { bs.waiting };
     let ps = dev.pool_stats();
     acc.chunks_busy = ps.recording + ps.in_flight + ps.open;
-    acc
+    Ok(acc)
 }
 
 /// What became of one fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum FenceOutcome {
     /// Signalled.
     Signalled,
     /// Failed with this reason.
@@ -271,16 +373,16 @@ pub(crate) enum Outcome {
 }
 
 /// Waits for `f` (at most `guard` ns) and counts its outcome in `acc`.
-pub(crate) fn resolve<B: Backend + Sync, const C: usize>(
+pub fn resolve<B: Backend + Sync, const C: usize>(
     dev: &Engine<'_, B, C>,
     f: Fence,
     guard: u64,
     acc: &mut Accounting,
-) -> Outcome {
+) -> FenceOutcome {
     match dev.wait(f, guard) {
         Ok(()) => {
             acc.signalled += 1;
-            Outcome::Signalled
+            FenceOutcome::Signalled
         }
         Err(WaitError::Failed(e)) => {
             let cause = e.cause();
@@ -293,11 +395,11 @@ pub(crate) fn resolve<B: Backend + Sync, const C: usize>(
             if matches!(e, umd_core::sync::FenceError::Dependency { .. }) {
                 acc.failed_dependency += 1;
             }
-            Outcome::Failed(cause)
+            FenceOutcome::Failed(cause)
         }
         Err(_) => {
             acc.lost += 1;
-            Outcome::Lost
+            FenceOutcome::Lost
         }
     }
 }
@@ -312,10 +414,11 @@ pub const PROBE_ATTEMPTS: u32 = 3;
 /// behind that wait fails with it); one with a lasting fault may fail every
 /// time, but always with a reason. Returns whether that held and the
 /// attempts that failed. Prints what went wrong.
-pub(crate) fn probe<B: Backend + Sync, const C: usize>(
+pub fn probe<B: Backend + Sync, const C: usize>(
     dev: &Engine<'_, B, C>,
     queues: &[QueueId],
     w: Workload,
+    log: &mut dyn Write,
 ) -> (bool, u32) {
     let Ok(buf) = dev.alloc_buffer(4 * queues.len() as u64) else { return (false, 0) };
     let Ok(va) = dev.va(buf) else { return (false, 0) };
@@ -335,7 +438,10 @@ pub(crate) fn probe<B: Backend + Sync, const C: usize>(
                     break;
                 }
                 Ok(Err(WaitError::Failed(e))) => {
-                    println!("probe on {q} (lasting fault: {impaired}), attempt {attempt}: failed: {e}");
+                    let _ = writeln!(
+                        log,
+                        "probe on {q} (lasting fault: {impaired}), attempt {attempt}: failed: {e}"
+                    );
                     retries += 1;
                     if impaired {
                         good = true;
@@ -343,7 +449,10 @@ pub(crate) fn probe<B: Backend + Sync, const C: usize>(
                     }
                 }
                 other => {
-                    println!("probe on {q} (lasting fault: {impaired}), attempt {attempt}: {other:?}");
+                    let _ = writeln!(
+                        log,
+                        "probe on {q} (lasting fault: {impaired}), attempt {attempt}: {other:?}"
+                    );
                     break;
                 }
             }
