@@ -42,6 +42,13 @@ pub fn has_arg(word: &str) -> bool {
     with_args(|mut it| it.any(|a| a == word))
 }
 
+/// The value of `key=value` on the command line.
+pub fn arg_u64(key: &str) -> Option<u64> {
+    with_args(|it| {
+        it.filter_map(|a| a.split_once('=')).find(|(k, _)| *k == key).and_then(|(_, v)| v.parse().ok())
+    })
+}
+
 /// Checks the pools against a carve-out of `carve_bytes` and attaches to
 /// the model, or exits with status 2.
 pub fn transport(

@@ -27,6 +27,8 @@ pub mod boot;
 #[cfg(all(target_arch = "arm", target_os = "none"))]
 pub mod boot_m;
 pub mod demo;
+#[cfg(target_os = "none")]
+pub mod fault_matrix;
 /// The bring-up checks the smoke image runs (shared with the Linux
 /// platforms' self-test).
 pub use conformance::bringup as smoke;

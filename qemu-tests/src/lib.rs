@@ -52,6 +52,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 pub mod defmt_log;
+pub mod fault_matrix;
 
 pub use defmt_log::LogLine;
 

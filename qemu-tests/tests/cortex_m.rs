@@ -4,6 +4,7 @@
 //! a doorbell for an engine that does not exist, a carve-out too small for
 //! the pools), no model running, and a RAM file of the wrong size.
 
+use qemu_tests::fault_matrix::{cell, KNOBS};
 use qemu_tests::{boot, check_run, check_scenario, outcome, HarnessError, Run, Status};
 
 /// Exit status of the fault image after a detected device loss.
@@ -266,4 +267,24 @@ fn addresses_and_sizes_on_the_32_bit_target() {
         check_scenario(&run, s);
     }
     assert_eq!(out.exit_code, Some(0), "{}", out.tail(20));
+}
+
+/// The fault matrix's Cortex-M column (`docs/reliability.md`): every knob
+/// of `refgpu-sim` over the shared RAM, polling (the M images wait by
+/// polling), one boot per knob; the accounting printed by `m-fault
+/// matrix` must hold.
+fn fault_matrix(generation: u8) {
+    for k in KNOBS {
+        cell(Run::cortex_m("m-fault", generation), k);
+    }
+}
+
+#[test]
+fn fault_matrix_gen1() {
+    fault_matrix(1);
+}
+
+#[test]
+fn fault_matrix_gen2() {
+    fault_matrix(2);
 }

@@ -5,8 +5,7 @@
 //! (The decoded GPU page-fault report over the UART is checked in
 //! `tests/conformance.rs`.)
 
-use std::collections::BTreeMap;
-
+use qemu_tests::fault_matrix::{cell, KNOBS};
 use qemu_tests::{outcome, Mode, Run};
 
 /// Exit status of the fault image after a detected device loss.
@@ -109,107 +108,9 @@ fn cpu_exception_is_reported_and_exits_non_zero() {
     assert_eq!(out.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
 }
 
-/// A knob of the matrix: name, `refgpu-sim` arguments, queues (mask)
-/// whose fault outlives the run, whether the server is killed halfway.
-/// The same knobs as the co-simulation matrix (`refgpu-sim/tests/fault_matrix.rs`).
-struct Knob {
-    name: &'static str,
-    args: &'static [&'static str],
-    lasting: u8,
-    kill: bool,
-}
-
-const KNOBS: &[Knob] = &[
-    Knob { name: "none", args: &[], lasting: 0, kill: false },
-    Knob { name: "packet_latency 200us", args: &["--packet-latency", "200us"], lasting: 0, kill: false },
-    Knob { name: "drop_fence_nth 3", args: &["--drop-fence-nth", "3"], lasting: 0b111, kill: false },
-    Knob {
-        name: "drop_fence_prob 0.25",
-        args: &["--drop-fence-prob", "0.25", "--seed", "7"],
-        lasting: 0b111,
-        kill: false,
-    },
-    Knob { name: "stalled COPY", args: &["--stall-engines", "0x4"], lasting: 0b100, kill: false },
-    Knob { name: "irq_delay 2ms", args: &["--irq-delay", "2ms"], lasting: 0, kill: false },
-    Knob { name: "server killed", args: &[], lasting: 0, kill: true },
-];
-
-/// The semihosting words of a cell (static: the harness keeps them).
-fn cell_args(k: &Knob, mode: Mode) -> Vec<&'static str> {
-    let lasting: &'static str = match k.lasting {
-        0 => "lasting=0",
-        0b100 => "lasting=4",
-        _ => "lasting=7",
-    };
-    // The hosted matrices' seeds: polling 0xFA17, interrupts 0xFA16.
-    let seed = if mode == Mode::Msi { "seed=64022" } else { "seed=64023" };
-    let mut args = vec!["matrix", lasting, seed];
-    if k.kill {
-        args.push("kill");
-    }
-    args
-}
-
-/// One cell: boots the `fault` image in `matrix` mode against a server
-/// started with the knob, and checks what it printed: the accounting held
-/// (submitted = signalled + failed with a reason, 0 lost, nothing leaked,
-/// the device usable afterwards or reported lost) and the shutdown gave
-/// every buffer and DMA page back. Returns the accounting's fields.
-fn cell(generation: u8, mode: Mode, k: &Knob) -> BTreeMap<String, u64> {
-    let run = Run {
-        args: cell_args(k, mode),
-        sim_args: k.args.iter().map(|a| a.to_string()).collect(),
-        kill_model_on: k.kill.then_some("@@ KILL_MODEL_NOW"),
-        ..Run::new("fault", generation, mode)
-    };
-    let t0 = std::time::Instant::now();
-    let out = outcome(&run);
-    let Ok(out) = out.as_ref() else { unreachable!("outcome panics on a harness error") };
-    let secs = t0.elapsed().as_secs_f64();
-    let label = format!("bare metal gen{generation} {} {}", mode.arg(), k.name);
-    let text = out.tail(40);
-    assert!(!out.timed_out, "{label}: timed out; QEMU and the model were killed\n{text}");
-    let line = out
-        .console
-        .iter()
-        .find_map(|l| l.strip_prefix("@@ ACCOUNTING "))
-        .unwrap_or_else(|| panic!("{label}: no accounting printed\n{text}"));
-    println!("{label} ({secs:.1} s with the boot): {line}");
-    let acc: BTreeMap<String, u64> = line
-        .split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .map(|(key, v)| {
-            (key.to_string(), v.parse().unwrap_or_else(|_| panic!("{label}: bad field {key}={v}")))
-        })
-        .collect();
-    let check = out.console.iter().find(|l| l.starts_with("@@ CHECK")).map(String::as_str);
-    assert_eq!(check, Some("@@ CHECK ok"), "{label}: {line}\n{text}");
-    let shutdown = out.console.iter().find(|l| l.starts_with("@@ SHUTDOWN")).map(String::as_str);
-    assert_eq!(shutdown, Some("@@ SHUTDOWN leaked_buffers=0 dma_pages=0"), "{label}\n{text}");
-    assert_eq!(out.exit_code, Some(0), "{label}: exit status\n{text}");
-    if k.kill {
-        assert!(out.model_killed, "{label}: the guest never asked for the kill\n{text}");
-    }
-    let f = |key: &str| acc.get(key).copied().unwrap_or_else(|| panic!("{label}: no {key} in {line}"));
-    // The image checked the sum; check it again against what it printed.
-    let failed = f("hung") + f("fault") + f("lost_device") + f("never");
-    assert_eq!(f("submitted"), f("signalled") + failed + f("lost"), "{label}: {line}");
-    assert_eq!((f("lost"), f("leaked"), f("busy_chunks")), (0, 0, 0), "{label}: {line}");
-    if matches!(k.name, "none" | "packet_latency 200us" | "irq_delay 2ms") {
-        assert_eq!((f("signalled"), f("refused")), (f("submitted"), 0), "{label}: {line}");
-    }
-    if k.name == "stalled COPY" {
-        assert!(f("hung") > 0, "{label}: no hang reported: {line}");
-    }
-    if k.kill {
-        assert_eq!(f("device_lost"), 1, "{label}: the device did not report itself lost: {line}");
-    }
-    acc
-}
-
 fn matrix(generation: u8, mode: Mode) {
     for k in KNOBS {
-        cell(generation, mode, k);
+        cell(Run::new("fault", generation, mode), k);
     }
 }
 

@@ -11,24 +11,20 @@
 //!   kills `refgpu-sim`). When a submit or wait fails, prints
 //!   `@@ DEVICE_LOST ...` with how long after the last completed fence the
 //!   loss was detected, the report, and exits with status 4.
-//! - `matrix`: one cell of the fault matrix (`conformance::faults`): the
-//!   seeded workload on the suite's device while `refgpu-sim` injects the
-//!   fault it was started with, then every fence resolved and counted.
-//!   `lasting=<mask>` names the queues whose fault outlives the run (the
-//!   server's knobs are fixed at its start), `seed=<n>` the workload's
-//!   seed, and `kill` prints `@@ KILL_MODEL_NOW` halfway (the harness then
-//!   kills `refgpu-sim`) and goes on once the transport has seen the
-//!   model's heartbeat stop. Prints `@@ ACCOUNTING <fields>` and `@@ CHECK ok`
-//!   or `@@ CHECK FAILED <what broke>`, shuts the device down (leaks and
-//!   DMA pages counted in `@@ SHUTDOWN`), and exits with status 0 when the
-//!   accounting and the shutdown hold, 1 otherwise.
+//! - `matrix`: one cell of the fault matrix (`bm_images::fault_matrix`)
+//!   on the suite's device: `lasting=<mask>` names the queues whose fault
+//!   outlives the run (the server's knobs are fixed at its start),
+//!   `seed=<n>` the workload's seed, `kill` kills the server halfway. Then
+//!   shuts the device down (leaks and DMA pages counted in
+//!   `@@ SHUTDOWN leaked_buffers=<n> dma_pages=<n>`) and exits with status
+//!   0 when the accounting and the shutdown hold, 1 otherwise.
 //!
 //! Plus `polling` (default) or `msi`.
 #![no_std]
 #![no_main]
 
-use bm_images::boot::{self, Uart};
-use conformance::faults::{self, Workload};
+use bm_images::boot;
+use bm_images::fault_matrix::{self, Cell};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_baremetal::arch::{exit, timer};
 use platform_baremetal::{image_main, println};
@@ -65,72 +61,24 @@ fn main() -> ! {
     exit::exit(2)
 }
 
-/// Submissions of a matrix cell (as in the hosted matrices).
-const MATRIX_JOBS: usize = 48;
-
 fn matrix() -> ! {
     let (mut io, _mode) = boot::transport("fault");
     // A killed server is noticed by the transport's heartbeat after one
     // hang window, as by the core's hang check.
     io.loss_window_ns = SUITE_CONFIG.hang.window_ns;
     let dev = boot::device_on::<SUITE_CHUNKS>(io, SUITE_CONFIG, SUITE_MMU);
-    let lasting = boot::arg_u64("lasting").unwrap_or(0);
-    let w = Workload {
+    let cell = Cell {
         seed: boot::arg_u64("seed").unwrap_or(0xFA17),
-        jobs: MATRIX_JOBS,
-        impaired_after: u8::try_from(lasting).unwrap_or(u8::MAX),
+        lasting: boot::arg_u64("lasting").and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
+        kill: boot::has_arg("kill"),
     };
-    let kill = boot::has_arg("kill");
-    let mut midway = || {
-        if kill {
-            println!("@@ KILL_MODEL_NOW after {} submissions", MATRIX_JOBS / 2);
-            // Like the co-simulation matrix's kill, which returns once the
-            // server is gone: go on only when the transport has seen the
-            // model's heartbeat stop (one loss window after the kill), so
-            // the second half of the workload meets a dead device.
-            let t0 = timer::now_ns();
-            while dev.platform().check_heartbeat() && timer::now_ns().saturating_sub(t0) < faults::GUARD_NS {
-                core::hint::spin_loop();
-            }
-            println!("device lost seen: {}", dev.platform().is_lost());
-        }
+    let Some(acc) = fault_matrix::run(&dev, cell, &|| dev.platform().check_heartbeat()) else {
+        exit::exit(2)
     };
-    let acc = match faults::run(&dev, w, &mut midway, &mut || {}, &mut Uart) {
-        Ok(acc) => acc,
-        Err(e) => {
-            println!("@@ FATAL the workload did not start: {e}");
-            exit::exit(2)
-        }
-    };
-    println!(
-        "@@ ACCOUNTING submitted={} signalled={} hung={} fault={} lost_device={} never={} dependency={} lost={} wrong_data={} refused={} unexpected={} leaked={} waiting={} busy_chunks={} probe_failures={} device_lost={} usable={}",
-        acc.submitted,
-        acc.signalled,
-        acc.failed_hung,
-        acc.failed_fault,
-        acc.failed_lost,
-        acc.failed_never,
-        acc.failed_dependency,
-        acc.lost,
-        acc.wrong_data,
-        acc.refused,
-        acc.unexpected_refusals,
-        acc.leaked_buffers,
-        acc.frees_waiting,
-        acc.chunks_busy,
-        acc.probe_failures,
-        u8::from(acc.device_lost),
-        u8::from(acc.usable_after)
-    );
-    let checked = acc.check();
-    match &checked {
-        Ok(()) => println!("@@ CHECK ok"),
-        Err(e) => println!("@@ CHECK FAILED {e}"),
-    }
     let report = dev.shutdown();
     let pages = boot::transport_ref().map_or(0, |t| t.dma_pages_used());
     println!("@@ SHUTDOWN leaked_buffers={} dma_pages={pages}", report.leaked_buffers);
-    let clean = checked.is_ok() && report.leaked_buffers == 0 && pages == 0;
+    let clean = acc.check().is_ok() && report.leaked_buffers == 0 && pages == 0;
     exit::exit(if clean { 0 } else { 1 })
 }
 

@@ -14,10 +14,19 @@
 //! - `small_carveout`: brings up with a 64 KiB GPU carve-out, too small
 //!   for the device's pools: `@@ FATAL bring-up: ...` naming the pool
 //!   that does not fit, exit 2 (before looking for the model).
+//! - `matrix`: one cell of the fault matrix (`bm_images::fault_matrix`)
+//!   on the suite's device: `lasting=<mask>` names the queues whose fault
+//!   outlives the run, `seed=<n>` the workload's seed, `kill` kills the
+//!   server halfway. Exits with status 0 when the accounting holds, 1
+//!   otherwise. (The device lives in a `static` here, so there is no
+//!   shutdown to count DMA pages after; the accounting's buffer and chunk
+//!   counts are the leak check.)
 #![no_std]
 #![no_main]
 
 use bm_images::boot_m::{self, Gpu};
+use bm_images::fault_matrix::{self, Cell};
+use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_baremetal::arch::{exit, timer};
 use platform_baremetal::{image_main, println};
 use umd_core::config::Config;
@@ -35,6 +44,7 @@ const EXIT_DEVICE_LOST: i32 = 4;
 const UNMAPPED: usize = 0x3000_0040;
 
 static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
+static SUITE_DEVICE: spin::Once<Gpu<SUITE_CHUNKS>> = spin::Once::new();
 
 fn main() -> ! {
     if boot_m::has_arg("cpu") {
@@ -55,8 +65,24 @@ fn main() -> ! {
     if boot_m::has_arg("device_loss") {
         device_loss()
     }
-    println!("@@ FATAL m-fault image: say `cpu`, `device_loss` or `small_carveout`");
+    if boot_m::has_arg("matrix") {
+        matrix()
+    }
+    println!("@@ FATAL m-fault image: say `cpu`, `device_loss`, `small_carveout` or `matrix`");
     exit::exit(2)
+}
+
+fn matrix() -> ! {
+    let dev = boot_m::device("m-fault", &SUITE_DEVICE, SUITE_CONFIG, SUITE_MMU);
+    let cell = Cell {
+        seed: boot_m::arg_u64("seed").unwrap_or(0xFA17),
+        lasting: boot_m::arg_u64("lasting").and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
+        kill: boot_m::has_arg("kill"),
+    };
+    match fault_matrix::run(dev, cell, &|| dev.platform().check_heartbeat()) {
+        Some(acc) => exit::exit(if acc.check().is_ok() { 0 } else { 1 }),
+        None => exit::exit(2),
+    }
 }
 
 fn device_loss() -> ! {
