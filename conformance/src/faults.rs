@@ -461,3 +461,30 @@ pub fn probe<B: Backend + Sync, const C: usize>(
     }
     (dev.free(buf).is_ok() && ok, retries)
 }
+
+#[cfg(test)]
+mod tests {
+    extern crate std;
+    use std::string::ToString;
+
+    use super::Accounting;
+
+    #[test]
+    fn check_passes_exact_accounting_and_names_every_broken_part() {
+        let good = Accounting {
+            submitted: 3,
+            signalled: 2,
+            failed_hung: 1,
+            usable_after: true,
+            ..Accounting::default()
+        };
+        assert!(good.check().is_ok(), "{good}");
+        let bad = Accounting { submitted: 3, signalled: 1, lost: 1, chunks_busy: 2, ..Accounting::default() };
+        let text = bad.check().map_err(|e| e.to_string()).expect_err("lost work passed");
+        assert_eq!(
+            text,
+            "3 submitted but 2 accounted; 1 completions lost; 2 IB chunks not returned; \
+             the device neither ran new work nor reported itself lost"
+        );
+    }
+}
