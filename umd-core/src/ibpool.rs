@@ -16,6 +16,14 @@
 //! into different chunks at once. A chunk's memory is handed to exactly one
 //! recording, the one that moved it to `Recording` under the lock; that
 //! state machine is what makes the `&mut` slices of disjoint chunks sound.
+//!
+//! A submission takes the lock once: [`Pending::commit_in_order`] (what
+//! the engine uses, under the queue's submit lock) leaves a one-chunk
+//! recording's commit in its queue's mailbox, and whoever takes the lock
+//! next applies it before looking at the chunks (the queue's next pick, or
+//! any reader of the pool's state), so every chunk state seen under the
+//! lock is the one the commit made. The chunks stay `Recording` until
+//! then, which only delays their reuse.
 
 use core::fmt;
 
@@ -24,6 +32,7 @@ use lock_api::{Mutex, RawMutex};
 use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Encoder, Finished};
 use crate::platform::DmaRegion;
 use crate::queue::SubmitError;
+use crate::sync::atomic::{AtomicU32, Ordering};
 use crate::sync::{FenceId, QueueId, Seqno};
 
 /// The smallest space left in an open chunk worth continuing in (dwords).
@@ -110,6 +119,37 @@ struct State<const CHUNKS: usize> {
     open: [Option<usize>; MAX_QUEUES],
 }
 
+/// A queue's commit left for the next holder of the pool's lock (see the
+/// module docs): one recording of one chunk, committed with a fence of
+/// that queue. `meta` is 0 while the mailbox is empty; otherwise it holds
+/// [`FULL`], [`BATCHING`], the chunk index (bits 22-27) and the dwords
+/// used (bits 0-21; a chunk has at most 4 Mi dwords), and the fence's
+/// sequence number is in `seq_lo`/`seq_hi` (32-bit atomics: native on
+/// every target). One writer (the queue's submitter, in order) fills it
+/// only when empty and publishes with a release store of `meta`; readers
+/// hold the pool's lock, read after an acquire load of `meta` and empty it
+/// with a release store. No read-modify-write on either side.
+struct Mailbox {
+    meta: AtomicU32,
+    seq_lo: AtomicU32,
+    seq_hi: AtomicU32,
+}
+
+/// [`Mailbox::meta`]: holds a commit.
+const FULL: u32 = 1 << 31;
+/// [`Mailbox::meta`]: the recording was batching.
+const BATCHING: u32 = 1 << 30;
+/// [`Mailbox::meta`]: where the chunk index starts.
+const INDEX_SHIFT: u32 = 22;
+/// [`Mailbox::meta`]: the dwords-used field.
+const USED_MASK: u32 = (1 << INDEX_SHIFT) - 1;
+
+impl Mailbox {
+    fn new() -> Self {
+        Mailbox { meta: AtomicU32::new(0), seq_lo: AtomicU32::new(0), seq_hi: AtomicU32::new(0) }
+    }
+}
+
 /// `CHUNKS` chunks of `chunk_dwords` each in one region, with the
 /// bookkeeping behind a lock of kind `R`.
 pub struct IbPool<R: RawMutex, const CHUNKS: usize> {
@@ -117,6 +157,8 @@ pub struct IbPool<R: RawMutex, const CHUNKS: usize> {
     gpu_va: u64,
     chunk_dwords: usize,
     state: Mutex<R, State<CHUNKS>>,
+    /// Commits waiting for the lock, per queue.
+    mailbox: [Mailbox; MAX_QUEUES],
 }
 
 impl<R: RawMutex, const CHUNKS: usize> fmt::Debug for IbPool<R, CHUNKS> {
@@ -151,13 +193,25 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
             return Err((PoolSetupError::RegionTooSmall { needed, given }, mem));
         }
         let state = State { chunks: [ChunkState::Free; CHUNKS], open: [None; MAX_QUEUES] };
-        Ok(IbPool { mem: Some(mem), gpu_va, chunk_dwords: chunk_bytes / 4, state: Mutex::new(state) })
+        Ok(IbPool {
+            mem: Some(mem),
+            gpu_va,
+            chunk_dwords: chunk_bytes / 4,
+            state: Mutex::new(state),
+            mailbox: core::array::from_fn(|_| Mailbox::new()),
+        })
     }
 
     /// A pool with no memory yet (every recording finds no chunk).
     pub fn unset() -> Self {
         let state = State { chunks: [ChunkState::Free; CHUNKS], open: [None; MAX_QUEUES] };
-        IbPool { mem: None, gpu_va: 0, chunk_dwords: 0, state: Mutex::new(state) }
+        IbPool {
+            mem: None,
+            gpu_va: 0,
+            chunk_dwords: 0,
+            state: Mutex::new(state),
+            mailbox: core::array::from_fn(|_| Mailbox::new()),
+        }
     }
 
     /// Takes the memory and its GPU address back (teardown).
@@ -183,14 +237,18 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
 
     /// The state of chunk `i`.
     pub fn state(&self, i: usize) -> Option<ChunkState> {
-        self.state.lock().chunks.get(i).copied()
+        let mut st = self.state.lock();
+        self.apply_all(&mut st);
+        st.chunks.get(i).copied()
     }
 
     /// How many chunks are in each state.
     pub fn stats(&self) -> IbPoolStats {
         let mut s = IbPoolStats::default();
-        for st in &self.state.lock().chunks {
-            let n = match st {
+        let mut st = self.state.lock();
+        self.apply_all(&mut st);
+        for c in &st.chunks {
+            let n = match c {
                 ChunkState::Free => &mut s.free,
                 ChunkState::Recording => &mut s.recording,
                 ChunkState::InFlight(_) => &mut s.in_flight,
@@ -205,7 +263,68 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
     /// (what picking does lazily; callers use it before reading stats).
     pub fn reclaim(&self, completed: &dyn Fn(QueueId) -> Seqno) {
         let mut st = self.state.lock();
+        self.apply_all(&mut st);
         reclaim(&mut st, completed, None);
+    }
+
+    /// Applies the commit waiting in queue `q`'s mailbox, if any (the
+    /// caller holds the lock).
+    #[inline]
+    fn apply(&self, st: &mut State<CHUNKS>, q: usize) {
+        let Some(m) = self.mailbox.get(q) else { return };
+        let meta = m.meta.load(Ordering::Acquire);
+        if meta & FULL == 0 {
+            return;
+        }
+        let seq =
+            u64::from(m.seq_lo.load(Ordering::Relaxed)) | u64::from(m.seq_hi.load(Ordering::Relaxed)) << 32;
+        // The fields are read: the writer may refill it.
+        m.meta.store(0, Ordering::Release);
+        let i = ((meta & !(FULL | BATCHING)) >> INDEX_SHIFT) as usize;
+        let fence = FenceId { queue: QueueId(q as u8), seqno: Seqno(seq) };
+        // `finish_locked` of a recording of chunk `i` alone, used up to
+        // `used`: the chunk stays open with batching, else is in flight.
+        let mut open_now = None;
+        if let Some(s) = st.chunks.get_mut(i).filter(|s| **s == ChunkState::Recording) {
+            *s = if meta & BATCHING != 0 {
+                open_now = Some(i);
+                ChunkState::Open { fence, used: align_used((meta & USED_MASK) as usize, self.chunk_dwords) }
+            } else {
+                ChunkState::InFlight(fence)
+            };
+        }
+        moved_on(st, q, open_now);
+    }
+
+    /// Applies every queue's waiting commit (the caller holds the lock).
+    fn apply_all(&self, st: &mut State<CHUNKS>) {
+        for q in 0..MAX_QUEUES {
+            self.apply(st, q);
+        }
+    }
+
+    /// Commits `rec` with `fence`, which the caller's queue orders after
+    /// every earlier commit of that queue (see
+    /// [`Pending::commit_in_order`]): through the queue's mailbox when the
+    /// recording took one chunk and the mailbox is empty, else under the
+    /// lock after the mailbox's own commit.
+    fn commit_in_order(&self, rec: &Recording, fence: FenceId) {
+        let q = usize::from(rec.queue.0);
+        if let (Some(m), Some((i, used))) = (self.mailbox.get(q), rec.used_last) {
+            let one = i < CHUNKS && rec.taken == 1u64 << (i & 63);
+            if one
+                && fence.queue == rec.queue
+                && used <= USED_MASK as usize
+                && m.meta.load(Ordering::Acquire) == 0
+            {
+                m.seq_lo.store(fence.seqno.0 as u32, Ordering::Relaxed);
+                m.seq_hi.store((fence.seqno.0 >> 32) as u32, Ordering::Relaxed);
+                let batching = if rec.batching { BATCHING } else { 0 };
+                m.meta.store(FULL | batching | (i as u32) << INDEX_SHIFT | used as u32, Ordering::Release);
+                return;
+            }
+        }
+        self.finish(rec, Some(fence));
     }
 
     /// Starts a recording for `queue`. `completed` reads a queue's
@@ -233,6 +352,8 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         }
         let mut st = self.state.lock();
         let q = usize::from(rec.queue.0);
+        // The queue's last commit first: it may have left the open chunk.
+        self.apply(&mut st, q);
         // The first chunk of a batching recording continues the queue's
         // open chunk when enough of it is left.
         if !rec.started && rec.batching {
@@ -254,6 +375,7 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         let free = match st.chunks.iter().position(|s| *s == ChunkState::Free) {
             Some(i) => Some(i),
             None => {
+                self.apply_all(&mut st);
                 reclaim(&mut st, completed, None);
                 st.chunks.iter().position(|s| *s == ChunkState::Free)
             }
@@ -300,6 +422,13 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
 
     fn finish(&self, rec: &Recording, fence: Option<FenceId>) {
         let mut st = self.state.lock();
+        // The queue's earlier commit first (commits apply in order).
+        self.apply(&mut st, usize::from(rec.queue.0));
+        self.finish_locked(&mut st, rec, fence);
+    }
+
+    /// [`IbPool::finish`] with the lock held.
+    fn finish_locked(&self, st: &mut State<CHUNKS>, rec: &Recording, fence: Option<FenceId>) {
         let q = usize::from(rec.queue.0);
         let last = rec.used_last.map(|(l, _)| l);
         let mut open_now = None;
@@ -326,21 +455,25 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
                 },
             };
         }
-        if fence.is_none() {
-            return;
+        if fence.is_some() {
+            moved_on(st, q, open_now);
         }
-        // A previously open chunk the queue moved away from is now only in flight.
-        let prev = st.open.get(q).copied().flatten();
-        if let Some(p) = prev.filter(|p| open_now != Some(*p)) {
-            if let Some(s) = st.chunks.get_mut(p) {
-                if let ChunkState::Open { fence, .. } = *s {
-                    *s = ChunkState::InFlight(fence);
-                }
+    }
+}
+
+/// After a commit on queue `q` that left `open_now` open (or none): a
+/// previously open chunk the queue moved away from is now only in flight.
+fn moved_on<const CHUNKS: usize>(st: &mut State<CHUNKS>, q: usize, open_now: Option<usize>) {
+    let prev = st.open.get(q).copied().flatten();
+    if let Some(p) = prev.filter(|p| open_now != Some(*p)) {
+        if let Some(s) = st.chunks.get_mut(p) {
+            if let ChunkState::Open { fence, .. } = *s {
+                *s = ChunkState::InFlight(fence);
             }
         }
-        if let Some(o) = st.open.get_mut(q) {
-            *o = open_now;
-        }
+    }
+    if let Some(o) = st.open.get_mut(q) {
+        *o = open_now;
     }
 }
 
@@ -394,6 +527,7 @@ trait Lend {
     fn chunk_va(&self, i: usize, offset_dw: usize) -> u64;
     fn chunk_dwords(&self) -> usize;
     fn finish(&self, rec: &Recording, fence: Option<FenceId>);
+    fn commit_in_order(&self, rec: &Recording, fence: FenceId);
 }
 
 impl<R: RawMutex, const CHUNKS: usize> Lend for IbPool<R, CHUNKS> {
@@ -411,6 +545,9 @@ impl<R: RawMutex, const CHUNKS: usize> Lend for IbPool<R, CHUNKS> {
     }
     fn finish(&self, rec: &Recording, fence: Option<FenceId>) {
         IbPool::finish(self, rec, fence)
+    }
+    fn commit_in_order(&self, rec: &Recording, fence: FenceId) {
+        IbPool::commit_in_order(self, rec, fence)
     }
 }
 
@@ -515,6 +652,17 @@ impl Pending<'_> {
     /// until it signals; with batching the last one stays open.
     pub fn commit(mut self, fence: FenceId) {
         self.pool.finish(&self.rec, Some(fence));
+        self.done = true;
+    }
+
+    /// [`Pending::commit`] without taking the pool's lock when it can: the
+    /// commit is applied by the next holder of the lock, before it looks
+    /// at any chunk (the chunks stay `Recording` until then). The caller
+    /// must serialise the commits of the recording's queue, as the engine
+    /// does under the queue's submit lock (two at once may take the slow
+    /// path or, worse, overwrite each other's note).
+    pub fn commit_in_order(mut self, fence: FenceId) {
+        self.pool.commit_in_order(&self.rec, fence);
         self.done = true;
     }
 

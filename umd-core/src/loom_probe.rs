@@ -1,6 +1,7 @@
-//! The engine's per-queue protocol, exposed to the loom models (only under
-//! `--cfg loom`; `umd-core/tests/loom.rs`). These are the real `QueueCore`
-//! methods the engine uses, over a lock that yields to loom's scheduler.
+//! The engine's per-queue protocol and the IB pool, exposed to the loom
+//! models (only under `--cfg loom`; `umd-core/tests/loom.rs`). These are
+//! the real `QueueCore` and `IbPool` methods the engine uses, over a lock
+//! that yields to loom's scheduler.
 
 use core::cell::UnsafeCell;
 
@@ -149,5 +150,57 @@ impl ProbeFaultIrqs {
     /// What queue `q`'s hang check reads into its view.
     pub fn take(&self, q: usize) -> bool {
         self.0.take(q)
+    }
+}
+
+/// Chunks of the probe's IB pool.
+const PROBE_CHUNKS: usize = 4;
+/// Bytes per chunk of the probe's IB pool (256 dwords).
+const PROBE_CHUNK_BYTES: usize = 1024;
+
+/// The IB pool (`crate::ibpool`) with its commit mailboxes: the real type
+/// over the loom lock and atomics, 4 chunks of 256 dwords.
+pub struct ProbePool(crate::ibpool::IbPool<LoomLock, PROBE_CHUNKS>);
+
+impl ProbePool {
+    /// A pool over leaked memory (its lock made ready on this thread), or
+    /// `None` if the pool refuses it.
+    pub fn new() -> Option<Self> {
+        extern crate std;
+        let mem: &'static mut [u32] =
+            std::boxed::Box::leak(std::vec![0u32; PROBE_CHUNKS * PROBE_CHUNK_BYTES / 4].into_boxed_slice());
+        let cpu = core::ptr::NonNull::from(mem).cast::<u8>();
+        // SAFETY: `mem` is leaked, 4-byte aligned, `PROBE_CHUNKS *
+        // PROBE_CHUNK_BYTES` bytes long, and used by this pool alone.
+        let region =
+            unsafe { crate::platform::DmaRegion::new(cpu, 0x1_0000, PROBE_CHUNKS * PROBE_CHUNK_BYTES) };
+        let pool = crate::ibpool::IbPool::new(region, 0x1_0000, PROBE_CHUNK_BYTES).ok()?;
+        pool.stats();
+        Some(ProbePool(pool))
+    }
+
+    /// What a submission does with the pool: records `dwords` dwords into
+    /// a chunk of `queue` (batching, no lock held), then, under `order`
+    /// (the queue's submit lock, whose value is its last sequence number),
+    /// takes the next sequence number and commits through the mailbox.
+    /// False if no chunk was free.
+    pub fn submit(&self, queue: u8, dwords: usize, order: &loom::sync::Mutex<u64>) -> bool {
+        use crate::cmd::ChunkSource;
+        use crate::sync::{FenceId, QueueId};
+        let none_done = |_: QueueId| Seqno(0);
+        let mut give_up = |_: FenceId| false;
+        let mut src = self.0.recorder(QueueId(queue), true, &none_done, &mut give_up);
+        let Some(chunk) = src.next_chunk() else { return false };
+        src.close_chunk(chunk.gpu_va, dwords);
+        let pending = src.finish();
+        let Ok(mut seq) = order.lock() else { return false };
+        *seq = seq.wrapping_add(1);
+        pending.commit_in_order(FenceId { queue: QueueId(queue), seqno: Seqno(*seq) });
+        true
+    }
+
+    /// The pool's counts (after applying every waiting commit).
+    pub fn stats(&self) -> crate::ibpool::IbPoolStats {
+        self.0.stats()
     }
 }

@@ -1,9 +1,10 @@
 //! Model-checked concurrency (run with `RUSTFLAGS="--cfg loom" cargo test
 //! -p umd-core --test loom --release`): the per-queue timeline is advanced
 //! by an interrupt handler and a polling waiter at the same time, and read
-//! by submitters; loom explores every interleaving of those atomics. The
-//! last model races fault-interrupt acknowledgements against the hang
-//! checks that consume them (`Engine::fault_irqs`).
+//! by submitters; loom explores every interleaving of those atomics. One
+//! model races fault-interrupt acknowledgements against the hang checks
+//! that consume them (`Engine::fault_irqs`); the last one races IB-pool
+//! commits through the queues' mailboxes against the pool's other users.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -269,5 +270,52 @@ fn fault_interrupts_are_neither_lost_nor_handled_twice() {
             assert_eq!(dev.resets[q].load(Ordering::Relaxed), 1, "engine {q}'s fault handled once");
             assert!(!dev.halted[q].load(Ordering::Relaxed), "engine {q} left halted");
         }
+    });
+}
+
+/// The IB pool's commit mailboxes (`umd_core::ibpool`): a submission
+/// commits its chunk without the pool's lock, and the next holder of the
+/// lock applies it. Two submitters on one queue (recording with no lock,
+/// committing under the queue's submit lock) race each other, and a
+/// submitter races a reader of the pool's state: no chunk stays
+/// `Recording` or gets lost, and the queue ends with one open chunk.
+#[test]
+fn ib_pool_commits_through_the_mailbox_are_never_lost() {
+    use loom::sync::Mutex;
+    use umd_core::loom_probe::ProbePool;
+    let check_end = |pool: &ProbePool| {
+        let s = pool.stats();
+        assert_eq!(s.recording, 0, "every commit applied: {s:?}");
+        assert_eq!(s.open, 1, "the queue's last chunk stays open: {s:?}");
+        assert_eq!(s.free + s.in_flight + s.open, 4, "no chunk lost: {s:?}");
+    };
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.max_branches = 100_000;
+    // Two submitters on one queue.
+    builder.check(move || {
+        let pool = Arc::new(ProbePool::new().expect("pool"));
+        let order = Arc::new(Mutex::new(0u64));
+        let other = {
+            let (pool, order) = (pool.clone(), order.clone());
+            thread::spawn(move || assert!(pool.submit(0, 16, &order), "a chunk was free"))
+        };
+        assert!(pool.submit(0, 16, &order), "a chunk was free");
+        other.join().unwrap();
+        check_end(&pool);
+    });
+    // One submitter (two submissions) and a reader of the state.
+    builder.check(move || {
+        let pool = Arc::new(ProbePool::new().expect("pool"));
+        let order = Mutex::new(0u64);
+        let reader = {
+            let pool = pool.clone();
+            thread::spawn(move || pool.stats().recording)
+        };
+        assert!(pool.submit(0, 16, &order) && pool.submit(0, 16, &order), "a chunk was free");
+        assert!(reader.join().unwrap() <= 1);
+        check_end(&pool);
+        // Batching: the second submission continued in the first's chunk.
+        assert_eq!(pool.stats().in_flight, 0);
     });
 }

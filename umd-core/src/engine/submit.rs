@@ -81,6 +81,9 @@ struct Waits {
 }
 
 impl Waits {
+    /// No waits.
+    const NONE: Waits = Waits { ids: [FenceId { queue: QueueId(0), seqno: Seqno(0) }; MAX_WAITS], n: 0 };
+
     fn ids(&self) -> &[FenceId] {
         self.ids.get(..self.n).unwrap_or(&[])
     }
@@ -123,7 +126,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // has noted their use). Without declared buffers there is nothing
         // to pin: skip the call and the move of its (large) result.
         let _pins = if internal || s.buffers.is_empty() { None } else { self.prepare_residency(s)? };
-        let waits = self.filter_waits(s, qi)?;
+        let mut waits = Waits::NONE;
+        self.filter_waits(s, qi, &mut waits)?;
         let queue = s.queue;
         let batching = self.cfg.batching;
         let completed = |q: QueueId| self.completed_of(q);
@@ -175,7 +179,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 s.buffers,
             )?;
         }
-        let waits = self.filter_waits(s, qi)?;
+        let mut waits = Waits::NONE;
+        self.filter_waits(s, qi, &mut waits)?;
         self.commit(s, qi, &waits, (ib_va, size_dw as u32), size_dw, None)
     }
 
@@ -206,10 +211,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok(qi)
     }
 
-    /// Drops waits that need no hardware wait (signalled, same queue) and
-    /// refuses waits on failed, foreign or impossible fences.
-    fn filter_waits(&self, s: &Submit<'_>, qi: usize) -> Result<Waits, SubmitError> {
-        let mut w = Waits { ids: [FenceId::default(); MAX_WAITS], n: 0 };
+    /// Notes in `w` (empty) the waits that need a hardware wait: drops
+    /// those that need none (signalled, same queue) and refuses waits on
+    /// failed, foreign or impossible fences. (Filled in place: returning
+    /// the table by value cost a copy on every submission.)
+    fn filter_waits(&self, s: &Submit<'_>, qi: usize, w: &mut Waits) -> Result<(), SubmitError> {
         for f in s.waits {
             if f.device != self.id {
                 return Err(SubmitError::ForeignFence(*f));
@@ -236,7 +242,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 w.n = w.n.saturating_add(1);
             }
         }
-        Ok(w)
+        Ok(())
     }
 
     /// Waits (servicing the device) until `f`, the oldest fence holding an
@@ -333,8 +339,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     q.emitted.store(seqno.0, Ordering::Release);
                     drop(mem);
                     let fence = FenceId { queue, seqno };
+                    // Under the submit lock: the queue's commits are in
+                    // order, so the pool's lock can wait for the next pick.
                     if let Some(pd) = pending {
-                        pd.commit(fence);
+                        pd.commit_in_order(fence);
                     }
                     drop(qs);
                     Counters::add(&self.stats.submissions, 1);
