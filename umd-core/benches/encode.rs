@@ -9,7 +9,9 @@
 //! A second table compares the encoder with the store limit: hand-written
 //! code that stores the same dwords for the same commands (header constants
 //! and field positions typed in from `docs/refgpu.md`, NOP padding, no
-//! validation, no tables), checked to produce the encoder's exact bytes.
+//! validation, no tables), checked to produce the encoder's exact bytes;
+//! it times both `Encoder::encode` and the per-kind entry points
+//! (`Encoder::encode_fence` and friends, what the command buffer calls).
 //!
 //! Run: `cargo bench -p umd-core --bench encode`
 
@@ -155,6 +157,27 @@ fn store(gen: Generation, cmd: &Command<'_>, out: &mut [u32], pos: usize, base_v
     }
 }
 
+/// The encoder's per-kind entry points (what `CommandBuffer::fence`,
+/// `write_data`, `copy` and `fill` call), dispatched on the command the
+/// way `store` is.
+fn encode_kinds(enc: &Encoder, cmds: &[Command<'_>], out: &mut [u32]) -> usize {
+    let mut pos = 0;
+    for c in cmds {
+        let base = 0x10_0000;
+        let r = match *c {
+            Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, out, pos, base),
+            Command::WriteData { dst, data: Payload::Words(w) } => {
+                enc.encode_write_data(dst, w, out, pos, base)
+            }
+            Command::Copy { src, dst, size } => enc.encode_copy(src, dst, size, out, pos, base),
+            Command::Fill { dst, size, value } => enc.encode_fill(dst, size, value, out, pos, base),
+            _ => unreachable!("not a store-limit workload"),
+        };
+        pos += r.expect("bench commands are valid");
+    }
+    pos
+}
+
 fn store_all(gen: Generation, cmds: &[Command<'_>], out: &mut [u32]) -> usize {
     let mut pos = 0;
     for c in cmds {
@@ -167,6 +190,7 @@ struct StoreRow {
     name: String,
     packets: usize,
     enc_ns: f64,
+    kind_ns: f64,
     store_ns: f64,
 }
 
@@ -178,17 +202,24 @@ fn measure_store(name: &str, gen: Generation, cmds: &[Command<'_>]) -> StoreRow 
     let na = encode_all(&enc, cmds, &mut a);
     let nb = store_all(gen, cmds, &mut b);
     assert_eq!(a[..na], b[..nb], "{gen} {name}: the store baseline must write the encoder's bytes");
+    let mut k = vec![0x5555_5555u32; 1 << 20];
+    let nk = encode_kinds(&enc, cmds, &mut k);
+    assert_eq!(a[..na], k[..nk], "{gen} {name}: the per-kind entry points must write encode's bytes");
     for _ in 0..10 {
         encode_all(&enc, black_box(cmds), &mut a);
+        encode_kinds(&enc, black_box(cmds), &mut k);
         store_all(gen, black_box(cmds), &mut b);
     }
     let enc_ns = median_ns(|| {
         black_box(encode_all(&enc, black_box(cmds), black_box(&mut a)));
     });
+    let kind_ns = median_ns(|| {
+        black_box(encode_kinds(black_box(&enc), black_box(cmds), black_box(&mut k)));
+    });
     let store_ns = median_ns(|| {
         black_box(store_all(black_box(gen), black_box(cmds), black_box(&mut b)));
     });
-    StoreRow { name: format!("{gen} {name}"), packets: cmds.len(), enc_ns, store_ns }
+    StoreRow { name: format!("{gen} {name}"), packets: cmds.len(), enc_ns, kind_ns, store_ns }
 }
 
 fn store_limit() {
@@ -214,18 +245,23 @@ fn store_limit() {
     println!();
     println!("store limit: encoder against hand-written stores of the same dwords");
     println!(
-        "{:<46} {:>8} {:>12} {:>14} {:>8}",
-        "workload", "packets", "enc ns/pkt", "store ns/pkt", "ratio"
+        "(encode: Encoder::encode(&Command); per-kind: Encoder::encode_fence / _write_data / _copy / _fill)"
+    );
+    println!(
+        "{:<30} {:>8} {:>11} {:>13} {:>13} {:>9} {:>11}",
+        "workload", "packets", "encode ns", "per-kind ns", "store ns", "encode/st", "per-kind/st"
     );
     for r in rows {
         let n = r.packets as f64;
         println!(
-            "{:<46} {:>8} {:>12.2} {:>14.2} {:>8.2}",
+            "{:<30} {:>8} {:>11.2} {:>13.2} {:>13.2} {:>9.2} {:>11.2}",
             r.name,
             r.packets,
             r.enc_ns / n,
+            r.kind_ns / n,
             r.store_ns / n,
-            r.enc_ns / r.store_ns
+            r.enc_ns / r.store_ns,
+            r.kind_ns / r.store_ns
         );
     }
 }

@@ -1,5 +1,6 @@
 //! Instruction counts (Valgrind's callgrind through gungraun) of the hot
-//! paths: encoding small packets, a direct-mode submission on the scripted
+//! paths: encoding small packets (through `Encoder::encode` and through the
+//! per-kind entry points), a direct-mode submission on the scripted
 //! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
 //! allocator steps and buffer alloc/free through the device.
 //!
@@ -62,6 +63,30 @@ fn encode_small(input: (Encoder, Vec<u32>)) -> Vec<u32> {
     let mut pos = 0;
     for i in 0..ENCODE_PACKETS {
         pos += enc.encode(&small_packet(i, &data), &mut out, pos, 0x10_0000).unwrap_or(0);
+    }
+    black_box(pos);
+    out
+}
+
+// The same 64 packets through the per-kind entry points (what the command
+// buffer's `fence`, `write_data`, `copy` and `fill` call).
+#[library_benchmark]
+#[bench::gen1(args = (Generation::Gen1), setup = encode_setup)]
+#[bench::gen2(args = (Generation::Gen2), setup = encode_setup)]
+fn encode_small_kinds(input: (Encoder, Vec<u32>)) -> Vec<u32> {
+    let (enc, mut out) = input;
+    let data = [1u32, 2, 3, 4];
+    let mut pos = 0;
+    for i in 0..ENCODE_PACKETS {
+        let base = 0x10_0000;
+        let r = match small_packet(i, &data) {
+            Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, &mut out, pos, base),
+            Command::WriteData { dst, .. } => enc.encode_write_data(dst, &data, &mut out, pos, base),
+            Command::Copy { src, dst, size } => enc.encode_copy(src, dst, size, &mut out, pos, base),
+            Command::Fill { dst, size, value } => enc.encode_fill(dst, size, value, &mut out, pos, base),
+            c => enc.encode(&c, &mut out, pos, base),
+        };
+        pos += r.unwrap_or(0);
     }
     black_box(pos);
     out
@@ -317,7 +342,7 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
     fx
 }
 
-library_benchmark_group!(name = encode; benchmarks = encode_small);
+library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_kinds);
 library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
 library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, buffer_alloc_free);
 

@@ -1,7 +1,7 @@
 //! Bad input to the encoder and command buffer: typed errors, and the output
 //! before the failing packet left intact.
 
-use umd_core::cmd::{split_region, Command, CommandBuffer, EncodeError, Encoder, SliceChunks};
+use umd_core::cmd::{split_region, Command, CommandBuffer, EncodeError, Encoder, Payload, SliceChunks};
 use umd_core::hw::{Field, Generation, MisalignedFence, PacketKind};
 
 const SENTINEL: u32 = 0xCAFE_F00D;
@@ -17,7 +17,29 @@ fn fails_after_good(gen: Generation, bad: Command<'_>, cap: usize) -> EncodeErro
     let err = enc.encode(&bad, &mut out, n, 0x1000).expect_err("bad packet is refused");
     assert_eq!(out, before, "{gen}: a refused packet writes nothing");
     assert!(out[n..].iter().all(|&d| d == SENTINEL));
+    // The per-kind entry point of the same command refuses it the same way.
+    if let Some(r) = per_kind(&enc, &bad, &mut out, n, 0x1000) {
+        assert_eq!(r, Err(err), "{gen}: the per-kind entry point agrees with encode");
+        assert_eq!(out, before, "{gen}: a refused packet writes nothing (per-kind)");
+    }
     err
+}
+
+/// `cmd` through its per-kind entry point, if it has one.
+fn per_kind(
+    enc: &Encoder,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base: u64,
+) -> Option<Result<usize, EncodeError>> {
+    Some(match *cmd {
+        Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, out, pos, base),
+        Command::WriteData { dst, data: Payload::Words(w) } => enc.encode_write_data(dst, w, out, pos, base),
+        Command::Copy { src, dst, size } => enc.encode_copy(src, dst, size, out, pos, base),
+        Command::Fill { dst, size, value } => enc.encode_fill(dst, size, value, out, pos, base),
+        _ => return None,
+    })
 }
 
 #[test]

@@ -291,24 +291,70 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         Ok(Finished { gpu_va, size_dw, chunks: self.chunks, packets: self.packets, total_dwords: self.total })
     }
 
+    /// The common case of appending `cmd`, through `encode` (one of the
+    /// encoder's per-kind entry points, inlined here with its generation's
+    /// constants): no sticky error, a current chunk, the packet fits and is
+    /// valid. Anything else (no chunk yet, a full chunk, an invalid
+    /// command, a sticky error) goes through [`CommandBuffer::push`], which
+    /// encodes `cmd` again on its general path and gives the same result
+    /// as if it had been called directly: `encode` leaves the chunk
+    /// untouched when it fails.
+    #[inline(always)]
+    fn push_fast(
+        &mut self,
+        cmd: &Command<'_>,
+        encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
+    ) -> Result<(), EncodeError> {
+        if self.error.is_none() {
+            if let Some(cur) = self.cur.as_mut() {
+                let usable = cur
+                    .mem
+                    .len()
+                    .min(self.enc.desc().limits.max_ib_dwords as usize)
+                    .saturating_sub(CHAIN_DWORDS);
+                if let Some(limit) = cur.mem.get_mut(..usable) {
+                    if let Ok(n) = encode(&self.enc, limit, self.pos, cur.gpu_va) {
+                        self.pos = self.pos.saturating_add(n);
+                        self.total = self.total.saturating_add(n as u64);
+                        self.packets = self.packets.saturating_add(1);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+        self.push(cmd)
+    }
+
     /// WRITE_DATA of `data` at `dst`.
+    #[inline]
     pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
-        self.push(&Command::write_data(dst, data))
+        self.push_fast(&Command::write_data(dst, data), |enc, out, pos, va| {
+            enc.encode_write_data(dst, data, out, pos, va)
+        })
     }
 
     /// DMA_COPY of `size` bytes.
+    #[inline]
     pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
-        self.push(&Command::Copy { src, dst, size })
+        self.push_fast(&Command::Copy { src, dst, size }, |enc, out, pos, va| {
+            enc.encode_copy(src, dst, size, out, pos, va)
+        })
     }
 
     /// FILL of `size` bytes with `value`.
+    #[inline]
     pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
-        self.push(&Command::Fill { dst, size, value })
+        self.push_fast(&Command::Fill { dst, size, value }, |enc, out, pos, va| {
+            enc.encode_fill(dst, size, value, out, pos, va)
+        })
     }
 
     /// FENCE writing `value` at `addr`.
+    #[inline]
     pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
-        self.push(&Command::Fence { addr, value, irq })
+        self.push_fast(&Command::Fence { addr, value, irq }, |enc, out, pos, va| {
+            enc.encode_fence(addr, value, irq, out, pos, va)
+        })
     }
 
     /// WAIT_MEM until the 64-bit value at `addr` has reached `seqno`

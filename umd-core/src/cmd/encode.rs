@@ -301,6 +301,76 @@ impl Encoder {
     ) -> Result<usize, EncodeError> {
         per_gen!(self, encode_in(cmd, out, pos, base_va))
     }
+
+    /// [`Encoder::encode`] of a FENCE (`Command::Fence { addr, value, irq }`).
+    ///
+    /// This and the other per-kind entry points (`encode_write_data`,
+    /// `encode_copy`, `encode_fill`) are for the packets a command buffer
+    /// writes most: inlined into the caller, with the packet kind and the
+    /// generation's description constants, so the same checks and stores
+    /// as `encode` fold into straight code without `encode`'s call frame
+    /// and dispatch on the command. Same bytes, same errors, `out`
+    /// untouched on error.
+    #[inline]
+    pub fn encode_fence(
+        &self,
+        addr: u64,
+        value: u64,
+        irq: bool,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
+        let cmd = Command::Fence { addr, value, irq };
+        per_gen!(self, encode_kind(PacketKind::Fence, &cmd, out, pos, base_va))
+    }
+
+    /// [`Encoder::encode`] of a WRITE_DATA of `data` at `dst` (see
+    /// [`Encoder::encode_fence`]).
+    #[inline]
+    pub fn encode_write_data(
+        &self,
+        dst: u64,
+        data: &[u32],
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
+        let cmd = Command::write_data(dst, data);
+        per_gen!(self, encode_kind(PacketKind::WriteData, &cmd, out, pos, base_va))
+    }
+
+    /// [`Encoder::encode`] of a DMA_COPY (`Command::Copy { src, dst, size }`;
+    /// see [`Encoder::encode_fence`]).
+    #[inline]
+    pub fn encode_copy(
+        &self,
+        src: u64,
+        dst: u64,
+        size: u64,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
+        let cmd = Command::Copy { src, dst, size };
+        per_gen!(self, encode_kind(PacketKind::DmaCopy, &cmd, out, pos, base_va))
+    }
+
+    /// [`Encoder::encode`] of a FILL (`Command::Fill { dst, size, value }`;
+    /// see [`Encoder::encode_fence`]).
+    #[inline]
+    pub fn encode_fill(
+        &self,
+        dst: u64,
+        size: u64,
+        value: u32,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
+        let cmd = Command::Fill { dst, size, value };
+        per_gen!(self, encode_kind(PacketKind::Fill, &cmd, out, pos, base_va))
+    }
 }
 
 // Checks and placements are not on the per-packet hot path of encoding
@@ -327,6 +397,33 @@ fn encode_in<G: Gen>(
 ) -> Result<usize, EncodeError> {
     let desc = G::DESC;
     per_kind!(encode_one(desc, cmd, out, pos, base_va))
+}
+
+/// A per-kind entry point's body: `cmd` is a `kind` command built by the
+/// caller, so with `G`'s description a constant everything folds.
+#[cfg(not(feature = "compact-encoder"))]
+#[inline(always)]
+fn encode_kind<G: Gen>(
+    kind: PacketKind,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_one(G::DESC, kind, cmd, out, pos, base_va)
+}
+
+/// `compact-encoder`: the per-kind entry points share the one walk.
+#[cfg(feature = "compact-encoder")]
+#[inline(always)]
+fn encode_kind<G: Gen>(
+    _kind: PacketKind,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_dyn(G::DESC, cmd, out, pos, base_va)
 }
 
 /// `compact-encoder`: one table walk for every packet, with the packet
@@ -543,7 +640,9 @@ fn pad_before(desc: &GenDesc, kind: PacketKind, va: u64) -> usize {
     }
 }
 
-/// One NOP packet over all of `out`.
+/// One NOP packet over all of `out`. Inlined so that the encoder's padding
+/// folds with its generation's description constant.
+#[inline(always)]
 fn write_nops(desc: &'static GenDesc, out: &mut [u32]) -> Result<(), EncodeError> {
     let Some((head, payload)) = out.split_first_mut() else {
         return Ok(());
