@@ -299,6 +299,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// encodes `cmd` again on its general path and gives the same result
     /// as if it had been called directly: `encode` leaves the chunk
     /// untouched when it fails.
+    #[cfg(not(feature = "compact-encoder"))]
     #[inline(always)]
     fn push_fast(
         &mut self,
@@ -325,8 +326,18 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         self.push(cmd)
     }
 
+    /// `compact-encoder` builds are for size: the per-kind entry points are
+    /// the shared table walk there, so every packet takes the general path.
+    #[cfg(feature = "compact-encoder")]
+    fn push_fast(
+        &mut self,
+        cmd: &Command<'_>,
+        _encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
+    ) -> Result<(), EncodeError> {
+        self.push(cmd)
+    }
+
     /// WRITE_DATA of `data` at `dst`.
-    #[inline]
     pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
         self.push_fast(&Command::write_data(dst, data), |enc, out, pos, va| {
             enc.encode_write_data(dst, data, out, pos, va)
@@ -334,7 +345,6 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     /// DMA_COPY of `size` bytes.
-    #[inline]
     pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
         self.push_fast(&Command::Copy { src, dst, size }, |enc, out, pos, va| {
             enc.encode_copy(src, dst, size, out, pos, va)
@@ -342,7 +352,6 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     /// FILL of `size` bytes with `value`.
-    #[inline]
     pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
         self.push_fast(&Command::Fill { dst, size, value }, |enc, out, pos, va| {
             enc.encode_fill(dst, size, value, out, pos, va)
@@ -350,7 +359,6 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     }
 
     /// FENCE writing `value` at `addr`.
-    #[inline]
     pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
         self.push_fast(&Command::Fence { addr, value, irq }, |enc, out, pos, va| {
             enc.encode_fence(addr, value, irq, out, pos, va)
