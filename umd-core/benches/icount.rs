@@ -1,6 +1,7 @@
 //! Instruction counts (Valgrind's callgrind through gungraun) of the hot
-//! paths: encoding small packets (through `Encoder::encode` and through the
-//! per-kind entry points), a direct-mode submission on the scripted
+//! paths: encoding small packets (through `Encoder::encode`, through the
+//! per-kind entry points, and the store limit: hand-written stores of the
+//! same dwords), a direct-mode submission on the scripted
 //! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
 //! allocator steps and buffer alloc/free through the device.
 //!
@@ -20,6 +21,10 @@
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+#[path = "common/store.rs"]
+mod store_limit;
+use store_limit::store;
 
 use std::hint::black_box;
 
@@ -87,6 +92,38 @@ fn encode_small_kinds(input: (Encoder, Vec<u32>)) -> Vec<u32> {
             c => enc.encode(&c, &mut out, pos, base),
         };
         pos += r.unwrap_or(0);
+    }
+    black_box(pos);
+    out
+}
+
+/// The store limit's setup: the generation and a zeroed buffer, after
+/// checking that the hand-written stores write the encoder's bytes for the
+/// benchmark's packets.
+fn store_setup(generation: Generation) -> (Generation, Vec<u32>) {
+    let (enc, mut want) = encode_setup(generation);
+    let mut got = vec![0u32; want.len()];
+    let data = [1u32, 2, 3, 4];
+    let (mut a, mut b) = (0, 0);
+    for i in 0..ENCODE_PACKETS {
+        a += enc.encode(&small_packet(i, &data), &mut want, a, 0x10_0000).expect("valid");
+        b += store(generation, &small_packet(i, &data), &mut got, b, 0x10_0000);
+    }
+    assert_eq!(want[..a], got[..b], "the store limit writes the encoder's bytes");
+    (generation, vec![0u32; 64 << 10])
+}
+
+// The store limit of the same 64 packets: hand-written stores of the same
+// dwords (`benches/common/store.rs`: no checks, no tables).
+#[library_benchmark]
+#[bench::gen1(args = (Generation::Gen1), setup = store_setup)]
+#[bench::gen2(args = (Generation::Gen2), setup = store_setup)]
+fn encode_small_store(input: (Generation, Vec<u32>)) -> Vec<u32> {
+    let (gen, mut out) = input;
+    let data = [1u32, 2, 3, 4];
+    let mut pos = 0;
+    for i in 0..ENCODE_PACKETS {
+        pos += store(gen, &small_packet(i, &data), &mut out, pos, 0x10_0000);
     }
     black_box(pos);
     out
@@ -342,7 +379,7 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
     fx
 }
 
-library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_kinds);
+library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_kinds, encode_small_store);
 library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
 library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, buffer_alloc_free);
 
