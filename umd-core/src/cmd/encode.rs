@@ -573,13 +573,14 @@ fn check_rules(desc: &'static GenDesc, p: &PacketDesc, cmd: &Command<'_>) -> Res
             Ok(())
         }
     };
+    // 1..=max in one compare (0 wraps to u64::MAX).
     let range = |field: Field, value: u64, max: u64| {
-        if value == 0 {
-            Err(EncodeError::ZeroSize { kind })
-        } else if value > max {
-            Err(EncodeError::LimitExceeded { kind, field, value, max })
-        } else {
+        if value.wrapping_sub(1) < max {
             Ok(())
+        } else if value == 0 {
+            Err(EncodeError::ZeroSize { kind })
+        } else {
+            Err(EncodeError::LimitExceeded { kind, field, value, max })
         }
     };
     match *cmd {
@@ -588,6 +589,10 @@ fn check_rules(desc: &'static GenDesc, p: &PacketDesc, cmd: &Command<'_>) -> Res
         Command::Copy { size, .. } => range(Field::Size, size, lim.max_copy_bytes),
         Command::Fill { dst, size, .. } => {
             range(Field::Size, size, lim.max_fill_bytes)?;
+            // Both 4-byte alignments in one test on the common path.
+            if misalignment(size | dst, 4) == 0 {
+                return Ok(());
+            }
             align(Field::Size, size, 4)?;
             align(Field::Dst, dst, 4)
         }
