@@ -6,8 +6,11 @@
 //! another queue's fence), run one engine or all, query and short waits,
 //! a stuck engine, an injected fault, time passing with the hang check.
 //! Invariants: a new buffer never overlaps the memory of a freed one whose
-//! work may still run (no reuse before the fence) nor a live one; bad
-//! handles get typed errors; at the end, with the faults cleared, every
+//! work may still run (no reuse before the fence) nor a live one, and sits
+//! at the alignment asked for (128 B by default); an alignment over 2 MiB
+//! or not a power of two is refused (`BadAlignment`) with the buffer
+//! statistics unchanged; the statistics count exactly the live buffers;
+//! bad handles get typed errors; at the end, with the faults cleared, every
 //! submitted fence is signalled or failed with a reason (none lost), an
 //! answer never changes (signalled stays signalled, a failure keeps its
 //! first reason) until a failure history merges ranges, and after that a
@@ -26,7 +29,7 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
-use umd_core::mem::BufferHandle;
+use umd_core::mem::{AllocError, BufferDesc, BufferHandle};
 use umd_core::queue::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, FenceError, QueueId};
@@ -85,8 +88,29 @@ fuzz_target!(|data: &[u8]| {
         match op % 10 {
             0 | 1 => {
                 let size = 4 + u64::from(arg) * 64 * (1 + u64::from(op >> 4));
-                if let Ok(h) = dev.alloc_buffer(size) {
+                // Half the allocations ask for an alignment: 128 B to
+                // 4 MiB (over 2 MiB is refused), or not a power of two.
+                let align = (op & 0x08 != 0).then(|| {
+                    let k = 7 + u32::from(arg % 16);
+                    if arg & 0x80 != 0 { 3u64 << k } else { 1u64 << k }
+                });
+                let before = dev.buffer_stats();
+                let r = match align {
+                    Some(a) => dev.alloc(&BufferDesc::new(size).align(a)),
+                    None => dev.alloc_buffer(size),
+                };
+                let legal = align.is_none_or(|a| a.is_power_of_two() && a <= 2 << 20);
+                if !legal {
+                    assert!(
+                        matches!(r, Err(AllocError::BadAlignment { .. })),
+                        "alignment {align:?} answered {r:?}"
+                    );
+                    assert_eq!(dev.buffer_stats(), before, "a refused alignment changed the buffer statistics");
+                }
+                if let Ok(h) = r {
                     let va = dev.va(h).expect("va of a live buffer");
+                    let want = align.unwrap_or(128);
+                    assert_eq!(va % want, 0, "buffer at {va:#x} not aligned to {want:#x}");
                     gated.retain(|(_, _, fs)| fs.iter().any(pending));
                     for (gva, gsize, _) in &gated {
                         assert!(
@@ -99,6 +123,7 @@ fuzz_target!(|data: &[u8]| {
                     }
                     live.push(Live { h, va, size, users: Vec::new() });
                 }
+                assert_eq!(dev.buffer_stats().live, live.len() as u64, "live buffers counted wrong");
             }
             2 => {
                 if !live.is_empty() {
@@ -106,6 +131,7 @@ fuzz_target!(|data: &[u8]| {
                     dev.free(l.h).expect("free of a live buffer");
                     gated.push((l.va, l.size, l.users));
                     stale.push(l.h);
+                    assert_eq!(dev.buffer_stats().live, live.len() as u64, "live buffers counted wrong");
                 }
             }
             3 => {

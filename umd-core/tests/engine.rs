@@ -197,6 +197,33 @@ fn cpu_access_is_checked_and_exclusive_while_mapped() {
     });
 }
 
+/// Found by the `driver` fuzz target: an allocation took back the frees
+/// whose fences had passed before it looked at the request, so a refused
+/// request changed the buffer statistics. A bad request is now refused
+/// before anything is touched.
+#[test]
+fn a_refused_request_leaves_the_buffer_statistics_as_they_were() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let h = dev.alloc_buffer(64).unwrap();
+        let va = dev.va(h).unwrap();
+        dev.submit(QueueId(0), &[], |cb| cb.write_data(va, &[1])).unwrap();
+        dev.free(h).unwrap();
+        // The fence passes; nothing has looked at it yet.
+        dev.platform().state().run_all();
+        let before = dev.buffer_stats();
+        assert_eq!(before.waiting, 1);
+        for bad in [BufferDesc::new(0), BufferDesc::new(64).align(3), BufferDesc::new(64).align(4 << 20)] {
+            assert!(dev.alloc(&bad).is_err(), "{bad:?} accepted");
+            assert_eq!(dev.buffer_stats(), before, "{bad:?} was refused but changed the statistics");
+        }
+        // A good request takes the free back first.
+        let h = dev.alloc_buffer(64).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 0);
+        dev.free(h).unwrap();
+    });
+}
+
 #[test]
 fn every_allocation_failure_names_its_cause() {
     // Bad requests.

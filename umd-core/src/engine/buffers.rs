@@ -175,6 +175,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if self.is_lost() {
             return Err(AllocError::DeviceLost);
         }
+        // A bad request is refused before anything is touched.
+        crate::mem::manager::checked_request(desc)?;
         // Memory whose fences have signalled goes back first.
         self.process_all();
         match self.try_alloc(desc, false, None) {

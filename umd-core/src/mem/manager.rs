@@ -141,6 +141,22 @@ impl AllocError {
     }
 }
 
+/// Checks what a request asks for by itself (a size, an alignment that
+/// is a power of two up to 2 MiB; 0 means 128 bytes) and returns the
+/// alignment to use. The engine checks this before it touches anything,
+/// so a bad request changes nothing, not even the frees it would
+/// otherwise take back first.
+pub(crate) fn checked_request(desc: &BufferDesc) -> Result<u64, AllocError> {
+    if desc.size == 0 {
+        return Err(AllocError::ZeroSize);
+    }
+    let align = if desc.align == 0 { MIN_ALIGN } else { desc.align };
+    if !align.is_power_of_two() || align > crate::mem::pool::MAX_ALIGN {
+        return Err(AllocError::BadAlignment { align: desc.align });
+    }
+    Ok(align)
+}
+
 /// Buffer statistics, O(1) to read.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct BufferStats {
@@ -234,13 +250,7 @@ impl<'s, B> Buffers<'s, B> {
         backing: &mut K,
         desc: &BufferDesc,
     ) -> Result<(BufferHandle, BufferInfo), AllocError> {
-        if desc.size == 0 {
-            return Err(AllocError::ZeroSize);
-        }
-        let align = if desc.align == 0 { MIN_ALIGN } else { desc.align };
-        if !align.is_power_of_two() || align > crate::mem::pool::MAX_ALIGN {
-            return Err(AllocError::BadAlignment { align: desc.align });
-        }
+        let align = checked_request(desc)?;
         if self.table.is_full() {
             return Err(AllocError::TableFull { capacity: self.table.capacity() });
         }
