@@ -34,7 +34,6 @@ use crate::mem::va::Placement;
 use crate::mem::{BufferError, BufferHandle, Tracking};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::queue::{SubmitError, WaitError};
-use crate::sync::atomic::Ordering;
 use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;
@@ -231,7 +230,7 @@ struct Subject {
 
 impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     fn clock(&self) -> u64 {
-        self.stats.submissions.load(Ordering::Relaxed)
+        self.submissions()
     }
 
     fn busy(&self, last_use: &[u64], used: u8) -> bool {

@@ -345,7 +345,6 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         pd.commit_in_order(fence);
                     }
                     drop(qs);
-                    Counters::add(&self.stats.submissions, 1);
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);
                     }
