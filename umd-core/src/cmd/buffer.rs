@@ -301,9 +301,9 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// untouched when it fails.
     #[cfg(not(feature = "compact-encoder"))]
     #[inline(always)]
-    fn push_fast(
+    fn push_fast<'c>(
         &mut self,
-        cmd: &Command<'_>,
+        cmd: impl FnOnce() -> Command<'c>,
         encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
     ) -> Result<(), EncodeError> {
         if self.error.is_none() {
@@ -315,7 +315,8 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
                     .saturating_sub(CHAIN_DWORDS);
                 if let Some(limit) = cur.mem.get_mut(..usable) {
                     if let Ok(n) = encode(&self.enc, limit, self.pos, cur.gpu_va) {
-                        self.pos = self.pos.saturating_add(n);
+                        // `n` dwords fitted after `pos` in `limit`: no overflow.
+                        self.pos = self.pos.wrapping_add(n);
                         self.total = self.total.saturating_add(n as u64);
                         self.packets = self.packets.saturating_add(1);
                         return Ok(());
@@ -323,46 +324,50 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
                 }
             }
         }
-        self.push(cmd)
+        self.push(&cmd())
     }
 
     /// `compact-encoder` builds are for size: the per-kind entry points are
     /// the shared table walk there, so every packet takes the general path.
     #[cfg(feature = "compact-encoder")]
-    fn push_fast(
+    fn push_fast<'c>(
         &mut self,
-        cmd: &Command<'_>,
+        cmd: impl FnOnce() -> Command<'c>,
         _encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
     ) -> Result<(), EncodeError> {
-        self.push(cmd)
+        self.push(&cmd())
     }
 
     /// WRITE_DATA of `data` at `dst`.
     pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
-        self.push_fast(&Command::write_data(dst, data), |enc, out, pos, va| {
-            enc.encode_write_data(dst, data, out, pos, va)
-        })
+        self.push_fast(
+            || Command::write_data(dst, data),
+            |enc, out, pos, va| enc.encode_write_data(dst, data, out, pos, va),
+        )
     }
 
     /// DMA_COPY of `size` bytes.
     pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
-        self.push_fast(&Command::Copy { src, dst, size }, |enc, out, pos, va| {
-            enc.encode_copy(src, dst, size, out, pos, va)
-        })
+        self.push_fast(
+            || Command::Copy { src, dst, size },
+            |enc, out, pos, va| enc.encode_copy(src, dst, size, out, pos, va),
+        )
     }
 
     /// FILL of `size` bytes with `value`.
     pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
-        self.push_fast(&Command::Fill { dst, size, value }, |enc, out, pos, va| {
-            enc.encode_fill(dst, size, value, out, pos, va)
-        })
+        self.push_fast(
+            || Command::Fill { dst, size, value },
+            |enc, out, pos, va| enc.encode_fill(dst, size, value, out, pos, va),
+        )
     }
 
     /// FENCE writing `value` at `addr`.
     pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
-        self.push_fast(&Command::Fence { addr, value, irq }, |enc, out, pos, va| {
-            enc.encode_fence(addr, value, irq, out, pos, va)
-        })
+        self.push_fast(
+            || Command::Fence { addr, value, irq },
+            |enc, out, pos, va| enc.encode_fence(addr, value, irq, out, pos, va),
+        )
     }
 
     /// WAIT_MEM until the 64-bit value at `addr` has reached `seqno`
