@@ -5,6 +5,10 @@
 //! the engine is reset; its `Display` decodes the captured command windows
 //! with the generation's decoder, so the same text appears on a UART and in
 //! a host log.
+//!
+//! Without the `hang-capture` feature (a smaller firmware) the direct-mode
+//! backend captures nothing: its reports are [`HangReport::uncaptured`]
+//! ones (reason, fault, fence counts), and the windows hold no dwords.
 
 use core::fmt;
 
@@ -12,8 +16,10 @@ use crate::decode::Decoder;
 use crate::hw::Generation;
 use crate::sync::{FaultInfo, QueueId, Seqno};
 
-/// Dwords captured around the engine's position.
-pub const WINDOW_DWORDS: usize = 48;
+/// Dwords captured around the engine's position: 0 without the
+/// `hang-capture` feature (nothing is captured; a [`Window`] is then empty
+/// and holds no storage).
+pub const WINDOW_DWORDS: usize = if cfg!(feature = "hang-capture") { 48 } else { 0 };
 
 /// A copy of command memory starting at a packet boundary.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

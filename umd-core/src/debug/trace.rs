@@ -5,6 +5,10 @@
 //! overwritten (and counted). The exporter writes through
 //! [`core::fmt::Write`], so firmware can stream it over a UART and a host
 //! tool can write it to a file for `ui.perfetto.dev` or `chrome://tracing`.
+//!
+//! Without the `trace` feature (a smaller firmware) the ring keeps the
+//! same API but holds no storage and records nothing: the driver skips
+//! the clock read and the lock per event, and an export is an empty trace.
 
 use core::fmt::{self, Write};
 
@@ -80,18 +84,34 @@ pub struct TraceEvent {
 /// Submit times kept per queue (for the submit-to-fence spans).
 pub const SUBMIT_TIMES: usize = 64;
 
+/// Whether events are recorded (the `trace` feature).
+const ON: bool = cfg!(feature = "trace");
+
+/// Queues whose submit times are kept (none without the `trace` feature).
+const TS_QUEUES: usize = if ON { crate::sync::MAX_QUEUES } else { 0 };
+
 /// Where a trace keeps its events and submit times (part of
-/// [`crate::storage::DeviceStorage`]).
+/// [`crate::storage::DeviceStorage`]). Without the `trace` feature it
+/// holds nothing, whatever `N`.
 #[derive(Debug)]
 pub struct TraceStorage<const N: usize> {
+    #[cfg(feature = "trace")]
     events: [Option<TraceEvent>; N],
-    submit_ts: [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
+    #[cfg(not(feature = "trace"))]
+    events: [Option<TraceEvent>; 0],
+    submit_ts: [[(u64, u64); SUBMIT_TIMES]; TS_QUEUES],
 }
 
 impl<const N: usize> TraceStorage<N> {
     /// Empty.
     pub const fn new() -> Self {
-        TraceStorage { events: [None; N], submit_ts: [[(0, 0); SUBMIT_TIMES]; crate::sync::MAX_QUEUES] }
+        TraceStorage {
+            #[cfg(feature = "trace")]
+            events: [None; N],
+            #[cfg(not(feature = "trace"))]
+            events: [],
+            submit_ts: [[(0, 0); SUBMIT_TIMES]; TS_QUEUES],
+        }
     }
 }
 
@@ -108,7 +128,7 @@ impl<const N: usize> Default for TraceStorage<N> {
 #[derive(Debug)]
 pub struct TraceRing<'s> {
     events: &'s mut [Option<TraceEvent>],
-    submit_ts: &'s mut [[(u64, u64); SUBMIT_TIMES]; crate::sync::MAX_QUEUES],
+    submit_ts: &'s mut [[(u64, u64); SUBMIT_TIMES]; TS_QUEUES],
     next: usize,
     dropped: u64,
     enabled: bool,
@@ -117,7 +137,10 @@ pub struct TraceRing<'s> {
 impl<'s> TraceRing<'s> {
     /// An empty, enabled ring over `storage`.
     pub fn new<const N: usize>(storage: &'s mut TraceStorage<N>) -> Self {
-        storage.events = [None; N];
+        #[cfg(feature = "trace")]
+        {
+            storage.events = [None; N];
+        }
         TraceRing {
             events: &mut storage.events,
             submit_ts: &mut storage.submit_ts,
@@ -132,9 +155,10 @@ impl<'s> TraceRing<'s> {
         self.enabled = on;
     }
 
-    /// Records an event, overwriting the oldest when full.
+    /// Records an event, overwriting the oldest when full (nothing without
+    /// the `trace` feature).
     pub fn record(&mut self, ev: TraceEvent) {
-        if !self.enabled {
+        if !ON || !self.enabled {
             return;
         }
         let n = self.events.len();
@@ -297,7 +321,8 @@ mod tests {
     use std::vec::Vec;
 
     /// A full ring overwrites the oldest event, counts it as dropped, and
-    /// keeps the newest `N` oldest first, across several wraps.
+    /// keeps the newest `N` oldest first, across several wraps. Without the
+    /// `trace` feature it records nothing.
     #[test]
     fn ring_wraps_oldest_first() {
         let mut storage: Box<TraceStorage<4>> = Box::default();
@@ -306,6 +331,12 @@ mod tests {
         for s in 1..=11 {
             t.record(ev(s));
         }
+        t.note_submit(0, 5, 50);
+        if !ON {
+            assert_eq!((t.dropped(), t.iter().count(), t.submitted_at(0, 5)), (0, 0, None));
+            return;
+        }
+        assert_eq!(t.submitted_at(0, 5), Some(50));
         assert_eq!(t.dropped(), 7);
         assert_eq!(t.iter().map(|e| e.seqno).collect::<Vec<_>>(), [8, 9, 10, 11]);
         t.record(ev(12));

@@ -14,7 +14,9 @@
 //!   pointer, the current packet address and the fence for one window; or
 //!   addresses moving but no fence for several windows (a CHAIN loop).
 
-use crate::debug::{HangReason, HangReport, Window};
+#[cfg(feature = "hang-capture")]
+use crate::debug::Window;
+use crate::debug::{HangReason, HangReport};
 use crate::engine::backend::{Failure, Gone, QueueView};
 use crate::hw::regs::{self, engine as er};
 use crate::platform::DirectIo;
@@ -169,6 +171,7 @@ pub(crate) fn resume<P: DirectIo>(
 }
 
 /// Reads the engine's registers and the command memory around it.
+#[cfg(feature = "hang-capture")]
 fn capture<P: DirectIo>(
     d: &Direct<'_, P>,
     qs: &DirectQueue,
@@ -223,9 +226,33 @@ fn capture<P: DirectIo>(
     })
 }
 
+/// Without the `hang-capture` feature: the reason, the fault and the fence
+/// counts only (no register or memory reads).
+#[cfg(not(feature = "hang-capture"))]
+fn capture<P: DirectIo>(
+    d: &Direct<'_, P>,
+    _qs: &DirectQueue,
+    v: &QueueView<'_>,
+    reason: HangReason,
+) -> Result<HangReport, Gone> {
+    let fault = match reason {
+        HangReason::Fault(i) => Some(i),
+        _ => None,
+    };
+    let r = HangReport::uncaptured(
+        QueueId(v.queue as u8),
+        reason,
+        d.p.now_ns(),
+        d.chip.generation,
+        (v.emitted, v.completed),
+    );
+    Ok(HangReport { fault, ..r })
+}
+
 /// Copies the IB around `cur` if it lies in the IB pool, starting a few
 /// packets before it (found by walking packet lengths from the IB start),
 /// with volatile reads (other chunks of the pool may be being recorded).
+#[cfg(feature = "hang-capture")]
 fn capture_ib<P: DirectIo>(
     d: &Direct<'_, P>,
     v: &QueueView<'_>,

@@ -385,13 +385,18 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
             })?;
             self.mem.get_mut().maps = Some(tables);
             // Local memory (gen2, spec 3.5): only with the MMU, which moves
-            // buffers between it and system memory under one address.
+            // buffers between it and system memory under one address; and
+            // only with the `local-memory` feature.
             let reg = |lo: u32| -> Result<u64, InitError> {
                 let l = p.read_reg(lo).map_err(InitError::Platform)?;
                 let h = p.read_reg(lo.wrapping_add(4)).map_err(InitError::Platform)?;
                 Ok(u64::from(l) | u64::from(h) << 32)
             };
-            let (base, size) = (reg(regs::LOCAL_BASE_LO)?, reg(regs::LOCAL_SIZE_LO)?);
+            let (base, size) = if cfg!(feature = "local-memory") {
+                (reg(regs::LOCAL_BASE_LO)?, reg(regs::LOCAL_SIZE_LO)?)
+            } else {
+                (0, 0)
+            };
             if size > 0 {
                 let used = self.mem.get_mut().local.activate(base, size);
                 crate::log::log_info!("local memory: {:#x} bytes at {:#x}, {:#x} managed", size, base, used);

@@ -110,7 +110,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             Counters::add(&self.stats.fences_signalled, n);
         }
         self.reclaim(qi, RECLAIM_BUDGET);
-        if cancelled {
+        if cancelled || !cfg!(feature = "trace") {
             return;
         }
         let ts = self.b.platform().now_ns();
@@ -256,10 +256,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Fails queue `qi`'s pending work `(completed, upto]` with
     /// `failure.error`, poisons the work that depends on it, resets the
     /// queue (the caller holds its submit lock) and records the report.
+    #[cfg_attr(not(feature = "hang-capture"), allow(unused_mut))]
     pub(crate) fn fail_locked(&self, qi: usize, qs: &mut B::Queue, mut failure: Failure, upto: Seqno) {
         let Some(q) = self.queues.get(qi) else { return };
         // A fault names the buffer nearest its address (before the reset
-        // recycles what the cancelled work held).
+        // recycles what the cancelled work held); part of the capture.
+        #[cfg(feature = "hang-capture")]
         if let Some(info) = failure.report.fault {
             failure.report.near = self.nearest_buffer(info.addr);
         }
@@ -324,6 +326,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// The buffer nearest GPU address `addr`, for fault reports.
+    #[cfg(feature = "hang-capture")]
     pub(crate) fn nearest_buffer(&self, addr: u64) -> Option<crate::debug::NearBuffer> {
         let (info, handle) = self.mem.lock().buffers.nearest(addr)?;
         Some(crate::debug::NearBuffer {

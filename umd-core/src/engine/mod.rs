@@ -353,12 +353,16 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.mem.lock().va.as_ref().map(VaAllocator::stats)
     }
 
-    /// The event trace (locked while the guard lives).
+    /// The event trace (locked while the guard lives). Without the `trace`
+    /// feature it records nothing and stays empty.
     pub fn trace(&self) -> MutexGuard<'_, Raw<B>, TraceRing<'d>> {
         self.trace.lock()
     }
 
-    /// The report of the last hang or fault, if any.
+    /// The report of the last hang or fault, if any. Without the
+    /// `hang-capture` feature a direct-mode report carries the reason, the
+    /// fault and the fence counts only ([`HangReport::uncaptured`]: no
+    /// registers, no command windows, no nearest buffer).
     pub fn last_hang(&self) -> Option<HangReport> {
         *self.last_hang.lock()
     }
@@ -394,6 +398,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     pub(crate) fn record_trace(&self, kind: TraceKind, queue: usize, seqno: Seqno, arg: u64) {
+        if !cfg!(feature = "trace") {
+            return;
+        }
         let ts_ns = self.b.platform().now_ns();
         self.trace.lock().record(TraceEvent { ts_ns, kind, queue: queue as u8, seqno: seqno.0, arg });
     }

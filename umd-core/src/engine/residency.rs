@@ -23,8 +23,11 @@
 //!   thrashing: a buffer moves at most once per window, so `n` buffers
 //!   over `s` submissions move at most `n * (s / window + 1)` times.
 //!
-//! Without local memory (gen1, MMU bypassed, kernel mode) every such
-//! buffer lives in system memory and nothing moves.
+//! Without local memory (gen1, MMU bypassed, kernel mode, or a build
+//! without the `local-memory` feature) every such buffer lives in system
+//! memory and nothing moves: [`Engine::local_memory`] is `None`, and
+//! [`Engine::evict`] and [`Engine::make_resident`] answer
+//! [`MoveError::NotLocal`].
 
 use crate::cmd::EncodeError;
 use crate::ibpool::Recorder;
@@ -49,6 +52,10 @@ const COPY: QueueId = QueueId(2);
 
 const PAGE: u64 = 4096;
 
+/// Whether local memory is used at all (the `local-memory` feature). The
+/// checks below fold to constants without it, and with them every move.
+const ON: bool = cfg!(feature = "local-memory");
+
 /// Whether `r` is local memory.
 pub(crate) fn is_local(r: &DmaRegion) -> bool {
     r.handle() == LOCAL_HANDLE && r.cpu_ptr().is_none()
@@ -72,7 +79,11 @@ impl<'d> LocalMem<'d> {
 
     /// Uses `[base, base + size)` (as much of it as the storage covers).
     /// Returns the bytes managed.
+    /// Without the `local-memory` feature: nothing (0).
     pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
+        if !ON {
+            return 0;
+        }
         let LocalMem::Unset(words) = self else { return 0 };
         let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
         if pages == 0 {
@@ -90,11 +101,14 @@ impl<'d> LocalMem<'d> {
 
     /// Whether there is local memory.
     pub(crate) fn is_active(&self) -> bool {
-        matches!(self, LocalMem::Active { .. })
+        ON && matches!(self, LocalMem::Active { .. })
     }
 
     /// Bytes managed and bytes in use.
     pub(crate) fn usage(&self) -> (u64, u64) {
+        if !ON {
+            return (0, 0);
+        }
         match self {
             LocalMem::Active { pages, .. } => (
                 (pages.pages() as u64).saturating_mul(PAGE),
@@ -107,6 +121,9 @@ impl<'d> LocalMem<'d> {
     /// A region of `bytes` (rounded to pages) of local memory, if there is
     /// room.
     pub(crate) fn alloc(&mut self, bytes: u64) -> Option<DmaRegion> {
+        if !ON {
+            return None;
+        }
         let LocalMem::Active { base, pages } = self else { return None };
         let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
         let first = pages.alloc(n).ok()?;
@@ -120,6 +137,9 @@ impl<'d> LocalMem<'d> {
 
     /// Gives a region from [`LocalMem::alloc`] back.
     pub(crate) fn free(&mut self, r: DmaRegion) {
+        if !ON {
+            return;
+        }
         let LocalMem::Active { base, pages } = self else { return };
         let Some(off) = r.dev_addr().checked_sub(*base) else { return };
         let _ = pages.free((off / PAGE) as usize, r.len().div_ceil(PAGE as usize));
@@ -558,5 +578,35 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         drop(mem);
         Ok(Some(pins))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the `local-memory` feature the page allocator takes the
+    /// device's local memory and hands out pages of it; without, it takes
+    /// none and every request falls back to system memory.
+    #[test]
+    fn local_memory_is_used_only_when_built_in() {
+        let mut words = [0u64; 2];
+        let mut local = LocalMem::new(&mut words);
+        let managed = local.activate(0x4000_0000, 64 * PAGE);
+        let r = local.alloc(2 * PAGE);
+        if ON {
+            assert_eq!(managed, 64 * PAGE);
+            assert!(local.is_active());
+            let r = r.expect("two local pages");
+            assert!(is_local(&r));
+            assert_eq!(local.usage(), (64 * PAGE, 2 * PAGE));
+            local.free(r);
+            assert_eq!(local.usage(), (64 * PAGE, 0));
+        } else {
+            assert_eq!(managed, 0);
+            assert!(!local.is_active());
+            assert!(r.is_none());
+            assert_eq!(local.usage(), (0, 0));
+        }
     }
 }

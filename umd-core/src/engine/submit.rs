@@ -386,6 +386,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     fn trace_submit(&self, qi: usize, seqno: Seqno, dwords: u64, ib_va: u64, wptr: u64) {
+        if !cfg!(feature = "trace") {
+            return;
+        }
         let ts = self.b.platform().now_ns();
         let mut t = self.trace.lock();
         t.note_submit(qi, seqno.0, ts);
