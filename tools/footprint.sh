@@ -7,9 +7,10 @@
 #
 # `tools/footprint.sh table` instead prints the per-configuration table of
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
-# entry points) on thumbv7em-none-eabihf, per generation feature set and
-# encoder, and where the bytes of a one-generation build go (symbol sizes
-# of the fat-LTO object, grouped by subsystem).
+# entry points) on thumbv7em-none-eabihf, per generation feature set,
+# encoder and optional part (umd-core's features hang-capture, trace,
+# local-memory), and where the bytes of the smallest one-generation build
+# go (symbol sizes of the fat-LTO object, grouped by subsystem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -41,19 +42,29 @@ panic_paths() {
 if [ "${1:-}" = table ]; then
     t=thumbv7em-none-eabihf
     lib="target/$t/footprint/libfootprint.a"
-    printf '| configuration (footprint features) | .text | .rodata |\n| --- | ---: | ---: |\n'
-    for f in gen1,gen2,codec gen1,gen2 gen1 gen2 gen1,gen2,compact-encoder gen1,compact-encoder gen2,compact-encoder; do
+    all=hang-capture,trace,local-memory
+    yn() { case ",$1," in *",$2,"*) echo yes ;; *) echo no ;; esac; }
+    printf '| generations, encoder, entry points | hang capture | trace | local memory | .text | .rodata |\n'
+    printf '| --- | :-: | :-: | :-: | ---: | ---: |\n'
+    for f in \
+        gen1,gen2,codec,$all gen1,gen2,$all gen1,$all gen2,$all \
+        gen1,gen2,trace,local-memory gen1,gen2,hang-capture,local-memory gen1,gen2,hang-capture,trace gen1,gen2 \
+        gen2,trace,local-memory gen2,hang-capture,local-memory gen2,hang-capture,trace gen1 gen2 \
+        gen1,gen2,compact-encoder,$all gen2,compact-encoder,$all gen1,gen2,compact-encoder gen2,compact-encoder; do
         cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
         panic_paths "$lib" "$t ($f)" || exit 1
         read -r text rodata _ <<<"$(own_sizes "$lib")"
-        printf '| `%s` | %s | %s |\n' "$f" "$text" "$rodata"
+        base=$(tr , '\n' <<<"$f" | grep -Ev '^(hang-capture|trace|local-memory)$' | paste -sd, -)
+        printf '| `%s` | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
+            "$(yn "$f" local-memory)" "$text" "$rodata"
     done
-    # Where a one-generation driver's bytes go (the last build: gen2,
-    # compact encoder), by subsystem; a symbol counts in the first group
-    # whose pattern it matches.
+    # Where a one-generation driver's bytes go (the last build: the
+    # smallest, gen2 with the compact encoder and none of the optional
+    # parts), by subsystem; a symbol counts in the first group whose
+    # pattern it matches.
     dir=$(mktemp -d)
     (cd "$dir" && ar x "$OLDPWD/$lib")
-    printf '\n| part of `gen2,compact-encoder` | .text |\n| --- | ---: |\n'
+    printf '\n| part of `gen2,compact-encoder` (no hang capture, trace, local memory) | .text |\n| --- | ---: |\n'
     llvm-nm -S -t d --demangle "$dir"/footprint-*.o | awk '
         $3 ~ /^[tT]$/ {
             n = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", n); s = $2 + 0
