@@ -1,9 +1,9 @@
-//! The optional parts of the driver, on and off: `hang-capture`, `trace`
-//! and `local-memory`. Each test states what the build it runs in must do,
+//! The optional parts of the driver, on and off: `hang-capture`, `trace`,
+//! `local-memory` and `mmu`. Each test states what the build it runs in must do,
 //! so the same file checks the default build and a lean one (`.ci/run`:
 //! `--no-default-features --features gen1,gen2`). Off, every check, typed
 //! error, reset and recovery stays; only the captured report, the event
-//! ring and the local-memory moves go.
+//! ring, the local-memory moves and the page tables go.
 
 mod support;
 
@@ -129,4 +129,21 @@ fn a_local_preferring_buffer_works_without_local_memory() {
     assert_eq!(dev.residency(h), Ok(umd_core::engine::Residency::System));
     assert_eq!(dev.evict(h), Err(umd_core::engine::MoveError::NotLocal));
     assert_eq!(dev.make_resident(h), Err(umd_core::engine::MoveError::NotLocal));
+}
+
+#[test]
+fn the_mmu_is_refused_with_a_typed_error_when_not_built_in() {
+    let fake = Fake::new(Generation::Gen2, 4 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 30, table_pages: 16 };
+    let r = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu);
+    if umd_core::direct::MMU {
+        let dev = r.expect("device comes up with the MMU");
+        let h = dev.alloc_buffer(4096).unwrap();
+        assert!(dev.va(h).unwrap() >= 1 << 32);
+        drop(dev);
+    } else {
+        assert!(matches!(r.err(), Some(umd_core::engine::InitError::BadConfig(_))));
+    }
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
 }

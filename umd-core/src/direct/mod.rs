@@ -69,6 +69,11 @@ pub enum MmuMode {
     },
 }
 
+/// Whether the MMU can be used (the `mmu` feature). Without it only
+/// [`MmuMode::Bypass`] brings a device up (`Enabled` is refused with
+/// [`InitError::BadConfig`]) and no page-table code is linked.
+pub const MMU: bool = cfg!(feature = "mmu");
+
 impl MmuMode {
     /// MMU on, 4 GiB of VA from 4 GiB up, 64 table pages.
     pub const DEFAULT: MmuMode = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 32, table_pages: 64 };
@@ -184,6 +189,9 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         region: &DmaRegion,
         perms: Perms,
     ) -> Result<(), BackingError> {
+        if !MMU {
+            return Ok(());
+        }
         let Some(t) = maps.as_mut() else { return Ok(()) };
         let before = t.pages.entry_writes();
         let r = t.map(self.p, va, region.dev_addr(), region.len() as u64, perms);
@@ -192,6 +200,9 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     }
 
     fn unmap(&self, maps: &mut Option<Tables>, va: u64, len: u64) {
+        if !MMU {
+            return;
+        }
         let Some(t) = maps.as_mut() else { return };
         let before = t.pages.entry_writes();
         let _ = t.unmap(self.p, va, len);
@@ -348,6 +359,9 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
         }
         let enc = Encoder::new(chip.generation);
         check_config(&cfg, &enc, CHUNKS).map_err(InitError::BadConfig)?;
+        if !MMU && matches!(mmu, MmuMode::Enabled { .. }) {
+            return Err(InitError::BadConfig("MMU not built in (umd-core feature mmu)"));
+        }
         let direct = Direct {
             p,
             chip,
@@ -372,7 +386,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
     fn init_direct(&mut self, table_pages: usize) -> Result<(), InitError> {
         let p = self.b.p;
         // Page tables first: everything else is mapped through them.
-        if self.b.mmu {
+        if MMU && self.b.mmu {
             if table_pages == 0 {
                 return Err(InitError::BadConfig("MMU needs table pages"));
             }
@@ -424,7 +438,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
         let p = self.b.p;
         let pf = InitError::Platform;
         self.b.slots.clear(p);
-        let root = self.mem.get_mut().maps.as_mut().map(|t| {
+        let root = self.mem.get_mut().maps.as_mut().filter(|_| MMU).map(|t| {
             t.pages.flush(p);
             t.root()
         });
