@@ -9,7 +9,7 @@
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
 # entry points) on thumbv7em-none-eabihf, per generation feature set,
 # encoder and optional part (umd-core's features hang-capture, trace,
-# local-memory), and where the bytes of the smallest one-generation build
+# local-memory, mmu; without mmu the probe runs in MMU bypass), and where the bytes of the smallest one-generation build
 # go (symbol sizes of the fat-LTO object, grouped by subsystem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,21 +42,23 @@ panic_paths() {
 if [ "${1:-}" = table ]; then
     t=thumbv7em-none-eabihf
     lib="target/$t/footprint/libfootprint.a"
-    all=hang-capture,trace,local-memory
+    all=hang-capture,trace,local-memory,mmu
     yn() { case ",$1," in *",$2,"*) echo yes ;; *) echo no ;; esac; }
-    printf '| generations, encoder, entry points | hang capture | trace | local memory | .text | .rodata |\n'
-    printf '| --- | :-: | :-: | :-: | ---: | ---: |\n'
+    printf '| generations, encoder, entry points | hang capture | trace | local memory | MMU | .text | .rodata |\n'
+    printf '| --- | :-: | :-: | :-: | :-: | ---: | ---: |\n'
     for f in \
         gen1,gen2,codec,$all gen1,gen2,$all gen1,$all gen2,$all \
-        gen1,gen2,trace,local-memory gen1,gen2,hang-capture,local-memory gen1,gen2,hang-capture,trace gen1,gen2 \
-        gen2,trace,local-memory gen2,hang-capture,local-memory gen2,hang-capture,trace gen1 gen2 \
+        gen1,gen2,trace,local-memory,mmu gen1,gen2,hang-capture,local-memory,mmu \
+        gen1,gen2,hang-capture,trace,mmu gen1,gen2,hang-capture,trace,local-memory gen1,gen2 \
+        gen2,trace,local-memory,mmu gen2,hang-capture,local-memory,mmu \
+        gen2,hang-capture,trace,mmu gen2,hang-capture,trace,local-memory gen1 gen2 \
         gen1,gen2,compact-encoder,$all gen2,compact-encoder,$all gen1,gen2,compact-encoder gen2,compact-encoder; do
         cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
         panic_paths "$lib" "$t ($f)" || exit 1
         read -r text rodata _ <<<"$(own_sizes "$lib")"
-        base=$(tr , '\n' <<<"$f" | grep -Ev '^(hang-capture|trace|local-memory)$' | paste -sd, -)
-        printf '| `%s` | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
-            "$(yn "$f" local-memory)" "$text" "$rodata"
+        base=$(tr , '\n' <<<"$f" | grep -Ev '^(hang-capture|trace|local-memory|mmu)$' | paste -sd, -)
+        printf '| `%s` | %s | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
+            "$(yn "$f" local-memory)" "$(yn "$f" mmu)" "$text" "$rodata"
     done
     # Where a one-generation driver's bytes go (the last build: the
     # smallest, gen2 with the compact encoder and none of the optional
@@ -64,7 +66,7 @@ if [ "${1:-}" = table ]; then
     # pattern it matches.
     dir=$(mktemp -d)
     (cd "$dir" && ar x "$OLDPWD/$lib")
-    printf '\n| part of `gen2,compact-encoder` (no hang capture, trace, local memory) | .text |\n| --- | ---: |\n'
+    printf '\n| part of `gen2,compact-encoder` (no hang capture, trace, local memory, MMU) | .text |\n| --- | ---: |\n'
     llvm-nm -S -t d --demangle "$dir"/footprint-*.o | awk '
         $3 ~ /^[tT]$/ {
             n = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", n); s = $2 + 0

@@ -160,8 +160,9 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     use umd_core::sync::QueueId;
     let Some(storage) = STORAGE.try_lock() else { return 0 };
     let storage = spin::mutex::MutexGuard::leak(storage);
-    let Ok(dev) = Device::<board::Board, 8>::new(&board::Board, storage, Config::DEFAULT, MmuMode::DEFAULT)
-    else {
+    // Without the MMU (feature `mmu` off) the driver runs in bypass.
+    let mmu = if cfg!(feature = "mmu") { MmuMode::DEFAULT } else { MmuMode::Bypass };
+    let Ok(dev) = Device::<board::Board, 8>::new(&board::Board, storage, Config::DEFAULT, mmu) else {
         return 0;
     };
     let (Ok(a), Ok(b)) = (dev.alloc_buffer(4096), dev.alloc_buffer(4096)) else { return 0 };
