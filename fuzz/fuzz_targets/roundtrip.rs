@@ -87,7 +87,24 @@ fuzz_target!(|data: &[u8]| {
             }
         };
         let before = out.clone();
-        match enc.encode(&cmd, &mut out, pos, base_va) {
+        // The per-kind entry points the command buffer uses for its hot
+        // packets answer exactly as `encode` does, bytes included.
+        let mut kind_out = out.clone();
+        let by_kind = match cmd {
+            Command::Fence { addr, value, irq } => Some(enc.encode_fence(addr, value, irq, &mut kind_out, pos, base_va)),
+            Command::WriteData { dst, data: Payload::Words(data) } => {
+                Some(enc.encode_write_data(dst, data, &mut kind_out, pos, base_va))
+            }
+            Command::Copy { src, dst, size } => Some(enc.encode_copy(src, dst, size, &mut kind_out, pos, base_va)),
+            Command::Fill { dst, size, value } => Some(enc.encode_fill(dst, size, value, &mut kind_out, pos, base_va)),
+            _ => None,
+        };
+        let general = enc.encode(&cmd, &mut out, pos, base_va);
+        if let Some(k) = by_kind {
+            assert_eq!(k, general, "per-kind entry point and encode disagree on {cmd:?}");
+            assert_eq!(kind_out, out, "per-kind entry point and encode wrote different bytes for {cmd:?}");
+        }
+        match general {
             Ok(n) => {
                 assert!(n > 0);
                 accepted.push(cmd);
