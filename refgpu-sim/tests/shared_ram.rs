@@ -148,8 +148,11 @@ fn attach_job_polled_and_clean_shutdown() {
     assert_eq!(sim.reg(regs::ENGINE_COUNT).load(SeqCst), 3);
     assert_eq!(sim.bell_page(layout::VERSION_OFF).load(SeqCst), 1);
     assert_eq!(sim.bell_page(layout::MEM_SIZE_OFF).load(SeqCst), 0xFF_E000);
+    // The server logs its attach line after it sets ATTACH (which is all
+    // `Sim::start` waits for): wait for the line, then check it.
+    sim.until("the attach line in the log", || sim.log_text().contains("polling only)"));
     let log = sim.log_text();
-    assert!(log.contains("register page at 0x21ffe000") && log.contains("polling only"), "{log}");
+    assert!(log.contains("register page at 0x21ffe000"), "{log}");
     // CLOCK is the heartbeat.
     let c0 = sim.reg(regs::CLOCK_LO).load(SeqCst);
     sim.until("CLOCK moving", || sim.reg(regs::CLOCK_LO).load(SeqCst) != c0);
