@@ -11,7 +11,8 @@ use crate::engine::queue::{Outcome, QueueCore};
 use crate::sync::{FenceError, Seqno};
 
 /// A spin lock on a loom atomic (so loom sees its acquire/release edges),
-/// which yields to loom's scheduler while it waits. Loom atomics are not
+/// which yields to loom's scheduler while it waits (also the lock of the
+/// async waits' wake-up hub under loom, `engine::Wakeups`). Loom atomics are not
 /// `const`, so the flag is made on first use: [`ProbeQueue::new`] takes
 /// the lock once before any thread is spawned.
 pub struct LoomLock(UnsafeCell<Option<AtomicBool>>);

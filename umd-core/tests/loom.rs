@@ -4,7 +4,8 @@
 //! by submitters; loom explores every interleaving of those atomics. One
 //! model races fault-interrupt acknowledgements against the hang checks
 //! that consume them (`Engine::fault_irqs`); the last one races IB-pool
-//! commits through the queues' mailboxes against the pool's other users.
+//! commits through the queues' mailboxes against the pool's other users, and
+//! one the async waits' wake-up hub against its interrupt side.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -317,5 +318,46 @@ fn ib_pool_commits_through_the_mailbox_are_never_lost() {
         check_end(&pool);
         // Batching: the second submission continued in the first's chunk.
         assert_eq!(pool.stats().in_flight, 0);
+    });
+}
+
+/// The async waits' wake-up hub (`Wakeups`) against its interrupt side:
+/// `on_interrupt` only tries the hub's lock, and when a registration holds
+/// it the event is left for the next registration. A waiter registered
+/// before the interrupt is never forgotten: it is woken by the interrupt
+/// itself or, at the latest, by the next registration, whatever the
+/// interleaving with another waiter registering at the same time.
+#[test]
+fn async_wakeups_are_never_lost() {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+    use umd_core::engine::Wakeups;
+
+    struct Flag(AtomicUsize);
+    impl Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let flag_waker = || {
+        let f = std::sync::Arc::new(Flag(AtomicUsize::new(0)));
+        (f.clone(), Waker::from(f))
+    };
+    loom::model(move || {
+        let hub = Arc::new(Wakeups::<4>::new());
+        let (first, w1) = flag_waker();
+        assert!(hub.register(&w1, 1_000));
+        let irq = {
+            let hub = hub.clone();
+            thread::spawn(move || hub.on_interrupt())
+        };
+        // Another waiter registers while the interrupt comes.
+        let (_second, w2) = flag_waker();
+        assert!(hub.register(&w2, 1_000));
+        irq.join().unwrap();
+        // The next registration delivers an event the interrupt left.
+        let (_third, w3) = flag_waker();
+        assert!(hub.register(&w3, 1_000));
+        assert_eq!(first.0.load(Ordering::SeqCst), 1, "the registered waiter was not woken");
     });
 }

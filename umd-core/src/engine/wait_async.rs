@@ -30,8 +30,9 @@
 
 use core::future::Future;
 use core::pin::Pin;
-use core::sync::atomic::{AtomicBool, Ordering};
 use core::task::{Context, Poll, Waker};
+
+use crate::sync::atomic::{AtomicBool, Ordering};
 
 use crate::queue::{FenceStatus, WaitError};
 use crate::sync::Fence;
@@ -46,11 +47,18 @@ struct Slot {
     deadline_ns: u64,
 }
 
+/// The hub's lock: spin's; under `--cfg loom` one whose flag is a loom
+/// atomic, so the model checker sees it (`tests/loom.rs`).
+#[cfg(not(loom))]
+type HubLock = spin::Mutex<()>;
+#[cfg(loom)]
+type HubLock = crate::loom_probe::LoomLock;
+
 /// The wake-up hub of async fence waits: up to `N` waiting futures, each
 /// with the time it wants to be woken at the latest.
 #[derive(Debug)]
 pub struct Wakeups<const N: usize> {
-    slots: spin::Mutex<[Slot; N]>,
+    slots: lock_api::Mutex<HubLock, [Slot; N]>,
     missed: AtomicBool,
     notify: Option<fn(u64)>,
 }
@@ -63,18 +71,33 @@ impl<const N: usize> Default for Wakeups<N> {
 
 impl<const N: usize> Wakeups<N> {
     /// An empty hub (const: it can be a `static`).
+    #[cfg(not(loom))]
     pub const fn new() -> Self {
         Wakeups {
-            slots: spin::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
+            slots: lock_api::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
             missed: AtomicBool::new(false),
             notify: None,
         }
+    }
+
+    /// An empty hub (loom: its atomics are not `const`, and the lock's
+    /// flag is made by a first use before the hub is shared).
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        let w = Wakeups {
+            slots: lock_api::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
+            missed: AtomicBool::new(false),
+            notify: None,
+        };
+        drop(w.slots.try_lock());
+        w
     }
 
     /// A hub that tells a one-shot timer about each registered deadline:
     /// `notify(deadline_ns)` is called (outside the hub's lock) after every
     /// registration, so the timer can fire at the earliest one and call
     /// [`Wakeups::on_tick`] then (which returns the next).
+    #[cfg(not(loom))]
     pub const fn with_timer(notify: fn(u64)) -> Self {
         let mut w = Self::new();
         w.notify = Some(notify);
@@ -103,7 +126,10 @@ impl<const N: usize> Wakeups<N> {
                 None => false,
             }
         };
-        if self.missed.swap(false, Ordering::AcqRel) {
+        // A compare-exchange rather than a swap: the same here, and loom
+        // 0.7 models it correctly (its swap lets a concurrent store slip
+        // between the read and the write, tokio-rs/loom#254).
+        if self.missed.compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             self.wake_where(|_| true);
         }
         if let (true, Some(n)) = (stored, self.notify) {

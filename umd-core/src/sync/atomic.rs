@@ -3,7 +3,7 @@
 //! so the model checker can explore every interleaving.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 // Targets without native 64-bit atomics (thumbv7em) get portable-atomic's
 // lock-based fallback: correct between threads, but not safe to use from an
@@ -11,7 +11,7 @@ pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 // `docs/porting.md` says so; on those targets call `Device::service` from
 // task context.
 #[cfg(not(loom))]
-pub(crate) use core::sync::atomic::{AtomicU32, Ordering};
+pub(crate) use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 #[cfg(not(loom))]
 pub(crate) use portable_atomic::AtomicU64;
 
