@@ -78,6 +78,8 @@ pub(crate) struct EngineShared {
     pub stalled: AtomicBool,
     /// Orders doorbell BUSY updates against the engine going idle.
     pub status_lock: Mutex<()>,
+    /// Turns of the engine thread's loop (a liveness sign for diagnostics).
+    pub turns: AtomicU64,
 }
 
 impl EngineShared {
@@ -93,6 +95,7 @@ impl EngineShared {
             enabled: AtomicBool::new(false),
             stalled: AtomicBool::new(false),
             status_lock: Mutex::new(()),
+            turns: AtomicU64::new(0),
         }
     }
 }
@@ -294,6 +297,7 @@ impl Engine {
     /// Thread body.
     pub fn run(mut self) {
         loop {
+            self.es().turns.fetch_add(1, Ordering::Relaxed);
             let seen = self.es().waker.seq();
             let attn = self.es().attn.load(Ordering::SeqCst);
             if attn & ATTN_SHUTDOWN != 0 {

@@ -471,6 +471,27 @@ impl Model {
         lock(&self.engines).get(e).is_some_and(|t| !t.is_finished())
     }
 
+    /// What engine `e`'s thread and reset state look like, for a host
+    /// that saw a reset not finish: whether the thread runs, how many turns
+    /// its loop made, reset requests made and completed, pending attention
+    /// bits, CTRL, enable and stall.
+    pub fn engine_diagnosis(&self, e: usize) -> String {
+        let Some(es) = self.sh.engines.get(e) else {
+            return format!("engine {e}: no such engine");
+        };
+        format!(
+            "engine {e}: thread {}, {} loop turns, resets requested {} done {}, attn {:#x}, CTRL {:#x}, enabled {}, stalled {}",
+            if self.engine_alive(e) { "running" } else { "ended" },
+            es.turns.load(Ordering::Relaxed),
+            es.reset_req.load(Ordering::SeqCst),
+            es.reset_done.load(Ordering::SeqCst),
+            es.attn.load(Ordering::SeqCst),
+            self.sh.ereg(e, eng::CTRL),
+            es.enabled.load(Ordering::SeqCst),
+            es.stalled.load(Ordering::SeqCst),
+        )
+    }
+
     /// Whether all three engine threads are running (a test aid: an engine
     /// thread only ends at shutdown, never on guest input).
     pub fn engines_alive(&self) -> bool {

@@ -429,6 +429,11 @@ impl Server {
         }
         if busy() {
             log(format_args!("warning: an engine did not finish its reset while parking"));
+            for e in 0..NUM_ENGINES {
+                if load(regs::engine_base(e) + eng::CTRL) & regs::CTRL_RESET != 0 {
+                    log(format_args!("  {}", self.model.engine_diagnosis(e)));
+                }
+            }
         }
         store(regs::IRQ_STATUS, 0);
         // Plain shared memory: a host may have scribbled over words that
