@@ -7,6 +7,7 @@
 //! | `write_reg` | 32-bit atomic store to the RW registers; IRQ_STATUS (write-1-to-clear for the core) becomes an atomic AND of the complement; a DOORBELL write rings that engine's vector; writes to read-only registers are dropped (on a plain shared page they would clobber the model's state) |
 //! | `doorbell(e)` | BAR0 offset 12 ← `(model_peer << 16) \| e` |
 //! | `control_doorbell` | the same with vector 3 |
+//! | `wait_link` (once, before use) | MMU_INVALIDATE ← 1 and the control doorbell, rung again every millisecond until the model clears the register (QEMU drops doorbells until it has the model's eventfds) |
 //! | `dma_alloc/free` | pages of the RAM carve-out ([`CarveOut`]), zeroed and cleaned to memory |
 //! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc ivac` by line, the generic timer, `wfi` on the GICv2m MSI); delays through the board's `embedded_hal::delay::DelayNs` |
 //!
@@ -89,6 +90,13 @@ pub struct IvshmemGpu<H: Hal> {
 
 /// Default for [`IvshmemGpu::loss_window_ns`]: 2 s (a failure guard).
 pub const LOSS_WINDOW_NS: u64 = 2_000_000_000;
+
+/// How long [`IvshmemGpu::wait_link`] waits for an answer before it rings
+/// the control doorbell again.
+pub const LINK_RETRY_NS: u64 = 1_000_000;
+
+/// A sensible limit for [`IvshmemGpu::wait_link`]: 5 s (a failure guard).
+pub const LINK_TIMEOUT_NS: u64 = 5_000_000_000;
 
 impl<H: Hal> IvshmemGpu<H> {
     /// Wraps an ivshmem-doorbell device whose BAR0 registers are at `bar0`
@@ -179,6 +187,49 @@ impl<H: Hal> IvshmemGpu<H> {
         let mut regs = self.bar0.lock();
         field!(*regs, doorbell).write((self.model_peer << 16) | vector);
         Ok(())
+    }
+
+    /// Waits until the model takes this host's doorbells; returns how many
+    /// control doorbells that took (1 when the first was answered).
+    ///
+    /// QEMU learns the model's doorbell eventfds from the server after the
+    /// device is realized, in its main loop, and silently drops a doorbell
+    /// rung to a peer whose eventfds it does not have yet
+    /// (`docs/refgpu.md` section 2.3, "link-up"): a guest that rings before
+    /// then loses the doorbell. The probe writes MMU_INVALIDATE = 1 and
+    /// rings the control doorbell, again every [`LINK_RETRY_NS`], until the
+    /// model has cleared the register; an invalidation changes no state,
+    /// so applying it twice is harmless. The control doorbell is the
+    /// model's last vector, whose eventfd the server sends after the
+    /// engines', so once it is answered every doorbell reaches the model.
+    /// Call it once after [`IvshmemGpu::new`], before the device is used.
+    ///
+    /// # Errors
+    ///
+    /// [`PlatformError::DeviceLost`] when the model did not answer within
+    /// `timeout_ns` (or the device was already lost).
+    pub fn wait_link(&self, timeout_ns: u64) -> Result<u32, PlatformError> {
+        self.write_reg(regs::MMU_INVALIDATE, 1)?;
+        let start = self.hal.now_ns();
+        let mut rings = 0u32;
+        loop {
+            self.ring(regs::CONTROL_VECTOR)?;
+            rings = rings.saturating_add(1);
+            let again = self.hal.now_ns().saturating_add(LINK_RETRY_NS);
+            loop {
+                if self.read_reg(regs::MMU_INVALIDATE)? & 1 == 0 {
+                    return Ok(rings);
+                }
+                let now = self.hal.now_ns();
+                if now.saturating_sub(start) > timeout_ns {
+                    return Err(PlatformError::DeviceLost);
+                }
+                if now >= again {
+                    break;
+                }
+                self.hal.delay().delay_ns(10_000);
+            }
+        }
     }
 
     fn raw_clock(&self) -> u64 {
@@ -333,14 +384,24 @@ mod tests {
     struct FakeHal {
         t: core::cell::Cell<u64>,
         cleaned: core::cell::RefCell<Vec<(usize, usize)>>,
+        /// A fake model: from this time on, it clears MMU_INVALIDATE (the
+        /// word behind the pointer) as if a doorbell reached it.
+        link_up: core::cell::Cell<Option<(u64, NonNull<AtomicU32>)>>,
     }
 
     /// Advances the fake clock instead of waiting.
-    struct FakeDelay<'a>(&'a core::cell::Cell<u64>);
+    struct FakeDelay<'a>(&'a FakeHal);
 
     impl DelayNs for FakeDelay<'_> {
         fn delay_ns(&mut self, ns: u32) {
-            self.0.set(self.0.get() + u64::from(ns));
+            let t = self.0.t.get() + u64::from(ns);
+            self.0.t.set(t);
+            if let Some((at, word)) = self.0.link_up.get() {
+                if t >= at {
+                    // SAFETY: the test's page outlives the transport.
+                    unsafe { word.as_ref() }.store(0, Ordering::SeqCst);
+                }
+            }
         }
     }
 
@@ -350,7 +411,7 @@ mod tests {
             self.t.get()
         }
         fn delay(&self) -> FakeDelay<'_> {
-            FakeDelay(&self.t)
+            FakeDelay(self)
         }
         fn cache_clean(&self, addr: usize, len: usize) {
             self.cleaned.borrow_mut().push((addr, len));
@@ -372,7 +433,7 @@ mod tests {
                 NonNull::new(bar0.as_mut_ptr()).unwrap(),
                 NonNull::new(shm.0.as_mut_ptr()).unwrap(),
                 carve,
-                FakeHal { t: Default::default(), cleaned: Default::default() },
+                FakeHal { t: Default::default(), cleaned: Default::default(), link_up: Default::default() },
             )
         }
     }
@@ -416,6 +477,32 @@ mod tests {
         assert!(g.dma_alloc(4 * 4096, DmaFlags::CPU).is_err());
         g.dma_free(r);
         assert_eq!(g.dma_pages_used(), 0);
+    }
+
+    #[test]
+    fn link_probe_rings_until_the_model_answers() {
+        let mut shm = Box::new(Pages([0; 4096]));
+        let mut bar0 = [0u32; 4];
+        let mut dma = Box::new(Pages([0; 4096]));
+        let inv = NonNull::from(&shm.0[regs::MMU_INVALIDATE as usize / 4]).cast::<AtomicU32>();
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
+        // Doorbells before 3.5 ms are lost (QEMU has not the eventfds yet).
+        g.hal().link_up.set(Some((3_500_000, inv)));
+        assert_eq!(g.wait_link(LINK_TIMEOUT_NS), Ok(4), "rung at 0, 1, 2 and 3 ms");
+        drop(g);
+        assert_eq!(bar0[3], (7 << 16) | regs::CONTROL_VECTOR, "the control doorbell of the model's peer");
+    }
+
+    #[test]
+    fn link_probe_without_a_model_is_device_lost() {
+        let mut shm = Box::new(Pages([0; 4096]));
+        let mut bar0 = [0u32; 4];
+        let mut dma = Box::new(Pages([0; 4096]));
+        let g = gpu(&mut shm, &mut bar0, &mut dma);
+        assert_eq!(g.wait_link(20_000_000), Err(PlatformError::DeviceLost));
+        assert!((20_000_000..21_000_000).contains(&g.hal().t.get()), "gave up at the limit");
+        drop(g);
+        assert_eq!(shm.0[regs::MMU_INVALIDATE as usize / 4], 1, "nobody answered");
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub enum BoardError {
     NoInfoPage,
     /// MSI-X or GIC setup failed.
     Msi(&'static str),
+    /// The model never answered the control doorbell (`IvshmemGpu::wait_link`).
+    NoDoorbellLink,
 }
 
 impl core::fmt::Display for BoardError {
@@ -193,6 +195,11 @@ impl core::fmt::Display for BoardError {
             ),
             BoardError::NoInfoPage => write!(f, "no refgpu-sim info page in the shared memory"),
             BoardError::Msi(why) => write!(f, "MSI-X setup: {why}"),
+            BoardError::NoDoorbellLink => write!(
+                f,
+                "the model did not answer the control doorbell within {} ms",
+                ivshmem::LINK_TIMEOUT_NS / 1_000_000
+            ),
         }
     }
 }
@@ -254,6 +261,12 @@ pub fn bring_up(mode: IrqMode) -> Result<Gpu, BoardError> {
         return Err(BoardError::CarveOutOutsideModel { base, size });
     }
     crate::debug!("model memory {:#x} +{:#x}, GPU carve-out {:#x} +{:#x}", base, size, lo, hi - lo);
+    // QEMU may not know the model's doorbells yet (it learns them after
+    // boot has started): make sure they arrive before the driver rings.
+    let rings = io.wait_link(ivshmem::LINK_TIMEOUT_NS).map_err(|_| BoardError::NoDoorbellLink)?;
+    if rings > 1 {
+        crate::info!("ivshmem: the model answered the control doorbell after {} rings", rings);
+    }
     if mode == IrqMode::Msi {
         setup_msix(&ecam, bdf, &bars)?;
     }
