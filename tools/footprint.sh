@@ -3,7 +3,8 @@
 # entry points, fat LTO, opt-level s) for the embedded targets, prints the
 # section sizes of its own object (compiler-builtins excluded), and fails if
 # a panic path survived optimisation (a function of ours that still
-# references a core::panicking routine after fat LTO).
+# references a core::panicking routine after fat LTO), or if the driver
+# built without the mmu feature links the GPU VA allocator.
 #
 # `tools/footprint.sh table` instead prints the per-configuration table of
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
@@ -39,6 +40,22 @@ panic_paths() {
     fi
 }
 
+# Without umd-core's mmu feature direct mode runs in MMU bypass, where a
+# GPU address is the memory's own, and must link none of the GPU VA
+# allocator (umd_core::mem::va; Backend::VA_ALLOCATOR is false there).
+va_linked() {
+    local dir syms
+    dir=$(mktemp -d)
+    (cd "$dir" && ar x "$OLDPWD/$1")
+    syms=$(llvm-nm --demangle "$dir"/footprint-*.o | grep -F 'umd_core::mem::va::' || true)
+    rm -rf "$dir"
+    if [ -n "$syms" ]; then
+        echo "$2: the GPU VA allocator is linked without the mmu feature:" >&2
+        echo "$syms" >&2
+        return 1
+    fi
+}
+
 if [ "${1:-}" = table ]; then
     t=thumbv7em-none-eabihf
     lib="target/$t/footprint/libfootprint.a"
@@ -55,6 +72,7 @@ if [ "${1:-}" = table ]; then
         gen1,gen2,compact-encoder,$all gen2,compact-encoder,$all gen1,gen2,compact-encoder gen2,compact-encoder; do
         cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
         panic_paths "$lib" "$t ($f)" || exit 1
+        [ "$(yn "$f" mmu)" = yes ] || va_linked "$lib" "$t ($f)" || exit 1
         read -r text rodata _ <<<"$(own_sizes "$lib")"
         base=$(tr , '\n' <<<"$f" | grep -Ev '^(hang-capture|trace|local-memory|mmu)$' | paste -sd, -)
         printf '| `%s` | %s | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
@@ -108,4 +126,10 @@ for build in driver driver+conformance; do
         fi
     done
 done
+# The driver without the MMU (every other optional part on): no VA
+# allocator code.
+t=thumbv7em-none-eabihf
+cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \
+    --features gen1,gen2,hang-capture,trace,local-memory
+va_linked "target/$t/footprint/libfootprint.a" "$t (driver without mmu)" || status=1
 exit $status

@@ -147,3 +147,44 @@ fn the_mmu_is_refused_with_a_typed_error_when_not_built_in() {
     }
     assert_eq!(fake.state().allocs, 0, "nothing left allocated");
 }
+
+#[test]
+fn gpu_addresses_come_from_the_va_allocator_only_with_the_mmu() {
+    const MEM: u64 = 4 << 20;
+    let in_memory = |a: u64| (support::MEM_BASE..support::MEM_BASE + MEM).contains(&a);
+    // MMU bypassed (every build): no allocator; an address is the memory's
+    // own device address.
+    let fake = Fake::new(Generation::Gen2, MEM as usize);
+    let mut storage: Box<Storage> = Box::default();
+    let dev =
+        Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("bypass comes up");
+    assert!(!dev.mmu_enabled());
+    assert!(dev.va_stats().is_none());
+    let small = dev.alloc_buffer(256).unwrap();
+    let large = dev.alloc_buffer(256 << 10).unwrap();
+    assert!(in_memory(dev.va(small).unwrap()) && in_memory(dev.va(large).unwrap()));
+    assert!(in_memory(dev.pool_range().0));
+    dev.free(large).unwrap();
+    dev.free(small).unwrap();
+    drop(dev);
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
+    if !umd_core::direct::MMU {
+        return;
+    }
+    // MMU on (only when built in): the allocator chooses every address
+    // from the arena and counts them.
+    let (base, size) = (1u64 << 32, 1u64 << 30);
+    let mut storage: Box<Storage> = Box::default();
+    let mmu = MmuMode::Enabled { va_base: base, va_size: size, table_pages: 16 };
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu).expect("MMU comes up");
+    assert!(dev.mmu_enabled());
+    let in_arena = |a: u64| (base..base + size).contains(&a);
+    let before = dev.va_stats().expect("an allocator with the MMU");
+    assert!(before.allocations > 0 && before.used > 0, "rings, fence slots and IB pool: {before:?}");
+    let large = dev.alloc_buffer(256 << 10).unwrap();
+    assert!(in_arena(dev.va(large).unwrap()) && in_arena(dev.pool_range().0));
+    assert_eq!(dev.va_stats().unwrap().allocations, before.allocations + 1);
+    dev.free(large).unwrap();
+    drop(dev);
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
+}

@@ -71,7 +71,9 @@ pub enum MmuMode {
 
 /// Whether the MMU can be used (the `mmu` feature). Without it only
 /// [`MmuMode::Bypass`] brings a device up (`Enabled` is refused with
-/// [`InitError::BadConfig`]) and no page-table code is linked.
+/// [`InitError::BadConfig`]) and neither page-table code nor the GPU VA
+/// allocator ([`crate::mem::VaAllocator`]) is linked: in bypass a GPU
+/// address is the memory's device address.
 pub const MMU: bool = cfg!(feature = "mmu");
 
 impl MmuMode {
@@ -158,6 +160,9 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     type Queue = DirectQueue;
     type Maps = Option<Tables>;
     const MODE: crate::engine::Mode = crate::engine::Mode::Direct;
+    // In MMU bypass a GPU address is the DMA region's device address: the
+    // VA allocator is only needed (and only linked) with the MMU built in.
+    const VA_ALLOCATOR: bool = MMU;
 
     fn platform(&self) -> &P {
         self.p

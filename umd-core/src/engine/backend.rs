@@ -133,6 +133,12 @@ pub trait Backend: sealed::Sealed + Sized {
 
     /// Which mode this is.
     const MODE: super::Mode;
+    /// Whether this backend can ever have the core choose GPU addresses
+    /// (kernel mode always; direct mode only with umd-core's `mmu`
+    /// feature). When false the engine never touches its GPU VA allocator
+    /// (a compile-time constant, so none of the allocator's code is
+    /// linked) and every GPU address is the memory's device address.
+    const VA_ALLOCATOR: bool;
 
     /// The platform.
     fn platform(&self) -> &Self::P;

@@ -10,6 +10,7 @@
 //! CPU cache when created and cleans it when dropped.
 
 use core::fmt;
+use core::marker::PhantomData;
 
 use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry};
 use crate::mem::manager::AllocError;
@@ -65,12 +66,57 @@ impl BufferUse {
 /// by the backend.
 pub(crate) struct Backer<'a, 'd, B: Backend> {
     pub(crate) b: &'a B,
-    pub(crate) va: &'a mut Option<VaAllocator<&'d mut [VaNode]>>,
+    pub(crate) va: &'a mut VaSlot<'d, B>,
     pub(crate) maps: &'a mut B::Maps,
     pub(crate) local: &'a mut super::residency::LocalMem<'d>,
     /// A local-memory block that finds no room comes from system memory
     /// instead (after eviction failed to make room).
     pub(crate) fallback: bool,
+}
+
+/// The engine's GPU VA allocator as backend `B` may use it: empty with
+/// the MMU bypassed, and always empty when `B` can not translate at all
+/// ([`Backend::VA_ALLOCATOR`] false: direct mode without the `mmu`
+/// feature). There the answer is a compile-time constant, so none of the
+/// allocator's code is linked; every use goes through [`VaSlot::get_mut`]
+/// or [`VaSlot::get`].
+pub(crate) struct VaSlot<'d, B: Backend> {
+    alloc: Option<VaAllocator<&'d mut [VaNode]>>,
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<'d, B: Backend> VaSlot<'d, B> {
+    /// Holds `alloc` (ignored when `B` can not use one).
+    pub(crate) fn new(alloc: Option<VaAllocator<&'d mut [VaNode]>>) -> Self {
+        VaSlot { alloc, _backend: PhantomData }
+    }
+
+    /// Whether GPU addresses come from the allocator (false: they are the
+    /// memory's device addresses).
+    #[inline(always)]
+    pub(crate) fn is_some(&self) -> bool {
+        self.get().is_some()
+    }
+
+    /// The allocator, if any.
+    #[inline(always)]
+    pub(crate) fn get(&self) -> Option<&VaAllocator<&'d mut [VaNode]>> {
+        if B::VA_ALLOCATOR {
+            self.alloc.as_ref()
+        } else {
+            None
+        }
+    }
+
+    /// The allocator, if any.
+    #[inline(always)]
+    pub(crate) fn get_mut(&mut self) -> Option<&mut VaAllocator<&'d mut [VaNode]>> {
+        if B::VA_ALLOCATOR {
+            self.alloc.as_mut()
+        } else {
+            None
+        }
+    }
 }
 
 /// A block of the pools: its memory and, with the MMU on, the VA
@@ -116,7 +162,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
                 p.dma_free(region);
             }
         };
-        let Some(va) = self.va.as_mut() else {
+        let Some(va) = self.va.get_mut() else {
             // MMU bypassed: the GPU address is the memory's.
             let addr = region.dev_addr();
             if addr.checked_rem(align) != Some(0) {
@@ -143,7 +189,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     }
 
     fn release(&mut self, addr: u64, bytes: u64, block: Backed) {
-        if let Some(va) = self.va.as_mut() {
+        if let Some(va) = self.va.get_mut() {
             self.b.unmap(self.maps, addr, bytes);
             let _ = match block.va {
                 Some(h) if h.addr() == addr => va.free_handle(h),

@@ -96,7 +96,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let nq = b.queues().min(MAX_QUEUES);
         let enc = Encoder::new(b.chip().generation);
         let parts = storage.parts();
-        let va = match va_arena {
+        // A backend without an allocator gets no arena (direct mode
+        // refuses the MMU before this without the `mmu` feature).
+        let va = match va_arena.filter(|_| B::VA_ALLOCATOR) {
             Some((base, size)) => Some(VaAllocator::new(parts.va, base, size).map_err(InitError::Va)?),
             None => None,
         };
@@ -113,7 +115,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             ib: IbPool::unset(),
             mem: Mutex::new(MemState {
                 buffers,
-                va,
+                va: super::buffers::VaSlot::new(va),
                 maps,
                 local: super::residency::LocalMem::new(parts.local),
             }),
@@ -138,7 +140,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let p = self.b.platform();
         let region = p.dma_alloc(len, DmaFlags::CPU).map_err(InitError::Platform)?;
         let mem = self.mem.get_mut();
-        let Some(va) = mem.va.as_mut() else {
+        let Some(va) = mem.va.get_mut() else {
             let addr = region.dev_addr();
             return Ok((region, addr));
         };
@@ -176,7 +178,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     fn unmap_driver(&mut self, region: DmaRegion, va: u64) {
         let mem = self.mem.get_mut();
-        if let Some(a) = mem.va.as_mut() {
+        if let Some(a) = mem.va.get_mut() {
             self.b.unmap(&mut mem.maps, va, region.len() as u64);
             let _ = a.free(va);
         }

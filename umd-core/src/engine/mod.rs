@@ -50,7 +50,7 @@ use crate::debug::{HangReport, TraceEvent, TraceKind, TraceRing};
 use crate::hw::ChipId;
 use crate::ibpool::{IbPool, IbPoolStats};
 use crate::mem::manager::{BufferStats, Buffers};
-use crate::mem::va::{VaAllocator, VaNode};
+use crate::mem::va::VaAllocator;
 use crate::platform::Platform;
 use crate::storage::Deps;
 use crate::sync::atomic::{AtomicU64, Ordering};
@@ -159,8 +159,8 @@ impl Counters {
 /// The memory manager's state, behind one lock.
 pub(crate) struct MemState<'d, B: Backend> {
     pub(crate) buffers: Buffers<'d, buffers::Backed>,
-    /// GPU VA (None: MMU bypassed, addresses are the memory's).
-    pub(crate) va: Option<VaAllocator<&'d mut [VaNode]>>,
+    /// GPU VA (empty: MMU bypassed, addresses are the memory's).
+    pub(crate) va: buffers::VaSlot<'d, B>,
     pub(crate) maps: B::Maps,
     /// The device's local memory, if it has any.
     pub(crate) local: residency::LocalMem<'d>,
@@ -350,7 +350,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// GPU VA allocator statistics (None with the MMU bypassed).
     pub fn va_stats(&self) -> Option<crate::mem::VaStats> {
-        self.mem.lock().va.as_ref().map(VaAllocator::stats)
+        self.mem.lock().va.get().map(VaAllocator::stats)
     }
 
     /// The event trace (locked while the guard lives). Without the `trace`

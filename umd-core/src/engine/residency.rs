@@ -359,12 +359,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let tmp = {
             let mut mem = self.mem.lock();
             let (_, backer) = mem.split(&self.b);
-            let va = backer.va.as_mut().ok_or(MoveError::NotLocal)?;
+            let va = backer.va.get_mut().ok_or(MoveError::NotLocal)?;
             let handle = va.alloc_handle(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
             let tmp = handle.addr();
             let rw = Perms { read: true, write: true, cache: CachePolicy::Uncached };
             if self.b.map(backer.maps, tmp, to, rw).is_err() {
-                if let Some(va) = backer.va.as_mut() {
+                if let Some(va) = backer.va.get_mut() {
                     let _ = va.free_handle(handle);
                 }
                 return Err(MoveError::Memory);
@@ -393,7 +393,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let mut mem = self.mem.lock();
         let (_, backer) = mem.split(&self.b);
         self.b.unmap(backer.maps, tmp, s.bytes);
-        if let Some(va) = backer.va.as_mut() {
+        if let Some(va) = backer.va.get_mut() {
             let _ = va.free_handle(handle);
         }
         r

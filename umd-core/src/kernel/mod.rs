@@ -193,6 +193,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     type Queue = KernelQueue;
     type Maps = ();
     const MODE: crate::engine::Mode = crate::engine::Mode::Kernel;
+    const VA_ALLOCATOR: bool = true;
 
     fn platform(&self) -> &P {
         self.p
