@@ -5,7 +5,9 @@
 //! in-process (`conformance/tests/fault_matrix.rs`), co-simulation
 //! (`refgpu-sim/tests/fault_matrix.rs`) and bare-metal
 //! (`qemu-tests/tests/faults.rs`, through the `fault` image) matrices, and
-//! by the soak's accounting; `docs/reliability.md` has the table.
+//! by the soak's accounting; `docs/reliability.md` has the table. The
+//! matrix's rows ([`KNOBS`], each with what its cells must show,
+//! [`Expect`]) are here too, for every column.
 //!
 //! `no_std` and heap-free like the rest of the suite: at most [`MAX_JOBS`]
 //! submissions per run, and what goes wrong besides the accounting (a
@@ -29,6 +31,99 @@ pub const MAX_JOBS: usize = 64;
 
 /// Failure guard of one wait (never a performance threshold).
 pub const GUARD_NS: u64 = 30_000_000_000;
+
+/// What a knob's cells must show besides the promise that
+/// [`Accounting::check`] checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Expect {
+    /// The knob only delays work: every submission signals, none is
+    /// refused.
+    AllSignalled,
+    /// The knob stalls an engine: at least one fence fails because its
+    /// queue hung.
+    HangReported,
+    /// The knob takes the device away: it reports itself lost.
+    DeviceLost,
+    /// The knob may cost work (a fence dropped): the accounting alone.
+    AccountingOnly,
+}
+
+impl Expect {
+    /// Checks the expectation against a cell's accounting; the error says
+    /// what is missing.
+    pub fn check(self, acc: &Accounting) -> Result<(), &'static str> {
+        match self {
+            Expect::AllSignalled if (acc.signalled, acc.refused) != (acc.submitted, 0) => {
+                Err("not every submission signalled")
+            }
+            Expect::HangReported if acc.failed_hung == 0 => Err("no hang reported"),
+            Expect::DeviceLost if !acc.device_lost => Err("the device did not report itself lost"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// A knob of the fault matrix.
+#[derive(Clone, Copy, Debug)]
+pub struct Knob {
+    /// Name in the table (`docs/reliability.md`).
+    pub name: &'static str,
+    /// The `refgpu-sim` arguments that set it (the in-process matrix sets
+    /// the model's `FaultInjection` from them).
+    pub sim_args: &'static [&'static str],
+    /// Queues (bit mask) whose fault outlives the run on a server, whose
+    /// knobs are fixed at its start ([`Workload::impaired_after`]); the
+    /// in-process model has it taken away before the probe.
+    pub lasting: u8,
+    /// The server is killed halfway (no in-process cell: there is no
+    /// server to lose).
+    pub kill: bool,
+    /// What its cells must show.
+    pub expect: Expect,
+}
+
+/// Every fault-injection knob of `refgpu-sim`, then a server killed
+/// halfway: the rows of the matrix in every column (in-process,
+/// co-simulation, bare metal).
+pub const KNOBS: &[Knob] = &[
+    Knob { name: "none", sim_args: &[], lasting: 0, kill: false, expect: Expect::AllSignalled },
+    Knob {
+        name: "packet_latency 200us",
+        sim_args: &["--packet-latency", "200us"],
+        lasting: 0,
+        kill: false,
+        expect: Expect::AllSignalled,
+    },
+    Knob {
+        name: "drop_fence_nth 3",
+        sim_args: &["--drop-fence-nth", "3"],
+        lasting: 0b111,
+        kill: false,
+        expect: Expect::AccountingOnly,
+    },
+    Knob {
+        name: "drop_fence_prob 0.25",
+        sim_args: &["--drop-fence-prob", "0.25", "--seed", "7"],
+        lasting: 0b111,
+        kill: false,
+        expect: Expect::AccountingOnly,
+    },
+    Knob {
+        name: "stalled COPY",
+        sim_args: &["--stall-engines", "0x4"],
+        lasting: 0b100,
+        kill: false,
+        expect: Expect::HangReported,
+    },
+    Knob {
+        name: "irq_delay 2ms",
+        sim_args: &["--irq-delay", "2ms"],
+        lasting: 0,
+        kill: false,
+        expect: Expect::AllSignalled,
+    },
+    Knob { name: "server killed", sim_args: &[], lasting: 0, kill: true, expect: Expect::DeviceLost },
+];
 
 /// The workload's shape.
 #[derive(Clone, Copy, Debug)]
@@ -467,7 +562,7 @@ mod tests {
     extern crate std;
     use std::string::ToString;
 
-    use super::Accounting;
+    use super::{Accounting, Expect};
 
     #[test]
     fn check_passes_exact_accounting_and_names_every_broken_part() {
@@ -486,5 +581,23 @@ mod tests {
             "3 submitted but 2 accounted; 1 completions lost; 2 IB chunks not returned; \
              the device neither ran new work nor reported itself lost"
         );
+    }
+
+    #[test]
+    fn each_expectation_fails_on_what_it_is_about_and_only_on_that() {
+        let all = Accounting { submitted: 4, signalled: 4, ..Accounting::default() };
+        let refused = Accounting { refused: 1, ..all };
+        let hung = Accounting { signalled: 3, failed_hung: 1, ..all };
+        let lost = Accounting { signalled: 2, refused: 2, device_lost: true, ..all };
+        assert_eq!(Expect::AllSignalled.check(&all), Ok(()));
+        assert_eq!(Expect::AllSignalled.check(&refused), Err("not every submission signalled"));
+        assert_eq!(Expect::AllSignalled.check(&hung), Err("not every submission signalled"));
+        assert_eq!(Expect::HangReported.check(&hung), Ok(()));
+        assert_eq!(Expect::HangReported.check(&all), Err("no hang reported"));
+        assert_eq!(Expect::DeviceLost.check(&lost), Ok(()));
+        assert_eq!(Expect::DeviceLost.check(&hung), Err("the device did not report itself lost"));
+        for acc in [all, refused, hung, lost] {
+            assert_eq!(Expect::AccountingOnly.check(&acc), Ok(()));
+        }
     }
 }

@@ -1,16 +1,18 @@
 //! The fault matrix on the in-process model: every fault-injection knob of
-//! the model × both generations × interrupts and polling. Each cell runs
+//! the model (the rows of `conformance::faults::KNOBS` but the killed
+//! server) × both generations × interrupts and polling. Each cell runs
 //! `conformance::faults`' seeded workload (random queues, cross-queue
 //! waits, buffers freed in flight) with the knob set, takes the knob away,
 //! and checks the accounting: every accepted submission signalled (with
 //! its data) or failed with a reason, none lost, every buffer, IB chunk
-//! and DMA page back, the device usable afterwards. The co-simulation half
+//! and DMA page back, the device usable afterwards; and the knob's own
+//! expectation (`conformance::faults::Expect`). The co-simulation half
 //! (plus the killed server) is `refgpu-sim/tests/fault_matrix.rs`; the
 //! table of results is in `docs/reliability.md`.
 
 use std::time::Duration;
 
-use conformance::faults::{self, Accounting, Workload};
+use conformance::faults::{self, Accounting, Knob, Workload, KNOBS};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_linux::InProcess;
 use refgpu_model::{FaultInjection, Generation as ModelGen, ModelConfig};
@@ -20,17 +22,47 @@ use umd_core::storage::DeviceStorage;
 /// Submissions per cell.
 const JOBS: usize = 48;
 
-/// The knobs (name, injection, queues left impaired after healing).
-fn knobs() -> Vec<(&'static str, FaultInjection)> {
-    let d = FaultInjection::default;
-    vec![
-        ("none", d()),
-        ("packet_latency 200us", FaultInjection { packet_latency: Duration::from_micros(200), ..d() }),
-        ("drop_fence_nth 3", FaultInjection { drop_fence_nth: Some(3), ..d() }),
-        ("drop_fence_prob 0.25", FaultInjection { drop_fence_probability: 0.25, seed: 7, ..d() }),
-        ("stalled COPY", FaultInjection { stalled_engines: 1 << 2, ..d() }),
-        ("irq_delay 2ms", FaultInjection { irq_delay: Duration::from_millis(2), ..d() }),
-    ]
+/// The model's injection for a knob of the table: its `refgpu-sim`
+/// arguments read as the server reads them (a knob the in-process model
+/// cannot set fails the matrix).
+fn injection(k: &Knob) -> FaultInjection {
+    let duration = |v: &str| {
+        let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+        let (n, unit) = v.split_at(split);
+        let n: u64 = n.parse().unwrap_or_else(|_| panic!("{}: bad duration {v}", k.name));
+        match unit {
+            "us" => Duration::from_micros(n),
+            "ms" => Duration::from_millis(n),
+            _ => panic!("{}: bad duration {v}", k.name),
+        }
+    };
+    let number = |v: &str| -> u64 {
+        match v.strip_prefix("0x") {
+            Some(h) => u64::from_str_radix(h, 16).ok(),
+            None => v.parse().ok(),
+        }
+        .unwrap_or_else(|| panic!("{}: bad number {v}", k.name))
+    };
+    let mut fi = FaultInjection::default();
+    for pair in k.sim_args.chunks(2) {
+        let [opt, v] = pair else { panic!("{}: option without a value: {pair:?}", k.name) };
+        match *opt {
+            "--packet-latency" => fi.packet_latency = duration(v),
+            "--irq-delay" => fi.irq_delay = duration(v),
+            "--drop-fence-nth" => fi.drop_fence_nth = Some(number(v)),
+            "--drop-fence-prob" => {
+                fi.drop_fence_probability =
+                    v.parse().unwrap_or_else(|_| panic!("{}: bad probability {v}", k.name))
+            }
+            "--seed" => fi.seed = number(v),
+            "--stall-engines" => {
+                fi.stalled_engines =
+                    u8::try_from(number(v)).unwrap_or_else(|_| panic!("{}: bad mask {v}", k.name))
+            }
+            _ => panic!("{}: {opt} has no in-process equivalent here", k.name),
+        }
+    }
+    fi
 }
 
 fn cell(gen: ModelGen, use_irq: bool, name: &str, fi: &FaultInjection) -> Accounting {
@@ -57,15 +89,11 @@ fn cell(gen: ModelGen, use_irq: bool, name: &str, fi: &FaultInjection) -> Accoun
 }
 
 fn matrix(gen: ModelGen, use_irq: bool) {
-    for (name, fi) in knobs() {
-        let acc = cell(gen, use_irq, name, &fi);
-        // Knobs that delay but never lose work: everything signals.
-        if matches!(name, "none" | "packet_latency 200us" | "irq_delay 2ms") {
-            assert_eq!((acc.signalled, acc.refused), (acc.submitted, 0), "{name}: {acc}");
-        }
-        // A stalled engine is a hang: its queue's work fails with a reason.
-        if name == "stalled COPY" {
-            assert!(acc.failed_hung > 0, "{name}: no hang reported: {acc}");
+    // A killed server has no in-process counterpart.
+    for k in KNOBS.iter().filter(|k| !k.kill) {
+        let acc = cell(gen, use_irq, k.name, &injection(k));
+        if let Err(e) = k.expect.check(&acc) {
+            panic!("{gen:?} irq={use_irq} {}: {e}: {acc}", k.name);
         }
     }
 }

@@ -1,41 +1,13 @@
-//! The fault matrix's bare-metal cells (`docs/reliability.md`): the knobs
-//! of `refgpu-sim` (the same as the co-simulation matrix's,
-//! `refgpu-sim/tests/fault_matrix.rs`) and the check of one cell, booted
-//! on either board (`tests/faults.rs`, `tests/cortex_m.rs`).
+//! The fault matrix's bare-metal cells (`docs/reliability.md`): the check
+//! of one cell, booted on either board (`tests/faults.rs`,
+//! `tests/cortex_m.rs`), for each knob of the matrix's table
+//! (`conformance::faults::KNOBS`, shared with the hosted columns).
 
 use std::collections::BTreeMap;
 
+use conformance::faults::{Accounting, Knob};
+
 use crate::{outcome, Board, Mode, Run};
-
-/// A knob of the matrix: name, `refgpu-sim` arguments, queues (mask)
-/// whose fault outlives the run, whether the server is killed halfway.
-pub struct Knob {
-    /// Name in the table.
-    pub name: &'static str,
-    /// `refgpu-sim` arguments.
-    pub args: &'static [&'static str],
-    /// Queues whose fault outlives the run.
-    pub lasting: u8,
-    /// Kill the server halfway.
-    pub kill: bool,
-}
-
-/// Every fault-injection knob of `refgpu-sim`, then a server killed
-/// halfway.
-pub const KNOBS: &[Knob] = &[
-    Knob { name: "none", args: &[], lasting: 0, kill: false },
-    Knob { name: "packet_latency 200us", args: &["--packet-latency", "200us"], lasting: 0, kill: false },
-    Knob { name: "drop_fence_nth 3", args: &["--drop-fence-nth", "3"], lasting: 0b111, kill: false },
-    Knob {
-        name: "drop_fence_prob 0.25",
-        args: &["--drop-fence-prob", "0.25", "--seed", "7"],
-        lasting: 0b111,
-        kill: false,
-    },
-    Knob { name: "stalled COPY", args: &["--stall-engines", "0x4"], lasting: 0b100, kill: false },
-    Knob { name: "irq_delay 2ms", args: &["--irq-delay", "2ms"], lasting: 0, kill: false },
-    Knob { name: "server killed", args: &[], lasting: 0, kill: true },
-];
 
 /// The semihosting words of a cell (static: the harness keeps them).
 fn cell_args(k: &Knob, mode: Mode) -> Vec<&'static str> {
@@ -64,7 +36,7 @@ pub fn cell(base: Run, k: &Knob) -> BTreeMap<String, u64> {
     let (generation, mode, board) = (base.generation, base.mode, base.board);
     let run = Run {
         args: cell_args(k, mode),
-        sim_args: k.args.iter().map(|a| a.to_string()).collect(),
+        sim_args: k.sim_args.iter().map(|a| a.to_string()).collect(),
         kill_model_on: k.kill.then_some("@@ KILL_MODEL_NOW"),
         ..base
     };
@@ -103,14 +75,16 @@ pub fn cell(base: Run, k: &Knob) -> BTreeMap<String, u64> {
     let failed = f("hung") + f("fault") + f("lost_device") + f("never");
     assert_eq!(f("submitted"), f("signalled") + failed + f("lost"), "{label}: {line}");
     assert_eq!((f("lost"), f("leaked"), f("busy_chunks")), (0, 0, 0), "{label}: {line}");
-    if matches!(k.name, "none" | "packet_latency 200us" | "irq_delay 2ms") {
-        assert_eq!((f("signalled"), f("refused")), (f("submitted"), 0), "{label}: {line}");
-    }
-    if k.name == "stalled COPY" {
-        assert!(f("hung") > 0, "{label}: no hang reported: {line}");
-    }
-    if k.kill {
-        assert_eq!(f("device_lost"), 1, "{label}: the device did not report itself lost: {line}");
+    let seen = Accounting {
+        submitted: f("submitted"),
+        signalled: f("signalled"),
+        refused: f("refused"),
+        failed_hung: f("hung"),
+        device_lost: f("device_lost") == 1,
+        ..Accounting::default()
+    };
+    if let Err(e) = k.expect.check(&seen) {
+        panic!("{label}: {e}: {line}");
     }
     acc
 }

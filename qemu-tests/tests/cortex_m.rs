@@ -4,7 +4,8 @@
 //! a doorbell for an engine that does not exist, a carve-out too small for
 //! the pools), no model running, and a RAM file of the wrong size.
 
-use qemu_tests::fault_matrix::{cell, KNOBS};
+use conformance::faults::KNOBS;
+use qemu_tests::fault_matrix::cell;
 use qemu_tests::{boot, check_run, check_scenario, outcome, HarnessError, Run, Status};
 
 /// Exit status of the fault image after a detected device loss.

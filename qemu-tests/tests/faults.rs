@@ -5,7 +5,8 @@
 //! (The decoded GPU page-fault report over the UART is checked in
 //! `tests/conformance.rs`.)
 
-use qemu_tests::fault_matrix::{cell, KNOBS};
+use conformance::faults::KNOBS;
+use qemu_tests::fault_matrix::cell;
 use qemu_tests::{outcome, Mode, Run};
 
 /// Exit status of the fault image after a detected device loss.

@@ -1,18 +1,20 @@
 //! The fault matrix over co-simulation: every fault-injection knob of
 //! `refgpu-sim` (set on its command line, so it stays on for the whole
-//! run) plus a server killed halfway × both generations × interrupts and
+//! run) plus a server killed halfway (the rows of
+//! `conformance::faults::KNOBS`) × both generations × interrupts and
 //! polling. Each cell runs `conformance::faults`' seeded workload and
 //! checks its accounting: every accepted submission signalled (with its
 //! data) or failed with a reason, none lost, every buffer, IB chunk and
 //! DMA page back, the device usable afterwards on the queues without a
-//! lasting fault (or reported lost when the server died). The in-process
-//! half is `conformance/tests/fault_matrix.rs`; the table of results is in
+//! lasting fault (or reported lost when the server died); and the knob's
+//! own expectation (`conformance::faults::Expect`). The in-process half
+//! is `conformance/tests/fault_matrix.rs`; the table of results is in
 //! `docs/reliability.md`.
 
 mod common;
 
 use common::Sim;
-use conformance::faults::{self, Accounting, Workload};
+use conformance::faults::{self, Accounting, Knob, Workload, KNOBS};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_linux::Cosim;
 use umd_core::direct::Device;
@@ -21,33 +23,9 @@ use umd_core::storage::DeviceStorage;
 /// Submissions per cell.
 const JOBS: usize = 48;
 
-/// A knob: name, server arguments, queues (mask) whose fault outlives
-/// the run, whether the server is killed halfway.
-struct Knob {
-    name: &'static str,
-    args: &'static [&'static str],
-    lasting: u8,
-    kill: bool,
-}
-
-const KNOBS: &[Knob] = &[
-    Knob { name: "none", args: &[], lasting: 0, kill: false },
-    Knob { name: "packet_latency 200us", args: &["--packet-latency", "200us"], lasting: 0, kill: false },
-    Knob { name: "drop_fence_nth 3", args: &["--drop-fence-nth", "3"], lasting: 0b111, kill: false },
-    Knob {
-        name: "drop_fence_prob 0.25",
-        args: &["--drop-fence-prob", "0.25", "--seed", "7"],
-        lasting: 0b111,
-        kill: false,
-    },
-    Knob { name: "stalled COPY", args: &["--stall-engines", "0x4"], lasting: 0b100, kill: false },
-    Knob { name: "irq_delay 2ms", args: &["--irq-delay", "2ms"], lasting: 0, kill: false },
-    Knob { name: "server killed", args: &[], lasting: 0, kill: true },
-];
-
 fn cell(gen: &str, use_irq: bool, k: &Knob) -> Accounting {
     let mut args = vec!["--gen", gen];
-    args.extend_from_slice(k.args);
+    args.extend_from_slice(k.sim_args);
     let mut sim = Sim::start(&args);
     let p = Cosim::connect(&sim.socket).expect("connect to refgpu-sim");
     let cfg = umd_core::config::Config { use_irq, ..SUITE_CONFIG };
@@ -79,14 +57,8 @@ fn cell(gen: &str, use_irq: bool, k: &Knob) -> Accounting {
 fn matrix(gen: &str, use_irq: bool) {
     for k in KNOBS {
         let acc = cell(gen, use_irq, k);
-        if matches!(k.name, "none" | "packet_latency 200us" | "irq_delay 2ms") {
-            assert_eq!((acc.signalled, acc.refused), (acc.submitted, 0), "{}: {acc}", k.name);
-        }
-        if k.name == "stalled COPY" {
-            assert!(acc.failed_hung > 0, "{}: no hang reported: {acc}", k.name);
-        }
-        if k.kill {
-            assert!(acc.device_lost, "{}: the device did not report itself lost: {acc}", k.name);
+        if let Err(e) = k.expect.check(&acc) {
+            panic!("cosim gen{gen} irq={use_irq} {}: {e}: {acc}", k.name);
         }
     }
 }
