@@ -7,7 +7,7 @@
 //! (`qemu-tests/tests/faults.rs`, through the `fault` image) matrices, and
 //! by the soak's accounting; `docs/reliability.md` has the table. The
 //! matrix's rows ([`KNOBS`], each with what its cells must show,
-//! [`Expect`]) are here too, for every column.
+//! [`Expect`]) and its seeds ([`seed`]) are here too, for every column.
 //!
 //! `no_std` and heap-free like the rest of the suite: at most [`MAX_JOBS`]
 //! submissions per run, and what goes wrong besides the accounting (a
@@ -31,6 +31,13 @@ pub const MAX_JOBS: usize = 64;
 
 /// Failure guard of one wait (never a performance threshold).
 pub const GUARD_NS: u64 = 30_000_000_000;
+
+/// The workload's seed in a cell of the matrix: the same base in every
+/// column, flipped in its lowest bit with interrupts (`use_irq`), so a
+/// cell draws the same workload on every platform.
+pub const fn seed(use_irq: bool) -> u64 {
+    0xFA17 ^ use_irq as u64
+}
 
 /// What a knob's cells must show besides the promise that
 /// [`Accounting::check`] checks.

@@ -73,7 +73,7 @@ fn cell(gen: ModelGen, use_irq: bool, name: &str, fi: &FaultInjection) -> Accoun
     let dev: Device<'_, InProcess, SUITE_CHUNKS> =
         Device::new(&p, &mut storage, dcfg, SUITE_MMU).expect("device comes up");
     p.model().set_fault_injection(fi.clone());
-    let w = Workload { seed: 0xFA17 ^ u64::from(use_irq), jobs: JOBS, impaired_after: 0 };
+    let w = Workload { seed: faults::seed(use_irq), jobs: JOBS, impaired_after: 0 };
     let mut log = String::new();
     let heal = &mut || p.model().set_fault_injection(FaultInjection::default());
     let acc = faults::run(&dev, w, &mut || {}, heal, &mut log).expect("the workload starts");

@@ -5,20 +5,16 @@
 
 use std::collections::BTreeMap;
 
-use conformance::faults::{Accounting, Knob};
+use conformance::faults::{self, Accounting, Knob};
 
 use crate::{outcome, Board, Mode, Run};
 
-/// The semihosting words of a cell (static: the harness keeps them).
+/// The semihosting words of a cell (static: the harness keeps them; a few
+/// words leaked per boot).
 fn cell_args(k: &Knob, mode: Mode) -> Vec<&'static str> {
-    let lasting: &'static str = match k.lasting {
-        0 => "lasting=0",
-        0b100 => "lasting=4",
-        _ => "lasting=7",
-    };
-    // The hosted matrices' seeds: polling 0xFA17, interrupts 0xFA16.
-    let seed = if mode == Mode::Msi { "seed=64022" } else { "seed=64023" };
-    let mut args = vec!["matrix", lasting, seed];
+    let lasting = String::leak(format!("lasting={}", k.lasting));
+    let seed = String::leak(format!("seed={}", faults::seed(mode == Mode::Msi)));
+    let mut args = vec!["matrix", &*lasting, &*seed];
     if k.kill {
         args.push("kill");
     }
@@ -87,4 +83,22 @@ pub fn cell(base: Run, k: &Knob) -> BTreeMap<String, u64> {
         panic!("{label}: {e}: {line}");
     }
     acc
+}
+
+#[cfg(test)]
+mod tests {
+    use conformance::faults::KNOBS;
+
+    use super::cell_args;
+    use crate::Mode;
+
+    #[test]
+    fn cell_args_carry_the_knobs_lasting_mask_and_the_hosted_matrices_seeds() {
+        let stalled = KNOBS.iter().find(|k| k.lasting == 0b100).expect("a knob with one lasting queue");
+        assert_eq!(cell_args(stalled, Mode::Msi), ["matrix", "lasting=4", "seed=64022"]);
+        let dropped = KNOBS.iter().find(|k| k.lasting == 0b111).expect("a knob lasting on every queue");
+        assert_eq!(cell_args(dropped, Mode::Polling), ["matrix", "lasting=7", "seed=64023"]);
+        let killed = KNOBS.iter().find(|k| k.kill).expect("the killed server");
+        assert_eq!(cell_args(killed, Mode::Polling), ["matrix", "lasting=0", "seed=64023", "kill"]);
+    }
 }

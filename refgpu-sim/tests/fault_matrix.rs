@@ -34,7 +34,7 @@ fn cell(gen: &str, use_irq: bool, k: &Knob) -> Accounting {
         Ok(d) => d,
         Err(e) => panic!("Device::new: {e}\n{}", sim.log_text()),
     };
-    let w = Workload { seed: 0xFA17 ^ u64::from(use_irq), jobs: JOBS, impaired_after: k.lasting };
+    let w = Workload { seed: faults::seed(use_irq), jobs: JOBS, impaired_after: k.lasting };
     let mut midway = || {
         if k.kill {
             sim.signal_and_wait(rustix::process::Signal::KILL);

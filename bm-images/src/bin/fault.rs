@@ -68,7 +68,7 @@ fn matrix() -> ! {
     io.loss_window_ns = SUITE_CONFIG.hang.window_ns;
     let dev = boot::device_on::<SUITE_CHUNKS>(io, SUITE_CONFIG, SUITE_MMU);
     let cell = Cell {
-        seed: boot::arg_u64("seed").unwrap_or(0xFA17),
+        seed: boot::arg_u64("seed").unwrap_or(conformance::faults::seed(false)),
         lasting: boot::arg_u64("lasting").and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
         kill: boot::has_arg("kill"),
     };

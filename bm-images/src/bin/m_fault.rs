@@ -75,7 +75,7 @@ fn main() -> ! {
 fn matrix() -> ! {
     let dev = boot_m::device("m-fault", &SUITE_DEVICE, SUITE_CONFIG, SUITE_MMU);
     let cell = Cell {
-        seed: boot_m::arg_u64("seed").unwrap_or(0xFA17),
+        seed: boot_m::arg_u64("seed").unwrap_or(conformance::faults::seed(false)),
         lasting: boot_m::arg_u64("lasting").and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
         kill: boot_m::has_arg("kill"),
     };
