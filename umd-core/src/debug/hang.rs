@@ -108,6 +108,16 @@ pub enum HangReason {
     KernelReset,
 }
 
+impl HangReason {
+    /// The fault that stopped the engine, when that is the reason.
+    pub const fn fault(&self) -> Option<FaultInfo> {
+        match *self {
+            HangReason::Fault(info) => Some(info),
+            _ => None,
+        }
+    }
+}
+
 impl fmt::Display for HangReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -204,8 +214,9 @@ impl fmt::Display for NearBuffer {
 
 impl HangReport {
     /// A report with no register capture (device loss; a kernel's reset,
-    /// whose capture is the kernel's devcoredump): `counts` is (emitted,
-    /// completed).
+    /// whose capture is the kernel's devcoredump; a direct-mode build
+    /// without `hang-capture`): `counts` is (emitted, completed), the
+    /// fault is the reason's ([`HangReason::fault`]).
     pub const fn uncaptured(
         queue: QueueId,
         reason: HangReason,
@@ -226,7 +237,7 @@ impl HangReport {
             ib_size: 0,
             emitted: counts.0,
             completed: counts.1,
-            fault: None,
+            fault: reason.fault(),
             ring: Window::EMPTY,
             ib: Window::EMPTY,
             near: None,

@@ -20,7 +20,9 @@ use crate::debug::{HangReason, HangReport};
 use crate::engine::backend::{Failure, Gone, QueueView};
 use crate::hw::regs::{self, engine as er};
 use crate::platform::DirectIo;
-use crate::sync::{FaultInfo, FenceError, QueueId, Seqno};
+#[cfg(feature = "hang-capture")]
+use crate::sync::QueueId;
+use crate::sync::{FaultInfo, FenceError, Seqno};
 
 use super::{reset_engine, Direct, DirectQueue};
 
@@ -185,10 +187,6 @@ fn capture<P: DirectIo>(
     let cur_addr = reg64(p, e, er::CUR_ADDR_LO, er::CUR_ADDR_HI)?;
     let ib_base = reg64(p, e, er::IB_BASE_LO, er::IB_BASE_HI)?;
     let ib_size = reg(p, e, er::IB_SIZE)?;
-    let fault = match reason {
-        HangReason::Fault(i) => Some(i),
-        _ => None,
-    };
     let (ring, wptr) = match qs.ring.as_ref() {
         Some(r) => {
             let start = (rptr as usize).min(r.size());
@@ -219,7 +217,7 @@ fn capture<P: DirectIo>(
         ib_size,
         emitted: v.emitted,
         completed: v.completed,
-        fault,
+        fault: reason.fault(),
         ring,
         ib,
         near: None,
@@ -227,7 +225,7 @@ fn capture<P: DirectIo>(
 }
 
 /// Without the `hang-capture` feature: the reason, the fault and the fence
-/// counts only (no register or memory reads).
+/// counts only (no register or memory reads), as a kernel-mode report.
 #[cfg(not(feature = "hang-capture"))]
 fn capture<P: DirectIo>(
     d: &Direct<'_, P>,
@@ -235,18 +233,7 @@ fn capture<P: DirectIo>(
     v: &QueueView<'_>,
     reason: HangReason,
 ) -> Result<HangReport, Gone> {
-    let fault = match reason {
-        HangReason::Fault(i) => Some(i),
-        _ => None,
-    };
-    let r = HangReport::uncaptured(
-        QueueId(v.queue as u8),
-        reason,
-        d.p.now_ns(),
-        d.chip.generation,
-        (v.emitted, v.completed),
-    );
-    Ok(HangReport { fault, ..r })
+    Ok(v.uncaptured_report(d, reason))
 }
 
 /// Copies the IB around `cur` if it lies in the IB pool, starting a few

@@ -14,13 +14,13 @@
 //! vocabulary.
 
 use crate::config::HangConfig;
-use crate::debug::HangReport;
+use crate::debug::{HangReason, HangReport};
 use crate::hw::ChipId;
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, ForeignSync, Platform};
 use crate::queue::SubmitError;
-use crate::sync::{FenceError, FenceId, Seqno};
+use crate::sync::{FenceError, FenceId, QueueId, Seqno};
 
 pub(crate) mod sealed {
     /// Only this crate's backends.
@@ -86,6 +86,21 @@ pub struct QueueView<'a> {
     pub ib: (u64, &'a DmaRegion),
     /// The queue's engine raised a fault interrupt since the last check.
     pub fault_irq: bool,
+}
+
+impl QueueView<'_> {
+    /// The report of a queue stuck for `reason` with nothing captured
+    /// ([`HangReport::uncaptured`]: the reason, its fault and this view's
+    /// fence counts), stamped with `b`'s clock and generation.
+    pub(crate) fn uncaptured_report<B: Backend>(&self, b: &B, reason: HangReason) -> HangReport {
+        HangReport::uncaptured(
+            QueueId(self.queue as u8),
+            reason,
+            b.platform().now_ns(),
+            b.chip().generation,
+            (self.emitted, self.completed),
+        )
+    }
 }
 
 /// What [`Backend::ack_interrupts`] acknowledged.

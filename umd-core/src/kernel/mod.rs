@@ -31,7 +31,7 @@
 use heapless::Deque;
 
 use crate::config::Config;
-use crate::debug::{HangReason, HangReport};
+use crate::debug::HangReason;
 use crate::engine::backend::{
     sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
@@ -162,17 +162,6 @@ impl<'d, P: KernelIo> Kernel<'d, P> {
         }
         self.note_submitted(q, h.seqno);
         Ok(())
-    }
-
-    fn report(&self, v: &QueueView<'_>, reason: HangReason, fault: Option<FaultInfo>) -> HangReport {
-        let r = HangReport::uncaptured(
-            QueueId(v.queue as u8),
-            reason,
-            self.p.now_ns(),
-            self.chip.generation,
-            (v.emitted, v.completed),
-        );
-        HangReport { fault, ..r }
     }
 }
 
@@ -320,14 +309,14 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
                 if Seqno(culprit.0.wrapping_sub(1)).is_after(v.completed) {
                     return Ok(None);
                 }
-                let (error, reason, fault) = match cause {
-                    Guilt::Hang => (FenceError::DeviceHung, HangReason::KernelReset, None),
+                let (error, reason) = match cause {
+                    Guilt::Hang => (FenceError::DeviceHung, HangReason::KernelReset),
                     Guilt::Fault { status, addr } => match FaultInfo::from_regs(status, addr) {
-                        Some(i) => (FenceError::Fault(i), HangReason::Fault(i), Some(i)),
-                        None => (FenceError::DeviceHung, HangReason::KernelReset, None),
+                        Some(i) => (FenceError::Fault(i), HangReason::Fault(i)),
+                        None => (FenceError::DeviceHung, HangReason::KernelReset),
                     },
                 };
-                return Ok(Some(Failure { error, report: self.report(v, reason, fault) }));
+                return Ok(Some(Failure { error, report: v.uncaptured_report(self, reason) }));
             }
             Ok(ContextStatus::DeviceLost) | Err(PlatformError::DeviceLost) => return Err(Gone),
             Ok(ContextStatus::Ok | ContextStatus::Innocent) | Err(_) => {}
@@ -352,7 +341,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
             if qs.held.front().is_some_and(|h| self.ready(h.waits())) {
                 return Ok(Some(Failure {
                     error: FenceError::DeviceHung,
-                    report: self.report(v, HangReason::KernelReset, None),
+                    report: v.uncaptured_report(self, HangReason::KernelReset),
                 }));
             }
             return Ok(None);
@@ -362,7 +351,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         match v.hang.unsubmitted_wait_ns {
             Some(limit) if now.saturating_sub(since) >= limit => Ok(Some(Failure {
                 error: FenceError::NeverSignalled { producer },
-                report: self.report(v, HangReason::NeverSignalled { producer }, None),
+                report: v.uncaptured_report(self, HangReason::NeverSignalled { producer }),
             })),
             _ => Ok(None),
         }
