@@ -1,7 +1,9 @@
 //! Bad input to the encoder and command buffer: typed errors, and the output
 //! before the failing packet left intact.
 
-use umd_core::cmd::{split_region, Command, CommandBuffer, EncodeError, Encoder, Payload, SliceChunks};
+use umd_core::cmd::{
+    split_region, ChunkSource, Command, CommandBuffer, EncodeError, Encoder, Payload, SliceChunks,
+};
 use umd_core::hw::{Field, Generation, MisalignedFence, PacketKind};
 
 const SENTINEL: u32 = 0xCAFE_F00D;
@@ -158,6 +160,34 @@ fn command_buffer_errors_are_sticky() {
     assert_eq!(cb.packets(), 1);
     assert_eq!(cb.finish(), Err(bad));
     assert_eq!(mem[5..].iter().filter(|&&d| d != 0).count(), 0, "nothing after the good fence");
+}
+
+/// A bad first packet through each per-kind method (`fence`, `write_data`,
+/// `copy`, `fill`) is refused before a chunk is taken, and the error is
+/// sticky; a good first packet with no chunk to take fails sticky too.
+#[test]
+fn bad_first_packet_takes_no_chunk() {
+    for name in ["fence", "write_data", "copy", "fill"] {
+        let mut mem = vec![0u32; 64];
+        let chunks: Vec<_> = split_region(&mut mem, 0x10_0000, 32).collect();
+        let mut cb = CommandBuffer::new(Generation::Gen2, SliceChunks::new(chunks.into_iter()));
+        let r = match name {
+            "fence" => cb.fence(0x2004, 1, false),
+            "write_data" => cb.write_data(0x2002, &[1, 2]),
+            "copy" => cb.copy(0x2000, 0x3000, 0),
+            _ => cb.fill(0x2000, 0, 0),
+        };
+        let bad = r.expect_err(name);
+        assert_eq!(cb.error(), Some(bad), "{name}: sticky");
+        assert_eq!(cb.timestamp(0x3000), Err(bad), "{name}: sticky");
+        let (r, mut source) = cb.finish_into_source();
+        assert_eq!(r, Err(bad), "{name}");
+        let first = source.next_chunk().map(|c| c.gpu_va);
+        assert_eq!(first, Some(0x10_0000), "{name}: the first chunk was not taken");
+    }
+    let mut cb = CommandBuffer::new(Generation::Gen2, SliceChunks::new(std::iter::empty()));
+    assert_eq!(cb.fence(0x2000, 1, false), Err(EncodeError::ChunkUnavailable));
+    assert_eq!(cb.error(), Some(EncodeError::ChunkUnavailable));
 }
 
 #[test]

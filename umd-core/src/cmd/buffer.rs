@@ -186,10 +186,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
                 Ok(_) | Err(EncodeError::BufferFull { .. }) => {}
                 Err(e) => return Err(e),
             }
-            let chunk = self.take_chunk()?;
-            self.first = Some((chunk.gpu_va, 0));
-            self.cur = Some(chunk);
-            self.pos = 0;
+            self.open_first()?;
         }
         // The encoder validates before it looks at the room left, so a bad
         // command fails here without touching the chunk, and `BufferFull`
@@ -217,6 +214,33 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         self.pos = self.pos.saturating_add(n);
         self.total = self.total.saturating_add(n as u64);
         self.packets = self.packets.saturating_add(1);
+        Ok(())
+    }
+
+    /// Before the first packet `cmd`: validates it and takes the first
+    /// chunk, as [`CommandBuffer::push`] would (an error is sticky and
+    /// takes no chunk), so that the packet itself can then go through the
+    /// fast path. Not inlined: one copy, off the per-packet path.
+    #[cfg(not(feature = "compact-encoder"))]
+    #[inline(never)]
+    fn begin(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
+        let r = match self.enc.encode(cmd, &mut [], 0, 0) {
+            Ok(_) | Err(EncodeError::BufferFull { .. }) => self.open_first(),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = r {
+            self.error = Some(e);
+        }
+        r
+    }
+
+    /// Takes the first chunk (no chunk yet, the packet about to go in
+    /// already validated).
+    fn open_first(&mut self) -> Result<(), EncodeError> {
+        let chunk = self.take_chunk()?;
+        self.first = Some((chunk.gpu_va, 0));
+        self.cur = Some(chunk);
+        self.pos = 0;
         Ok(())
     }
 
@@ -293,20 +317,24 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
 
     /// The common case of appending `cmd`, through `encode` (one of the
     /// encoder's per-kind entry points, inlined here with its generation's
-    /// constants): no sticky error, a current chunk, the packet fits and is
-    /// valid. Anything else (no chunk yet, a full chunk, an invalid
-    /// command, a sticky error) goes through [`CommandBuffer::push`], which
-    /// encodes `cmd` again on its general path and gives the same result
-    /// as if it had been called directly: `encode` leaves the chunk
-    /// untouched when it fails.
+    /// constants): no sticky error, the packet fits and is valid. Before
+    /// the first packet [`CommandBuffer::begin`] validates it and takes the
+    /// first chunk, with `push`'s errors. Anything else (a full chunk, an
+    /// invalid command, a sticky error) goes through
+    /// [`CommandBuffer::push`], which encodes `cmd` again on its general
+    /// path and gives the same result as if it had been called directly:
+    /// `encode` leaves the chunk untouched when it fails.
     #[cfg(not(feature = "compact-encoder"))]
     #[inline(always)]
     fn push_fast<'c>(
         &mut self,
-        cmd: impl FnOnce() -> Command<'c>,
+        cmd: impl Fn() -> Command<'c>,
         encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
     ) -> Result<(), EncodeError> {
         if self.error.is_none() {
+            if self.cur.is_none() {
+                self.begin(&cmd())?;
+            }
             if let Some(cur) = self.cur.as_mut() {
                 let usable = cur
                     .mem
