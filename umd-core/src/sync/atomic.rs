@@ -13,7 +13,147 @@ pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 #[cfg(not(loom))]
 pub(crate) use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 #[cfg(not(loom))]
-pub(crate) use portable_atomic::AtomicU64;
+pub(crate) use wide::AtomicU64;
+
+/// The 64-bit atomic the core uses outside loom: portable-atomic's, behind
+/// methods that are kept out of line where the CPU has no native 64-bit
+/// atomics. There every operation is a sequence lock's read or write loop
+/// (about 100 to 200 bytes of Thumb code); inlined at each of the few dozen
+/// uses it was the largest single item of the embedded footprint
+/// (`docs/perf.md`, "Code size on embedded targets"). Where the atomics are
+/// native each method is one instruction or a short loop and stays inline.
+#[cfg(not(loom))]
+mod wide {
+    use core::sync::atomic::Ordering;
+
+    /// A `u64` shared between threads (see the module above).
+    #[derive(Debug, Default)]
+    #[repr(transparent)]
+    pub(crate) struct AtomicU64(portable_atomic::AtomicU64);
+
+    // Native 64-bit atomics: each method is portable-atomic's, inline.
+    #[cfg(target_has_atomic = "64")]
+    impl AtomicU64 {
+        /// Holding `v`.
+        #[inline]
+        pub(crate) const fn new(v: u64) -> Self {
+            AtomicU64(portable_atomic::AtomicU64::new(v))
+        }
+
+        /// See [`portable_atomic::AtomicU64::load`].
+        #[inline]
+        pub(crate) fn load(&self, order: Ordering) -> u64 {
+            self.0.load(order)
+        }
+
+        /// See [`portable_atomic::AtomicU64::store`].
+        #[inline]
+        pub(crate) fn store(&self, v: u64, order: Ordering) {
+            self.0.store(v, order)
+        }
+
+        /// See [`portable_atomic::AtomicU64::fetch_add`].
+        #[inline]
+        pub(crate) fn fetch_add(&self, v: u64, order: Ordering) -> u64 {
+            self.0.fetch_add(v, order)
+        }
+
+        /// See [`portable_atomic::AtomicU64::fetch_max`].
+        #[inline]
+        pub(crate) fn fetch_max(&self, v: u64, order: Ordering) -> u64 {
+            self.0.fetch_max(v, order)
+        }
+
+        /// See [`portable_atomic::AtomicU64::compare_exchange`].
+        #[inline]
+        pub(crate) fn compare_exchange(
+            &self,
+            current: u64,
+            new: u64,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<u64, u64> {
+            self.0.compare_exchange(current, new, success, failure)
+        }
+
+        /// See [`portable_atomic::AtomicU64::compare_exchange_weak`].
+        #[inline]
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u64,
+            new: u64,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<u64, u64> {
+            self.0.compare_exchange_weak(current, new, success, failure)
+        }
+    }
+
+    // No native 64-bit atomics: every method is one out-of-line copy of the
+    // lock-based fallback, always with `SeqCst`. The strongest ordering
+    // satisfies every caller's, and a constant one leaves the shared copy
+    // no invalid-ordering (panicking) branch: portable-atomic checks the
+    // ordering of loads, stores and exchanges, which only folds away where
+    // the caller's constant ordering is inlined. A weak exchange is the
+    // strong one (a valid weak exchange; one copy of the loop).
+    #[cfg(not(target_has_atomic = "64"))]
+    impl AtomicU64 {
+        /// Holding `v`.
+        #[inline]
+        pub(crate) const fn new(v: u64) -> Self {
+            AtomicU64(portable_atomic::AtomicU64::new(v))
+        }
+
+        /// See [`portable_atomic::AtomicU64::load`] (`SeqCst`, see above).
+        #[inline(never)]
+        pub(crate) fn load(&self, _order: Ordering) -> u64 {
+            self.0.load(Ordering::SeqCst)
+        }
+
+        /// See [`portable_atomic::AtomicU64::store`] (`SeqCst`).
+        #[inline(never)]
+        pub(crate) fn store(&self, v: u64, _order: Ordering) {
+            self.0.store(v, Ordering::SeqCst)
+        }
+
+        /// See [`portable_atomic::AtomicU64::fetch_add`] (`SeqCst`).
+        #[inline(never)]
+        pub(crate) fn fetch_add(&self, v: u64, _order: Ordering) -> u64 {
+            self.0.fetch_add(v, Ordering::SeqCst)
+        }
+
+        /// See [`portable_atomic::AtomicU64::fetch_max`] (`SeqCst`).
+        #[inline(never)]
+        pub(crate) fn fetch_max(&self, v: u64, _order: Ordering) -> u64 {
+            self.0.fetch_max(v, Ordering::SeqCst)
+        }
+
+        /// See [`portable_atomic::AtomicU64::compare_exchange`] (`SeqCst`).
+        #[inline(never)]
+        pub(crate) fn compare_exchange(
+            &self,
+            current: u64,
+            new: u64,
+            _success: Ordering,
+            _failure: Ordering,
+        ) -> Result<u64, u64> {
+            self.0.compare_exchange(current, new, Ordering::SeqCst, Ordering::SeqCst)
+        }
+
+        /// See [`portable_atomic::AtomicU64::compare_exchange_weak`]: the
+        /// strong exchange here (see above).
+        #[inline]
+        pub(crate) fn compare_exchange_weak(
+            &self,
+            current: u64,
+            new: u64,
+            success: Ordering,
+            failure: Ordering,
+        ) -> Result<u64, u64> {
+            self.compare_exchange(current, new, success, failure)
+        }
+    }
+}
 
 /// A pause hint inside spin loops (loom: a yield so the checker moves on).
 #[inline]
