@@ -137,7 +137,7 @@ impl<const N: usize> FailureHistory<N> {
         // Overlap with the range at `at` (or a touching one before it with
         // the same error): merge instead of inserting.
         let prev = at.checked_sub(1).and_then(|i| self.ranges.get(i).copied().flatten());
-        if let Some(p) = prev.filter(|p| p.upto == after && p.error == error) {
+        if let Some(p) = prev.filter(|p| p.upto == after && same_error(&p.error, &error)) {
             if let Some(slot) = at.checked_sub(1).and_then(|i| self.ranges.get_mut(i)) {
                 *slot = Some(FailedRange { after: p.after, upto: later(p.upto, upto), error });
             }
@@ -145,7 +145,7 @@ impl<const N: usize> FailureHistory<N> {
             return;
         }
         if let Some(Some(r)) = self.ranges.get(at).copied() {
-            if upto.is_after(r.after) || r.after == upto && r.error == error {
+            if upto.is_after(r.after) || r.after == upto && same_error(&r.error, &error) {
                 let merged = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
                 if let Some(slot) = self.ranges.get_mut(at) {
                     *slot = Some(merged);
@@ -186,7 +186,8 @@ impl<const N: usize> FailureHistory<N> {
             };
             // Overlapping, or touching with the same error (a touching range
             // of another error keeps its own).
-            let joins = cur.upto.is_after(next.after) || next.after == cur.upto && next.error == cur.error;
+            let joins = cur.upto.is_after(next.after)
+                || next.after == cur.upto && same_error(&next.error, &cur.error);
             if !joins {
                 return;
             }
@@ -230,7 +231,8 @@ impl<const N: usize> FailureHistory<N> {
                 continue;
             };
             let gap = b.after.distance(a.upto).max(0) as u64;
-            let cost = if a.error == b.error { gap } else { gap.saturating_add(len(&a).min(len(&b))) };
+            let cost =
+                if same_error(&a.error, &b.error) { gap } else { gap.saturating_add(len(&a).min(len(&b))) };
             if best.is_none_or(|(_, c)| cost < c) {
                 best = Some((i, cost));
             }
@@ -248,6 +250,14 @@ impl<const N: usize> FailureHistory<N> {
         self.remove(i.saturating_add(1));
         self.merges = self.merges.saturating_add(1);
     }
+}
+
+/// Whether two ranges failed for the same reason: the derived comparison
+/// (nested enums with fault details), kept in one copy rather than inlined
+/// at each use.
+#[inline(never)]
+fn same_error(a: &FenceError, b: &FenceError) -> bool {
+    a == b
 }
 
 /// Fences in `r`.
