@@ -568,6 +568,12 @@ impl fmt::Debug for PoolSource<'_> {
 impl<'a> PoolSource<'a> {
     /// Ends recording: the chunks to commit or abort.
     pub fn finish(self) -> Pending<'a> {
+        self.pending()
+    }
+
+    /// [`PoolSource::finish`] by copy, for a source that is dropped right
+    /// after without handing out another chunk (`record_into`).
+    fn pending(&self) -> Pending<'a> {
         Pending { pool: self.pool, rec: self.rec, done: false }
     }
 }
@@ -698,10 +704,16 @@ pub fn record_into<'a, F>(
 where
     F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
 {
-    let mut cb = CommandBuffer::with_encoder(enc, source);
-    let recorded = record(&mut cb);
-    let (finished, source) = cb.finish_into_source();
-    let pending = source.finish();
+    // Closed in place: neither the buffer nor its source is moved (a
+    // `memcpy` of both per submission); the recording is copied out and
+    // the buffer, with its source, ends with this block, so no chunk can
+    // be handed out that the pending recording would not know of.
+    let (recorded, finished, pending) = {
+        let mut cb = CommandBuffer::with_encoder(enc, source);
+        let recorded = record(&mut cb);
+        let finished = cb.finish_in_place();
+        (recorded, finished, cb.source().pending())
+    };
     match (recorded, finished) {
         (Ok(()), Ok(f)) => Ok((f, pending)),
         (Err(e), _) | (Ok(()), Err(e)) => {

@@ -297,11 +297,28 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
 
     /// [`CommandBuffer::finish`], also handing back the chunk source (the
     /// IB pool needs it to mark the chunks as in flight).
+    #[inline]
     pub fn finish_into_source(mut self) -> (Result<Finished, EncodeError>, S) {
         let r = self.close();
         (r, self.source)
     }
 
+    /// [`CommandBuffer::finish_into_source`] without moving the buffer or
+    /// its source: the buffer is closed (nothing more may be recorded; the
+    /// caller drops it) and the source stays readable through
+    /// [`CommandBuffer::source`].
+    #[inline]
+    pub(crate) fn finish_in_place(&mut self) -> Result<Finished, EncodeError> {
+        self.close()
+    }
+
+    /// The chunk source.
+    #[inline]
+    pub(crate) fn source(&self) -> &S {
+        &self.source
+    }
+
+    #[inline]
     fn close(&mut self) -> Result<Finished, EncodeError> {
         if let Some(e) = self.error {
             return Err(e);
