@@ -177,6 +177,18 @@ enum Pick {
     Never,
 }
 
+/// A [`Pick`] with the chunk's memory and address looked up: one call
+/// through the recording's `dyn Lend` instead of three.
+enum Picked {
+    /// Chunk `i` from dword `from`: its CPU pointer and dwords from there
+    /// (None if outside the pool's memory) and its GPU address.
+    Got { i: usize, from: usize, mem: Option<(*mut u32, usize)>, va: u64 },
+    /// As [`Pick::WaitFor`].
+    WaitFor(FenceId),
+    /// As [`Pick::Never`].
+    Never,
+}
+
 impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
     /// A pool over `mem` (at least `CHUNKS * chunk_bytes`), mapped at
     /// `gpu_va`. On error the memory is handed back.
@@ -522,8 +534,7 @@ struct Recording {
 
 /// The pool as seen by a recording, without its lock type and size.
 trait Lend {
-    fn pick(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Pick;
-    fn chunk_ptr(&self, i: usize, from: usize) -> Option<(*mut u32, usize)>;
+    fn pick_chunk(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Picked;
     fn chunk_va(&self, i: usize, offset_dw: usize) -> u64;
     fn chunk_dwords(&self) -> usize;
     fn finish(&self, rec: &Recording, fence: Option<FenceId>);
@@ -531,11 +542,17 @@ trait Lend {
 }
 
 impl<R: RawMutex, const CHUNKS: usize> Lend for IbPool<R, CHUNKS> {
-    fn pick(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Pick {
-        IbPool::pick(self, rec, completed)
-    }
-    fn chunk_ptr(&self, i: usize, from: usize) -> Option<(*mut u32, usize)> {
-        IbPool::chunk_ptr(self, i, from)
+    fn pick_chunk(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Picked {
+        match IbPool::pick(self, rec, completed) {
+            Pick::Got(i, from) => Picked::Got {
+                i,
+                from,
+                mem: IbPool::chunk_ptr(self, i, from),
+                va: IbPool::chunk_va(self, i, from),
+            },
+            Pick::WaitFor(f) => Picked::WaitFor(f),
+            Pick::Never => Picked::Never,
+        }
     }
     fn chunk_va(&self, i: usize, offset_dw: usize) -> u64 {
         IbPool::chunk_va(self, i, offset_dw)
@@ -583,25 +600,25 @@ impl<'a> ChunkSource<'a> for PoolSource<'a> {
         // Each round either gets a chunk or waits for a fence holding one;
         // CHUNKS + 1 rounds cover every fence once.
         for _ in 0..=MAX_CHUNKS {
-            match self.pool.pick(&mut self.rec, self.completed) {
-                Pick::Got(i, from) => {
-                    let (ptr, len) = self.pool.chunk_ptr(i, from)?;
+            match self.pool.pick_chunk(&mut self.rec, self.completed) {
+                Picked::Got { i, from, mem, va } => {
+                    let (ptr, len) = mem?;
                     self.rec.used_last = Some((i, from));
                     // SAFETY: chunk `i` was moved to `Recording` for this
                     // recording alone under the pool's lock (its bit is in
                     // `rec.taken`); nothing else creates a reference to its
                     // memory from `from` on until `commit`/`abort` hands it
-                    // back, which consumes the recording. The device reads
+                    // back, which ends the recording. The device reads
                     // it only after the submission that owns it is emitted.
                     let mem = unsafe { core::slice::from_raw_parts_mut(ptr, len) };
-                    return Some(Chunk { mem, gpu_va: self.pool.chunk_va(i, from) });
+                    return Some(Chunk { mem, gpu_va: va });
                 }
-                Pick::WaitFor(f) => {
+                Picked::WaitFor(f) => {
                     if !(self.make_room)(f) {
                         return None;
                     }
                 }
-                Pick::Never => return None,
+                Picked::Never => return None,
             }
         }
         None
