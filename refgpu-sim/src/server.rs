@@ -16,7 +16,9 @@
 //! - **connect**: peer ids count up from 1 (0 is the model); the host gets
 //!   the protocol messages in QEMU's order (version, its id, -1 + shm fd,
 //!   the model's id with one eventfd per vector, its own id with one eventfd
-//!   per vector).
+//!   per vector). Interrupts go to the host's eventfds from before the
+//!   first message, so a host that rings as soon as it has its setup gets
+//!   the interrupt of that first job.
 //! - **a second host** while one is connected is refused: the server logs
 //!   `refusing connection: peer N is connected (one host at a time)` and
 //!   closes the new socket before sending anything.
@@ -355,8 +357,7 @@ impl Server {
         let id = self.next_id;
         self.next_id = if self.next_id == u16::MAX { 1 } else { self.next_id + 1 };
         match self.greet(&stream, id) {
-            Ok(fds) => {
-                self.irq.set(fds);
+            Ok(()) => {
                 log(format_args!("peer {id} connected"));
                 self.host = Some(Host { id, stream });
             }
@@ -367,9 +368,14 @@ impl Server {
         }
     }
 
-    /// Sends the setup messages; returns the host's interrupt eventfds.
-    fn greet(&self, s: &UnixStream, id: u16) -> io::Result<Vec<OwnedFd>> {
+    /// Makes the host's interrupt eventfds, forwards interrupts to them and
+    /// sends the setup messages. Forwarding starts before the host has its
+    /// eventfds: the host may ring as soon as it has read the last message,
+    /// and an interrupt raised before this thread got back to it would be
+    /// lost; raised early, it waits in the eventfd's counter.
+    fn greet(&self, s: &UnixStream, id: u16) -> io::Result<()> {
         let host_efds = (0..self.opts.vectors).map(|_| sys::new_eventfd()).collect::<io::Result<Vec<_>>>()?;
+        self.irq.set(host_efds.iter().map(OwnedFd::try_clone).collect::<io::Result<Vec<_>>>()?);
         send_msg(s, proto::PROTOCOL_VERSION, None)?;
         send_msg(s, i64::from(id), None)?;
         send_msg(s, proto::SHM_MESSAGE, Some(self.shm_fd.as_fd()))?;
@@ -379,7 +385,7 @@ impl Server {
         for fd in &host_efds {
             send_msg(s, i64::from(id), Some(fd.as_fd()))?;
         }
-        Ok(host_efds)
+        Ok(())
     }
 
     fn service_host(&mut self) {

@@ -130,6 +130,26 @@ fn host_leaving_mid_run_parks_the_device() {
     job_with_irq(&c2, &mem, 3);
 }
 
+/// A host may ring as soon as it has read its last setup message: the
+/// interrupt of that first job must reach the eventfd it was just given,
+/// however late the server's thread gets back to it. Many short-lived hosts
+/// in a row, each ringing at once (a lost interrupt fails within `GUARD`).
+#[test]
+fn host_ringing_right_after_setup_gets_its_interrupt() {
+    let sim = Sim::start(&[]);
+    let mem = Map::mem(&sim);
+    for i in 1..=30 {
+        let c = Client::connect(&sim, 4);
+        job_with_irq(&c, &mem, i);
+        drop(c);
+        let start = Instant::now();
+        while sim.log_text().matches("device parked").count() < i as usize {
+            assert!(start.elapsed() < GUARD, "host {i} was not parked:\n{}", sim.log_text());
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+}
+
 #[test]
 fn malformed_message_disconnects_that_host_only() {
     let mut sim = Sim::start(&[]);

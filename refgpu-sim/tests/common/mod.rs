@@ -106,9 +106,22 @@ impl Sim {
 
 impl Drop for Sim {
     fn drop(&mut self) {
+        let panicking = std::thread::panicking();
         if let Some(mut c) = self.child.take() {
+            if panicking {
+                // The host was dropped first: give the server the time to
+                // park the device and log its diagnosis of a stuck engine.
+                let start = Instant::now();
+                while !self.log_text().contains("device parked") && start.elapsed() < Duration::from_secs(7) {
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
             let _ = c.kill();
             let _ = c.wait();
+        }
+        // A failed test shows what the server said.
+        if panicking {
+            eprintln!("refgpu-sim's log:\n{}", self.log_text());
         }
     }
 }
@@ -189,10 +202,31 @@ impl Client {
         let mut fds = [rustix::event::PollFd::new(&self.irqs[v], rustix::event::PollFlags::IN)];
         let ts = rustix::event::Timespec { tv_sec: GUARD.as_secs() as _, tv_nsec: 0 };
         let n = rustix::event::poll(&mut fds, Some(&ts)).unwrap();
-        assert_eq!(n, 1, "no interrupt on vector {v}");
+        if n != 1 {
+            panic!("no interrupt on vector {v} in {GUARD:?}; {}", self.registers(v));
+        }
         let mut b = [0u8; 8];
         rustix::io::read(&self.irqs[v], &mut b).unwrap();
         u64::from_ne_bytes(b)
+    }
+
+    /// The interrupt and engine `e`'s registers, for failure messages.
+    pub fn registers(&self, e: usize) -> String {
+        use refgpu_model::regs::{self, eng};
+        use std::sync::atomic::Ordering::SeqCst;
+        let r = |off: u32| self.reg(off).load(SeqCst);
+        let er = |off: u32| r(regs::engine_base(e) + off);
+        format!(
+            "IRQ_STATUS {:#x} IRQ_MASK {:#x}; engine {e}: CTRL {:#x} STATUS {:#x} RING_RPTR {:#x} RING_WPTR {:#x} \
+             FAULT_STATUS {:#x}",
+            r(regs::IRQ_STATUS),
+            r(regs::IRQ_MASK),
+            er(eng::CTRL),
+            er(eng::STATUS),
+            er(eng::RING_RPTR),
+            er(eng::RING_WPTR),
+            er(eng::FAULT_STATUS)
+        )
     }
 
     /// A register of the shared page.
