@@ -89,8 +89,9 @@ mod wide {
         }
     }
 
-    // No native 64-bit atomics: every method is one out-of-line copy of the
-    // lock-based fallback, always with `SeqCst`. The strongest ordering
+    // No native 64-bit atomics: load and exchange are one out-of-line copy
+    // each of the lock-based fallback, always with `SeqCst`; store, add and
+    // max are one out-of-line exchange loop each over those two. The strongest ordering
     // satisfies every caller's, and a constant one leaves the shared copy
     // no invalid-ordering (panicking) branch: portable-atomic checks the
     // ordering of loads, stores and exchanges, which only folds away where
@@ -110,22 +111,41 @@ mod wide {
             self.0.load(Ordering::SeqCst)
         }
 
-        /// See [`portable_atomic::AtomicU64::store`] (`SeqCst`).
+        /// See [`portable_atomic::AtomicU64::store`] (`SeqCst`; an
+        /// exchange loop, see [`AtomicU64::update`]).
         #[inline(never)]
         pub(crate) fn store(&self, v: u64, _order: Ordering) {
-            self.0.store(v, Ordering::SeqCst)
+            self.update(|_| v);
         }
 
-        /// See [`portable_atomic::AtomicU64::fetch_add`] (`SeqCst`).
+        /// See [`portable_atomic::AtomicU64::fetch_add`] (`SeqCst`; an
+        /// exchange loop).
         #[inline(never)]
         pub(crate) fn fetch_add(&self, v: u64, _order: Ordering) -> u64 {
-            self.0.fetch_add(v, Ordering::SeqCst)
+            self.update(|cur| cur.wrapping_add(v))
         }
 
-        /// See [`portable_atomic::AtomicU64::fetch_max`] (`SeqCst`).
+        /// See [`portable_atomic::AtomicU64::fetch_max`] (`SeqCst`; an
+        /// exchange loop).
         #[inline(never)]
         pub(crate) fn fetch_max(&self, v: u64, _order: Ordering) -> u64 {
-            self.0.fetch_max(v, Ordering::SeqCst)
+            self.update(|cur| cur.max(v))
+        }
+
+        /// Replaces the value `cur` with `f(cur)` atomically and returns
+        /// `cur`: a load, then exchanges until one finds the value it was
+        /// computed from. Stores and read-modify-writes are built on the
+        /// two shared copies of the fallback (load, exchange) rather than
+        /// each carrying its own copy of the sequence lock's write loop.
+        #[inline]
+        fn update(&self, f: impl Fn(u64) -> u64) -> u64 {
+            let mut cur = self.load(Ordering::SeqCst);
+            loop {
+                match self.compare_exchange(cur, f(cur), Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(prev) => return prev,
+                    Err(now) => cur = now,
+                }
+            }
         }
 
         /// See [`portable_atomic::AtomicU64::compare_exchange`] (`SeqCst`).
