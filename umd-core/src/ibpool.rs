@@ -280,8 +280,10 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
     }
 
     /// Applies the commit waiting in queue `q`'s mailbox, if any (the
-    /// caller holds the lock).
-    #[inline]
+    /// caller holds the lock). Inline hosted (the submit path); one
+    /// out-of-line copy on bare metal, where it has three callers.
+    #[cfg_attr(not(target_os = "none"), inline)]
+    #[cfg_attr(target_os = "none", inline(never))]
     fn apply(&self, st: &mut State<CHUNKS>, q: usize) {
         let Some(m) = self.mailbox.get(q) else { return };
         let meta = m.meta.load(Ordering::Acquire);
