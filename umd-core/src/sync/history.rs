@@ -99,12 +99,13 @@ impl<const N: usize> FailureHistory<N> {
             if !upto.is_after(cursor) {
                 return;
             }
-            let next = self.ranges().find(|r| r.upto.is_after(cursor)).copied();
+            // The bounds of the next range only (not a copy of it).
+            let next = self.ranges().find(|r| r.upto.is_after(cursor)).map(|r| (r.after, r.upto));
             match next {
                 // `cursor` lies inside a recorded range: skip what it covers.
-                Some(r) if !r.after.is_after(cursor) => cursor = r.upto,
-                Some(r) => {
-                    let end = earlier(r.after, upto);
+                Some((r_after, r_upto)) if !r_after.is_after(cursor) => cursor = r_upto,
+                Some((r_after, _)) => {
+                    let end = earlier(r_after, upto);
                     self.insert(cursor, end, error);
                     cursor = end;
                 }
@@ -118,38 +119,35 @@ impl<const N: usize> FailureHistory<N> {
 
     /// Adds `(after, upto]` (not overlapping a recorded range, see
     /// `record`); it joins a touching range of the same error, and an
-    /// overlapping one if there is one after all.
+    /// overlapping one if there is one after all. Ranges are read in
+    /// place and changed field by field: a range with its error is 48
+    /// bytes on 32-bit targets, and copies of it were most of the code.
     fn insert(&mut self, after: Seqno, upto: Seqno, error: FenceError) {
         if !upto.is_after(after) || N == 0 {
             return;
         }
-        let new = FailedRange { after, upto, error };
         // Position: after every range that ends at or before `after`.
-        let mut at = self.len;
-        for (i, r) in self.ranges.iter().take(self.len).enumerate() {
-            if let Some(r) = r {
-                if r.upto.is_after(after) {
-                    at = i;
-                    break;
-                }
-            }
-        }
+        let at = self
+            .ranges
+            .iter()
+            .take(self.len)
+            .position(|r| r.as_ref().is_some_and(|r| r.upto.is_after(after)))
+            .unwrap_or(self.len);
         // Overlap with the range at `at` (or a touching one before it with
         // the same error): merge instead of inserting.
-        let prev = at.checked_sub(1).and_then(|i| self.ranges.get(i).copied().flatten());
-        if let Some(p) = prev.filter(|p| p.upto == after && same_error(&p.error, &error)) {
-            if let Some(slot) = at.checked_sub(1).and_then(|i| self.ranges.get_mut(i)) {
-                *slot = Some(FailedRange { after: p.after, upto: later(p.upto, upto), error });
-            }
-            self.absorb_following(at.saturating_sub(1));
-            return;
-        }
-        if let Some(Some(r)) = self.ranges.get(at).copied() {
-            if upto.is_after(r.after) || r.after == upto && same_error(&r.error, &error) {
-                let merged = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
-                if let Some(slot) = self.ranges.get_mut(at) {
-                    *slot = Some(merged);
+        if let Some(i) = at.checked_sub(1) {
+            if let Some(Some(p)) = self.ranges.get_mut(i) {
+                if p.upto == after && same_error(&p.error, &error) {
+                    p.upto = later(p.upto, upto);
+                    p.error = error;
+                    self.absorb_following(i);
+                    return;
                 }
+            }
+        }
+        if let Some(Some(r)) = self.ranges.get_mut(at) {
+            if upto.is_after(r.after) || r.after == upto && same_error(&r.error, &error) {
+                *r = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
                 self.absorb_following(at);
                 return;
             }
@@ -160,17 +158,15 @@ impl<const N: usize> FailureHistory<N> {
             self.insert(after, upto, error);
             return;
         }
-        // Shift `at..len` up by one and insert.
+        // Shift `at..len` up by one (the free slot at `len` moves down to
+        // `at`) and insert.
         let mut i = self.len;
-        while i > at {
-            let moved = self.ranges.get(i.wrapping_sub(1)).copied().flatten();
-            if let Some(slot) = self.ranges.get_mut(i) {
-                *slot = moved;
-            }
+        while i > at && i < N {
+            self.ranges.swap(i.wrapping_sub(1), i);
             i = i.wrapping_sub(1);
         }
         if let Some(slot) = self.ranges.get_mut(at) {
-            *slot = Some(new);
+            *slot = Some(FailedRange { after, upto, error });
             self.len = self.len.saturating_add(1);
         }
     }
@@ -180,7 +176,7 @@ impl<const N: usize> FailureHistory<N> {
     fn absorb_following(&mut self, i: usize) {
         for _ in 0..N {
             let (Some(Some(cur)), Some(Some(next))) =
-                (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+                (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
             else {
                 return;
             };
@@ -191,12 +187,9 @@ impl<const N: usize> FailureHistory<N> {
             if !joins {
                 return;
             }
-            if let Some(slot) = self.ranges.get_mut(i) {
-                *slot = Some(FailedRange {
-                    after: cur.after,
-                    upto: later(cur.upto, next.upto),
-                    error: cur.error,
-                });
+            let upto = later(cur.upto, next.upto);
+            if let Some(Some(cur)) = self.ranges.get_mut(i) {
+                cur.upto = upto;
             }
             self.remove(i.saturating_add(1));
         }
@@ -206,11 +199,8 @@ impl<const N: usize> FailureHistory<N> {
         if i >= self.len {
             return;
         }
-        for k in i..self.len.saturating_sub(1) {
-            let moved = self.ranges.get(k.saturating_add(1)).copied().flatten();
-            if let Some(slot) = self.ranges.get_mut(k) {
-                *slot = moved;
-            }
+        if let Some(s) = self.ranges.get_mut(i..self.len) {
+            s.copy_within(1.., 0);
         }
         self.len = self.len.saturating_sub(1);
         if let Some(slot) = self.ranges.get_mut(self.len) {
@@ -225,27 +215,26 @@ impl<const N: usize> FailureHistory<N> {
     fn merge_closest(&mut self) {
         let mut best: Option<(usize, u64)> = None;
         for i in 0..self.len.saturating_sub(1) {
-            let (Some(Some(a)), Some(Some(b))) =
-                (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+            let (Some(Some(a)), Some(Some(b))) = (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
             else {
                 continue;
             };
             let gap = b.after.distance(a.upto).max(0) as u64;
             let cost =
-                if same_error(&a.error, &b.error) { gap } else { gap.saturating_add(len(&a).min(len(&b))) };
+                if same_error(&a.error, &b.error) { gap } else { gap.saturating_add(len(a).min(len(b))) };
             if best.is_none_or(|(_, c)| cost < c) {
                 best = Some((i, cost));
             }
         }
         let Some((i, _)) = best else { return };
-        let (Some(Some(a)), Some(Some(b))) =
-            (self.ranges.get(i).copied(), self.ranges.get(i.saturating_add(1)).copied())
+        let (Some(Some(a)), Some(Some(b))) = (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
         else {
             return;
         };
-        let error = if len(&a) > len(&b) { a.error } else { b.error };
-        if let Some(slot) = self.ranges.get_mut(i) {
-            *slot = Some(FailedRange { after: a.after, upto: b.upto, error });
+        let (upto, error) = (b.upto, if len(a) > len(b) { a.error } else { b.error });
+        if let Some(Some(a)) = self.ranges.get_mut(i) {
+            a.upto = upto;
+            a.error = error;
         }
         self.remove(i.saturating_add(1));
         self.merges = self.merges.saturating_add(1);
