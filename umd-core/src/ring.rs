@@ -188,8 +188,25 @@ impl Ring {
     /// The packets of a submission (its waits, the IB, the fence) are
     /// encoded once into a buffer on the stack and copied in: one
     /// validating pass, not a placement pass and then an encoding pass.
-    /// Lists too long for that buffer take the two passes.
+    /// Lists too long for that buffer take the two passes. With the
+    /// `compact-encoder` feature (code size before speed) every list
+    /// takes them: the same dwords, without the staged path's code.
     pub fn write(&mut self, enc: &Encoder, cmds: &[Command<'_>], rptr: usize) -> Result<Written, RingError> {
+        if cfg!(feature = "compact-encoder") {
+            self.write_unstaged(enc, cmds, rptr)
+        } else {
+            self.write_staged(enc, cmds, rptr)
+        }
+    }
+
+    /// [`Ring::write`] through the stack buffer (one encoding pass; the
+    /// two passes when the list does not fit it).
+    fn write_staged(
+        &mut self,
+        enc: &Encoder,
+        cmds: &[Command<'_>],
+        rptr: usize,
+    ) -> Result<Written, RingError> {
         let stage = &mut [0u32; STAGE_DWORDS];
         let Some(here) = self.stage(enc, cmds, self.wptr, stage).map_err(RingError::Encode)? else {
             return self.write_unstaged(enc, cmds, rptr);
@@ -340,7 +357,7 @@ mod tests {
                 let (mut a, mut b) = (ring(), ring());
                 for _ in 0..300 {
                     let (ra, rb) = (a.wptr(), b.wptr());
-                    let wa = a.write(&enc, &list, ra).unwrap();
+                    let wa = a.write_staged(&enc, &list, ra).unwrap();
                     let wb = b.write_unstaged(&enc, &list, rb).unwrap();
                     assert_eq!(wa, wb, "{generation:?}, {waits} waits");
                     assert_eq!(a.region_words(), b.region_words(), "{generation:?}, {waits} waits");
