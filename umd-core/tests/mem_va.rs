@@ -150,11 +150,16 @@ enum Op {
     Fixed { slot: u64, size: u64 },
     Free { pick: usize },
     Retire { pick: usize },
+    /// Turn recycling on or off (off flushes).
+    Recycle { on: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (1u64..300_000, 0u32..22, any::<bool>()).prop_map(|(size, align_log2, top)| Op::Alloc { size, align_log2, top }),
+        // Small requests, the lengths recycling keeps.
+        2 => (1u64..9_000, 0u32..10, any::<bool>()).prop_map(|(size, align_log2, top)| Op::Alloc { size, align_log2, top }),
+        1 => any::<bool>().prop_map(|on| Op::Recycle { on }),
         1 => (0u64..512, 1u64..70_000).prop_map(|(slot, size)| Op::Fixed { slot, size }),
         3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Retire { pick }),
@@ -168,13 +173,30 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: CASES, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn random_sequences(ops in proptest::collection::vec(op(), 1..STEPS), nodes in 3usize..400, list in any::<bool>()) {
+    fn random_sequences(ops in proptest::collection::vec(op(), 1..STEPS), nodes in 3usize..400, list in any::<bool>(), recycle in any::<bool>()) {
         let base = 0x4000_0000u64;
         // Few nodes over 64 MiB: large regions indexed by trees. 1024 more
         // nodes over 4 MiB: 4 KiB regions indexed by the address list.
         let (size, nodes) = if list { (4 * MIB, nodes + 1024) } else { (64 * MIB, nodes) };
         let mut a = arena(nodes, base, size);
+        a.set_recycling(recycle);
+        let mut recycle = recycle;
         let mut live: Vec<(u64, u64)> = Vec::new();
+        // A refusal changes nothing; with recycling on it may first flush
+        // the recycled ranges, so then only the allocations are unchanged
+        // (and after a refused `alloc`, every free byte is in a hole).
+        let unchanged = |a: &VaAllocator<Box<[VaNode]>>, before: VaStats, recycle: bool, flushed: bool| -> Result<(), TestCaseError> {
+            let s = a.stats();
+            if recycle {
+                prop_assert_eq!((s.used, s.allocations), (before.used, before.allocations));
+                let mut in_holes = 0;
+                a.for_each_hole(|_, l| in_holes += l);
+                prop_assert!(!flushed || in_holes == s.free, "a refused alloc left ranges recycled");
+            } else {
+                prop_assert_eq!(s, before);
+            }
+            Ok(())
+        };
         for op in ops {
             let before = a.stats();
             match op {
@@ -194,7 +216,7 @@ proptest! {
                         }
                         Err(e) => {
                             prop_assert!(matches!(e, VaError::NoSpace | VaError::NodeCapacity), "{e}");
-                            prop_assert_eq!(a.stats(), before);
+                            unchanged(&a, before, recycle, true)?;
                         }
                     }
                 }
@@ -216,7 +238,7 @@ proptest! {
                                 VaError::NodeCapacity => prop_assert!(!overlaps && !outside),
                                 other => prop_assert!(false, "unexpected {other}"),
                             }
-                            prop_assert_eq!(a.stats(), before);
+                            unchanged(&a, before, recycle, false)?;
                         }
                     }
                 }
@@ -237,6 +259,12 @@ proptest! {
                         prop_assert_eq!(r.is_err(), was);
                     }
                 }
+                Op::Recycle { on } => {
+                    a.set_recycling(on);
+                    recycle = on;
+                    let s = a.stats();
+                    prop_assert_eq!((s.used, s.allocations), (before.used, before.allocations));
+                }
             }
             a.validate().map_err(TestCaseError::fail)?;
             let s = a.stats();
@@ -247,6 +275,62 @@ proptest! {
         for (addr, _) in live.drain(..) {
             a.free(addr).unwrap();
         }
+        a.flush_recycled();
+        baseline(&a);
+    }
+}
+
+/// Recycling: a freed small range is kept for the next request of its
+/// exact length (not a hole meanwhile), is not freed twice, and an
+/// allocation that only fits once the kept ranges are coalesced flushes
+/// them and succeeds. Both index modes.
+#[test]
+fn recycling_reuses_exact_lengths_and_flushes_when_full() {
+    for (nodes, size) in [(1 << 12, MIB), (16, MIB)] {
+        let mut a = arena(nodes, 0, size);
+        a.set_recycling(true);
+        let p: Vec<u64> = (0..4).map(|_| a.alloc(300, 8, Placement::BottomUp).unwrap()).collect();
+        let holes = a.stats().holes;
+        assert_eq!(a.free(p[1]), Ok(384));
+        assert_eq!(a.free(p[1]), Err(VaError::NotAllocated), "a recycled range is not freed again");
+        assert_eq!(a.lookup(p[1]), None);
+        assert_eq!(a.retire(p[1]), Err(VaError::NotAllocated));
+        let s = a.stats();
+        assert_eq!((s.holes, s.used, s.free), (holes, 3 * 384, size - 3 * 384), "kept, counted free, not a hole");
+        a.validate().unwrap();
+        // Another length does not take it; the same length does.
+        let q = a.alloc(128, 128, Placement::BottomUp).unwrap();
+        assert_ne!(q, p[1]);
+        assert_eq!(a.alloc(257, 128, Placement::TopDown), Ok(p[1]));
+        a.validate().unwrap();
+        for x in [p[0], p[1], p[2], p[3], q] {
+            a.free(x).unwrap();
+        }
+        a.validate().unwrap();
+        // Fill the whole arena with 1 KiB ranges and free them all: at most
+        // RECYCLE_DEPTH stay recycled, the rest coalesce; then one
+        // allocation of the whole arena flushes them and succeeds.
+        let mut all = Vec::new();
+        while let Ok(x) = a.alloc(1024, 128, Placement::BottomUp) {
+            all.push(x);
+        }
+        // (The first ranges' 1,664 B leave one 1 KiB range less.)
+        assert!(all.len() >= (nodes / 2 - 1).min(1023));
+        for x in all {
+            a.free(x).unwrap();
+        }
+        assert!(a.stats().largest_free < size);
+        a.validate().unwrap();
+        assert_eq!(a.alloc(size, 128, Placement::BottomUp), Ok(0));
+        a.free(0).unwrap();
+        a.flush_recycled();
+        baseline(&a);
+        // Turning recycling off flushes too.
+        let x = a.alloc(128, 128, Placement::BottomUp).unwrap();
+        a.free(x).unwrap();
+        assert_eq!(a.stats().holes, 1);
+        a.validate().unwrap();
+        a.set_recycling(false);
         baseline(&a);
     }
 }

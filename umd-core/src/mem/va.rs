@@ -115,6 +115,18 @@ const UNUSED: u8 = 0;
 const HOLE: u8 = 1;
 const ALLOC: u8 = 2;
 const RETIRED: u8 = 3;
+/// Freed and kept on a recycling stack (see [`VaAllocator::set_recycling`]):
+/// free, but not a hole until flushed.
+const CACHED: u8 = 4;
+
+/// Recycling (see [`VaAllocator::set_recycling`]) keeps freed ranges of 1 to
+/// `RECYCLE_CLASSES` granules (up to 8 KiB), one stack per exact length.
+pub const RECYCLE_CLASSES: usize = 64;
+
+/// Most freed ranges a recycling stack holds; a free finding its stack full
+/// coalesces as usual. Bounds a flush to `RECYCLE_CLASSES * RECYCLE_DEPTH`
+/// ranges.
+pub const RECYCLE_DEPTH: u8 = 8;
 
 /// log2 of the number of sub-classes per power of two.
 const SL_LOG2: u32 = 4;
@@ -187,7 +199,9 @@ impl Default for VaNode {
     }
 }
 
-/// Why a VA operation was refused. The allocator is unchanged after any error.
+/// Why a VA operation was refused. The allocator is unchanged after any
+/// error, except that with recycling on an allocation may have flushed the
+/// recycled ranges into the holes first ([`VaAllocator::set_recycling`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum VaError {
@@ -315,6 +329,14 @@ pub struct VaAllocator<S> {
     /// summary bit per word.
     group_bits: [u64; GROUP_WORDS],
     group_top: u64,
+    /// Recycling is on (`set_recycling`).
+    recycle: bool,
+    /// Ranges on the recycling stacks (all of them).
+    recycled: u32,
+    /// Top of the recycling stack of ranges of `g + 1` granules (linked
+    /// through `b`), and its depth.
+    recycle_heads: [u32; RECYCLE_CLASSES],
+    recycle_len: [u8; RECYCLE_CLASSES],
 }
 
 /// Size class of a hole of `g` granules (`g >= 1`).
@@ -384,6 +406,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             heads: [NIL; CLASSES],
             group_bits: [0; GROUP_WORDS],
             group_top: 0,
+            recycle: false,
+            recycled: 0,
+            recycle_heads: [NIL; RECYCLE_CLASSES],
+            recycle_len: [0; RECYCLE_CLASSES],
         };
         // The storage may have served an earlier allocator: reset the
         // directory slots this one uses.
@@ -417,26 +443,149 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// [`MIN_ALIGN`]. Good fit; see the module documentation for placement.
     /// O(1) plus one region-tree insertion (O(log n) worst case).
     pub fn alloc(&mut self, size: u64, align: u64, placement: Placement) -> Result<u64, VaError> {
-        let (size, align) = normalize(size, align)?;
-        if size > self.size {
-            return Err(VaError::NoSpace);
-        }
-        let (hole, addr) = self.find_fit(size, align, placement)?;
-        self.carve(hole, addr, size)?;
-        Ok(addr)
+        self.alloc_node(size, align, placement).map(|(_, addr)| addr)
     }
 
     /// [`VaAllocator::alloc`], returning a [`VaHandle`] (the address and
     /// the node that records it) for [`VaAllocator::free_handle`]. Same
     /// placement, cost and errors.
     pub fn alloc_handle(&mut self, size: u64, align: u64, placement: Placement) -> Result<VaHandle, VaError> {
+        self.alloc_node(size, align, placement).map(|(node, addr)| VaHandle { addr, node })
+    }
+
+    /// Turns recycling on or off (off after [`VaAllocator::new`]).
+    ///
+    /// With recycling on, a freed range of 1 to [`RECYCLE_CLASSES`]
+    /// granules is not coalesced but kept on a stack of ranges of its exact
+    /// length (at most [`RECYCLE_DEPTH`] per length; a free finding the
+    /// stack full coalesces as usual), and an allocation of that length
+    /// whose alignment the top range meets takes it in O(1): no size-class
+    /// search, no split, no coalescing. The placement is not looked at for
+    /// such a reuse. A recycled range counts as free in [`VaStats`] (`used`,
+    /// `free`), but it is not a hole (`holes`, `largest_free`,
+    /// [`VaAllocator::for_each_hole`]) until it is flushed: by an
+    /// allocation that would otherwise fail ([`VaError::NoSpace`] or
+    /// [`VaError::NodeCapacity`]: it flushes, then tries again, so it fails
+    /// only when it would have failed without recycling), by
+    /// [`VaAllocator::alloc_fixed`], by [`VaAllocator::flush_recycled`] and
+    /// when recycling is turned off. A flush coalesces at most
+    /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each, which bounds the
+    /// extra worst case of those calls. Meant for heaps of many small
+    /// allocations of recurring sizes (docs/perf.md, talc's suite).
+    pub fn set_recycling(&mut self, on: bool) {
+        if !on {
+            self.flush_recycled();
+        }
+        self.recycle = on;
+    }
+
+    /// Coalesces every range kept by recycling (see
+    /// [`VaAllocator::set_recycling`]) back into the holes. At most
+    /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each; nothing to do
+    /// when recycling is off.
+    pub fn flush_recycled(&mut self) {
+        if self.recycled == 0 {
+            return;
+        }
+        for i in 0..RECYCLE_CLASSES {
+            let mut x = self.recycle_heads.get(i).copied().unwrap_or(NIL);
+            for _ in 0..RECYCLE_DEPTH {
+                let Some(v) = self.node(x) else { break };
+                let (next, start, len) = (v.b, v.start, v.len);
+                self.make_hole(x, start, len);
+                x = next;
+            }
+            if let Some(h) = self.recycle_heads.get_mut(i) {
+                *h = NIL;
+            }
+            if let Some(l) = self.recycle_len.get_mut(i) {
+                *l = 0;
+            }
+        }
+        self.recycled = 0;
+    }
+
+    /// `alloc` and `alloc_handle`: the allocation's node and address.
+    #[inline(always)]
+    fn alloc_node(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
         let (size, align) = normalize(size, align)?;
         if size > self.size {
             return Err(VaError::NoSpace);
         }
+        if self.recycle {
+            if let Some(found) = self.recycle_pop(size, align) {
+                return Ok(found);
+            }
+        }
+        match self.find_fit(size, align, placement) {
+            Ok((hole, addr)) => match self.carve(hole, addr, size) {
+                Ok(n) => return Ok((n, addr)),
+                Err(VaError::NodeCapacity) if self.recycled != 0 => {}
+                Err(e) => return Err(e),
+            },
+            Err(VaError::NoSpace) if self.recycled != 0 => {}
+            Err(e) => return Err(e),
+        }
+        self.alloc_flushed(size, align, placement)
+    }
+
+    /// An allocation that failed with ranges kept by recycling: flush them,
+    /// then try once more.
+    #[cold]
+    fn alloc_flushed(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+        self.flush_recycled();
         let (hole, addr) = self.find_fit(size, align, placement)?;
-        let node = self.carve(hole, addr, size)?;
-        Ok(VaHandle { addr, node })
+        let n = self.carve(hole, addr, size)?;
+        Ok((n, addr))
+    }
+
+    /// Recycling: takes the top range of the stack of `size`, if any and if
+    /// it meets `align`, as a new allocation. O(1) plus the index insertion.
+    #[inline]
+    fn recycle_pop(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
+        let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
+        let x = self.recycle_heads.get(i).copied()?;
+        let v = self.node_mut(x)?;
+        let addr = v.start;
+        if addr & align.wrapping_sub(1) != 0 {
+            return None;
+        }
+        let next = v.b;
+        v.state = ALLOC;
+        if let Some(h) = self.recycle_heads.get_mut(i) {
+            *h = next;
+        }
+        if let Some(l) = self.recycle_len.get_mut(i) {
+            *l = l.wrapping_sub(1);
+        }
+        self.recycled = self.recycled.wrapping_sub(1);
+        self.index_alloc(x, addr, size);
+        Some((x, addr))
+    }
+
+    /// Recycling: keeps freed allocation `x` (out of the index) of `size`
+    /// bytes on its stack, if it has one with room.
+    #[inline]
+    fn recycle_push(&mut self, x: u32, size: u64) -> bool {
+        let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
+        let (Some(&top), Some(&depth)) = (self.recycle_heads.get(i), self.recycle_len.get(i)) else {
+            return false;
+        };
+        if depth >= RECYCLE_DEPTH {
+            return false;
+        }
+        let Some(v) = self.node_mut(x) else { return false };
+        v.state = CACHED;
+        v.a = NIL;
+        v.b = top;
+        if let Some(h) = self.recycle_heads.get_mut(i) {
+            *h = x;
+        }
+        if let Some(l) = self.recycle_len.get_mut(i) {
+            *l = depth.wrapping_add(1);
+        }
+        self.recycled = self.recycled.wrapping_add(1);
+        true
     }
 
     /// Reserves exactly `[addr, addr + size)` (libdrm's `va_base_required`).
@@ -452,6 +601,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if addr < self.base || end > arena_end {
             return Err(VaError::OutOfRange);
         }
+        // `containing` needs the holes coalesced.
+        self.flush_recycled();
         let h = self.containing(addr);
         if self.state(h) != HOLE {
             return Err(VaError::Overlap);
@@ -539,23 +690,42 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     fn list_unindex(&mut self, r: u32, x: u32) {
         if self.root(r) == x {
             // The region's next allocation, if any: holes are coalesced, so
-            // it is at most two ranges on.
+            // it is at most two ranges on, unless recycled ranges lie
+            // between (at most one range per granule of the region).
             let mut y = self.next(x);
-            if self.state(y) == HOLE {
-                y = self.next(y);
+            let mut first = NIL;
+            for _ in 0..LIST_WALK {
+                let Some(v) = self.node(y) else { break };
+                if self.region_of(v.start) != Some(r) {
+                    break;
+                }
+                if v.state == ALLOC || v.state == RETIRED {
+                    first = y;
+                    break;
+                }
+                y = v.next;
             }
-            let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
             self.set_root(r, first);
         }
     }
 
-    /// Turns allocation `x` (at `addr`, already out of the index) into a
-    /// hole, coalescing with its neighbours; returns its size. O(1).
+    /// Frees allocation `x` (at `addr`, already out of the index): onto its
+    /// recycling stack, or into a hole; returns its size. O(1).
     #[inline(always)]
     fn release_alloc(&mut self, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
+        if !(self.recycle && self.recycle_push(x, size)) {
+            self.make_hole(x, addr, size);
+        }
+        size
+    }
+
+    /// Turns range `x` (`size` bytes at `addr`, out of the index and the
+    /// counters) into a hole, coalescing with its neighbours. O(1).
+    #[inline(always)]
+    fn make_hole(&mut self, x: u32, addr: u64, size: u64) {
         let (p, n) = self.node(x).map_or((NIL, NIL), |v| (v.prev, v.next));
         let left = self.state(p) == HOLE;
         let right = self.state(n) == HOLE;
@@ -594,7 +764,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                 self.hole_count = self.hole_count.wrapping_add(1);
             }
         }
-        size
     }
 
     /// Current statistics. O(1), except `largest_free`, which walks the
@@ -643,6 +812,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         // 1. The address list tiles the arena.
         let limit = u64::from(self.capacity).wrapping_add(1);
         let (mut holes, mut allocs, mut free, mut used, mut steps) = (0u64, 0u64, 0u64, 0u64, 0u64);
+        let mut cached = 0u64;
         let mut expect = self.base;
         let mut prev = NIL;
         let mut last_was_hole = false;
@@ -677,6 +847,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                         return Err("allocation missing from its region tree");
                     }
                 }
+                CACHED => {
+                    cached = cached.wrapping_add(1);
+                    free = free.wrapping_add(v.len);
+                }
                 _ => return Err("unused node on the address list"),
             }
             last_was_hole = v.state == HOLE;
@@ -693,8 +867,34 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if used != self.used || free.wrapping_add(used) != self.size {
             return Err("holes and allocations do not tile the arena");
         }
-        if u64::from(self.nodes_used) != holes.wrapping_add(allocs) {
+        if u64::from(self.nodes_used) != holes.wrapping_add(allocs).wrapping_add(cached) {
             return Err("nodes_used disagrees with the address list");
+        }
+        // 1b. Recycling stacks: every recycled range on the stack of its
+        //     length, within the depth.
+        if cached != u64::from(self.recycled) || (!self.recycle && cached != 0) {
+            return Err("recycled count disagrees with the address list");
+        }
+        let mut stacked = 0u64;
+        for (i, (&top, &depth)) in self.recycle_heads.iter().zip(&self.recycle_len).enumerate() {
+            if depth > RECYCLE_DEPTH {
+                return Err("recycling stack deeper than allowed");
+            }
+            let mut y = top;
+            for _ in 0..depth {
+                let v = self.node(y).ok_or("recycling stack shorter than its depth")?;
+                if v.state != CACHED || v.len >> GRANULE_SHIFT != (i as u64).wrapping_add(1) {
+                    return Err("wrong range on a recycling stack");
+                }
+                stacked = stacked.wrapping_add(1);
+                y = v.b;
+            }
+            if y != NIL {
+                return Err("recycling stack longer than its depth");
+            }
+        }
+        if stacked != cached {
+            return Err("a recycled range is missing from the stacks");
         }
         // 2. Size-class lists and their bitmaps.
         let mut listed = 0u64;
@@ -751,12 +951,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
                     }
                     // First of its region: no allocation of the region before it.
                     let mut p = v.prev;
-                    for _ in 0..2 {
+                    for _ in 0..LIST_WALK {
                         let Some(w) = self.node(p) else { break };
                         if self.region_of(w.start) != Some(r) {
                             break;
                         }
-                        if w.state != HOLE {
+                        if w.state == ALLOC || w.state == RETIRED {
                             return Err("directory slot is not the region's first allocation");
                         }
                         p = w.prev;
@@ -901,6 +1101,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             }
         };
         self.set(n, addr, size, ALLOC);
+        self.index_alloc(n, addr, size);
+        Ok(n)
+    }
+
+    /// Enters allocation `n` (`size` bytes at `addr`) into the index and
+    /// the counters.
+    #[inline(always)]
+    fn index_alloc(&mut self, n: u32, addr: u64, size: u64) {
         if let Some(r) = self.region_of(addr) {
             if self.list_index {
                 let first = self.root(r);
@@ -917,7 +1125,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if self.used > self.high_water {
             self.high_water = self.used;
         }
-        Ok(n)
     }
 
     /// The range (hole or allocation) that contains `addr`, which must be
