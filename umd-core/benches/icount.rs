@@ -261,8 +261,8 @@ impl Lcg {
 /// Steps per VA benchmark.
 const VA_STEPS: usize = 100;
 
-struct VaFixture {
-    va: VaAllocator<Vec<VaNode>>,
+struct VaFixture<const R: bool = false> {
+    va: VaAllocator<Vec<VaNode>, R>,
     live: Vec<u64>,
     /// The same allocations' handles (for `va_handle_steps`).
     handles: Vec<VaHandle>,
@@ -284,12 +284,26 @@ enum VaLoad {
 
 /// 1,000 live allocations of the workload, plus the steps to replay.
 fn va_setup(load: VaLoad) -> Box<VaFixture> {
-    let mut rng = Lcg(0x5eed);
     let (nodes, arena) = match load {
         VaLoad::Dense => (1 << 18, 128 << 20),
         VaLoad::Mixed | VaLoad::Small => (4096, 1 << 30),
     };
-    let mut va = VaAllocator::new(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena");
+    va_fill(VaAllocator::new(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
+}
+
+/// `va_setup` with recycling (`VaAllocator::new_recycling`), as
+/// tools/talc-bench's adapter runs it.
+fn va_recycling_setup(load: VaLoad) -> Box<VaFixture<true>> {
+    let (nodes, arena) = match load {
+        VaLoad::Dense => (1 << 18, 128 << 20),
+        VaLoad::Mixed | VaLoad::Small => (4096, 1 << 30),
+    };
+    va_fill(VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
+}
+
+/// The live allocations and the steps of `va_setup`.
+fn va_fill<const R: bool>(mut va: VaAllocator<Vec<VaNode>, R>, load: VaLoad) -> Box<VaFixture<R>> {
+    let mut rng = Lcg(0x5eed);
     let request = |rng: &mut Lcg| match load {
         VaLoad::Mixed => rng.request(),
         VaLoad::Small => (256, 128),
@@ -343,6 +357,33 @@ fn va_handle_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
     fx
 }
 
+// `va_steps` with recycling: a freed range of up to 8 KiB is kept for the
+// next request of its exact length (`VaAllocator::new_recycling`).
+#[library_benchmark]
+#[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
+fn va_recycling_steps(mut fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.live.get_mut(victim) else { continue };
+        black_box(fx.va.free(*slot)).ok();
+        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
+    }
+    fx
+}
+
+// `va_handle_steps` with recycling.
+#[library_benchmark]
+#[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
+fn va_recycling_handle_steps(mut fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.handles.get_mut(victim) else { continue };
+        black_box(fx.va.free_handle(*slot)).ok();
+        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
+            *slot = h;
+        }
+    }
+    fx
+}
+
 /// Buffers per buffer benchmark.
 const BUFFERS: usize = 16;
 
@@ -381,6 +422,6 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
 
 library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_kinds, encode_small_store);
 library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
-library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, buffer_alloc_free);
+library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, va_recycling_steps, va_recycling_handle_steps, buffer_alloc_free);
 
 main!(library_benchmark_groups = encode, submission, memory);

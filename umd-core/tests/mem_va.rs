@@ -10,7 +10,7 @@ fn arena(nodes: usize, base: u64, size: u64) -> VaAllocator<Box<[VaNode]>> {
     VaAllocator::new(vec![VaNode::EMPTY; nodes].into_boxed_slice(), base, size).unwrap()
 }
 
-fn baseline(a: &VaAllocator<Box<[VaNode]>>) {
+fn baseline<const R: bool>(a: &VaAllocator<Box<[VaNode]>, R>) {
     let s = a.stats();
     assert_eq!(s.used, 0);
     assert_eq!(s.free, a.size());
@@ -146,12 +146,23 @@ fn bad_arena() {
 
 #[derive(Clone, Debug)]
 enum Op {
-    Alloc { size: u64, align_log2: u32, top: bool },
-    Fixed { slot: u64, size: u64 },
-    Free { pick: usize },
-    Retire { pick: usize },
-    /// Turn recycling on or off (off flushes).
-    Recycle { on: bool },
+    Alloc {
+        size: u64,
+        align_log2: u32,
+        top: bool,
+    },
+    Fixed {
+        slot: u64,
+        size: u64,
+    },
+    Free {
+        pick: usize,
+    },
+    Retire {
+        pick: usize,
+    },
+    /// Flush the recycled ranges (a no-op without recycling).
+    Flush,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -159,7 +170,7 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (1u64..300_000, 0u32..22, any::<bool>()).prop_map(|(size, align_log2, top)| Op::Alloc { size, align_log2, top }),
         // Small requests, the lengths recycling keeps.
         2 => (1u64..9_000, 0u32..10, any::<bool>()).prop_map(|(size, align_log2, top)| Op::Alloc { size, align_log2, top }),
-        1 => any::<bool>().prop_map(|on| Op::Recycle { on }),
+        1 => Just(Op::Flush),
         1 => (0u64..512, 1u64..70_000).prop_map(|(slot, size)| Op::Fixed { slot, size }),
         3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Retire { pick }),
@@ -178,16 +189,30 @@ proptest! {
         // Few nodes over 64 MiB: large regions indexed by trees. 1024 more
         // nodes over 4 MiB: 4 KiB regions indexed by the address list.
         let (size, nodes) = if list { (4 * MIB, nodes + 1024) } else { (64 * MIB, nodes) };
-        let mut a = arena(nodes, base, size);
-        a.set_recycling(recycle);
-        let mut recycle = recycle;
-        let mut live: Vec<(u64, u64)> = Vec::new();
-        // A refusal changes nothing; with recycling on it may first flush
-        // the recycled ranges, so then only the allocations are unchanged
-        // (and after a refused `alloc`, every free byte is in a hole).
-        let unchanged = |a: &VaAllocator<Box<[VaNode]>>, before: VaStats, recycle: bool, flushed: bool| -> Result<(), TestCaseError> {
+        let storage = vec![VaNode::EMPTY; nodes].into_boxed_slice();
+        if recycle {
+            sequence(VaAllocator::new_recycling(storage, base, size).unwrap(), ops, nodes)?;
+        } else {
+            sequence(VaAllocator::new(storage, base, size).unwrap(), ops, nodes)?;
+        }
+    }
+}
+
+/// One `random_sequences` case on `a` (fresh, `nodes` nodes).
+fn sequence<const R: bool>(
+    mut a: VaAllocator<Box<[VaNode]>, R>,
+    ops: Vec<Op>,
+    nodes: usize,
+) -> Result<(), TestCaseError> {
+    let (base, size) = (a.base(), a.size());
+    let mut live: Vec<(u64, u64)> = Vec::new();
+    // A refusal changes nothing; with recycling on it may first flush
+    // the recycled ranges, so then only the allocations are unchanged
+    // (and after a refused `alloc`, every free byte is in a hole).
+    let unchanged =
+        |a: &VaAllocator<Box<[VaNode]>, R>, before: VaStats, flushed: bool| -> Result<(), TestCaseError> {
             let s = a.stats();
-            if recycle {
+            if R {
                 prop_assert_eq!((s.used, s.allocations), (before.used, before.allocations));
                 let mut in_holes = 0;
                 a.for_each_hole(|_, l| in_holes += l);
@@ -197,87 +222,86 @@ proptest! {
             }
             Ok(())
         };
-        for op in ops {
-            let before = a.stats();
-            match op {
-                Op::Alloc { size: s, align_log2, top } => {
-                    let align = 1u64 << align_log2;
-                    let pl = if top { Placement::TopDown } else { Placement::BottomUp };
-                    match a.alloc(s, align, pl) {
-                        Ok(addr) => {
-                            prop_assert_eq!(addr % align.max(MIN_ALIGN), 0);
-                            let len = a.lookup(addr).unwrap().size;
-                            prop_assert!(len >= s && len < s + MIN_ALIGN);
-                            prop_assert!(addr >= base && addr + len <= base + size);
-                            for &(b, l) in &live {
-                                prop_assert!(addr + len <= b || b + l <= addr, "overlap");
-                            }
-                            live.push((addr, len));
+    for op in ops {
+        let before = a.stats();
+        match op {
+            Op::Alloc { size: s, align_log2, top } => {
+                let align = 1u64 << align_log2;
+                let pl = if top { Placement::TopDown } else { Placement::BottomUp };
+                match a.alloc(s, align, pl) {
+                    Ok(addr) => {
+                        prop_assert_eq!(addr % align.max(MIN_ALIGN), 0);
+                        let len = a.lookup(addr).unwrap().size;
+                        prop_assert!(len >= s && len < s + MIN_ALIGN);
+                        prop_assert!(addr >= base && addr + len <= base + size);
+                        for &(b, l) in &live {
+                            prop_assert!(addr + len <= b || b + l <= addr, "overlap");
                         }
-                        Err(e) => {
-                            prop_assert!(matches!(e, VaError::NoSpace | VaError::NodeCapacity), "{e}");
-                            unchanged(&a, before, recycle, true)?;
-                        }
+                        live.push((addr, len));
                     }
-                }
-                Op::Fixed { slot, size: s } => {
-                    let addr = base + slot * (size / 512);
-                    let len = s.div_ceil(MIN_ALIGN) * MIN_ALIGN;
-                    let overlaps = live.iter().any(|&(b, l)| addr < b + l && b < addr + len);
-                    let outside = addr + len > base + size;
-                    match a.alloc_fixed(addr, s) {
-                        Ok(got) => {
-                            prop_assert_eq!(got, addr);
-                            prop_assert!(!overlaps && !outside);
-                            live.push((addr, len));
-                        }
-                        Err(e) => {
-                            match e {
-                                VaError::Overlap => prop_assert!(overlaps && !outside),
-                                VaError::OutOfRange => prop_assert!(outside),
-                                VaError::NodeCapacity => prop_assert!(!overlaps && !outside),
-                                other => prop_assert!(false, "unexpected {other}"),
-                            }
-                            unchanged(&a, before, recycle, false)?;
-                        }
+                    Err(e) => {
+                        prop_assert!(matches!(e, VaError::NoSpace | VaError::NodeCapacity), "{e}");
+                        unchanged(&a, before, true)?;
                     }
-                }
-                Op::Free { pick } => {
-                    if live.is_empty() {
-                        prop_assert_eq!(a.free(base), Err(VaError::NotAllocated));
-                    } else {
-                        let (addr, len) = live.swap_remove(pick % live.len());
-                        prop_assert_eq!(a.free(addr), Ok(len));
-                        prop_assert_eq!(a.free(addr), Err(VaError::NotAllocated));
-                    }
-                }
-                Op::Retire { pick } => {
-                    if !live.is_empty() {
-                        let (addr, _) = live[pick % live.len()];
-                        let was = a.lookup(addr).unwrap().retired;
-                        let r = a.retire(addr);
-                        prop_assert_eq!(r.is_err(), was);
-                    }
-                }
-                Op::Recycle { on } => {
-                    a.set_recycling(on);
-                    recycle = on;
-                    let s = a.stats();
-                    prop_assert_eq!((s.used, s.allocations), (before.used, before.allocations));
                 }
             }
-            a.validate().map_err(TestCaseError::fail)?;
-            let s = a.stats();
-            prop_assert_eq!(s.used, live.iter().map(|x| x.1).sum::<u64>());
-            prop_assert_eq!(s.allocations as usize, live.len());
-            prop_assert!(s.nodes_used <= nodes as u64);
+            Op::Fixed { slot, size: s } => {
+                let addr = base + slot * (size / 512);
+                let len = s.div_ceil(MIN_ALIGN) * MIN_ALIGN;
+                let overlaps = live.iter().any(|&(b, l)| addr < b + l && b < addr + len);
+                let outside = addr + len > base + size;
+                match a.alloc_fixed(addr, s) {
+                    Ok(got) => {
+                        prop_assert_eq!(got, addr);
+                        prop_assert!(!overlaps && !outside);
+                        live.push((addr, len));
+                    }
+                    Err(e) => {
+                        match e {
+                            VaError::Overlap => prop_assert!(overlaps && !outside),
+                            VaError::OutOfRange => prop_assert!(outside),
+                            VaError::NodeCapacity => prop_assert!(!overlaps && !outside),
+                            other => prop_assert!(false, "unexpected {other}"),
+                        }
+                        unchanged(&a, before, false)?;
+                    }
+                }
+            }
+            Op::Free { pick } => {
+                if live.is_empty() {
+                    prop_assert_eq!(a.free(base), Err(VaError::NotAllocated));
+                } else {
+                    let (addr, len) = live.swap_remove(pick % live.len());
+                    prop_assert_eq!(a.free(addr), Ok(len));
+                    prop_assert_eq!(a.free(addr), Err(VaError::NotAllocated));
+                }
+            }
+            Op::Retire { pick } => {
+                if !live.is_empty() {
+                    let (addr, _) = live[pick % live.len()];
+                    let was = a.lookup(addr).unwrap().retired;
+                    let r = a.retire(addr);
+                    prop_assert_eq!(r.is_err(), was);
+                }
+            }
+            Op::Flush => {
+                a.flush_recycled();
+                let s = a.stats();
+                prop_assert_eq!((s.used, s.allocations), (before.used, before.allocations));
+            }
         }
-        for (addr, _) in live.drain(..) {
-            a.free(addr).unwrap();
-        }
-        a.flush_recycled();
-        baseline(&a);
+        a.validate().map_err(TestCaseError::fail)?;
+        let s = a.stats();
+        prop_assert_eq!(s.used, live.iter().map(|x| x.1).sum::<u64>());
+        prop_assert_eq!(s.allocations as usize, live.len());
+        prop_assert!(s.nodes_used <= nodes as u64);
     }
+    for (addr, _) in live.drain(..) {
+        a.free(addr).unwrap();
+    }
+    a.flush_recycled();
+    baseline(&a);
+    Ok(())
 }
 
 /// Recycling: a freed small range is kept for the next request of its
@@ -287,8 +311,8 @@ proptest! {
 #[test]
 fn recycling_reuses_exact_lengths_and_flushes_when_full() {
     for (nodes, size) in [(1 << 12, MIB), (16, MIB)] {
-        let mut a = arena(nodes, 0, size);
-        a.set_recycling(true);
+        let mut a =
+            VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes].into_boxed_slice(), 0, size).unwrap();
         let p: Vec<u64> = (0..4).map(|_| a.alloc(300, 8, Placement::BottomUp).unwrap()).collect();
         let holes = a.stats().holes;
         assert_eq!(a.free(p[1]), Ok(384));
@@ -296,7 +320,11 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         assert_eq!(a.lookup(p[1]), None);
         assert_eq!(a.retire(p[1]), Err(VaError::NotAllocated));
         let s = a.stats();
-        assert_eq!((s.holes, s.used, s.free), (holes, 3 * 384, size - 3 * 384), "kept, counted free, not a hole");
+        assert_eq!(
+            (s.holes, s.used, s.free),
+            (holes, 3 * 384, size - 3 * 384),
+            "kept, counted free, not a hole"
+        );
         a.validate().unwrap();
         // Another length does not take it; the same length does.
         let q = a.alloc(128, 128, Placement::BottomUp).unwrap();
@@ -325,12 +353,17 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         a.free(0).unwrap();
         a.flush_recycled();
         baseline(&a);
-        // Turning recycling off flushes too.
+        // A fixed allocation flushes too.
         let x = a.alloc(128, 128, Placement::BottomUp).unwrap();
         a.free(x).unwrap();
         assert_eq!(a.stats().holes, 1);
         a.validate().unwrap();
-        a.set_recycling(false);
+        assert_eq!(a.alloc_fixed(size - 128, 128), Ok(size - 128));
+        let mut in_holes = 0;
+        a.for_each_hole(|_, l| in_holes += l);
+        assert_eq!(in_holes, a.stats().free, "alloc_fixed flushed the recycled range");
+        a.free(size - 128).unwrap();
+        a.flush_recycled();
         baseline(&a);
     }
 }

@@ -115,11 +115,11 @@ const UNUSED: u8 = 0;
 const HOLE: u8 = 1;
 const ALLOC: u8 = 2;
 const RETIRED: u8 = 3;
-/// Freed and kept on a recycling stack (see [`VaAllocator::set_recycling`]):
+/// Freed and kept on a recycling stack (see [`VaAllocator::new_recycling`]):
 /// free, but not a hole until flushed.
 const CACHED: u8 = 4;
 
-/// Recycling (see [`VaAllocator::set_recycling`]) keeps freed ranges of 1 to
+/// Recycling (see [`VaAllocator::new_recycling`]) keeps freed ranges of 1 to
 /// `RECYCLE_CLASSES` granules (up to 8 KiB), one stack per exact length.
 pub const RECYCLE_CLASSES: usize = 64;
 
@@ -201,7 +201,7 @@ impl Default for VaNode {
 
 /// Why a VA operation was refused. The allocator is unchanged after any
 /// error, except that with recycling on an allocation may have flushed the
-/// recycled ranges into the holes first ([`VaAllocator::set_recycling`]).
+/// recycled ranges into the holes first ([`VaAllocator::new_recycling`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum VaError {
@@ -297,7 +297,10 @@ impl VaHandle {
 /// generic capacity), `&'static mut [VaNode]` (caller-provided static
 /// storage) or, on a host, `Box<[VaNode]>`. An allocation takes at most two
 /// nodes, so `2 * live_allocations + 1` nodes always suffice.
-pub struct VaAllocator<S> {
+///
+/// `RECYCLE` chooses recycling (see [`VaAllocator::new_recycling`]); it is
+/// a type parameter so that the allocator without it does not test for it.
+pub struct VaAllocator<S, const RECYCLE: bool = false> {
     nodes: S,
     base: u64,
     size: u64,
@@ -329,8 +332,6 @@ pub struct VaAllocator<S> {
     /// summary bit per word.
     group_bits: [u64; GROUP_WORDS],
     group_top: u64,
-    /// Recycling is on (`set_recycling`).
-    recycle: bool,
     /// Ranges on the recycling stacks (all of them).
     recycled: u32,
     /// Top of the recycling stack of ranges of `g + 1` granules (linked
@@ -370,6 +371,37 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
     /// node. O(min(capacity, [`MAX_REGIONS`])): the region directory is reset;
     /// the rest of the storage is used lazily.
     pub fn new(nodes: S, base: u64, size: u64) -> Result<Self, VaError> {
+        Self::build(nodes, base, size)
+    }
+}
+
+impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S, true> {
+    /// [`VaAllocator::new`], with recycling: a freed range of 1 to
+    /// [`RECYCLE_CLASSES`] granules is not coalesced but kept on a stack of
+    /// ranges of its exact length (at most [`RECYCLE_DEPTH`] per length; a
+    /// free finding the stack full coalesces as usual), and an allocation
+    /// of that length whose alignment the top range meets takes it in O(1):
+    /// no size-class search, no split, no coalescing. The placement is not
+    /// looked at for such a reuse.
+    ///
+    /// A recycled range counts as free in [`VaStats`] (`used`, `free`), but
+    /// it is not a hole (`holes`, `largest_free`,
+    /// [`VaAllocator::for_each_hole`]) until it is flushed: by an
+    /// allocation that would otherwise fail (it flushes, then tries again,
+    /// so it fails only when it would have failed without recycling), by
+    /// [`VaAllocator::alloc_fixed`] and by [`VaAllocator::flush_recycled`].
+    /// A flush coalesces at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges,
+    /// O(1) each, which bounds the extra worst case of those calls. Meant
+    /// for heaps of many small allocations of recurring sizes
+    /// (docs/perf.md, talc's suite).
+    pub fn new_recycling(nodes: S, base: u64, size: u64) -> Result<Self, VaError> {
+        Self::build(nodes, base, size)
+    }
+}
+
+impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, RECYCLE> {
+    /// `new` and `new_recycling`.
+    fn build(nodes: S, base: u64, size: u64) -> Result<Self, VaError> {
         let n = nodes.as_ref().len();
         if n == 0 || size == 0 || base % MIN_ALIGN != 0 || size % MIN_ALIGN != 0 {
             return Err(VaError::BadArena);
@@ -406,7 +438,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             heads: [NIL; CLASSES],
             group_bits: [0; GROUP_WORDS],
             group_top: 0,
-            recycle: false,
             recycled: 0,
             recycle_heads: [NIL; RECYCLE_CLASSES],
             recycle_len: [0; RECYCLE_CLASSES],
@@ -453,34 +484,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         self.alloc_node(size, align, placement).map(|(node, addr)| VaHandle { addr, node })
     }
 
-    /// Turns recycling on or off (off after [`VaAllocator::new`]).
-    ///
-    /// With recycling on, a freed range of 1 to [`RECYCLE_CLASSES`]
-    /// granules is not coalesced but kept on a stack of ranges of its exact
-    /// length (at most [`RECYCLE_DEPTH`] per length; a free finding the
-    /// stack full coalesces as usual), and an allocation of that length
-    /// whose alignment the top range meets takes it in O(1): no size-class
-    /// search, no split, no coalescing. The placement is not looked at for
-    /// such a reuse. A recycled range counts as free in [`VaStats`] (`used`,
-    /// `free`), but it is not a hole (`holes`, `largest_free`,
-    /// [`VaAllocator::for_each_hole`]) until it is flushed: by an
-    /// allocation that would otherwise fail ([`VaError::NoSpace`] or
-    /// [`VaError::NodeCapacity`]: it flushes, then tries again, so it fails
-    /// only when it would have failed without recycling), by
-    /// [`VaAllocator::alloc_fixed`], by [`VaAllocator::flush_recycled`] and
-    /// when recycling is turned off. A flush coalesces at most
-    /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each, which bounds the
-    /// extra worst case of those calls. Meant for heaps of many small
-    /// allocations of recurring sizes (docs/perf.md, talc's suite).
-    pub fn set_recycling(&mut self, on: bool) {
-        if !on {
-            self.flush_recycled();
-        }
-        self.recycle = on;
-    }
-
     /// Coalesces every range kept by recycling (see
-    /// [`VaAllocator::set_recycling`]) back into the holes. At most
+    /// [`VaAllocator::new_recycling`]) back into the holes. At most
     /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each; nothing to do
     /// when recycling is off.
     pub fn flush_recycled(&mut self) {
@@ -512,21 +517,19 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         if size > self.size {
             return Err(VaError::NoSpace);
         }
-        if self.recycle {
+        if RECYCLE {
             if let Some(found) = self.recycle_pop(size, align) {
                 return Ok(found);
             }
         }
-        match self.find_fit(size, align, placement) {
-            Ok((hole, addr)) => match self.carve(hole, addr, size) {
-                Ok(n) => return Ok((n, addr)),
-                Err(VaError::NodeCapacity) if self.recycled != 0 => {}
-                Err(e) => return Err(e),
-            },
-            Err(VaError::NoSpace) if self.recycled != 0 => {}
-            Err(e) => return Err(e),
+        let found = self.find_fit(size, align, placement).and_then(|(hole, addr)| {
+            let n = self.carve(hole, addr, size)?;
+            Ok((n, addr))
+        });
+        if RECYCLE && found.is_err() && self.recycled != 0 {
+            return self.alloc_flushed(size, align, placement);
         }
-        self.alloc_flushed(size, align, placement)
+        found
     }
 
     /// An allocation that failed with ranges kept by recycling: flush them,
@@ -602,7 +605,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             return Err(VaError::OutOfRange);
         }
         // `containing` needs the holes coalesced.
-        self.flush_recycled();
+        if RECYCLE {
+            self.flush_recycled();
+        }
         let h = self.containing(addr);
         if self.state(h) != HOLE {
             return Err(VaError::Overlap);
@@ -693,6 +698,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
             // it is at most two ranges on, unless recycled ranges lie
             // between (at most one range per granule of the region).
             let mut y = self.next(x);
+            if !RECYCLE || self.recycled == 0 {
+                if self.state(y) == HOLE {
+                    y = self.next(y);
+                }
+                let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
+                self.set_root(r, first);
+                return;
+            }
             let mut first = NIL;
             for _ in 0..LIST_WALK {
                 let Some(v) = self.node(y) else { break };
@@ -716,7 +729,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
-        if !(self.recycle && self.recycle_push(x, size)) {
+        if !(RECYCLE && self.recycle_push(x, size)) {
             self.make_hole(x, addr, size);
         }
         size
@@ -872,7 +885,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
         }
         // 1b. Recycling stacks: every recycled range on the stack of its
         //     length, within the depth.
-        if cached != u64::from(self.recycled) || (!self.recycle && cached != 0) {
+        if cached != u64::from(self.recycled) || (!RECYCLE && cached != 0) {
             return Err("recycled count disagrees with the address list");
         }
         let mut stacked = 0u64;
