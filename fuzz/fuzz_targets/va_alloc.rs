@@ -6,22 +6,47 @@
 //! inside the arena and overlaps no other (shadow check); a refusal is a
 //! typed error that changes nothing (stats equal before and after); the
 //! stats match the shadow (used bytes, count); `validate` holds after every
-//! step; once everything is freed the arena is one hole again.
+//! step; once everything is freed the arena is one hole again. The low bit
+//! of the second byte chooses recycling (`VaAllocator::new_recycling`),
+//! where a refused allocation may first flush the recycled ranges (then
+//! only the used bytes and the allocations must be unchanged).
 #![no_main]
 
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode, MIN_ALIGN};
+use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode, VaStats, MIN_ALIGN};
 
 fuzz_target!(|data: &[u8]| {
-    let mut it = data.iter().copied();
-    let mut next = || it.next();
-    let (Some(b0), Some(b1)) = (next(), next()) else { return };
+    let (Some(&b0), Some(&b1)) = (data.first(), data.get(1)) else { return };
     let nodes = 4 + usize::from(b0 % 60);
     let base = u64::from(b1) * MIN_ALIGN * 1024;
     let size = 64 * MIN_ALIGN << (b0 >> 6);
-    let mut va = VaAllocator::new(vec![VaNode::EMPTY; nodes].into_boxed_slice(), base, size).expect("arena");
+    let storage = vec![VaNode::EMPTY; nodes].into_boxed_slice();
+    let rest = data.get(2..).unwrap_or(&[]);
+    if b1 & 1 == 0 {
+        run(VaAllocator::new(storage, base, size).expect("arena"), rest);
+    } else {
+        run(VaAllocator::new_recycling(storage, base, size).expect("arena"), rest);
+    }
+});
+
+/// A refused allocation changed nothing (with recycling: nothing but the
+/// recycled ranges, which it may have flushed).
+fn unchanged<const R: bool>(va: &VaAllocator<Box<[VaNode]>, R>, before: VaStats, what: &str) {
+    let s = va.stats();
+    if R {
+        assert_eq!((s.used, s.allocations, s.high_water), (before.used, before.allocations, before.high_water), "{what}");
+    } else {
+        assert_eq!(s, before, "{what}");
+    }
+}
+
+/// The operations of `data` on `va`.
+fn run<const R: bool>(mut va: VaAllocator<Box<[VaNode]>, R>, data: &[u8]) {
+    let (base, size) = (va.base(), va.size());
+    let mut it = data.iter().copied();
+    let mut next = || it.next();
     // Shadow: start -> (size, retired).
     let mut shadow: BTreeMap<u64, (u64, bool)> = BTreeMap::new();
     // Every handle ever returned (current or stale).
@@ -65,7 +90,7 @@ fuzz_target!(|data: &[u8]| {
                         }
                         shadow.insert(a, (r.size, false));
                     }
-                    Err(_) => assert_eq!(va.stats(), before, "a refused alloc changed the allocator"),
+                    Err(_) => unchanged(&va, before, "a refused alloc changed the allocator"),
                 }
             }
             2 => {
@@ -81,7 +106,7 @@ fuzz_target!(|data: &[u8]| {
                         assert!(!clash, "fixed allocation overlaps");
                         shadow.insert(a, (l, false));
                     }
-                    Err(_) => assert_eq!(va.stats(), before, "a refused fixed alloc changed the allocator"),
+                    Err(_) => unchanged(&va, before, "a refused fixed alloc changed the allocator"),
                 }
             }
             3 => {
@@ -137,7 +162,8 @@ fuzz_target!(|data: &[u8]| {
     for (a, (l, _)) in std::mem::take(&mut shadow) {
         assert_eq!(va.free(a), Ok(l));
     }
+    va.flush_recycled();
     let s = va.stats();
     assert_eq!((s.used, s.free, s.holes, s.allocations), (0, size, 1, 0), "all memory back");
     va.validate().expect("allocator invariants");
-});
+}

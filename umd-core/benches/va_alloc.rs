@@ -83,6 +83,31 @@ impl RangeAlloc for Ours {
     }
 }
 
+/// Ours with recycling (`VaAllocator::new_recycling`): freed ranges up to
+/// 8 KiB kept for the next request of their exact length.
+struct OursRecycling(VaAllocator<Box<[VaNode]>, true>);
+
+impl RangeAlloc for OursRecycling {
+    fn name(&self) -> &'static str {
+        "umd-core VaAllocator, recycling"
+    }
+    fn arena(&self) -> u64 {
+        self.0.size()
+    }
+    fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
+        self.0.alloc(size, align, Placement::BottomUp).ok()
+    }
+    fn free(&mut self, addr: u64, _size: u64, _align: u64) {
+        self.0.free(addr).unwrap();
+    }
+    fn free_bytes(&self) -> u64 {
+        self.0.stats().free
+    }
+    fn metadata_bytes(&self) -> u64 {
+        self.0.stats().metadata_bytes()
+    }
+}
+
 // ---- real-memory baselines ------------------------------------------------
 
 struct Region {
@@ -380,6 +405,9 @@ fn main() {
     }));
     results.push(run(|| {
         Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, SPARSE_ARENA).unwrap(), true)
+    }));
+    results.push(run(|| {
+        OursRecycling(VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap())
     }));
     if std::env::var_os("VA_BENCH_ONLY_OURS").is_some() {
         for r in &results {

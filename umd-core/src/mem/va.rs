@@ -32,6 +32,14 @@
 //!   rotations: with many small allocations this halves the cost of an
 //!   alloc/free pair (docs/perf.md, talc's benchmark suite).
 //!
+//! - Optionally ([`VaAllocator::new_recycling`]), freed ranges of 1 to
+//!   [`RECYCLE_CLASSES`] granules are kept on one stack per exact length
+//!   (at most [`RECYCLE_DEPTH`] each) and handed to the next request of
+//!   that length in O(1), without a size-class search, a split or
+//!   coalescing; an allocation that would fail flushes them into the holes
+//!   first. Half the instructions of an alloc/free pair of small requests
+//!   (docs/perf.md, talc's suite).
+//!
 //! # Cost
 //!
 //! | operation | work |
@@ -42,6 +50,8 @@
 //! | [`VaAllocator::alloc_handle`] | as `alloc` |
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
+//! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus the index insertion or removal |
+//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, O(1) each |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
 //! A region tree holds only the allocations that start in its region, so it
@@ -487,7 +497,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// Coalesces every range kept by recycling (see
     /// [`VaAllocator::new_recycling`]) back into the holes. At most
     /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each; nothing to do
-    /// when recycling is off.
+    /// for an allocator without recycling.
     pub fn flush_recycled(&mut self) {
         if self.recycled == 0 {
             return;

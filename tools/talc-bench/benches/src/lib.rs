@@ -310,7 +310,9 @@ unsafe fn init_mimalloc_sys() -> Box<dyn GlobalAlloc + Sync> {
 // HEAP's addresses; its bookkeeping lives outside the arena, in a node
 // array of UMD_VA_NODES nodes (out-of-band metadata, not counted by
 // heap_efficiency). Every size is rounded up to 128 B (its granule) and
-// realloc is GlobalAlloc's default (allocate, copy, free).
+// realloc is GlobalAlloc's default (allocate, copy, free). Built with
+// recycling (`VaAllocator::new_recycling`): freed ranges up to 8 KiB are
+// kept for the next request of their exact length.
 
 /// Node storage: two nodes per live allocation at most, plus one.
 pub const UMD_VA_NODES: usize = 1 << 18;
@@ -324,12 +326,12 @@ unsafe fn init_umd_va() -> Box<dyn GlobalAlloc + Sync> {
     let base = heap.wrapping_add(skip);
     let size = (HEAP_SIZE - skip) as u64 & !(MIN_ALIGN - 1);
     let nodes = vec![VaNode::EMPTY; UMD_VA_NODES].into_boxed_slice();
-    let va = VaAllocator::new(nodes, base as u64, size).unwrap();
+    let va = VaAllocator::new_recycling(nodes, base as u64, size).unwrap();
     Box::new(UmdVa { va: Mutex::new(va), base })
 }
 
 struct UmdVa {
-    va: Mutex<RawSpinlock, umd_core::mem::va::VaAllocator<Box<[umd_core::mem::va::VaNode]>>>,
+    va: Mutex<RawSpinlock, umd_core::mem::va::VaAllocator<Box<[umd_core::mem::va::VaNode]>, true>>,
     base: *mut u8,
 }
 
