@@ -407,7 +407,9 @@ fn main() {
         Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, SPARSE_ARENA).unwrap(), true)
     }));
     results.push(run(|| {
-        OursRecycling(VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap())
+        OursRecycling(
+            VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap(),
+        )
     }));
     if std::env::var_os("VA_BENCH_ONLY_OURS").is_some() {
         for r in &results {
