@@ -282,22 +282,24 @@ enum VaLoad {
     Dense,
 }
 
-/// 1,000 live allocations of the workload, plus the steps to replay.
-fn va_setup(load: VaLoad) -> Box<VaFixture> {
-    let (nodes, arena) = match load {
+/// Nodes and arena size of a workload.
+fn va_arena(load: VaLoad) -> (usize, u64) {
+    match load {
         VaLoad::Dense => (1 << 18, 128 << 20),
         VaLoad::Mixed | VaLoad::Small => (4096, 1 << 30),
-    };
+    }
+}
+
+/// 1,000 live allocations of the workload, plus the steps to replay.
+fn va_setup(load: VaLoad) -> Box<VaFixture> {
+    let (nodes, arena) = va_arena(load);
     va_fill(VaAllocator::new(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
 }
 
 /// `va_setup` with recycling (`VaAllocator::new_recycling`), as
 /// tools/talc-bench's adapter runs it.
 fn va_recycling_setup(load: VaLoad) -> Box<VaFixture<true>> {
-    let (nodes, arena) = match load {
-        VaLoad::Dense => (1 << 18, 128 << 20),
-        VaLoad::Mixed | VaLoad::Small => (4096, 1 << 30),
-    };
+    let (nodes, arena) = va_arena(load);
     va_fill(VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
 }
 
@@ -326,62 +328,62 @@ fn va_fill<const R: bool>(mut va: VaAllocator<Vec<VaNode>, R>, load: VaLoad) -> 
     Box::new(VaFixture { va, live, handles, steps })
 }
 
+/// The steps of `fx`: free a live allocation by address, allocate a new one.
+#[inline(always)]
+fn replay_steps<const R: bool>(mut fx: Box<VaFixture<R>>) -> Box<VaFixture<R>> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.live.get_mut(victim) else { continue };
+        black_box(fx.va.free(*slot)).ok();
+        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
+    }
+    fx
+}
+
+/// The steps of `fx` with the handle-based free (`alloc_handle`/`free_handle`:
+/// no address lookup).
+#[inline(always)]
+fn replay_handle_steps<const R: bool>(mut fx: Box<VaFixture<R>>) -> Box<VaFixture<R>> {
+    for &(victim, size, align) in &fx.steps {
+        let Some(slot) = fx.handles.get_mut(victim) else { continue };
+        black_box(fx.va.free_handle(*slot)).ok();
+        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
+            *slot = h;
+        }
+    }
+    fx
+}
+
 // 100 steady-state steps of `VaAllocator`: free a live allocation (by
 // address), allocate a new one; the workloads of `VaLoad`.
 #[library_benchmark]
 #[bench::mixed(args = (VaLoad::Mixed), setup = va_setup)]
 #[bench::small(args = (VaLoad::Small), setup = va_setup)]
 #[bench::dense(args = (VaLoad::Dense), setup = va_setup)]
-fn va_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
-    for &(victim, size, align) in &fx.steps {
-        let Some(slot) = fx.live.get_mut(victim) else { continue };
-        black_box(fx.va.free(*slot)).ok();
-        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
-    }
-    fx
+fn va_steps(fx: Box<VaFixture>) -> Box<VaFixture> {
+    replay_steps(fx)
 }
 
-// The same steps with the handle-based free (`alloc_handle`/`free_handle`:
-// no address lookup).
+// The same steps with the handle-based free.
 #[library_benchmark]
 #[bench::mixed(args = (VaLoad::Mixed), setup = va_setup)]
 #[bench::dense(args = (VaLoad::Dense), setup = va_setup)]
-fn va_handle_steps(mut fx: Box<VaFixture>) -> Box<VaFixture> {
-    for &(victim, size, align) in &fx.steps {
-        let Some(slot) = fx.handles.get_mut(victim) else { continue };
-        black_box(fx.va.free_handle(*slot)).ok();
-        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
-            *slot = h;
-        }
-    }
-    fx
+fn va_handle_steps(fx: Box<VaFixture>) -> Box<VaFixture> {
+    replay_handle_steps(fx)
 }
 
 // `va_steps` with recycling: a freed range of up to 8 KiB is kept for the
 // next request of its exact length (`VaAllocator::new_recycling`).
 #[library_benchmark]
 #[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
-fn va_recycling_steps(mut fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
-    for &(victim, size, align) in &fx.steps {
-        let Some(slot) = fx.live.get_mut(victim) else { continue };
-        black_box(fx.va.free(*slot)).ok();
-        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
-    }
-    fx
+fn va_recycling_steps(fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
+    replay_steps(fx)
 }
 
 // `va_handle_steps` with recycling.
 #[library_benchmark]
 #[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
-fn va_recycling_handle_steps(mut fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
-    for &(victim, size, align) in &fx.steps {
-        let Some(slot) = fx.handles.get_mut(victim) else { continue };
-        black_box(fx.va.free_handle(*slot)).ok();
-        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
-            *slot = h;
-        }
-    }
-    fx
+fn va_recycling_handle_steps(fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
+    replay_handle_steps(fx)
 }
 
 /// Buffers per buffer benchmark.

@@ -54,42 +54,19 @@ trait RangeAlloc {
 /// arena (`sparse == true`): the same workload then falls entirely in the
 /// first of its 8 GiB regions, so every lookup walks one AVL tree of all live
 /// allocations, the O(log n) worst-case shape of the allocation index.
-struct Ours(VaAllocator<Box<[VaNode]>>, bool);
+/// `R`: built with `VaAllocator::new_recycling` (freed ranges up to 8 KiB
+/// kept for the next request of their exact length).
+struct Ours<const R: bool>(VaAllocator<Box<[VaNode]>, R>, bool);
 
 const SPARSE_ARENA: u64 = 1 << 47;
 
-impl RangeAlloc for Ours {
+impl<const R: bool> RangeAlloc for Ours<R> {
     fn name(&self) -> &'static str {
-        if self.1 {
-            "umd-core VaAllocator, 128 TiB arena (one region tree)"
-        } else {
-            "umd-core VaAllocator (TLSF + region trees)"
+        match (R, self.1) {
+            (true, _) => "umd-core VaAllocator, recycling",
+            (false, true) => "umd-core VaAllocator, 128 TiB arena (one region tree)",
+            (false, false) => "umd-core VaAllocator (TLSF + region trees)",
         }
-    }
-    fn arena(&self) -> u64 {
-        self.0.size()
-    }
-    fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        self.0.alloc(size, align, Placement::BottomUp).ok()
-    }
-    fn free(&mut self, addr: u64, _size: u64, _align: u64) {
-        self.0.free(addr).unwrap();
-    }
-    fn free_bytes(&self) -> u64 {
-        self.0.stats().free
-    }
-    fn metadata_bytes(&self) -> u64 {
-        self.0.stats().metadata_bytes()
-    }
-}
-
-/// Ours with recycling (`VaAllocator::new_recycling`): freed ranges up to
-/// 8 KiB kept for the next request of their exact length.
-struct OursRecycling(VaAllocator<Box<[VaNode]>, true>);
-
-impl RangeAlloc for OursRecycling {
-    fn name(&self) -> &'static str {
-        "umd-core VaAllocator, recycling"
     }
     fn arena(&self) -> u64 {
         self.0.size()
@@ -407,8 +384,9 @@ fn main() {
         Ours(VaAllocator::new(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, SPARSE_ARENA).unwrap(), true)
     }));
     results.push(run(|| {
-        OursRecycling(
+        Ours(
             VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap(),
+            false,
         )
     }));
     if std::env::var_os("VA_BENCH_ONLY_OURS").is_some() {

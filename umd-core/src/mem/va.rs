@@ -182,9 +182,7 @@ impl VaNode {
         height: 0,
         state: UNUSED,
     };
-}
 
-impl VaNode {
     /// All zeros: filler for storage that [`VaAllocator::new`] is handed
     /// (a `static` of it is `.bss`, not `.data`). The allocator reads a node
     /// only after resetting it (directory slots in `new`, the others when
@@ -201,6 +199,15 @@ impl VaNode {
         height: 0,
         state: UNUSED,
     };
+}
+
+impl VaNode {
+    /// An allocation (live or retired), as opposed to a hole, a recycled
+    /// range or an unused node.
+    #[inline(always)]
+    fn is_allocation(&self) -> bool {
+        self.state == ALLOC || self.state == RETIRED
+    }
 }
 
 impl Default for VaNode {
@@ -682,8 +689,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     pub fn free_handle(&mut self, handle: VaHandle) -> Result<u64, VaError> {
         let addr = handle.addr;
         let x = handle.node;
-        let current =
-            self.node(x).is_some_and(|v| v.start == addr && (v.state == ALLOC || v.state == RETIRED));
+        let current = self.node(x).is_some_and(|v| v.start == addr && v.is_allocation());
         let Some(r) = self.region_of(addr).filter(|_| current) else {
             return self.free(addr);
         };
@@ -716,18 +722,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 self.set_root(r, first);
                 return;
             }
-            let mut first = NIL;
-            for _ in 0..LIST_WALK {
-                let Some(v) = self.node(y) else { break };
-                if self.region_of(v.start) != Some(r) {
-                    break;
-                }
-                if v.state == ALLOC || v.state == RETIRED {
-                    first = y;
-                    break;
-                }
-                y = v.next;
-            }
+            let first =
+                self.region_walk(r, y, true).find(|&(_, v)| v.is_allocation()).map_or(NIL, |(n, _)| n);
             self.set_root(r, first);
         }
     }
@@ -821,7 +817,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// for leak reports and tests.
     pub fn for_each_allocation(&self, mut f: impl FnMut(VaRange)) {
         self.walk(|v| {
-            if v.state == ALLOC || v.state == RETIRED {
+            if v.is_allocation() {
                 f(VaRange { addr: v.start, size: v.len, retired: v.state == RETIRED });
             }
         });
@@ -973,29 +969,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                         return Err("directory slot names another region's allocation");
                     }
                     // First of its region: no allocation of the region before it.
-                    let mut p = v.prev;
-                    for _ in 0..LIST_WALK {
-                        let Some(w) = self.node(p) else { break };
-                        if self.region_of(w.start) != Some(r) {
-                            break;
-                        }
-                        if w.state == ALLOC || w.state == RETIRED {
-                            return Err("directory slot is not the region's first allocation");
-                        }
-                        p = w.prev;
+                    if self.region_walk(r, v.prev, false).any(|(_, w)| w.is_allocation()) {
+                        return Err("directory slot is not the region's first allocation");
                     }
                     // Every allocation of the region is reached by the walk.
-                    let mut x = root;
-                    for _ in 0..LIST_WALK {
-                        let Some(w) = self.node(x) else { break };
-                        if self.region_of(w.start) != Some(r) {
-                            break;
-                        }
-                        if w.state == ALLOC || w.state == RETIRED {
-                            indexed = indexed.wrapping_add(1);
-                        }
-                        x = w.next;
-                    }
+                    let reached = self.region_walk(r, root, true).filter(|(_, w)| w.is_allocation()).count();
+                    indexed = indexed.wrapping_add(reached as u64);
                 }
             } else {
                 let mut prev_key = None;
@@ -1533,7 +1512,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         for _ in 0..LIST_WALK {
             let v = self.node(x)?;
             if v.start >= addr {
-                return (v.start == addr && (v.state == ALLOC || v.state == RETIRED)).then_some(x);
+                return (v.start == addr && v.is_allocation()).then_some(x);
             }
             x = v.next;
         }
@@ -1544,19 +1523,18 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// `key`. Walks the address list from the region's first allocation, at
     /// most [`LIST_WALK`] ranges (every range is at least a granule).
     fn list_pred_or_eq(&self, r: u32, key: u64) -> Option<u32> {
-        let mut x = self.root(r);
-        let mut best = None;
-        for _ in 0..LIST_WALK {
-            let Some(v) = self.node(x) else { break };
-            if v.start > key || self.region_of(v.start) != Some(r) {
-                break;
-            }
-            if v.state == ALLOC || v.state == RETIRED {
-                best = Some(x);
-            }
-            x = v.next;
-        }
-        best
+        self.region_walk(r, self.root(r), true)
+            .take_while(|(_, v)| v.start <= key)
+            .filter(|(_, v)| v.is_allocation())
+            .last()
+            .map(|(n, _)| n)
+    }
+
+    /// List index: the ranges of region `r` from range `from` on, in address
+    /// order (`forward`) or backwards, while they start in the region; at
+    /// most [`LIST_WALK`] of them (every range is at least a granule).
+    fn region_walk(&self, r: u32, from: u32, forward: bool) -> RegionWalk<'_, S, RECYCLE> {
+        RegionWalk { va: self, region: r, at: from, left: LIST_WALK, forward }
     }
 
     // ----- region trees: AVL keyed by `start` ------------------------------
@@ -1774,4 +1752,30 @@ fn normalize(size: u64, align: u64) -> Result<(u64, u64), VaError> {
 fn align_up(v: u64, align: u64) -> Option<u64> {
     let m = align.wrapping_sub(1);
     Some(v.checked_add(m)? & !m)
+}
+
+/// Iterator of [`VaAllocator::region_walk`]: `(node, range)` pairs.
+struct RegionWalk<'a, S, const RECYCLE: bool> {
+    va: &'a VaAllocator<S, RECYCLE>,
+    region: u32,
+    at: u32,
+    left: usize,
+    forward: bool,
+}
+
+impl<'a, S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> Iterator for RegionWalk<'a, S, RECYCLE> {
+    type Item = (u32, &'a VaNode);
+
+    #[inline(always)]
+    fn next(&mut self) -> Option<Self::Item> {
+        self.left = self.left.checked_sub(1)?;
+        let n = self.at;
+        let v = self.va.node(n)?;
+        if self.va.region_of(v.start) != Some(self.region) {
+            self.left = 0;
+            return None;
+        }
+        self.at = if self.forward { v.next } else { v.prev };
+        Some((n, v))
+    }
 }
