@@ -286,6 +286,20 @@ macro_rules! fail {
     }};
 }
 
+/// The value of a `Result`, or a failure naming what was tried (the format
+/// arguments) followed by `: ` and the error.
+macro_rules! tried {
+    ($d:expr, $r:expr, $($arg:tt)*) => {
+        match $r {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = write!($d, $($arg)*);
+                fail!($d, ": {e}");
+            }
+        }
+    };
+}
+
 macro_rules! skip {
     ($d:expr, $($arg:tt)*) => {{
         let _ = write!($d, $($arg)*);
@@ -320,14 +334,8 @@ fn alloc_with<B: Backend, const C: usize>(
     desc: &BufferDesc,
     d: &mut Detail,
 ) -> Result<(BufferHandle, u64), Stop> {
-    let h = match dev.alloc(desc) {
-        Ok(h) => h,
-        Err(e) => fail!(d, "alloc {}: {e}", desc.size),
-    };
-    match dev.va(h) {
-        Ok(va) => Ok((h, va)),
-        Err(e) => fail!(d, "va of a new buffer: {e}"),
-    }
+    let h = tried!(d, dev.alloc(desc), "alloc {}", desc.size);
+    Ok((h, tried!(d, dev.va(h), "va of a new buffer")))
 }
 
 fn free<B: Backend, const C: usize>(
@@ -335,10 +343,8 @@ fn free<B: Backend, const C: usize>(
     h: BufferHandle,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    match dev.free(h) {
-        Ok(()) => Ok(()),
-        Err(e) => fail!(d, "free {h}: {e}"),
-    }
+    tried!(d, dev.free(h), "free {h}");
+    Ok(())
 }
 
 fn fill<B: Backend, const C: usize>(
@@ -348,10 +354,8 @@ fn fill<B: Backend, const C: usize>(
     f: impl Fn(usize) -> u32,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    match write_words(dev, h, n, f) {
-        Ok(()) => Ok(()),
-        Err(e) => fail!(d, "write {h}: {e}"),
-    }
+    tried!(d, write_words(dev, h, n, f), "write {h}");
+    Ok(())
 }
 
 fn submit<B: Backend, const C: usize, F>(
@@ -364,10 +368,7 @@ fn submit<B: Backend, const C: usize, F>(
 where
     F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
 {
-    match dev.submit(q, waits, f) {
-        Ok(fence) => Ok(fence),
-        Err(e) => fail!(d, "submit on {q}: {e}"),
-    }
+    Ok(tried!(d, dev.submit(q, waits, f), "submit on {q}"))
 }
 
 /// Submits work that faults on purpose, with the validation mode (which
@@ -389,10 +390,8 @@ where
 }
 
 fn wait<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, f: Fence, d: &mut Detail) -> Result<(), Stop> {
-    match dev.wait(f, GUARD_NS) {
-        Ok(()) => Ok(()),
-        Err(e) => fail!(d, "wait {f}: {e}"),
-    }
+    tried!(d, dev.wait(f, GUARD_NS), "wait {f}");
+    Ok(())
 }
 
 /// Checks `n` dwords of `h` against `want(i)` (the copy does the cache
@@ -415,10 +414,7 @@ fn expect_words<B: Backend, const C: usize>(
 /// sets (the driver's event word is accessed with atomics on the CPU, so
 /// the host's store does not race the GPU's WAIT_MEM polling it).
 fn gate<B: Backend, const C: usize>(dev: Dev<'_, '_, B, C>, d: &mut Detail) -> Result<Event, Stop> {
-    match dev.create_event() {
-        Ok(e) => Ok(e),
-        Err(e) => fail!(d, "create the gate: {e}"),
-    }
+    Ok(tried!(d, dev.create_event(), "create the gate"))
 }
 
 fn release_gate<B: Backend, const C: usize>(
@@ -426,10 +422,8 @@ fn release_gate<B: Backend, const C: usize>(
     g: Event,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    match dev.set_event(g) {
-        Ok(()) => Ok(()),
-        Err(e) => fail!(d, "release the gate: {e}"),
-    }
+    tried!(d, dev.set_event(g), "release the gate");
+    Ok(())
 }
 
 fn destroy_gate<B: Backend, const C: usize>(
@@ -437,10 +431,8 @@ fn destroy_gate<B: Backend, const C: usize>(
     g: Event,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    match dev.destroy_event(g) {
-        Ok(()) => Ok(()),
-        Err(e) => fail!(d, "destroy the gate: {e}"),
-    }
+    tried!(d, dev.destroy_event(g), "destroy the gate");
+    Ok(())
 }
 
 /// A small deterministic generator (xorshift64*).
@@ -876,13 +868,11 @@ fn free_while_in_flight<B: Backend, const C: usize>(
         // while the buffer is freed and its successors are allocated.
         let uses = [BufferUse::read(src), BufferUse::write(out)];
         let job = Submit::on(COPY).using(if declared { &uses } else { &[] });
-        let f = match dev.submit_with(&job, |cb| {
+        let recorded = dev.submit_with(&job, |cb| {
             cb.push(&g.wait())?;
             cb.copy(s, o, LEN)
-        }) {
-            Ok(f) => f,
-            Err(e) => fail!(d, "submit: {e}"),
-        };
+        });
+        let f = tried!(d, recorded, "submit");
         let waiting0 = dev.buffer_stats().waiting;
         free(dev, src, d)?;
         check!(d, dev.buffer_stats().waiting == waiting0 + 1, "the free did not wait for the fence");
@@ -998,20 +988,15 @@ fn local_memory<B: Backend, const C: usize>(
     // Fill each (its own value), then read each back through system memory.
     for (i, (h, va)) in bufs.iter().enumerate() {
         let uses = [BufferUse::write(*h)];
-        let f = match dev
-            .submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(*va, piece, 0x1000 + i as u32))
-        {
-            Ok(f) => f,
-            Err(e) => fail!(d, "fill {i}: {e}"),
-        };
+        let filled =
+            dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(*va, piece, 0x1000 + i as u32));
+        let f = tried!(d, filled, "fill {i}");
         wait(dev, f, d)?;
     }
     for (i, (h, va)) in bufs.iter().enumerate() {
         let uses = [BufferUse::read(*h), BufferUse::write(back)];
-        let f = match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.copy(*va, bv, piece)) {
-            Ok(f) => f,
-            Err(e) => fail!(d, "read back {i}: {e}"),
-        };
+        let copied = dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.copy(*va, bv, piece));
+        let f = tried!(d, copied, "read back {i}");
         wait(dev, f, d)?;
         let want = 0x1000 + i as u32;
         let last = piece / 4 - 1;
@@ -1031,10 +1016,8 @@ fn local_memory<B: Backend, const C: usize>(
     for k in 0..subs as usize {
         let (h, va) = bufs[k % 5];
         let uses = [BufferUse::write(h)];
-        match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(va, 256, k as u32)) {
-            Ok(f) => wait(dev, f, d)?,
-            Err(e) => fail!(d, "thrash step {k}: {e}"),
-        }
+        let filled = dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(va, 256, k as u32));
+        wait(dev, tried!(d, filled, "thrash step {k}"), d)?;
     }
     let s2 = dev.stats();
     let moves = (s2.evictions - s1.evictions) + (s2.restores - s1.restores);
@@ -1430,4 +1413,22 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
     check!(d, e == 0, "{e} errors in the threads, first: {msg}");
     expect_words(dev, buf, THREADS * JOBS, d, |i| i as u32 ^ 0x3C3C)?;
     free(dev, buf, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(r: Result<u32, &'static str>, d: &mut Detail) -> Result<u32, Stop> {
+        Ok(tried!(d, r, "step {}", 3))
+    }
+
+    #[test]
+    fn tried_passes_values_and_names_failures() {
+        let mut d = Detail::new();
+        assert_eq!(attempt(Ok(7), &mut d), Ok(7));
+        assert_eq!(d.as_str(), "");
+        assert_eq!(attempt(Err("refused"), &mut d), Err(Stop::Fail));
+        assert_eq!(d.as_str(), "step 3: refused");
+    }
 }
