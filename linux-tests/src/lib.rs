@@ -36,12 +36,12 @@ pub mod cpio;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+use vm_harness::{collect_output, snapshot, target_base, tool_runs, workspace_root, ChildGuard, Lines};
 
 /// Every test of the guest suite, in the order the guest runs them.
 pub const GUEST_TESTS: &[&str] = &[
@@ -199,24 +199,9 @@ impl fmt::Display for HarnessError {
 
 impl std::error::Error for HarnessError {}
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(".."))
-}
-
-fn target_base() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR").map(PathBuf::from).unwrap_or_else(|| workspace_root().join("target"))
-}
-
 /// The harness's own directory (`target/linux-tests`).
 pub fn harness_dir() -> PathBuf {
     target_base().join("linux-tests")
-}
-
-fn runs(cmd: &str, arg: &str) -> bool {
-    Command::new(cmd).arg(arg).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success())
 }
 
 /// The extracted kernel: version and directory.
@@ -283,7 +268,7 @@ fn check_tools() -> Result<(), HarnessError> {
     for (cmd, arg) in
         [(QEMU, "--version"), ("make", "--version"), ("gcc-12", "--version"), ("pahole", "--version")]
     {
-        if !runs(cmd, arg) {
+        if !tool_runs(cmd, arg) {
             return Err(HarnessError::Missing(cmd.into()));
         }
     }
@@ -330,24 +315,7 @@ fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
 }
 
 fn cargo(args: &[&str]) -> Result<(), HarnessError> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(args)
-        .current_dir(workspace_root())
-        .env("CARGO_TARGET_DIR", harness_dir().join("cargo"))
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .output()
-        .map_err(|e| HarnessError::Build(format!("running cargo: {e}")))?;
-    if !out.status.success() {
-        return Err(HarnessError::Build(format!(
-            "cargo {} failed:\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(())
+    vm_harness::cargo(args, &[], &harness_dir().join("cargo")).map_err(HarnessError::Build)
 }
 
 /// The guest's Rust target.
@@ -411,60 +379,6 @@ pub fn artifacts() -> Result<Artifacts, String> {
         .clone()
 }
 
-/// A child process killed and reaped when dropped.
-struct Guard {
-    child: Child,
-    /// SIGTERM first (lets the model remove its socket), then SIGKILL.
-    polite: bool,
-}
-
-impl Guard {
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        if self.polite {
-            if let Ok(pid) = i32::try_from(self.child.id()) {
-                // SAFETY: kill(2) on our own child's pid; it is not reaped
-                // yet (try_wait saw it running), so the pid is still ours.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-type Lines = Arc<Mutex<Vec<String>>>;
-
-fn collect(r: impl Read + Send + 'static, lines: Lines) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        for l in BufReader::new(r).lines() {
-            let Ok(l) = l else { break };
-            if let Ok(mut v) = lines.lock() {
-                v.push(l);
-            }
-        }
-    })
-}
-
-fn snapshot(lines: &Mutex<Vec<String>>) -> Vec<String> {
-    lines.lock().map(|v| v.clone()).unwrap_or_default()
-}
-
 /// Boots the guest suite once on GPU generation `gen`.
 pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
     let art = artifacts().map_err(HarnessError::Build)?;
@@ -476,8 +390,8 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
     let ram = dir.path().join("guest-ram");
 
     let model_lines: Lines = Arc::default();
-    let mut sim = Guard {
-        child: Command::new(&art.sim)
+    let mut sim = ChildGuard::new(
+        Command::new(&art.sim)
             .arg("--socket")
             .arg(&sock)
             .arg("--mem-file")
@@ -488,15 +402,10 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?,
-        polite: true,
-    };
+        true,
+    );
     let mut readers = Vec::new();
-    if let Some(o) = sim.child.stdout.take() {
-        readers.push(collect(o, model_lines.clone()));
-    }
-    if let Some(e) = sim.child.stderr.take() {
-        readers.push(collect(e, model_lines.clone()));
-    }
+    collect_output(&mut sim, &model_lines, &mut readers);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !sock.exists() {
         if let Ok(Some(st)) = sim.child.try_wait() {
@@ -513,8 +422,8 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
 
     let console: Lines = Arc::default();
     let start = Instant::now();
-    let mut qemu = Guard {
-        child: Command::new(QEMU)
+    let mut qemu = ChildGuard::new(
+        Command::new(QEMU)
             .args(["-accel", "tcg,thread=multi", "-cpu", "max", "-smp", "2"])
             .args(["-machine", "q35,memory-backend=mem", "-m", RAM])
             .arg("-object")
@@ -537,14 +446,9 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
             .stderr(Stdio::piped())
             .spawn()
             .map_err(|e| HarnessError::Setup(format!("starting {QEMU}: {e}")))?,
-        polite: false,
-    };
-    if let Some(o) = qemu.child.stdout.take() {
-        readers.push(collect(o, console.clone()));
-    }
-    if let Some(e) = qemu.child.stderr.take() {
-        readers.push(collect(e, console.clone()));
-    }
+        false,
+    );
+    collect_output(&mut qemu, &console, &mut readers);
 
     let deadline = Instant::now() + RUN_TIMEOUT;
     let mut status: Option<ExitStatus> = None;

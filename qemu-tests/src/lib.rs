@@ -44,12 +44,14 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::io::{BufRead, BufReader, Read};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::{Duration, Instant};
+use vm_harness::{
+    collect, collect_output, snapshot, target_base, tool_runs, workspace_root, ChildGuard, Lines,
+};
 
 pub mod defmt_log;
 pub mod fault_matrix;
@@ -254,32 +256,13 @@ impl fmt::Display for HarnessError {
 
 impl std::error::Error for HarnessError {}
 
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from(".."))
-}
-
 fn target_dir() -> PathBuf {
-    let base = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| workspace_root().join("target"));
-    base.join("qemu-tests")
+    target_base().join("qemu-tests")
 }
 
 /// Whether `qemu-system-aarch64` runs.
 pub fn qemu_available() -> bool {
-    qemu_runs(QEMU)
-}
-
-fn qemu_runs(qemu: &str) -> bool {
-    Command::new(qemu)
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
+    tool_runs(QEMU, "--version")
 }
 
 /// Paths of the built artifacts.
@@ -292,25 +275,7 @@ pub struct Artifacts {
 }
 
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), HarnessError> {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let out = Command::new(cargo)
-        .args(args)
-        .envs(env.iter().copied())
-        .current_dir(workspace_root())
-        .env("CARGO_TARGET_DIR", target_dir())
-        .env_remove("RUSTFLAGS")
-        .env_remove("CARGO_ENCODED_RUSTFLAGS")
-        .env_remove("CARGO_BUILD_TARGET")
-        .output()
-        .map_err(|e| HarnessError::Build(format!("running cargo: {e}")))?;
-    if !out.status.success() {
-        return Err(HarnessError::Build(format!(
-            "cargo {} failed:\n{}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(())
+    vm_harness::cargo(args, env, &target_dir()).map_err(HarnessError::Build)
 }
 
 /// Builds the images and the model once per process.
@@ -383,62 +348,6 @@ pub const DEFMT_LOG: &str = "debug";
 /// release profile's `debug = 1` (line tables only) leaves out.
 const IMAGE_ENV: [(&str, &str); 2] = [("DEFMT_LOG", DEFMT_LOG), ("CARGO_PROFILE_RELEASE_DEBUG", "2")];
 
-/// A child process killed and reaped when dropped.
-struct Guard {
-    child: Child,
-    name: &'static str,
-    /// SIGTERM first (lets the model remove its socket), then SIGKILL.
-    polite: bool,
-}
-
-impl Guard {
-    fn stop(&mut self) {
-        if let Ok(Some(_)) = self.child.try_wait() {
-            return;
-        }
-        if self.polite {
-            if let Ok(pid) = i32::try_from(self.child.id()) {
-                // SAFETY: kill(2) on our own child's pid; it is not reaped
-                // yet (try_wait saw it running), so the pid is still ours.
-                unsafe { libc::kill(pid, libc::SIGTERM) };
-            }
-            let deadline = Instant::now() + Duration::from_secs(5);
-            while Instant::now() < deadline {
-                if let Ok(Some(_)) = self.child.try_wait() {
-                    return;
-                }
-                thread::sleep(Duration::from_millis(10));
-            }
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        self.stop();
-        let _ = self.name;
-    }
-}
-
-type Lines = Arc<Mutex<Vec<String>>>;
-
-fn collect(r: impl Read + Send + 'static, lines: Lines) -> thread::JoinHandle<()> {
-    thread::spawn(move || {
-        for l in BufReader::new(r).lines() {
-            let Ok(l) = l else { break };
-            if let Ok(mut v) = lines.lock() {
-                v.push(l);
-            }
-        }
-    })
-}
-
-fn snapshot<T: Clone>(lines: &Mutex<Vec<T>>) -> Vec<T> {
-    lines.lock().map(|v| v.clone()).unwrap_or_default()
-}
-
 /// Guest RAM (QEMU `-m`, the shared file, the model's window).
 pub const RAM_MB: u32 = 128;
 
@@ -456,7 +365,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
         Board::Virt => QEMU,
         Board::Mps2An386 => QEMU_ARM,
     };
-    if !qemu_runs(qemu) {
+    if !tool_runs(qemu, "--version") {
         return Err(HarnessError::NoQemu);
     }
     let art = match run.board {
@@ -506,8 +415,8 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    let mut sim = Guard {
-        child: if run.no_model {
+    let mut sim = ChildGuard::new(
+        if run.no_model {
             // Something to guard that is not the model: the image must
             // find no model attached.
             Command::new("sleep")
@@ -522,16 +431,10 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
                 .spawn()
                 .map_err(|e| HarnessError::Setup(format!("starting {}: {e}", art.sim.display())))?
         },
-        name: "refgpu-sim",
-        polite: true,
-    };
+        true,
+    );
     let mut readers = Vec::new();
-    if let Some(o) = sim.child.stdout.take() {
-        readers.push(collect(o, model_lines.clone()));
-    }
-    if let Some(e) = sim.child.stderr.take() {
-        readers.push(collect(e, model_lines.clone()));
-    }
+    collect_output(&mut sim, &model_lines, &mut readers);
     // The model creates the RAM file and then listens; wait for the socket
     // (ivshmem) or for its "attached" line (shared RAM).
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -600,11 +503,10 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
             .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"]);
     }
     qemu_cmd.arg("-kernel").arg(&image).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut qemu = Guard {
-        child: qemu_cmd.spawn().map_err(|e| HarnessError::Setup(format!("starting {qemu}: {e}")))?,
-        name: "qemu",
-        polite: false,
-    };
+    let mut qemu = ChildGuard::new(
+        qemu_cmd.spawn().map_err(|e| HarnessError::Setup(format!("starting {qemu}: {e}")))?,
+        false,
+    );
     let logs: Arc<Mutex<Vec<LogLine>>> = Arc::default();
     if let Some(o) = qemu.child.stdout.take() {
         match decoder {
@@ -613,16 +515,14 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
             None => readers.push(collect(o, console.clone())),
         }
     }
-    if let Some(e) = qemu.child.stderr.take() {
-        readers.push(collect(e, console.clone()));
-    }
+    collect_output(&mut qemu, &console, &mut readers);
 
     let deadline = Instant::now() + RUN_TIMEOUT;
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
     let (mut seen, mut logs_seen) = (0, 0);
     let mut model_killed = false;
-    let mut pump = |model_killed: &mut bool, sim: &mut Guard| {
+    let mut pump = |model_killed: &mut bool, sim: &mut ChildGuard| {
         let new: Vec<String> =
             console.lock().map(|v| v.get(seen..).unwrap_or(&[]).to_vec()).unwrap_or_default();
         seen += new.len();
