@@ -8,7 +8,10 @@
 //! them apart anyway (`cpu_base`, `dev_base`) so a board with an offset
 //! between the two only changes the constructor.
 
+use core::ptr::NonNull;
+
 use umd_core::mem::pages::{PageBitmap, PagesError};
+use umd_core::platform::{DmaRegion, PlatformError};
 
 /// Page size of the carve-out.
 pub const PAGE: usize = umd_core::mem::pages::PAGE;
@@ -64,6 +67,67 @@ impl CarveOut {
         };
         self.pages.free(off / PAGE, n)
     }
+}
+
+/// A carve-out behind its lock as a platform's DMA memory (the ivshmem and
+/// the shared-RAM platforms): regions of whole pages, zeroed and cleaned to
+/// memory before they are handed out.
+#[derive(Debug)]
+pub(crate) struct DmaPages(spin::Mutex<CarveOut>);
+
+impl DmaPages {
+    /// The DMA memory of `carve`.
+    ///
+    /// # Safety
+    /// The carve-out's pages must be memory used by nothing else, which the
+    /// device reaches at the carve-out's device addresses, for the value's
+    /// life.
+    pub(crate) unsafe fn new(carve: CarveOut) -> DmaPages {
+        DmaPages(spin::Mutex::new(carve))
+    }
+
+    /// A region of at least `len` bytes (whole pages), zeroed, then cleaned
+    /// to memory with `clean(cpu address, bytes)`.
+    pub(crate) fn alloc(
+        &self,
+        len: usize,
+        clean: impl FnOnce(usize, usize),
+    ) -> Result<DmaRegion, PlatformError> {
+        let (cpu, dev) = self.0.lock().alloc(len).map_err(|_| PlatformError::OutOfMemory { len })?;
+        let len = len.max(1).next_multiple_of(PAGE);
+        let Some(p) = NonNull::new(cpu as *mut u8) else {
+            // A carve-out at CPU address 0: unusable, give the run back.
+            let _ = self.0.lock().free(cpu, len);
+            return Err(PlatformError::OutOfMemory { len });
+        };
+        // SAFETY: the carve-out handed us `len` bytes at `cpu`, used by
+        // nothing else (contract of `new`).
+        unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
+        clean(cpu, len);
+        // SAFETY: `len` bytes at `p`, ours until `free` (above), reached by
+        // the device at `dev` (contract of `new`).
+        Ok(unsafe { DmaRegion::new(p, dev, len) })
+    }
+
+    /// Gives `region`'s pages back; a region this carve-out did not hand
+    /// out frees nothing.
+    pub(crate) fn free(&self, region: DmaRegion) {
+        if let Some(p) = region.cpu_ptr() {
+            let _ = self.0.lock().free(p.as_ptr() as usize, region.len());
+        }
+    }
+
+    /// Pages handed out.
+    pub(crate) fn used_pages(&self) -> usize {
+        self.0.lock().used_pages()
+    }
+}
+
+/// The CPU range a cache operation on `len` bytes at `offset` of `region`
+/// covers, clamped to the region (`None`: no CPU mapping).
+pub(crate) fn cache_span(region: &DmaRegion, offset: usize, len: usize) -> Option<(usize, usize)> {
+    let len = len.min(region.len().saturating_sub(offset));
+    region.cpu_ptr().map(|p| ((p.as_ptr() as usize).saturating_add(offset), len))
 }
 
 #[cfg(test)]

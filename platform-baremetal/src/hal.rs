@@ -27,3 +27,15 @@ pub trait Hal {
         IrqWait::Unsupported
     }
 }
+
+/// Waits `ns` with `hal`'s delay provider (`DelayNs` takes u32 nanoseconds,
+/// ~4.3 s: longer waits in steps).
+pub(crate) fn delay_ns<H: Hal>(hal: &H, ns: u64) {
+    let mut d = hal.delay();
+    let mut left = ns;
+    while left > 0 {
+        let step = left.min(u64::from(u32::MAX));
+        d.delay_ns(step as u32);
+        left -= step;
+    }
+}

@@ -31,7 +31,7 @@ use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
-use crate::carveout::CarveOut;
+use crate::carveout::{cache_span, CarveOut, DmaPages};
 
 /// PCI IDs of QEMU's ivshmem device.
 pub const VENDOR_ID: u16 = 0x1af4;
@@ -78,7 +78,7 @@ pub struct IvshmemGpu<H: Hal> {
     bar0: spin::Mutex<UniqueMmioPointer<'static, Bar0Regs>>,
     page: NonNull<AtomicU32>,
     model_peer: u32,
-    carve: spin::Mutex<CarveOut>,
+    carve: DmaPages,
     hal: H,
     binding: Binding,
     lost: AtomicBool,
@@ -118,7 +118,9 @@ impl<H: Hal> IvshmemGpu<H> {
             bar0: spin::Mutex::new(unsafe { UniqueMmioPointer::new(bar0.cast::<Bar0Regs>()) }),
             page: shm.cast(),
             model_peer: 0,
-            carve: spin::Mutex::new(carve),
+            // SAFETY: the carve-out's pages are the device's and used by
+            // nothing else (the contract above).
+            carve: unsafe { DmaPages::new(carve) },
             hal,
             binding: Binding::new(),
             lost: AtomicBool::new(false),
@@ -174,7 +176,7 @@ impl<H: Hal> IvshmemGpu<H> {
 
     /// Pages of the carve-out in use.
     pub fn dma_pages_used(&self) -> usize {
-        self.carve.lock().used_pages()
+        self.carve.used_pages()
     }
 
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
@@ -277,39 +279,22 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        let (cpu, dev) = self.carve.lock().alloc(len).map_err(|_| PlatformError::OutOfMemory { len })?;
-        let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
-        let Some(p) = NonNull::new(cpu as *mut u8) else {
-            // A carve-out at CPU address 0: unusable, give the run back.
-            let _ = self.carve.lock().free(cpu, len);
-            return Err(PlatformError::OutOfMemory { len });
-        };
-        // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
-        // anything else (contract of `new`).
-        unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
-        self.hal.cache_clean(cpu, len);
-        // SAFETY: see the impl-level comment.
-        Ok(unsafe { DmaRegion::new(p, dev, len) })
+        self.carve.alloc(len, |cpu, len| self.hal.cache_clean(cpu, len))
     }
 
     fn dma_free(&self, region: DmaRegion) {
-        if let Some(p) = region.cpu_ptr() {
-            // A region this carve-out did not hand out frees nothing.
-            let _ = self.carve.lock().free(p.as_ptr() as usize, region.len());
-        }
+        self.carve.free(region);
     }
 
     fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
-        let len = len.min(region.len().saturating_sub(offset));
-        if let Some(p) = region.cpu_ptr() {
-            self.hal.cache_clean(p.as_ptr() as usize + offset, len);
+        if let Some((addr, len)) = cache_span(region, offset, len) {
+            self.hal.cache_clean(addr, len);
         }
     }
 
     fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
-        let len = len.min(region.len().saturating_sub(offset));
-        if let Some(p) = region.cpu_ptr() {
-            self.hal.cache_invalidate(p.as_ptr() as usize + offset, len);
+        if let Some((addr, len)) = cache_span(region, offset, len) {
+            self.hal.cache_invalidate(addr, len);
         }
     }
 
@@ -318,14 +303,7 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     }
 
     fn delay_ns(&self, ns: u64) {
-        // `DelayNs` takes u32 nanoseconds (~4.3 s): longer waits in steps.
-        let mut d = self.hal.delay();
-        let mut left = ns;
-        while left > 0 {
-            let step = left.min(u64::from(u32::MAX));
-            d.delay_ns(step as u32);
-            left -= step;
-        }
+        crate::hal::delay_ns(&self.hal, ns);
         self.check_heartbeat();
     }
 

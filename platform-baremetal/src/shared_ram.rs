@@ -33,7 +33,7 @@ use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
-use crate::carveout::CarveOut;
+use crate::carveout::{cache_span, CarveOut, DmaPages};
 pub use crate::hal::Hal;
 
 /// The binding's layout (mirrors `refgpu_model::shared_ram`, which the
@@ -113,7 +113,7 @@ struct Heartbeat {
 /// The refgpu in a shared RAM region.
 pub struct SharedRamGpu<H: Hal> {
     region: NonNull<AtomicU32>,
-    carve: spin::Mutex<CarveOut>,
+    carve: DmaPages,
     hal: H,
     binding: Binding,
     lost: AtomicBool,
@@ -143,7 +143,9 @@ impl<H: Hal> SharedRamGpu<H> {
     ) -> Result<SharedRamGpu<H>, AttachError> {
         let g = SharedRamGpu {
             region: region.cast(),
-            carve: spin::Mutex::new(carve),
+            // SAFETY: the carve-out's pages are the device's and used by
+            // nothing else (the contract above).
+            carve: unsafe { DmaPages::new(carve) },
             hal,
             binding: Binding::new(),
             lost: AtomicBool::new(false),
@@ -212,7 +214,7 @@ impl<H: Hal> SharedRamGpu<H> {
 
     /// Pages of the carve-out in use.
     pub fn dma_pages_used(&self) -> usize {
-        self.carve.lock().used_pages()
+        self.carve.used_pages()
     }
 
     /// Checks that the model is still there: ATTACH set and CLOCK moving
@@ -274,37 +276,22 @@ unsafe impl<H: Hal> Platform for SharedRamGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        let (cpu, dev) = self.carve.lock().alloc(len).map_err(|_| PlatformError::OutOfMemory { len })?;
-        let len = len.max(1).next_multiple_of(crate::carveout::PAGE);
-        let Some(p) = NonNull::new(cpu as *mut u8) else {
-            let _ = self.carve.lock().free(cpu, len);
-            return Err(PlatformError::OutOfMemory { len });
-        };
-        // SAFETY: the carve-out handed us `len` bytes at `cpu`, unused by
-        // anything else (contract of `attach`).
-        unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
-        self.hal.cache_clean(cpu, len);
-        // SAFETY: see the impl-level comment.
-        Ok(unsafe { DmaRegion::new(p, dev, len) })
+        self.carve.alloc(len, |cpu, len| self.hal.cache_clean(cpu, len))
     }
 
     fn dma_free(&self, region: DmaRegion) {
-        if let Some(p) = region.cpu_ptr() {
-            let _ = self.carve.lock().free(p.as_ptr() as usize, region.len());
-        }
+        self.carve.free(region);
     }
 
     fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
-        let len = len.min(region.len().saturating_sub(offset));
-        if let Some(p) = region.cpu_ptr() {
-            self.hal.cache_clean((p.as_ptr() as usize).saturating_add(offset), len);
+        if let Some((addr, len)) = cache_span(region, offset, len) {
+            self.hal.cache_clean(addr, len);
         }
     }
 
     fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
-        let len = len.min(region.len().saturating_sub(offset));
-        if let Some(p) = region.cpu_ptr() {
-            self.hal.cache_invalidate((p.as_ptr() as usize).saturating_add(offset), len);
+        if let Some((addr, len)) = cache_span(region, offset, len) {
+            self.hal.cache_invalidate(addr, len);
         }
     }
 
@@ -313,13 +300,7 @@ unsafe impl<H: Hal> Platform for SharedRamGpu<H> {
     }
 
     fn delay_ns(&self, ns: u64) {
-        let mut d = self.hal.delay();
-        let mut left = ns;
-        while left > 0 {
-            let step = left.min(u64::from(u32::MAX));
-            d.delay_ns(step as u32);
-            left -= step;
-        }
+        crate::hal::delay_ns(&self.hal, ns);
         self.check_heartbeat();
     }
 
