@@ -28,6 +28,8 @@ pub mod boot;
 pub mod boot_m;
 pub mod demo;
 #[cfg(target_os = "none")]
+pub mod device_loss;
+#[cfg(target_os = "none")]
 pub mod fault_matrix;
 /// The bring-up checks the smoke image runs (shared with the Linux
 /// platforms' self-test).

@@ -25,19 +25,16 @@
 #![no_main]
 
 use bm_images::boot_m::{self, Gpu};
+use bm_images::device_loss;
 use bm_images::fault_matrix::{self, Cell};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-use platform_baremetal::arch::{exit, timer};
+use platform_baremetal::arch::exit;
 use platform_baremetal::{image_main, println};
 use umd_core::config::Config;
 use umd_core::direct::MmuMode;
 use umd_core::platform::DirectIo;
-use umd_core::sync::QueueId;
 
 image_main!(main);
-
-/// Exit status when the device was lost (and reported).
-const EXIT_DEVICE_LOST: i32 = 4;
 
 /// Nothing decodes this address on mps2-an386 (between the PSRAM's end at
 /// 0x2200_0000 and the peripherals at 0x4000_0000): a precise bus fault.
@@ -96,47 +93,5 @@ fn device_loss() -> ! {
             dev.platform().doorbells_rung()
         ),
     }
-    let va = match dev.alloc_buffer(4096).map(|b| dev.va(b)) {
-        Ok(Ok(va)) => va,
-        _ => {
-            println!("@@ FATAL alloc");
-            exit::exit(2)
-        }
-    };
-    let mut last_ok = timer::now_ns();
-    for i in 0..1_000_000u64 {
-        if i == 20 {
-            println!("@@ KILL_MODEL_NOW after {i} fences");
-        }
-        let q = QueueId((i % 3) as u8);
-        let err = match dev.submit(q, &[], |cb| cb.write_data(va + 4 * (i % 1024), &[i as u32])) {
-            Ok(f) => match dev.wait(f, 30_000_000_000) {
-                Ok(()) => None,
-                Err(e) => Some(Err(e)),
-            },
-            Err(e) => Some(Ok(e)),
-        };
-        let Some(err) = err else {
-            last_ok = timer::now_ns();
-            continue;
-        };
-        let ms = timer::now_ns().saturating_sub(last_ok) / 1_000_000;
-        let window_ms = cfg.hang.window_ns / 1_000_000;
-        match err {
-            Ok(e) => println!(
-                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): submit: {e}"
-            ),
-            Err(e) => println!(
-                "@@ DEVICE_LOST detected {ms} ms after the last completed fence (hang window {window_ms} ms): wait: {e}"
-            ),
-        }
-        println!("device lost: {}, transport lost: {}", dev.is_lost(), dev.platform().is_lost());
-        if let Some(h) = dev.last_hang() {
-            println!("{h}");
-        }
-        println!("stats: {:?}", dev.stats());
-        exit::exit(EXIT_DEVICE_LOST)
-    }
-    println!("@@ FATAL the device was never lost");
-    exit::exit(1)
+    device_loss::run(dev, cfg.hang.window_ns, &|| dev.platform().is_lost())
 }
