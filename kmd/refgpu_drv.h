@@ -236,6 +236,27 @@ int refgpu_ioctl_ctx_destroy(struct drm_device *dev, void *data, struct drm_file
 int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_debugfs_engines_show(struct seq_file *m, void *data);
+
+/* refgpu_sync.c */
+
+/**
+ * struct refgpu_out_syncs - the syncobjs an ioctl signals when it succeeds
+ * @count: entries
+ * @syncs: what userspace asked for (handle, timeline point), copied in
+ * @objs: the syncobjs, looked up
+ * @chains: a timeline node per entry with a point, allocated up front
+ */
+struct refgpu_out_syncs {
+	u32 count;
+	struct drm_refgpu_sync *syncs;
+	struct drm_syncobj **objs;
+	struct dma_fence_chain **chains;
+};
+
 int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out);
+int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count);
+int refgpu_out_syncs_resolve(struct refgpu_out_syncs *os, struct drm_file *file);
+void refgpu_out_syncs_signal(struct refgpu_out_syncs *os, struct dma_fence *fence);
+void refgpu_out_syncs_fini(struct refgpu_out_syncs *os);
 
 #endif /* __REFGPU_DRV_H__ */

@@ -11,7 +11,6 @@
  */
 
 #include <linux/devcoredump.h>
-#include <linux/dma-fence-chain.h>
 #include <linux/dma-mapping.h>
 #include <linux/file.h>
 #include <linux/iopoll.h>
@@ -586,9 +585,8 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_file *rfile = file->driver_priv;
 	struct drm_refgpu_submit *args = data;
-	struct drm_refgpu_sync *in = NULL, *out = NULL;
-	struct drm_syncobj **out_objs = NULL;
-	struct dma_fence_chain **chains = NULL;
+	struct drm_refgpu_sync *in = NULL;
+	struct refgpu_out_syncs out;
 	struct sync_file *sync_file = NULL;
 	struct dma_fence *finished;
 	struct refgpu_ctx *ctx;
@@ -610,14 +608,14 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
 	if (ret)
 		return ret;
-	ret = refgpu_copy_syncs(args->out_syncs, args->out_sync_count, &out);
+	ret = refgpu_out_syncs_init(&out, args->out_syncs, args->out_sync_count);
 	if (ret)
-		goto out_free_syncs;
+		goto out_free;
 
 	ctx = refgpu_ctx_lookup(rfile, args->ctx_id);
 	if (!ctx) {
 		ret = -ENOENT;
-		goto out_free_syncs;
+		goto out_free;
 	}
 	if (READ_ONCE(rdev->lost)) {
 		ret = -ENODEV;
@@ -659,28 +657,9 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		if (ret)
 			goto out_put_job;
 	}
-	if (args->out_sync_count) {
-		out_objs = kcalloc(args->out_sync_count, sizeof(*out_objs), GFP_KERNEL);
-		chains = kcalloc(args->out_sync_count, sizeof(*chains), GFP_KERNEL);
-		if (!out_objs || !chains) {
-			ret = -ENOMEM;
-			goto out_put_job;
-		}
-	}
-	for (i = 0; i < args->out_sync_count; i++) {
-		out_objs[i] = drm_syncobj_find(file, out[i].handle);
-		if (!out_objs[i]) {
-			ret = -ENOENT;
-			goto out_put_job;
-		}
-		if (out[i].point) {
-			chains[i] = dma_fence_chain_alloc();
-			if (!chains[i]) {
-				ret = -ENOMEM;
-				goto out_put_job;
-			}
-		}
-	}
+	ret = refgpu_out_syncs_resolve(&out, file);
+	if (ret)
+		goto out_put_job;
 	if (args->flags & REFGPU_SUBMIT_OUT_SYNC_FILE) {
 		fd = get_unused_fd_flags(O_CLOEXEC);
 		if (fd < 0) {
@@ -696,14 +675,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	mutex_unlock(&ctx->submit_lock);
 
 	args->seqno = finished->seqno;
-	for (i = 0; i < args->out_sync_count; i++) {
-		if (chains[i]) {
-			drm_syncobj_add_point(out_objs[i], chains[i], finished, out[i].point);
-			chains[i] = NULL;
-		} else {
-			drm_syncobj_replace_fence(out_objs[i], finished);
-		}
-	}
+	refgpu_out_syncs_signal(&out, finished);
 	ret = 0;
 	if (fd >= 0) {
 		sync_file = sync_file_create(finished);
@@ -729,17 +701,8 @@ out_put_job:
 out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:
-	for (i = 0; i < args->out_sync_count; i++) {
-		if (chains && chains[i])
-			dma_fence_chain_free(chains[i]);
-		if (out_objs && out_objs[i])
-			drm_syncobj_put(out_objs[i]);
-	}
-	kfree(chains);
-	kfree(out_objs);
-out_free_syncs:
+	refgpu_out_syncs_fini(&out);
 	kvfree(in);
-	kvfree(out);
 	return ret;
 }
 

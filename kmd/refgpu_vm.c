@@ -17,7 +17,6 @@
  */
 
 #include <linux/dma-fence.h>
-#include <linux/dma-fence-chain.h>
 #include <linux/dma-mapping.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
@@ -637,46 +636,14 @@ static int refgpu_bind_prepare_op(struct refgpu_device *rdev, struct drm_file *f
 	return refgpu_check_pages(rdev, bop->sgt, a->bo_offset, a->size);
 }
 
-/**
- * refgpu_copy_syncs() - copy a user array of &drm_refgpu_sync and check it
- * @uptr: user pointer
- * @count: entries (at most %REFGPU_MAX_SYNCS)
- * @out: the kernel copy (kvfree) or NULL when @count is 0
- *
- * Return: 0, -EINVAL (too many, non-zero flags), -EFAULT or -ENOMEM.
- */
-int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
-{
-	struct drm_refgpu_sync *s;
-	u32 i;
-
-	*out = NULL;
-	if (!count)
-		return 0;
-	if (count > REFGPU_MAX_SYNCS)
-		return -EINVAL;
-	s = vmemdup_array_user(u64_to_user_ptr(uptr), count, sizeof(*s));
-	if (IS_ERR(s))
-		return PTR_ERR(s);
-	for (i = 0; i < count; i++) {
-		if (s[i].flags) {
-			kvfree(s);
-			return -EINVAL;
-		}
-	}
-	*out = s;
-	return 0;
-}
-
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file)
 {
 	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_file *rfile = file->driver_priv;
 	struct refgpu_vm *vm = rfile->vm;
 	struct drm_refgpu_vm_bind *args = data;
-	struct drm_refgpu_sync *in = NULL, *out = NULL;
-	struct drm_syncobj **out_objs = NULL;
-	struct dma_fence_chain **chains = NULL;
+	struct drm_refgpu_sync *in = NULL;
+	struct refgpu_out_syncs out;
 	struct refgpu_bind_ctx ctx = { .vm = vm };
 	struct refgpu_bind_op *ops = NULL;
 	struct refgpu_va *va, *tmp;
@@ -694,7 +661,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
 	if (ret)
 		return ret;
-	ret = refgpu_copy_syncs(args->out_syncs, args->out_sync_count, &out);
+	ret = refgpu_out_syncs_init(&out, args->out_syncs, args->out_sync_count);
 	if (ret)
 		goto out_free;
 
@@ -717,28 +684,9 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	}
 
 	/* Out-syncs resolved (and timeline nodes allocated) before any change. */
-	if (args->out_sync_count) {
-		out_objs = kcalloc(args->out_sync_count, sizeof(*out_objs), GFP_KERNEL);
-		chains = kcalloc(args->out_sync_count, sizeof(*chains), GFP_KERNEL);
-		if (!out_objs || !chains) {
-			ret = -ENOMEM;
-			goto out_free;
-		}
-	}
-	for (i = 0; i < args->out_sync_count; i++) {
-		out_objs[i] = drm_syncobj_find(file, out[i].handle);
-		if (!out_objs[i]) {
-			ret = -ENOENT;
-			goto out_free;
-		}
-		if (out[i].point) {
-			chains[i] = dma_fence_chain_alloc();
-			if (!chains[i]) {
-				ret = -ENOMEM;
-				goto out_free;
-			}
-		}
-	}
+	ret = refgpu_out_syncs_resolve(&out, file);
+	if (ret)
+		goto out_free;
 
 	/* Ordering: wait for every in-sync first (interruptible). */
 	for (i = 0; i < args->in_sync_count; i++) {
@@ -802,14 +750,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	refgpu_bind_release_dead(&ctx.dead);
 
 	stub = dma_fence_get_stub();
-	for (i = 0; i < args->out_sync_count; i++) {
-		if (chains[i]) {
-			drm_syncobj_add_point(out_objs[i], chains[i], stub, out[i].point);
-			chains[i] = NULL;
-		} else {
-			drm_syncobj_replace_fence(out_objs[i], stub);
-		}
-	}
+	refgpu_out_syncs_signal(&out, stub);
 	dma_fence_put(stub);
 
 out_free:
@@ -826,17 +767,9 @@ out_free:
 		if (ops[i].obj)
 			drm_gem_object_put(ops[i].obj);
 	}
-	for (i = 0; i < args->out_sync_count; i++) {
-		if (chains && chains[i])
-			dma_fence_chain_free(chains[i]);
-		if (out_objs && out_objs[i])
-			drm_syncobj_put(out_objs[i]);
-	}
-	kfree(chains);
-	kfree(out_objs);
+	refgpu_out_syncs_fini(&out);
 	kvfree(ops);
 	kvfree(in);
-	kvfree(out);
 	return ret;
 }
 

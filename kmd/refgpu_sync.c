@@ -1,0 +1,136 @@
+// SPDX-License-Identifier: GPL-2.0 OR MIT
+/* Copyright the refgpu authors */
+/*
+ * The sync arrays of SUBMIT and VM_BIND: in-syncs (syncobj, timeline
+ * point) to wait for, out-syncs to signal. Out-syncs are looked up, and a
+ * timeline node allocated for each with a point, before the ioctl changes
+ * anything, so that signalling them afterwards cannot fail.
+ */
+
+#include <linux/dma-fence.h>
+#include <linux/dma-fence-chain.h>
+#include <linux/slab.h>
+#include <linux/string.h>
+
+#include <drm/drm_file.h>
+#include <drm/drm_syncobj.h>
+
+#include "refgpu_drv.h"
+
+/**
+ * refgpu_copy_syncs() - copy a user array of &drm_refgpu_sync and check it
+ * @uptr: user pointer
+ * @count: entries (at most %REFGPU_MAX_SYNCS)
+ * @out: the kernel copy (kvfree) or NULL when @count is 0
+ *
+ * Return: 0, -EINVAL (too many, non-zero flags), -EFAULT or -ENOMEM.
+ */
+int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
+{
+	struct drm_refgpu_sync *s;
+	u32 i;
+
+	*out = NULL;
+	if (!count)
+		return 0;
+	if (count > REFGPU_MAX_SYNCS)
+		return -EINVAL;
+	s = vmemdup_array_user(u64_to_user_ptr(uptr), count, sizeof(*s));
+	if (IS_ERR(s))
+		return PTR_ERR(s);
+	for (i = 0; i < count; i++) {
+		if (s[i].flags) {
+			kvfree(s);
+			return -EINVAL;
+		}
+	}
+	*out = s;
+	return 0;
+}
+
+/**
+ * refgpu_out_syncs_init() - copy an ioctl's out-sync array in
+ * @os: the out-syncs (zeroed first; refgpu_out_syncs_fini() on every path)
+ * @uptr: user pointer to the array
+ * @count: entries
+ *
+ * Return: as refgpu_copy_syncs().
+ */
+int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
+{
+	memset(os, 0, sizeof(*os));
+	os->count = count;
+	return refgpu_copy_syncs(uptr, count, &os->syncs);
+}
+
+/**
+ * refgpu_out_syncs_resolve() - look the out-syncs up and allocate their
+ * timeline nodes
+ * @os: the out-syncs, from refgpu_out_syncs_init()
+ * @file: the file whose syncobj handles they are
+ *
+ * Return: 0, -ENOENT (a handle names no syncobj) or -ENOMEM. On error what
+ * was taken stays in @os for refgpu_out_syncs_fini().
+ */
+int refgpu_out_syncs_resolve(struct refgpu_out_syncs *os, struct drm_file *file)
+{
+	u32 i;
+
+	if (!os->count)
+		return 0;
+	os->objs = kcalloc(os->count, sizeof(*os->objs), GFP_KERNEL);
+	os->chains = kcalloc(os->count, sizeof(*os->chains), GFP_KERNEL);
+	if (!os->objs || !os->chains)
+		return -ENOMEM;
+	for (i = 0; i < os->count; i++) {
+		os->objs[i] = drm_syncobj_find(file, os->syncs[i].handle);
+		if (!os->objs[i])
+			return -ENOENT;
+		if (os->syncs[i].point) {
+			os->chains[i] = dma_fence_chain_alloc();
+			if (!os->chains[i])
+				return -ENOMEM;
+		}
+	}
+	return 0;
+}
+
+/**
+ * refgpu_out_syncs_signal() - attach @fence to every out-sync
+ * @os: the out-syncs, resolved
+ * @fence: the fence they take (a timeline point, or the binary payload)
+ */
+void refgpu_out_syncs_signal(struct refgpu_out_syncs *os, struct dma_fence *fence)
+{
+	u32 i;
+
+	for (i = 0; i < os->count; i++) {
+		if (os->chains[i]) {
+			drm_syncobj_add_point(os->objs[i], os->chains[i], fence, os->syncs[i].point);
+			os->chains[i] = NULL;
+		} else {
+			drm_syncobj_replace_fence(os->objs[i], fence);
+		}
+	}
+}
+
+/**
+ * refgpu_out_syncs_fini() - release what @os holds (unused timeline nodes,
+ * syncobj references, the copy); safe after any step failed
+ * @os: the out-syncs
+ */
+void refgpu_out_syncs_fini(struct refgpu_out_syncs *os)
+{
+	u32 i;
+
+	for (i = 0; i < os->count; i++) {
+		if (os->chains && os->chains[i])
+			dma_fence_chain_free(os->chains[i]);
+		if (os->objs && os->objs[i])
+			drm_syncobj_put(os->objs[i]);
+	}
+	kfree(os->chains);
+	kfree(os->objs);
+	kvfree(os->syncs);
+	memset(os, 0, sizeof(*os));
+}
