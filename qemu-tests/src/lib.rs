@@ -210,6 +210,13 @@ impl Outcome {
         self.results.iter().find(|(n, _)| n == scenario).map(|(_, s)| s)
     }
 
+    /// The address of the fault images' `@@ FAULT_ADDR <hex>` line (the
+    /// address they read on purpose), if printed.
+    pub fn fault_addr(&self) -> Option<u64> {
+        let a = self.console.iter().find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))?;
+        u64::from_str_radix(a.trim().trim_start_matches("0x"), 16).ok()
+    }
+
     /// The last `n` console, defmt log and model lines, for failure
     /// messages.
     pub fn tail(&self, n: usize) -> String {
@@ -278,65 +285,26 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), HarnessError> {
     vm_harness::cargo(args, env, &target_dir()).map_err(HarnessError::Build)
 }
 
-/// Builds the images and the model once per process.
+/// Builds the aarch64 images and the model once per process.
 pub fn artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            cargo(
-                &[
-                    "build",
-                    "--release",
-                    "--target",
-                    "aarch64-unknown-none",
-                    "--features",
-                    "image,defmt",
-                    "-p",
-                    "bm-images",
-                ],
-                &IMAGE_ENV,
-            )
-            .map_err(|e| e.to_string())?;
-            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"], &[])
-                .map_err(|e| e.to_string())?;
-            let t = target_dir();
-            Ok(Artifacts {
-                image_dir: t.join("aarch64-unknown-none").join("release"),
-                sim: t.join("release").join("refgpu-sim"),
-            })
-        })
-        .clone()
+    BUILT.get_or_init(|| build("aarch64-unknown-none", "image,defmt")).clone()
 }
 
-/// Builds the Cortex-M images (`m-*`) and the model once per process;
-/// returns the images' directory.
+/// Builds the Cortex-M images (`m-*`) and the model once per process.
 pub fn m_artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            cargo(
-                &[
-                    "build",
-                    "--release",
-                    "--target",
-                    "thumbv7em-none-eabihf",
-                    "--features",
-                    "cortex-m-image,defmt",
-                    "-p",
-                    "bm-images",
-                ],
-                &IMAGE_ENV,
-            )
-            .map_err(|e| e.to_string())?;
-            cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"], &[])
-                .map_err(|e| e.to_string())?;
-            let t = target_dir();
-            Ok(Artifacts {
-                image_dir: t.join("thumbv7em-none-eabihf").join("release"),
-                sim: t.join("release").join("refgpu-sim"),
-            })
-        })
-        .clone()
+    BUILT.get_or_init(|| build("thumbv7em-none-eabihf", "cortex-m-image,defmt")).clone()
+}
+
+/// Builds `bm-images` for `target` with `features`, and the model.
+fn build(target: &str, features: &str) -> Result<Artifacts, String> {
+    cargo(&["build", "--release", "--target", target, "--features", features, "-p", "bm-images"], &IMAGE_ENV)
+        .map_err(|e| e.to_string())?;
+    cargo(&["build", "--release", "-p", "refgpu-sim", "--bin", "refgpu-sim"], &[])
+        .map_err(|e| e.to_string())?;
+    let t = target_dir();
+    Ok(Artifacts { image_dir: t.join(target).join("release"), sim: t.join("release").join("refgpu-sim") })
 }
 
 /// The defmt log level the images are built with (`DEFMT_LOG`).

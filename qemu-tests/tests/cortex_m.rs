@@ -163,12 +163,7 @@ fn hard_fault_is_decoded_and_exits_non_zero() {
     let out = outcome(&Run { args: vec!["cpu"], ..Run::cortex_m("m-fault", 1) });
     let Ok(out) = out.as_ref() else { return };
     let text = out.console.join("\n");
-    let addr = out
-        .console
-        .iter()
-        .find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))
-        .and_then(|a| u32::from_str_radix(a.trim().trim_start_matches("0x"), 16).ok())
-        .unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
+    let addr = out.fault_addr().unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
     for want in [
         "@@ EXCEPTION HardFault: PC 0x",
         "BusFault: CFSR 0x00008200 [PRECISERR (precise data bus error), BFARVALID]",

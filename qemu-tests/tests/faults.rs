@@ -86,12 +86,7 @@ fn cpu_exception_is_reported_and_exits_non_zero() {
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
     let text = out.console.join("\n");
-    let addr = out
-        .console
-        .iter()
-        .find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))
-        .and_then(|a| u64::from_str_radix(a.trim().trim_start_matches("0x"), 16).ok())
-        .unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
+    let addr = out.fault_addr().unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
     for want in [
         "@@ EXCEPTION synchronous exception at EL1: ELR_EL1 0x",
         "EC 0x25 (data abort), translation fault, level 1, read",
