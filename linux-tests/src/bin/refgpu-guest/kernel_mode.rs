@@ -4,11 +4,12 @@
 //! (sync_file export and import, context status after a reset).
 
 use std::os::fd::AsFd;
+use std::time::Instant;
 
 use conformance::{run_all, Env, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG};
 use platform_linux::suite::StdThreads;
 use platform_linux::Drm;
-use umd_core::engine::Submit;
+use umd_core::engine::{Backend, Engine, Submit};
 use umd_core::kernel::KernelDevice;
 use umd_core::platform::ContextStatus;
 use umd_core::queue::WaitError;
@@ -94,6 +95,36 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
     Ok(())
 }
 
+/// Submissions timed by `bench_umd_submit_kernel_vs_direct`.
+const N: usize = 2000;
+/// Submissions between two waits.
+const BATCH: usize = 100;
+
+/// Nanoseconds spent in `N` submissions of one WRITE_DATA each on `dev`
+/// (in batches of `BATCH`, waiting for each batch's last fence untimed);
+/// checks the last write landed.
+fn time_submits<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, what: &str) -> Result<f64, String> {
+    let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let va = dev.va(buf).map_err(|e| e.to_string())?;
+    let mut ns = 0f64;
+    for b in 0..N / BATCH {
+        let t0 = Instant::now();
+        let mut last = None;
+        for i in 0..BATCH {
+            let v = (b * BATCH + i) as u32;
+            last =
+                Some(dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[v])).map_err(|e| e.to_string())?);
+        }
+        ns += t0.elapsed().as_nanos() as f64;
+        if let Some(f) = last {
+            dev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
+        }
+    }
+    ensure!(dev.read_u32(buf, 0) == Ok((N - 1) as u32), "{what}'s last write");
+    dev.free(buf).map_err(|e| e.to_string())?;
+    Ok(ns)
+}
+
 /// The CPU cost of one submission through the driver core, in kernel mode
 /// (record into the IB pool, `SUBMIT` with a timeline out-sync) against
 /// direct mode (record, ring write, doorbell) on the in-process model of
@@ -102,11 +133,8 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
 pub fn bench_umd_submit_kernel_vs_direct() -> R {
     use platform_linux::InProcess;
     use refgpu_model::{Generation as ModelGen, ModelConfig};
-    use std::time::Instant;
     use umd_core::direct::{Device, MmuMode};
 
-    const N: usize = 2000;
-    const BATCH: usize = 100;
     let drm = drm()?;
     let gen = if drm.generation() == 1 { ModelGen::Gen1 } else { ModelGen::Gen2 };
     let cfg = umd_core::config::Config { use_irq: false, ..SUITE_CONFIG };
@@ -114,24 +142,7 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     // Kernel mode.
     let mut ks: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
     let kdev = KernelDevice::<Drm, 16>::new(&drm, &mut ks, cfg).map_err(|e| e.to_string())?;
-    let kbuf = kdev.alloc_buffer(4096).map_err(|e| e.to_string())?;
-    let kva = kdev.va(kbuf).map_err(|e| e.to_string())?;
-    let mut kernel_ns = 0f64;
-    for b in 0..N / BATCH {
-        let t0 = Instant::now();
-        let mut last = None;
-        for i in 0..BATCH {
-            let v = (b * BATCH + i) as u32;
-            last =
-                Some(kdev.submit(QueueId(2), &[], |cb| cb.write_data(kva, &[v])).map_err(|e| e.to_string())?);
-        }
-        kernel_ns += t0.elapsed().as_nanos() as f64;
-        if let Some(f) = last {
-            kdev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
-        }
-    }
-    ensure!(kdev.read_u32(kbuf, 0) == Ok((N - 1) as u32), "kernel mode's last write");
-    kdev.free(kbuf).map_err(|e| e.to_string())?;
+    let kernel_ns = time_submits(&kdev, "kernel mode")?;
     drop(kdev);
 
     // Direct mode, in-process model.
@@ -140,24 +151,7 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     let mut ds: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
     let ddev: Device<'_, InProcess, 16> =
         Device::new(&model, &mut ds, cfg, MmuMode::DEFAULT).map_err(|e| e.to_string())?;
-    let dbuf = ddev.alloc_buffer(4096).map_err(|e| e.to_string())?;
-    let dva = ddev.va(dbuf).map_err(|e| e.to_string())?;
-    let mut direct_ns = 0f64;
-    for b in 0..N / BATCH {
-        let t0 = Instant::now();
-        let mut last = None;
-        for i in 0..BATCH {
-            let v = (b * BATCH + i) as u32;
-            last =
-                Some(ddev.submit(QueueId(2), &[], |cb| cb.write_data(dva, &[v])).map_err(|e| e.to_string())?);
-        }
-        direct_ns += t0.elapsed().as_nanos() as f64;
-        if let Some(f) = last {
-            ddev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
-        }
-    }
-    ensure!(ddev.read_u32(dbuf, 0) == Ok((N - 1) as u32), "direct mode's last write");
-    ddev.free(dbuf).map_err(|e| e.to_string())?;
+    let direct_ns = time_submits(&ddev, "direct mode")?;
     drop(ddev);
 
     // A null ioctl (one DRM_IOCTL_VERSION without buffers).
