@@ -131,16 +131,6 @@ pub fn print_irqs(_mode: IrqMode) {
     );
 }
 
-/// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
-pub fn report_line(r: &conformance::ScenarioResult) {
-    let tag = match r.outcome {
-        conformance::Outcome::Pass => "PASS",
-        conformance::Outcome::Fail => "FAIL",
-        conformance::Outcome::Skip => "SKIP",
-    };
-    println!("@@ RESULT {} {tag} {}", r.name, r.detail);
-}
-
 /// The PL011 as a [`core::fmt::Write`] (for code that writes reports).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Uart;

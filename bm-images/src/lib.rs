@@ -31,20 +31,8 @@ pub mod demo;
 pub mod device_loss;
 #[cfg(target_os = "none")]
 pub mod fault_matrix;
+#[cfg(target_os = "none")]
+pub mod suite;
 /// The bring-up checks the smoke image runs (shared with the Linux
 /// platforms' self-test).
 pub use conformance::bringup as smoke;
-
-#[cfg(all(target_arch = "aarch64", target_os = "none"))]
-pub use boot::report_line;
-
-/// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
-#[cfg(all(target_arch = "arm", target_os = "none"))]
-pub fn report_line(r: &conformance::ScenarioResult) {
-    let tag = match r.outcome {
-        conformance::Outcome::Pass => "PASS",
-        conformance::Outcome::Fail => "FAIL",
-        conformance::Outcome::Skip => "SKIP",
-    };
-    platform_baremetal::println!("@@ RESULT {} {tag} {}", r.name, r.detail);
-}

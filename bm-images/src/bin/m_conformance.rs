@@ -9,9 +9,9 @@
 #![no_main]
 
 use bm_images::boot_m::{self, Gpu};
-use bm_images::report_line;
-use conformance::{Env, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-use platform_baremetal::arch::{exit, timer};
+use bm_images::suite;
+use conformance::{Env, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
+use platform_baremetal::arch::exit;
 use platform_baremetal::{image_main, println};
 
 image_main!(main);
@@ -22,29 +22,10 @@ fn main() -> ! {
     let dev = boot_m::device("m-conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
-    let (mut passed, mut failed, mut skipped) = (0u32, 0u32, 0u32);
-    for s in conformance::scenarios() {
-        let t0 = timer::now_ns();
-        let r = s.run(dev, &env);
-        let ms = timer::now_ns().saturating_sub(t0) / 1_000_000;
-        match r.outcome {
-            Outcome::Pass => passed += 1,
-            Outcome::Fail => failed += 1,
-            Outcome::Skip => skipped += 1,
-        }
-        report_line(&r);
-        println!("   ({} ms guest time)", ms);
-        if r.name == "page_fault_reported" {
-            if let Some(h) = dev.last_hang() {
-                println!("@@ REPORT {} BEGIN", r.name);
-                println!("{h}");
-                println!("@@ REPORT END");
-            }
-        }
-    }
+    let n = suite::run(dev, &env);
     println!("stats: {:?}", dev.stats());
     println!("doorbells rung: {}", dev.platform().doorbells_rung());
     println!("@@ IRQS msi=0 total=0");
-    println!("@@ DONE passed={passed} failed={failed} skipped={skipped}");
-    exit::exit(if failed == 0 { 0 } else { 1 })
+    println!("@@ DONE passed={} failed={} skipped={}", n.passed, n.failed, n.skipped);
+    exit::exit(if n.failed == 0 { 0 } else { 1 })
 }

@@ -1,0 +1,57 @@
+//! The conformance images' run (aarch64 `conformance`, Cortex-M
+//! `m-conformance`): every scenario of the suite with its result line and
+//! guest time, and the page-fault scenario's decoded report.
+
+use conformance::{Env, Outcome, ScenarioResult};
+use platform_baremetal::arch::timer;
+use platform_baremetal::println;
+use umd_core::engine::{Backend, Engine};
+
+/// Scenario counts of a run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Counts {
+    /// Passed.
+    pub passed: u32,
+    /// Failed.
+    pub failed: u32,
+    /// Skipped (cannot run on this platform).
+    pub skipped: u32,
+}
+
+/// Runs every scenario on `dev`: prints `@@ RESULT` ([`report_line`]) and
+/// the guest time of each, and after `page_fault_reported` the device's
+/// last hang report between `@@ REPORT <scenario> BEGIN` and
+/// `@@ REPORT END`.
+pub fn run<B: Backend + Sync, const C: usize>(dev: &Engine<'_, B, C>, env: &Env<'_>) -> Counts {
+    let mut n = Counts::default();
+    for s in conformance::scenarios() {
+        let t0 = timer::now_ns();
+        let r = s.run(dev, env);
+        let ms = timer::now_ns().saturating_sub(t0) / 1_000_000;
+        match r.outcome {
+            Outcome::Pass => n.passed += 1,
+            Outcome::Fail => n.failed += 1,
+            Outcome::Skip => n.skipped += 1,
+        }
+        report_line(&r);
+        println!("   ({} ms guest time)", ms);
+        if r.name == "page_fault_reported" {
+            if let Some(h) = dev.last_hang() {
+                println!("@@ REPORT {} BEGIN", r.name);
+                println!("{h}");
+                println!("@@ REPORT END");
+            }
+        }
+    }
+    n
+}
+
+/// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
+pub fn report_line(r: &ScenarioResult) {
+    let tag = match r.outcome {
+        Outcome::Pass => "PASS",
+        Outcome::Fail => "FAIL",
+        Outcome::Skip => "SKIP",
+    };
+    println!("@@ RESULT {} {tag} {}", r.name, r.detail);
+}
