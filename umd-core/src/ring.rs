@@ -211,15 +211,13 @@ impl Ring {
         let Some(here) = self.stage(enc, cmds, self.wptr, stage).map_err(RingError::Encode)? else {
             return self.write_unstaged(enc, cmds, rptr);
         };
-        let here = here.saturating_mul(4);
-        let (start, pad, len) = if self.wptr.saturating_add(here) <= self.size {
-            (self.wptr, 0, here)
-        } else {
+        let (start, pad, len) = match self.at_wptr(here.saturating_mul(4)) {
+            Some(placed) => placed,
             // Padding depends on the address: encode again for offset 0.
-            let Some(from_zero) = self.stage(enc, cmds, 0, stage).map_err(RingError::Encode)? else {
-                return self.write_unstaged(enc, cmds, rptr);
-            };
-            (0, self.size.saturating_sub(self.wptr), from_zero.saturating_mul(4))
+            None => match self.stage(enc, cmds, 0, stage).map_err(RingError::Encode)? {
+                Some(from_zero) => self.at_zero(from_zero.saturating_mul(4)),
+                None => return self.write_unstaged(enc, cmds, rptr),
+            },
         };
         let size = self.size;
         let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
@@ -239,11 +237,9 @@ impl Ring {
         rptr: usize,
     ) -> Result<Written, RingError> {
         let here = self.span(enc, cmds, self.wptr).map_err(RingError::Encode)?;
-        let (start, pad, len) = if self.wptr.saturating_add(here) <= self.size {
-            (self.wptr, 0, here)
-        } else {
-            let from_zero = self.span(enc, cmds, 0).map_err(RingError::Encode)?;
-            (0, self.size.saturating_sub(self.wptr), from_zero)
+        let (start, pad, len) = match self.at_wptr(here) {
+            Some(placed) => placed,
+            None => self.at_zero(self.span(enc, cmds, 0).map_err(RingError::Encode)?),
         };
         let gpu_va = self.gpu_va;
         let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
@@ -252,6 +248,20 @@ impl Ring {
             pos = pos.saturating_add(enc.encode(c, ring, pos, gpu_va).map_err(RingError::Encode)?);
         }
         Ok(self.advance(pad, len, wptr))
+    }
+
+    /// (start, pad, len) of a write of `len` bytes at the write pointer,
+    /// if it ends before the ring does.
+    #[inline(always)]
+    fn at_wptr(&self, len: usize) -> Option<(usize, usize, usize)> {
+        (self.wptr.saturating_add(len) <= self.size).then_some((self.wptr, 0, len))
+    }
+
+    /// (start, pad, len) of a write of `len` bytes (measured at offset 0)
+    /// at offset 0, behind the tail from the write pointer as padding.
+    #[inline(always)]
+    fn at_zero(&self, len: usize) -> (usize, usize, usize) {
+        (0, self.size.saturating_sub(self.wptr), len)
     }
 
     /// Checks that `len` bytes from byte offset `start`, after `pad` bytes
