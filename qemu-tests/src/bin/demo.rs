@@ -17,6 +17,7 @@ use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 
 use qemu_tests::{boot_with, qemu_available, Mode, Output, Run, INSTALL_HINT};
+use vm_harness::{target_base, workspace_root};
 
 struct Args {
     generation: u8,
@@ -36,13 +37,6 @@ const USAGE: &str =
 /// the pace.
 const GPU_BOUND_NS_PER_KIB: u32 = 20_000;
 
-fn workspace_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(".."))
-}
-
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         generation: 2,
@@ -50,7 +44,7 @@ fn parse() -> Result<Args, String> {
         frames: 8,
         depth: None,
         gpu_bound: None,
-        trace: workspace_root().join("target").join("demo-trace.json"),
+        trace: target_base().join("demo-trace.json"),
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
