@@ -50,7 +50,8 @@ int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
 
 /**
  * refgpu_out_syncs_init() - copy an ioctl's out-sync array in
- * @os: the out-syncs (zeroed first; refgpu_out_syncs_fini() on every path)
+ * @os: the out-syncs (zeroed first, counted only once the array is checked;
+ *      refgpu_out_syncs_fini() on every path)
  * @uptr: user pointer to the array
  * @count: entries
  *
@@ -58,9 +59,14 @@ int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
  */
 int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
 {
+	int ret;
+
 	memset(os, 0, sizeof(*os));
-	os->count = count;
-	return refgpu_copy_syncs(uptr, count, &os->syncs);
+	ret = refgpu_copy_syncs(uptr, count, &os->syncs);
+	/* Only a checked count: refgpu_out_syncs_fini() loops over it. */
+	if (!ret)
+		os->count = count;
+	return ret;
 }
 
 /**
@@ -106,7 +112,8 @@ void refgpu_out_syncs_signal(struct refgpu_out_syncs *os, struct dma_fence *fenc
 
 	for (i = 0; i < os->count; i++) {
 		if (os->chains[i]) {
-			drm_syncobj_add_point(os->objs[i], os->chains[i], fence, os->syncs[i].point);
+			drm_syncobj_add_point(os->objs[i], os->chains[i], fence,
+					      os->syncs[i].point);
 			os->chains[i] = NULL;
 		} else {
 			drm_syncobj_replace_fence(os->objs[i], fence);

@@ -104,8 +104,10 @@ impl DmaPages {
         // nothing else (contract of `new`).
         unsafe { core::ptr::write_bytes(p.as_ptr(), 0, len) };
         clean(cpu, len);
-        // SAFETY: `len` bytes at `p`, ours until `free` (above), reached by
-        // the device at `dev` (contract of `new`).
+        // SAFETY: `len` bytes at `p`, page aligned (`CarveOut::new` takes a
+        // page-aligned base and hands out whole pages), ours until
+        // `DmaPages::free` below, reached by the device at `dev` (contract
+        // of `new`).
         Ok(unsafe { DmaRegion::new(p, dev, len) })
     }
 

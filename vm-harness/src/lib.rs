@@ -170,8 +170,11 @@ mod tests {
     #[test]
     fn a_polite_stop_terminates_and_reaps() {
         // The shell traps SIGTERM and exits 7: a SIGKILL would give no code.
-        let mut g = spawn("trap 'exit 7' TERM; while :; do sleep 0.05; done");
-        thread::sleep(Duration::from_millis(200));
+        // It says "ready" once the trap is set, and the stop waits for that.
+        let mut g = spawn("trap 'exit 7' TERM; echo ready; while :; do sleep 0.05; done");
+        let mut ready = String::new();
+        BufReader::new(g.child.stdout.take().expect("stdout")).read_line(&mut ready).unwrap();
+        assert_eq!(ready.trim(), "ready");
         g.stop();
         let status = g.child.try_wait().unwrap().expect("reaped");
         assert_eq!(status.code(), Some(7));

@@ -259,6 +259,14 @@ fn vm_bind_errors() -> R {
         ..Default::default()
     };
     expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_VM_BIND, &mut a), libc::EFAULT, "bad in-sync pointer")?;
+    let mut a = u::VmBind {
+        op_count: 1,
+        ops: good.as_ptr() as u64,
+        out_sync_count: u32::MAX,
+        out_syncs: many.as_ptr() as u64,
+        ..Default::default()
+    };
+    expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_VM_BIND, &mut a), EINVAL, "out_sync_count u32::MAX")?;
     // Nothing above changed the VM: the range is still free.
     ok(d.vm_bind(&good), "the same map, valid")?;
     Ok(())
@@ -421,6 +429,17 @@ fn submit_errors() -> R {
         ..Default::default()
     };
     expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a), libc::EFAULT, "bad in-sync pointer")?;
+    let outs = [sync(s, 0)];
+    let mut a = u::Submit {
+        ctx_id: ctx,
+        ib_va: ib,
+        ib_size_dw: dw,
+        out_sync_count: u32::MAX,
+        out_syncs: outs.as_ptr() as u64,
+        out_fence_fd: -1,
+        ..Default::default()
+    };
+    expect_errno(d.ioctl(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a), EINVAL, "out_sync_count u32::MAX")?;
     ensure!(live()? == before, "failed submits left jobs: {before:?} -> {:?}", live()?);
     // And a valid one still works.
     let p = fx.run(ctx, &[Command::Nop { dwords: 3 }])?;
