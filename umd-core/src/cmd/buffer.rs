@@ -217,17 +217,14 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         Ok(())
     }
 
-    /// Before the first packet `cmd`: validates it and takes the first
-    /// chunk, as [`CommandBuffer::push`] would (an error is sticky and
-    /// takes no chunk), so that the packet itself can then go through the
-    /// fast path. Not inlined: one copy, off the per-packet path.
+    /// Before the first packet, already validated: takes the first chunk
+    /// as [`CommandBuffer::push`] would (an error is sticky), so that the
+    /// packet itself can then go through the fast path. Not inlined: one
+    /// copy, off the per-packet path.
     #[cfg(not(feature = "compact-encoder"))]
     #[inline(never)]
-    fn begin(&mut self, cmd: &Command<'_>) -> Result<(), EncodeError> {
-        let r = match self.enc.encode(cmd, &mut [], 0, 0) {
-            Ok(_) | Err(EncodeError::BufferFull { .. }) => self.open_first(),
-            Err(e) => Err(e),
-        };
+    fn begin(&mut self) -> Result<(), EncodeError> {
+        let r = self.open_first();
         if let Err(e) = r {
             self.error = Some(e);
         }
@@ -335,22 +332,29 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// The common case of appending `cmd`, through `encode` (one of the
     /// encoder's per-kind entry points, inlined here with its generation's
     /// constants): no sticky error, the packet fits and is valid. Before
-    /// the first packet [`CommandBuffer::begin`] validates it and takes the
-    /// first chunk, with `push`'s errors. Anything else (a full chunk, an
-    /// invalid command, a sticky error) goes through
-    /// [`CommandBuffer::push`], which encodes `cmd` again on its general
-    /// path and gives the same result as if it had been called directly:
-    /// `encode` leaves the chunk untouched when it fails.
+    /// the first packet `validate` (the same entry point into no room: the
+    /// encoder validates before it looks at the room left, so `BufferFull`
+    /// means a valid packet; a closure of its own, so that it is inlined
+    /// and folds to the checks) validates it and [`CommandBuffer::begin`] takes the first chunk,
+    /// with `push`'s errors; an invalid first packet takes no chunk.
+    /// Anything else (a full chunk, an invalid command, a sticky error)
+    /// goes through [`CommandBuffer::push`], which encodes `cmd` again on
+    /// its general path and gives the same result as if it had been called
+    /// directly: `encode` leaves the chunk untouched when it fails.
     #[cfg(not(feature = "compact-encoder"))]
     #[inline(always)]
     fn push_fast<'c>(
         &mut self,
         cmd: impl Fn() -> Command<'c>,
+        validate: impl FnOnce(&Encoder) -> Result<usize, EncodeError>,
         encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
     ) -> Result<(), EncodeError> {
         if self.error.is_none() {
             if self.cur.is_none() {
-                self.begin(&cmd())?;
+                match validate(&self.enc) {
+                    Ok(_) | Err(EncodeError::BufferFull { .. }) => self.begin()?,
+                    Err(_) => return self.push(&cmd()),
+                }
             }
             if let Some(cur) = self.cur.as_mut() {
                 let usable = cur
@@ -378,6 +382,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     fn push_fast<'c>(
         &mut self,
         cmd: impl FnOnce() -> Command<'c>,
+        _validate: impl FnOnce(&Encoder) -> Result<usize, EncodeError>,
         _encode: impl FnOnce(&Encoder, &mut [u32], usize, u64) -> Result<usize, EncodeError>,
     ) -> Result<(), EncodeError> {
         self.push(&cmd())
@@ -387,6 +392,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
         self.push_fast(
             || Command::write_data(dst, data),
+            |enc| enc.encode_write_data(dst, data, &mut [], 0, 0),
             |enc, out, pos, va| enc.encode_write_data(dst, data, out, pos, va),
         )
     }
@@ -395,6 +401,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
         self.push_fast(
             || Command::Copy { src, dst, size },
+            |enc| enc.encode_copy(src, dst, size, &mut [], 0, 0),
             |enc, out, pos, va| enc.encode_copy(src, dst, size, out, pos, va),
         )
     }
@@ -403,6 +410,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
         self.push_fast(
             || Command::Fill { dst, size, value },
+            |enc| enc.encode_fill(dst, size, value, &mut [], 0, 0),
             |enc, out, pos, va| enc.encode_fill(dst, size, value, out, pos, va),
         )
     }
@@ -411,6 +419,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
         self.push_fast(
             || Command::Fence { addr, value, irq },
+            |enc| enc.encode_fence(addr, value, irq, &mut [], 0, 0),
             |enc, out, pos, va| enc.encode_fence(addr, value, irq, out, pos, va),
         )
     }
