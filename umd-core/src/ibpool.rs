@@ -366,6 +366,11 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         }
         let mut st = self.state.lock();
         let q = usize::from(rec.queue.0);
+        if !rec.started && rec.batching {
+            if let Some(i) = self.continue_committed(&mut st, rec) {
+                return i;
+            }
+        }
         // The queue's last commit first: it may have left the open chunk.
         self.apply(&mut st, q);
         // The first chunk of a batching recording continues the queue's
@@ -414,6 +419,39 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
             Some(f) => Pick::WaitFor(f),
             None => Pick::Never,
         }
+    }
+
+    /// The first pick of a batching recording when the queue's last
+    /// commit, still in its mailbox, left its chunk open with room enough:
+    /// applying that commit and continuing the chunk in one step (what
+    /// [`IbPool::apply`] and the continuation in [`IbPool::pick`] do one
+    /// after the other, without the chunk's state going through `Open`).
+    /// `None` (nothing changed) in every other case.
+    fn continue_committed(&self, st: &mut State<CHUNKS>, rec: &mut Recording) -> Option<Pick> {
+        let q = usize::from(rec.queue.0);
+        let m = self.mailbox.get(q)?;
+        let meta = m.meta.load(Ordering::Acquire);
+        if meta & (FULL | BATCHING) != FULL | BATCHING {
+            return None;
+        }
+        let i = ((meta & !(FULL | BATCHING)) >> INDEX_SHIFT) as usize;
+        let used = align_used((meta & USED_MASK) as usize, self.chunk_dwords);
+        if st.chunks.get(i) != Some(&ChunkState::Recording)
+            || self.chunk_dwords.saturating_sub(used) < MIN_OPEN_DWORDS
+        {
+            return None;
+        }
+        let seq =
+            u64::from(m.seq_lo.load(Ordering::Relaxed)) | u64::from(m.seq_hi.load(Ordering::Relaxed)) << 32;
+        // The fields are read: the writer may refill it.
+        m.meta.store(0, Ordering::Release);
+        // Chunk `i` stays `Recording`, now for this recording; it is the
+        // queue's open chunk (a different one before is only in flight).
+        moved_on(st, q, Some(i));
+        rec.started = true;
+        rec.resume = Some((i, used, FenceId { queue: rec.queue, seqno: Seqno(seq) }));
+        rec.taken |= 1u64 << (i & 63);
+        Some(Pick::Got(i, used))
     }
 
     /// CPU pointer and dwords of chunk `i` from dword `from`.

@@ -209,6 +209,32 @@ fn batching_puts_small_submissions_in_one_chunk() {
     }
 }
 
+/// With batching, a submission continues the queue's open chunk only when
+/// at least 64 dwords of it are left (IB starts aligned to 16 dwords), also
+/// when the previous submission's commit is still waiting in the queue's
+/// mailbox: a nearly full chunk goes in flight and a fresh one is taken,
+/// even for a packet that would fit what is left.
+#[test]
+fn batching_leaves_a_nearly_full_chunk() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(Config { batching: true, ..small_cfg() });
+    dev.platform().state().mode = Mode::Manual;
+    // WRITE_DATA of 100 dwords: 103 with its header and address, 112 once
+    // aligned; nine of them use 1,008 of the chunk's 1,024 dwords.
+    let data = [7u32; 100];
+    for _ in 0..9 {
+        dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000, &data)).unwrap();
+    }
+    // 16 dwords left: a 4-dword packet would fit, but the chunk is done
+    // (the ninth commit is still in the mailbox: reading the pool's stats
+    // here would apply it first).
+    dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000, &[1])).unwrap();
+    // Nothing completed: two chunks in all, the first nine submissions'
+    // (in flight) and the tenth's (open).
+    let s = dev.pool_stats();
+    assert_eq!((s.open, s.in_flight), (1, 1), "a fresh chunk: {s:?}");
+}
+
 #[test]
 fn cross_queue_waits_and_out_of_order_completion() {
     let mut rig_dev = rig(Generation::Gen2);
