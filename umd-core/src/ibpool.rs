@@ -366,9 +366,9 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         }
         let mut st = self.state.lock();
         let q = usize::from(rec.queue.0);
-        // The one-step continuation is for speed: the compact-encoder
-        // build, which puts size before speed, takes the general path.
-        if !cfg!(feature = "compact-encoder") && !rec.started && rec.batching {
+        // The one-step continuation is for speed: the `size-first`
+        // build takes the general path.
+        if !cfg!(feature = "size-first") && !rec.started && rec.batching {
             if let Some(i) = self.continue_committed(&mut st, rec) {
                 return i;
             }

@@ -30,7 +30,11 @@
 //! `gen1`, `gen2` (both by default): the generations the build drives; a
 //! firmware for one chip enables only its own and links no code of the
 //! other. `compact-encoder`: a smaller, slower encoder (one description
-//! walk for every packet instead of code folded per packet kind).
+//! walk for every packet instead of code folded per packet kind); it
+//! implies `size-first`: code size before speed outside the encoder (the
+//! ring written in two passes, a batching recording's first pick through
+//! the general path, a 64-bit atomic load as an exchange where atomics are
+//! emulated), with the same behaviour.
 //! `validation`: the validation mode (see [`engine`]).
 #![no_std]
 #![cfg_attr(

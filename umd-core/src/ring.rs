@@ -189,10 +189,10 @@ impl Ring {
     /// encoded once into a buffer on the stack and copied in: one
     /// validating pass, not a placement pass and then an encoding pass.
     /// Lists too long for that buffer take the two passes. With the
-    /// `compact-encoder` feature (code size before speed) every list
+    /// `size-first` feature (code size before speed) every list
     /// takes them: the same dwords, without the staged path's code.
     pub fn write(&mut self, enc: &Encoder, cmds: &[Command<'_>], rptr: usize) -> Result<Written, RingError> {
-        if cfg!(feature = "compact-encoder") {
+        if cfg!(feature = "size-first") {
             self.write_unstaged(enc, cmds, rptr)
         } else {
             self.write_staged(enc, cmds, rptr)

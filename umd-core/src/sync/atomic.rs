@@ -106,19 +106,19 @@ mod wide {
         }
 
         /// See [`portable_atomic::AtomicU64::load`] (`SeqCst`, see above).
-        #[cfg(not(feature = "compact-encoder"))]
+        #[cfg(not(feature = "size-first"))]
         #[inline(never)]
         pub(crate) fn load(&self, _order: Ordering) -> u64 {
             self.0.load(Ordering::SeqCst)
         }
 
         /// See [`portable_atomic::AtomicU64::load`] (`SeqCst`). With
-        /// `compact-encoder`, the build that puts code size before speed, a
+        /// `size-first`, the build that puts code size before speed, a
         /// load is an exchange of 0 for 0, which leaves the value as it is
         /// and returns it either way: the fallback's optimistic read (about
         /// 230 bytes on Cortex-M4) is not linked, at the price of taking
         /// the fallback's lock on every load.
-        #[cfg(feature = "compact-encoder")]
+        #[cfg(feature = "size-first")]
         #[inline(never)]
         pub(crate) fn load(&self, _order: Ordering) -> u64 {
             match self.compare_exchange(0, 0, Ordering::SeqCst, Ordering::SeqCst) {
