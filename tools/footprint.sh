@@ -68,7 +68,7 @@ if [ "${1:-}" = table ]; then
         gen1,gen2,trace,local-memory,mmu gen1,gen2,hang-capture,local-memory,mmu \
         gen1,gen2,hang-capture,trace,mmu gen1,gen2,hang-capture,trace,local-memory gen1,gen2 \
         gen2,trace,local-memory,mmu gen2,hang-capture,local-memory,mmu \
-        gen2,hang-capture,trace,mmu gen2,hang-capture,trace,local-memory gen1 gen2 \
+        gen2,hang-capture,trace,mmu gen2,hang-capture,trace,local-memory gen1 gen2 gen2,size-first \
         gen1,gen2,compact-encoder,$all gen2,compact-encoder,$all gen1,gen2,compact-encoder gen2,compact-encoder; do
         cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
         panic_paths "$lib" "$t ($f)" || exit 1
