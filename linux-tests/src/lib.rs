@@ -25,8 +25,13 @@
 //! Everything started is owned by guards (killed and reaped on every path,
 //! a panicking test included); a boot that does not end within
 //! [`RUN_TIMEOUT`] (a failure guard, not a performance threshold) is
-//! killed and reported with the last console lines. Missing tools fail
-//! with an install hint ([`HarnessError`]); nothing passes silently.
+//! killed and reported with the last console lines and the [`Phase`] it
+//! was in (the guest prints `@@ PHASE init` first, `@@ PHASE ready` once
+//! the modules are loaded and `@@ RUN <name>` before each test). A boot
+//! whose kernel does not start `/init` within [`INIT_TIMEOUT`] is stopped
+//! then and booted once more: no code of ours has run by that point (our
+//! module is loaded by `/init`), and the retry is reported. Missing tools
+//! fail with an install hint ([`HarnessError`]); nothing passes silently.
 //!
 //! The guest suite is [`GUEST_TESTS`]: the guest binary runs exactly these
 //! (it checks its own list against this one), so a test the guest did not
@@ -85,6 +90,35 @@ pub const GUEST_TESTS: &[&str] = &[
 /// Failure guard for one boot (the whole suite of one generation).
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
+/// Failure guard for the stock kernel's own boot: QEMU start to the
+/// guest's `@@ PHASE init` line (a few seconds normally).
+pub const INIT_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Where a boot was when its console ended, from the guest's `@@ PHASE`
+/// and `@@ RUN` lines: what a timeout names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// The kernel had not started `/init`.
+    Kernel,
+    /// `/init` was mounting file systems and loading the modules.
+    Setup,
+    /// Inside this test (started, no result yet).
+    Test(String),
+    /// Between tests, or after the last one.
+    Suite,
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Phase::Kernel => f.write_str("in the kernel's boot, before /init"),
+            Phase::Setup => f.write_str("in /init's setup (mounts, module loading, render node)"),
+            Phase::Test(t) => write!(f, "in test {t}"),
+            Phase::Suite => f.write_str("between tests"),
+        }
+    }
+}
+
 /// Guest RAM: QEMU `-m`, the shared file and the model's window. On q35
 /// guest-physical addresses equal file offsets below 2 GiB, so the model
 /// maps the file at physical address 0 (`--mem-base 0`).
@@ -122,8 +156,13 @@ pub struct Outcome {
     pub benches: Vec<(String, String)>,
     /// The guest's closing `N passed, N failed` line, if printed.
     pub summary: Option<String>,
-    /// Whether the boot hit [`RUN_TIMEOUT`].
+    /// Whether the boot hit [`RUN_TIMEOUT`] (or [`INIT_TIMEOUT`]).
     pub timed_out: bool,
+    /// Where the console ended.
+    pub phase: Phase,
+    /// Earlier boots of this generation whose kernel did not reach
+    /// `/init` within [`INIT_TIMEOUT`] (stopped and booted again).
+    pub kernel_stalls: u32,
     /// Wall time of the boot (QEMU start to exit).
     pub wall: Duration,
 }
@@ -163,7 +202,7 @@ impl Outcome {
             }
         }
         if self.timed_out {
-            f.push("the boot timed out: QEMU and the model were killed".into());
+            f.push(format!("the boot timed out {}: QEMU and the model were killed", self.phase));
         }
         if self.summary.is_none() {
             f.push("no closing `N passed, N failed` line".into());
@@ -379,8 +418,26 @@ pub fn artifacts() -> Result<Artifacts, String> {
         .clone()
 }
 
-/// Boots the guest suite once on GPU generation `gen`.
+/// Boots the guest suite on GPU generation `gen`; once more if the
+/// kernel did not reach `/init` (at most one retry, counted in
+/// [`Outcome::kernel_stalls`]).
 pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
+    let first = boot_once(gen)?;
+    if !(first.timed_out && first.phase == Phase::Kernel) {
+        return Ok(first);
+    }
+    eprintln!(
+        "gen{gen}: the kernel did not start /init within {} s; booting again. Console:\n{}",
+        INIT_TIMEOUT.as_secs(),
+        first.tail(20)
+    );
+    let mut again = boot_once(gen)?;
+    again.kernel_stalls = 1;
+    Ok(again)
+}
+
+/// One boot of the guest suite on generation `gen`.
+fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     let art = artifacts().map_err(HarnessError::Build)?;
     let dir = tempfile::Builder::new()
         .prefix("linux-tests-")
@@ -451,6 +508,8 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
     collect_output(&mut qemu, &console, &mut readers);
 
     let deadline = Instant::now() + RUN_TIMEOUT;
+    let init_deadline = Instant::now() + INIT_TIMEOUT;
+    let mut reached_init = false;
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
     loop {
@@ -466,6 +525,13 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
             timed_out = true;
             break;
         }
+        if !reached_init {
+            reached_init = console.lock().map(|c| c.iter().any(|l| l.contains(INIT_LINE))).unwrap_or(false);
+            if !reached_init && Instant::now() > init_deadline {
+                timed_out = true;
+                break;
+            }
+        }
         thread::sleep(Duration::from_millis(20));
     }
     let wall = start.elapsed();
@@ -477,6 +543,9 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
     drop(dir);
     Ok(parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall))
 }
+
+/// The guest's first line, printed as `/init` starts.
+pub const INIT_LINE: &str = "@@ PHASE init";
 
 /// Turns the console into an [`Outcome`].
 pub fn parse(
@@ -494,13 +563,22 @@ pub fn parse(
         benches: Vec::new(),
         summary: None,
         timed_out,
+        phase: Phase::Kernel,
+        kernel_stalls: 0,
         wall,
     };
     for l in &out.console {
         // The firmware's terminal escapes may precede the first line.
         let l = l.trim_end_matches('\r');
         let l = l.find("@@ ").map_or(l, |i| &l[i..]);
-        if let Some(r) = l.strip_prefix("@@ TEST ") {
+        if l.starts_with(INIT_LINE) {
+            out.phase = Phase::Setup;
+        } else if l.starts_with("@@ PHASE ready") {
+            out.phase = Phase::Suite;
+        } else if let Some(t) = l.strip_prefix("@@ RUN ") {
+            out.phase = Phase::Test(t.trim().to_string());
+        } else if let Some(r) = l.strip_prefix("@@ TEST ") {
+            out.phase = Phase::Suite;
             let mut it = r.splitn(3, ' ');
             let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
             let st =
@@ -540,6 +618,37 @@ pub fn check_generation(gen: u8) {
         println!("gen{gen} bench {name}: {text}");
     }
     println!("gen{gen}: {} guest tests, boot {:.1} s", out.results.len(), out.wall.as_secs_f64());
+    if out.kernel_stalls > 0 {
+        println!("gen{gen}: booted again after the kernel stalled before /init");
+    }
     let f = out.failures();
     assert!(f.is_empty(), "gen{gen}: {} failures:\n  {}\n{}", f.len(), f.join("\n  "), out.tail(60));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn phase_of(lines: &[&str], timed_out: bool) -> Outcome {
+        let console = lines.iter().map(|l| l.to_string()).collect();
+        parse(console, Vec::new(), None, timed_out, Duration::ZERO)
+    }
+
+    #[test]
+    fn a_timeout_names_the_phase_it_ended_in() {
+        let o = phase_of(&["SeaBIOS", "Booting from ROM..."], true);
+        assert_eq!(o.phase, Phase::Kernel);
+        assert!(o.failures().iter().any(|f| f.contains("before /init")), "{:?}", o.failures());
+        assert_eq!(phase_of(&["\x1b[2J@@ PHASE init"], true).phase, Phase::Setup);
+        assert_eq!(phase_of(&["@@ PHASE init", "@@ PHASE ready"], true).phase, Phase::Suite);
+        let o = phase_of(&["@@ PHASE init", "@@ PHASE ready", "@@ RUN get_param"], true);
+        assert_eq!(o.phase, Phase::Test("get_param".into()));
+        assert!(o.failures().iter().any(|f| f.contains("in test get_param")), "{:?}", o.failures());
+        let o = phase_of(
+            &["@@ PHASE init", "@@ PHASE ready", "@@ RUN get_param", "@@ TEST get_param PASS (1 ms)"],
+            true,
+        );
+        assert_eq!(o.phase, Phase::Suite);
+        assert_eq!(o.status("get_param"), Some(&Status::Pass));
+    }
 }

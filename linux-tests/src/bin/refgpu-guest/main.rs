@@ -6,6 +6,9 @@
 //! suite (`linux_tests::GUEST_TESTS`, one `@@ TEST <name> PASS|FAIL <why>`
 //! line each, `@@ BENCH` lines, then `N passed, N failed`) and leaves QEMU
 //! through `isa-debug-exit` with 0 when everything passed, 1 otherwise.
+//! `@@ PHASE init` (first), `@@ PHASE ready` (modules loaded) and
+//! `@@ RUN <name>` (before each test) tell the harness where a boot that
+//! timed out was.
 
 mod drm;
 mod fixture;
@@ -133,11 +136,13 @@ fn main() {
     std::panic::set_hook(Box::new(|info| {
         println!("guest: panic: {info}");
     }));
+    println!("{}", linux_tests::INIT_LINE);
     if let Err(e) = setup() {
         println!("guest: setup failed: {e}");
         println!("0 passed, 1 failed");
         exit_qemu(1);
     }
+    println!("@@ PHASE ready");
     let list = tests::all();
     let names: Vec<&str> = list.iter().map(|(n, _)| *n).collect();
     let (mut passed, mut failed) = (0, 0);
@@ -146,6 +151,8 @@ fn main() {
         failed += 1;
     }
     for (name, f) in list {
+        println!("@@ RUN {name}");
+        let _ = std::io::stdout().flush();
         let t0 = Instant::now();
         let before = fixture::live();
         let mut r = std::panic::catch_unwind(f).unwrap_or_else(|_| Err("panicked".into()));
