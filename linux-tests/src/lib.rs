@@ -203,6 +203,8 @@ impl Outcome {
         }
         if self.timed_out {
             f.push(format!("the boot timed out {}: QEMU and the model were killed", self.phase));
+        } else if self.phase != Phase::Suite {
+            f.push(format!("the console ended {}", self.phase));
         }
         if self.summary.is_none() {
             f.push("no closing `N passed, N failed` line".into());
@@ -650,5 +652,7 @@ mod tests {
         );
         assert_eq!(o.phase, Phase::Suite);
         assert_eq!(o.status("get_param"), Some(&Status::Pass));
+        let o = phase_of(&["@@ PHASE init", "guest: setup failed: x", "0 passed, 1 failed"], false);
+        assert!(o.failures().iter().any(|f| f.contains("ended in /init's setup")), "{:?}", o.failures());
     }
 }
