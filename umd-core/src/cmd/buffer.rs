@@ -105,6 +105,20 @@ pub struct CommandBuffer<'a, S: ChunkSource<'a>> {
     total: u64,
 }
 
+/// Appends through `CommandBuffer::push_fast` with one of the encoder's
+/// per-kind entry points: the command, its validation into no room (the
+/// first packet) and its encoding at the current position, all from one
+/// argument list.
+macro_rules! push_kind {
+    ($buf:expr, $cmd:expr, $encode:ident($($arg:expr),*)) => {
+        $buf.push_fast(
+            || $cmd,
+            |enc| enc.$encode($($arg,)* &mut [], 0, 0),
+            |enc, out, pos, va| enc.$encode($($arg,)* out, pos, va),
+        )
+    };
+}
+
 impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// A builder for `generation` taking chunks from `source`. No chunk is
     /// taken until the first packet.
@@ -390,38 +404,22 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
 
     /// WRITE_DATA of `data` at `dst`.
     pub fn write_data(&mut self, dst: u64, data: &[u32]) -> Result<(), EncodeError> {
-        self.push_fast(
-            || Command::write_data(dst, data),
-            |enc| enc.encode_write_data(dst, data, &mut [], 0, 0),
-            |enc, out, pos, va| enc.encode_write_data(dst, data, out, pos, va),
-        )
+        push_kind!(self, Command::write_data(dst, data), encode_write_data(dst, data))
     }
 
     /// DMA_COPY of `size` bytes.
     pub fn copy(&mut self, src: u64, dst: u64, size: u64) -> Result<(), EncodeError> {
-        self.push_fast(
-            || Command::Copy { src, dst, size },
-            |enc| enc.encode_copy(src, dst, size, &mut [], 0, 0),
-            |enc, out, pos, va| enc.encode_copy(src, dst, size, out, pos, va),
-        )
+        push_kind!(self, Command::Copy { src, dst, size }, encode_copy(src, dst, size))
     }
 
     /// FILL of `size` bytes with `value`.
     pub fn fill(&mut self, dst: u64, size: u64, value: u32) -> Result<(), EncodeError> {
-        self.push_fast(
-            || Command::Fill { dst, size, value },
-            |enc| enc.encode_fill(dst, size, value, &mut [], 0, 0),
-            |enc, out, pos, va| enc.encode_fill(dst, size, value, out, pos, va),
-        )
+        push_kind!(self, Command::Fill { dst, size, value }, encode_fill(dst, size, value))
     }
 
     /// FENCE writing `value` at `addr`.
     pub fn fence(&mut self, addr: u64, value: u64, irq: bool) -> Result<(), EncodeError> {
-        self.push_fast(
-            || Command::Fence { addr, value, irq },
-            |enc| enc.encode_fence(addr, value, irq, &mut [], 0, 0),
-            |enc, out, pos, va| enc.encode_fence(addr, value, irq, out, pos, va),
-        )
+        push_kind!(self, Command::Fence { addr, value, irq }, encode_fence(addr, value, irq))
     }
 
     /// WAIT_MEM until the 64-bit value at `addr` has reached `seqno`
