@@ -4,8 +4,11 @@
 //!
 //! The transport and the device's storage are `static`s (the storage's
 //! tables are placed by the loader, never moved on the stack); the device
-//! borrows both for the program's life.
+//! borrows both for the program's life. The device itself is built in its
+//! image's `static` [`Slot`] ([`Device::new_in`]: nothing device-sized
+//! goes through the stack) and owned through an [`InPlace`].
 
+use core::mem::MaybeUninit;
 use core::sync::atomic::Ordering;
 
 use platform_baremetal::arch::board::{self, IrqMode, VirtHal};
@@ -14,11 +17,19 @@ use platform_baremetal::ivshmem::IvshmemGpu;
 use platform_baremetal::log::Disp;
 use platform_baremetal::println;
 use umd_core::config::Config;
-use umd_core::direct::{Device, MmuMode};
+use umd_core::direct::{Device, InPlace, MmuMode};
 use umd_core::storage::DeviceStorage;
 
 /// The device type every image drives.
 pub type Gpu<const C: usize> = Device<'static, IvshmemGpu<VirtHal>, C>;
+
+/// The memory of an image's device (a `static`, taken once).
+pub type Slot<const C: usize> = spin::Mutex<MaybeUninit<Gpu<C>>>;
+
+/// An empty [`Slot`] (for a `static`; uninitialised, so in `.bss`).
+pub const fn slot<const C: usize>() -> Slot<C> {
+    spin::Mutex::new(MaybeUninit::uninit())
+}
 
 /// The GPU transport, set once at bring-up.
 static TRANSPORT: spin::Once<IvshmemGpu<VirtHal>> = spin::Once::new();
@@ -76,8 +87,13 @@ pub fn transport(image: &str) -> (IvshmemGpu<VirtHal>, IrqMode) {
     }
 }
 
-/// Makes a device on `io`, or exits with status 2.
-pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuMode) -> Gpu<C> {
+/// Makes a device on `io` in `slot`, or exits with status 2.
+pub fn device_on<const C: usize>(
+    slot: &'static Slot<C>,
+    io: IvshmemGpu<VirtHal>,
+    cfg: Config,
+    mmu: MmuMode,
+) -> InPlace<'static, Gpu<C>> {
     if TRANSPORT.is_completed() {
         println!("@@ FATAL device_on called twice");
         exit::exit(2)
@@ -88,7 +104,12 @@ pub fn device_on<const C: usize>(io: IvshmemGpu<VirtHal>, cfg: Config, mmu: MmuM
         exit::exit(2)
     };
     let storage: &'static mut DeviceStorage = spin::mutex::MutexGuard::leak(storage);
-    match Device::new(io, storage, cfg, mmu) {
+    let Some(slot) = slot.try_lock() else {
+        println!("@@ FATAL the device's slot is taken");
+        exit::exit(2)
+    };
+    let slot = spin::mutex::MutexGuard::leak(slot);
+    match Device::new_in(slot, io, storage, cfg, mmu) {
         Ok(d) => {
             let chip = d.chip();
             platform_baremetal::info!(
@@ -117,9 +138,14 @@ pub fn transport_ref() -> Option<&'static IvshmemGpu<VirtHal>> {
 }
 
 /// [`transport`] then [`device_on`].
-pub fn device<const C: usize>(image: &str, cfg: Config, mmu: MmuMode) -> (Gpu<C>, IrqMode) {
+pub fn device<const C: usize>(
+    image: &str,
+    slot: &'static Slot<C>,
+    cfg: Config,
+    mmu: MmuMode,
+) -> (InPlace<'static, Gpu<C>>, IrqMode) {
     let (io, mode) = transport(image);
-    (device_on(io, cfg, mmu), mode)
+    (device_on(slot, io, cfg, mmu), mode)
 }
 
 /// Prints `@@ IRQS msi=<n> total=<n>`.

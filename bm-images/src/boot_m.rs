@@ -5,8 +5,12 @@
 //!
 //! The transport, the device's storage and the device itself are
 //! `static`s: the 270 KB `DeviceStorage` is placed by the loader (in
-//! `.bss`), never built on the stack; the device (about 10 KB) is written
-//! once into its `static` cell and used through a `&'static` from then on.
+//! `.bss`), never built on the stack; the device (about 10 KB) is built in
+//! its image's `static` [`Slot`] ([`Device::new_in`]: bring-up writes it
+//! there, nothing device-sized goes through the stack) and used through a
+//! `&'static` from then on.
+
+use core::mem::MaybeUninit;
 
 use platform_baremetal::arch::board::{self, MpsHal};
 use platform_baremetal::arch::exit;
@@ -14,11 +18,19 @@ use platform_baremetal::log::Disp;
 use platform_baremetal::println;
 use platform_baremetal::shared_ram::{layout, SharedRamGpu};
 use umd_core::config::Config;
-use umd_core::direct::{Device, MemoryPlan, MmuMode};
+use umd_core::direct::{Device, InPlace, MemoryPlan, MmuMode};
 use umd_core::storage::DeviceStorage;
 
 /// The device type every Cortex-M image drives.
 pub type Gpu<const C: usize> = Device<'static, SharedRamGpu<MpsHal>, C>;
+
+/// The memory of an image's device (a `static`, taken once).
+pub type Slot<const C: usize> = spin::Mutex<MaybeUninit<Gpu<C>>>;
+
+/// An empty [`Slot`] (for a `static`; uninitialised, so in `.bss`).
+pub const fn slot<const C: usize>() -> Slot<C> {
+    spin::Mutex::new(MaybeUninit::uninit())
+}
 
 /// The GPU carve-out this firmware is built with: all of the PSRAM's
 /// system memory (16 MiB - 8 KiB).
@@ -75,9 +87,10 @@ pub fn transport(
     }
 }
 
-/// Makes the device on `io` into `cell`, or exits with status 2.
+/// Makes the device on `io` in `slot` (kept for the program's life), or
+/// exits with status 2.
 pub fn device_in<const C: usize>(
-    cell: &'static spin::Once<Gpu<C>>,
+    slot: &'static Slot<C>,
     io: &'static SharedRamGpu<MpsHal>,
     cfg: Config,
     mmu: MmuMode,
@@ -87,8 +100,13 @@ pub fn device_in<const C: usize>(
         exit::exit(2)
     };
     let storage: &'static mut DeviceStorage = spin::mutex::MutexGuard::leak(storage);
-    let dev = match Device::new(io, storage, cfg, mmu) {
-        Ok(d) => cell.call_once(|| d),
+    let Some(slot) = slot.try_lock() else {
+        println!("@@ FATAL the device's slot is taken");
+        exit::exit(2)
+    };
+    let slot = spin::mutex::MutexGuard::leak(slot);
+    let dev: &'static Gpu<C> = match Device::new_in(slot, io, storage, cfg, mmu) {
+        Ok(d) => InPlace::leak(d),
         Err(e) => {
             platform_baremetal::error!("Device::new failed: {}", Disp(&e));
             println!("@@ FATAL Device::new: {e}");
@@ -103,10 +121,10 @@ pub fn device_in<const C: usize>(
 /// [`transport`] with [`CARVEOUT_BYTES`], then [`device_in`].
 pub fn device<const C: usize>(
     image: &str,
-    cell: &'static spin::Once<Gpu<C>>,
+    slot: &'static Slot<C>,
     cfg: Config,
     mmu: MmuMode,
 ) -> &'static Gpu<C> {
     let io = transport(image, CARVEOUT_BYTES, &cfg, mmu, C);
-    device_in(cell, io, cfg, mmu)
+    device_in(slot, io, cfg, mmu)
 }

@@ -158,11 +158,12 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     use umd_core::config::Config;
     use umd_core::direct::{Device, MmuMode};
     use umd_core::sync::QueueId;
-    let Some(storage) = STORAGE.try_lock() else { return 0 };
+    let (Some(storage), Some(slot)) = (STORAGE.try_lock(), DEVICE.try_lock()) else { return 0 };
     let storage = spin::mutex::MutexGuard::leak(storage);
+    let slot = spin::mutex::MutexGuard::leak(slot);
     // Without the MMU (feature `mmu` off) the driver runs in bypass.
     let mmu = if cfg!(feature = "mmu") { MmuMode::DEFAULT } else { MmuMode::Bypass };
-    let Ok(dev) = Device::<board::Board, 8>::new(&board::Board, storage, Config::DEFAULT, mmu) else {
+    let Ok(dev) = Device::new_in(slot, &board::Board, storage, Config::DEFAULT, mmu) else {
         return 0;
     };
     let (Ok(a), Ok(b)) = (dev.alloc_buffer(4096), dev.alloc_buffer(4096)) else { return 0 };
@@ -180,6 +181,12 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
 /// zeros, so in `.bss`, which `tools/footprint.sh` checks).
 static STORAGE: spin::Mutex<umd_core::storage::DeviceStorage<64, 128, 32, 64>> =
     spin::Mutex::new(umd_core::storage::DeviceStorage::new());
+
+/// The device's own memory (a `static`, so that bring-up writes the
+/// engine where it stays instead of moving it through the stack; all
+/// zeros, in `.bss`).
+static DEVICE: spin::Mutex<core::mem::MaybeUninit<umd_core::direct::Device<'static, board::Board, 8>>> =
+    spin::Mutex::new(core::mem::MaybeUninit::uninit());
 
 /// Runs the whole conformance suite on the board platform; returns the
 /// number of scenarios that did not pass (built with `with-conformance`).

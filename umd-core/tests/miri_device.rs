@@ -109,3 +109,42 @@ fn a_hung_engine_is_reset_and_its_waiter_fails_with_it() {
         dev.free(buf).unwrap();
     });
 }
+
+#[test]
+fn a_device_built_in_its_own_memory_runs_and_gives_everything_back_when_dropped() {
+    use core::mem::MaybeUninit;
+    use umd_core::direct::{InPlace, InitError};
+    let fake = Fake::new(Generation::Gen2, 1 << 20);
+    // The slot's type names the storage's borrow: each device here takes
+    // storage of its own.
+    let (mut refused, mut first, mut second): (Box<Storage>, Box<Storage>, Box<Storage>) =
+        (Box::default(), Box::default(), Box::default());
+    let mut slot: Box<MaybeUninit<Device<'_, Fake, 2>>> = Box::new_uninit();
+    // A refused bring-up leaves nothing behind, in the platform or the slot.
+    let bad = Config { ring_bytes: 3000, ..cfg() };
+    let e = Device::new_in(&mut slot, &fake, &mut refused, bad, MmuMode::Bypass).err();
+    assert!(matches!(e, Some(InitError::BadConfig(_))));
+    assert_eq!(fake.state().allocs, 0);
+    {
+        let dev =
+            Device::new_in(&mut slot, &fake, &mut first, cfg(), MmuMode::Bypass).expect("device comes up");
+        let (a, b) = (dev.alloc_buffer(256).unwrap(), dev.alloc_buffer(256).unwrap());
+        dev.write_words(a, 0, &[5, 6, 7]).unwrap();
+        let f = dev.submit(COPY, &[], |cb| cb.copy(dev.va(a).unwrap(), dev.va(b).unwrap(), 12)).unwrap();
+        dev.wait(f, 1_000_000_000).unwrap();
+        assert_eq!(dev.read_u32(b, 2), Ok(7));
+        dev.free(a).unwrap();
+        dev.free(b).unwrap();
+        assert!(fake.state().allocs > 0);
+        // Dropping the handle drops the device where it lies.
+    }
+    assert_eq!(fake.state().allocs, 0, "dropping the handle gave every block back");
+    // The same memory takes the next device (with the MMU: page tables
+    // too); shutdown reports as a `Device`'s does.
+    let dev =
+        Device::new_in(&mut slot, &fake, &mut second, cfg(), MmuMode::DEFAULT).expect("device comes up");
+    dev.alloc_buffer(64).unwrap();
+    let report = InPlace::shutdown(dev);
+    assert_eq!(report.leaked_buffers, 1);
+    assert_eq!(fake.state().allocs, 0);
+}

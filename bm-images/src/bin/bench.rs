@@ -62,13 +62,16 @@ fn micro(dev: &boot::Gpu<16>) {
     );
 }
 
+/// The device's memory.
+static DEVICE: boot::Slot<16> = boot::slot();
+
 fn main() -> ! {
     // SAFETY: single core; only `main` touches SAMPLES, once.
     let samples = unsafe { &mut *core::ptr::addr_of_mut!(SAMPLES) };
     // `chunk=<bytes>`: IB chunk size (default: Config::DEFAULT's 64 KiB).
     let chunk = boot::arg_u64("chunk").map_or(Config::DEFAULT.ib_chunk_bytes, |c| c as usize);
     let cfg = Config { ib_chunk_bytes: chunk, ..Config::DEFAULT };
-    let (dev, mode) = boot::device::<16>("bench", cfg, MmuMode::DEFAULT);
+    let (dev, mode) = boot::device("bench", &DEVICE, cfg, MmuMode::DEFAULT);
     println!("IB chunk {chunk} bytes");
     println!(
         "counter: CNTFRQ_EL0 = {} Hz ({} ns per tick)",

@@ -14,8 +14,11 @@ use platform_baremetal::{image_main, println};
 
 image_main!(main);
 
+/// The device's memory.
+static DEVICE: boot::Slot<SUITE_CHUNKS> = boot::slot();
+
 fn main() -> ! {
-    let (dev, mode) = boot::device::<SUITE_CHUNKS>("conformance", SUITE_CONFIG, SUITE_MMU);
+    let (dev, mode) = boot::device("conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
     let n = suite::run(&dev, &env);

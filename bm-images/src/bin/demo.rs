@@ -24,12 +24,15 @@ image_main!(main);
 /// events; the demo drains it here after every wait).
 static TRACE: spin::Mutex<TraceStorage<{ demo::TRACE_CAP }>> = spin::Mutex::new(TraceStorage::new());
 
+/// The device's memory.
+static DEVICE: boot::Slot<{ demo::CHUNKS }> = boot::slot();
+
 fn main() -> ! {
     let Some(storage) = TRACE.try_lock() else { exit::exit(2) };
     let mut trace = TraceRing::new(spin::mutex::MutexGuard::leak(storage));
     let frames = boot::arg_u64("frames").unwrap_or(8) as u32;
     let depth = boot::arg_u64("depth").unwrap_or(2) as u32;
-    let (dev, mode) = boot::device::<{ demo::CHUNKS }>("demo", demo::CONFIG, MmuMode::DEFAULT);
+    let (dev, mode) = boot::device("demo", &DEVICE, demo::CONFIG, MmuMode::DEFAULT);
     let sum = match demo::run(&dev, frames, depth, &mut trace) {
         Ok(s) => s,
         Err(e) => {

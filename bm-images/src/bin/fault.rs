@@ -30,12 +30,16 @@ use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_baremetal::arch::exit;
 use platform_baremetal::{image_main, println};
 use umd_core::config::Config;
-use umd_core::direct::MmuMode;
+use umd_core::direct::{InPlace, MmuMode};
 
 image_main!(main);
 
 /// Unmapped: the identity map covers GiB 0, 1 and 256 only.
 const UNMAPPED: usize = 0x1_0000_0040;
+
+/// The memory of the device of `device_loss` and of `matrix` (one runs per boot).
+static DEVICE: boot::Slot<8> = boot::slot();
+static SUITE_DEVICE: boot::Slot<SUITE_CHUNKS> = boot::slot();
 
 fn main() -> ! {
     if boot::has_arg("cpu") {
@@ -63,7 +67,7 @@ fn matrix() -> ! {
     // A killed server is noticed by the transport's heartbeat after one
     // hang window, as by the core's hang check.
     io.loss_window_ns = SUITE_CONFIG.hang.window_ns;
-    let dev = boot::device_on::<SUITE_CHUNKS>(io, SUITE_CONFIG, SUITE_MMU);
+    let dev = boot::device_on(&SUITE_DEVICE, io, SUITE_CONFIG, SUITE_MMU);
     let cell = Cell {
         seed: boot::arg_u64("seed").unwrap_or(conformance::faults::seed(false)),
         lasting: boot::arg_u64("lasting").and_then(|m| u8::try_from(m).ok()).unwrap_or(0),
@@ -72,7 +76,7 @@ fn matrix() -> ! {
     let Some(acc) = fault_matrix::run(&dev, cell, &|| dev.platform().check_heartbeat()) else {
         exit::exit(2)
     };
-    let report = dev.shutdown();
+    let report = InPlace::shutdown(dev);
     let pages = boot::transport_ref().map_or(0, |t| t.dma_pages_used());
     println!("@@ SHUTDOWN leaked_buffers={} dma_pages={pages}", report.leaked_buffers);
     let clean = acc.check().is_ok() && report.leaked_buffers == 0 && pages == 0;
@@ -85,6 +89,6 @@ fn device_loss() -> ! {
     // The transport's heartbeat check gives up after one hang window, like
     // the core's hang check.
     io.loss_window_ns = cfg.hang.window_ns;
-    let dev = boot::device_on::<8>(io, cfg, MmuMode::DEFAULT);
+    let dev = boot::device_on(&DEVICE, io, cfg, MmuMode::DEFAULT);
     device_loss::run(&dev, cfg.hang.window_ns, &|| dev.platform().is_lost())
 }

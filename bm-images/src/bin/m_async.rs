@@ -26,7 +26,7 @@ image_main!(main);
 
 const ROUNDS: u32 = 32;
 
-static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
+static DEVICE: boot_m::Slot<8> = boot_m::slot();
 static HUB: Wakeups<4> = Wakeups::with_timer(tick::arm_at);
 static EXECUTOR: StaticCell<Executor> = StaticCell::new();
 /// Waits in flight now, and the most at once.

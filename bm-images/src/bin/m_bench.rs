@@ -24,7 +24,7 @@ const TRIPS: usize = 1000;
 const CYCLE_SUBMITS: usize = 256;
 
 static mut SAMPLES: [u64; SUBMITS] = [0; SUBMITS];
-static DEVICE: spin::Once<Gpu<16>> = spin::Once::new();
+static DEVICE: boot_m::Slot<16> = boot_m::slot();
 
 fn line(name: &str, f: &Figures) {
     println!("@@ BENCH {name} n={} median_ns={} p90_ns={} mean_ns={}", f.n, f.median, f.p90, f.mean);

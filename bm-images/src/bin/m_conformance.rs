@@ -8,7 +8,7 @@
 #![no_std]
 #![no_main]
 
-use bm_images::boot_m::{self, Gpu};
+use bm_images::boot_m;
 use bm_images::suite;
 use conformance::{Env, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_baremetal::arch::exit;
@@ -16,7 +16,7 @@ use platform_baremetal::{image_main, println};
 
 image_main!(main);
 
-static DEVICE: spin::Once<Gpu<SUITE_CHUNKS>> = spin::Once::new();
+static DEVICE: boot_m::Slot<SUITE_CHUNKS> = boot_m::slot();
 
 fn main() -> ! {
     let dev = boot_m::device("m-conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);

@@ -24,7 +24,7 @@
 #![no_std]
 #![no_main]
 
-use bm_images::boot_m::{self, Gpu};
+use bm_images::boot_m;
 use bm_images::device_loss;
 use bm_images::fault_matrix::{self, Cell};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
@@ -40,8 +40,8 @@ image_main!(main);
 /// 0x2200_0000 and the peripherals at 0x4000_0000): a precise bus fault.
 const UNMAPPED: usize = 0x3000_0040;
 
-static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
-static SUITE_DEVICE: spin::Once<Gpu<SUITE_CHUNKS>> = spin::Once::new();
+static DEVICE: boot_m::Slot<8> = boot_m::slot();
+static SUITE_DEVICE: boot_m::Slot<SUITE_CHUNKS> = boot_m::slot();
 
 fn main() -> ! {
     if boot_m::has_arg("cpu") {

@@ -21,7 +21,7 @@ const VA_BASE: u64 = 0x7FFF_0000_0000;
 const MMU: MmuMode = MmuMode::Enabled { va_base: VA_BASE, va_size: 1 << 32, table_pages: 64 };
 const LEN: usize = 64 * 1024;
 
-static DEVICE: spin::Once<Gpu<8>> = spin::Once::new();
+static DEVICE: boot_m::Slot<8> = boot_m::slot();
 static mut BUF: [u8; LEN] = [0; LEN];
 
 fn check(name: &str, r: Result<(), &'static str>, failed: &mut u32) {

@@ -15,8 +15,11 @@ use umd_core::direct::MmuMode;
 
 image_main!(main);
 
+/// The device's memory.
+static DEVICE: boot::Slot<8> = boot::slot();
+
 fn main() -> ! {
-    let (dev, _mode) = boot::device::<8>("smoke", Config::DEFAULT, MmuMode::DEFAULT);
+    let (dev, _mode) = boot::device("smoke", &DEVICE, Config::DEFAULT, MmuMode::DEFAULT);
     let (mut passed, mut failed) = (0u32, 0u32);
     for (name, check) in smoke::list() {
         match check(&dev) {

@@ -3,6 +3,9 @@
 //! report.
 
 use core::fmt;
+use core::mem::{ManuallyDrop, MaybeUninit};
+use core::ops::{Deref, DerefMut};
+use core::ptr::addr_of_mut;
 use core::sync::atomic::AtomicBool;
 
 use lock_api::Mutex;
@@ -73,63 +76,171 @@ pub struct ShutdownReport {
     pub released_waiting: u64,
 }
 
+/// A device built in memory its integrator provides (a `static`, a
+/// section of its own), so that bring-up writes the engine's state where
+/// it stays instead of building it on the stack and moving it (on
+/// Cortex-M4 the engine is about 9 KB): see
+/// [`Device::new_in`](crate::direct::Device::new_in).
+///
+/// It owns the device: dereferences to it, and dropping it drops the
+/// device in place (stopping it and giving back its memory, as dropping a
+/// [`Device`](crate::direct::Device) does); the memory is the
+/// integrator's again afterwards. [`InPlace::leak`] keeps the device for
+/// the rest of the program instead.
+pub struct InPlace<'s, T> {
+    /// Initialised for as long as `self` lives (only
+    /// [`Engine::assemble_in`] makes one, after writing every field).
+    slot: &'s mut MaybeUninit<T>,
+}
+
+impl<'s, T> InPlace<'s, T> {
+    /// The device, for the rest of the borrow of its memory; it is never
+    /// dropped (nor stopped) then, as a `static` device never is.
+    pub fn leak(this: Self) -> &'s mut T {
+        let this = ManuallyDrop::new(this);
+        // SAFETY: `this.slot` is the exclusive borrow of an initialised
+        // value (the type's invariant); `this` is never dropped, so the
+        // borrow moves out once and the value is not dropped behind it.
+        let slot: &'s mut MaybeUninit<T> = unsafe { core::ptr::read(&this.slot) };
+        // SAFETY: initialised (the type's invariant).
+        unsafe { slot.assume_init_mut() }
+    }
+
+    /// The device moved out of its memory (for callers that keep it by
+    /// value: [`Device::new`](crate::direct::Device::new)).
+    pub(crate) fn into_inner(this: Self) -> T {
+        let this = ManuallyDrop::new(this);
+        // SAFETY: initialised (the type's invariant); `this` is not dropped,
+        // so the value is read out once and never dropped in place.
+        unsafe { this.slot.assume_init_read() }
+    }
+}
+
+impl<T> Deref for InPlace<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        // SAFETY: initialised (the type's invariant).
+        unsafe { self.slot.assume_init_ref() }
+    }
+}
+
+impl<T> DerefMut for InPlace<'_, T> {
+    fn deref_mut(&mut self) -> &mut T {
+        // SAFETY: initialised (the type's invariant).
+        unsafe { self.slot.assume_init_mut() }
+    }
+}
+
+impl<T> Drop for InPlace<'_, T> {
+    fn drop(&mut self) {
+        // SAFETY: initialised (the type's invariant), and dropped only here,
+        // once: after it the slot is plain memory again.
+        unsafe { self.slot.assume_init_drop() }
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for InPlace<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&**self, f)
+    }
+}
+
+impl<'d, B: Backend, const CHUNKS: usize> InPlace<'_, Engine<'d, B, CHUNKS>> {
+    /// Stops the device and gives back its memory, as
+    /// [`Engine::shutdown`]; returns the leak report.
+    pub fn shutdown(mut self) -> ShutdownReport {
+        self.teardown()
+    }
+}
+
 impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
-    /// An engine over `b` with the tables of `storage`, GPU VA arena
-    /// `va_arena` (None: addresses are the memory's own), backend mapping
-    /// state `maps` and per-queue state `queues`. The IB pool is set up by
-    /// [`Engine::init_ib_pool`] once the backend can map memory.
-    pub(crate) fn assemble<
+    /// An engine over `b`, written into `slot`, with the tables of
+    /// `storage`, GPU VA arena `va_arena` (None: addresses are the
+    /// memory's own), backend mapping state `maps` and per-queue state
+    /// `queues`. The IB pool is set up by [`Engine::init_ib_pool`] once the
+    /// backend can map memory. Each field is written where it stays: no
+    /// engine-sized value is built on the stack.
+    pub(crate) fn assemble_in<
+        's,
         const BUF: usize,
         const VA: usize,
         const SL: usize,
         const TR: usize,
         const LW: usize,
     >(
+        slot: &'s mut MaybeUninit<Self>,
         b: B,
         storage: &'d mut DeviceStorage<BUF, VA, SL, TR, LW>,
         cfg: Config,
         va_arena: Option<(u64, u64)>,
         maps: B::Maps,
         queues: [B::Queue; MAX_QUEUES],
-    ) -> Result<Self, InitError> {
+    ) -> Result<InPlace<'s, Self>, InitError> {
         let id = next_device_id();
         let nq = b.queues().min(MAX_QUEUES);
         let enc = Encoder::new(b.chip().generation);
         let parts = storage.parts();
         // A backend without an allocator gets no arena (direct mode
-        // refuses the MMU before this without the `mmu` feature).
+        // refuses the MMU before this without the `mmu` feature). The one
+        // step that can fail, before anything is written.
         let va = match va_arena.filter(|_| B::VA_ALLOCATOR) {
             Some((base, size)) => Some(VaAllocator::new(parts.va, base, size).map_err(InitError::Va)?),
             None => None,
         };
         let buffers = Buffers::new(id, parts.buffers, parts.slabs, parts.retiring);
         *parts.deps = crate::storage::Deps::new();
-        Ok(Engine {
-            id,
-            b,
-            enc,
-            cfg,
-            tun: Mutex::new(Tunables { pool_exhaustion: cfg.pool_exhaustion, hang: cfg.hang }),
-            nq,
-            queues: queues.map(QueueCore::new),
-            ib: IbPool::unset(),
-            mem: Mutex::new(MemState {
+        // Every field of the engine, by name and without `..`: a field
+        // added to `Engine` and not written below fails to compile here.
+        let _written = |e: &Self| {
+            #[rustfmt::skip]
+            let Engine {
+                id: _, b: _, enc: _, cfg: _, tun: _, nq: _, queues: _, ib: _, mem: _, deps: _,
+                trace: _, last_hang: _, stats: _, lost: _, fault_irqs: _, reclaim_backlog: _,
+                #[cfg(feature = "validation")]
+                validating: _,
+                torn_down: _,
+            } = e;
+        };
+        let e = slot.as_mut_ptr();
+        // SAFETY: `e` is the slot's memory, exclusively borrowed, aligned
+        // and large enough for `Self`; each write initialises one field (or
+        // one queue) through a raw place, without a reference to the
+        // uninitialised whole, and overwrites nothing that needs dropping
+        // (the slot holds no value: `&mut MaybeUninit` never drops one).
+        // `queues` has `MAX_QUEUES` elements, so `q.add(i)` stays inside
+        // the field. The pattern above lists every field and each is
+        // written once here, so the slot is initialised afterwards.
+        unsafe {
+            addr_of_mut!((*e).id).write(id);
+            addr_of_mut!((*e).b).write(b);
+            addr_of_mut!((*e).enc).write(enc);
+            addr_of_mut!((*e).cfg).write(cfg);
+            addr_of_mut!((*e).tun)
+                .write(Mutex::new(Tunables { pool_exhaustion: cfg.pool_exhaustion, hang: cfg.hang }));
+            addr_of_mut!((*e).nq).write(nq);
+            let q = addr_of_mut!((*e).queues).cast::<QueueCore<super::Raw<B>, B::Queue>>();
+            for (i, qs) in queues.into_iter().enumerate() {
+                q.add(i).write(QueueCore::new(qs));
+            }
+            addr_of_mut!((*e).ib).write(IbPool::unset());
+            addr_of_mut!((*e).mem).write(Mutex::new(MemState {
                 buffers,
                 va: super::buffers::VaSlot::new(va),
                 maps,
                 local: super::residency::LocalMem::new(parts.local),
-            }),
-            deps: Mutex::new(parts.deps),
-            trace: Mutex::new(parts.trace),
-            last_hang: Mutex::new(None),
-            stats: Counters::default(),
-            lost: AtomicBool::new(false),
-            fault_irqs: crate::sync::fault_irqs::FaultIrqs::new(),
-            reclaim_backlog: core::sync::atomic::AtomicU32::new(0),
+            }));
+            addr_of_mut!((*e).deps).write(Mutex::new(parts.deps));
+            addr_of_mut!((*e).trace).write(Mutex::new(parts.trace));
+            addr_of_mut!((*e).last_hang).write(Mutex::new(None));
+            addr_of_mut!((*e).stats).write(Counters::default());
+            addr_of_mut!((*e).lost).write(AtomicBool::new(false));
+            addr_of_mut!((*e).fault_irqs).write(crate::sync::fault_irqs::FaultIrqs::new());
+            addr_of_mut!((*e).reclaim_backlog).write(core::sync::atomic::AtomicU32::new(0));
             #[cfg(feature = "validation")]
-            validating: AtomicBool::new(false),
-            torn_down: AtomicBool::new(false),
-        })
+            addr_of_mut!((*e).validating).write(AtomicBool::new(false));
+            addr_of_mut!((*e).torn_down).write(AtomicBool::new(false));
+        }
+        Ok(InPlace { slot })
     }
 
     /// Allocates `len` bytes (rounded to 4 KiB) of CPU-visible memory and

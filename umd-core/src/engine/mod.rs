@@ -60,7 +60,7 @@ pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
 pub use events::{ClockSync, Event, EventError, TimestampQuery};
-pub use lifecycle::{InitError, ShutdownReport};
+pub use lifecycle::{InPlace, InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
 pub use wait_async::{AnyFenceWait, AnyWaitError, FenceWait, Wakeups};

@@ -28,6 +28,8 @@
 //! - **Waits in the kernel.** A host wait blocks in the kernel on the
 //!   fence's timeline point ([`KernelIo::wait`]), never in a polling loop.
 
+use core::mem::MaybeUninit;
+
 use heapless::Deque;
 
 use crate::config::Config;
@@ -35,7 +37,7 @@ use crate::debug::HangReason;
 use crate::engine::backend::{
     sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
-use crate::engine::{Engine, InitError};
+use crate::engine::{Engine, InPlace, InitError};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
@@ -467,9 +469,11 @@ impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
                 }
             }
         }
-        let mut dev = Engine::assemble(k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
+        let mut slot = MaybeUninit::uninit();
+        let mut dev =
+            Engine::assemble_in(&mut slot, k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
         dev.init_ib_pool()?;
-        Ok(dev)
+        Ok(InPlace::into_inner(dev))
     }
 
     /// The timeline point `fence` signals, for a platform to export (as a
