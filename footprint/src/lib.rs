@@ -195,10 +195,14 @@ static DEVICE: spin::Mutex<core::mem::MaybeUninit<umd_core::direct::Device<'stat
 pub extern "C" fn umd_fp_conformance() -> u32 {
     use conformance::{run_all, Env, Outcome, SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
     use umd_core::direct::Device;
-    let Some(storage) = STORAGE.try_lock() else { return u32::MAX };
+    /// The suite's device's own memory (its `CHUNKS` differs from the
+    /// smoke test's).
+    static SUITE_DEVICE: spin::Mutex<core::mem::MaybeUninit<Device<'static, board::Board, SUITE_CHUNKS>>> =
+        spin::Mutex::new(core::mem::MaybeUninit::uninit());
+    let (Some(storage), Some(slot)) = (STORAGE.try_lock(), SUITE_DEVICE.try_lock()) else { return u32::MAX };
     let storage = spin::mutex::MutexGuard::leak(storage);
-    let Ok(dev) = Device::<board::Board, SUITE_CHUNKS>::new(&board::Board, storage, SUITE_CONFIG, SUITE_MMU)
-    else {
+    let slot = spin::mutex::MutexGuard::leak(slot);
+    let Ok(dev) = Device::new_in(slot, &board::Board, storage, SUITE_CONFIG, SUITE_MMU) else {
         return u32::MAX;
     };
     let mut bad = 0u32;
