@@ -285,10 +285,23 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
     #[cfg_attr(not(target_os = "none"), inline)]
     #[cfg_attr(target_os = "none", inline(never))]
     fn apply(&self, st: &mut State<CHUNKS>, q: usize) {
-        let Some(m) = self.mailbox.get(q) else { return };
+        self.apply_then(st, q, None);
+    }
+
+    /// Applies the commit waiting in queue `q`'s mailbox, if any (the
+    /// caller holds the lock): `finish_locked` of a recording of that one
+    /// chunk. With `next`, the first pick of a batching recording of `q`:
+    /// when the commit leaves its chunk open with room enough, the chunk
+    /// stays `Recording`, now for `next`, which continues it (`Some`, the
+    /// pick), instead of going to `Open` and back. `None` otherwise, the
+    /// commit applied and `next` untouched. The one place the mailbox is
+    /// decoded; always inlined, so that `next = None` folds away.
+    #[inline(always)]
+    fn apply_then(&self, st: &mut State<CHUNKS>, q: usize, next: Option<&mut Recording>) -> Option<Pick> {
+        let m = self.mailbox.get(q)?;
         let meta = m.meta.load(Ordering::Acquire);
         if meta & FULL == 0 {
-            return;
+            return None;
         }
         let seq =
             u64::from(m.seq_lo.load(Ordering::Relaxed)) | u64::from(m.seq_hi.load(Ordering::Relaxed)) << 32;
@@ -296,18 +309,30 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         m.meta.store(0, Ordering::Release);
         let i = ((meta & !(FULL | BATCHING)) >> INDEX_SHIFT) as usize;
         let fence = FenceId { queue: QueueId(q as u8), seqno: Seqno(seq) };
-        // `finish_locked` of a recording of chunk `i` alone, used up to
-        // `used`: the chunk stays open with batching, else is in flight.
+        // Chunk `i`, used up to `used`: open with batching, else in flight.
         let mut open_now = None;
         if let Some(s) = st.chunks.get_mut(i).filter(|s| **s == ChunkState::Recording) {
-            *s = if meta & BATCHING != 0 {
-                open_now = Some(i);
-                ChunkState::Open { fence, used: align_used((meta & USED_MASK) as usize, self.chunk_dwords) }
+            if meta & BATCHING == 0 {
+                *s = ChunkState::InFlight(fence);
             } else {
-                ChunkState::InFlight(fence)
-            };
+                open_now = Some(i);
+                let used = align_used((meta & USED_MASK) as usize, self.chunk_dwords);
+                match next.filter(|_| self.chunk_dwords.saturating_sub(used) >= MIN_OPEN_DWORDS) {
+                    // Stays `Recording`, now `rec`'s, and is the queue's
+                    // open chunk (a different one before is only in flight).
+                    Some(rec) => {
+                        moved_on(st, q, open_now);
+                        rec.started = true;
+                        rec.resume = Some((i, used, fence));
+                        rec.taken |= 1u64 << (i & 63);
+                        return Some(Pick::Got(i, used));
+                    }
+                    None => *s = ChunkState::Open { fence, used },
+                }
+            }
         }
         moved_on(st, q, open_now);
+        None
     }
 
     /// Applies every queue's waiting commit (the caller holds the lock).
@@ -366,15 +391,17 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
         }
         let mut st = self.state.lock();
         let q = usize::from(rec.queue.0);
-        // The one-step continuation is for speed: the `size-first`
-        // build takes the general path.
+        // The queue's last commit first: it may have left the open chunk,
+        // which the first pick of a batching recording continues in the
+        // same step when it can (not in the `size-first` build: the general
+        // path, same outcome).
         if !cfg!(feature = "size-first") && !rec.started && rec.batching {
-            if let Some(i) = self.continue_committed(&mut st, rec) {
-                return i;
+            if let Some(got) = self.apply_then(&mut st, q, Some(&mut *rec)) {
+                return got;
             }
+        } else {
+            self.apply(&mut st, q);
         }
-        // The queue's last commit first: it may have left the open chunk.
-        self.apply(&mut st, q);
         // The first chunk of a batching recording continues the queue's
         // open chunk when enough of it is left.
         if !rec.started && rec.batching {
@@ -421,39 +448,6 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
             Some(f) => Pick::WaitFor(f),
             None => Pick::Never,
         }
-    }
-
-    /// The first pick of a batching recording when the queue's last
-    /// commit, still in its mailbox, left its chunk open with room enough:
-    /// applying that commit and continuing the chunk in one step (what
-    /// [`IbPool::apply`] and the continuation in [`IbPool::pick`] do one
-    /// after the other, without the chunk's state going through `Open`).
-    /// `None` (nothing changed) in every other case.
-    fn continue_committed(&self, st: &mut State<CHUNKS>, rec: &mut Recording) -> Option<Pick> {
-        let q = usize::from(rec.queue.0);
-        let m = self.mailbox.get(q)?;
-        let meta = m.meta.load(Ordering::Acquire);
-        if meta & (FULL | BATCHING) != FULL | BATCHING {
-            return None;
-        }
-        let i = ((meta & !(FULL | BATCHING)) >> INDEX_SHIFT) as usize;
-        let used = align_used((meta & USED_MASK) as usize, self.chunk_dwords);
-        if st.chunks.get(i) != Some(&ChunkState::Recording)
-            || self.chunk_dwords.saturating_sub(used) < MIN_OPEN_DWORDS
-        {
-            return None;
-        }
-        let seq =
-            u64::from(m.seq_lo.load(Ordering::Relaxed)) | u64::from(m.seq_hi.load(Ordering::Relaxed)) << 32;
-        // The fields are read: the writer may refill it.
-        m.meta.store(0, Ordering::Release);
-        // Chunk `i` stays `Recording`, now for this recording; it is the
-        // queue's open chunk (a different one before is only in flight).
-        moved_on(st, q, Some(i));
-        rec.started = true;
-        rec.resume = Some((i, used, FenceId { queue: rec.queue, seqno: Seqno(seq) }));
-        rec.taken |= 1u64 << (i & 63);
-        Some(Pick::Got(i, used))
     }
 
     /// CPU pointer and dwords of chunk `i` from dword `from`.
@@ -517,6 +511,8 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
 
 /// After a commit on queue `q` that left `open_now` open (or none): a
 /// previously open chunk the queue moved away from is now only in flight.
+/// Inlined hosted (into the submit path's pick).
+#[cfg_attr(not(target_os = "none"), inline(always))]
 fn moved_on<const CHUNKS: usize>(st: &mut State<CHUNKS>, q: usize, open_now: Option<usize>) {
     let prev = st.open.get(q).copied().flatten();
     if let Some(p) = prev.filter(|p| open_now != Some(*p)) {
