@@ -4,7 +4,12 @@
 //! packets at the write pointer and publishes it; the engine consumes up to
 //! it and reports its read pointer. Free space is computed from the last
 //! read pointer seen: the ring holds at most `size - 4` bytes so that
-//! `rptr == wptr` always means empty. A packet never crosses the end: the
+//! `rptr == wptr` always means empty. The engine only moves its read
+//! pointer forward (until a reset puts both back to 0), so the space
+//! before a read pointer read earlier is still free: the ring keeps the
+//! last one it was given ([`Ring::rptr_seen`]) and its owner reads the
+//! register again only when that space is not enough, as amdgpu's ring
+//! allocation does. A packet never crosses the end: the
 //! tail is padded with NOPs (several when the tail is longer than one NOP
 //! can be in this generation) and the packet starts again at offset 0.
 
@@ -88,6 +93,8 @@ pub struct Ring {
     gpu_va: u64,
     size: usize,
     wptr: usize,
+    /// The engine's read pointer as last given to [`Ring::write`].
+    rptr: usize,
 }
 
 impl Ring {
@@ -96,7 +103,7 @@ impl Ring {
         if !size.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&size) || region.len() < size {
             return Err((RingError::BadSize { size }, region));
         }
-        Ok(Ring { region, gpu_va, size, wptr: 0 })
+        Ok(Ring { region, gpu_va, size, wptr: 0, rptr: 0 })
     }
 
     /// Gives the memory back (teardown).
@@ -129,6 +136,13 @@ impl Ring {
         self.wptr
     }
 
+    /// The engine's read pointer as last given to [`Ring::write`] (0 after
+    /// [`Ring::reset`]): a lower bound of its progress, so
+    /// `free(rptr_seen())` bytes are free now.
+    pub fn rptr_seen(&self) -> usize {
+        self.rptr
+    }
+
     /// Bytes free given the engine's read pointer `rptr`.
     pub fn free(&self, rptr: usize) -> usize {
         let mask = self.size.wrapping_sub(1);
@@ -144,6 +158,7 @@ impl Ring {
     /// Back to empty, as after an engine reset (RPTR = WPTR = 0).
     pub fn reset(&mut self) {
         self.wptr = 0;
+        self.rptr = 0;
     }
 
     /// Dwords `cmds` take when placed from byte offset `at` (padding the
@@ -182,8 +197,8 @@ impl Ring {
 
     /// Writes `cmds` contiguously at the write pointer (wrapping with NOP
     /// padding if they do not fit before the end), given the engine's read
-    /// pointer `rptr`. Nothing is written on error. The caller publishes
-    /// [`Written::wptr`] afterwards.
+    /// pointer `rptr` (kept as [`Ring::rptr_seen`]). Nothing is written on
+    /// error. The caller publishes [`Written::wptr`] afterwards.
     ///
     /// The packets of a submission (its waits, the IB, the fence) are
     /// encoded once into a buffer on the stack and copied in: one
@@ -192,6 +207,7 @@ impl Ring {
     /// `size-first` feature (code size before speed) every list
     /// takes them: the same dwords, without the staged path's code.
     pub fn write(&mut self, enc: &Encoder, cmds: &[Command<'_>], rptr: usize) -> Result<Written, RingError> {
+        self.rptr = rptr;
         if cfg!(feature = "size-first") {
             self.write_unstaged(enc, cmds, rptr)
         } else {

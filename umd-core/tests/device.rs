@@ -640,6 +640,70 @@ fn device_loss_fails_pending_fences() {
     assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::DeviceLost));
 }
 
+/// The ring's free space comes from the read pointer last read: RING_RPTR
+/// is read again only when that space is not enough for a submission, about
+/// once per lap of the ring, not once per submission.
+#[test]
+fn the_read_pointer_is_read_only_when_the_ring_looks_full() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    let buf = dev.alloc_buffer(4096).unwrap();
+    let va = dev.va(buf).unwrap();
+    let before = dev.platform().state().rptr_reads;
+    let mut last = None;
+    for i in 0..300u32 {
+        last = Some(dev.submit(GFX, &[], |cb| cb.write_data(va + 4 * u64::from(i % 64), &[i])).unwrap());
+    }
+    let reads = dev.platform().state().rptr_reads - before;
+    let wraps = dev.stats().ring_wraps;
+    assert!(wraps >= 2, "300 submissions lap a 4 KiB ring: {wraps} wraps");
+    assert!(reads >= wraps, "each lap needs the engine's progress: {reads} reads, {wraps} wraps");
+    assert!(reads <= wraps + 2, "read once per lap, not per submission: {reads} reads, {wraps} wraps");
+    dev.wait(last.unwrap(), 1_000_000_000).unwrap();
+    assert_eq!(dev.read_u32(buf, 299 % 64), Ok(299));
+}
+
+/// A loss that a submission is the first to meet: with the cached free
+/// space enough it is seen when the write pointer is published (no
+/// RING_RPTR read), with the ring looking full at the read pointer's
+/// refresh. Either way the submission is refused `DeviceLost`, nothing is
+/// published to the engine, and the pending work fails `DeviceLost`.
+#[test]
+fn a_loss_met_by_a_submission_refuses_it_and_fails_pending_work() {
+    for refresh in [false, true] {
+        let mut rig_dev = rig(Generation::Gen2);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        dev.platform().state().mode = Mode::Manual;
+        let job = |dev: &Device<'_, Fake, 4>| dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000));
+        // Work in flight on another queue, whose engine never runs.
+        let pending = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        job(&dev).unwrap();
+        let step = dev.platform().state().engines[0].wptr;
+        if refresh {
+            // Fill the ring up to less than two submissions of cached free
+            // space, then one more: the next one no longer fits it.
+            while 4092 - dev.platform().state().engines[0].wptr >= 2 * step {
+                job(&dev).unwrap();
+            }
+            job(&dev).unwrap();
+            dev.platform().state().run(0);
+        }
+        let (reads, wptr) = {
+            let mut st = dev.platform().state();
+            st.lost = true;
+            (st.rptr_reads, st.engines[0].wptr)
+        };
+        assert_eq!(job(&dev), Err(SubmitError::DeviceLost), "refresh {refresh}");
+        let st = dev.platform().state();
+        assert_eq!(st.rptr_reads - reads, u64::from(refresh), "RING_RPTR read only to refresh");
+        assert_eq!(st.engines[0].wptr, wptr, "nothing published");
+        drop(st);
+        assert!(dev.is_lost());
+        assert_eq!(dev.wait(pending, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
+        assert_eq!(job(&dev), Err(SubmitError::DeviceLost));
+    }
+}
+
 #[test]
 fn trace_exports_chrome_json() {
     let mut rig_dev = rig(Generation::Gen2);

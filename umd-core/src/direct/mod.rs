@@ -243,8 +243,23 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         }
         let cmds = cmds.get(..n).unwrap_or(&[]);
         let ring = qs.ring.as_mut().ok_or(EmitError::Lost)?;
-        let rptr = self.p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| EmitError::Lost)? as usize;
-        let written = match ring.write(&self.enc, cmds, rptr) {
+        // The space before the read pointer last read is free (the engine
+        // only moves it forward): RING_RPTR is read again only when that
+        // is not enough. A lost device is then seen below, when the write
+        // pointer is published, before the engine can see the packets.
+        // (One call site of the write: its code is not duplicated.)
+        let (mut rptr, mut refreshed) = (ring.rptr_seen(), false);
+        let written = loop {
+            match ring.write(&self.enc, cmds, rptr) {
+                Err(RingError::Full { .. }) if !refreshed => {
+                    let r =
+                        self.p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| EmitError::Lost)?;
+                    (rptr, refreshed) = (r as usize, true);
+                }
+                w => break w,
+            }
+        };
+        let written = match written {
             Ok(w) => w,
             Err(e @ RingError::Full { .. }) => return Err(EmitError::Full(SubmitError::RingFull(e))),
             Err(RingError::Encode(x)) => return Err(EmitError::Refused(SubmitError::Encode(x))),

@@ -53,7 +53,9 @@ pub enum EmitError {
     Full(SubmitError),
     /// The job can not be taken.
     Refused(SubmitError),
-    /// The device is gone.
+    /// The device is gone. Seen at a register access: the job's packets
+    /// may be in the ring's memory, but its write pointer was not
+    /// published, so the engine never fetches them.
     Lost,
 }
 

@@ -408,6 +408,11 @@ unsafe impl lock_api::RawMutex for SpinLock {
 }
 
 /// Direct mode: the core drives the register page itself.
+///
+/// Once the platform knows the device is gone, every register read, write
+/// and doorbell fails with [`PlatformError::DeviceLost`]: a submission
+/// reads `RING_RPTR` only when the ring looks full, so writing `RING_WPTR`
+/// is usually where it meets a loss.
 pub trait DirectIo: Platform {
     /// Reads the 32-bit register at `offset` of the register page.
     fn read_reg(&self, offset: u32) -> Result<u32, PlatformError>;

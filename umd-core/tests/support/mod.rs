@@ -76,6 +76,8 @@ pub struct FakeState {
     pub stalled: [bool; 3],
     /// Device ranges the driver cleaned from the data cache.
     pub cleaned: Vec<(u64, usize)>,
+    /// Reads of an engine's RING_RPTR (also those refused as lost).
+    pub rptr_reads: u64,
 }
 
 impl FakeState {
@@ -99,6 +101,7 @@ impl FakeState {
             dma_refused: 0,
             stalled: [false; 3],
             cleaned: Vec::new(),
+            rptr_reads: 0,
         }
     }
 
@@ -399,6 +402,10 @@ impl FakeState {
 
 impl FakeState {
     pub fn read_reg(&mut self, off: u32) -> Result<u32, PlatformError> {
+        let rel = off.checked_sub(regs::ENGINE_BASE);
+        if rel.is_some_and(|r| r / regs::ENGINE_STRIDE < 3 && r % regs::ENGINE_STRIDE == er::RING_RPTR) {
+            self.rptr_reads += 1;
+        }
         if self.lost {
             return Err(PlatformError::DeviceLost);
         }
