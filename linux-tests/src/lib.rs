@@ -160,6 +160,9 @@ pub struct Outcome {
     pub timed_out: bool,
     /// Where the console ended.
     pub phase: Phase,
+    /// Stopped at [`INIT_TIMEOUT`]: the kernel had not started `/init`
+    /// when the harness last looked.
+    pub init_timeout: bool,
     /// Earlier boots of this generation whose kernel did not reach
     /// `/init` within [`INIT_TIMEOUT`] (stopped and booted again).
     pub kernel_stalls: u32,
@@ -425,7 +428,7 @@ pub fn artifacts() -> Result<Artifacts, String> {
 /// [`Outcome::kernel_stalls`]).
 pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
     let first = boot_once(gen)?;
-    if !(first.timed_out && first.phase == Phase::Kernel) {
+    if !first.init_timeout {
         return Ok(first);
     }
     eprintln!(
@@ -511,7 +514,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
 
     let deadline = Instant::now() + RUN_TIMEOUT;
     let init_deadline = Instant::now() + INIT_TIMEOUT;
-    let mut reached_init = false;
+    let (mut reached_init, mut init_timeout) = (false, false);
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
     loop {
@@ -530,7 +533,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
         if !reached_init {
             reached_init = console.lock().map(|c| c.iter().any(|l| l.contains(INIT_LINE))).unwrap_or(false);
             if !reached_init && Instant::now() > init_deadline {
-                timed_out = true;
+                (timed_out, init_timeout) = (true, true);
                 break;
             }
         }
@@ -543,7 +546,10 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
         let _ = r.join();
     }
     drop(dir);
-    Ok(parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall))
+    let mut out =
+        parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
+    out.init_timeout = init_timeout;
+    Ok(out)
 }
 
 /// The guest's first line, printed as `/init` starts.
@@ -566,6 +572,7 @@ pub fn parse(
         summary: None,
         timed_out,
         phase: Phase::Kernel,
+        init_timeout: false,
         kernel_stalls: 0,
         wall,
     };

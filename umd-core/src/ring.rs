@@ -143,6 +143,20 @@ impl Ring {
         self.rptr
     }
 
+    /// Whether `rptr`, just read from the engine, can be its read pointer:
+    /// dword-aligned, inside the ring, and from the one last seen
+    /// ([`Ring::rptr_seen`]) up to the write pointer, since the engine
+    /// only moves it forward and never past what was published. Anything
+    /// else (all ones from a device that fell off the bus, a reset the
+    /// driver did not make) must not be trusted with the free space, or
+    /// the ring would be written over packets the engine has not read.
+    pub fn rptr_plausible(&self, rptr: usize) -> bool {
+        let mask = self.size.wrapping_sub(1);
+        rptr & 3 == 0
+            && rptr <= mask
+            && rptr.wrapping_sub(self.rptr) & mask <= self.wptr.wrapping_sub(self.rptr) & mask
+    }
+
     /// Bytes free given the engine's read pointer `rptr`.
     pub fn free(&self, rptr: usize) -> usize {
         let mask = self.size.wrapping_sub(1);
@@ -389,6 +403,31 @@ mod tests {
                     assert_eq!(a.region_words(), b.region_words(), "{generation:?}, {waits} waits");
                 }
             }
+        }
+    }
+
+    /// Only a read pointer the engine can have reported is plausible:
+    /// aligned, inside the ring, from the last one seen up to the write
+    /// pointer, also when that span wraps.
+    #[test]
+    fn only_a_read_pointer_between_the_last_seen_and_the_write_pointer_is_plausible() {
+        for generation in gens() {
+            let enc = Encoder::new(generation);
+            let list = cmds(0);
+            let mut r = ring();
+            // The engine keeps up: each write is given the write pointer as
+            // the read pointer, up to the write that wraps.
+            while !r.write(&enc, &list, r.wptr()).unwrap().wrapped {}
+            let (seen, wptr) = (r.rptr_seen(), r.wptr());
+            assert!(wptr < seen, "the span from the last seen to the write pointer wraps");
+            for ok in [seen, SIZE - 4, 0, (wptr / 2) & !3, wptr] {
+                assert!(r.rptr_plausible(ok), "{generation:?}: {ok:#x} (seen {seen:#x}, wptr {wptr:#x})");
+            }
+            for bad in [wptr + 4, seen - 4, seen + 1, SIZE, u32::MAX as usize, usize::MAX] {
+                assert!(!r.rptr_plausible(bad), "{generation:?}: {bad:#x} (seen {seen:#x}, wptr {wptr:#x})");
+            }
+            r.reset();
+            assert!(r.rptr_plausible(0) && !r.rptr_plausible(4), "{generation:?}: after a reset only 0");
         }
     }
 

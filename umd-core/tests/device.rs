@@ -704,6 +704,39 @@ fn a_loss_met_by_a_submission_refuses_it_and_fails_pending_work() {
     }
 }
 
+/// A read pointer the engine cannot have reported (all ones, as from a
+/// device that fell off the bus; one past the write pointer) is not
+/// trusted with the free space: the submission that read it is refused
+/// `DeviceLost`, nothing is published and the device is lost.
+#[test]
+fn an_implausible_read_pointer_is_a_lost_device() {
+    // All ones; not dword-aligned; ahead of the write pointer.
+    let cases: [fn(u32) -> u32; 3] = [|_| u32::MAX, |_| 2, |wptr| wptr + 4];
+    for bad in cases {
+        let mut rig_dev = rig(Generation::Gen2);
+        let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+        dev.platform().state().mode = Mode::Manual;
+        let job = |dev: &Device<'_, Fake, 4>| dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000));
+        job(&dev).unwrap();
+        let step = dev.platform().state().engines[0].wptr;
+        // Fill the ring until the cached free space no longer fits one
+        // more: the next submission reads RING_RPTR.
+        while 4092 - dev.platform().state().engines[0].wptr >= 2 * step {
+            job(&dev).unwrap();
+        }
+        job(&dev).unwrap();
+        let (wptr, bad) = {
+            let mut st = dev.platform().state();
+            let wptr = st.engines[0].wptr;
+            st.engines[0].rptr = bad(wptr);
+            (wptr, bad(wptr))
+        };
+        assert_eq!(job(&dev), Err(SubmitError::DeviceLost), "RING_RPTR {bad:#x}, write pointer {wptr:#x}");
+        assert_eq!(dev.platform().state().engines[0].wptr, wptr, "nothing published");
+        assert!(dev.is_lost());
+    }
+}
+
 #[test]
 fn trace_exports_chrome_json() {
     let mut rig_dev = rig(Generation::Gen2);

@@ -254,6 +254,11 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
                 Err(RingError::Full { .. }) if !refreshed => {
                     let r =
                         self.p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| EmitError::Lost)?;
+                    // A value the engine cannot have reported is a device
+                    // that no longer answers sensibly: lost, not trusted.
+                    if !ring.rptr_plausible(r as usize) {
+                        return Err(EmitError::Lost);
+                    }
                     (rptr, refreshed) = (r as usize, true);
                 }
                 w => break w,

@@ -54,8 +54,10 @@ pub enum EmitError {
     /// The job can not be taken.
     Refused(SubmitError),
     /// The device is gone. Seen at a register access: the job's packets
-    /// may be in the ring's memory, but its write pointer was not
-    /// published, so the engine never fetches them.
+    /// may be in the ring's memory; its write pointer was not published,
+    /// unless the loss was seen only at the doorbell after it (then a
+    /// device that is gone has it), and a lost device fetches nothing more.
+    /// Also a read pointer the engine cannot have reported.
     Lost,
 }
 

@@ -147,9 +147,11 @@ impl<T: fmt::Debug> fmt::Debug for InPlace<'_, T> {
 
 impl<'d, B: Backend, const CHUNKS: usize> InPlace<'_, Engine<'d, B, CHUNKS>> {
     /// Stops the device and gives back its memory, as
-    /// [`Engine::shutdown`]; returns the leak report.
-    pub fn shutdown(mut self) -> ShutdownReport {
-        self.teardown()
+    /// [`Engine::shutdown`]; returns the leak report. An associated
+    /// function, as [`InPlace::leak`], so that it is not mistaken for the
+    /// device's own method.
+    pub fn shutdown(mut this: Self) -> ShutdownReport {
+        this.teardown()
     }
 }
 
