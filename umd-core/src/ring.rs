@@ -190,6 +190,7 @@ impl Ring {
     /// Encodes `cmds` into `stage` as they would lie in the ring from
     /// byte offset `at`: the dwords used, `Ok(None)` when `stage` is too
     /// small for them.
+    #[inline(never)]
     fn stage(
         &self,
         enc: &Encoder,
@@ -200,7 +201,16 @@ impl Ring {
         let base = self.gpu_va.wrapping_add(at as u64);
         let mut pos = 0;
         for c in cmds {
-            match enc.encode(c, stage, pos, base) {
+            // A submission's own two packets through their inlined entry
+            // points (no call and no dispatch on the command per packet).
+            let encoded = match *c {
+                Command::IndirectBuffer { addr, size_dw } => {
+                    enc.encode_indirect_buffer(addr, size_dw, stage, pos, base)
+                }
+                Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, stage, pos, base),
+                _ => enc.encode(c, stage, pos, base),
+            };
+            match encoded {
                 Ok(n) => pos = pos.saturating_add(n),
                 Err(EncodeError::BufferFull { .. }) => return Ok(None),
                 Err(e) => return Err(e),

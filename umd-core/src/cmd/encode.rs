@@ -325,6 +325,21 @@ impl Encoder {
         per_gen!(self, encode_kind(PacketKind::Fence, &cmd, out, pos, base_va))
     }
 
+    /// [`Encoder::encode`] of an INDIRECT_BUFFER of `size_dw` dwords at
+    /// `addr` (see [`Encoder::encode_fence`]; the ring's packet).
+    #[inline]
+    pub fn encode_indirect_buffer(
+        &self,
+        addr: u64,
+        size_dw: u32,
+        out: &mut [u32],
+        pos: usize,
+        base_va: u64,
+    ) -> Result<usize, EncodeError> {
+        let cmd = Command::IndirectBuffer { addr, size_dw };
+        per_gen!(self, encode_kind(PacketKind::IndirectBuffer, &cmd, out, pos, base_va))
+    }
+
     /// [`Encoder::encode`] of a WRITE_DATA of `data` at `dst` (see
     /// [`Encoder::encode_fence`]).
     #[inline]

@@ -220,28 +220,39 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
 
     fn emit(&self, qs: &mut DirectQueue, job: &Job<'_>) -> Result<EmitInfo, EmitError> {
         let e = job.queue as u32;
-        let mut cmds = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];
-        let mut n = 0usize;
-        for w in job.waits {
-            if let Some(c) = cmds.get_mut(n) {
-                *c = Command::WaitMem {
-                    addr: self.slot_va(usize::from(w.queue.0)),
-                    reference: w.seqno.0,
-                    mask: u64::MAX,
-                    op: CompareOp::SeqGe,
-                    wide: true,
-                };
-                n = n.saturating_add(1);
-            }
-        }
         let ib = Command::IndirectBuffer { addr: job.ib.0, size_dw: job.ib.1 };
-        for c in [ib, Command::Fence { addr: self.slot_va(job.queue), value: job.seqno.0, irq: true }] {
-            if let Some(slot) = cmds.get_mut(n) {
-                *slot = c;
-                n = n.saturating_add(1);
+        let fence = Command::Fence { addr: self.slot_va(job.queue), value: job.seqno.0, irq: true };
+        // Most submissions wait for nothing: their two packets need no
+        // table of the longest list (building that table is a store per
+        // word of its six commands). Not in the `size-first` build: one
+        // path, same packets.
+        let plain = [ib, fence];
+        let mut listed;
+        let cmds: &[Command<'_>] = if !cfg!(feature = "size-first") && job.waits.is_empty() {
+            &plain
+        } else {
+            listed = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];
+            let mut n = 0usize;
+            for w in job.waits {
+                if let Some(c) = listed.get_mut(n) {
+                    *c = Command::WaitMem {
+                        addr: self.slot_va(usize::from(w.queue.0)),
+                        reference: w.seqno.0,
+                        mask: u64::MAX,
+                        op: CompareOp::SeqGe,
+                        wide: true,
+                    };
+                    n = n.saturating_add(1);
+                }
             }
-        }
-        let cmds = cmds.get(..n).unwrap_or(&[]);
+            for c in plain {
+                if let Some(slot) = listed.get_mut(n) {
+                    *slot = c;
+                    n = n.saturating_add(1);
+                }
+            }
+            listed.get(..n).unwrap_or(&[])
+        };
         let ring = qs.ring.as_mut().ok_or(EmitError::Lost)?;
         // The space before the read pointer last read is free (the engine
         // only moves it forward): RING_RPTR is read again only when that
