@@ -40,6 +40,9 @@ fn per_kind(
         Command::WriteData { dst, data: Payload::Words(w) } => enc.encode_write_data(dst, w, out, pos, base),
         Command::Copy { src, dst, size } => enc.encode_copy(src, dst, size, out, pos, base),
         Command::Fill { dst, size, value } => enc.encode_fill(dst, size, value, out, pos, base),
+        Command::IndirectBuffer { addr, size_dw } => {
+            enc.encode_indirect_buffer(addr, size_dw, out, pos, base)
+        }
         _ => return None,
     })
 }

@@ -119,7 +119,7 @@ proptest! {
     #[test]
     fn per_kind_entry_points_agree_with_encode(
         gen in gen_strategy(),
-        kind in 0u8..4,
+        kind in 0u8..5,
         a in prop_oneof![any::<u64>(), (0u64..(1 << 34)).prop_map(|a| a * 4), (0u64..(1 << 30)).prop_map(|a| a * 64)],
         b in prop_oneof![any::<u64>(), (0u64..(1 << 34)).prop_map(|a| a * 4)],
         size in prop_oneof![Just(0u64), 0u64..0x100, (0u64..(1 << 29)).prop_map(|s| s * 4), any::<u64>()],
@@ -137,6 +137,7 @@ proptest! {
             0 => Command::Fence { addr: a, value, irq: value & 1 != 0 },
             1 => Command::write_data(a, &data),
             2 => Command::Copy { src: b, dst: a, size },
+            3 => Command::IndirectBuffer { addr: a, size_dw: size as u32 },
             _ => Command::Fill { dst: a, size, value: value as u32 },
         };
         let mut want = vec![0x5A5A_5A5Au32; cap];
@@ -147,6 +148,9 @@ proptest! {
             Command::WriteData { dst, .. } => enc.encode_write_data(dst, &data, &mut got, pos, base),
             Command::Copy { src, dst, size } => enc.encode_copy(src, dst, size, &mut got, pos, base),
             Command::Fill { dst, size, value } => enc.encode_fill(dst, size, value, &mut got, pos, base),
+            Command::IndirectBuffer { addr, size_dw } => {
+                enc.encode_indirect_buffer(addr, size_dw, &mut got, pos, base)
+            }
             _ => unreachable!(),
         };
         prop_assert_eq!(k, r);
