@@ -34,7 +34,8 @@
 //! implies `size-first`: code size before speed outside the encoder (the
 //! ring written in two passes, a batching recording's first pick through
 //! the general path, a 64-bit atomic load as an exchange where atomics are
-//! emulated), with the same behaviour.
+//! emulated, on bare metal the lock's acquisition as one shared call instead
+//! of an inlined attempt), with the same behaviour.
 //! `validation`: the validation mode (see [`engine`]).
 #![no_std]
 #![cfg_attr(

@@ -282,6 +282,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         };
         let dep_limit = self.cfg.dep_wait_ns;
         let mut dep_waited = false;
+        // Read once: through the loop's calls the compiler would reload it
+        // (and keep the dependency code of a submission without waits).
+        let waiting = waits.n > 0;
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -289,7 +292,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
             let seqno = q.emitted().next();
             // Dependencies (a submission without waits can not close a cycle).
-            if waits.n > 0 {
+            if waiting {
                 let mut deps = self.deps.lock();
                 for &id in waits.ids() {
                     if let Some(error) = self.queue(id.queue).and_then(|wq| wq.failure(id.seqno)) {
@@ -300,7 +303,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     }
                 }
                 deps.check(queue, seqno, waits.ids(), |o| self.completed_of(o)).map_err(SubmitError::from)?;
-                if waits.n > 0 && !deps.has_room(queue) {
+                if !deps.has_room(queue) {
                     drop(deps);
                     drop(qs);
                     if !dep_waited {
@@ -322,7 +325,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             if let Some(m) = mem.as_ref() {
                 if let Some(e) = s.buffers.iter().find_map(|u| m.buffers.check(u.buffer).err()) {
                     drop(mem);
-                    if waits.n > 0 {
+                    if waiting {
                         self.deps.lock().unrecord(queue, seqno);
                     }
                     return Err(SubmitError::Buffer(e));
@@ -355,7 +358,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 Err(e) => {
                     drop(mem);
-                    if waits.n > 0 {
+                    if waiting {
                         self.deps.lock().unrecord(queue, seqno);
                     }
                     match e {

@@ -360,8 +360,10 @@ pub use kernel::{
 /// spin's. On bare metal (`target_os = "none"`) the wait for a held lock
 /// is one out-of-line copy: each of the two dozen places the core takes a
 /// lock inlines a single attempt instead of spin's whole acquire loop
-/// (`docs/perf.md`, "Code size on embedded targets"). Elsewhere spin's
-/// loop stays inline (hosted builds count instructions, not bytes).
+/// (`docs/perf.md`, "Code size on embedded targets"); with the `size-first`
+/// feature even that attempt is one shared out-of-line copy, a call at each
+/// place (`docs/perf.md`, "Seventh round (issue 14, item 3)"). Elsewhere
+/// spin's loop stays inline (hosted builds count instructions, not bytes).
 pub struct SpinLock(spin::Mutex<()>);
 
 #[cfg(target_os = "none")]
@@ -371,6 +373,16 @@ impl SpinLock {
     #[inline(never)]
     fn lock_contended(&self) {
         lock_api::RawMutex::lock(&self.0)
+    }
+
+    /// The whole acquisition, one shared copy (`size-first`: a call where
+    /// the lock is taken instead of the attempt inlined there).
+    #[cfg(feature = "size-first")]
+    #[inline(never)]
+    fn lock_shared(&self) {
+        if !lock_api::RawMutex::try_lock(&self.0) {
+            self.lock_contended();
+        }
     }
 }
 
@@ -382,7 +394,9 @@ unsafe impl lock_api::RawMutex for SpinLock {
 
     #[inline]
     fn lock(&self) {
-        #[cfg(target_os = "none")]
+        #[cfg(all(target_os = "none", feature = "size-first"))]
+        self.lock_shared();
+        #[cfg(all(target_os = "none", not(feature = "size-first")))]
         if !lock_api::RawMutex::try_lock(&self.0) {
             self.lock_contended();
         }
