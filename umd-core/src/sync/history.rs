@@ -44,10 +44,15 @@ impl FailedRange {
 /// Failed ranges of one queue, at most `N`, sorted and disjoint.
 #[derive(Clone, Copy, Debug)]
 pub struct FailureHistory<const N: usize> {
-    ranges: [Option<FailedRange>; N],
+    /// The first `len` are the ranges; the slots after them are unused
+    /// (plain values rather than `Option`s: no tag to test on every read).
+    ranges: [FailedRange; N],
     len: usize,
     merges: u64,
 }
+
+/// What an unused slot holds (never read as a range).
+const UNUSED: FailedRange = FailedRange { after: Seqno(0), upto: Seqno(0), error: FenceError::DeviceHung };
 
 impl<const N: usize> Default for FailureHistory<N> {
     fn default() -> Self {
@@ -58,12 +63,22 @@ impl<const N: usize> Default for FailureHistory<N> {
 impl<const N: usize> FailureHistory<N> {
     /// Nothing failed yet.
     pub const fn new() -> Self {
-        FailureHistory { ranges: [None; N], len: 0, merges: 0 }
+        FailureHistory { ranges: [UNUSED; N], len: 0, merges: 0 }
     }
 
     /// The ranges, oldest first.
     pub fn ranges(&self) -> impl Iterator<Item = &FailedRange> {
-        self.ranges.iter().take(self.len).flatten()
+        self.live().iter()
+    }
+
+    /// The recorded ranges (the first `len` slots).
+    fn live(&self) -> &[FailedRange] {
+        self.ranges.get(..self.len).unwrap_or(&[])
+    }
+
+    /// The recorded ranges, mutable.
+    fn live_mut(&mut self) -> &mut [FailedRange] {
+        self.ranges.get_mut(..self.len).unwrap_or(&mut [])
     }
 
     /// How many times two ranges were merged to make room.
@@ -73,13 +88,13 @@ impl<const N: usize> FailureHistory<N> {
 
     /// The highest failed sequence number, if any.
     pub fn newest(&self) -> Option<Seqno> {
-        self.len.checked_sub(1).and_then(|i| self.ranges.get(i)).copied().flatten().map(|r| r.upto)
+        self.live().last().map(|r| r.upto)
     }
 
     /// Why `s` failed, if it did.
     pub fn lookup(&self, s: Seqno) -> Option<FenceError> {
         // Newest first: most lookups are about recent work.
-        self.ranges.iter().take(self.len).rev().flatten().find(|r| r.contains(s)).map(|r| r.error)
+        self.live().iter().rev().find(|r| r.contains(s)).map(|r| r.error)
     }
 
     /// Records that `(after, upto]` failed with `error`. Fences already
@@ -127,16 +142,11 @@ impl<const N: usize> FailureHistory<N> {
             return;
         }
         // Position: after every range that ends at or before `after`.
-        let at = self
-            .ranges
-            .iter()
-            .take(self.len)
-            .position(|r| r.as_ref().is_some_and(|r| r.upto.is_after(after)))
-            .unwrap_or(self.len);
+        let at = self.live().iter().position(|r| r.upto.is_after(after)).unwrap_or(self.len);
         // Overlap with the range at `at` (or a touching one before it with
         // the same error): merge instead of inserting.
         if let Some(i) = at.checked_sub(1) {
-            if let Some(Some(p)) = self.ranges.get_mut(i) {
+            if let Some(p) = self.live_mut().get_mut(i) {
                 if p.upto == after && same_error(&p.error, &error) {
                     p.upto = later(p.upto, upto);
                     p.error = error;
@@ -145,7 +155,7 @@ impl<const N: usize> FailureHistory<N> {
                 }
             }
         }
-        if let Some(Some(r)) = self.ranges.get_mut(at) {
+        if let Some(r) = self.live_mut().get_mut(at) {
             if upto.is_after(r.after) || r.after == upto && same_error(&r.error, &error) {
                 *r = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
                 self.absorb_following(at);
@@ -166,7 +176,7 @@ impl<const N: usize> FailureHistory<N> {
             i = i.wrapping_sub(1);
         }
         if let Some(slot) = self.ranges.get_mut(at) {
-            *slot = Some(FailedRange { after, upto, error });
+            *slot = FailedRange { after, upto, error };
             self.len = self.len.saturating_add(1);
         }
     }
@@ -175,9 +185,8 @@ impl<const N: usize> FailureHistory<N> {
     /// touches with the same error.
     fn absorb_following(&mut self, i: usize) {
         for _ in 0..N {
-            let (Some(Some(cur)), Some(Some(next))) =
-                (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
-            else {
+            let live = self.live();
+            let (Some(cur), Some(next)) = (live.get(i), live.get(i.saturating_add(1))) else {
                 return;
             };
             // Overlapping, or touching with the same error (a touching range
@@ -188,7 +197,7 @@ impl<const N: usize> FailureHistory<N> {
                 return;
             }
             let upto = later(cur.upto, next.upto);
-            if let Some(Some(cur)) = self.ranges.get_mut(i) {
+            if let Some(cur) = self.ranges.get_mut(i) {
                 cur.upto = upto;
             }
             self.remove(i.saturating_add(1));
@@ -203,9 +212,6 @@ impl<const N: usize> FailureHistory<N> {
             s.copy_within(1.., 0);
         }
         self.len = self.len.saturating_sub(1);
-        if let Some(slot) = self.ranges.get_mut(self.len) {
-            *slot = None;
-        }
     }
 
     /// Merges the two neighbours whose merge misreports the fewest fences:
@@ -215,8 +221,8 @@ impl<const N: usize> FailureHistory<N> {
     fn merge_closest(&mut self) {
         let mut best: Option<(usize, u64)> = None;
         for i in 0..self.len.saturating_sub(1) {
-            let (Some(Some(a)), Some(Some(b))) = (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
-            else {
+            let live = self.live();
+            let (Some(a), Some(b)) = (live.get(i), live.get(i.saturating_add(1))) else {
                 continue;
             };
             let gap = b.after.distance(a.upto).max(0) as u64;
@@ -227,12 +233,12 @@ impl<const N: usize> FailureHistory<N> {
             }
         }
         let Some((i, _)) = best else { return };
-        let (Some(Some(a)), Some(Some(b))) = (self.ranges.get(i), self.ranges.get(i.saturating_add(1)))
-        else {
+        let live = self.live();
+        let (Some(a), Some(b)) = (live.get(i), live.get(i.saturating_add(1))) else {
             return;
         };
         let (upto, error) = (b.upto, if len(a) > len(b) { a.error } else { b.error });
-        if let Some(Some(a)) = self.ranges.get_mut(i) {
+        if let Some(a) = self.ranges.get_mut(i) {
             a.upto = upto;
             a.error = error;
         }
