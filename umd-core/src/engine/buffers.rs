@@ -267,9 +267,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// the fast path does not pay for it.
     #[inline(never)]
     fn alloc_waiting(&self, desc: &BufferDesc) -> Result<(BufferHandle, BufferInfo), AllocError> {
-        let hang = self.tun.lock().hang;
-        let limit =
-            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let limit = self.progress_limit_ns();
         let start = self.b.platform().now_ns();
         // A local-memory buffer that finds no room evicts idle ones, then
         // falls back to system memory.

@@ -384,12 +384,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 _ => MoveError::Memory,
             })
-            .and_then(|f| {
-                let hang = self.tun.lock().hang;
-                let limit =
-                    hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)) + 1);
-                self.wait_done(f, limit).map_err(MoveError::Copy)
-            });
+            .and_then(|f| self.wait_done(f, self.progress_limit_ns()).map_err(MoveError::Copy));
         let mut mem = self.mem.lock();
         let (_, backer) = mem.split(&self.b);
         self.b.unmap(backer.maps, tmp, s.bytes);

@@ -251,9 +251,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if self.tun.lock().pool_exhaustion == PoolExhaustion::Error {
             return false;
         }
-        let hang = self.tun.lock().hang;
-        let limit =
-            hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1));
+        let limit = self.progress_limit_ns();
         let fence = Fence { id: f, device: self.id };
         crate::log::log_warn!("queue {}: IB pool empty, waiting for {}", f.queue.0, f.seqno.0);
         // A failed fence frees its chunk too.

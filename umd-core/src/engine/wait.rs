@@ -142,6 +142,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         p.delay_ns(interval.min(remaining));
     }
+
+    /// How long a wait for the driver's own progress (an IB chunk, memory
+    /// held by pending work, a buffer move) lasts before it gives up: one
+    /// hang window more than the hang check allows without a fence, so a
+    /// hang is detected and recovered first. One out-of-line copy for its
+    /// three uses (a 64-bit multiplication is long on 32-bit targets; none
+    /// is on a fast path).
+    #[inline(never)]
+    pub(crate) fn progress_limit_ns(&self) -> u64 {
+        let hang = self.tun.lock().hang;
+        hang.window_ns.saturating_mul(u64::from(hang.max_windows_without_fence.max(1)).saturating_add(1))
+    }
 }
 
 /// Which ways of pausing a wait loop may still work (see `Engine::pause`).
