@@ -20,8 +20,8 @@
 //! keeps hanging) leave no gap and merge exactly. `docs/architecture.md`
 //! ("Failure history") explains the choice.
 
-use super::fence::FenceError;
-use super::seqno::Seqno;
+use super::fence::{Access, Cause, FaultInfo, FaultKind, FenceError};
+use super::seqno::{FenceId, QueueId, Seqno};
 
 /// One failed range `(after, upto]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,8 +51,22 @@ pub struct FailureHistory<const N: usize> {
     merges: u64,
 }
 
-/// What an unused slot holds (never read as a range).
-const UNUSED: FailedRange = FailedRange { after: Seqno(0), upto: Seqno(0), error: FenceError::DeviceHung };
+/// What an unused slot holds (never read as a range). Every field zero,
+/// so that a new history is cleared rather than copied from a template
+/// in read-only data (which `DeviceHung`, a tag in a niche, needed).
+const UNUSED: FailedRange = FailedRange {
+    after: Seqno(0),
+    upto: Seqno(0),
+    error: FenceError::Dependency {
+        producer: FenceId { queue: QueueId(0), seqno: Seqno(0) },
+        cause: Cause::Fault(FaultInfo {
+            kind: FaultKind::Translation,
+            access: Access::Read,
+            addr: 0,
+            opcode: 0,
+        }),
+    },
+};
 
 impl<const N: usize> Default for FailureHistory<N> {
     fn default() -> Self {
