@@ -35,7 +35,8 @@
 //! ring written in two passes, a batching recording's first pick through
 //! the general path, a 64-bit atomic load as an exchange where atomics are
 //! emulated, on bare metal the lock's acquisition as one shared call instead
-//! of an inlined attempt), with the same behaviour.
+//! of an inlined attempt and a few small helpers of the allocation and wait
+//! paths out of line), with the same behaviour.
 //! `validation`: the validation mode (see [`engine`]).
 #![no_std]
 #![cfg_attr(

@@ -130,7 +130,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Reads every queue (see [`Engine::process`]), after handing held
-    /// work to the hardware.
+    /// work to the hardware. One shared copy with `size-first` on bare
+    /// metal (four callers).
+    #[cfg_attr(all(feature = "size-first", target_os = "none"), inline(never))]
     pub(crate) fn process_all(&self) {
         self.flush_held();
         for qi in 0..self.nq {

@@ -117,8 +117,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// spin, an interrupt wait or a sleep, as the schedule says. Interrupt
     /// and backend waits are capped at a quarter of the hang window so the
     /// hang check keeps running; `how` remembers which of them the
-    /// platform and backend turned out not to support.
-    #[inline]
+    /// platform and backend turned out not to support. One shared copy for
+    /// the two wait loops with `size-first` on bare metal.
+    #[cfg_attr(all(feature = "size-first", target_os = "none"), inline(never))]
+    #[cfg_attr(not(all(feature = "size-first", target_os = "none")), inline)]
     fn pause(&self, how: &mut Pause, qi: usize, seqno: Seqno, elapsed: u64, timeout_ns: u64) {
         let p = self.b.platform();
         let remaining = timeout_ns.saturating_sub(elapsed);

@@ -782,6 +782,9 @@ const fn slots_per_slab(bin: usize) -> u8 {
     }
 }
 
+/// The bits of a slab's `slots` slots. One shared copy with `size-first`
+/// on bare metal (a 64-bit shift is long on 32-bit targets; three uses).
+#[cfg_attr(all(feature = "size-first", target_os = "none"), inline(never))]
 const fn slot_mask(slots: u8) -> u64 {
     if slots >= 64 {
         u64::MAX
