@@ -97,6 +97,9 @@ fuzz_target!(|data: &[u8]| {
             }
             Command::Copy { src, dst, size } => Some(enc.encode_copy(src, dst, size, &mut kind_out, pos, base_va)),
             Command::Fill { dst, size, value } => Some(enc.encode_fill(dst, size, value, &mut kind_out, pos, base_va)),
+            Command::IndirectBuffer { addr, size_dw } => {
+                Some(enc.encode_indirect_buffer(addr, size_dw, &mut kind_out, pos, base_va))
+            }
             _ => None,
         };
         let general = enc.encode(&cmd, &mut out, pos, base_va);

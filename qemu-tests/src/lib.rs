@@ -291,10 +291,22 @@ pub fn artifacts() -> Result<Artifacts, String> {
     BUILT.get_or_init(|| build("aarch64-unknown-none", "image,defmt")).clone()
 }
 
-/// Builds the Cortex-M images (`m-*`) and the model once per process.
+/// Builds the Cortex-M images (`m-*`) and the model once per process,
+/// with `bm-images`' extra features from `QEMU_TESTS_M_FEATURES` if set
+/// (comma-separated, e.g. `compact-encoder`: the driver's smallest build,
+/// whose size-first paths only bare metal compiles).
 pub fn m_artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT.get_or_init(|| build("thumbv7em-none-eabihf", "cortex-m-image,defmt")).clone()
+    BUILT
+        .get_or_init(|| {
+            let mut features = String::from("cortex-m-image,defmt");
+            if let Some(extra) = std::env::var("QEMU_TESTS_M_FEATURES").ok().filter(|e| !e.is_empty()) {
+                features.push(',');
+                features.push_str(&extra);
+            }
+            build("thumbv7em-none-eabihf", &features)
+        })
+        .clone()
 }
 
 /// Builds `bm-images` for `target` with `features`, and the model.

@@ -190,7 +190,6 @@ impl Ring {
     /// Encodes `cmds` into `stage` as they would lie in the ring from
     /// byte offset `at`: the dwords used, `Ok(None)` when `stage` is too
     /// small for them.
-    #[inline(never)]
     fn stage(
         &self,
         enc: &Encoder,

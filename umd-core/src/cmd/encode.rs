@@ -305,8 +305,8 @@ impl Encoder {
     /// [`Encoder::encode`] of a FENCE (`Command::Fence { addr, value, irq }`).
     ///
     /// This and the other per-kind entry points (`encode_write_data`,
-    /// `encode_copy`, `encode_fill`) are for the packets a command buffer
-    /// writes most: inlined into the caller, with the packet kind and the
+    /// `encode_copy`, `encode_fill`, `encode_indirect_buffer`) are for the
+    /// packets a command buffer or the ring writes most: inlined into the caller, with the packet kind and the
     /// generation's description constants, so the same checks and stores
     /// as `encode` fold into straight code without `encode`'s call frame
     /// and dispatch on the command. Same bytes, same errors, `out`
@@ -326,7 +326,9 @@ impl Encoder {
     }
 
     /// [`Encoder::encode`] of an INDIRECT_BUFFER of `size_dw` dwords at
-    /// `addr` (see [`Encoder::encode_fence`]; the ring's packet).
+    /// `addr`: the packet every submission puts in its ring, which the
+    /// ring's stage encodes without `encode`'s call and dispatch (see
+    /// [`Encoder::encode_fence`]; same bytes, same errors).
     #[inline]
     pub fn encode_indirect_buffer(
         &self,

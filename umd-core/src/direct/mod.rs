@@ -224,11 +224,10 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let fence = Command::Fence { addr: self.slot_va(job.queue), value: job.seqno.0, irq: true };
         // Most submissions wait for nothing: their two packets need no
         // table of the longest list (building that table is a store per
-        // word of its six commands). Not in the `size-first` build: one
-        // path, same packets.
+        // word of its six commands).
         let plain = [ib, fence];
         let mut listed;
-        let cmds: &[Command<'_>] = if !cfg!(feature = "size-first") && job.waits.is_empty() {
+        let cmds: &[Command<'_>] = if job.waits.is_empty() {
             &plain
         } else {
             listed = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];

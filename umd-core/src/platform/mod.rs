@@ -386,8 +386,10 @@ impl SpinLock {
     }
 }
 
-// SAFETY: every method forwards to spin's `RawMutex` implementation, which
-// upholds the trait's contract.
+// SAFETY: every method acquires and releases only through spin's
+// `RawMutex` implementation (`try_lock`, `lock`, `unlock`), which upholds
+// the trait's contract; `lock` acquires exactly once (one attempt, then
+// spin's loop if that failed, possibly through the shared `lock_shared`).
 unsafe impl lock_api::RawMutex for SpinLock {
     const INIT: Self = SpinLock(<spin::Mutex<()> as lock_api::RawMutex>::INIT);
     type GuardMarker = <spin::Mutex<()> as lock_api::RawMutex>::GuardMarker;

@@ -42,16 +42,18 @@ impl FailedRange {
 }
 
 /// Failed ranges of one queue, at most `N`, sorted and disjoint.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy)]
 pub struct FailureHistory<const N: usize> {
-    /// The first `len` are the ranges; the slots after them are unused
-    /// (plain values rather than `Option`s: no tag to test on every read).
+    /// The first `len` are the ranges; the slots from `len` on hold the
+    /// placeholder or stale copies and are never read (plain values rather
+    /// than `Option`s: no tag to test on every read).
     ranges: [FailedRange; N],
     len: usize,
     merges: u64,
 }
 
-/// What an unused slot holds (never read as a range). Every field zero,
+/// What the slots of a new history hold (never read as a range; a slot
+/// freed later keeps a stale copy, never read either). Every field zero,
 /// so that a new history is cleared rather than copied from a template
 /// in read-only data (which `DeviceHung`, a tag in a niche, needed).
 const UNUSED: FailedRange = FailedRange {
@@ -67,6 +69,13 @@ const UNUSED: FailedRange = FailedRange {
         }),
     },
 };
+
+/// The recorded ranges only (not the unused slots).
+impl<const N: usize> core::fmt::Debug for FailureHistory<N> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("FailureHistory").field("ranges", &self.live()).field("merges", &self.merges).finish()
+    }
+}
 
 impl<const N: usize> Default for FailureHistory<N> {
     fn default() -> Self {
@@ -177,6 +186,17 @@ impl<const N: usize> FailureHistory<N> {
             }
         }
         if self.len >= N {
+            if N == 1 {
+                // No pair to merge: the one range grows over the new one
+                // and the gap between them, with the longer one's reason.
+                if let Some(r) = self.live_mut().first_mut() {
+                    let fresh = FailedRange { after, upto, error };
+                    let error = if len(&fresh) > len(r) { error } else { r.error };
+                    *r = FailedRange { after: earlier(r.after, after), upto: later(r.upto, upto), error };
+                    self.merges = self.merges.saturating_add(1);
+                }
+                return;
+            }
             self.merge_closest();
             // The merge removed one slot before or around `at`.
             self.insert(after, upto, error);
@@ -298,6 +318,20 @@ mod tests {
     use crate::sync::QueueId;
 
     const HUNG: FenceError = FenceError::DeviceHung;
+
+    /// A history of one range has no pair to merge: the range grows over
+    /// a disjoint new one (it used to recurse without end).
+    #[test]
+    fn a_history_of_one_range_grows_it_over_a_new_one() {
+        let mut h = FailureHistory::<1>::new();
+        h.record(Seqno(0), Seqno(1), FenceError::DeviceLost);
+        h.record(Seqno(5), Seqno(8), HUNG);
+        let got: std::vec::Vec<FailedRange> = h.ranges().copied().collect();
+        assert_eq!(got, [FailedRange { after: Seqno(0), upto: Seqno(8), error: HUNG }]);
+        assert_eq!((h.merges(), h.lookup(Seqno(1)), h.lookup(Seqno(9))), (1, Some(HUNG), None));
+        let shown = std::format!("{h:?}");
+        assert!(shown.contains("merges: 1") && shown.matches("upto").count() == 1, "{shown}");
+    }
 
     /// A full history merges the neighbours whose merge misreports the
     /// fewest fences: two ranges of the same reason before two of
