@@ -310,9 +310,8 @@ unsafe fn init_mimalloc_sys() -> Box<dyn GlobalAlloc + Sync> {
 // HEAP's addresses; its bookkeeping lives outside the arena, in a node
 // array of UMD_VA_NODES nodes (out-of-band metadata, not counted by
 // heap_efficiency). Every size is rounded up to 128 B (its granule);
-// realloc grows in place when it can (`VaAllocator::resize` into the hole
-// right after), else allocates, copies, frees (a shrink too: shrinking in
-// place cost 2 points of heap_efficiency, docs/perf.md). Built with
+// realloc resizes in place when it can (`VaAllocator::resize`: a shrink, or
+// a growth into the hole right after), else allocates, copies, frees. Built with
 // recycling (`VaAllocator::new_recycling`): freed ranges up to 8 KiB are
 // kept for the next request of their exact length.
 
@@ -358,12 +357,12 @@ unsafe impl GlobalAlloc for UmdVa {
         let _ = self.va.lock().free(ptr as u64);
     }
 
-    /// A growth in place when `VaAllocator::resize` can (into the hole
-    /// right after the allocation); else allocate, copy, free.
+    /// In place when `VaAllocator::resize` can (a shrink, or a growth into
+    /// the hole right after the allocation); else allocate, copy, free.
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         use umd_core::mem::va::Placement;
         let mut va = self.va.lock();
-        if new_size > layout.size() && va.resize(ptr as u64, new_size as u64).is_ok() {
+        if va.resize(ptr as u64, new_size as u64).is_ok() {
             return ptr;
         }
         let Ok(addr) = va.alloc(new_size as u64, layout.align() as u64, Placement::BottomUp) else {
