@@ -1,7 +1,6 @@
 //! The GPU VA allocator against a shadow interval set, on operation
 //! sequences from the fuzzer's bytes (alloc with any size, alignment and
 //! placement, by address or by handle; fixed allocations anywhere; retire;
-//! resize in place;
 //! free of live, retired, stale and made-up addresses, and by current and
 //! stale handles, which must give exactly what a free of the address gives). Invariants: an allocation is aligned,
 //! inside the arena and overlaps no other (shadow check); a refusal is a
@@ -108,31 +107,6 @@ fn run<const R: bool>(mut va: VaAllocator<Box<[VaNode]>, R>, data: &[u8]) {
                         shadow.insert(a, (l, false));
                     }
                     Err(_) => unchanged(&va, before, "a refused fixed alloc changed the allocator"),
-                }
-            }
-            3 if op & 0x40 != 0 => {
-                // Resize in place: the address stays, nothing is overlapped;
-                // a refusal changes nothing.
-                let (Some(n), Some(w)) = (next(), word(&mut next)) else { break };
-                if let Some(a) = pick(u64::from(n)) {
-                    let (l, retired) = shadow[&a];
-                    let want = (w & 0xFFFF) * (1 + (w >> 20));
-                    match va.resize(a, want) {
-                        Ok(got) => {
-                            assert!(!retired, "a retired allocation resized");
-                            assert!(got >= want.max(1) && got < want.max(1) + MIN_ALIGN, "new size");
-                            assert!(a + got <= base + size, "inside the arena");
-                            if let Some((&s, _)) = shadow.range(a + 1..).next() {
-                                assert!(a + got <= s, "grew over the next allocation at {s:#x}");
-                            }
-                            assert_eq!(va.lookup(a).map(|r| r.size), Some(got));
-                            shadow.insert(a, (got, false));
-                        }
-                        Err(_) => {
-                            assert!(retired || want.div_ceil(MIN_ALIGN) * MIN_ALIGN != l, "a same-size resize refused");
-                            assert_eq!(va.stats(), before, "a refused resize changed the allocator");
-                        }
-                    }
                 }
             }
             3 => {

@@ -163,11 +163,6 @@ enum Op {
     },
     /// Flush the recycled ranges (a no-op without recycling).
     Flush,
-    /// Resize a live allocation in place.
-    Resize {
-        pick: usize,
-        size: u64,
-    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -179,7 +174,6 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..512, 1u64..70_000).prop_map(|(slot, size)| Op::Fixed { slot, size }),
         3 => any::<usize>().prop_map(|pick| Op::Free { pick }),
         1 => any::<usize>().prop_map(|pick| Op::Retire { pick }),
-        2 => (any::<usize>(), 1u64..20_000).prop_map(|(pick, size)| Op::Resize { pick, size }),
     ]
 }
 
@@ -288,44 +282,6 @@ fn sequence<const R: bool>(
                     let was = a.lookup(addr).unwrap().retired;
                     let r = a.retire(addr);
                     prop_assert_eq!(r.is_err(), was);
-                }
-            }
-            Op::Resize { pick, size: s } => {
-                if live.is_empty() {
-                    prop_assert_eq!(a.resize(base, s), Err(VaError::NotAllocated));
-                } else {
-                    let i = pick % live.len();
-                    let (addr, len) = live[i];
-                    let new = s.div_ceil(MIN_ALIGN) * MIN_ALIGN;
-                    let retired = a.lookup(addr).unwrap().retired;
-                    // Without recycling every free byte is in a hole, so the
-                    // hole after the allocation reaches the next one.
-                    let room =
-                        live.iter().map(|&(b, _)| b).filter(|&b| b > addr).min().unwrap_or(base + size)
-                            - addr;
-                    match a.resize(addr, s) {
-                        Ok(got) => {
-                            prop_assert!(!retired);
-                            prop_assert_eq!(got, new);
-                            prop_assert!(new <= room, "grew over the next allocation");
-                            prop_assert_eq!(a.lookup(addr).map(|r| r.size), Some(new));
-                            live[i] = (addr, new);
-                        }
-                        Err(VaError::AlreadyRetired) => {
-                            prop_assert!(retired);
-                            prop_assert_eq!(a.stats(), before);
-                        }
-                        Err(VaError::NoSpace) => {
-                            prop_assert!(!retired && new > len);
-                            prop_assert!(R || new > room, "growth into a large enough hole refused");
-                            prop_assert_eq!(a.stats(), before);
-                        }
-                        Err(VaError::NodeCapacity) => {
-                            prop_assert!(!retired && new < len);
-                            prop_assert_eq!(a.stats(), before);
-                        }
-                        Err(e) => prop_assert!(false, "unexpected {e}"),
-                    }
                 }
             }
             Op::Flush => {
@@ -618,54 +574,4 @@ fn free_handle_matches_free_and_refuses_stale_handles() {
         let s = va.stats();
         assert_eq!((s.used, s.holes, s.allocations), (0, 1, 0), "all memory back");
     }
-}
-
-/// `resize`: grows into the hole after the allocation (partly and exactly,
-/// which takes the hole's node), shrinks into a hole after it or into a new
-/// hole before another allocation, and refuses what it can not do in place
-/// without changing anything. Both index modes.
-#[test]
-fn resize_in_place() {
-    for nodes in [4usize, 1 << 12] {
-        let mut a = arena(nodes, 0, MIB);
-        let p = a.alloc(300, 8, Placement::BottomUp).unwrap();
-        assert_eq!(a.resize(p, 1000), Ok(1024), "grows into the hole after it");
-        assert_eq!(a.lookup(p).map(|r| r.size), Some(1024));
-        a.validate().unwrap();
-        assert_eq!(a.resize(p, 129), Ok(256), "shrinks into the hole after it");
-        assert_eq!(a.stats().holes, 1);
-        a.validate().unwrap();
-        let q = a.alloc(128, 128, Placement::BottomUp).unwrap();
-        assert_eq!(q, p + 256);
-        let before = a.stats();
-        assert_eq!(a.resize(p, 257), Err(VaError::NoSpace), "an allocation follows");
-        assert_eq!(a.stats(), before);
-        assert_eq!(a.resize(p, 128), Ok(128), "a new hole between the two");
-        assert_eq!(a.stats().holes, 2);
-        a.validate().unwrap();
-        assert_eq!(a.resize(p, 256), Ok(256), "takes that hole exactly, and its node");
-        assert_eq!((a.stats().holes, a.stats().nodes_used), (1, 3));
-        a.validate().unwrap();
-        assert_eq!(a.resize(q, MIB), Err(VaError::NoSpace), "past the arena");
-        assert_eq!(a.resize(q, MIB - 256), Ok(MIB - 256), "up to the arena's end");
-        assert_eq!(a.stats().holes, 0);
-        a.validate().unwrap();
-        assert_eq!(a.resize(p + 128, 128), Err(VaError::NotAllocated));
-        assert_eq!(a.resize(p, 0), Err(VaError::ZeroSize));
-        a.retire(q).unwrap();
-        assert_eq!(a.resize(q, 128), Err(VaError::AlreadyRetired));
-        a.free(p).unwrap();
-        a.free(q).unwrap();
-        baseline(&a);
-    }
-    // A shrink that needs a node when none is left is refused.
-    let mut a = arena(2, 0, 1024);
-    let p = a.alloc(512, 128, Placement::BottomUp).unwrap();
-    let q = a.alloc(512, 128, Placement::BottomUp).unwrap();
-    let before = a.stats();
-    assert_eq!(a.resize(p, 128), Err(VaError::NodeCapacity));
-    assert_eq!(a.stats(), before);
-    a.free(p).unwrap();
-    a.free(q).unwrap();
-    baseline(&a);
 }

@@ -50,7 +50,6 @@
 //! | [`VaAllocator::alloc_handle`] | as `alloc` |
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
-//! | [`VaAllocator::resize`] | one region-tree search, then O(1): the next range via its link, at most one free-list move |
 //! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus the index insertion or removal |
 //! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, O(1) each |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
@@ -656,67 +655,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             n.state = RETIRED;
         }
         Ok(self.len(x))
-    }
-
-    /// Grows or shrinks the live allocation at `addr` in place to
-    /// `new_size` bytes (rounded up to [`MIN_ALIGN`]); its address does not
-    /// change. Returns the new size. Growing takes the front of the hole
-    /// right after the allocation, so it is refused with
-    /// [`VaError::NoSpace`] when the next range is not a hole of at least
-    /// the growth (another allocation, a recycled range, the arena's end);
-    /// the caller then moves the data itself. Shrinking gives the tail back
-    /// as a hole (coalesced with a hole after it), which takes a node when
-    /// the next range is not a hole ([`VaError::NodeCapacity`] if none is
-    /// left). An unknown address is [`VaError::NotAllocated`], a retired
-    /// allocation [`VaError::AlreadyRetired`]; the allocator is unchanged
-    /// after any error. The lookup of `free` (one region-tree search; with
-    /// the list index a walk of at most 34 ranges), the rest O(1).
-    pub fn resize(&mut self, addr: u64, new_size: u64) -> Result<u64, VaError> {
-        let (new_size, _) = normalize(new_size, MIN_ALIGN)?;
-        let x = self.find_alloc(addr).ok_or(VaError::NotAllocated)?;
-        let (old, n) = match self.node(x) {
-            Some(v) if v.state == ALLOC => (v.len, v.next),
-            Some(_) => return Err(VaError::AlreadyRetired),
-            None => return Err(VaError::NotAllocated),
-        };
-        if new_size > old {
-            let grow = new_size.wrapping_sub(old);
-            let (nstate, nlen) = self.node(n).map_or((UNUSED, 0), |v| (v.state, v.len));
-            if nstate != HOLE || nlen < grow {
-                return Err(VaError::NoSpace);
-            }
-            if nlen == grow {
-                self.list_unlink(n);
-                self.addr_unlink(n);
-                self.release(n);
-                self.hole_count = self.hole_count.wrapping_sub(1);
-            } else {
-                let end = addr.wrapping_add(new_size);
-                self.resize_hole(n, end, nlen.wrapping_sub(grow));
-            }
-            self.used = self.used.wrapping_add(grow);
-            if self.used > self.high_water {
-                self.high_water = self.used;
-            }
-        } else if new_size < old {
-            let cut = old.wrapping_sub(new_size);
-            let end = addr.wrapping_add(new_size);
-            if self.state(n) == HOLE {
-                let nlen = self.len(n).wrapping_add(cut);
-                self.resize_hole(n, end, nlen);
-            } else {
-                let t = self.take_node().ok_or(VaError::NodeCapacity)?;
-                self.addr_insert_after(x, t);
-                self.set(t, end, cut, HOLE);
-                self.list_push(t);
-                self.hole_count = self.hole_count.wrapping_add(1);
-            }
-            self.used = self.used.wrapping_sub(cut);
-        }
-        if let Some(v) = self.node_mut(x) {
-            v.len = new_size;
-        }
-        Ok(new_size)
     }
 
     /// Frees the allocation starting at `addr` (live or retired) and

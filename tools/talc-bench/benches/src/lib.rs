@@ -309,9 +309,8 @@ unsafe fn init_mimalloc_sys() -> Box<dyn GlobalAlloc + Sync> {
 // more arena allocator, through a GlobalAlloc adapter. It manages the same
 // HEAP's addresses; its bookkeeping lives outside the arena, in a node
 // array of UMD_VA_NODES nodes (out-of-band metadata, not counted by
-// heap_efficiency). Every size is rounded up to 128 B (its granule);
-// realloc resizes in place when it can (`VaAllocator::resize`: a shrink, or
-// a growth into the hole right after), else allocates, copies, frees. Built with
+// heap_efficiency). Every size is rounded up to 128 B (its granule) and
+// realloc is GlobalAlloc's default (allocate, copy, free). Built with
 // recycling (`VaAllocator::new_recycling`): freed ranges up to 8 KiB are
 // kept for the next request of their exact length.
 
@@ -355,25 +354,5 @@ unsafe impl GlobalAlloc for UmdVa {
 
     unsafe fn dealloc(&self, ptr: *mut u8, _layout: Layout) {
         let _ = self.va.lock().free(ptr as u64);
-    }
-
-    /// In place when `VaAllocator::resize` can (a shrink, or a growth into
-    /// the hole right after the allocation); else allocate, copy, free.
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        use umd_core::mem::va::Placement;
-        let mut va = self.va.lock();
-        if va.resize(ptr as u64, new_size as u64).is_ok() {
-            return ptr;
-        }
-        let Ok(addr) = va.alloc(new_size as u64, layout.align() as u64, Placement::BottomUp) else {
-            return std::ptr::null_mut();
-        };
-        let new = self.base.wrapping_add((addr - self.base as u64) as usize);
-        // SAFETY: both ranges are live allocations of at least the copied
-        // length inside HEAP, distinct as the allocator hands out disjoint
-        // ranges.
-        unsafe { std::ptr::copy_nonoverlapping(ptr, new, layout.size().min(new_size)) };
-        let _ = va.free(ptr as u64);
-        new
     }
 }
