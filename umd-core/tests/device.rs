@@ -468,8 +468,9 @@ fn an_engine_that_faults_while_idle_is_reset_without_blaming_the_next_job() {
         // COMPUTE is idle when its engine halts with a fault (no job of
         // ours caused it). The service pass sees the fault interrupt.
         dev.platform().state().inject_fault(1, 1, 0, 0x1_0000_0000);
-        assert!(dev.service().is_some(), "the idle fault is reported");
-        let report = dev.last_hang().unwrap();
+        let report = dev.service().expect("the idle fault is reported");
+        assert_eq!(dev.last_hang(), Some(report), "the report returned is the one kept");
+        assert_eq!(dev.service(), None, "a pass that fails nothing reports nothing");
         assert_eq!(report.queue, COMPUTE);
         assert!(matches!(report.reason, HangReason::Fault(_)), "{report}");
         assert_eq!(report.emitted, report.completed, "no fence was pending");

@@ -185,9 +185,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Acknowledges interrupts, processes completions, takes back every
     /// free whose fences have passed, and checks every
     /// queue with work for faults and hangs. A stuck queue is reset, its
-    /// pending fences fail (and the work that waits on them), and the
-    /// report is returned (and kept, see [`Engine::last_hang`]). A queue
-    /// whose submit lock is busy is skipped: its holder services it.
+    /// pending fences fail (and the work that waits on them), and its
+    /// report is kept (see [`Engine::last_hang`]) and returned: when the
+    /// pass failed a queue, the latest report the device kept (a device
+    /// lost in the reset reports that). A queue whose submit lock is busy
+    /// is skipped: its holder services it.
     pub fn service(&self) -> Option<HangReport> {
         if self.is_lost() {
             return None;
@@ -215,8 +217,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let Some(q) = self.queues.get(qi) else { continue };
             let Some(mut qs) = q.submit.try_lock() else { continue };
             match self.check_locked(qi, &mut qs) {
-                Ok(Some(r)) => report = Some(r),
-                Ok(None) => {}
+                // The report fail_locked kept (one copy of it, not two).
+                Ok(true) => report = *self.last_hang.lock(),
+                Ok(false) => {}
                 Err(Gone) => {
                     drop(qs);
                     self.device_lost();
@@ -228,9 +231,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// The hang and fault check of queue `qi`, whose submit lock the
-    /// caller holds.
-    pub(crate) fn check_locked(&self, qi: usize, qs: &mut B::Queue) -> Result<Option<HangReport>, Gone> {
-        let Some(q) = self.queues.get(qi) else { return Ok(None) };
+    /// caller holds: whether the queue failed (its report is then in
+    /// `last_hang`).
+    pub(crate) fn check_locked(&self, qi: usize, qs: &mut B::Queue) -> Result<bool, Gone> {
+        let Some(q) = self.queues.get(qi) else { return Ok(false) };
         let view = QueueView {
             queue: qi,
             emitted: q.emitted(),
@@ -240,10 +244,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             ib: (self.ib.range().0, self.ib.region()),
             fault_irq: self.fault_irqs.take(qi),
         };
-        let Some(failure) = self.b.check(qs, &view)? else { return Ok(None) };
+        let Some(failure) = self.b.check(qs, &view)? else { return Ok(false) };
         let upto = q.emitted();
         self.fail_locked(qi, qs, failure, upto);
-        Ok(Some(failure.report))
+        Ok(true)
     }
 
     /// The unsignalled fence of another queue that queue `qi`'s next
@@ -349,26 +353,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // Each round poisons at least one entry or stops.
         let rounds = crate::storage::PENDING_WAITS.saturating_mul(MAX_QUEUES).saturating_add(1);
         for _ in 0..rounds {
-            let mut found: Option<(FenceId, FenceError)> = None;
-            {
-                let deps = self.deps.lock();
-                deps.for_each_waiter(
-                    |w| self.queue(w.queue).is_some_and(|q| q.failure(w.seqno).is_some()),
-                    |consumer, producer| {
-                        if found.is_some() {
-                            return;
-                        }
-                        let done =
-                            self.queue(consumer.queue).is_none_or(|q| q.failure(consumer.seqno).is_some());
-                        if !done {
-                            let e = self.queue(producer.queue).and_then(|q| q.failure(producer.seqno));
-                            if let Some(e) = e {
-                                found = Some((consumer, e.propagated(producer)));
-                            }
-                        }
-                    },
-                );
-            }
+            // The first waiter of a failed fence that has not failed itself.
+            let found = self.deps.lock().find_waiter(|consumer, producer| {
+                let e = self.queue(producer.queue)?.failure(producer.seqno)?;
+                let done = self.queue(consumer.queue).is_none_or(|q| q.failure(consumer.seqno).is_some());
+                (!done).then(|| (consumer, e.propagated(producer)))
+            });
             let Some((consumer, error)) = found else { break };
             if let Some(cq) = self.queue(consumer.queue) {
                 cq.record_failure(Seqno(consumer.seqno.0.wrapping_sub(1)), consumer.seqno, error);

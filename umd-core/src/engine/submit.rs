@@ -363,7 +363,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         EmitError::Full(err) => {
                             // Wait for the engine to consume, checking it
                             // for a hang ourselves (we hold its queue).
-                            if let Ok(Some(_)) = self.check_locked(qi, &mut qs) {
+                            if let Ok(true) = self.check_locked(qi, &mut qs) {
                                 drop(qs);
                                 continue;
                             }

@@ -258,17 +258,20 @@ impl<const QUEUES: usize, const PENDING: usize> DepGraph<QUEUES, PENDING> {
         }
     }
 
-    /// Calls `f(consumer, producer)` for every pending submission that
-    /// waits on a fence for which `failed(producer)` holds: the work that
+    /// The first `Some` that `f(consumer, producer)` returns, over every
+    /// pending submission (`consumer`) and each fence it waits on
+    /// (`producer`), in queue and submission order: e.g. the work that
     /// inherits a producer's failure.
-    pub fn for_each_waiter(&self, failed: impl Fn(FenceId) -> bool, mut f: impl FnMut(FenceId, FenceId)) {
+    pub fn find_waiter<T>(&self, mut f: impl FnMut(FenceId, FenceId) -> Option<T>) -> Option<T> {
         for (q, d) in self.pending.iter().enumerate() {
             for e in d.iter() {
-                if let Some(w) = e.waits().iter().find(|w| failed(**w)) {
-                    f(FenceId { queue: QueueId(q as u8), seqno: e.seqno }, *w);
+                let consumer = FenceId { queue: QueueId(q as u8), seqno: e.seqno };
+                if let Some(t) = e.waits().iter().find_map(|w| f(consumer, *w)) {
+                    return Some(t);
                 }
             }
         }
+        None
     }
 
     /// The unsignalled fence of another queue that `queue`'s next
