@@ -79,25 +79,42 @@ pub(crate) fn check<P: DirectIo>(
     let rptr = reg(p, e, er::RING_RPTR)?;
     let cur = reg64(p, e, er::CUR_ADDR_LO, er::CUR_ADDR_HI)?;
     let now = p.now_ns();
-    if status & er::STATUS_HALTED != 0 || fault_status & er::FAULT_VALID != 0 {
+    let (reason, error) = if status & er::STATUS_HALTED != 0 || fault_status & er::FAULT_VALID != 0 {
         let addr = reg64(p, e, er::FAULT_ADDR_LO, er::FAULT_ADDR_HI)?;
-        let (reason, error) = match FaultInfo::from_regs(fault_status | er::FAULT_VALID, addr) {
+        match FaultInfo::from_regs(fault_status | er::FAULT_VALID, addr) {
             Some(info) => (HangReason::Fault(info), FenceError::Fault(info)),
             None => (HangReason::DeviceLost, FenceError::DeviceLost),
-        };
-        return capture(d, qs, v, reason).map(|report| Some(Failure { error, report }));
-    }
-    if idle {
+        }
+    } else if idle {
         qs.watch.armed = false;
         return Ok(None);
-    }
+    } else {
+        match judge(&mut qs.watch, v, rptr, cur, now) {
+            Some(failed) => failed,
+            None => return Ok(None),
+        }
+    };
+    // One capture for every kind of failure.
+    let report = capture(d, qs, v, reason)?;
+    Ok(Some(Failure { error, report }))
+}
+
+/// The progress check of a queue with pending work and no fault: the
+/// reason and error when it counts as hung (or never signalled), `None`
+/// while it moves or is blocked on purpose. Updates the watch.
+fn judge(
+    w: &mut Watch,
+    v: &QueueView<'_>,
+    rptr: u32,
+    cur: u64,
+    now: u64,
+) -> Option<(HangReason, FenceError)> {
     let hang = v.hang;
-    let w = &mut qs.watch;
     match v.blocked_on {
         Some((_, true)) => {
             // Waiting on another queue's emitted fence: that queue is judged.
             *w = Watch::arm(rptr, cur, v.completed, now);
-            return Ok(None);
+            return None;
         }
         Some((producer, false)) => {
             let since = match w.blocked_since_ns {
@@ -109,19 +126,18 @@ pub(crate) fn check<P: DirectIo>(
             };
             w.since_ns = now;
             w.fence_since_ns = now;
-            match hang.unsubmitted_wait_ns {
+            return match hang.unsubmitted_wait_ns {
                 Some(limit) if now.saturating_sub(since) >= limit => {
-                    let report = capture(d, qs, v, HangReason::NeverSignalled { producer })?;
-                    return Ok(Some(Failure { error: FenceError::NeverSignalled { producer }, report }));
+                    Some((HangReason::NeverSignalled { producer }, FenceError::NeverSignalled { producer }))
                 }
-                _ => return Ok(None),
-            }
+                _ => None,
+            };
         }
         None => w.blocked_since_ns = None,
     }
     if !w.armed || v.completed != w.completed {
         *w = Watch::arm(rptr, cur, v.completed, now);
-        return Ok(None);
+        return None;
     }
     if rptr != w.rptr || cur.abs_diff(w.cur_addr) > hang.min_progress_bytes {
         w.rptr = rptr;
@@ -136,10 +152,9 @@ pub(crate) fn check<P: DirectIo>(
     } else if no_fence >= hang.window_ns.saturating_mul(u64::from(windows)) {
         HangReason::FenceStalled { windows }
     } else {
-        return Ok(None);
+        return None;
     };
-    let report = capture(d, qs, v, reason)?;
-    Ok(Some(Failure { error: FenceError::DeviceHung, report }))
+    Some((reason, FenceError::DeviceHung))
 }
 
 /// Resets the engine of queue `q` (CTRL.RESET handshake, its interrupts
