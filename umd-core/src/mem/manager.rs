@@ -254,16 +254,17 @@ impl<'s, B> Buffers<'s, B> {
         if self.table.is_full() {
             return Err(AllocError::TableFull { capacity: self.table.capacity() });
         }
-        let a = match self.pool.alloc(backing, desc.size, align, desc.kind) {
-            Ok(a) => a,
-            Err(PoolError::Backing {
-                error: BackingError::PlatformMemory { .. } | BackingError::Va(_),
-                ..
-            }) if self.pool.trim(backing) > 0 => self
-                .pool
-                .alloc(backing, desc.size, align, desc.kind)
-                .map_err(|e| AllocError::from_pool(e, align))?,
-            Err(e) => return Err(AllocError::from_pool(e, align)),
+        // A second attempt only after trimming kept slabs gave memory back.
+        let mut trimmed = false;
+        let a = loop {
+            match self.pool.alloc(backing, desc.size, align, desc.kind) {
+                Ok(a) => break a,
+                Err(PoolError::Backing {
+                    error: BackingError::PlatformMemory { .. } | BackingError::Va(_),
+                    ..
+                }) if !trimmed && self.pool.trim(backing) > 0 => trimmed = true,
+                Err(e) => return Err(AllocError::from_pool(e, align)),
+            }
         };
         self.serial = self.serial.wrapping_add(1);
         let info = BufferInfo {
