@@ -139,19 +139,19 @@ impl<const N: usize> FailureHistory<N> {
             }
             // The bounds of the next range only (not a copy of it).
             let next = self.ranges().find(|r| r.upto.is_after(cursor)).map(|r| (r.after, r.upto));
-            match next {
+            // The gap up to the next range (or to `upto`) is added; one
+            // call of `insert`, so that it folds into this loop.
+            let end = match next {
                 // `cursor` lies inside a recorded range: skip what it covers.
-                Some((r_after, r_upto)) if !r_after.is_after(cursor) => cursor = r_upto,
-                Some((r_after, _)) => {
-                    let end = earlier(r_after, upto);
-                    self.insert(cursor, end, error);
-                    cursor = end;
+                Some((r_after, r_upto)) if !r_after.is_after(cursor) => {
+                    cursor = r_upto;
+                    continue;
                 }
-                None => {
-                    self.insert(cursor, upto, error);
-                    return;
-                }
-            }
+                Some((r_after, _)) => earlier(r_after, upto),
+                None => upto,
+            };
+            self.insert(cursor, end, error);
+            cursor = end;
         }
     }
 
