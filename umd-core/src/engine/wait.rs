@@ -42,29 +42,33 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// The wait loop (no trace, no statistics).
     ///
-    /// Bounded: every iteration returns, or spins, sleeps or waits for an
-    /// interrupt, and the platform's monotonic time moves towards the
+    /// Bounded: every second iteration returns, or spins, sleeps or waits
+    /// for an interrupt, and the platform's monotonic time moves towards the
     /// timeout. Interrupt and backend waits are capped at a quarter of the
     /// hang window so the hang check keeps running.
     pub(crate) fn wait_done(&self, fence: Fence, timeout_ns: u64) -> Result<(), WaitError> {
         let p = self.b.platform();
         let start = p.now_ns();
         let mut how = Pause { irq_ok: self.cfg.use_irq, block_ok: true };
+        // Each round: look, check the time, service, look again, pause
+        // (one place that looks, which answers after the service pass too).
+        let mut serviced = None;
         loop {
             match self.status(fence)? {
                 FenceStatus::Signalled => return Ok(()),
                 FenceStatus::Failed(e) => return Err(WaitError::Failed(e)),
                 FenceStatus::Pending => {}
             }
+            if let Some(elapsed) = serviced.take() {
+                self.pause(&mut how, usize::from(fence.id.queue.0), fence.id.seqno, elapsed, timeout_ns);
+                continue;
+            }
             let elapsed = p.now_ns().saturating_sub(start);
             if timeout_ns == 0 || elapsed >= timeout_ns {
                 return Err(WaitError::Timeout);
             }
             self.service();
-            if let FenceStatus::Failed(e) = self.status(fence)? {
-                return Err(WaitError::Failed(e));
-            }
-            self.pause(&mut how, usize::from(fence.id.queue.0), fence.id.seqno, elapsed, timeout_ns);
+            serviced = Some(elapsed);
         }
     }
 
