@@ -309,6 +309,26 @@ fn small_buffers_share_slabs_mapped_once() {
 }
 
 #[test]
+fn an_allocation_short_of_memory_takes_back_kept_slabs_first() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
+        // An empty slab kept for the next small allocation.
+        let small = dev.alloc_buffer(64).unwrap();
+        dev.free(small).unwrap();
+        let mut hs = Vec::new();
+        let err = loop {
+            match dev.alloc_buffer(256 * 1024) {
+                Ok(h) => hs.push(h),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, AllocError::PlatformMemory { .. }), "{err}");
+        assert!(!hs.is_empty());
+        assert_eq!(dev.trim(), 0, "the kept slab went back before the allocation failed");
+        hs.into_iter().for_each(|h| dev.free(h).unwrap());
+    });
+}
+
+#[test]
 fn page_table_writes_are_cleaned_before_the_gpu_can_walk_them() {
     let fake = Fake::new(Generation::Gen2, 8 << 20);
     let mut storage: Box<Storage> = Box::default();

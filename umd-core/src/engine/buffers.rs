@@ -261,7 +261,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// [`Engine::alloc_info`] once the first try failed: make room in local
-    /// memory or fall back, take back frees whose fences have passed, wait
+    /// memory or fall back, take back frees whose fences have passed and
+    /// the pools' kept empty slabs, wait
     /// for the fence of the oldest waiting free, up to the limit (the
     /// failed try left no trace, so this tries again first). Out of line:
     /// the fast path does not pay for it.
@@ -298,8 +299,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     // Completion processing reclaims a bounded number
                     // of frees at a time, so frees whose fences have
                     // passed may still wait with every queue idle:
-                    // take them all back before waiting for a fence.
-                    if self.reclaim_ready() > 0 {
+                    // take them all back before waiting for a fence,
+                    // then the empty slabs the pools keep.
+                    if self.reclaim_ready() > 0 || self.trim_kept() > 0 {
                         continue;
                     }
                     match waiting {
@@ -499,6 +501,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     pub fn trim(&self) -> u64 {
         // Slabs held only by frees whose fences have passed empty first.
         self.reclaim_ready();
+        self.trim_kept()
+    }
+
+    /// Gives the pools' kept empty slabs back. Returns bytes.
+    fn trim_kept(&self) -> u64 {
         let mut mem = self.mem.lock();
         let (buffers, mut backer) = mem.split(&self.b);
         buffers.trim(&mut backer)

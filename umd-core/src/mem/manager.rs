@@ -234,8 +234,9 @@ impl<'s, B> Buffers<'s, B> {
         }
     }
 
-    /// Allocates a buffer. When the platform runs out of memory, kept empty
-    /// slabs are given back and the allocation is tried once more.
+    /// Allocates a buffer. Short of memory it fails (`PlatformMemory`,
+    /// `VaSpace`, ...) and changes nothing: kept empty slabs stay until
+    /// [`Buffers::trim`] gives them back, after which a retry may succeed.
     pub fn alloc<K: Backing<Block = B>>(
         &mut self,
         backing: &mut K,
@@ -254,18 +255,12 @@ impl<'s, B> Buffers<'s, B> {
         if self.table.is_full() {
             return Err(AllocError::TableFull { capacity: self.table.capacity() });
         }
-        // A second attempt only after trimming kept slabs gave memory back.
-        let mut trimmed = false;
-        let a = loop {
-            match self.pool.alloc(backing, desc.size, align, desc.kind) {
-                Ok(a) => break a,
-                Err(PoolError::Backing {
-                    error: BackingError::PlatformMemory { .. } | BackingError::Va(_),
-                    ..
-                }) if !trimmed && self.pool.trim(backing) > 0 => trimmed = true,
-                Err(e) => return Err(AllocError::from_pool(e, align)),
-            }
-        };
+        // One attempt: a caller short of memory gives kept slabs back
+        // (`trim`) and tries again (the engine's slow path does).
+        let a = self
+            .pool
+            .alloc(backing, desc.size, align, desc.kind)
+            .map_err(|e| AllocError::from_pool(e, align))?;
         self.serial = self.serial.wrapping_add(1);
         let info = BufferInfo {
             va: a.addr(),
