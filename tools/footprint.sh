@@ -4,7 +4,8 @@
 # section sizes of its own object (compiler-builtins excluded), and fails if
 # a panic path survived optimisation (a function of ours that still
 # references a core::panicking routine after fat LTO), or if the driver
-# built without the mmu feature links the GPU VA allocator.
+# built without the mmu feature links the GPU VA allocator, or if the
+# smallest one-generation driver's .text is above its 24 KiB budget.
 #
 # `tools/footprint.sh table` instead prints the per-configuration table of
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
@@ -132,4 +133,16 @@ t=thumbv7em-none-eabihf
 cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \
     --features gen1,gen2,hang-capture,trace,local-memory
 va_linked "target/$t/footprint/libfootprint.a" "$t (driver without mmu)" || status=1
+# The size budget (docs/perf.md, "Per configuration"): the smallest
+# one-generation direct-mode driver (gen2, compact encoder, none of the
+# optional parts) stays within 24 KiB of .text.
+budget=24576
+cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \
+    --features gen2,compact-encoder
+read -r text _ <<<"$(own_sizes "target/$t/footprint/libfootprint.a")"
+printf '%-40s %-24s %8s (budget %s)\n' "smallest one-generation driver" "$t" "$text" "$budget"
+if [ "$text" -gt "$budget" ]; then
+    echo "$t (gen2,compact-encoder): $text bytes of .text, above the budget of $budget" >&2
+    status=1
+fi
 exit $status
