@@ -368,6 +368,93 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
     }
 }
 
+/// With the list index, a recycled range stays in the index (it may be its
+/// region's first indexed range) until flushed: frees by address still find
+/// the allocations behind it, refuse the recycled range itself, interior
+/// addresses and double frees without changing anything, and find their
+/// allocation after its neighbours were coalesced; a flush takes the
+/// recycled ranges out of the index (a fixed allocation over one then
+/// succeeds). 1,024 regions of 512 B (four granules each).
+#[test]
+fn recycled_ranges_stay_in_the_list_index() {
+    let (base, size) = (1u64 << 32, 512 * 1024);
+    let mut a = VaAllocator::new_recycling(vec![VaNode::EMPTY; 1024].into_boxed_slice(), base, size).unwrap();
+    // 64 allocations of one granule, then one of four (region 16).
+    let g: Vec<u64> = (0..64).map(|_| a.alloc(100, 8, Placement::BottomUp).unwrap()).collect();
+    assert_eq!(g, (0..64).map(|i| base + i * 128).collect::<Vec<_>>());
+    let big = a.alloc(512, 128, Placement::BottomUp).unwrap();
+    assert_eq!(big, base + 64 * 128);
+    a.validate().unwrap();
+    let refused = |a: &mut VaAllocator<Box<[VaNode]>, true>, addr: u64| {
+        let before = a.stats();
+        assert_eq!(a.free(addr), Err(VaError::NotAllocated), "free {addr:#x}");
+        assert_eq!(a.retire(addr), Err(VaError::NotAllocated), "retire {addr:#x}");
+        assert_eq!(a.lookup(addr), None, "lookup {addr:#x}");
+        assert_eq!(a.stats(), before, "a refused free changed the allocator");
+        a.validate().unwrap();
+    };
+    // Interior addresses of the four-granule allocation, off-granule
+    // addresses, the arena's ends.
+    for addr in
+        [big + 128, big + 256, big + 384, big + 4, g[3] + 64, base - 128, base + size, base + size - 128]
+    {
+        refused(&mut a, addr);
+    }
+    // The region's first allocation is recycled: it stays indexed, ahead of
+    // the region's other allocations, which are still found behind it.
+    assert_eq!(a.free(g[0]), Ok(128));
+    refused(&mut a, g[0]);
+    assert_eq!(a.free(g[2]), Ok(128));
+    refused(&mut a, g[2]);
+    assert_eq!(a.retire(g[3]), Ok(128));
+    assert_eq!(a.lookup(g[1]).map(|r| r.size), Some(128));
+    assert_eq!(a.free(g[3]), Ok(128));
+    assert_eq!(a.free(g[1]), Ok(128));
+    // Region 0 now holds four recycled ranges and no allocation.
+    for x in &g[..4] {
+        refused(&mut a, *x);
+    }
+    // Exact-length reuse, last freed first.
+    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Ok(g[1]));
+    assert_eq!(a.alloc(1, 1, Placement::TopDown), Ok(g[3]));
+    a.validate().unwrap();
+    // Fill the one-granule stack (two ranges left on it, room for six) from
+    // regions 8 and 9, then free three neighbours of region 10: they
+    // coalesce into one hole, and the allocation after it is found across
+    // the hole.
+    for x in &g[32..38] {
+        a.free(*x).unwrap();
+    }
+    assert_eq!(a.stats().holes, 1, "all recycled so far");
+    let holes = a.stats().holes;
+    a.free(g[41]).unwrap();
+    a.free(g[43]).unwrap();
+    a.free(g[42]).unwrap();
+    assert_eq!(a.stats().holes, holes + 1, "three neighbours coalesced into one hole");
+    refused(&mut a, g[42]);
+    refused(&mut a, g[41]);
+    assert_eq!(a.lookup(g[44]).map(|r| r.size), Some(128));
+    assert_eq!(a.free(g[40]), Ok(128), "the region's first, before the hole");
+    assert_eq!(a.free(g[44]), Ok(128), "the next region's first, after the hole");
+    refused(&mut a, g[44]);
+    // A flush takes the recycled ranges out of the index: the fixed
+    // allocation over all of region 8's recycled ranges succeeds.
+    a.flush_recycled();
+    a.validate().unwrap();
+    refused(&mut a, g[32]);
+    assert_eq!(a.alloc_fixed(g[32], 512), Ok(g[32]));
+    assert_eq!(a.alloc_fixed(g[36], 128), Ok(g[36]));
+    a.validate().unwrap();
+    let mut rest = Vec::new();
+    a.for_each_allocation(|r| rest.push(r.addr));
+    for x in rest {
+        a.free(x).unwrap();
+        a.validate().unwrap();
+    }
+    a.flush_recycled();
+    baseline(&a);
+}
+
 #[test]
 fn fixed_addresses_across_regions_and_groups() {
     // 4096 nodes -> 4096 regions of 16 KiB over 64 MiB, 64 groups of 1 MiB.

@@ -208,6 +208,13 @@ impl VaNode {
     fn is_allocation(&self) -> bool {
         self.state == ALLOC || self.state == RETIRED
     }
+
+    /// In the list index (when the allocator has one): an allocation or a
+    /// recycled range.
+    #[inline(always)]
+    fn is_listed(&self) -> bool {
+        self.is_allocation() || self.state == CACHED
+    }
 }
 
 impl Default for VaNode {
@@ -514,6 +521,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             for _ in 0..RECYCLE_DEPTH {
                 let Some(v) = self.node(x) else { break };
                 let (next, start, len) = (v.b, v.start, v.len);
+                if self.list_index {
+                    // Recycled ranges stay in the list index until flushed.
+                    if let Some(r) = self.region_of(start) {
+                        self.list_unindex(r, x);
+                    }
+                }
                 self.make_hole(x, start, len);
                 x = next;
             }
@@ -579,7 +592,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             *l = l.wrapping_sub(1);
         }
         self.recycled = self.recycled.wrapping_sub(1);
-        self.index_alloc(x, addr, size);
+        if self.list_index {
+            // Still in the list index (recycled ranges stay there).
+            self.count_alloc(size);
+        } else {
+            self.index_alloc(x, addr, size);
+        }
         Some((x, addr))
     }
 
@@ -664,16 +682,13 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// of at most 34 ranges), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
-        let x = if self.list_index {
+        if self.list_index {
             let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
-            self.list_unindex(r, x);
-            x
-        } else {
-            let (root, removed) = self.tree_remove(self.root(r), addr);
-            let x = removed.ok_or(VaError::NotAllocated)?;
-            self.set_root(r, root);
-            x
-        };
+            return Ok(self.release_listed(r, x, addr));
+        }
+        let (root, removed) = self.tree_remove(self.root(r), addr);
+        let x = removed.ok_or(VaError::NotAllocated)?;
+        self.set_root(r, root);
         Ok(self.release_alloc(x, addr))
     }
 
@@ -694,8 +709,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             return self.free(addr);
         };
         if self.list_index {
-            self.list_unindex(r, x);
-        } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
+            return Ok(self.release_listed(r, x, addr));
+        }
+        if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
             // The region's only allocation (the usual case when
             // allocations are spread over the arena): no tree to search.
             self.set_root(r, NIL);
@@ -705,27 +721,41 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         Ok(self.release_alloc(x, addr))
     }
 
-    /// List index: takes allocation `x` of region `r` out of the index (the
-    /// directory slot moves on if `x` was the region's first). O(1).
+    /// List index: takes range `x` of region `r` (an allocation or a
+    /// recycled range) out of the index (the directory slot moves on if `x`
+    /// was the region's first). O(1).
     #[inline(always)]
     fn list_unindex(&mut self, r: u32, x: u32) {
         if self.root(r) == x {
-            // The region's next allocation, if any: holes are coalesced, so
-            // it is at most two ranges on, unless recycled ranges lie
-            // between (at most one range per granule of the region).
+            // The region's next indexed range, if any: holes are coalesced
+            // and recycled ranges are indexed too, so it is at most two
+            // ranges on.
             let mut y = self.next(x);
-            if !RECYCLE || self.recycled == 0 {
-                if self.state(y) == HOLE {
-                    y = self.next(y);
-                }
-                let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
-                self.set_root(r, first);
-                return;
+            if self.state(y) == HOLE {
+                y = self.next(y);
             }
-            let first =
-                self.region_walk(r, y, true).find(|&(_, v)| v.is_allocation()).map_or(NIL, |(n, _)| n);
+            let first = if y != NIL && self.region_of(self.start(y)) == Some(r) { y } else { NIL };
             self.set_root(r, first);
         }
+    }
+
+    /// List index: frees allocation `x` of region `r` (at `addr`, still
+    /// indexed): onto its recycling stack, where it stays in the index, or
+    /// out of the index into a hole; returns its size. O(1).
+    #[inline(always)]
+    fn release_listed(&mut self, r: u32, x: u32, addr: u64) -> u64 {
+        if RECYCLE {
+            let size = self.len(x);
+            self.alloc_count = self.alloc_count.wrapping_sub(1);
+            self.used = self.used.wrapping_sub(size);
+            if !self.recycle_push(x, size) {
+                self.list_unindex(r, x);
+                self.make_hole(x, addr, size);
+            }
+            return size;
+        }
+        self.list_unindex(r, x);
+        self.release_alloc(x, addr)
     }
 
     /// Frees allocation `x` (at `addr`, already out of the index): onto its
@@ -952,8 +982,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if listed != holes {
             return Err("a hole is missing from the size-class lists");
         }
-        // 3. Region trees, group counts and the group bitmap.
+        // 3. Region trees (or list index), group counts and the group bitmap.
         let mut indexed = 0u64;
+        let mut indexed_cached = 0u64;
         let mut in_group = 0u8;
         for r in 0..self.regions {
             let root = self.root(r);
@@ -961,20 +992,29 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 in_group = in_group.wrapping_add(1);
             }
             if self.list_index {
+                // The directory slot names the region's first indexed range:
+                // an allocation or a recycled range (recycled ranges stay in
+                // the list index until flushed).
                 if let Some(v) = self.node(root) {
-                    if v.state != ALLOC && v.state != RETIRED {
-                        return Err("directory slot is not an allocation");
+                    if !v.is_listed() {
+                        return Err("directory slot is not an allocation or a recycled range");
                     }
                     if self.region_of(v.start) != Some(r) {
                         return Err("directory slot names another region's allocation");
                     }
-                    // First of its region: no allocation of the region before it.
-                    if self.region_walk(r, v.prev, false).any(|(_, w)| w.is_allocation()) {
+                    // First of its region: no indexed range of the region before it.
+                    if self.region_walk(r, v.prev, false).any(|(_, w)| w.is_listed()) {
                         return Err("directory slot is not the region's first allocation");
                     }
-                    // Every allocation of the region is reached by the walk.
-                    let reached = self.region_walk(r, root, true).filter(|(_, w)| w.is_allocation()).count();
-                    indexed = indexed.wrapping_add(reached as u64);
+                    // Every allocation and recycled range of the region is
+                    // reached by the walk.
+                    for (_, w) in self.region_walk(r, root, true) {
+                        if w.is_allocation() {
+                            indexed = indexed.wrapping_add(1);
+                        } else if w.state == CACHED {
+                            indexed_cached = indexed_cached.wrapping_add(1);
+                        }
+                    }
                 }
             } else {
                 let mut prev_key = None;
@@ -997,6 +1037,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
         if indexed != allocs {
             return Err("region trees hold a different number of allocations");
+        }
+        if self.list_index && indexed_cached != cached {
+            return Err("a recycled range is missing from the list index");
         }
         Ok(())
     }
@@ -1122,6 +1165,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 self.set_root(r, root);
             }
         }
+        self.count_alloc(size);
+    }
+
+    /// Counts a new allocation of `size` bytes.
+    #[inline(always)]
+    fn count_alloc(&mut self, size: u64) {
         self.alloc_count = self.alloc_count.wrapping_add(1);
         self.used = self.used.wrapping_add(size);
         if self.used > self.high_water {
@@ -1130,7 +1179,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     /// The range (hole or allocation) that contains `addr`, which must be
-    /// inside the arena.
+    /// inside the arena. Needs the recycled ranges flushed (holes coalesced,
+    /// and no region of the list index holding only recycled ranges).
     fn containing(&self, addr: u64) -> u32 {
         let Some(r) = self.region_of(addr) else {
             return NIL;
