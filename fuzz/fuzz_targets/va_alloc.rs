@@ -1,7 +1,7 @@
 //! The GPU VA allocator against a shadow interval set, on operation
 //! sequences from the fuzzer's bytes (alloc with any size, alignment and
 //! placement, by address or by handle; fixed allocations anywhere; retire;
-//! free of live, retired, stale and made-up addresses, and by current and
+//! free of live, retired, stale, made-up and interior addresses, and by current and
 //! stale handles, which must give exactly what a free of the address gives). Invariants: an allocation is aligned,
 //! inside the arena and overlaps no other (shadow check); a refusal is a
 //! typed error that changes nothing (stats equal before and after); the
@@ -140,6 +140,12 @@ fn run<const R: bool>(mut va: VaAllocator<Box<[VaNode]>, R>, data: &[u8]) {
                 let Some(n) = next() else { break };
                 if let Some(a) = pick(u64::from(n)) {
                     let (l, _) = shadow.remove(&a).expect("picked");
+                    if l > MIN_ALIGN {
+                        // An interior granule of the allocation is not one.
+                        let inner = a + MIN_ALIGN * (1 + u64::from(n) % (l / MIN_ALIGN - 1));
+                        assert!(va.free(inner).is_err() && va.lookup(inner).is_none(), "interior address");
+                        assert_eq!(va.stats(), before, "a refused free changed the allocator");
+                    }
                     assert_eq!(va.free(a), Ok(l));
                     assert!(va.free(a).is_err(), "a double free is refused");
                 }

@@ -38,7 +38,11 @@
 //!   that length in O(1), without a size-class search, a split or
 //!   coalescing; an allocation that would fail flushes them into the holes
 //!   first. Half the instructions of an alloc/free pair of small requests
-//!   (docs/perf.md, talc's suite).
+//!   (docs/perf.md, talc's suite). With the list index a recycled range
+//!   stays in the index (a directory slot may name one) until it is
+//!   flushed, so such a free and alloc do not touch the index beyond the
+//!   free's lookup; lookups skip recycled ranges (a free, `lookup` or
+//!   `retire` of one is [`VaError::NotAllocated`]).
 //!
 //! # Cost
 //!
@@ -50,7 +54,7 @@
 //! | [`VaAllocator::alloc_handle`] | as `alloc` |
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
-//! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus the index insertion or removal |
+//! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus, with region trees, the index insertion or removal (the list index keeps recycled ranges) |
 //! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, O(1) each |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
