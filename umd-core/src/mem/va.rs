@@ -686,14 +686,20 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// of at most 34 ranges), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
-        if self.list_index {
+        let (x, recycle) = if self.list_index {
             let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
-            return Ok(self.release_listed(r, x, addr));
-        }
-        let (root, removed) = self.tree_remove(self.root(r), addr);
-        let x = removed.ok_or(VaError::NotAllocated)?;
-        self.set_root(r, root);
-        Ok(self.release_alloc(x, addr))
+            if let Some(size) = self.recycle_listed(x) {
+                return Ok(size);
+            }
+            self.list_unindex(r, x);
+            (x, false)
+        } else {
+            let (root, removed) = self.tree_remove(self.root(r), addr);
+            let x = removed.ok_or(VaError::NotAllocated)?;
+            self.set_root(r, root);
+            (x, true)
+        };
+        Ok(self.release_alloc(x, addr, recycle))
     }
 
     /// Frees the allocation of a handle from [`VaAllocator::alloc_handle`]
@@ -712,17 +718,21 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let Some(r) = self.region_of(addr).filter(|_| current) else {
             return self.free(addr);
         };
-        if self.list_index {
-            return Ok(self.release_listed(r, x, addr));
-        }
-        if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
+        let recycle = if self.list_index {
+            if let Some(size) = self.recycle_listed(x) {
+                return Ok(size);
+            }
+            self.list_unindex(r, x);
+            false
+        } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
             // The region's only allocation (the usual case when
             // allocations are spread over the arena): no tree to search.
             self.set_root(r, NIL);
+            true
         } else {
             return self.free(addr);
-        }
-        Ok(self.release_alloc(x, addr))
+        };
+        Ok(self.release_alloc(x, addr, recycle))
     }
 
     /// List index: takes range `x` of region `r` (an allocation or a
@@ -743,33 +753,33 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// List index: frees allocation `x` of region `r` (at `addr`, still
-    /// indexed): onto its recycling stack, where it stays in the index, or
-    /// out of the index into a hole; returns its size. O(1).
+    /// List index with recycling: frees allocation `x` (still indexed)
+    /// onto its recycling stack, where it stays in the index, and returns
+    /// its size; `None` (nothing changed) when it has no stack with room.
+    /// O(1); always `None` without recycling.
     #[inline(always)]
-    fn release_listed(&mut self, r: u32, x: u32, addr: u64) -> u64 {
-        if RECYCLE {
-            let size = self.len(x);
-            self.alloc_count = self.alloc_count.wrapping_sub(1);
-            self.used = self.used.wrapping_sub(size);
-            if !self.recycle_push(x, size) {
-                self.list_unindex(r, x);
-                self.make_hole(x, addr, size);
-            }
-            return size;
+    fn recycle_listed(&mut self, x: u32) -> Option<u64> {
+        if !RECYCLE {
+            return None;
         }
-        self.list_unindex(r, x);
-        self.release_alloc(x, addr)
+        let size = self.len(x);
+        if !self.recycle_push(x, size) {
+            return None;
+        }
+        self.alloc_count = self.alloc_count.wrapping_sub(1);
+        self.used = self.used.wrapping_sub(size);
+        Some(size)
     }
 
     /// Frees allocation `x` (at `addr`, already out of the index): onto its
-    /// recycling stack, or into a hole; returns its size. O(1).
+    /// recycling stack if `recycle` and it has one with room, else into a
+    /// hole; returns its size. O(1).
     #[inline(always)]
-    fn release_alloc(&mut self, x: u32, addr: u64) -> u64 {
+    fn release_alloc(&mut self, x: u32, addr: u64, recycle: bool) -> u64 {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
-        if !(RECYCLE && self.recycle_push(x, size)) {
+        if !(RECYCLE && recycle && self.recycle_push(x, size)) {
             self.make_hole(x, addr, size);
         }
         size
