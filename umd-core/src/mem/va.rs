@@ -605,8 +605,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         Some((x, addr))
     }
 
-    /// Recycling: keeps freed allocation `x` (out of the index) of `size`
-    /// bytes on its stack, if it has one with room.
+    /// Recycling: keeps freed allocation `x` of `size` bytes (out of the
+    /// region tree; with the list index still in it) on its stack, if it
+    /// has one with room.
     #[inline]
     fn recycle_push(&mut self, x: u32, size: u64) -> bool {
         let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
@@ -686,20 +687,15 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// of at most 34 ranges), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
-        let (x, recycle) = if self.list_index {
-            let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
-            if let Some(size) = self.recycle_listed(x) {
-                return Ok(size);
-            }
-            self.list_unindex(r, x);
-            (x, false)
+        let x = if self.list_index {
+            self.list_find(r, addr).ok_or(VaError::NotAllocated)?
         } else {
             let (root, removed) = self.tree_remove(self.root(r), addr);
             let x = removed.ok_or(VaError::NotAllocated)?;
             self.set_root(r, root);
-            (x, true)
+            x
         };
-        Ok(self.release_alloc(x, addr, recycle))
+        Ok(self.release_alloc(r, x, addr))
     }
 
     /// Frees the allocation of a handle from [`VaAllocator::alloc_handle`]
@@ -718,21 +714,16 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let Some(r) = self.region_of(addr).filter(|_| current) else {
             return self.free(addr);
         };
-        let recycle = if self.list_index {
-            if let Some(size) = self.recycle_listed(x) {
-                return Ok(size);
+        if !self.list_index {
+            if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
+                // The region's only allocation (the usual case when
+                // allocations are spread over the arena): no tree to search.
+                self.set_root(r, NIL);
+            } else {
+                return self.free(addr);
             }
-            self.list_unindex(r, x);
-            false
-        } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
-            // The region's only allocation (the usual case when
-            // allocations are spread over the arena): no tree to search.
-            self.set_root(r, NIL);
-            true
-        } else {
-            return self.free(addr);
-        };
-        Ok(self.release_alloc(x, addr, recycle))
+        }
+        Ok(self.release_alloc(r, x, addr))
     }
 
     /// List index: takes range `x` of region `r` (an allocation or a
@@ -753,33 +744,20 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// List index with recycling: frees allocation `x` (still indexed)
-    /// onto its recycling stack, where it stays in the index, and returns
-    /// its size; `None` (nothing changed) when it has no stack with room.
-    /// O(1); always `None` without recycling.
+    /// Frees allocation `x` of region `r` (at `addr`; with region trees
+    /// already out of the tree, with the list index still in it) and
+    /// returns its size. Onto its recycling stack if it has one with room
+    /// (a recycled range stays in the list index), else out of the list
+    /// index and into a hole. O(1).
     #[inline(always)]
-    fn recycle_listed(&mut self, x: u32) -> Option<u64> {
-        if !RECYCLE {
-            return None;
-        }
-        let size = self.len(x);
-        if !self.recycle_push(x, size) {
-            return None;
-        }
-        self.alloc_count = self.alloc_count.wrapping_sub(1);
-        self.used = self.used.wrapping_sub(size);
-        Some(size)
-    }
-
-    /// Frees allocation `x` (at `addr`, already out of the index): onto its
-    /// recycling stack if `recycle` and it has one with room, else into a
-    /// hole; returns its size. O(1).
-    #[inline(always)]
-    fn release_alloc(&mut self, x: u32, addr: u64, recycle: bool) -> u64 {
+    fn release_alloc(&mut self, r: u32, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         self.alloc_count = self.alloc_count.wrapping_sub(1);
         self.used = self.used.wrapping_sub(size);
-        if !(RECYCLE && recycle && self.recycle_push(x, size)) {
+        if !(RECYCLE && self.recycle_push(x, size)) {
+            if self.list_index {
+                self.list_unindex(r, x);
+            }
             self.make_hole(x, addr, size);
         }
         size
