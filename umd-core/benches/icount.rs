@@ -392,29 +392,38 @@ const BUFFERS: usize = 16;
 struct BufferFixture {
     dev: Device<'static, Fake, 32>,
     size: u64,
+    /// GPU address alignment (0: the smallest).
+    align: u64,
 }
 
 /// A gen2 device with the MMU on (buffers take GPU addresses from the VA
 /// allocator and are mapped); one buffer of the size allocated and freed
 /// first, so slabs and page tables exist.
 fn buffer_setup(size: u64) -> Box<BufferFixture> {
+    buffer_setup_aligned(size, 0)
+}
+
+/// `buffer_setup` with buffers aligned to `align`.
+fn buffer_setup_aligned(size: u64, align: u64) -> Box<BufferFixture> {
     let (_, dev) = device(Generation::Gen2, MmuMode::DEFAULT, 4096);
-    let h = dev.alloc(&BufferDesc::new(size).declared()).expect("warm-up alloc");
+    let h = dev.alloc(&BufferDesc::new(size).align(align).declared()).expect("warm-up alloc");
     dev.free(h).expect("warm-up free");
-    Box::new(BufferFixture { dev, size })
+    Box::new(BufferFixture { dev, size, align })
 }
 
 // 16 buffers allocated, then freed (declared tracking, nothing in
 // flight): small (256 B slab slot), medium (16 KiB) and large (1 MiB,
-// its own block and mapping).
+// its own block and mapping), and 8 KiB aligned to 8 KiB (a block of its
+// own, 8 KiB of VA: the length the VA allocator's recycling keeps).
 #[library_benchmark]
 #[bench::small(args = (256), setup = buffer_setup)]
 #[bench::medium(args = (16 << 10), setup = buffer_setup)]
 #[bench::large(args = (1 << 20), setup = buffer_setup)]
+#[bench::block8k(args = (8 << 10, 8 << 10), setup = buffer_setup_aligned)]
 fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
     let mut hs = [None; BUFFERS];
     for h in &mut hs {
-        *h = fx.dev.alloc(&BufferDesc::new(fx.size).declared()).ok();
+        *h = fx.dev.alloc(&BufferDesc::new(fx.size).align(fx.align).declared()).ok();
     }
     for h in hs.into_iter().flatten() {
         black_box(fx.dev.free(h)).ok();

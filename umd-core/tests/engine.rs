@@ -638,3 +638,86 @@ fn an_allocation_behind_poisoned_work_waits_for_the_work_instead_of_retrying() {
         dev.free(h).unwrap();
     });
 }
+
+/// The driver's GPU VA allocator recycles: a freed block of up to 8 KiB
+/// (here 8 KiB aligned to 8 KiB, a block of its own) is kept for its length
+/// instead of being coalesced, counts as free, and is what the next
+/// request of that length gets, in O(1). Without recycling the free would
+/// change the holes (a new one, or fewer nodes after coalescing).
+#[test]
+fn a_freed_block_of_up_to_8_kib_is_reused_first_by_the_same_length() {
+    if !umd_core::direct::MMU {
+        return;
+    }
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
+        let desc = BufferDesc::new(8192).align(8192);
+        let a = dev.alloc(&desc).unwrap();
+        let b = dev.alloc(&desc).unwrap();
+        assert_eq!(dev.buffer(a).unwrap().class, SizeClass::Large, "a block of its own");
+        let va_a = dev.va(a).unwrap();
+        let s0 = dev.va_stats().unwrap();
+        dev.free(a).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 0, "nothing in flight: released at once");
+        let s1 = dev.va_stats().unwrap();
+        assert_eq!(s1.used, s0.used - 8192, "a recycled range counts as free");
+        assert_eq!(s1.free, s0.free + 8192);
+        assert_eq!(s1.allocations, s0.allocations - 1);
+        assert_eq!(
+            (s1.holes, s1.nodes_used),
+            (s0.holes, s0.nodes_used),
+            "kept, not coalesced: {s0:?} {s1:?}"
+        );
+        let c = dev.alloc(&desc).unwrap();
+        assert_eq!(dev.va(c).unwrap(), va_a, "the same length takes the freed range first");
+        assert_eq!(dev.va_stats().unwrap(), s0, "as before the free");
+        for h in [b, c] {
+            dev.free(h).unwrap();
+        }
+    });
+}
+
+/// A VA arena filled up, with freed ranges kept by recycling: a larger
+/// request that only the coalesced ranges can hold flushes them and
+/// succeeds instead of failing for want of VA space.
+#[test]
+fn a_full_va_arena_with_recycled_ranges_still_holds_a_larger_buffer() {
+    if !umd_core::direct::MMU {
+        return;
+    }
+    let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 512 << 10, table_pages: 16 };
+    with_device::<4>(Generation::Gen2, cfg(), mmu, |dev| {
+        let desc = BufferDesc::new(8192).align(8192);
+        let mut held = Vec::new();
+        let err = loop {
+            match dev.alloc(&desc) {
+                Ok(h) => held.push(h),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(err, AllocError::VaSpace { .. }), "{err}");
+        assert!(held.len() >= 16, "only {} blocks fit", held.len());
+        // Eight neighbours (one recycling stack's depth) freed: 64 KiB free
+        // in one run, but kept for their length, not coalesced.
+        let mut run: Vec<_> = held.iter().map(|&h| (dev.va(h).unwrap(), h)).collect();
+        run.sort_unstable_by_key(|&(va, _)| va);
+        let start =
+            run.windows(8).position(|w| w[7].0 - w[0].0 == 7 * 8192).expect("eight neighbouring blocks");
+        let run_va = run[start].0;
+        let freed: Vec<_> = run.drain(start..start + 8).map(|(_, h)| h).collect();
+        for h in freed {
+            dev.free(h).unwrap();
+        }
+        let s = dev.va_stats().unwrap();
+        assert!(s.free >= 64 << 10, "{s:?}");
+        assert!(s.largest_free < 64 << 10, "the freed ranges are kept, not holes: {s:?}");
+        let big = dev.alloc(&BufferDesc::new(64 << 10).align(8192)).expect("the flush makes room");
+        assert_eq!(dev.buffer(big).unwrap().class, SizeClass::Large);
+        assert_eq!(dev.va(big).unwrap(), run_va, "the eight ranges, coalesced");
+        let s = dev.va_stats().unwrap();
+        assert!(s.free < 64 << 10, "{s:?}");
+        dev.free(big).unwrap();
+        for (_, h) in run {
+            dev.free(h).unwrap();
+        }
+    });
+}

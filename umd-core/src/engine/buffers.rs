@@ -74,6 +74,15 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
     pub(crate) fallback: bool,
 }
 
+/// The driver's GPU VA allocator: with recycling
+/// ([`VaAllocator::new_recycling`]), so a freed range of up to 8 KiB (an
+/// 8 KiB slab of 128 B slots given back, a 4 or 8 KiB block of its own) is
+/// handed to the next request of its length in O(1) instead of being
+/// coalesced; an allocation that would fail flushes the kept ranges into
+/// the holes and tries again, so out-of-VA errors are those of the plain
+/// allocator.
+pub(crate) type DriverVa<'d> = VaAllocator<&'d mut [VaNode], true>;
+
 /// The engine's GPU VA allocator as backend `B` may use it: empty with
 /// the MMU bypassed, and always empty when `B` can not translate at all
 /// ([`Backend::VA_ALLOCATOR`] false: direct mode without the `mmu`
@@ -81,13 +90,13 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
 /// allocator's code is linked; every use goes through [`VaSlot::get_mut`]
 /// or [`VaSlot::get`].
 pub(crate) struct VaSlot<'d, B: Backend> {
-    alloc: Option<VaAllocator<&'d mut [VaNode]>>,
+    alloc: Option<DriverVa<'d>>,
     _backend: PhantomData<fn() -> B>,
 }
 
 impl<'d, B: Backend> VaSlot<'d, B> {
     /// Holds `alloc` (ignored when `B` can not use one).
-    pub(crate) fn new(alloc: Option<VaAllocator<&'d mut [VaNode]>>) -> Self {
+    pub(crate) fn new(alloc: Option<DriverVa<'d>>) -> Self {
         VaSlot { alloc, _backend: PhantomData }
     }
 
@@ -100,7 +109,7 @@ impl<'d, B: Backend> VaSlot<'d, B> {
 
     /// The allocator, if any.
     #[inline(always)]
-    pub(crate) fn get(&self) -> Option<&VaAllocator<&'d mut [VaNode]>> {
+    pub(crate) fn get(&self) -> Option<&DriverVa<'d>> {
         if B::VA_ALLOCATOR {
             self.alloc.as_ref()
         } else {
@@ -110,7 +119,7 @@ impl<'d, B: Backend> VaSlot<'d, B> {
 
     /// The allocator, if any.
     #[inline(always)]
-    pub(crate) fn get_mut(&mut self) -> Option<&mut VaAllocator<&'d mut [VaNode]>> {
+    pub(crate) fn get_mut(&mut self) -> Option<&mut DriverVa<'d>> {
         if B::VA_ALLOCATOR {
             self.alloc.as_mut()
         } else {

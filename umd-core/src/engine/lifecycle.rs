@@ -193,7 +193,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // refuses the MMU before this without the `mmu` feature). The one
         // step that can fail, before anything is written.
         let va = match va_arena.filter(|_| B::VA_ALLOCATOR) {
-            Some((base, size)) => Some(VaAllocator::new(parts.va, base, size).map_err(InitError::Va)?),
+            Some((base, size)) => {
+                Some(VaAllocator::new_recycling(parts.va, base, size).map_err(InitError::Va)?)
+            }
             None => None,
         };
         let buffers = Buffers::new(id, parts.buffers, parts.slabs, parts.retiring);

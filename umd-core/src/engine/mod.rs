@@ -348,7 +348,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.mem.lock().buffers.stats()
     }
 
-    /// GPU VA allocator statistics (None with the MMU bypassed).
+    /// GPU VA allocator statistics (None with the MMU bypassed). The
+    /// allocator recycles: a freed range of up to 8 KiB counts as free but
+    /// stays out of `holes` and `largest_free` until an allocation that
+    /// needs the space coalesces it (`docs/memory.md`).
     pub fn va_stats(&self) -> Option<crate::mem::VaStats> {
         self.mem.lock().va.get().map(VaAllocator::stats)
     }

@@ -13,15 +13,20 @@ pub struct VaStats {
     pub arena: u64,
     /// Bytes in live and retired allocations.
     pub used: u64,
-    /// Bytes in holes.
+    /// Bytes not in allocations: holes, and the freed ranges a recycling
+    /// allocator ([`crate::mem::va::VaAllocator::new_recycling`], the
+    /// driver's) keeps for their length.
     pub free: u64,
-    /// Length of the largest hole (exact).
+    /// Length of the largest hole (exact). Ranges kept by recycling are
+    /// not holes until an allocation that needs them flushes them, so with
+    /// recycling this (and [`VaStats::fragmentation_ppm`]) may understate
+    /// what a large request can get.
     pub largest_free: u64,
     /// Highest `used` ever seen.
     pub high_water: u64,
     /// Number of live and retired allocations.
     pub allocations: u64,
-    /// Number of holes.
+    /// Number of holes (ranges kept by recycling are not holes).
     pub holes: u64,
     /// Nodes in use (holes + allocations).
     pub nodes_used: u64,

@@ -43,6 +43,10 @@
 //!   flushed, so such a free and alloc do not touch the index beyond the
 //!   free's lookup; lookups skip recycled ranges (a free, `lookup` or
 //!   `retire` of one is [`VaError::NotAllocated`]).
+//!   The driver builds its GPU VA allocator this way (direct mode with the
+//!   MMU, kernel mode): a freed range of up to 8 KiB (an 8 KiB slab of
+//!   128 B slots given back, a 4 or 8 KiB block of its own) is the first
+//!   one the next request of its length gets (`docs/memory.md`).
 //!
 //! # Cost
 //!
