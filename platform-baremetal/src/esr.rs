@@ -10,12 +10,12 @@ use core::fmt;
 pub struct Syndrome(pub u64);
 
 impl Syndrome {
-    /// Exception class, ESR[31:26].
+    /// Exception class, `ESR[31:26]`.
     pub fn class(self) -> u8 {
         ((self.0 >> 26) & 0x3f) as u8
     }
 
-    /// Instruction-specific syndrome, ESR[24:0].
+    /// Instruction-specific syndrome, `ESR[24:0]`.
     pub fn iss(self) -> u32 {
         (self.0 & 0x1ff_ffff) as u32
     }
@@ -50,7 +50,7 @@ impl Syndrome {
         matches!(self.class(), 0x20 | 0x21 | 0x24 | 0x25)
     }
 
-    /// For aborts: the fault status code, ISS[5:0], described.
+    /// For aborts: the fault status code, `ISS[5:0]`, described.
     pub fn fault_status(self) -> FaultStatus {
         FaultStatus((self.iss() & 0x3f) as u8)
     }

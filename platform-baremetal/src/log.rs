@@ -13,7 +13,7 @@
 //!   are type-checked but not evaluated.
 //!
 //! The `@@` result lines the harness parses are *not* logs: they are
-//! printed with [`println!`](crate::println) on the PL011 in every build.
+//! printed with `println!` on the PL011 in every build.
 //!
 //! # Format strings
 //!

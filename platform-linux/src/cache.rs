@@ -42,7 +42,7 @@
 //!   by itself (the strict choice again: GPU writes reach the CPU only
 //!   through invalidate).
 //!
-//! Fault injection: [`WriteBackCache::ignore_cleans`] drops the cleans of
+//! Fault injection: `WriteBackCache::ignore_cleans` (crate-internal) drops the cleans of
 //! lines in a device-address range (the line stays dirty), so a test can
 //! prove that the suite notices a clean that never happened. Counters:
 //! [`CacheStats`].
@@ -103,7 +103,7 @@ pub struct CacheStats {
     pub stale_lines_cleaned: u64,
     /// Dirty lines written back spontaneously at a doorbell.
     pub lines_evicted: u64,
-    /// Dirty lines whose clean was dropped by [`WriteBackCache::ignore_cleans`].
+    /// Dirty lines whose clean was dropped by `WriteBackCache::ignore_cleans`.
     pub cleans_ignored: u64,
 }
 

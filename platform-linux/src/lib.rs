@@ -12,7 +12,7 @@
 //! - [`soak`]: the soak's workload (long run, injected hangs and faults,
 //!   sampled statistics checked flat; its accounting is the fault
 //!   matrix's, [`conformance::faults`]);
-//! - [`drm`]: kernel-mediated mode over the refgpu DRM driver's render node.
+//! - `drm` (feature `drm`): kernel-mediated mode over the refgpu DRM driver's render node.
 //!
 //! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
 //! [`selftest`]; pulls the model in), `suite` (default), `drm`. A DRM

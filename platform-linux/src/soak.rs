@@ -47,7 +47,8 @@ pub struct Soak {
     /// Every this many submissions, one is a job that faults (0: none).
     pub fault_every: usize,
     /// Unresolved submissions kept in flight before the oldest is waited
-    /// for (at most [`SLOTS`]).
+    /// for (at most 1,024, the
+    /// tracking table's size).
     pub window: usize,
     /// Most buffers the workload keeps allocated at once (besides the
     /// result buffer and the semaphore).

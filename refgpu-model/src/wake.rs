@@ -12,7 +12,7 @@
 //! used by WAIT_MEM).
 //!
 //! With the `shm` feature a waker can also sleep in `poll(2)` on a file
-//! descriptor (an engine's doorbell eventfd, see [`crate::bell`]) together
+//! descriptor (an engine's doorbell eventfd, see the `bell` module) together
 //! with the waker's own eventfd, so that an engine thread is woken by the
 //! host's doorbell directly, without a server thread in between.
 

@@ -289,6 +289,8 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
     dev.wait(gfx, 1_000_000_000).unwrap();
 }
 
+// Needs feature `hang-capture` (reads the captured ring and IB windows).
+#[cfg(feature = "hang-capture")]
 #[test]
 fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
     for gen in [Generation::Gen1, Generation::Gen2] {
@@ -738,6 +740,8 @@ fn an_implausible_read_pointer_is_a_lost_device() {
     }
 }
 
+// Needs feature `trace` (the trace ring).
+#[cfg(feature = "trace")]
 #[test]
 fn trace_exports_chrome_json() {
     let mut rig_dev = rig(Generation::Gen2);
@@ -757,6 +761,8 @@ fn trace_exports_chrome_json() {
     assert!(kinds.len() >= 12);
 }
 
+// Needs feature `trace` (reads the IB's address from the trace).
+#[cfg(feature = "trace")]
 #[test]
 fn only_the_recorded_commands_are_cleaned_from_the_cache() {
     use umd_core::debug::TraceKind;
@@ -802,6 +808,8 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
     }
 }
 
+// Needs feature `trace` (the trace ring).
+#[cfg(feature = "trace")]
 #[test]
 fn completions_seen_by_any_path_are_traced_and_reclaimed() {
     use umd_core::debug::TraceKind;
@@ -829,6 +837,8 @@ fn completions_seen_by_any_path_are_traced_and_reclaimed() {
 /// `MemoryPlan` is exactly what `Device::new` takes: a fake with that many
 /// bytes is enough, one page less is not, and the plan names the pool
 /// that did not fit (the IB pool, allocated last).
+// Needs feature `mmu` (brings a device up with the MMU on).
+#[cfg(feature = "mmu")]
 #[test]
 fn memory_plan_is_what_device_new_takes() {
     use umd_core::direct::MemoryPlan;

@@ -7,13 +7,17 @@
 
 mod support;
 
-use support::{EngineFault, Fake, Mode, MEM_BASE};
+#[cfg(feature = "mmu")]
+use support::MEM_BASE;
+use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, HangConfig};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
-use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle, SizeClass};
+#[cfg(feature = "mmu")]
+use umd_core::mem::SizeClass;
+use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, Fence, FenceError, FenceId, QueueId};
@@ -224,6 +228,8 @@ fn a_refused_request_leaves_the_buffer_statistics_as_they_were() {
     });
 }
 
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn every_allocation_failure_names_its_cause() {
     // Bad requests.
@@ -285,6 +291,8 @@ fn every_allocation_failure_names_its_cause() {
     assert_eq!(fake.state().allocs, 0);
 }
 
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn small_buffers_share_slabs_mapped_once() {
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
@@ -308,6 +316,8 @@ fn small_buffers_share_slabs_mapped_once() {
     });
 }
 
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn an_allocation_short_of_memory_takes_back_kept_slabs_first() {
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
@@ -328,6 +338,8 @@ fn an_allocation_short_of_memory_takes_back_kept_slabs_first() {
     });
 }
 
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn page_table_writes_are_cleaned_before_the_gpu_can_walk_them() {
     let fake = Fake::new(Generation::Gen2, 8 << 20);
@@ -644,11 +656,10 @@ fn an_allocation_behind_poisoned_work_waits_for_the_work_instead_of_retrying() {
 /// instead of being coalesced, counts as free, and is what the next
 /// request of that length gets, in O(1). Without recycling the free would
 /// change the holes (a new one, or fewer nodes after coalescing).
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn a_freed_block_of_up_to_8_kib_is_reused_first_by_the_same_length() {
-    if !umd_core::direct::MMU {
-        return;
-    }
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
         let desc = BufferDesc::new(8192).align(8192);
         let a = dev.alloc(&desc).unwrap();
@@ -679,11 +690,10 @@ fn a_freed_block_of_up_to_8_kib_is_reused_first_by_the_same_length() {
 /// A VA arena filled up, with freed ranges kept by recycling: a larger
 /// request that only the coalesced ranges can hold flushes them and
 /// succeeds instead of failing for want of VA space.
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
 #[test]
 fn a_full_va_arena_with_recycled_ranges_still_holds_a_larger_buffer() {
-    if !umd_core::direct::MMU {
-        return;
-    }
     let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 512 << 10, table_pages: 16 };
     with_device::<4>(Generation::Gen2, cfg(), mmu, |dev| {
         let desc = BufferDesc::new(8192).align(8192);

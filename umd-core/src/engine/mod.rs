@@ -25,7 +25,7 @@
 //! The modules: [`submit`] (the submission path), [`complete`] (completion
 //! processing, the service loop, failure handling), [`wait`] (waits), [`wait_async`]
 //! (the same waits as futures for async executors),
-//! [`buffers`] (buffer allocation, freeing and CPU access), [`queue`] (one
+//! [`buffers`] (buffer allocation, freeing and CPU access), `queue` (one
 //! queue), [`backend`] (what a mode provides).
 
 pub mod backend;

@@ -4,7 +4,7 @@
 //! allocation, faults, and becomes a hang).
 //!
 //! Compiled in with the `validation` feature and switched on at run time
-//! ([`Engine::set_validation`]); without the feature no checking code
+//! ([`Engine::set_validation`](super::Engine::set_validation)); without the feature no checking code
 //! exists and a submission costs what it always did. The error types are
 //! always present, so code that matches on [`SubmitError`] builds either
 //! way.

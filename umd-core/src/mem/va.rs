@@ -110,7 +110,7 @@ pub const EXACT_PROBES: usize = 8;
 const GROUP: u32 = 64;
 
 /// Most regions the allocation index cuts the arena into (64 × 64 groups of
-/// [`GROUP`] regions). The real number is also at most the node capacity.
+/// 64 regions). The real number is also at most the node capacity.
 pub const MAX_REGIONS: usize = 64 * 64 * GROUP as usize;
 
 /// Regions of at most `1 << LIST_GRANULES_LOG2` granules (4 KiB) index
