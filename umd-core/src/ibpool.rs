@@ -29,7 +29,7 @@ use core::fmt;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Encoder, Finished};
+use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Finished};
 use crate::platform::DmaRegion;
 use crate::queue::SubmitError;
 use crate::sync::atomic::{AtomicU32, Ordering};
@@ -620,16 +620,14 @@ impl fmt::Debug for PoolSource<'_> {
     }
 }
 
-impl<'a> PoolSource<'a> {
-    /// Ends recording: the chunks to commit or abort.
-    pub fn finish(self) -> Pending<'a> {
-        self.pending()
-    }
-
-    /// [`PoolSource::finish`] by copy, for a source that is dropped right
-    /// after without handing out another chunk (`record_into`).
-    fn pending(&self) -> Pending<'a> {
-        Pending { pool: self.pool, rec: self.rec, done: false }
+impl PoolSource<'_> {
+    /// Ends recording: the chunks to commit or abort. The pending
+    /// recording borrows the source, so no other chunk can be handed out
+    /// while it lives (one it would not know of), and reads the source's
+    /// recording in place instead of a copy of it.
+    #[inline]
+    pub fn pending(&self) -> Pending<'_> {
+        Pending { pool: self.pool, rec: &self.rec, done: false }
     }
 }
 
@@ -675,7 +673,7 @@ impl<'a> ChunkSource<'a> for PoolSource<'a> {
 /// it with the submission's fence, or abort it. Dropping it aborts.
 pub struct Pending<'a> {
     pool: &'a dyn Lend,
-    rec: Recording,
+    rec: &'a Recording,
     done: bool,
 }
 
@@ -712,7 +710,7 @@ impl Pending<'_> {
     /// The recording was submitted with `fence`: its chunks are in flight
     /// until it signals; with batching the last one stays open.
     pub fn commit(mut self, fence: FenceId) {
-        self.pool.finish(&self.rec, Some(fence));
+        self.pool.finish(self.rec, Some(fence));
         self.done = true;
     }
 
@@ -723,14 +721,14 @@ impl Pending<'_> {
     /// does under the queue's submit lock (two at once may take the slow
     /// path or, worse, overwrite each other's note).
     pub fn commit_in_order(mut self, fence: FenceId) {
-        self.pool.commit_in_order(&self.rec, fence);
+        self.pool.commit_in_order(self.rec, fence);
         self.done = true;
     }
 
     /// The recording failed: its chunks are free again, and a continued
     /// open chunk keeps its earlier contents and position.
     pub fn abort(mut self) {
-        self.pool.finish(&self.rec, None);
+        self.pool.finish(self.rec, None);
         self.done = true;
     }
 }
@@ -738,7 +736,7 @@ impl Pending<'_> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.done {
-            self.pool.finish(&self.rec, None);
+            self.pool.finish(self.rec, None);
         }
     }
 }
@@ -747,32 +745,25 @@ impl Drop for Pending<'_> {
 /// of the IB pool.
 pub type Recorder<'a> = CommandBuffer<'a, PoolSource<'a>>;
 
-/// Runs `record` over a recording from [`IbPool::recorder`] and returns the
-/// finished command buffer with its chunks still pending: the caller
+/// Runs `record` over `cb`, a command buffer over a recording from
+/// [`IbPool::recorder`] that nothing was recorded into yet, and closes it:
+/// what to call from the ring. The recording's chunks are then still
+/// pending: the caller takes [`PoolSource::pending`] of `cb`'s source and
 /// commits them once the submission reached the GPU, or aborts (dropping
-/// the [`Pending`] aborts too). Shared by every submission mode.
-pub fn record_into<'a, F>(
-    source: PoolSource<'a>,
-    enc: Encoder,
-    record: F,
-) -> Result<(Finished, Pending<'a>), SubmitError>
+/// the [`Pending`] aborts too). On error the chunks are given back here.
+/// The buffer and its source stay where the caller built them (no move of
+/// either, no copy of the recording); shared by every submission mode.
+pub fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, SubmitError>
 where
     F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
 {
-    // Closed in place: neither the buffer nor its source is moved (a
-    // `memcpy` of both per submission); the recording is copied out and
-    // the buffer, with its source, ends with this block, so no chunk can
-    // be handed out that the pending recording would not know of.
-    let (recorded, finished, pending) = {
-        let mut cb = CommandBuffer::with_encoder(enc, source);
-        let recorded = record(&mut cb);
-        let finished = cb.finish_in_place();
-        (recorded, finished, cb.source().pending())
-    };
-    match (recorded, finished) {
-        (Ok(()), Ok(f)) => Ok((f, pending)),
+    let recorded = record(cb);
+    match (recorded, cb.finish_in_place()) {
+        (Ok(()), Ok(f)) => Ok(f),
         (Err(e), _) | (Ok(()), Err(e)) => {
-            pending.abort();
+            // No reference to a chunk's memory outlives its return.
+            cb.release_chunks();
+            cb.source().pending().abort();
             Err(match e {
                 EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
                 EncodeError::Empty => SubmitError::Empty,

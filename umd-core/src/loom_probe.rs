@@ -193,7 +193,7 @@ impl ProbePool {
         let mut src = self.0.recorder(QueueId(queue), true, &none_done, &mut give_up);
         let Some(chunk) = src.next_chunk() else { return false };
         src.close_chunk(chunk.gpu_va, dwords);
-        let pending = src.finish();
+        let pending = src.pending();
         let Ok(mut seq) = order.lock() else { return false };
         *seq = seq.wrapping_add(1);
         pending.commit_in_order(FenceId { queue: QueueId(queue), seqno: Seqno(*seq) });

@@ -323,6 +323,14 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         self.close()
     }
 
+    /// Lets go of the chunks' memory (a buffer that failed keeps its
+    /// current chunk and a CHAIN slot until then), before its source gives
+    /// the chunks back while the buffer itself lives on.
+    pub(crate) fn release_chunks(&mut self) {
+        self.cur = None;
+        self.pending_chain = None;
+    }
+
     /// The chunk source.
     #[inline]
     pub(crate) fn source(&self) -> &S {

@@ -16,7 +16,7 @@
 //! Nothing reaches the hardware after any error, and the queue stays
 //! usable.
 
-use crate::cmd::{Command, EncodeError};
+use crate::cmd::{Command, CommandBuffer, EncodeError};
 use crate::config::PoolExhaustion;
 use crate::debug::{TraceEvent, TraceKind};
 use crate::ibpool::{record_into, Pending, Recorder};
@@ -136,8 +136,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             waited.set(true);
             self.wait_for_chunk(f)
         };
-        let source = self.ib.recorder(queue, batching, &completed, &mut make_room);
-        let (finished, pending) = record_into(source, self.enc, record)?;
+        // Built where it stays: the recording is not moved between the
+        // layers, and the pending chunks are read in its source.
+        let mut cb =
+            CommandBuffer::with_encoder(self.enc, self.ib.recorder(queue, batching, &completed, &mut make_room));
+        let finished = record_into(&mut cb, record)?;
+        let pending = cb.source().pending();
         if waited.get() {
             Counters::add(&self.stats.pool_waits, 1);
         }
