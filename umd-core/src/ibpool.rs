@@ -720,6 +720,7 @@ impl Pending<'_> {
     /// must serialise the commits of the recording's queue, as the engine
     /// does under the queue's submit lock (two at once may take the slow
     /// path or, worse, overwrite each other's note).
+    #[inline]
     pub fn commit_in_order(mut self, fence: FenceId) {
         self.pool.commit_in_order(self.rec, fence);
         self.done = true;

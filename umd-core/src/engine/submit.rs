@@ -126,8 +126,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // has noted their use). Without declared buffers there is nothing
         // to pin: skip the call and the move of its (large) result.
         let _pins = if internal || s.buffers.is_empty() { None } else { self.prepare_residency(s)? };
-        let mut waits = Waits::NONE;
-        self.filter_waits(s, qi, &mut waits)?;
+        let mut table = None;
+        let waits = self.needed_waits(s, qi, &mut table)?;
         let queue = s.queue;
         let batching = self.cfg.batching;
         let completed = |q: QueueId| self.completed_of(q);
@@ -154,7 +154,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // at them (a no-op on coherent platforms).
         let p = self.b.platform();
         pending.dirty(|off, len| p.cache_clean(self.ib.region(), off, len));
-        self.commit(s, qi, &waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
+        self.commit(s, qi, waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
@@ -183,9 +183,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 s.buffers,
             )?;
         }
-        let mut waits = Waits::NONE;
-        self.filter_waits(s, qi, &mut waits)?;
-        self.commit(s, qi, &waits, (ib_va, size_dw as u32), size_dw, None)
+        let mut table = None;
+        let waits = self.needed_waits(s, qi, &mut table)?;
+        self.commit(s, qi, waits, (ib_va, size_dw as u32), size_dw, None)
     }
 
     fn precheck(&self, s: &Submit<'_>) -> Result<usize, SubmitError> {
@@ -213,6 +213,24 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
         }
         Ok(qi)
+    }
+
+    /// The waits of `s` that need a hardware wait ([`Engine::filter_waits`]),
+    /// noted in `table`; a submission without waits (the usual case)
+    /// neither fills a table nor makes the call.
+    #[inline(always)]
+    fn needed_waits<'w>(
+        &self,
+        s: &Submit<'_>,
+        qi: usize,
+        table: &'w mut Option<Waits>,
+    ) -> Result<&'w [FenceId], SubmitError> {
+        if s.waits.is_empty() {
+            return Ok(&[]);
+        }
+        let w = table.insert(Waits::NONE);
+        self.filter_waits(s, qi, w)?;
+        Ok(w.ids())
     }
 
     /// Notes in `w` (empty) the waits that need a hardware wait: drops
@@ -267,7 +285,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         &self,
         s: &Submit<'_>,
         qi: usize,
-        waits: &Waits,
+        waits: &[FenceId],
         ib: (u64, u32),
         dwords: u64,
         pending: Option<Pending<'_>>,
@@ -286,7 +304,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let mut dep_waited = false;
         // Read once: through the loop's calls the compiler would reload it
         // (and keep the dependency code of a submission without waits).
-        let waiting = waits.n > 0;
+        let waiting = !waits.is_empty();
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -296,7 +314,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             // Dependencies (a submission without waits can not close a cycle).
             if waiting {
                 let mut deps = self.deps.lock();
-                for &id in waits.ids() {
+                for &id in waits {
                     if let Some(error) = self.queue(id.queue).and_then(|wq| wq.failure(id.seqno)) {
                         return Err(SubmitError::DependencyFailed {
                             fence: Fence { id, device: self.id },
@@ -304,7 +322,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         });
                     }
                 }
-                deps.check(queue, seqno, waits.ids(), |o| self.completed_of(o)).map_err(SubmitError::from)?;
+                deps.check(queue, seqno, waits, |o| self.completed_of(o)).map_err(SubmitError::from)?;
                 if !deps.has_room(queue) {
                     drop(deps);
                     drop(qs);
@@ -319,7 +337,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     p.delay_ns(10_000);
                     continue;
                 }
-                deps.record(queue, seqno, waits.ids()).map_err(SubmitError::from)?;
+                deps.record(queue, seqno, waits).map_err(SubmitError::from)?;
             }
             // Declared buffers: checked and noted under the memory lock,
             // held across the emit so a concurrent free sees this use.
@@ -333,7 +351,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     return Err(SubmitError::Buffer(e));
                 }
             }
-            let job = Job { queue: qi, seqno, waits: waits.ids(), foreign: s.foreign, ib };
+            let job = Job { queue: qi, seqno, waits, foreign: s.foreign, ib };
             match self.b.emit(&mut qs, &job) {
                 Ok(info) => {
                     if let Some(m) = mem.as_mut() {
