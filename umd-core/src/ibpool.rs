@@ -719,8 +719,9 @@ impl Pending<'_> {
     /// at any chunk (the chunks stay `Recording` until then). The caller
     /// must serialise the commits of the recording's queue, as the engine
     /// does under the queue's submit lock (two at once may take the slow
-    /// path or, worse, overwrite each other's note).
-    #[inline]
+    /// path or, worse, overwrite each other's note). Always inlined: a
+    /// call through the pool's `dyn Lend` and a flag.
+    #[inline(always)]
     pub fn commit_in_order(mut self, fence: FenceId) {
         self.pool.commit_in_order(self.rec, fence);
         self.done = true;
