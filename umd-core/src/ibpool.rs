@@ -382,6 +382,7 @@ impl<R: RawMutex, const CHUNKS: usize> IbPool<R, CHUNKS> {
             rec: Recording { queue, batching, resume: None, used_last: None, taken: 0, started: false },
             completed,
             make_room,
+            open_va: None,
         }
     }
 
@@ -552,6 +553,7 @@ fn reclaim<const CHUNKS: usize>(
 
 /// Dwords an open chunk's next submission starts at: IB addresses must be
 /// aligned for every generation (32 bytes on gen2), so round to 16 dwords.
+#[inline(always)]
 fn align_used(used: usize, chunk_dwords: usize) -> usize {
     used.saturating_add(15).checked_div(16).unwrap_or(0).saturating_mul(16).min(chunk_dwords)
 }
@@ -573,7 +575,6 @@ struct Recording {
 /// The pool as seen by a recording, without its lock type and size.
 trait Lend {
     fn pick_chunk(&self, rec: &mut Recording, completed: &dyn Fn(QueueId) -> Seqno) -> Picked;
-    fn chunk_va(&self, i: usize, offset_dw: usize) -> u64;
     fn chunk_dwords(&self) -> usize;
     fn finish(&self, rec: &Recording, fence: Option<FenceId>);
     fn commit_in_order(&self, rec: &Recording, fence: FenceId);
@@ -592,9 +593,6 @@ impl<R: RawMutex, const CHUNKS: usize> Lend for IbPool<R, CHUNKS> {
             Pick::Never => Picked::Never,
         }
     }
-    fn chunk_va(&self, i: usize, offset_dw: usize) -> u64 {
-        IbPool::chunk_va(self, i, offset_dw)
-    }
     fn chunk_dwords(&self) -> usize {
         self.chunk_dwords
     }
@@ -612,6 +610,9 @@ pub struct PoolSource<'a> {
     rec: Recording,
     completed: &'a dyn Fn(QueueId) -> Seqno,
     make_room: &'a mut dyn FnMut(FenceId) -> bool,
+    /// GPU address of the last chunk handed out (where it was handed out
+    /// from), until it is closed: closing it needs no call to the pool.
+    open_va: Option<u64>,
 }
 
 impl fmt::Debug for PoolSource<'_> {
@@ -640,6 +641,7 @@ impl<'a> ChunkSource<'a> for PoolSource<'a> {
                 Picked::Got { i, from, mem, va } => {
                     let (ptr, len) = mem?;
                     self.rec.used_last = Some((i, from));
+                    self.open_va = Some(va);
                     // SAFETY: chunk `i` was moved to `Recording` for this
                     // recording alone under the pool's lock (its bit is in
                     // `rec.taken`); nothing else creates a reference to its
@@ -661,9 +663,10 @@ impl<'a> ChunkSource<'a> for PoolSource<'a> {
     }
 
     fn close_chunk(&mut self, gpu_va: u64, dwords: usize) {
-        if let Some((i, base)) = self.rec.used_last {
-            if self.pool.chunk_va(i, base) == gpu_va {
+        if let (Some((i, base)), Some(va)) = (self.rec.used_last, self.open_va) {
+            if va == gpu_va {
                 self.rec.used_last = Some((i, base.saturating_add(dwords)));
+                self.open_va = None;
             }
         }
     }
