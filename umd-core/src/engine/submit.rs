@@ -138,8 +138,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         };
         // Built where it stays: the recording is not moved between the
         // layers, and the pending chunks are read in its source.
-        let mut cb =
-            CommandBuffer::with_encoder(self.enc, self.ib.recorder(queue, batching, &completed, &mut make_room));
+        let mut cb = CommandBuffer::with_encoder(
+            self.enc,
+            self.ib.recorder(queue, batching, &completed, &mut make_room),
+        );
         let finished = record_into(&mut cb, record)?;
         let pending = cb.source().pending();
         if waited.get() {
