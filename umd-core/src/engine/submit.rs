@@ -27,7 +27,11 @@ use crate::sync::{Fence, FenceId, QueueId, Seqno};
 
 use super::backend::{Backend, EmitError, Job};
 use super::buffers::{BufferUse, MAX_BUFFER_USES};
-use super::{Counters, Engine};
+use super::queue::QueueCore;
+use super::{Counters, Engine, Raw};
+
+/// A queue's state, as the engine keeps it.
+type Queue<B> = QueueCore<Raw<B>, <B as Backend>::Queue>;
 use crate::platform::{ForeignSync, Platform};
 
 /// What to submit: the queue, the fences to wait for (of other queues,
@@ -121,7 +125,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     where
         F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
     {
-        let qi = self.precheck(s)?;
+        let (qi, q) = self.precheck(s)?;
         // Local-memory buffers in place (and pinned until the submission
         // has noted their use). Without declared buffers there is nothing
         // to pin: skip the call and the move of its (large) result.
@@ -156,7 +160,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // at them (a no-op on coherent platforms).
         let p = self.b.platform();
         pending.dirty(|off, len| p.cache_clean(self.ib.region(), off, len));
-        self.commit(s, qi, waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
+        self.commit(s, (qi, q), waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
@@ -169,7 +173,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if size_dw > u64::from(max) {
             return Err(SubmitError::IbTooLarge { dwords: size_dw, max });
         }
-        let qi = self.precheck(s)?;
+        let (qi, q) = self.precheck(s)?;
         let _pins = self.prepare_residency(s)?;
         let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
         self.enc.check(&ib).map_err(SubmitError::Encode)?;
@@ -187,12 +191,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         let mut table = None;
         let waits = self.needed_waits(s, qi, &mut table)?;
-        self.commit(s, qi, waits, (ib_va, size_dw as u32), size_dw, None)
+        self.commit(s, (qi, q), waits, (ib_va, size_dw as u32), size_dw, None)
     }
 
-    fn precheck(&self, s: &Submit<'_>) -> Result<usize, SubmitError> {
+    /// The submission's checks before recording: its queue (index and
+    /// state, looked up once for the whole submission), or why not.
+    fn precheck(&self, s: &Submit<'_>) -> Result<(usize, &Queue<B>), SubmitError> {
         let qi = usize::from(s.queue.0);
-        self.queue(s.queue).ok_or(SubmitError::UnknownQueue(s.queue))?;
+        let q = self.queue(s.queue).ok_or(SubmitError::UnknownQueue(s.queue))?;
         if self.is_lost() {
             return Err(SubmitError::DeviceLost);
         }
@@ -214,7 +220,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 mem.buffers.check(u.buffer).map_err(SubmitError::Buffer)?;
             }
         }
-        Ok(qi)
+        Ok((qi, q))
     }
 
     /// The waits of `s` that need a hardware wait ([`Engine::filter_waits`]),
@@ -286,14 +292,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     fn commit(
         &self,
         s: &Submit<'_>,
-        qi: usize,
+        (qi, q): (usize, &Queue<B>),
         waits: &[FenceId],
         ib: (u64, u32),
         dwords: u64,
         pending: Option<Pending<'_>>,
     ) -> Result<Fence, SubmitError> {
         let queue = s.queue;
-        let q = self.queue(queue).ok_or(SubmitError::UnknownQueue(queue))?;
         let p = self.b.platform();
         // When the first wait began (read only once a wait is needed: the
         // clock is not free on every platform).
