@@ -312,6 +312,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // Read once: through the loop's calls the compiler would reload it
         // (and keep the dependency code of a submission without waits).
         let waiting = !waits.is_empty();
+        // Built once: a retry changes only its sequence number.
+        let mut job = Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib };
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -358,7 +360,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     return Err(SubmitError::Buffer(e));
                 }
             }
-            let job = Job { queue: qi, seqno, waits, foreign: s.foreign, ib };
+            job.seqno = seqno;
             match self.b.emit(&mut qs, &job) {
                 Ok(info) => {
                     if let Some(m) = mem.as_mut() {
