@@ -160,7 +160,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // at them (a no-op on coherent platforms).
         let p = self.b.platform();
         pending.dirty(|off, len| p.cache_clean(self.ib.region(), off, len));
-        self.commit(s, (qi, q), waits, (finished.gpu_va, finished.size_dw), finished.total_dwords, Some(pending))
+        self.commit(
+            s,
+            (qi, q),
+            waits,
+            (finished.gpu_va, finished.size_dw),
+            finished.total_dwords,
+            Some(pending),
+        )
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
