@@ -18,6 +18,7 @@ use umd_core::decode::Decoder;
 use umd_core::engine::Submit;
 use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
+use umd_core::mem::BufferDesc;
 use umd_core::platform::{
     ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
     KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
@@ -64,6 +65,8 @@ struct KState {
     kernel_waits: u32,
     /// Refuse every submission after this many more (EFAULT).
     refuse_after: Option<u32>,
+    /// Refuse unbinds (EINVAL), leaving the range bound.
+    fail_unbind: bool,
 }
 
 /// The fake kernel behind a mutex (the core calls platforms through `&self`).
@@ -84,6 +87,7 @@ impl FakeKernel {
             lost: false,
             kernel_waits: 0,
             refuse_after: None,
+            fail_unbind: false,
         }))
     }
 
@@ -236,7 +240,11 @@ impl KernelIo for FakeKernel {
         Ok(())
     }
     fn unbind(&self, va: u64, _len: u64) -> Result<(), PlatformError> {
-        self.k().bindings.retain(|b| b.0 != va);
+        let mut k = self.k();
+        if k.fail_unbind {
+            return Err(PlatformError::Os(22));
+        }
+        k.bindings.retain(|b| b.0 != va);
         Ok(())
     }
     fn submit(
@@ -356,6 +364,31 @@ fn small_buffers_share_one_bind() {
         for h in hs {
             dev.free(h).unwrap();
         }
+    });
+}
+
+/// An unbind the kernel refuses leaves the range bound, so its VA is not
+/// given out again: the driver's VA allocator recycles a freed range for
+/// the next buffer of its length at once, whose bind would then overlap
+/// the old one (the fake kernel refuses that with a panic).
+#[test]
+fn a_range_whose_unbind_failed_is_not_given_out_again() {
+    with_kernel(Generation::Gen2, |dev, k| {
+        // 8 KiB aligned to 8 KiB: a block of its own, a length that recycles.
+        let desc = BufferDesc::new(8192).align(8192);
+        let a = dev.alloc(&desc).unwrap();
+        let va = dev.va(a).unwrap();
+        k.k().fail_unbind = true;
+        dev.free(a).unwrap();
+        k.k().fail_unbind = false;
+        assert!(k.k().bindings.iter().any(|b| b.0 == va), "the refused unbind left the range bound");
+        let b = dev.alloc(&desc).unwrap();
+        let vb = dev.va(b).unwrap();
+        assert_ne!(vb, va, "the range still bound is not given out");
+        dev.free(b).unwrap();
+        let c = dev.alloc(&desc).unwrap();
+        assert_eq!(dev.va(c), Ok(vb), "a range unbound normally is reused by its length");
+        dev.free(c).unwrap();
     });
 }
 

@@ -205,17 +205,19 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         r.map_err(|_| BackingError::Map)
     }
 
-    fn unmap(&self, maps: &mut Option<Tables>, va: u64, len: u64) {
+    fn unmap(&self, maps: &mut Option<Tables>, va: u64, len: u64) -> Result<(), BackingError> {
         if !MMU {
-            return;
+            return Ok(());
         }
-        let Some(t) = maps.as_mut() else { return };
+        let Some(t) = maps.as_mut() else { return Ok(()) };
         let before = t.pages.entry_writes();
-        let _ = t.unmap(self.p, va, len);
+        // All or nothing: a range the driver mapped unmaps.
+        let r = t.unmap(self.p, va, len);
         self.pte_writes.fetch_add(t.pages.entry_writes().wrapping_sub(before), Ordering::Relaxed);
         if self.programmed {
             let _ = self.invalidate_tlb();
         }
+        r.map_err(|_| BackingError::Map)
     }
 
     fn emit(&self, qs: &mut DirectQueue, job: &Job<'_>) -> Result<EmitInfo, EmitError> {

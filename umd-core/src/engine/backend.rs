@@ -178,8 +178,10 @@ pub trait Backend: sealed::Sealed + Sized {
         perms: Perms,
     ) -> Result<(), BackingError>;
     /// Removes the mapping of `len` bytes at `va` and makes the GPU forget
-    /// it (TLB invalidation). The GPU no longer uses the range.
-    fn unmap(&self, maps: &mut Self::Maps, va: u64, len: u64);
+    /// it (TLB invalidation). The GPU no longer uses the range. An error
+    /// (kernel mode: the kernel refused the unbind) means the range may
+    /// still be mapped: its VA must not be given out again.
+    fn unmap(&self, maps: &mut Self::Maps, va: u64, len: u64) -> Result<(), BackingError>;
 
     /// Puts `job` on the hardware (under the queue's submit lock).
     fn emit(&self, qs: &mut Self::Queue, job: &Job<'_>) -> Result<EmitInfo, EmitError>;

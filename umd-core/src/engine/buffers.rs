@@ -199,11 +199,15 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
 
     fn release(&mut self, addr: u64, bytes: u64, block: Backed) {
         if let Some(va) = self.va.get_mut() {
-            self.b.unmap(self.maps, addr, bytes);
-            let _ = match block.va {
-                Some(h) if h.addr() == addr => va.free_handle(h),
-                _ => va.free(addr),
-            };
+            // A range that may still be mapped keeps its VA reserved for
+            // good: given out again, the next map of it would fail (or
+            // alias the old memory).
+            if self.b.unmap(self.maps, addr, bytes).is_ok() {
+                let _ = match block.va {
+                    Some(h) if h.addr() == addr => va.free_handle(h),
+                    _ => va.free(addr),
+                };
+            }
         }
         let block = block.region;
         if super::residency::is_local(&block) {

@@ -301,8 +301,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     fn unmap_driver(&mut self, region: DmaRegion, va: u64) {
         let mem = self.mem.get_mut();
         if let Some(a) = mem.va.get_mut() {
-            self.b.unmap(&mut mem.maps, va, region.len() as u64);
-            let _ = a.free(va);
+            // As `Backer::release`: a range still mapped keeps its VA.
+            if self.b.unmap(&mut mem.maps, va, region.len() as u64).is_ok() {
+                let _ = a.free(va);
+            }
         }
         self.b.platform().dma_free(region);
     }

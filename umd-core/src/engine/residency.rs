@@ -387,9 +387,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             .and_then(|f| self.wait_done(f, self.progress_limit_ns()).map_err(MoveError::Copy));
         let mut mem = self.mem.lock();
         let (_, backer) = mem.split(&self.b);
-        self.b.unmap(backer.maps, tmp, s.bytes);
-        if let Some(va) = backer.va.get_mut() {
-            let _ = va.free_handle(handle);
+        if self.b.unmap(backer.maps, tmp, s.bytes).is_ok() {
+            if let Some(va) = backer.va.get_mut() {
+                let _ = va.free_handle(handle);
+            }
         }
         r
     }
@@ -400,7 +401,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let mut mem = self.mem.lock();
         let super::MemState { buffers, maps, .. } = &mut *mem;
         let Ok(l) = buffers.live_mut(s.h) else { return Err(to) };
-        self.b.unmap(maps, s.va, s.bytes);
+        let _ = self.b.unmap(maps, s.va, s.bytes);
         if self.b.map(maps, s.va, &to, s.perms).is_err() {
             // Put the old memory back under the address.
             if let Some(old) = l.alloc.block() {

@@ -209,10 +209,14 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         })
     }
 
-    fn unmap(&self, _: &mut (), va: u64, len: u64) {
-        if self.p.unbind(va, len).is_err() {
+    fn unmap(&self, _: &mut (), va: u64, len: u64) -> Result<(), BackingError> {
+        self.p.unbind(va, len).map_err(|e| {
             crate::log::log_error!("unbind of {:#x}+{:#x} failed", va, len);
-        }
+            match e {
+                PlatformError::DeviceLost => BackingError::DeviceLost,
+                _ => BackingError::Map,
+            }
+        })
     }
 
     fn emit(&self, qs: &mut KernelQueue, job: &Job<'_>) -> Result<EmitInfo, EmitError> {
