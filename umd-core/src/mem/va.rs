@@ -59,7 +59,7 @@
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
 //! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus, with region trees, the index insertion or removal (the list index keeps recycled ranges) |
-//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, O(1) each |
+//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees one insertion and the removal) |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
 //! A region tree holds only the allocations that start in its region, so it
@@ -520,26 +520,41 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// [`VaAllocator::new_recycling`]) back into the holes. At most
     /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each; nothing to do
     /// for an allocator without recycling.
+    ///
+    /// Out of line and cold: each range goes back as an allocation through
+    /// [`VaAllocator::free_handle`], the one release path (its stack is
+    /// kept full meanwhile, so the range is coalesced, not kept again).
+    #[cold]
+    #[inline(never)]
     pub fn flush_recycled(&mut self) {
         if self.recycled == 0 {
             return;
         }
         for i in 0..RECYCLE_CLASSES {
             let mut x = self.recycle_heads.get(i).copied().unwrap_or(NIL);
-            for _ in 0..RECYCLE_DEPTH {
-                let Some(v) = self.node(x) else { break };
-                let (next, start, len) = (v.b, v.start, v.len);
-                if self.list_index {
-                    // Recycled ranges stay in the list index until flushed.
-                    if let Some(r) = self.region_of(start) {
-                        self.list_unindex(r, x);
-                    }
-                }
-                self.make_hole(x, start, len);
-                x = next;
-            }
             if let Some(h) = self.recycle_heads.get_mut(i) {
                 *h = NIL;
+            }
+            if let Some(l) = self.recycle_len.get_mut(i) {
+                *l = RECYCLE_DEPTH;
+            }
+            for _ in 0..RECYCLE_DEPTH {
+                let Some(v) = self.node_mut(x) else { break };
+                let (next, addr, size) = (v.b, v.start, v.len);
+                v.state = ALLOC;
+                self.alloc_count = self.alloc_count.wrapping_add(1);
+                self.used = self.used.wrapping_add(size);
+                // With the list index the range is still indexed; a region
+                // tree takes it back for the release to remove.
+                if !self.list_index {
+                    if let Some(r) = self.region_of(addr) {
+                        let root = self.tree_insert(self.root(r), x);
+                        self.set_root(r, root);
+                    }
+                }
+                // Cannot fail: `x` is an allocation at `addr`.
+                let _ = self.free_handle(VaHandle { addr, node: x });
+                x = next;
             }
             if let Some(l) = self.recycle_len.get_mut(i) {
                 *l = 0;
@@ -573,6 +588,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// An allocation that failed with ranges kept by recycling: flush them,
     /// then try once more.
     #[cold]
+    #[inline(never)]
     fn alloc_flushed(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
         self.flush_recycled();
         let (hole, addr) = self.find_fit(size, align, placement)?;
