@@ -708,7 +708,13 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
         let x = if self.list_index {
-            self.list_find(r, addr).ok_or(VaError::NotAllocated)?
+            let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
+            if !RECYCLE {
+                // Out of the list index here, next to the lookup that has
+                // the region's slot at hand (see `release_alloc`).
+                self.list_unindex(r, x);
+            }
+            x
         } else {
             let (root, removed) = self.tree_remove(self.root(r), addr);
             let x = removed.ok_or(VaError::NotAllocated)?;
@@ -742,6 +748,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             } else {
                 return self.free(addr);
             }
+        } else if !RECYCLE {
+            // Out of the list index here, as in `free`.
+            self.list_unindex(r, x);
         }
         Ok(self.release_alloc(r, x, addr))
     }
@@ -764,22 +773,23 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// Frees allocation `x` of region `r` (at `addr`; with region trees
-    /// already out of the tree, with the list index still in it) and
-    /// returns its size. Onto its recycling stack if it has one with room
-    /// (a recycled range stays in the list index), else out of the list
-    /// index and into a hole. O(1).
+    /// Frees allocation `x` of region `r` (at `addr`, already out of the
+    /// region tree; with the list index still in it when recycling, out of
+    /// it otherwise: its callers unindex it right after the lookup, which
+    /// keeps the region's slot in registers) and returns its size. Onto its
+    /// recycling stack if it has one with room (a recycled range stays in
+    /// the list index), else out of the list index and into a hole. O(1).
     #[inline(always)]
     fn release_alloc(&mut self, r: u32, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
-        self.alloc_count = self.alloc_count.wrapping_sub(1);
-        self.used = self.used.wrapping_sub(size);
         if !(RECYCLE && self.recycle_push(x, size)) {
-            if self.list_index {
+            if RECYCLE && self.list_index {
                 self.list_unindex(r, x);
             }
             self.make_hole(x, addr, size);
         }
+        self.alloc_count = self.alloc_count.wrapping_sub(1);
+        self.used = self.used.wrapping_sub(size);
         size
     }
 
