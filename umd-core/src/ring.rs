@@ -82,8 +82,10 @@ pub const MAX_RING: usize = 4 << 20;
 /// Dwords [`Ring::write`] encodes on the stack before copying them in:
 /// a submission's ring packets (up to four WAIT_MEMs, the IB and the
 /// fence: 41 dwords on gen2; these packets need no execution-alignment
-/// padding) fit. Small enough that clearing it is a few stores, not a
-/// `memset` call; a list that does not fit takes the two passes.
+/// padding) fit; a list that does not fit takes the two passes. The
+/// buffer is the ring's own (not cleared per write: only the dwords a
+/// write encodes are copied out of it).
+#[cfg(not(feature = "size-first"))]
 const STAGE_DWORDS: usize = 48;
 
 /// A ring in GPU-visible memory.
@@ -95,6 +97,10 @@ pub struct Ring {
     wptr: usize,
     /// The engine's read pointer as last given to [`Ring::write`].
     rptr: usize,
+    /// Where [`Ring::write`] encodes a submission's packets before
+    /// copying them in.
+    #[cfg(not(feature = "size-first"))]
+    stage: [u32; STAGE_DWORDS],
 }
 
 impl Ring {
@@ -103,7 +109,15 @@ impl Ring {
         if !size.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&size) || region.len() < size {
             return Err((RingError::BadSize { size }, region));
         }
-        Ok(Ring { region, gpu_va, size, wptr: 0, rptr: 0 })
+        Ok(Ring {
+            region,
+            gpu_va,
+            size,
+            wptr: 0,
+            rptr: 0,
+            #[cfg(not(feature = "size-first"))]
+            stage: [0; STAGE_DWORDS],
+        })
     }
 
     /// Gives the memory back (teardown).
@@ -190,14 +204,15 @@ impl Ring {
     /// Encodes `cmds` into `stage` as they would lie in the ring from
     /// byte offset `at`: the dwords used, `Ok(None)` when `stage` is too
     /// small for them.
+    #[cfg(not(feature = "size-first"))]
     fn stage(
-        &self,
+        gpu_va: u64,
         enc: &Encoder,
         cmds: &[Command<'_>],
         at: usize,
         stage: &mut [u32],
     ) -> Result<Option<usize>, EncodeError> {
-        let base = self.gpu_va.wrapping_add(at as u64);
+        let base = gpu_va.wrapping_add(at as u64);
         let mut pos = 0;
         for c in cmds {
             // A submission's own two packets through their inlined entry
@@ -231,37 +246,40 @@ impl Ring {
     /// takes them: the same dwords, without the staged path's code.
     pub fn write(&mut self, enc: &Encoder, cmds: &[Command<'_>], rptr: usize) -> Result<Written, RingError> {
         self.rptr = rptr;
-        if cfg!(feature = "size-first") {
-            self.write_unstaged(enc, cmds, rptr)
-        } else {
-            self.write_staged(enc, cmds, rptr)
-        }
+        #[cfg(feature = "size-first")]
+        let written = self.write_unstaged(enc, cmds, rptr);
+        #[cfg(not(feature = "size-first"))]
+        let written = self.write_staged(enc, cmds, rptr);
+        written
     }
 
     /// [`Ring::write`] through the stack buffer (one encoding pass; the
     /// two passes when the list does not fit it).
+    #[cfg(not(feature = "size-first"))]
     fn write_staged(
         &mut self,
         enc: &Encoder,
         cmds: &[Command<'_>],
         rptr: usize,
     ) -> Result<Written, RingError> {
-        let stage = &mut [0u32; STAGE_DWORDS];
-        let Some(here) = self.stage(enc, cmds, self.wptr, stage).map_err(RingError::Encode)? else {
+        let gpu_va = self.gpu_va;
+        let Some(here) = Self::stage(gpu_va, enc, cmds, self.wptr, &mut self.stage).map_err(RingError::Encode)?
+        else {
             return self.write_unstaged(enc, cmds, rptr);
         };
         let (start, pad, len) = match self.at_wptr(here.saturating_mul(4)) {
             Some(placed) => placed,
             // Padding depends on the address: encode again for offset 0.
-            None => match self.stage(enc, cmds, 0, stage).map_err(RingError::Encode)? {
+            None => match Self::stage(gpu_va, enc, cmds, 0, &mut self.stage).map_err(RingError::Encode)? {
                 Some(from_zero) => self.at_zero(from_zero.saturating_mul(4)),
                 None => return self.write_unstaged(enc, cmds, rptr),
             },
         };
         let size = self.size;
-        let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
-        let staged = stage.get(..len / 4).ok_or(RingError::BadSize { size })?;
+        let wptr = self.reserve(enc, start, pad, len, rptr)?;
+        let staged = self.stage.get(..len / 4).ok_or(RingError::BadSize { size })?;
         // Same lengths by construction: no length-mismatch panic path.
+        let ring = self.region.words_mut();
         let dst = ring.get_mut(start / 4..).and_then(|r| r.get_mut(..staged.len()));
         dst.ok_or(RingError::BadSize { size })?.copy_from_slice(staged);
         Ok(self.advance(pad, len, wptr))
@@ -280,8 +298,9 @@ impl Ring {
             Some(placed) => placed,
             None => self.at_zero(self.span(enc, cmds, 0).map_err(RingError::Encode)?),
         };
-        let gpu_va = self.gpu_va;
-        let (ring, wptr) = self.reserve(enc, start, pad, len, rptr)?;
+        let (gpu_va, size) = (self.gpu_va, self.size);
+        let wptr = self.reserve(enc, start, pad, len, rptr)?;
+        let ring = self.region.words_mut().get_mut(..size / 4).ok_or(RingError::BadSize { size })?;
         let mut pos = start / 4;
         for c in cmds {
             pos = pos.saturating_add(enc.encode(c, ring, pos, gpu_va).map_err(RingError::Encode)?);
@@ -305,7 +324,7 @@ impl Ring {
 
     /// Checks that `len` bytes from byte offset `start`, after `pad` bytes
     /// of tail padding, fit the ring now, and writes the padding: the
-    /// ring's dwords and the write pointer after those bytes.
+    /// write pointer after those bytes.
     fn reserve(
         &mut self,
         enc: &Encoder,
@@ -313,7 +332,7 @@ impl Ring {
         pad: usize,
         len: usize,
         rptr: usize,
-    ) -> Result<(&mut [u32], usize), RingError> {
+    ) -> Result<usize, RingError> {
         let capacity = self.size.saturating_sub(4);
         let needed = pad.saturating_add(len);
         if len > capacity {
@@ -332,8 +351,7 @@ impl Ring {
                 enc.write_nops(nop).map_err(RingError::Encode)?;
             }
         }
-        let ring = words.get_mut(..size / 4).ok_or(RingError::BadSize { size })?;
-        Ok((ring, start.saturating_add(len) & size.wrapping_sub(1)))
+        Ok(start.saturating_add(len) & size.wrapping_sub(1))
     }
 
     /// Moves the write pointer to `wptr` after a write of `len` bytes
@@ -397,6 +415,7 @@ mod tests {
     /// The staged write (one encoding pass) leaves exactly the bytes and
     /// write pointer of the two-pass write, at every offset and across
     /// wraps; a list longer than the stage takes the two passes.
+    #[cfg(not(feature = "size-first"))]
     #[test]
     fn staged_write_matches_two_pass_write() {
         for generation in gens() {
