@@ -702,7 +702,10 @@ impl Pending<'_> {
                 Some((last, used)) if last == i => used,
                 _ => cd,
             };
-            let base = i.saturating_mul(cd).saturating_add(start).saturating_mul(4);
+            // Exact without overflow checks: `i` < 64, `start` <= `cd` (an
+            // open chunk's start is capped at the chunk) and `cd` <= 4 Mi
+            // dwords (the pool's size check): at most 1,040 MiB.
+            let base = i.wrapping_mul(cd).wrapping_add(start).wrapping_mul(4);
             let len = end.saturating_sub(start).saturating_mul(4);
             if len > 0 {
                 f(base, len);
