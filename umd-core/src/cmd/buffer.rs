@@ -166,15 +166,23 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
 
     fn take_chunk(&mut self) -> Result<Chunk<'a>, EncodeError> {
         let chunk = self.source.next_chunk().ok_or(EncodeError::ChunkUnavailable)?;
+        self.accept(&chunk)?;
+        Ok(chunk)
+    }
+
+    /// Checks a chunk the source handed out (aligned for an IB, room for
+    /// a packet besides the CHAIN) and counts it.
+    #[inline(always)]
+    fn accept(&mut self, chunk: &Chunk<'_>) -> Result<(), EncodeError> {
         let align = self.enc.desc().rules.ib_align;
         if crate::hw::misalignment(chunk.gpu_va, align) != 0 {
             return Err(EncodeError::ChunkMisaligned { va: chunk.gpu_va, align });
         }
-        if self.usable(&chunk) == 0 {
+        if self.usable(chunk) == 0 {
             return Err(EncodeError::PacketTooLargeForChunk { needed: 1, capacity: 0 });
         }
         self.chunks = self.chunks.saturating_add(1);
-        Ok(chunk)
+        Ok(())
     }
 
     /// Appends one command. Errors are sticky (see the module docs).
@@ -248,7 +256,9 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
     /// Takes the first chunk (no chunk yet, the packet about to go in
     /// already validated).
     fn open_first(&mut self) -> Result<(), EncodeError> {
-        let chunk = self.take_chunk()?;
+        // Checked in place, not moved through a `Result` of its own.
+        let chunk = self.source.next_chunk().ok_or(EncodeError::ChunkUnavailable)?;
+        self.accept(&chunk)?;
         self.first = Some((chunk.gpu_va, 0));
         self.cur = Some(chunk);
         self.pos = 0;
