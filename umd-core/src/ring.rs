@@ -263,7 +263,8 @@ impl Ring {
         rptr: usize,
     ) -> Result<Written, RingError> {
         let gpu_va = self.gpu_va;
-        let Some(here) = Self::stage(gpu_va, enc, cmds, self.wptr, &mut self.stage).map_err(RingError::Encode)?
+        let Some(here) =
+            Self::stage(gpu_va, enc, cmds, self.wptr, &mut self.stage).map_err(RingError::Encode)?
         else {
             return self.write_unstaged(enc, cmds, rptr);
         };
