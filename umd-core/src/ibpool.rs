@@ -726,11 +726,12 @@ impl Pending<'_> {
     /// must serialise the commits of the recording's queue, as the engine
     /// does under the queue's submit lock (two at once may take the slow
     /// path or, worse, overwrite each other's note). Always inlined: a
-    /// call through the pool's `dyn Lend` and a flag.
+    /// call through the pool's `dyn Lend`, and no drop after it (a
+    /// committed recording has nothing to give back).
     #[inline(always)]
-    pub fn commit_in_order(mut self, fence: FenceId) {
-        self.pool.commit_in_order(self.rec, fence);
-        self.done = true;
+    pub fn commit_in_order(self, fence: FenceId) {
+        let this = core::mem::ManuallyDrop::new(self);
+        this.pool.commit_in_order(this.rec, fence);
     }
 
     /// The recording failed: its chunks are free again, and a continued
