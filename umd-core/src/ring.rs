@@ -253,6 +253,48 @@ impl Ring {
         written
     }
 
+    /// [`Ring::write`] of a submission's own two packets, the ring
+    /// packets of a submission that waits for nothing: INDIRECT_BUFFER
+    /// (`ib`: GPU address and dwords), then FENCE (`fence`: address and
+    /// value) with its interrupt. The same dwords, write pointer and
+    /// errors as [`Ring::write`] of that two-entry list, encoded through
+    /// the two per-kind entry points without the list and the dispatch
+    /// on its commands.
+    pub fn write_ib_fence(
+        &mut self,
+        enc: &Encoder,
+        ib: (u64, u32),
+        fence: (u64, u64),
+        rptr: usize,
+    ) -> Result<Written, RingError> {
+        // Read only where the stage is not taken (never for these two
+        // packets, which fit it).
+        let cmds = [
+            Command::IndirectBuffer { addr: ib.0, size_dw: ib.1 },
+            Command::Fence { addr: fence.0, value: fence.1, irq: true },
+        ];
+        self.rptr = rptr;
+        #[cfg(feature = "size-first")]
+        let written = self.write_unstaged(enc, &cmds, rptr);
+        #[cfg(not(feature = "size-first"))]
+        let written = {
+            let gpu_va = self.gpu_va;
+            self.write_staged_by(enc, &cmds, rptr, |at, stage| {
+                let base = gpu_va.wrapping_add(at as u64);
+                let two = enc.encode_indirect_buffer(ib.0, ib.1, stage, 0, base).and_then(|n| {
+                    let m = enc.encode_fence(fence.0, fence.1, true, stage, n, base)?;
+                    Ok(n.saturating_add(m))
+                });
+                match two {
+                    Ok(n) => Ok(Some(n)),
+                    Err(EncodeError::BufferFull { .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            })
+        };
+        written
+    }
+
     /// [`Ring::write`] through the stage (one encoding pass; the
     /// two passes when the list does not fit it).
     #[cfg(not(feature = "size-first"))]
@@ -263,15 +305,28 @@ impl Ring {
         rptr: usize,
     ) -> Result<Written, RingError> {
         let gpu_va = self.gpu_va;
-        let Some(here) =
-            Self::stage(gpu_va, enc, cmds, self.wptr, &mut self.stage).map_err(RingError::Encode)?
-        else {
+        self.write_staged_by(enc, cmds, rptr, |at, stage| Self::stage(gpu_va, enc, cmds, at, stage))
+    }
+
+    /// [`Ring::write_staged`] with `stage_at(at, stage)` encoding `cmds`
+    /// into the stage as they would lie from byte offset `at` (what
+    /// [`Ring::stage`] does for any list).
+    #[cfg(not(feature = "size-first"))]
+    #[inline(always)]
+    fn write_staged_by(
+        &mut self,
+        enc: &Encoder,
+        cmds: &[Command<'_>],
+        rptr: usize,
+        stage_at: impl Fn(usize, &mut [u32]) -> Result<Option<usize>, EncodeError>,
+    ) -> Result<Written, RingError> {
+        let Some(here) = stage_at(self.wptr, &mut self.stage).map_err(RingError::Encode)? else {
             return self.write_unstaged(enc, cmds, rptr);
         };
         let (start, pad, len) = match self.at_wptr(here.saturating_mul(4)) {
             Some(placed) => placed,
             // Padding depends on the address: encode again for offset 0.
-            None => match Self::stage(gpu_va, enc, cmds, 0, &mut self.stage).map_err(RingError::Encode)? {
+            None => match stage_at(0, &mut self.stage).map_err(RingError::Encode)? {
                 Some(from_zero) => self.at_zero(from_zero.saturating_mul(4)),
                 None => return self.write_unstaged(enc, cmds, rptr),
             },
@@ -432,6 +487,70 @@ mod tests {
                     assert_eq!(a.region_words(), b.region_words(), "{generation:?}, {waits} waits");
                 }
             }
+        }
+    }
+
+    /// The two packets of a submission without waits, written without
+    /// the list, leave the bytes, write pointer and errors of the list's
+    /// write: at every offset, across wraps, and for operands the encoder
+    /// refuses (an empty or too large IB, a misaligned fence, addresses
+    /// out of range), which write nothing.
+    #[test]
+    fn ib_and_fence_without_the_list_match_the_list() {
+        for generation in gens() {
+            let enc = Encoder::new(generation);
+            let max = enc.desc().limits.max_ib_dwords;
+            let (mut a, mut b) = (ring(), ring());
+            for i in 0..300u64 {
+                let (ib, fence) =
+                    ((0x8000 + 0x100 * (i % 7), 8 + (i % 5) as u32), (0x2000 + 64 * (i % 3), i));
+                let list = [
+                    Command::IndirectBuffer { addr: ib.0, size_dw: ib.1 },
+                    Command::Fence { addr: fence.0, value: fence.1, irq: true },
+                ];
+                let (ra, rb) = (a.wptr(), b.wptr());
+                let wa = a.write_ib_fence(&enc, ib, fence, ra);
+                let wb = b.write(&enc, &list, rb);
+                assert_eq!(wa, wb, "{generation:?}, write {i}");
+                assert_eq!(a.region_words(), b.region_words(), "{generation:?}, write {i}");
+                assert_eq!((a.wptr(), a.rptr_seen()), (b.wptr(), b.rptr_seen()));
+            }
+            let mut refused = 0;
+            for (ib, fence) in [
+                ((0x8004, 8), (0x2000, 1)),
+                ((0x8000, 0), (0x2000, 1)),
+                ((0x8000, max.saturating_add(1)), (0x2000, 1)),
+                ((0x8000, 8), (0x2008, 1)),
+                ((1 << 60, 8), (0x2000, 1)),
+                ((0x8000, 8), (1 << 60, 1)),
+            ] {
+                let list = [
+                    Command::IndirectBuffer { addr: ib.0, size_dw: ib.1 },
+                    Command::Fence { addr: fence.0, value: fence.1, irq: true },
+                ];
+                let before: Vec<u32> = a.region_words().to_vec();
+                let (wptr, rptr) = (a.wptr(), a.wptr());
+                let wa = a.write_ib_fence(&enc, ib, fence, rptr);
+                let wb = b.write(&enc, &list, rptr);
+                assert_eq!(wa, wb, "{generation:?}: {ib:x?} {fence:x?}");
+                assert_eq!(a.region_words(), b.region_words(), "{generation:?}: {ib:x?} {fence:x?}");
+                if wa.is_err() {
+                    refused += 1;
+                    assert!(matches!(wa, Err(RingError::Encode(_))), "{generation:?}: {wa:?}");
+                    assert_eq!((a.region_words(), a.wptr()), (&before[..], wptr));
+                }
+            }
+            assert!(refused >= 3, "{generation:?}: {refused} refused");
+            // Full: the engine has consumed nothing.
+            let rptr = a.wptr();
+            while a.write_ib_fence(&enc, (0x8000, 8), (0x2000, 1), rptr).is_ok() {}
+            let full: Vec<u32> = a.region_words().to_vec();
+            let wptr = a.wptr();
+            assert!(matches!(
+                a.write_ib_fence(&enc, (0x8000, 8), (0x2000, 1), rptr),
+                Err(RingError::Full { .. })
+            ));
+            assert_eq!((a.region_words(), a.wptr()), (&full[..], wptr));
         }
     }
 

@@ -222,16 +222,17 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
 
     fn emit(&self, qs: &mut DirectQueue, job: &Job<'_>) -> Result<EmitInfo, EmitError> {
         let e = job.queue as u32;
-        let ib = Command::IndirectBuffer { addr: job.ib.0, size_dw: job.ib.1 };
-        let fence = Command::Fence { addr: self.slot_va(job.queue), value: job.seqno.0, irq: true };
-        // Most submissions wait for nothing: their two packets need no
-        // table of the longest list (building that table is a store per
-        // word of its six commands).
-        let plain = [ib, fence];
+        let fence_va = self.slot_va(job.queue);
+        // Most submissions wait for nothing: their two packets go to the
+        // ring without a list (`Ring::write_ib_fence`). With waits the
+        // list is built, the waits first.
+        let plain = job.waits.is_empty();
         let mut listed;
-        let cmds: &[Command<'_>] = if job.waits.is_empty() {
-            &plain
+        let cmds: &[Command<'_>] = if plain {
+            &[]
         } else {
+            let ib = Command::IndirectBuffer { addr: job.ib.0, size_dw: job.ib.1 };
+            let fence = Command::Fence { addr: fence_va, value: job.seqno.0, irq: true };
             listed = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];
             let mut n = 0usize;
             for w in job.waits {
@@ -246,7 +247,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
                     n = n.saturating_add(1);
                 }
             }
-            for c in plain {
+            for c in [ib, fence] {
                 if let Some(slot) = listed.get_mut(n) {
                     *slot = c;
                     n = n.saturating_add(1);
@@ -262,7 +263,12 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         // (One call site of the write: its code is not duplicated.)
         let (mut rptr, mut refreshed) = (ring.rptr_seen(), false);
         let written = loop {
-            match ring.write(&self.enc, cmds, rptr) {
+            let w = if plain {
+                ring.write_ib_fence(&self.enc, job.ib, (fence_va, job.seqno.0), rptr)
+            } else {
+                ring.write(&self.enc, cmds, rptr)
+            };
+            match w {
                 Err(RingError::Full { .. }) if !refreshed => {
                     let r =
                         self.p.read_reg(regs::engine_reg(e, er::RING_RPTR)).map_err(|_| EmitError::Lost)?;
