@@ -1,7 +1,7 @@
 //! VA allocator: behaviour, bad input, and property tests against a shadow model.
 
 use proptest::prelude::*;
-use umd_core::mem::va::{Placement, VaAllocator, VaError, VaNode, VaStats, MIN_ALIGN};
+use umd_core::mem::va::{Placement, VaAllocator, VaError, VaNode, VaStats, MIN_ALIGN, RECYCLE_LIMIT};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -336,7 +336,7 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         }
         a.validate().unwrap();
         // Fill the whole arena with 1 KiB ranges and free them all: at most
-        // RECYCLE_DEPTH stay recycled, the rest coalesce; then one
+        // RECYCLE_LIMIT stay recycled, the rest coalesce; then one
         // allocation of the whole arena flushes them and succeeds.
         let mut all = Vec::new();
         while let Ok(x) = a.alloc(1024, 128, Placement::BottomUp) {
@@ -363,6 +363,57 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         a.for_each_hole(|_, l| in_holes += l);
         assert_eq!(in_holes, a.stats().free, "alloc_fixed flushed the recycled range");
         a.free(size - 128).unwrap();
+        a.flush_recycled();
+        baseline(&a);
+    }
+}
+
+/// Recycling keeps up to `RECYCLE_LIMIT` freed ranges of all lengths
+/// together, not a fixed depth per length: one length may hold them all
+/// (talc's suite frees and allocates runs of the same one or two lengths).
+/// Every kept range is reused, most recent first; the free after the limit
+/// coalesces, and a free of another length then coalesces too. Both index
+/// modes.
+#[test]
+fn recycling_keeps_up_to_the_limit_of_ranges_of_one_length() {
+    let limit = RECYCLE_LIMIT as usize;
+    for (nodes, size) in [(1 << 12, MIB), (2 * limit + 200, 64 * MIB)] {
+        let mut a =
+            VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes].into_boxed_slice(), 0, size).unwrap();
+        // limit + 2 ranges of one granule, then one of two granules.
+        let p: Vec<u64> = (0..limit + 2).map(|_| a.alloc(100, 8, Placement::BottomUp).unwrap()).collect();
+        let two = a.alloc(200, 8, Placement::BottomUp).unwrap();
+        let in_holes = |a: &VaAllocator<Box<[VaNode]>, true>| {
+            let mut sum = 0;
+            a.for_each_hole(|_, l| sum += l);
+            sum
+        };
+        let before = in_holes(&a);
+        for &x in &p[..limit] {
+            assert_eq!(a.free(x), Ok(128));
+        }
+        a.validate().unwrap();
+        assert_eq!(in_holes(&a), before, "all {limit} ranges of one length kept, none coalesced");
+        assert_eq!(a.stats().free, before + (limit as u64) * 128);
+        // The limit is reached: the next frees coalesce, whatever the length.
+        assert_eq!(a.free(p[limit]), Ok(128));
+        assert_eq!(in_holes(&a), before + 128);
+        assert_eq!(a.free(two), Ok(256));
+        assert_eq!(in_holes(&a), before + 128 + 256);
+        a.validate().unwrap();
+        // Every kept range comes back, the most recently freed first.
+        for &x in p[..limit].iter().rev() {
+            assert_eq!(a.alloc(128, 128, Placement::TopDown), Ok(x));
+        }
+        a.validate().unwrap();
+        assert_eq!(in_holes(&a), before + 128 + 256);
+        // A full limit flushes in one go.
+        for &x in p[..limit].iter().chain(&p[limit + 1..]) {
+            a.free(x).unwrap();
+        }
+        a.validate().unwrap();
+        assert_eq!(a.alloc(size, 128, Placement::BottomUp), Ok(0));
+        a.free(0).unwrap();
         a.flush_recycled();
         baseline(&a);
     }
@@ -418,12 +469,17 @@ fn recycled_ranges_stay_in_the_list_index() {
     assert_eq!(a.alloc(128, 128, Placement::BottomUp), Ok(g[1]));
     assert_eq!(a.alloc(1, 1, Placement::TopDown), Ok(g[3]));
     a.validate().unwrap();
-    // Fill the one-granule stack (two ranges left on it, room for six) from
-    // regions 8 and 9, then free three neighbours of region 10: they
-    // coalesce into one hole, and the allocation after it is found across
-    // the hole.
+    // Six more recycled ranges from regions 8 and 9 (eight in all), then
+    // ranges of two granules after `big` up to RECYCLE_LIMIT; then free
+    // three neighbours of region 10: they coalesce into one hole, and the
+    // allocation after it is found across the hole.
     for x in &g[32..38] {
         a.free(*x).unwrap();
+    }
+    let fill: Vec<u64> =
+        (0..RECYCLE_LIMIT as usize - 8).map(|_| a.alloc(256, 8, Placement::BottomUp).unwrap()).collect();
+    for x in fill {
+        a.free(x).unwrap();
     }
     assert_eq!(a.stats().holes, 1, "all recycled so far");
     let holes = a.stats().holes;

@@ -34,7 +34,7 @@
 //!
 //! - Optionally ([`VaAllocator::new_recycling`]), freed ranges of 1 to
 //!   [`RECYCLE_CLASSES`] granules are kept on one stack per exact length
-//!   (at most [`RECYCLE_DEPTH`] each) and handed to the next request of
+//!   (at most [`RECYCLE_LIMIT`] ranges in all) and handed to the next request of
 //!   that length in O(1), without a size-class search, a split or
 //!   coalescing; an allocation that would fail flushes them into the holes
 //!   first. Half the instructions of an alloc/free pair of small requests
@@ -58,8 +58,8 @@
 //! | [`VaAllocator::alloc_handle`] | as `alloc` |
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
-//! | with recycling: `alloc` of a recycled length, `free` onto a stack with room | O(1) (no search, split or coalescing), plus, with region trees, the index insertion or removal (the list index keeps recycled ranges) |
-//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees one insertion and the removal) |
+//! | with recycling: `alloc` of a recycled length, `free` while fewer than [`RECYCLE_LIMIT`] ranges are kept | O(1) (no search, split or coalescing), plus, with region trees, the index insertion or removal (the list index keeps recycled ranges) |
+//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees one insertion and the removal) |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
 //! A region tree holds only the allocations that start in its region, so it
@@ -141,10 +141,12 @@ const CACHED: u8 = 4;
 /// `RECYCLE_CLASSES` granules (up to 8 KiB), one stack per exact length.
 pub const RECYCLE_CLASSES: usize = 64;
 
-/// Most freed ranges a recycling stack holds; a free finding its stack full
-/// coalesces as usual. Bounds a flush to `RECYCLE_CLASSES * RECYCLE_DEPTH`
-/// ranges.
-pub const RECYCLE_DEPTH: u8 = 8;
+/// Most freed ranges recycling keeps at a time, all lengths together (one
+/// length may hold them all); a free finding the limit reached coalesces as
+/// usual. Bounds a flush to `RECYCLE_LIMIT` ranges. A shared limit rather
+/// than a depth per length: a stack of 8 per length left 10 % of the frees
+/// and allocations of talc's suite on the general path (docs/perf.md).
+pub const RECYCLE_LIMIT: u32 = 512;
 
 /// log2 of the number of sub-classes per power of two.
 const SL_LOG2: u32 = 4;
@@ -364,12 +366,12 @@ pub struct VaAllocator<S, const RECYCLE: bool = false> {
     /// summary bit per word.
     group_bits: [u64; GROUP_WORDS],
     group_top: u64,
-    /// Ranges on the recycling stacks (all of them).
+    /// Ranges on the recycling stacks (all of them; at most
+    /// [`RECYCLE_LIMIT`]).
     recycled: u32,
     /// Top of the recycling stack of ranges of `g + 1` granules (linked
-    /// through `b`), and its depth.
+    /// through `b`).
     recycle_heads: [u32; RECYCLE_CLASSES],
-    recycle_len: [u8; RECYCLE_CLASSES],
 }
 
 /// Size class of a hole of `g` granules (`g >= 1`).
@@ -410,8 +412,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S> {
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S, true> {
     /// [`VaAllocator::new`], with recycling: a freed range of 1 to
     /// [`RECYCLE_CLASSES`] granules is not coalesced but kept on a stack of
-    /// ranges of its exact length (at most [`RECYCLE_DEPTH`] per length; a
-    /// free finding the stack full coalesces as usual), and an allocation
+    /// ranges of its exact length (at most [`RECYCLE_LIMIT`] ranges of all
+    /// lengths together; a free finding the limit reached coalesces as
+    /// usual), and an allocation
     /// of that length whose alignment the top range meets takes it in O(1):
     /// no size-class search, no split, no coalescing. The placement is not
     /// looked at for such a reuse.
@@ -422,7 +425,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S, true> {
     /// allocation that would otherwise fail (it flushes, then tries again,
     /// so it fails only when it would have failed without recycling), by
     /// [`VaAllocator::alloc_fixed`] and by [`VaAllocator::flush_recycled`].
-    /// A flush coalesces at most `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges,
+    /// A flush coalesces at most [`RECYCLE_LIMIT`] ranges,
     /// O(1) each, which bounds the extra worst case of those calls. Meant
     /// for heaps of many small allocations of recurring sizes
     /// (docs/perf.md, talc's suite).
@@ -472,7 +475,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             group_top: 0,
             recycled: 0,
             recycle_heads: [NIL; RECYCLE_CLASSES],
-            recycle_len: [0; RECYCLE_CLASSES],
         };
         // The storage may have served an earlier allocator: reset the
         // directory slots this one uses.
@@ -518,28 +520,30 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     /// Coalesces every range kept by recycling (see
     /// [`VaAllocator::new_recycling`]) back into the holes. At most
-    /// `RECYCLE_CLASSES * RECYCLE_DEPTH` ranges, O(1) each; nothing to do
-    /// for an allocator without recycling.
+    /// [`RECYCLE_LIMIT`] ranges, O(1) each; nothing to do for an allocator
+    /// without recycling.
     ///
     /// Out of line and cold: each range goes back as an allocation through
-    /// [`VaAllocator::free_handle`], the one release path (its stack is
-    /// kept full meanwhile, so the range is coalesced, not kept again).
+    /// [`VaAllocator::free_handle`], the one release path (the count is
+    /// held at the limit meanwhile, so the range is coalesced, not kept
+    /// again).
     #[cold]
     #[inline(never)]
     pub fn flush_recycled(&mut self) {
         if self.recycled == 0 {
             return;
         }
+        // Ranges still to take: bounds the walks below together.
+        let mut left = self.recycled;
+        self.recycled = RECYCLE_LIMIT;
         for i in 0..RECYCLE_CLASSES {
             let mut x = self.recycle_heads.get(i).copied().unwrap_or(NIL);
             if let Some(h) = self.recycle_heads.get_mut(i) {
                 *h = NIL;
             }
-            if let Some(l) = self.recycle_len.get_mut(i) {
-                *l = RECYCLE_DEPTH;
-            }
-            for _ in 0..RECYCLE_DEPTH {
+            while left != 0 {
                 let Some(v) = self.node_mut(x) else { break };
+                left = left.wrapping_sub(1);
                 let (next, addr, size) = (v.b, v.start, v.len);
                 v.state = ALLOC;
                 self.alloc_count = self.alloc_count.wrapping_add(1);
@@ -555,9 +559,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 // Cannot fail: `x` is an allocation at `addr`.
                 let _ = self.free_handle(VaHandle { addr, node: x });
                 x = next;
-            }
-            if let Some(l) = self.recycle_len.get_mut(i) {
-                *l = 0;
             }
         }
         self.recycled = 0;
@@ -612,9 +613,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if let Some(h) = self.recycle_heads.get_mut(i) {
             *h = next;
         }
-        if let Some(l) = self.recycle_len.get_mut(i) {
-            *l = l.wrapping_sub(1);
-        }
         self.recycled = self.recycled.wrapping_sub(1);
         if self.list_index {
             // Still in the list index (recycled ranges stay there).
@@ -627,14 +625,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     /// Recycling: keeps freed allocation `x` of `size` bytes (out of the
     /// region tree; with the list index still in it) on its stack, if it
-    /// has one with room.
+    /// has one and fewer than [`RECYCLE_LIMIT`] ranges are kept.
     #[inline]
     fn recycle_push(&mut self, x: u32, size: u64) -> bool {
         let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
-        let (Some(&top), Some(&depth)) = (self.recycle_heads.get(i), self.recycle_len.get(i)) else {
+        let Some(&top) = self.recycle_heads.get(i) else {
             return false;
         };
-        if depth >= RECYCLE_DEPTH {
+        if self.recycled >= RECYCLE_LIMIT {
             return false;
         }
         let Some(v) = self.node_mut(x) else { return false };
@@ -643,9 +641,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         v.b = top;
         if let Some(h) = self.recycle_heads.get_mut(i) {
             *h = x;
-        }
-        if let Some(l) = self.recycle_len.get_mut(i) {
-            *l = depth.wrapping_add(1);
         }
         self.recycled = self.recycled.wrapping_add(1);
         true
@@ -942,26 +937,26 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             return Err("nodes_used disagrees with the address list");
         }
         // 1b. Recycling stacks: every recycled range on the stack of its
-        //     length, within the depth.
+        //     length, at most RECYCLE_LIMIT of them in all.
         if cached != u64::from(self.recycled) || (!RECYCLE && cached != 0) {
             return Err("recycled count disagrees with the address list");
         }
+        if self.recycled > RECYCLE_LIMIT {
+            return Err("more recycled ranges than RECYCLE_LIMIT");
+        }
         let mut stacked = 0u64;
-        for (i, (&top, &depth)) in self.recycle_heads.iter().zip(&self.recycle_len).enumerate() {
-            if depth > RECYCLE_DEPTH {
-                return Err("recycling stack deeper than allowed");
-            }
+        for (i, &top) in self.recycle_heads.iter().enumerate() {
             let mut y = top;
-            for _ in 0..depth {
-                let v = self.node(y).ok_or("recycling stack shorter than its depth")?;
+            while y != NIL {
+                if stacked >= cached {
+                    return Err("recycling stacks hold more ranges than are recycled");
+                }
+                let v = self.node(y).ok_or("link out of range on a recycling stack")?;
                 if v.state != CACHED || v.len >> GRANULE_SHIFT != (i as u64).wrapping_add(1) {
                     return Err("wrong range on a recycling stack");
                 }
                 stacked = stacked.wrapping_add(1);
                 y = v.b;
-            }
-            if y != NIL {
-                return Err("recycling stack longer than its depth");
             }
         }
         if stacked != cached {
