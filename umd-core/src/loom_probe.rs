@@ -3,6 +3,8 @@
 //! the real `QueueCore` and `IbPool` methods the engine uses, over a lock
 //! that yields to loom's scheduler.
 
+extern crate std;
+
 use core::cell::UnsafeCell;
 
 use loom::sync::atomic::{AtomicBool, Ordering};
@@ -203,5 +205,69 @@ impl ProbePool {
     /// The pool's counts (after applying every waiting commit).
     pub fn stats(&self) -> crate::ibpool::IbPoolStats {
         self.0.stats()
+    }
+}
+
+/// A queue's trace stage (`crate::debug::trace::TraceStage`): the real
+/// type over loom's atomics.
+pub struct ProbeTraceStage(crate::debug::trace::TraceStage);
+
+impl Default for ProbeTraceStage {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProbeTraceStage {
+    /// Empty.
+    pub fn new() -> Self {
+        ProbeTraceStage(crate::debug::trace::TraceStage::new())
+    }
+
+    /// What a submitter does under its queue's submit lock: stages
+    /// submission `seqno`, every field derived from it (so that a torn
+    /// read shows); false if the stage was full.
+    pub fn push(&self, seqno: u64) -> bool {
+        self.0.push(&Self::record(seqno))
+    }
+
+    /// What a holder of the trace lock does: moves the staged submissions
+    /// into a trace ring and returns their sequence numbers, oldest
+    /// first, or `None` if a submission's events or submit time did not
+    /// match what was staged.
+    pub fn drain(&self) -> Option<std::vec::Vec<u64>> {
+        use crate::debug::trace::{TraceStorage, STAGED_SUBMITS};
+        use crate::debug::{TraceKind, TraceRing};
+        let mut storage: std::boxed::Box<TraceStorage<{ 3 * STAGED_SUBMITS }>> = std::boxed::Box::default();
+        let mut ring = TraceRing::new(&mut storage);
+        self.0.drain(&mut ring, 0);
+        let mut seqnos = std::vec::Vec::new();
+        let events: std::vec::Vec<_> = ring.iter().copied().collect();
+        for three in events.chunks(3) {
+            let r = Self::record(three.first()?.seqno);
+            let want =
+                [(TraceKind::Encode, r.dwords), (TraceKind::Submit, r.ib_va), (TraceKind::Doorbell, r.wptr)];
+            let ok = three.len() == 3
+                && three
+                    .iter()
+                    .zip(want)
+                    .all(|(e, (k, a))| e.kind == k && e.arg == a && e.seqno == r.seqno && e.ts_ns == r.ts_ns)
+                && ring.submitted_at(0, r.seqno) == Some(r.ts_ns);
+            if !ok {
+                return None;
+            }
+            seqnos.push(r.seqno);
+        }
+        Some(seqnos)
+    }
+
+    fn record(seqno: u64) -> crate::debug::trace::SubmitRecord {
+        crate::debug::trace::SubmitRecord {
+            ts_ns: seqno << 33 | 7,
+            seqno,
+            dwords: seqno.wrapping_mul(5),
+            ib_va: seqno << 40 | seqno,
+            wptr: !seqno,
+        }
     }
 }

@@ -761,6 +761,48 @@ fn trace_exports_chrome_json() {
     assert!(kinds.len() >= 12);
 }
 
+// Needs feature `trace` (the trace ring).
+/// Submissions reach the trace through their queue's stage, without the
+/// trace's lock: with submitters on two queues (more submissions each than
+/// a stage holds) and a reader of the trace at the same time, the trace
+/// ends with each submission's three events exactly once, in its queue's
+/// order, and its submit time noted.
+#[cfg(feature = "trace")]
+#[test]
+fn trace_sees_every_staged_submission_once_in_order() {
+    use umd_core::debug::TraceKind;
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 8> = rig_dev.device(Config { ring_bytes: 64 << 10, ..small_cfg() });
+    dev.platform().state().mode = Mode::Manual;
+    const EACH: u64 = 40;
+    std::thread::scope(|s| {
+        for q in [GFX, COMPUTE] {
+            let dev = &dev;
+            s.spawn(move || {
+                for i in 0..EACH {
+                    dev.submit(q, &[], |cb| cb.write_data(0x8030_0000 + 16 * i, &[1])).unwrap();
+                }
+            });
+        }
+        s.spawn(|| {
+            for _ in 0..50 {
+                assert_eq!(dev.trace().dropped(), 0);
+                std::thread::yield_now();
+            }
+        });
+    });
+    let t = dev.trace();
+    assert_eq!(t.dropped(), 0);
+    for q in [GFX, COMPUTE] {
+        for kind in [TraceKind::Encode, TraceKind::Submit, TraceKind::Doorbell] {
+            let seqnos: Vec<u64> =
+                t.iter().filter(|e| e.queue == q.0 && e.kind == kind).map(|e| e.seqno).collect();
+            assert_eq!(seqnos, (1..=EACH).collect::<Vec<_>>(), "queue {} {kind:?}", q.0);
+        }
+        assert!(t.submitted_at(usize::from(q.0), EACH).is_some());
+    }
+}
+
 // Needs feature `trace` (reads the IB's address from the trace).
 #[cfg(feature = "trace")]
 #[test]

@@ -321,6 +321,32 @@ fn ib_pool_commits_through_the_mailbox_are_never_lost() {
     });
 }
 
+/// A queue's trace stage: a submitter stages (under its queue's submit
+/// lock) while a holder of the trace lock moves the staged submissions
+/// into the ring, without a read-modify-write on either side. Every
+/// submission reaches the ring exactly once, in order, untorn.
+#[test]
+fn trace_stage_hands_every_submission_over_once_untorn() {
+    use loom::sync::Mutex;
+    use umd_core::loom_probe::ProbeTraceStage;
+    loom::model(|| {
+        let stage = Arc::new(ProbeTraceStage::new());
+        let trace_lock = Arc::new(Mutex::new(Vec::new()));
+        let reader = {
+            let (stage, trace_lock) = (stage.clone(), trace_lock.clone());
+            thread::spawn(move || {
+                let mut seen = trace_lock.lock().unwrap();
+                seen.extend(stage.drain().expect("untorn"));
+            })
+        };
+        assert!(stage.push(1) && stage.push(2), "room in the stage");
+        reader.join().unwrap();
+        let mut seen = trace_lock.lock().unwrap();
+        seen.extend(stage.drain().expect("untorn"));
+        assert_eq!(*seen, [1, 2]);
+    });
+}
+
 /// The async waits' wake-up hub (`Wakeups`) against its interrupt side:
 /// `on_interrupt` only tries the hub's lock, and when a registration holds
 /// it the event is left for the next registration. A waiter registered

@@ -12,6 +12,8 @@
 
 use core::fmt::{self, Write};
 
+use crate::sync::atomic::{AtomicU32, Ordering};
+
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TraceKind {
@@ -300,6 +302,153 @@ impl<'s> TraceRing<'s> {
     }
 }
 
+/// What the trace keeps of one submission: its submit time
+/// ([`TraceRing::note_submit`]) and its three events (`Encode`, `Submit`,
+/// `Doorbell`), all at `ts_ns`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SubmitRecord {
+    /// Platform time in ns.
+    pub(crate) ts_ns: u64,
+    /// The submission's sequence number.
+    pub(crate) seqno: u64,
+    /// Dwords recorded (`Encode`'s argument).
+    pub(crate) dwords: u64,
+    /// The IB's address (`Submit`'s argument).
+    pub(crate) ib_va: u64,
+    /// The ring's new write pointer (`Doorbell`'s argument).
+    pub(crate) wptr: u64,
+}
+
+impl TraceRing<'_> {
+    /// Records submission `r` of queue `queue`: its submit time and its
+    /// three events.
+    pub(crate) fn record_submit(&mut self, queue: usize, r: &SubmitRecord) {
+        self.note_submit(queue, r.seqno, r.ts_ns);
+        for (kind, arg) in
+            [(TraceKind::Encode, r.dwords), (TraceKind::Submit, r.ib_va), (TraceKind::Doorbell, r.wptr)]
+        {
+            self.record(TraceEvent { ts_ns: r.ts_ns, kind, queue: queue as u8, seqno: r.seqno, arg });
+        }
+    }
+}
+
+/// Submissions a queue's submitter leaves for the trace (none without
+/// the `trace` feature).
+pub(crate) const STAGED_SUBMITS: usize = if ON { 32 } else { 0 };
+
+/// A queue's submissions on their way into the trace ring, so that a
+/// submission takes no lock for its trace record (one locked
+/// read-modify-write less per submission: `docs/perf.md`, "(issue 14,
+/// item 2, twelfth round)"). One producer at a time: the holder of the
+/// queue's submit lock ([`TraceStage::push`]); one consumer at a time: a
+/// holder of the trace ring's lock ([`TraceStage::drain`]). The consumers
+/// are a reader of the trace (`Engine::trace`, every queue's stage
+/// first), the queue's completion processing (before its fence events,
+/// which look up the submit times) and a submitter whose stage is full
+/// (every queue's, then its own submission). So a reader sees every
+/// submission made before it took the lock, each queue's events are in
+/// the ring in the queue's order and before its fence events, and the
+/// `enabled` switch (set only through `Engine::trace`) applies as when the
+/// events were recorded directly; relative to other events (waits,
+/// hangs, other queues) a submission's events may enter the ring later
+/// than they happened, with their own timestamps. Both sides only load
+/// and store (no read-modify-write): the producer writes a slot and
+/// publishes it with a release store of `head`; the consumer reads the
+/// slots after an acquire load of `head` and hands them back with a
+/// release store of `tail`, which the producer loads (acquire) before it
+/// writes a slot again (`tests/loom.rs` checks it). The words are 32-bit
+/// atomics, native on every target.
+pub(crate) struct TraceStage {
+    /// Submissions staged (wrapping; written by the producer only).
+    head: AtomicU32,
+    /// Submissions moved into the ring (wrapping; written by the consumer
+    /// only). `head - tail` is at most [`STAGED_SUBMITS`].
+    tail: AtomicU32,
+    /// Each a [`SubmitRecord`] as ten 32-bit halves.
+    slots: [[AtomicU32; 10]; STAGED_SUBMITS],
+}
+
+impl TraceStage {
+    /// Empty.
+    pub(crate) fn new() -> Self {
+        TraceStage {
+            head: AtomicU32::new(0),
+            tail: AtomicU32::new(0),
+            slots: core::array::from_fn(|_| core::array::from_fn(|_| AtomicU32::new(0))),
+        }
+    }
+
+    /// Stages `r`; false (nothing staged) when the stage is full. The
+    /// caller holds its queue's submit lock.
+    #[inline]
+    pub(crate) fn push(&self, r: &SubmitRecord) -> bool {
+        let h = self.head.load(Ordering::Relaxed);
+        let t = self.tail.load(Ordering::Acquire);
+        if h.wrapping_sub(t) as usize >= STAGED_SUBMITS {
+            return false;
+        }
+        let Some(slot) = (h as usize).checked_rem(STAGED_SUBMITS).and_then(|i| self.slots.get(i)) else {
+            return false;
+        };
+        let [a, b, c, d, e, f, g, i, j, k] = slot;
+        for (v, lo, hi) in
+            [(r.ts_ns, a, b), (r.seqno, c, d), (r.dwords, e, f), (r.ib_va, g, i), (r.wptr, j, k)]
+        {
+            lo.store(v as u32, Ordering::Relaxed);
+            hi.store((v >> 32) as u32, Ordering::Relaxed);
+        }
+        self.head.store(h.wrapping_add(1), Ordering::Release);
+        true
+    }
+
+    /// Records every staged submission into `ring` as queue `queue`'s,
+    /// oldest first, and empties the stage. The caller holds the ring's
+    /// lock.
+    #[inline]
+    pub(crate) fn drain(&self, ring: &mut TraceRing<'_>, queue: usize) {
+        let t = self.tail.load(Ordering::Relaxed);
+        let h = self.head.load(Ordering::Acquire);
+        if h != t {
+            self.drain_from(t, h, ring, queue);
+        }
+    }
+
+    /// [`TraceStage::drain`] of the slots `t..h` (not empty), out of line:
+    /// the check for an empty stage is what runs on most takes of the
+    /// trace lock, the copy out only on the first after a submission.
+    #[inline(never)]
+    fn drain_from(&self, t: u32, h: u32, ring: &mut TraceRing<'_>, queue: usize) {
+        let n = (h.wrapping_sub(t) as usize).min(STAGED_SUBMITS);
+        for k in 0..n {
+            let i = (t as usize).wrapping_add(k).checked_rem(STAGED_SUBMITS).unwrap_or(0);
+            let Some([a, b, c, d, e, g, x, y, z, w]) = self.slots.get(i) else { continue };
+            let u = |lo: &AtomicU32, hi: &AtomicU32| {
+                u64::from(lo.load(Ordering::Relaxed)) | u64::from(hi.load(Ordering::Relaxed)) << 32
+            };
+            ring.record_submit(
+                queue,
+                &SubmitRecord {
+                    ts_ns: u(a, b),
+                    seqno: u(c, d),
+                    dwords: u(e, g),
+                    ib_va: u(x, y),
+                    wptr: u(z, w),
+                },
+            );
+        }
+        self.tail.store(h, Ordering::Release);
+    }
+}
+
+impl fmt::Debug for TraceStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TraceStage")
+            .field("head", &self.head.load(Ordering::Relaxed))
+            .field("tail", &self.tail.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
 fn sep(out: &mut impl Write, first: &mut bool) -> fmt::Result {
     if *first {
         *first = false;
@@ -341,5 +490,57 @@ mod tests {
         assert_eq!(t.iter().map(|e| e.seqno).collect::<Vec<_>>(), [8, 9, 10, 11]);
         t.record(ev(12));
         assert_eq!(t.iter().map(|e| e.seqno).collect::<Vec<_>>(), [9, 10, 11, 12]);
+    }
+
+    /// The stage hands what was pushed to the ring, oldest first, once,
+    /// across many rounds that wrap its slots; a full stage refuses a push (the
+    /// submitter then records under the lock). Without the `trace`
+    /// feature it holds nothing and refuses every push.
+    #[test]
+    fn stage_keeps_order_and_refuses_when_full() {
+        let st = TraceStage::new();
+        let mut storage: Box<TraceStorage<{ 3 * STAGED_SUBMITS }>> = Box::default();
+        let mut ring = TraceRing::new(&mut storage);
+        let rec = |k: u64| SubmitRecord {
+            ts_ns: k << 40 | 1,
+            seqno: k,
+            dwords: k.wrapping_mul(3),
+            ib_va: 0xFFFF_0000_0000 | k,
+            wptr: u64::MAX - k,
+        };
+        let mut next = 0u64;
+        let mut seen = 0u64;
+        for round in 0..40u64 {
+            let n = (round * 7) % (STAGED_SUBMITS as u64 + 2);
+            let mut pushed = 0;
+            for _ in 0..n {
+                if st.push(&rec(next)) {
+                    next += 1;
+                    pushed += 1;
+                }
+            }
+            assert_eq!(pushed, n.min(STAGED_SUBMITS as u64), "round {round}");
+            st.drain(&mut ring, 0);
+            while seen < next {
+                let r = rec(seen);
+                assert_eq!(ring.submitted_at(0, r.seqno), Some(r.ts_ns));
+                let got: Vec<_> =
+                    ring.iter().filter(|e| e.seqno == r.seqno).map(|e| (e.kind, e.arg)).collect();
+                assert_eq!(
+                    got,
+                    [
+                        (TraceKind::Encode, r.dwords),
+                        (TraceKind::Submit, r.ib_va),
+                        (TraceKind::Doorbell, r.wptr)
+                    ]
+                );
+                assert!(ring.iter().all(|e| e.ts_ns == rec(e.seqno).ts_ns));
+                seen += 1;
+            }
+            ring.clear();
+        }
+        if !ON {
+            assert_eq!(next, 0);
+        }
     }
 }

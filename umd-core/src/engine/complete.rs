@@ -114,7 +114,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return;
         }
         let ts = self.b.platform().now_ns();
+        // This queue's submissions first (their submit times).
         let mut trace = self.trace.lock();
+        self.unstage(&mut trace, qi);
         let steps = n.min(SPANS);
         for k in 0..steps {
             let s = now.0.wrapping_sub(steps.saturating_sub(1)).wrapping_add(k);

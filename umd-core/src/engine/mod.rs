@@ -14,7 +14,9 @@
 //! so threads or RTOS tasks share it by reference. Each queue has a submit
 //! lock (its ring, its sequence numbers); the memory manager, the
 //! dependency graph, the IB pool's bookkeeping and the trace have one lock
-//! each. Locks are held for bounded bookkeeping only: recording runs with
+//! each (a submission's trace events wait in its queue's stage, under the
+//! submit lock, for the next reader of the trace or the queue's completion
+//! processing: `debug::trace::TraceStage`). Locks are held for bounded bookkeeping only: recording runs with
 //! no lock held, waits and sleeps hold none, and the service path skips a
 //! queue whose lock is busy (its holder services it). Timelines are
 //! atomics, so completion reads take no lock. Lock order: a queue's submit
@@ -359,7 +361,27 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// The event trace (locked while the guard lives). Without the `trace`
     /// feature it records nothing and stays empty.
     pub fn trace(&self) -> MutexGuard<'_, Raw<B>, TraceRing<'d>> {
-        self.trace.lock()
+        self.trace_locked()
+    }
+
+    /// The trace ring, locked, after every queue's staged submissions
+    /// were moved into it ([`crate::debug::trace::TraceStage`]): what a
+    /// reader of the trace and a submitter whose stage is full take.
+    pub(crate) fn trace_locked(&self) -> MutexGuard<'_, Raw<B>, TraceRing<'d>> {
+        let mut t = self.trace.lock();
+        for qi in 0..self.nq {
+            self.unstage(&mut t, qi);
+        }
+        t
+    }
+
+    /// Moves queue `qi`'s staged submissions into the trace ring `t`
+    /// (locked by the caller).
+    #[inline]
+    pub(crate) fn unstage(&self, t: &mut TraceRing<'d>, qi: usize) {
+        if let Some(q) = self.queues.get(qi).filter(|_| cfg!(feature = "trace")) {
+            q.trace_stage.drain(t, qi);
+        }
     }
 
     /// The report of the last hang or fault, if any. Without the

@@ -4,6 +4,7 @@
 
 use lock_api::{Mutex, RawMutex};
 
+use crate::debug::trace::TraceStage;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::history::FailureHistory;
 use crate::sync::{FenceError, Seqno, Timeline};
@@ -39,6 +40,9 @@ pub(crate) struct QueueCore<R: RawMutex, Q> {
     history: Mutex<R, FailureHistory<HISTORY>>,
     /// The backend's state; holding this lock is holding the queue.
     pub(crate) submit: Mutex<R, Q>,
+    /// Submissions staged for the trace, written under `submit`
+    /// ([`TraceStage`]).
+    pub(crate) trace_stage: TraceStage,
 }
 
 impl<R: RawMutex, Q> QueueCore<R, Q> {
@@ -51,6 +55,7 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
             failures: AtomicU64::new(0),
             history: Mutex::new(FailureHistory::new()),
             submit: Mutex::new(q),
+            trace_stage: TraceStage::new(),
         }
     }
 

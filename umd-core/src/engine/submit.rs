@@ -18,7 +18,7 @@
 
 use crate::cmd::{Command, CommandBuffer, EncodeError};
 use crate::config::PoolExhaustion;
-use crate::debug::{TraceEvent, TraceKind};
+use crate::debug::trace::SubmitRecord;
 use crate::ibpool::{record_into, Pending, Recorder};
 use crate::queue::{FenceStatus, SubmitError};
 use crate::sync::atomic::Ordering;
@@ -383,11 +383,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     if let Some(pd) = pending {
                         pd.commit_in_order(fence);
                     }
+                    // Under the submit lock too: the queue's trace stage
+                    // has one writer at a time.
+                    self.trace_submit((qi, q), seqno, dwords, ib.0, info.wptr);
                     drop(qs);
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);
                     }
-                    self.trace_submit(qi, seqno, dwords, ib.0, info.wptr);
                     // Work held back for this submission may go now.
                     self.flush_held();
                     return Ok(Fence { id: fence, device: self.id });
@@ -424,17 +426,18 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    fn trace_submit(&self, qi: usize, seqno: Seqno, dwords: u64, ib_va: u64, wptr: u64) {
+    /// Notes a submission for the trace: staged in its queue's
+    /// [`TraceStage`](crate::debug::trace::TraceStage), without the trace's
+    /// lock; when the stage is full, recorded under that lock after the
+    /// staged ones. The caller holds `q`'s submit lock.
+    fn trace_submit(&self, (qi, q): (usize, &Queue<B>), seqno: Seqno, dwords: u64, ib_va: u64, wptr: u64) {
         if !cfg!(feature = "trace") {
             return;
         }
-        let ts = self.b.platform().now_ns();
-        let mut t = self.trace.lock();
-        t.note_submit(qi, seqno.0, ts);
-        for (kind, arg) in
-            [(TraceKind::Encode, dwords), (TraceKind::Submit, ib_va), (TraceKind::Doorbell, wptr)]
-        {
-            t.record(TraceEvent { ts_ns: ts, kind, queue: qi as u8, seqno: seqno.0, arg });
+        let ts_ns = self.b.platform().now_ns();
+        let r = SubmitRecord { ts_ns, seqno: seqno.0, dwords, ib_va, wptr };
+        if !q.trace_stage.push(&r) {
+            self.trace_locked().record_submit(qi, &r);
         }
     }
 }
