@@ -418,7 +418,7 @@ impl TraceStage {
     /// trace lock, the copy out only on the first after a submission.
     #[inline(never)]
     fn drain_from(&self, t: u32, h: u32, ring: &mut TraceRing<'_>, queue: usize) {
-        let n = (h.wrapping_sub(t) as usize).min(STAGED_SUBMITS);
+        let n = (h.wrapping_sub(t) as usize).min(self.slots.len());
         for k in 0..n {
             let i = (t as usize).wrapping_add(k).checked_rem(STAGED_SUBMITS).unwrap_or(0);
             let Some([a, b, c, d, e, g, x, y, z, w]) = self.slots.get(i) else { continue };
