@@ -174,7 +174,9 @@ pub struct VaNode {
     /// Directory slot too: number of non-empty regions in group number
     /// `index of this node` (fits the struct's padding).
     group: u8,
-    height: u8,
+    /// Allocation: balance factor in its region tree (height of the right
+    /// subtree minus that of the left, -1 to 1).
+    bal: i8,
     state: u8,
 }
 
@@ -189,7 +191,7 @@ impl VaNode {
         b: NIL,
         root: NIL,
         group: 0,
-        height: 0,
+        bal: 0,
         state: UNUSED,
     };
 
@@ -206,7 +208,7 @@ impl VaNode {
         b: 0,
         root: 0,
         group: 0,
-        height: 0,
+        bal: 0,
         state: UNUSED,
     };
 }
@@ -1464,10 +1466,6 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         self.node(n).map_or(NIL, |x| x.b)
     }
     #[inline]
-    fn height(&self, n: u32) -> u8 {
-        self.node(n).map_or(0, |x| x.height)
-    }
-    #[inline]
     fn state(&self, n: u32) -> u8 {
         self.node(n).map_or(UNUSED, |x| x.state)
     }
@@ -1605,12 +1603,24 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     // ----- region trees: AVL keyed by `start` ------------------------------
+    //
+    // Iterative, with the descent's path on the stack, and a balance factor
+    // per node (height of the right subtree minus that of the left) instead
+    // of a height: retracing after an insertion or removal reads and writes
+    // only nodes of the path (and, for a rotation, the path node's other
+    // child), never the heights of the siblings along the path. The path
+    // holds at most `MAX_HEIGHT` nodes (an AVL tree of `u32::MAX` nodes is
+    // less than 46 high).
 
     #[inline]
-    fn update(&mut self, n: u32) {
-        let h = self.height(self.left(n)).max(self.height(self.right(n))).wrapping_add(1);
+    fn bal(&self, n: u32) -> i8 {
+        self.node(n).map_or(0, |x| x.bal)
+    }
+
+    #[inline]
+    fn set_bal(&mut self, n: u32, b: i8) {
         if let Some(x) = self.node_mut(n) {
-            x.height = h;
+            x.bal = b;
         }
     }
 
@@ -1626,114 +1636,229 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    fn rotate_right(&mut self, n: u32) -> u32 {
-        let l = self.left(n);
-        self.set_left(n, self.right(l));
-        self.set_right(l, n);
-        self.update(n);
-        self.update(l);
-        l
+    /// Child `right` (or left) of `n` becomes `c`; `n == NIL` means the
+    /// root, returned as `root` otherwise unchanged.
+    #[inline]
+    fn link(&mut self, root: u32, n: u32, right: bool, c: u32) -> u32 {
+        if n == NIL {
+            return c;
+        }
+        if right {
+            self.set_right(n, c);
+        } else {
+            self.set_left(n, c);
+        }
+        root
     }
 
-    fn rotate_left(&mut self, n: u32) -> u32 {
-        let r = self.right(n);
-        self.set_right(n, self.left(r));
-        self.set_left(r, n);
-        self.update(n);
-        self.update(r);
-        r
-    }
-
-    fn rebalance(&mut self, n: u32) -> u32 {
-        self.update(n);
-        let (l, r) = (self.left(n), self.right(n));
-        let (hl, hr) = (self.height(l), self.height(r));
-        if hl > hr.saturating_add(1) {
-            if self.height(self.left(l)) < self.height(self.right(l)) {
-                let nl = self.rotate_left(l);
-                self.set_left(n, nl);
+    /// Rebalances `n`, whose balance factor would be `b` (±2), by one
+    /// single or double rotation. Returns the subtree's new top and
+    /// whether the subtree is now one lower than before the rotation (not
+    /// so only when the taller child was balanced, which happens only after
+    /// a removal).
+    fn rotate(&mut self, n: u32, b: i8) -> (u32, bool) {
+        if b > 0 {
+            let r = self.right(n);
+            let br = self.bal(r);
+            if br >= 0 {
+                // Single left rotation.
+                self.set_right(n, self.left(r));
+                self.set_left(r, n);
+                let level = br == 0;
+                self.set_bal(n, if level { 1 } else { 0 });
+                self.set_bal(r, if level { -1 } else { 0 });
+                return (r, !level);
             }
-            return self.rotate_right(n);
-        }
-        if hr > hl.saturating_add(1) {
-            if self.height(self.right(r)) < self.height(self.left(r)) {
-                let nr = self.rotate_right(r);
-                self.set_right(n, nr);
+            // Right-left double rotation.
+            let rl = self.left(r);
+            let brl = self.bal(rl);
+            self.set_right(n, self.left(rl));
+            self.set_left(r, self.right(rl));
+            self.set_left(rl, n);
+            self.set_right(rl, r);
+            self.set_bal(n, if brl > 0 { -1 } else { 0 });
+            self.set_bal(r, if brl < 0 { 1 } else { 0 });
+            self.set_bal(rl, 0);
+            (rl, true)
+        } else {
+            let l = self.left(n);
+            let bl = self.bal(l);
+            if bl <= 0 {
+                // Single right rotation.
+                self.set_left(n, self.right(l));
+                self.set_right(l, n);
+                let level = bl == 0;
+                self.set_bal(n, if level { -1 } else { 0 });
+                self.set_bal(l, if level { 1 } else { 0 });
+                return (l, !level);
             }
-            return self.rotate_left(n);
+            // Left-right double rotation.
+            let lr = self.right(l);
+            let blr = self.bal(lr);
+            self.set_left(n, self.right(lr));
+            self.set_right(l, self.left(lr));
+            self.set_right(lr, n);
+            self.set_left(lr, l);
+            self.set_bal(n, if blr < 0 { 1 } else { 0 });
+            self.set_bal(l, if blr > 0 { -1 } else { 0 });
+            self.set_bal(lr, 0);
+            (lr, true)
         }
-        n
     }
 
     /// Inserts detached node `x` under `root`; returns the new root.
     fn tree_insert(&mut self, root: u32, x: u32) -> u32 {
+        if let Some(v) = self.node_mut(x) {
+            v.a = NIL;
+            v.b = NIL;
+            v.bal = 0;
+        }
         if root == NIL {
-            if let Some(v) = self.node_mut(x) {
-                v.a = NIL;
-                v.b = NIL;
-                v.height = 1;
-            }
             return x;
         }
-        let go_left = self.start(x) < self.start(root);
-        let c = if go_left { self.left(root) } else { self.right(root) };
-        let before = self.height(c);
-        let nc = self.tree_insert(c, x);
-        if go_left {
-            self.set_left(root, nc);
-        } else {
-            self.set_right(root, nc);
+        let key = self.start(x);
+        // Path from the root: nodes, and bit i of `dirs` set when the
+        // descent went right at path[i].
+        let mut path = [NIL; MAX_HEIGHT];
+        let mut dirs = 0u64;
+        let mut d = 0usize;
+        let mut n = root;
+        while let (Some(v), Some(slot)) = (self.node(n), path.get_mut(d)) {
+            *slot = n;
+            let right = key >= v.start;
+            let c = if right { v.b } else { v.a };
+            dirs |= u64::from(right).wrapping_shl(d as u32);
+            d = d.wrapping_add(1);
+            if c == NIL {
+                self.link(root, n, right, x);
+                break;
+            }
+            n = c;
         }
-        if nc == c && self.height(nc) == before {
-            return root;
+        // Retrace: the subtree that grew is on side `right` of path[i].
+        let mut root = root;
+        while let Some(i) = d.checked_sub(1) {
+            d = i;
+            let n = path.get(i).copied().unwrap_or(NIL);
+            let right = dirs.wrapping_shr(i as u32) & 1 != 0;
+            let b = self.bal(n).wrapping_add(if right { 1 } else { -1 });
+            if b == 0 {
+                // The shorter side caught up: height unchanged.
+                self.set_bal(n, 0);
+                break;
+            }
+            if b == 1 || b == -1 {
+                // Grew by one: go on up.
+                self.set_bal(n, b);
+                continue;
+            }
+            // ±2: a rotation restores the height before the insertion.
+            let (top, _) = self.rotate(n, b);
+            let (p, pr) = match i.checked_sub(1) {
+                Some(j) => (path.get(j).copied().unwrap_or(NIL), dirs.wrapping_shr(j as u32) & 1 != 0),
+                None => (NIL, false),
+            };
+            root = self.link(root, p, pr, top);
+            break;
         }
-        self.rebalance(root)
-    }
-
-    /// Detaches the minimum of `root`; returns (new root, min node).
-    fn tree_remove_min(&mut self, root: u32) -> (u32, u32) {
-        let l = self.left(root);
-        if l == NIL {
-            return (self.right(root), root);
-        }
-        let (nl, m) = self.tree_remove_min(l);
-        self.set_left(root, nl);
-        (self.rebalance(root), m)
+        root
     }
 
     /// Detaches the node whose start is `key`; returns the new root and the
     /// detached node, or `None` and an unchanged tree.
     fn tree_remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
-        if root == NIL {
-            return (NIL, None);
-        }
-        let s = self.start(root);
-        if key == s {
-            let (l, r) = (self.left(root), self.right(root));
-            if r == NIL {
-                return (l, Some(root));
+        let mut path = [NIL; MAX_HEIGHT];
+        let mut dirs = 0u64;
+        let mut d = 0usize;
+        let mut n = root;
+        // Search, keeping the path to (not including) the node.
+        let x = loop {
+            let Some(v) = self.node(n) else { return (root, None) };
+            if key == v.start {
+                break n;
             }
-            let (nr, m) = self.tree_remove_min(r);
-            self.set_left(m, l);
-            self.set_right(m, nr);
-            return (self.rebalance(m), Some(root));
-        }
-        let go_left = key < s;
-        let c = if go_left { self.left(root) } else { self.right(root) };
-        let before = self.height(c);
-        let (nc, f) = self.tree_remove(c, key);
-        if f.is_none() {
-            return (root, None);
-        }
-        if go_left {
-            self.set_left(root, nc);
+            let Some(slot) = path.get_mut(d) else { return (root, None) };
+            *slot = n;
+            let right = key > v.start;
+            dirs |= u64::from(right).wrapping_shl(d as u32);
+            d = d.wrapping_add(1);
+            n = if right { v.b } else { v.a };
+        };
+        let ix = d;
+        let (l, r) = (self.left(x), self.right(x));
+        let mut root = root;
+        // The parent of `x`'s place.
+        let (p, pr) = match ix.checked_sub(1) {
+            Some(j) => (path.get(j).copied().unwrap_or(NIL), dirs.wrapping_shr(j as u32) & 1 != 0),
+            None => (NIL, false),
+        };
+        if l != NIL && r != NIL {
+            // Two children: the successor `m` (leftmost of the right
+            // subtree) takes `x`'s place.
+            if let Some(slot) = path.get_mut(d) {
+                *slot = x;
+            }
+            dirs |= 1u64.wrapping_shl(d as u32);
+            d = d.wrapping_add(1);
+            let mut m = r;
+            loop {
+                let ml = self.left(m);
+                if ml == NIL {
+                    break;
+                }
+                let Some(slot) = path.get_mut(d) else { break };
+                *slot = m;
+                d = d.wrapping_add(1);
+                m = ml;
+            }
+            // Out of its old place (its parent is `x` itself when it is
+            // `x`'s right child: then `x.b` takes its right subtree).
+            let mp = path.get(d.wrapping_sub(1)).copied().unwrap_or(NIL);
+            let mpr = dirs.wrapping_shr(d.wrapping_sub(1) as u32) & 1 != 0;
+            let mr = self.right(m);
+            self.link(root, mp, mpr, mr);
+            // Into `x`'s place, with `x`'s links and balance.
+            let (xl, xr, xb) = self.node(x).map_or((NIL, NIL, 0), |v| (v.a, v.b, v.bal));
+            if let Some(v) = self.node_mut(m) {
+                v.a = xl;
+                v.b = xr;
+                v.bal = xb;
+            }
+            if let Some(slot) = path.get_mut(ix) {
+                *slot = m;
+            }
+            root = self.link(root, p, pr, m);
         } else {
-            self.set_right(root, nc);
+            let c = if l != NIL { l } else { r };
+            root = self.link(root, p, pr, c);
         }
-        if nc == c && self.height(nc) == before {
-            return (root, f);
+        // Retrace: the subtree on side `right` of path[i] got one lower.
+        while let Some(i) = d.checked_sub(1) {
+            d = i;
+            let n = path.get(i).copied().unwrap_or(NIL);
+            let right = dirs.wrapping_shr(i as u32) & 1 != 0;
+            let b = self.bal(n).wrapping_sub(if right { 1 } else { -1 });
+            if b == 1 || b == -1 {
+                // Was level: height unchanged.
+                self.set_bal(n, b);
+                break;
+            }
+            if b == 0 {
+                // The taller side shrank: one lower, go on up.
+                self.set_bal(n, 0);
+                continue;
+            }
+            let (top, lower) = self.rotate(n, b);
+            let (p, pr) = match i.checked_sub(1) {
+                Some(j) => (path.get(j).copied().unwrap_or(NIL), dirs.wrapping_shr(j as u32) & 1 != 0),
+                None => (NIL, false),
+            };
+            root = self.link(root, p, pr, top);
+            if !lower {
+                break;
+            }
         }
-        (self.rebalance(root), f)
+        (root, Some(x))
     }
 
     /// Node with the greatest start <= key.
@@ -1794,10 +1919,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if hl.abs_diff(hr) > 1 {
             return Err("AVL balance violated");
         }
-        if hl.max(hr).wrapping_add(1) != v.height {
-            return Err("stored height is wrong");
+        if i16::from(v.bal) != i16::from(hr).wrapping_sub(i16::from(hl)) {
+            return Err("stored balance factor is wrong");
         }
-        Ok(v.height)
+        Ok(hl.max(hr).wrapping_add(1))
     }
 }
 
