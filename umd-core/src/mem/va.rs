@@ -1270,7 +1270,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     fn list_push(&mut self, h: u32) {
-        let c = class_of(self.len(h) >> GRANULE_SHIFT);
+        self.list_push_in(h, class_of(self.len(h) >> GRANULE_SHIFT));
+    }
+
+    /// Pushes hole `h` on the list of class `c` (its class).
+    #[inline]
+    fn list_push_in(&mut self, h: u32, c: usize) {
         let old = self.head_of(c);
         if let Some(v) = self.node_mut(h) {
             v.a = NIL;
@@ -1290,7 +1295,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     fn list_unlink(&mut self, h: u32) {
-        let c = class_of(self.len(h) >> GRANULE_SHIFT);
+        self.list_unlink_in(h, class_of(self.len(h) >> GRANULE_SHIFT));
+    }
+
+    /// Takes hole `h` off the list of class `c` (its class).
+    #[inline]
+    fn list_unlink_in(&mut self, h: u32, c: usize) {
         let (p, n) = self.node(h).map_or((NIL, NIL), |v| (v.a, v.b));
         if let Some(v) = self.node_mut(n) {
             v.a = p;
@@ -1320,16 +1330,16 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     #[inline]
     fn resize_hole(&mut self, h: u32, start: u64, len: u64) {
         let old = class_of(self.len(h) >> GRANULE_SHIFT);
-        let moved = old != class_of(len >> GRANULE_SHIFT);
-        if moved {
-            self.list_unlink(h);
+        let new = class_of(len >> GRANULE_SHIFT);
+        if old != new {
+            self.list_unlink_in(h, old);
         }
         if let Some(v) = self.node_mut(h) {
             v.start = start;
             v.len = len;
         }
-        if moved {
-            self.list_push(h);
+        if old != new {
+            self.list_push_in(h, new);
         }
     }
 
