@@ -1716,7 +1716,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// Inserts detached node `x` under `root`; returns the new root.
+    /// Inserts detached node `x` under `root`; returns the new root. Out
+    /// of line: the list index's paths, which share its callers, do not
+    /// carry its stack frame.
+    #[inline(never)]
     fn tree_insert(&mut self, root: u32, x: u32) -> u32 {
         if let Some(v) = self.node_mut(x) {
             v.a = NIL;
@@ -1775,7 +1778,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     /// Detaches the node whose start is `key`; returns the new root and the
-    /// detached node, or `None` and an unchanged tree.
+    /// detached node, or `None` and an unchanged tree. Out of line, as
+    /// `tree_insert`.
+    #[inline(never)]
     fn tree_remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
         let mut path = [NIL; MAX_HEIGHT];
         let mut dirs = 0u64;
