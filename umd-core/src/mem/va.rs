@@ -554,8 +554,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 // tree takes it back for the release to remove.
                 if !self.list_index {
                     if let Some(r) = self.region_of(addr) {
-                        let root = self.tree_insert(self.root(r), x);
-                        self.set_root(r, root);
+                        self.tree_insert_region(r, x);
                     }
                 }
                 // Cannot fail: `x` is an allocation at `addr`.
@@ -713,10 +712,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             }
             x
         } else {
-            let (root, removed) = self.tree_remove(self.root(r), addr);
-            let x = removed.ok_or(VaError::NotAllocated)?;
-            self.set_root(r, root);
-            x
+            self.tree_remove_region(r, addr).ok_or(VaError::NotAllocated)?
         };
         Ok(self.release_alloc(r, x, addr))
     }
@@ -1180,8 +1176,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                     self.set_root(r, n);
                 }
             } else {
-                let root = self.tree_insert(self.root(r), n);
-                self.set_root(r, root);
+                self.tree_insert_region(r, n);
             }
         }
         self.count_alloc(size);
@@ -1716,10 +1711,18 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// Inserts detached node `x` under `root`; returns the new root. Out
-    /// of line: the list index's paths, which share its callers, do not
-    /// carry its stack frame.
+    /// Inserts detached allocation `x` into the tree of region `r`. Out of
+    /// line: inlined, the tree code's registers and stack frame cost the
+    /// list index's paths, which share its callers, ~4 % of their
+    /// instructions (`tools/perf-gate.sh`, `va_recycling_*`).
     #[inline(never)]
+    fn tree_insert_region(&mut self, r: u32, x: u32) {
+        let root = self.tree_insert(self.root(r), x);
+        self.set_root(r, root);
+    }
+
+    /// Inserts detached node `x` under `root`; returns the new root.
+    #[inline(always)]
     fn tree_insert(&mut self, root: u32, x: u32) -> u32 {
         if let Some(v) = self.node_mut(x) {
             v.a = NIL;
@@ -1777,10 +1780,20 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         root
     }
 
-    /// Detaches the node whose start is `key`; returns the new root and the
-    /// detached node, or `None` and an unchanged tree. Out of line, as
-    /// `tree_insert`.
+    /// Detaches the allocation starting at `key` from the tree of region
+    /// `r`, if there is one. Out of line, as `tree_insert_region`.
     #[inline(never)]
+    fn tree_remove_region(&mut self, r: u32, key: u64) -> Option<u32> {
+        let (root, removed) = self.tree_remove(self.root(r), key);
+        if removed.is_some() {
+            self.set_root(r, root);
+        }
+        removed
+    }
+
+    /// Detaches the node whose start is `key`; returns the new root and the
+    /// detached node, or `None` and an unchanged tree.
+    #[inline(always)]
     fn tree_remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
         let mut path = [NIL; MAX_HEIGHT];
         let mut dirs = 0u64;
