@@ -199,18 +199,8 @@ impl VaNode {
     /// (a `static` of it is `.bss`, not `.data`). The allocator reads a node
     /// only after resetting it (directory slots in `new`, the others when
     /// taken), so the filler's links are never followed.
-    pub const ZEROED: VaNode = VaNode {
-        start: 0,
-        len: 0,
-        prev: 0,
-        next: 0,
-        a: 0,
-        b: 0,
-        root: 0,
-        group: 0,
-        bal: 0,
-        state: UNUSED,
-    };
+    pub const ZEROED: VaNode =
+        VaNode { start: 0, len: 0, prev: 0, next: 0, a: 0, b: 0, root: 0, group: 0, bal: 0, state: UNUSED };
 }
 
 impl VaNode {
