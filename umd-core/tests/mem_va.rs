@@ -746,10 +746,9 @@ impl AsMut<[VaNode]> for Counting {
 /// with one child and with two (successor the right child, or deeper),
 /// checked after every operation.
 #[test]
+#[cfg_attr(miri, ignore = "validates 2,000 nodes after each of ~2,400 operations: too slow under Miri")]
 fn one_region_tree_through_every_rotation() {
-    // Under Miri a fifth of the operations (`validate` walks every node
-    // and region at every step).
-    let (nodes, run, scattered) = if cfg!(miri) { (420, 10, 300) } else { (2100, 50, 1500) };
+    let (nodes, run, scattered) = (2100, 50, 1500);
     let mut a = arena(nodes, 0, 1 << 47);
     let mut live = Vec::new();
     // Ascending (bottom-up) and descending (top-down) runs.
@@ -788,6 +787,7 @@ fn one_region_tree_through_every_rotation() {
 /// (111 / 74 / 115 for the three phases below before the trees kept
 /// balance factors, against 35 / 30 / 37).
 #[test]
+#[cfg_attr(miri, ignore = "2,000 operations through a counting storage: minutes under Miri")]
 fn region_tree_updates_touch_only_their_path() {
     let count = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let storage = Counting { nodes: vec![VaNode::EMPTY; 2100], touches: count.clone() };
