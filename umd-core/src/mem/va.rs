@@ -1917,7 +1917,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if x == NIL {
             return Ok(0);
         }
-        if depth > MAX_HEIGHT {
+        if depth >= MAX_HEIGHT {
             return Err("tree deeper than the AVL bound");
         }
         let v = self.node(x).ok_or("link out of range")?;
