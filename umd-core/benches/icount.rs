@@ -296,8 +296,8 @@ fn va_setup(load: VaLoad) -> Box<VaFixture> {
     va_fill(VaAllocator::new(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
 }
 
-/// `va_setup` with recycling (`VaAllocator::new_recycling`), as
-/// tools/talc-bench's adapter runs it.
+/// `va_setup` with recycling (`VaAllocator::new_recycling`), as the
+/// driver builds its GPU VA allocator and tools/talc-bench's adapter runs it.
 fn va_recycling_setup(load: VaLoad) -> Box<VaFixture<true>> {
     let (nodes, arena) = va_arena(load);
     va_fill(VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes], 1 << 32, arena).expect("arena"), load)
@@ -372,8 +372,11 @@ fn va_handle_steps(fx: Box<VaFixture>) -> Box<VaFixture> {
 }
 
 // `va_steps` with recycling: a freed range of up to 8 KiB is kept for the
-// next request of its exact length (`VaAllocator::new_recycling`).
+// next request of its exact length (`VaAllocator::new_recycling`). `mixed`
+// and `small` are the driver's configuration (region trees).
 #[library_benchmark]
+#[bench::mixed(args = (VaLoad::Mixed), setup = va_recycling_setup)]
+#[bench::small(args = (VaLoad::Small), setup = va_recycling_setup)]
 #[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
 fn va_recycling_steps(fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
     replay_steps(fx)
@@ -381,6 +384,7 @@ fn va_recycling_steps(fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
 
 // `va_handle_steps` with recycling.
 #[library_benchmark]
+#[bench::mixed(args = (VaLoad::Mixed), setup = va_recycling_setup)]
 #[bench::dense(args = (VaLoad::Dense), setup = va_recycling_setup)]
 fn va_recycling_handle_steps(fx: Box<VaFixture<true>>) -> Box<VaFixture<true>> {
     replay_handle_steps(fx)
