@@ -148,6 +148,19 @@ pub const RECYCLE_CLASSES: usize = 64;
 /// and allocations of talc's suite on the general path (docs/perf.md).
 pub const RECYCLE_LIMIT: u32 = 512;
 
+/// A recycled range keeps its stack link in the high half of its `len`
+/// (its length, at most `RECYCLE_CLASSES` granules, in the low half), so
+/// that it keeps every other link: it stays in its region tree.
+const LINK_SHIFT: u32 = 32;
+/// The length part of a recycled range's `len`.
+const CACHED_LEN: u64 = (1 << LINK_SHIFT) - 1;
+
+/// The stack link in a recycled range's `len`.
+#[inline(always)]
+const fn stack_link(len: u64) -> u32 {
+    (len >> LINK_SHIFT) as u32
+}
+
 /// log2 of the number of sub-classes per power of two.
 const SL_LOG2: u32 = 4;
 const SL_COUNT: usize = 1 << SL_LOG2;
@@ -211,7 +224,7 @@ impl VaNode {
         self.state == ALLOC || self.state == RETIRED
     }
 
-    /// In the list index (when the allocator has one): an allocation or a
+    /// In the allocation index (list or region tree): an allocation or a
     /// recycled range.
     #[inline(always)]
     fn is_listed(&self) -> bool {
@@ -536,18 +549,13 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             while left != 0 {
                 let Some(v) = self.node_mut(x) else { break };
                 left = left.wrapping_sub(1);
-                let (next, addr, size) = (v.b, v.start, v.len);
+                let (next, addr, size) = (stack_link(v.len), v.start, v.len & CACHED_LEN);
+                v.len = size;
                 v.state = ALLOC;
                 self.alloc_count = self.alloc_count.wrapping_add(1);
                 self.used = self.used.wrapping_add(size);
-                // With the list index the range is still indexed; a region
-                // tree takes it back for the release to remove.
-                if !self.list_index {
-                    if let Some(r) = self.region_of(addr) {
-                        self.tree_insert_region(r, x);
-                    }
-                }
-                // Cannot fail: `x` is an allocation at `addr`.
+                // Still indexed (list or region tree): the release takes it
+                // out. Cannot fail: `x` is an allocation at `addr`.
                 let _ = self.free_handle(VaHandle { addr, node: x });
                 x = next;
             }
@@ -589,7 +597,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     /// Recycling: takes the top range of the stack of `size`, if any and if
-    /// it meets `align`, as a new allocation. O(1) plus the index insertion.
+    /// it meets `align`, as a new allocation. O(1): the range is still in
+    /// the index (list or region tree), so nothing is inserted.
     #[inline]
     fn recycle_pop(&mut self, size: u64, align: u64) -> Option<(u32, u64)> {
         let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
@@ -599,37 +608,42 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if addr & align.wrapping_sub(1) != 0 {
             return None;
         }
-        let next = v.b;
+        let next = stack_link(v.len);
+        v.len = size;
         v.state = ALLOC;
         if let Some(h) = self.recycle_heads.get_mut(i) {
             *h = next;
         }
         self.recycled = self.recycled.wrapping_sub(1);
-        if self.list_index {
-            // Still in the list index (recycled ranges stay there).
-            self.count_alloc(size);
-        } else {
-            self.index_alloc(x, addr, size);
-        }
+        self.count_alloc(size);
         Some((x, addr))
     }
 
-    /// Recycling: keeps freed allocation `x` of `size` bytes (out of the
-    /// region tree; with the list index still in it) on its stack, if it
-    /// has one and fewer than [`RECYCLE_LIMIT`] ranges are kept.
+    /// Recycling: whether a freed allocation of `size` bytes is kept (it
+    /// has a stack and fewer than [`RECYCLE_LIMIT`] ranges are kept). Then
+    /// it stays in the index, so `free` and `free_handle` ask first.
+    #[inline(always)]
+    fn recyclable(&self, size: u64) -> bool {
+        RECYCLE && size >> GRANULE_SHIFT <= RECYCLE_CLASSES as u64 && self.recycled < RECYCLE_LIMIT
+    }
+
+    /// Recycling: keeps freed allocation `x` of `size` bytes (still in the
+    /// index) on its stack if [`Self::recyclable`]. The stack link goes in
+    /// the high half of `len`: a recycled range keeps its tree links
+    /// (`a`, `b`, `bal`) and address links.
     #[inline]
     fn recycle_push(&mut self, x: u32, size: u64) -> bool {
+        // `recyclable`, with the stack's bounds check as the length check.
         let i = (size >> GRANULE_SHIFT).wrapping_sub(1) as usize;
         let Some(&top) = self.recycle_heads.get(i) else {
             return false;
         };
-        if self.recycled >= RECYCLE_LIMIT {
+        if !RECYCLE || self.recycled >= RECYCLE_LIMIT {
             return false;
         }
         let Some(v) = self.node_mut(x) else { return false };
         v.state = CACHED;
-        v.a = NIL;
-        v.b = top;
+        v.len = size | u64::from(top) << LINK_SHIFT;
         if let Some(h) = self.recycle_heads.get_mut(i) {
             *h = x;
         }
@@ -702,6 +716,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             }
             x
         } else {
+            // A range recycling keeps stays in its tree: then this is the
+            // search alone.
             self.tree_remove_region(r, addr).ok_or(VaError::NotAllocated)?
         };
         Ok(self.release_alloc(r, x, addr))
@@ -724,7 +740,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             return self.free(addr);
         };
         if !self.list_index {
-            if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
+            if self.recyclable(self.len(x)) {
+                // Kept by recycling: it stays in its tree.
+            } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
                 // The region's only allocation (the usual case when
                 // allocations are spread over the arena): no tree to search.
                 self.set_root(r, NIL);
@@ -756,12 +774,13 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         }
     }
 
-    /// Frees allocation `x` of region `r` (at `addr`, already out of the
-    /// region tree; with the list index still in it when recycling, out of
-    /// it otherwise: its callers unindex it right after the lookup, which
-    /// keeps the region's slot in registers) and returns its size. Onto its
-    /// recycling stack if it has one with room (a recycled range stays in
-    /// the list index), else out of the list index and into a hole. O(1).
+    /// Frees allocation `x` of region `r` (at `addr`) and returns its size.
+    /// Onto its recycling stack if [`Self::recyclable`], still in the index
+    /// (the callers leave it there), else into a hole. Out of the index
+    /// first: a region tree's callers took it out unless it is recyclable;
+    /// without recycling the list index's callers took it out right after
+    /// the lookup (which keeps the region's slot in registers); with
+    /// recycling it is taken out here. O(1).
     #[inline(always)]
     fn release_alloc(&mut self, r: u32, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
@@ -883,7 +902,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             if v.start != expect {
                 return Err("ranges leave a gap or overlap");
             }
-            if v.len == 0 || v.start % MIN_ALIGN != 0 || v.len % MIN_ALIGN != 0 {
+            // A recycled range's `len` holds its stack link in the high half.
+            let len = if v.state == CACHED { v.len & CACHED_LEN } else { v.len };
+            if len == 0 || v.start % MIN_ALIGN != 0 || len % MIN_ALIGN != 0 {
                 return Err("empty or misaligned range");
             }
             match v.state {
@@ -903,12 +924,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 }
                 CACHED => {
                     cached = cached.wrapping_add(1);
-                    free = free.wrapping_add(v.len);
+                    free = free.wrapping_add(len);
                 }
                 _ => return Err("unused node on the address list"),
             }
             last_was_hole = v.state == HOLE;
-            expect = v.start.checked_add(v.len).ok_or("range wraps")?;
+            expect = v.start.checked_add(len).ok_or("range wraps")?;
             prev = x;
             x = v.next;
         }
@@ -940,11 +961,11 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                     return Err("recycling stacks hold more ranges than are recycled");
                 }
                 let v = self.node(y).ok_or("link out of range on a recycling stack")?;
-                if v.state != CACHED || v.len >> GRANULE_SHIFT != (i as u64).wrapping_add(1) {
+                if v.state != CACHED || (v.len & CACHED_LEN) >> GRANULE_SHIFT != (i as u64).wrapping_add(1) {
                     return Err("wrong range on a recycling stack");
                 }
                 stacked = stacked.wrapping_add(1);
-                y = v.b;
+                y = stack_link(v.len);
             }
         }
         if stacked != cached {
@@ -1023,7 +1044,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
                 }
             } else {
                 let mut prev_key = None;
-                self.check_tree(root, 0, r, &mut prev_key, &mut indexed)?;
+                self.check_tree(root, 0, r, &mut prev_key, &mut indexed, &mut indexed_cached)?;
             }
             let g = r / GROUP;
             if r.wrapping_add(1) % GROUP == 0 || r.wrapping_add(1) == self.regions {
@@ -1043,8 +1064,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if indexed != allocs {
             return Err("region trees hold a different number of allocations");
         }
-        if self.list_index && indexed_cached != cached {
-            return Err("a recycled range is missing from the list index");
+        if indexed_cached != cached {
+            return Err("a recycled range is missing from the index");
         }
         Ok(())
     }
@@ -1555,7 +1576,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         for _ in 0..MAX_HEIGHT {
             let v = self.node(x)?;
             if addr == v.start {
-                return Some(x);
+                // Recycled ranges stay in their trees.
+                return v.is_allocation().then_some(x);
             }
             x = if addr < v.start { v.a } else { v.b };
         }
@@ -1770,8 +1792,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         root
     }
 
-    /// Detaches the allocation starting at `key` from the tree of region
-    /// `r`, if there is one. Out of line, as `tree_insert_region`.
+    /// The allocation starting at `key` in the tree of region `r`, if there
+    /// is one (not a recycled range), detached from the tree unless
+    /// recycling will keep it ([`Self::recyclable`]: then it stays).
+    /// Out of line, as `tree_insert_region`.
     #[inline(never)]
     fn tree_remove_region(&mut self, r: u32, key: u64) -> Option<u32> {
         let (root, removed) = self.tree_remove(self.root(r), key);
@@ -1781,8 +1805,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         removed
     }
 
-    /// Detaches the node whose start is `key`; returns the new root and the
-    /// detached node, or `None` and an unchanged tree.
+    /// The allocation whose start is `key`: detached (unless recyclable),
+    /// with the new root; `None` and an unchanged tree when there is none.
     #[inline(always)]
     fn tree_remove(&mut self, root: u32, key: u64) -> (u32, Option<u32>) {
         let mut path = [NIL; MAX_HEIGHT];
@@ -1793,6 +1817,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let x = loop {
             let Some(v) = self.node(n) else { return (root, None) };
             if key == v.start {
+                // Only recycling leaves other ranges (recycled ones) in
+                // the trees.
+                if RECYCLE && !v.is_allocation() {
+                    return (root, None);
+                }
+                if self.recyclable(v.len) {
+                    return (root, Some(n));
+                }
                 break n;
             }
             let Some(slot) = path.get_mut(d) else { return (root, None) };
@@ -1913,6 +1945,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         region: u32,
         prev_key: &mut Option<u64>,
         count: &mut u64,
+        cached: &mut u64,
     ) -> Result<u8, &'static str> {
         if x == NIL {
             return Ok(0);
@@ -1921,8 +1954,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             return Err("tree deeper than the AVL bound");
         }
         let v = self.node(x).ok_or("link out of range")?;
-        let hl = self.check_tree(v.a, depth.wrapping_add(1), region, prev_key, count)?;
-        if v.state != ALLOC && v.state != RETIRED {
+        let hl = self.check_tree(v.a, depth.wrapping_add(1), region, prev_key, count, cached)?;
+        // Recycled ranges stay in their trees.
+        if !v.is_listed() {
             return Err("hole in a region tree");
         }
         if self.region_of(v.start) != Some(region) {
@@ -1932,8 +1966,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             return Err("region tree out of order");
         }
         *prev_key = Some(v.start);
-        *count = count.wrapping_add(1);
-        let hr = self.check_tree(v.b, depth.wrapping_add(1), region, prev_key, count)?;
+        if v.state == CACHED {
+            *cached = cached.wrapping_add(1);
+        } else {
+            *count = count.wrapping_add(1);
+        }
+        let hr = self.check_tree(v.b, depth.wrapping_add(1), region, prev_key, count, cached)?;
         if hl.abs_diff(hr) > 1 {
             return Err("AVL balance violated");
         }
