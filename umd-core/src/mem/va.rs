@@ -38,11 +38,13 @@
 //!   that length in O(1), without a size-class search, a split or
 //!   coalescing; an allocation that would fail flushes them into the holes
 //!   first. Half the instructions of an alloc/free pair of small requests
-//!   (docs/perf.md, talc's suite). With the list index a recycled range
-//!   stays in the index (a directory slot may name one) until it is
-//!   flushed, so such a free and alloc do not touch the index beyond the
-//!   free's lookup; lookups skip recycled ranges (a free, `lookup` or
-//!   `retire` of one is [`VaError::NotAllocated`]).
+//!   (docs/perf.md, talc's suite). A recycled range stays in the index
+//!   (the list, where a directory slot may name one, or its region tree;
+//!   its stack link is the high half of its length field, so it keeps its
+//!   tree links) until it is flushed, so such a free and alloc do not
+//!   touch the index beyond the free's lookup (with region trees: the
+//!   search, no removal, no insertion); lookups skip recycled ranges (a
+//!   free, `lookup` or `retire` of one is [`VaError::NotAllocated`]).
 //!   The driver builds its GPU VA allocator this way (direct mode with the
 //!   MMU, kernel mode): a freed range of up to 8 KiB (an 8 KiB slab of
 //!   128 B slots given back, a 4 or 8 KiB block of its own) is the first
@@ -56,10 +58,10 @@
 //! | [`VaAllocator::alloc_fixed`] | one region-tree search, at most one bitmap lookup and one more tree search, a split |
 //! | [`VaAllocator::free`] | one region-tree removal (list index: a walk of ≤ 34 ranges), then O(1): both neighbours via links, ≤ 2 free-list moves |
 //! | [`VaAllocator::alloc_handle`] | as `alloc` |
-//! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
+//! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index, for a range recycling keeps or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
-//! | with recycling: `alloc` of a recycled length, `free` while fewer than [`RECYCLE_LIMIT`] ranges are kept | O(1) (no search, split or coalescing), plus, with region trees, the index insertion or removal (the list index keeps recycled ranges) |
-//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees one insertion and the removal) |
+//! | with recycling: `alloc` of a recycled length, `free` while fewer than [`RECYCLE_LIMIT`] ranges are kept | `alloc`: O(1) (no search, split, coalescing or index insertion); `free`: the lookup (a region-tree search, no removal), then O(1); `free_handle`: O(1) |
+//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees the removal) |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
 //! A region tree holds only the allocations that start in its region, so it
@@ -728,9 +730,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// always that of [`VaAllocator::free`]`(handle.addr())`, but when the
     /// handle's node still records the allocation (checked in O(1)) the
     /// address is not looked up: with the list index the whole free is
-    /// O(1); with region trees a region's only allocation is unlinked in
-    /// O(1), otherwise by the tree removal (the same O(log n) descent as
-    /// `free`, no separate search). A stale handle (its
+    /// O(1); with region trees a range recycling keeps stays in its tree
+    /// and a region's only allocation is unlinked, both in O(1), otherwise
+    /// by the tree removal (the same O(log n) descent as `free`, no
+    /// separate search). A stale handle (its
     /// allocation freed, the node reused) falls back to the address lookup.
     pub fn free_handle(&mut self, handle: VaHandle) -> Result<u64, VaError> {
         let addr = handle.addr;
