@@ -64,7 +64,8 @@
 //! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees the removal) |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
-//! A region tree holds only the allocations that start in its region, so it
+//! A region tree holds only the allocations (and, with recycling, at most
+//! [`RECYCLE_LIMIT`] kept ranges) that start in its region, so it
 //! is a handful of nodes when allocations are spread over the arena, and at
 //! worst (everything in one region) an AVL tree of all `n` allocations:
 //! height ≤ 1.44 log2(n + 2). Every operation is therefore O(log n) in the
@@ -175,12 +176,15 @@ const GROUP_WORDS: usize = 64;
 #[derive(Clone, Copy, Debug)]
 pub struct VaNode {
     start: u64,
+    /// Length in bytes. A recycled range (`CACHED`) keeps its length in
+    /// the low half and its recycling stack link in the high half.
     len: u64,
     /// Address order: previous and next range.
     prev: u32,
     next: u32,
-    /// Hole: previous / next in its size class. Allocation: left / right
-    /// child in its region tree. Unused: `b` links the free node list.
+    /// Hole: previous / next in its size class. Allocation or recycled
+    /// range: left / right child in its region tree (the list index leaves
+    /// them unused). Unused: `b` links the free node list.
     a: u32,
     b: u32,
     /// Directory slot, independent of this node's own role: root of the
@@ -377,7 +381,7 @@ pub struct VaAllocator<S, const RECYCLE: bool = false> {
     /// [`RECYCLE_LIMIT`]).
     recycled: u32,
     /// Top of the recycling stack of ranges of `g + 1` granules (linked
-    /// through `b`).
+    /// through the high half of each range's `len`, see [`stack_link`]).
     recycle_heads: [u32; RECYCLE_CLASSES],
 }
 
@@ -626,6 +630,8 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// it stays in the index, so `free` and `free_handle` ask first.
     #[inline(always)]
     fn recyclable(&self, size: u64) -> bool {
+        // `recycle_push`'s test: an allocation is at least one granule, so
+        // this length check is its stack-index bounds check.
         RECYCLE && size >> GRANULE_SHIFT <= RECYCLE_CLASSES as u64 && self.recycled < RECYCLE_LIMIT
     }
 
