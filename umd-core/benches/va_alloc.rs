@@ -15,7 +15,9 @@
 //! translated to offsets. A second row of ours runs the same workload in a
 //! 128 TiB arena, where all allocations share one region tree (the
 //! allocation index's O(log n) worst-case shape); its fragmentation column
-//! is not comparable (the arena is mostly one hole).
+//! is not comparable (the arena is mostly one hole). A fourth row of ours is
+//! the driver's configuration and path: recycling, with `alloc_handle` and
+//! `free_handle` (a free without the address lookup).
 //! Run: `cargo bench -p umd-core --bench va_alloc`
 //! (`VA_BENCH_ONLY_OURS=1` for our two rows only, e.g. under `perf record`;
 //! `VA_BENCH_LARGE_ALIGN=128` gives the large class 128 B alignment).
@@ -25,7 +27,7 @@ use std::hint::black_box;
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
 
 const ARENA: u64 = 1 << 30;
 const LIVE: usize = 10_000;
@@ -34,8 +36,11 @@ const NODES: usize = 2 * LIVE + 16;
 
 trait RangeAlloc {
     fn name(&self) -> &'static str;
-    fn alloc(&mut self, size: u64, align: u64) -> Option<u64>;
-    fn free(&mut self, addr: u64, size: u64, align: u64);
+    /// What an allocation hands back and its free takes: the address, or
+    /// for [`OursHandles`] the allocator's handle.
+    type Token: Copy;
+    fn alloc(&mut self, size: u64, align: u64) -> Option<Self::Token>;
+    fn free(&mut self, token: Self::Token, size: u64, align: u64);
     /// Bytes not allocated (including rounding the allocator keeps).
     fn free_bytes(&self) -> u64;
     /// Out-of-band metadata bytes (not counting the managed range).
@@ -61,6 +66,7 @@ struct Ours<const R: bool>(VaAllocator<Box<[VaNode]>, R>, bool);
 const SPARSE_ARENA: u64 = 1 << 47;
 
 impl<const R: bool> RangeAlloc for Ours<R> {
+    type Token = u64;
     fn name(&self) -> &'static str {
         match (R, self.1) {
             (true, _) => "umd-core VaAllocator, recycling",
@@ -76,6 +82,30 @@ impl<const R: bool> RangeAlloc for Ours<R> {
     }
     fn free(&mut self, addr: u64, _size: u64, _align: u64) {
         self.0.free(addr).unwrap();
+    }
+    fn free_bytes(&self) -> u64 {
+        self.0.stats().free
+    }
+    fn metadata_bytes(&self) -> u64 {
+        self.0.stats().metadata_bytes()
+    }
+}
+
+/// The driver's configuration and path: recycling, allocated with
+/// `alloc_handle` and freed with `free_handle` (the driver's buffers keep
+/// the handle), so a free does not look its address up.
+struct OursHandles(VaAllocator<Box<[VaNode]>, true>);
+
+impl RangeAlloc for OursHandles {
+    type Token = VaHandle;
+    fn name(&self) -> &'static str {
+        "umd-core VaAllocator, recycling, freed by handle (the driver's path)"
+    }
+    fn alloc(&mut self, size: u64, align: u64) -> Option<VaHandle> {
+        self.0.alloc_handle(size, align, Placement::BottomUp).ok()
+    }
+    fn free(&mut self, handle: VaHandle, _size: u64, _align: u64) {
+        self.0.free_handle(handle).unwrap();
     }
     fn free_bytes(&self) -> u64 {
         self.0.stats().free
@@ -126,6 +156,7 @@ fn layout(size: u64, align: u64) -> Layout {
 struct Lla(linked_list_allocator::Heap, Region);
 
 impl RangeAlloc for Lla {
+    type Token = u64;
     fn name(&self) -> &'static str {
         "linked_list_allocator 0.10"
     }
@@ -146,6 +177,7 @@ impl RangeAlloc for Lla {
 struct Buddy(buddy_system_allocator::Heap<32>, Region);
 
 impl RangeAlloc for Buddy {
+    type Token = u64;
     fn name(&self) -> &'static str {
         "buddy_system_allocator 0.11 Heap"
     }
@@ -167,6 +199,7 @@ impl RangeAlloc for Buddy {
 struct BuddyFrames(buddy_system_allocator::FrameAllocator<32>, u64);
 
 impl RangeAlloc for BuddyFrames {
+    type Token = u64;
     fn name(&self) -> &'static str {
         "buddy_system_allocator FrameAllocator"
     }
@@ -189,6 +222,7 @@ impl RangeAlloc for BuddyFrames {
 struct Talc(talc::Talc<talc::ErrOnOom>, Region);
 
 impl RangeAlloc for Talc {
+    type Token = u64;
     fn name(&self) -> &'static str {
         "talc 4.4"
     }
@@ -264,7 +298,7 @@ struct Result {
     failures: u64,
 }
 
-fn populate<A: RangeAlloc>(a: &mut A, r: &mut Rng, live: &mut Vec<(u64, u64, u64)>, failures: &mut u64) {
+fn populate<A: RangeAlloc>(a: &mut A, r: &mut Rng, live: &mut Vec<(A::Token, u64, u64)>, failures: &mut u64) {
     while live.len() < LIVE {
         let (s, al) = request(r);
         match a.alloc(s, al) {
@@ -387,6 +421,11 @@ fn main() {
         Ours(
             VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap(),
             false,
+        )
+    }));
+    results.push(run(|| {
+        OursHandles(
+            VaAllocator::new_recycling(vec![VaNode::EMPTY; NODES].into_boxed_slice(), 0, ARENA).unwrap(),
         )
     }));
     if std::env::var_os("VA_BENCH_ONLY_OURS").is_some() {
