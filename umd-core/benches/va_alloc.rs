@@ -19,7 +19,7 @@
 //! the driver's configuration and path: recycling, with `alloc_handle` and
 //! `free_handle` (a free without the address lookup).
 //! Run: `cargo bench -p umd-core --bench va_alloc`
-//! (`VA_BENCH_ONLY_OURS=1` for our two rows only, e.g. under `perf record`;
+//! (`VA_BENCH_ONLY_OURS=1` for our four rows only, e.g. under `perf record`;
 //! `VA_BENCH_LARGE_ALIGN=128` gives the large class 128 B alignment).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
