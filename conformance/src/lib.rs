@@ -12,6 +12,7 @@
 //! rejection, page faults, hang recovery, IB pool exhaustion, the gen2
 //! misaligned-fence rule, a seeded stress run; buffer lifecycles (a buffer
 //! freed while in flight, ten thousand buffers across the size classes);
+//! a buffer asked for again at its fixed address while a copy reads it;
 //! failure propagation, a failure history that survives many resets, a wait
 //! before signal that is not a hang, and several submitting threads.
 //!
@@ -214,7 +215,7 @@ impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
 }
 
 /// Number of scenarios.
-pub const SCENARIOS: usize = 20;
+pub const SCENARIOS: usize = 21;
 
 /// Every scenario, in a fixed order.
 pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
@@ -231,6 +232,7 @@ pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENAR
         Scenario { name: "gen2_misaligned_fence", body: misaligned_fence },
         Scenario { name: "stress_random_dependencies", body: stress },
         Scenario { name: "free_while_in_flight", body: free_while_in_flight },
+        Scenario { name: "fixed_address_reuse", body: fixed_address_reuse },
         Scenario { name: "many_small_buffers", body: many_small_buffers },
         Scenario { name: "failure_propagates", body: failure_propagates },
         Scenario { name: "failure_history_survives_resets", body: history_survives_resets },
@@ -256,6 +258,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "gen2_misaligned_fence",
     "stress_random_dependencies",
     "free_while_in_flight",
+    "fixed_address_reuse",
     "many_small_buffers",
     "failure_propagates",
     "failure_history_survives_resets",
@@ -900,6 +903,59 @@ fn free_while_in_flight<B: Backend, const C: usize>(
         destroy_gate(dev, g, d)?;
     }
     Ok(())
+}
+
+/// A buffer at a fixed GPU address (capture/replay): a buffer freed while a
+/// copy reads it and asked for again at its address is given out only once
+/// the copy has stopped, the copy reads the original data, and GPU writes
+/// to the new buffer land at that address. A live range and a misaligned
+/// address are refused with their causes. Skipped where GPU addresses are
+/// the memory's own (MMU bypassed).
+fn fixed_address_reuse<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    use umd_core::mem::AllocError;
+    // Large: a block of its own, so the address is the buffer's.
+    const LEN: u64 = 256 * 1024;
+    const WORDS: usize = (LEN / 4) as usize;
+    let (src, s) = alloc_with(dev, &BufferDesc::new(LEN).tag("fixed-first"), d)?;
+    let (out, o) = alloc(dev, LEN, d)?;
+    fill(dev, src, WORDS, |i| pattern(i, 0xF1ED), d)?;
+    let f = submit(dev, COPY, &[], d, |cb| cb.copy(s, o, LEN))?;
+    free(dev, src, d)?;
+    let desc = BufferDesc::new(LEN).at(s).tag("fixed-again");
+    let h = match dev.alloc(&desc) {
+        Ok(h) => h,
+        Err(AllocError::FixedAddressUnsupported) => {
+            let _ = dev.wait(f, GUARD_NS);
+            let _ = dev.free(out);
+            skip!(d, "MMU bypassed: a GPU address is the memory's own")
+        }
+        Err(e) => fail!(d, "alloc at {s:#x}: {e}"),
+    };
+    check!(
+        d,
+        !matches!(dev.query(f), Ok(FenceStatus::Pending)),
+        "{s:#x} given out again while the copy reading it was in flight"
+    );
+    check!(d, dev.va(h) == Ok(s), "asked for {s:#x}, got {:?}", dev.va(h));
+    wait(dev, f, d)?;
+    expect_words(dev, out, WORDS, d, |i| pattern(i, 0xF1ED))?;
+    let g = submit(dev, COPY, &[], d, |cb| cb.fill(s, LEN, 0x600D_F1ED))?;
+    wait(dev, g, d)?;
+    expect_words(dev, h, WORDS, d, |_| 0x600D_F1ED)?;
+    let live = dev.alloc(&BufferDesc::new(4096).at(s + 8192));
+    check!(d, live == Err(AllocError::AddressInUse { at: s + 8192 }), "inside a live buffer: {live:?}");
+    let odd = dev.alloc(&BufferDesc::new(4096).at(o + LEN + 128));
+    check!(
+        d,
+        odd == Err(AllocError::AddressUnaligned { at: o + LEN + 128, align: 4096 }),
+        "misaligned: {odd:?}"
+    );
+    free(dev, h, d)?;
+    free(dev, out, d)
 }
 
 /// Ten thousand buffers across the size classes, in waves, a GPU job over

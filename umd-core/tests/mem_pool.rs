@@ -7,8 +7,10 @@ use heapless::Deque;
 use proptest::prelude::*;
 use umd_core::mem::buffer::{BufferDesc, BufferSlot};
 use umd_core::mem::manager::{AllocError, Buffers};
-use umd_core::mem::pool::{Backing, BackingError, MemKind, Pool, PoolAlloc, PoolError, SizeClass, Slab};
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::pool::{
+    Backing, BackingError, MemKind, Place, Pool, PoolAlloc, PoolError, SizeClass, Slab,
+};
+use umd_core::mem::va::{Placement, VaAllocator, VaError, VaNode};
 use umd_core::sync::{DeviceId, Seqno, MAX_QUEUES};
 
 const MIB: u64 = 1 << 20;
@@ -34,9 +36,14 @@ impl VaBacking {
 
 impl Backing for VaBacking {
     type Block = u64;
-    fn acquire(&mut self, bytes: u64, align: u64, _kind: MemKind) -> Result<(u64, u64), BackingError> {
+    const PLACES_AT: bool = true;
+    fn acquire(&mut self, bytes: u64, place: Place, _kind: MemKind) -> Result<(u64, u64), BackingError> {
         assert_eq!(bytes % 4096, 0, "blocks are whole pages");
-        let a = self.va.alloc(bytes, align, Placement::BottomUp).map_err(BackingError::Va)?;
+        let a = match place {
+            Place::Aligned(align) => self.va.alloc(bytes, align, Placement::BottomUp),
+            Place::At(at) => self.va.alloc_fixed(at, bytes),
+        }
+        .map_err(BackingError::Va)?;
         for (&b, &l) in &self.blocks {
             assert!(a + bytes <= b || b + l <= a, "blocks overlap");
         }
@@ -107,6 +114,49 @@ fn a_kept_slab_saves_the_backing_call() {
         p.free(&mut k, a).unwrap();
     }
     assert_eq!(k.acquired, 1, "one slab for a hundred alloc/free pairs");
+}
+
+/// A block at a fixed address: any size is a large block of its own,
+/// exactly there; a taken, outside or misaligned address is refused and
+/// changes nothing.
+#[test]
+fn fixed_address_blocks() {
+    const BASE: u64 = 0x1000_0000;
+    let mut k = VaBacking::new(64, 16 * MIB);
+    let mut p = Pool::new(slabs(8));
+    let small = p.alloc(&mut k, 100, 1, MemKind::DEFAULT).unwrap();
+    let a = p.alloc_at(&mut k, 100, BASE + 8 * MIB, MemKind::DEFAULT).unwrap();
+    assert_eq!((a.addr(), a.class(), a.reserved()), (BASE + 8 * MIB, SizeClass::Large, 4096));
+    // Above 2 MiB a fixed block keeps its address (no 2 MiB alignment).
+    let big = p.alloc_at(&mut k, 3 * MIB, BASE + 12 * MIB + 4096, MemKind::DEFAULT).unwrap();
+    assert_eq!((big.addr(), big.reserved()), (BASE + 12 * MIB + 4096, 3 * MIB));
+    let before = (p.stats(), k.acquired, k.blocks.clone());
+    let refused = |p: &mut Pool<Vec<Slab<u64>>, u64>, k: &mut VaBacking, size, at| {
+        p.alloc_at(k, size, at, MemKind::DEFAULT).map(|a| a.addr())
+    };
+    let va = |e| Err(PoolError::Backing { class: SizeClass::Large, error: BackingError::Va(e) });
+    assert_eq!(refused(&mut p, &mut k, 4096, BASE + 8 * MIB), va(VaError::Overlap), "taken");
+    assert_eq!(
+        refused(&mut p, &mut k, 8192, BASE + 8 * MIB - 4096),
+        va(VaError::Overlap),
+        "overlaps the end"
+    );
+    assert_eq!(refused(&mut p, &mut k, 4096, small.addr()), va(VaError::Overlap), "inside a slab");
+    assert_eq!(refused(&mut p, &mut k, 4096, BASE - 4096), va(VaError::OutOfRange));
+    assert_eq!(refused(&mut p, &mut k, 8192, BASE + 16 * MIB - 4096), va(VaError::OutOfRange));
+    assert_eq!(refused(&mut p, &mut k, 4096, BASE + 128), Err(PoolError::BadAlignment { align: 4096 }));
+    assert_eq!(refused(&mut p, &mut k, 0, BASE + 4 * MIB), Err(PoolError::ZeroSize));
+    assert_eq!(refused(&mut p, &mut k, u64::MAX, BASE), Err(PoolError::TooLarge { size: u64::MAX }));
+    assert_eq!((p.stats(), k.acquired, k.blocks.clone()), before, "a refusal changed the pool");
+    for x in [a, big, small] {
+        p.free(&mut k, x).unwrap();
+    }
+    // Freed, the address can be had again.
+    let again = p.alloc_at(&mut k, 4096, BASE + 8 * MIB, MemKind::DEFAULT).unwrap();
+    assert_eq!(again.addr(), BASE + 8 * MIB);
+    p.free(&mut k, again).unwrap();
+    p.trim(&mut k);
+    assert!(k.blocks.is_empty());
 }
 
 #[test]

@@ -15,7 +15,7 @@ use core::marker::PhantomData;
 use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry};
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
-use crate::mem::pool::{Backing, BackingError, MemKind};
+use crate::mem::pool::{Backing, BackingError, MemKind, Place};
 use crate::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::sync::QueueId;
@@ -148,8 +148,12 @@ impl core::ops::Deref for Backed {
 
 impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     type Block = Backed;
+    const PLACES_AT: bool = B::VA_ALLOCATOR;
 
-    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, Backed), BackingError> {
+    fn acquire(&mut self, bytes: u64, place: Place, kind: MemKind) -> Result<(u64, Backed), BackingError> {
+        if matches!(place, Place::At(_)) && !self.va.is_some() {
+            return Err(BackingError::FixedAddress);
+        }
         let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
         let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
         let p = self.b.platform();
@@ -174,13 +178,22 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let Some(va) = self.va.get_mut() else {
             // MMU bypassed: the GPU address is the memory's.
             let addr = region.dev_addr();
+            // (A fixed address was refused above.)
+            let Place::Aligned(align) = place else {
+                release(self.local, region);
+                return Err(BackingError::FixedAddress);
+            };
             if addr.checked_rem(align) != Some(0) {
                 release(self.local, region);
                 return Err(BackingError::Unaligned);
             }
             return Ok((addr, Backed { region, va: None }));
         };
-        let handle = match va.alloc_handle(bytes, align, Placement::BottomUp) {
+        let handle = match place {
+            Place::Aligned(align) => va.alloc_handle(bytes, align, Placement::BottomUp),
+            Place::At(at) => va.alloc_fixed_handle(at, bytes),
+        };
+        let handle = match handle {
             Ok(h) => h,
             Err(e) => {
                 release(self.local, region);
@@ -235,7 +248,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return Err(AllocError::DeviceLost);
         }
         // A bad request is refused before anything is touched.
-        crate::mem::manager::checked_request(desc)?;
+        crate::mem::manager::checked_request(desc, B::VA_ALLOCATOR)?;
         // Memory whose fences have signalled goes back first.
         self.process_all();
         match self.try_alloc(desc, false, None) {
@@ -301,6 +314,22 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                         fallback = true;
                     }
                     continue;
+                }
+                Err(e @ AllocError::AddressInUse { at }) if B::VA_ALLOCATOR => {
+                    // Held by a live buffer: refused for good. Otherwise
+                    // by freed buffers waiting for their fences, or by a
+                    // kept empty slab: as below.
+                    let end = at.saturating_add(desc.size);
+                    if self.mem.lock().buffers.live_overlaps(at, end) {
+                        return Err(e);
+                    }
+                    if self.reclaim_ready() > 0 || self.trim_kept() > 0 {
+                        continue;
+                    }
+                    match waiting {
+                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
+                        _ => return Err(e),
+                    }
                 }
                 Err(
                     e @ (AllocError::TableFull { .. }

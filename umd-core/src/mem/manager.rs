@@ -25,7 +25,9 @@ use heapless::deque::DequeView;
 use crate::mem::buffer::{
     BufferDesc, BufferError, BufferHandle, BufferInfo, BufferSlot, BufferTable, LeakEntry, Live, Tracking,
 };
-use crate::mem::pool::{Backing, BackingError, Pool, PoolAlloc, PoolError, PoolStats, SizeClass, Slab};
+use crate::mem::pool::{
+    Backing, BackingError, Pool, PoolAlloc, PoolError, PoolStats, SizeClass, Slab, LARGE_GRANULE,
+};
 use crate::mem::va::{VaError, MIN_ALIGN};
 use crate::sync::{DeviceId, Seqno, MAX_QUEUES};
 
@@ -86,6 +88,28 @@ pub enum AllocError {
     /// eviction; a buffer that prefers local memory falls back to system
     /// memory rather than fail with this).
     LocalMemory,
+    /// The fixed address ([`BufferDesc::at`]) is not a multiple of 4 KiB
+    /// and of the buffer's alignment.
+    AddressUnaligned {
+        /// Address asked.
+        at: u64,
+        /// The alignment it needs.
+        align: u64,
+    },
+    /// The fixed address range overlaps memory the device holds (a live
+    /// buffer, or a slab of small ones).
+    AddressInUse {
+        /// Address asked.
+        at: u64,
+    },
+    /// The fixed address range is not inside the device's GPU VA arena.
+    AddressOutsideArena {
+        /// Address asked.
+        at: u64,
+    },
+    /// Fixed addresses need the driver to choose GPU addresses: with the
+    /// MMU bypassed a buffer's address is its memory's.
+    FixedAddressUnsupported,
 }
 
 impl fmt::Display for AllocError {
@@ -113,6 +137,16 @@ impl fmt::Display for AllocError {
                 write!(f, "platform memory is not {align:#x}-aligned (MMU bypassed)")
             }
             AllocError::DeviceLost => f.write_str("device lost"),
+            AllocError::AddressUnaligned { at, align } => {
+                write!(f, "fixed GPU address {at:#x} is not {align:#x}-aligned")
+            }
+            AllocError::AddressInUse { at } => write!(f, "GPU address range at {at:#x} is in use"),
+            AllocError::AddressOutsideArena { at } => {
+                write!(f, "GPU address range at {at:#x} is outside the VA arena")
+            }
+            AllocError::FixedAddressUnsupported => {
+                f.write_str("no fixed GPU addresses with the MMU bypassed")
+            }
         }
     }
 }
@@ -120,33 +154,51 @@ impl fmt::Display for AllocError {
 impl core::error::Error for AllocError {}
 
 impl AllocError {
-    fn from_pool(e: PoolError, align: u64) -> AllocError {
+    fn from_pool(e: PoolError, align: u64, at: Option<u64>) -> AllocError {
         match e {
             PoolError::ZeroSize => AllocError::ZeroSize,
-            PoolError::BadAlignment { align } => AllocError::BadAlignment { align },
+            PoolError::BadAlignment { align } => match at {
+                Some(at) => AllocError::AddressUnaligned { at, align },
+                None => AllocError::BadAlignment { align },
+            },
             PoolError::TooLarge { size } => AllocError::TooLarge { size },
             PoolError::SlabCapacity { class } => AllocError::SlabCapacity { class },
-            PoolError::Backing { class, error } => match error {
-                BackingError::Va(VaError::NodeCapacity) => AllocError::VaNodes,
-                BackingError::Va(VaError::Overflow) => AllocError::TooLarge { size: u64::MAX },
-                BackingError::Va(_) => AllocError::VaSpace { class },
-                BackingError::PlatformMemory { len } => AllocError::PlatformMemory { class, len },
-                BackingError::Map => AllocError::Map { class },
-                BackingError::Unaligned => AllocError::Unaligned { align },
-                BackingError::DeviceLost => AllocError::DeviceLost,
-                BackingError::LocalMemory => AllocError::LocalMemory,
+            PoolError::Backing { class, error } => match (error, at) {
+                (BackingError::Va(VaError::Overlap), Some(at)) => AllocError::AddressInUse { at },
+                (BackingError::Va(VaError::OutOfRange), Some(at)) => AllocError::AddressOutsideArena { at },
+                (BackingError::Va(VaError::BadAlignment), Some(at)) => {
+                    AllocError::AddressUnaligned { at, align: LARGE_GRANULE.max(align) }
+                }
+                (error, _) => AllocError::from_backing(class, error, align),
             },
             PoolError::ForeignToken => AllocError::Map { class: SizeClass::Large },
+        }
+    }
+
+    fn from_backing(class: SizeClass, error: BackingError, align: u64) -> AllocError {
+        match error {
+            BackingError::Va(VaError::NodeCapacity) => AllocError::VaNodes,
+            BackingError::Va(VaError::Overflow) => AllocError::TooLarge { size: u64::MAX },
+            BackingError::Va(_) => AllocError::VaSpace { class },
+            BackingError::PlatformMemory { len } => AllocError::PlatformMemory { class, len },
+            BackingError::Map => AllocError::Map { class },
+            BackingError::Unaligned => AllocError::Unaligned { align },
+            BackingError::DeviceLost => AllocError::DeviceLost,
+            BackingError::LocalMemory => AllocError::LocalMemory,
+            BackingError::FixedAddress => AllocError::FixedAddressUnsupported,
         }
     }
 }
 
 /// Checks what a request asks for by itself (a size, an alignment that
-/// is a power of two up to 2 MiB; 0 means 128 bytes) and returns the
-/// alignment to use. The engine checks this before it touches anything,
-/// so a bad request changes nothing, not even the frees it would
-/// otherwise take back first.
-pub(crate) fn checked_request(desc: &BufferDesc) -> Result<u64, AllocError> {
+/// is a power of two up to 2 MiB, 0 meaning 128 bytes; a fixed address
+/// only where `fixed` says the backing can place one, 4 KiB- and
+/// alignment-aligned, not wrapping) and returns the alignment and fixed
+/// address to use. The engine checks this before it touches anything, so a
+/// bad request changes nothing, not even the frees it would otherwise take
+/// back first. With `fixed` a constant false (no GPU VA allocator) no
+/// fixed-address code is left.
+pub(crate) fn checked_request(desc: &BufferDesc, fixed: bool) -> Result<(u64, Option<u64>), AllocError> {
     if desc.size == 0 {
         return Err(AllocError::ZeroSize);
     }
@@ -154,7 +206,23 @@ pub(crate) fn checked_request(desc: &BufferDesc) -> Result<u64, AllocError> {
     if !align.is_power_of_two() || align > crate::mem::pool::MAX_ALIGN {
         return Err(AllocError::BadAlignment { align: desc.align });
     }
-    Ok(align)
+    let Some(at) = desc.at else {
+        return Ok((align, None));
+    };
+    if !fixed {
+        return Err(AllocError::FixedAddressUnsupported);
+    }
+    {
+        let need = align.max(LARGE_GRANULE);
+        if at & need.wrapping_sub(1) != 0 {
+            return Err(AllocError::AddressUnaligned { at, align: need });
+        }
+        let len = desc.size.checked_next_multiple_of(LARGE_GRANULE);
+        if len.and_then(|l| at.checked_add(l)).is_none() {
+            return Err(AllocError::TooLarge { size: desc.size });
+        }
+    }
+    Ok((align, Some(at)))
 }
 
 /// Buffer statistics, O(1) to read.
@@ -251,16 +319,20 @@ impl<'s, B> Buffers<'s, B> {
         backing: &mut K,
         desc: &BufferDesc,
     ) -> Result<(BufferHandle, BufferInfo), AllocError> {
-        let align = checked_request(desc)?;
+        let (align, at) = checked_request(desc, K::PLACES_AT)?;
+        // (Already `None` without `PLACES_AT`; said here so that no code
+        // for fixed addresses is left then.)
+        let at = at.filter(|_| K::PLACES_AT);
         if self.table.is_full() {
             return Err(AllocError::TableFull { capacity: self.table.capacity() });
         }
         // One attempt: a caller short of memory gives kept slabs back
         // (`trim`) and tries again (the engine's slow path does).
-        let a = self
-            .pool
-            .alloc(backing, desc.size, align, desc.kind)
-            .map_err(|e| AllocError::from_pool(e, align))?;
+        let a = match at {
+            Some(at) => self.pool.alloc_at(backing, desc.size, at, desc.kind),
+            None => self.pool.alloc(backing, desc.size, align, desc.kind),
+        }
+        .map_err(|e| AllocError::from_pool(e, align, at))?;
         self.serial = self.serial.wrapping_add(1);
         let info = BufferInfo {
             va: a.addr(),
@@ -459,6 +531,12 @@ impl<'s, B> Buffers<'s, B> {
             let r = self.table.retiring_ref(index)?;
             Some((q, Seqno(r.gate.get(q).copied().unwrap_or(0))))
         })
+    }
+
+    /// Whether a live buffer's reserved range meets `[lo, hi)` (why a
+    /// fixed address is refused for good rather than waited for). O(N).
+    pub fn live_overlaps(&self, lo: u64, hi: u64) -> bool {
+        self.table.live_overlaps(lo, hi)
     }
 
     /// Buffers waiting on `queue`.

@@ -32,7 +32,7 @@ pub use pagetable::{
     ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,
 };
 pub use pool::{
-    Backing, BackingError, ClassStats, MemKind, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
+    Backing, BackingError, ClassStats, MemKind, Place, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
 };
 pub use stats::VaStats;
 pub use va::{Placement, VaAllocator, VaError, VaHandle, VaNode, VaRange, MIN_ALIGN};

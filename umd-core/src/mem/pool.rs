@@ -137,6 +137,9 @@ pub enum BackingError {
     DeviceLost,
     /// Local memory has no room for the block.
     LocalMemory,
+    /// A block at a fixed address was asked of a backing that does not
+    /// choose GPU addresses (MMU bypassed: the address is the memory's).
+    FixedAddress,
 }
 
 impl fmt::Display for BackingError {
@@ -150,20 +153,45 @@ impl fmt::Display for BackingError {
             BackingError::Unaligned => f.write_str("platform memory not aligned as asked (MMU bypassed)"),
             BackingError::LocalMemory => f.write_str("local memory full"),
             BackingError::DeviceLost => f.write_str("device lost"),
+            BackingError::FixedAddress => f.write_str("no fixed GPU addresses (MMU bypassed)"),
         }
     }
 }
 
 impl core::error::Error for BackingError {}
 
+/// Where a block's GPU address goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    /// Anywhere, aligned to this power of two.
+    Aligned(u64),
+    /// Exactly at this address (a multiple of [`LARGE_GRANULE`]): the
+    /// backing refuses with [`BackingError::Va`] of [`VaError::Overlap`]
+    /// when it is taken, [`VaError::OutOfRange`] when it is outside the
+    /// arena, and [`BackingError::FixedAddress`] when it does not choose
+    /// addresses (MMU bypassed).
+    At(u64),
+}
+
 /// Where the pool gets blocks of GPU-visible memory and their addresses.
 pub trait Backing {
     /// The memory of one block (a platform region).
     type Block;
 
-    /// A block of `bytes` (a multiple of 4 KiB) whose GPU address is
-    /// aligned to `align`, mapped for the GPU: its address and memory.
-    fn acquire(&mut self, bytes: u64, align: u64, kind: MemKind) -> Result<(u64, Self::Block), BackingError>;
+    /// Whether [`Place::At`] can ever be honoured (false: GPU addresses
+    /// are the memory's own). Where it is false the buffer manager
+    /// refuses fixed addresses without calling the backing, and links no
+    /// code for them.
+    const PLACES_AT: bool;
+
+    /// A block of `bytes` (a multiple of 4 KiB) at a GPU address placed as
+    /// `place` says, mapped for the GPU: its address and memory.
+    fn acquire(
+        &mut self,
+        bytes: u64,
+        place: Place,
+        kind: MemKind,
+    ) -> Result<(u64, Self::Block), BackingError>;
 
     /// Unmaps and frees a block from [`Backing::acquire`] (the GPU no
     /// longer uses it).
@@ -434,8 +462,27 @@ where
         }
         match slot_for(size, align) {
             Some((bin, _)) if size <= MEDIUM_MAX && !kind.local => self.alloc_slot(backing, size, bin, kind),
-            _ => self.alloc_large(backing, size, align, kind),
+            _ => self.alloc_large(backing, size, Place::Aligned(align), kind),
         }
+    }
+
+    /// Allocates `size` bytes at exactly GPU address `at`, a multiple of
+    /// [`LARGE_GRANULE`]: always a large block of its own (a slab's
+    /// address is the slab's). The pool is unchanged after any error.
+    pub fn alloc_at<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        size: u64,
+        at: u64,
+        kind: MemKind,
+    ) -> Result<PoolAlloc<B>, PoolError> {
+        if size == 0 {
+            return Err(PoolError::ZeroSize);
+        }
+        if at % LARGE_GRANULE != 0 {
+            return Err(PoolError::BadAlignment { align: LARGE_GRANULE });
+        }
+        self.alloc_large(backing, size, Place::At(at), kind)
     }
 
     /// Returns an allocation: the caller asserts the GPU no longer uses it.
@@ -595,7 +642,7 @@ where
         let slots = slots_per_slab(bin);
         let bytes = round_up(slot.wrapping_mul(u64::from(slots)), LARGE_GRANULE).unwrap_or(SLAB_MAX_BYTES);
         let (base, block) = backing
-            .acquire(bytes, LARGE_GRANULE, kind)
+            .acquire(bytes, Place::Aligned(LARGE_GRANULE), kind)
             .map_err(|error| PoolError::Backing { class, error })?;
         // Committed: take the descriptor.
         if idx == self.free_slab {
@@ -714,15 +761,19 @@ where
         &mut self,
         backing: &mut K,
         size: u64,
-        align: u64,
+        place: Place,
         kind: MemKind,
     ) -> Result<PoolAlloc<B>, PoolError> {
         let rounded = round_up(size, LARGE_GRANULE).ok_or(PoolError::TooLarge { size })?;
         // Blocks of 2 MiB and more get 2 MiB alignment so the page tables
-        // can use 2 MiB entries.
-        let align = if rounded >= MAX_ALIGN { MAX_ALIGN } else { align.max(LARGE_GRANULE) };
+        // can use 2 MiB entries (a fixed address keeps its own).
+        let place = match place {
+            Place::Aligned(_) if rounded >= MAX_ALIGN => Place::Aligned(MAX_ALIGN),
+            Place::Aligned(align) => Place::Aligned(align.max(LARGE_GRANULE)),
+            at @ Place::At(_) => at,
+        };
         let (addr, block) = backing
-            .acquire(rounded, align, kind)
+            .acquire(rounded, place, kind)
             .map_err(|error| PoolError::Backing { class: SizeClass::Large, error })?;
         self.count(SizeClass::Large, size, rounded, true);
         self.backed(SizeClass::Large, rounded, true);

@@ -661,8 +661,16 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     /// Reserves exactly `[addr, addr + size)` (libdrm's `va_base_required`).
     /// `addr` must be a multiple of [`MIN_ALIGN`]; the size is rounded up to
-    /// it. Worst case O(log n).
+    /// it. Worst case O(log n), plus one flush of the recycled ranges when
+    /// the range is not inside a hole as found (a recycled range may lie
+    /// in the way, or split the hole it would coalesce into).
     pub fn alloc_fixed(&mut self, addr: u64, size: u64) -> Result<u64, VaError> {
+        self.alloc_fixed_handle(addr, size).map(|h| h.addr)
+    }
+
+    /// [`VaAllocator::alloc_fixed`], returning a [`VaHandle`] for
+    /// [`VaAllocator::free_handle`]. Same cost and errors.
+    pub fn alloc_fixed_handle(&mut self, addr: u64, size: u64) -> Result<VaHandle, VaError> {
         let (size, _) = normalize(size, MIN_ALIGN)?;
         if addr % MIN_ALIGN != 0 {
             return Err(VaError::BadAlignment);
@@ -672,19 +680,23 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         if addr < self.base || end > arena_end {
             return Err(VaError::OutOfRange);
         }
-        // `containing` needs the holes coalesced.
-        if RECYCLE {
+        // A hole found is free space whichever way it was found, so one
+        // that holds the range is used at once; otherwise the answer needs
+        // `containing` over coalesced holes: flush the recycled ranges and
+        // look again.
+        let holds = |a: &Self, h: u32| {
+            a.state(h) == HOLE && a.start(h) <= addr && a.start(h).wrapping_add(a.len(h)) >= end
+        };
+        let mut h = self.containing(addr);
+        if RECYCLE && !holds(self, h) && self.recycled > 0 {
             self.flush_recycled();
+            h = self.containing(addr);
         }
-        let h = self.containing(addr);
-        if self.state(h) != HOLE {
+        if !holds(self, h) {
             return Err(VaError::Overlap);
         }
-        if self.start(h).wrapping_add(self.len(h)) < end {
-            return Err(VaError::Overlap);
-        }
-        self.carve(h, addr, size)?;
-        Ok(addr)
+        let node = self.carve(h, addr, size)?;
+        Ok(VaHandle { addr, node })
     }
 
     /// The allocation starting at `addr`, if any. O(1) plus one region-tree
@@ -1213,8 +1225,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     /// The range (hole or allocation) that contains `addr`, which must be
-    /// inside the arena. Needs the recycled ranges flushed (holes coalesced,
-    /// and no region of the list index holding only recycled ranges).
+    /// inside the arena. Exact with the recycled ranges flushed (holes
+    /// coalesced, and no region of the list index holding only recycled
+    /// ranges); without, still a range of the address list or `NIL`.
     fn containing(&self, addr: u64) -> u32 {
         let Some(r) = self.region_of(addr) else {
             return NIL;
