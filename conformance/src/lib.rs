@@ -925,8 +925,7 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     fill(dev, src, WORDS, |i| pattern(i, 0xF1ED), d)?;
     let f = submit(dev, COPY, &[], d, |cb| cb.copy(s, o, LEN))?;
     free(dev, src, d)?;
-    let desc = BufferDesc::new(LEN).at(s).tag("fixed-again");
-    let h = match dev.alloc(&desc) {
+    let h = match dev.alloc_at(&BufferDesc::new(LEN).tag("fixed-again"), s) {
         Ok(h) => h,
         Err(AllocError::FixedAddressUnsupported) => {
             let _ = dev.wait(f, GUARD_NS);
@@ -946,14 +945,10 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     let g = submit(dev, COPY, &[], d, |cb| cb.fill(s, LEN, 0x600D_F1ED))?;
     wait(dev, g, d)?;
     expect_words(dev, h, WORDS, d, |_| 0x600D_F1ED)?;
-    let live = dev.alloc(&BufferDesc::new(4096).at(s + 8192));
+    let live = dev.alloc_at(&BufferDesc::new(4096), s + 8192);
     check!(d, live == Err(AllocError::AddressInUse { at: s + 8192 }), "inside a live buffer: {live:?}");
-    let odd = dev.alloc(&BufferDesc::new(4096).at(o + LEN + 128));
-    check!(
-        d,
-        odd == Err(AllocError::AddressUnaligned { at: o + LEN + 128, align: 4096 }),
-        "misaligned: {odd:?}"
-    );
+    let odd = dev.alloc_at(&BufferDesc::new(4096), o + LEN + 128);
+    check!(d, odd == Err(AllocError::AddressUnaligned { at: o + LEN + 128 }), "misaligned: {odd:?}");
     free(dev, h, d)?;
     free(dev, out, d)
 }

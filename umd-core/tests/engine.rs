@@ -662,7 +662,7 @@ fn a_buffer_at_a_fixed_address_is_there_and_bad_addresses_name_their_cause() {
     const SIZE: u64 = 1 << 32;
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
         let at = BASE + (SIZE / 2);
-        let h = dev.alloc(&BufferDesc::new(100).at(at).tag("replayed")).unwrap();
+        let h = dev.alloc_at(&BufferDesc::new(100).tag("replayed"), at).unwrap();
         let info = dev.buffer(h).unwrap();
         assert_eq!((info.va, info.size, info.reserved), (at, 100, 4096));
         assert_eq!((info.class, info.tag), (SizeClass::Large, "replayed"));
@@ -671,36 +671,34 @@ fn a_buffer_at_a_fixed_address_is_there_and_bad_addresses_name_their_cause() {
         assert_eq!(dev.read_u32(h, 0), Ok(0xFEED));
         let before = (dev.buffer_stats(), dev.va_stats(), dev.platform().state().delays);
         let refused = [
-            (BufferDesc::new(4096).at(at), AllocError::AddressInUse { at }),
-            (BufferDesc::new(8192).at(at - 4096), AllocError::AddressInUse { at: at - 4096 }),
-            (BufferDesc::new(4096).at(BASE - 4096), AllocError::AddressOutsideArena { at: BASE - 4096 }),
+            (BufferDesc::new(4096), at, AllocError::AddressInUse { at }),
+            (BufferDesc::new(8192), at - 4096, AllocError::AddressInUse { at: at - 4096 }),
+            (BufferDesc::new(4096), BASE - 4096, AllocError::AddressOutsideArena { at: BASE - 4096 }),
             (
-                BufferDesc::new(8192).at(BASE + SIZE - 4096),
+                BufferDesc::new(8192),
+                BASE + SIZE - 4096,
                 AllocError::AddressOutsideArena { at: BASE + SIZE - 4096 },
             ),
-            (BufferDesc::new(64).at(at + 128), AllocError::AddressUnaligned { at: at + 128, align: 4096 }),
-            (
-                BufferDesc::new(64).align(1 << 20).at(at + 4096),
-                AllocError::AddressUnaligned { at: at + 4096, align: 1 << 20 },
-            ),
-            (BufferDesc::new(8192).at(!4095), AllocError::TooLarge { size: 8192 }),
-            (BufferDesc::new(0).at(at), AllocError::ZeroSize),
+            (BufferDesc::new(64), at + 128, AllocError::AddressUnaligned { at: at + 128 }),
+            (BufferDesc::new(64).align(1 << 20), at + 4096, AllocError::AddressUnaligned { at: at + 4096 }),
+            (BufferDesc::new(8192), !4095, AllocError::TooLarge { size: 8192 }),
+            (BufferDesc::new(0), at, AllocError::ZeroSize),
         ];
-        for (desc, want) in refused {
-            assert_eq!(dev.alloc(&desc), Err(want), "{desc:?}");
+        for (desc, va, want) in refused {
+            assert_eq!(dev.alloc_at(&desc, va), Err(want), "{desc:?} at {va:#x}");
             let now = (dev.buffer_stats(), dev.va_stats(), dev.platform().state().delays);
-            assert_eq!(now, before, "{desc:?} was refused but changed something, or waited");
+            assert_eq!(now, before, "{desc:?} at {va:#x} was refused but changed something, or waited");
         }
         dev.free(h).unwrap();
         // Released at once (nothing in flight): the address can be had again.
-        let h = dev.alloc(&BufferDesc::new(3 << 20).at(at + 4096)).unwrap();
+        let h = dev.alloc_at(&BufferDesc::new(3 << 20), at + 4096).unwrap();
         assert_eq!(dev.va(h), Ok(at + 4096), "above 2 MiB a fixed block keeps its address");
         dev.free(h).unwrap();
     });
     // With the MMU bypassed a GPU address is the memory's own.
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
         let before = (dev.buffer_stats(), dev.platform().state().allocs);
-        assert_eq!(dev.alloc(&BufferDesc::new(4096).at(MEM_BASE)), Err(AllocError::FixedAddressUnsupported));
+        assert_eq!(dev.alloc_at(&BufferDesc::new(4096), MEM_BASE), Err(AllocError::FixedAddressUnsupported));
         assert_eq!((dev.buffer_stats(), dev.platform().state().allocs), before);
     });
 }
@@ -722,16 +720,16 @@ fn a_fixed_address_held_by_a_freed_buffer_is_given_out_after_its_fence() {
             // which goes back to the platform only when trimmed).
             let a = dev.alloc_buffer(size).unwrap();
             let va = dev.va(a).unwrap();
-            let desc = BufferDesc::new(size).at(va);
+            let desc = BufferDesc::new(size);
             let slept = dev.platform().state().delays;
-            assert_eq!(dev.alloc(&desc), Err(AllocError::AddressInUse { at: va }));
+            assert_eq!(dev.alloc_at(&desc, va), Err(AllocError::AddressInUse { at: va }));
             assert_eq!(dev.platform().state().delays, slept, "waited for a live buffer");
             let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
             dev.free(a).unwrap();
             assert_eq!(dev.buffer_stats().waiting, 1);
             assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
             let slept = dev.platform().state().delays;
-            let h = dev.alloc(&desc).unwrap();
+            let h = dev.alloc_at(&desc, va).unwrap();
             assert!(dev.platform().state().delays > slept, "did not wait");
             assert!(!matches!(dev.query(f), Ok(FenceStatus::Pending)), "given out under in-flight work");
             assert_eq!(dev.va(h), Ok(va));

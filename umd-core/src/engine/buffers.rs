@@ -248,12 +248,39 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return Err(AllocError::DeviceLost);
         }
         // A bad request is refused before anything is touched.
-        crate::mem::manager::checked_request(desc, B::VA_ALLOCATOR)?;
+        crate::mem::manager::checked_request(desc)?;
         // Memory whose fences have signalled goes back first.
         self.process_all();
-        match self.try_alloc(desc, false, None) {
+        match self.try_alloc(desc, None, false, None) {
             Ok(r) => Ok(r),
-            Err(_) => self.alloc_waiting(desc),
+            Err(_) => self.alloc_waiting(desc, None),
+        }
+    }
+
+    /// Allocates a buffer at exactly GPU address `va`, as libdrm's
+    /// `va_base_required` or Vulkan's capture/replay addresses: a replayed
+    /// command stream, or an address agreed with another agent. `va` must
+    /// be a multiple of 4 KiB (one GPU page) and of `desc.align`
+    /// ([`AllocError::AddressUnaligned`]); the buffer is a block of its
+    /// own (never a slab slot) and needs the driver to choose GPU addresses,
+    /// with the MMU on or in kernel mode
+    /// ([`AllocError::FixedAddressUnsupported`]). A range outside the VA
+    /// arena is [`AllocError::AddressOutsideArena`], one a live buffer
+    /// holds [`AllocError::AddressInUse`] at once; a range that buffers
+    /// freed under in-flight work still hold is waited for as memory is in
+    /// [`Engine::alloc`], so it is never handed out while that work may
+    /// use it. A refusal changes nothing.
+    pub fn alloc_at(&self, desc: &BufferDesc, va: u64) -> Result<BufferHandle, AllocError> {
+        if self.is_lost() {
+            return Err(AllocError::DeviceLost);
+        }
+        let align = crate::mem::manager::checked_request(desc)?;
+        crate::mem::manager::checked_address(va, desc.size, align, B::VA_ALLOCATOR)?;
+        // No completion pass first (as `alloc_info` makes): a range that
+        // frees whose fences have passed hold is taken back by the retry.
+        match self.try_alloc(desc, Some(va), false, None) {
+            Ok((h, _)) => Ok(h),
+            Err(_) => self.alloc_waiting(desc, Some(va)).map(|(h, _)| h),
         }
     }
 
@@ -266,13 +293,20 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     fn try_alloc(
         &self,
         desc: &BufferDesc,
+        at: Option<u64>,
         fallback: bool,
         oldest: Option<&mut Option<(usize, crate::sync::Seqno)>>,
     ) -> Result<(BufferHandle, BufferInfo), AllocError> {
         let mut mem = self.mem.lock();
         let (buffers, mut backer) = mem.split(&self.b);
         backer.fallback = fallback;
-        match buffers.alloc_info(&mut backer, desc) {
+        // (`alloc_at` refused a fixed address already without a VA
+        // allocator; said here so that no code for one is left then.)
+        let r = match at.filter(|_| B::VA_ALLOCATOR) {
+            Some(at) => buffers.alloc_at(&mut backer, desc, at),
+            None => buffers.alloc_info(&mut backer, desc),
+        };
+        match r {
             Ok((h, info)) => {
                 self.zero_new(&mem.buffers, h);
                 Ok((h, info))
@@ -293,7 +327,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// failed try left no trace, so this tries again first). Out of line:
     /// the fast path does not pay for it.
     #[inline(never)]
-    fn alloc_waiting(&self, desc: &BufferDesc) -> Result<(BufferHandle, BufferInfo), AllocError> {
+    fn alloc_waiting(
+        &self,
+        desc: &BufferDesc,
+        at: Option<u64>,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
         let limit = self.progress_limit_ns();
         let start = self.b.platform().now_ns();
         // A local-memory buffer that finds no room evicts idle ones, then
@@ -301,7 +339,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let mut fallback = false;
         loop {
             let mut waiting = None;
-            let oldest = match self.try_alloc(desc, fallback, Some(&mut waiting)) {
+            let oldest = match self.try_alloc(desc, at, fallback, Some(&mut waiting)) {
                 Ok((h, info)) => {
                     if fallback {
                         Counters::add(&self.stats.local_fallbacks, 1);
@@ -315,29 +353,23 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     }
                     continue;
                 }
-                Err(e @ AllocError::AddressInUse { at }) if B::VA_ALLOCATOR => {
-                    // Held by a live buffer: refused for good. Otherwise
-                    // by freed buffers waiting for their fences, or by a
-                    // kept empty slab: as below.
-                    let end = at.saturating_add(desc.size);
-                    if self.mem.lock().buffers.live_overlaps(at, end) {
-                        return Err(e);
-                    }
-                    if self.reclaim_ready() > 0 || self.trim_kept() > 0 {
-                        continue;
-                    }
-                    match waiting {
-                        Some(f) if self.b.platform().now_ns().saturating_sub(start) < limit => f,
-                        _ => return Err(e),
-                    }
-                }
                 Err(
                     e @ (AllocError::TableFull { .. }
                     | AllocError::VaSpace { .. }
                     | AllocError::VaNodes
                     | AllocError::PlatformMemory { .. }
-                    | AllocError::SlabCapacity { .. }),
+                    | AllocError::SlabCapacity { .. }
+                    | AllocError::AddressInUse { .. }),
                 ) => {
+                    // A fixed address a live buffer holds is refused for
+                    // good; one that freed buffers waiting for their
+                    // fences or a kept empty slab hold is waited for.
+                    if let AllocError::AddressInUse { at } = e {
+                        let end = at.saturating_add(desc.size);
+                        if !B::VA_ALLOCATOR || self.mem.lock().buffers.live_overlaps(at, end) {
+                            return Err(e);
+                        }
+                    }
                     // Completion processing reclaims a bounded number
                     // of frees at a time, so frees whose fences have
                     // passed may still wait with every queue idle:

@@ -45,26 +45,12 @@ pub struct BufferDesc {
     pub tracking: Tracking,
     /// Shown in leak reports (a static string: no heap).
     pub tag: &'static str,
-    /// A fixed GPU address (see [`BufferDesc::at`]); `None`: anywhere.
-    pub at: Option<u64>,
 }
 
 impl BufferDesc {
     /// `size` bytes, read-write, CPU-visible, implicit tracking.
     pub const fn new(size: u64) -> BufferDesc {
-        BufferDesc { size, align: 0, kind: MemKind::DEFAULT, tracking: Tracking::Implicit, tag: "", at: None }
-    }
-
-    /// At exactly GPU address `va`, as libdrm's `va_base_required` or
-    /// Vulkan's capture/replay addresses: a replayed command stream, or an
-    /// address agreed with another agent. `va` must be a multiple of 4 KiB
-    /// (one GPU page) and of [`BufferDesc::align`]; the buffer is a block
-    /// of its own (never a slab slot) and needs the driver to choose GPU
-    /// addresses (MMU on, or kernel mode). A range a live buffer holds is
-    /// refused; one a freed buffer holds until its fence is waited for.
-    pub const fn at(mut self, va: u64) -> BufferDesc {
-        self.at = Some(va);
-        self
+        BufferDesc { size, align: 0, kind: MemKind::DEFAULT, tracking: Tracking::Implicit, tag: "" }
     }
 
     /// With a GPU address alignment.

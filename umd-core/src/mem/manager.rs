@@ -88,13 +88,11 @@ pub enum AllocError {
     /// eviction; a buffer that prefers local memory falls back to system
     /// memory rather than fail with this).
     LocalMemory,
-    /// The fixed address ([`BufferDesc::at`]) is not a multiple of 4 KiB
-    /// and of the buffer's alignment.
+    /// The fixed address ([`crate::engine::Engine::alloc_at`]) is not a
+    /// multiple of 4 KiB (one GPU page) and of the buffer's alignment.
     AddressUnaligned {
         /// Address asked.
         at: u64,
-        /// The alignment it needs.
-        align: u64,
     },
     /// The fixed address range overlaps memory the device holds (a live
     /// buffer, or a slab of small ones).
@@ -137,8 +135,8 @@ impl fmt::Display for AllocError {
                 write!(f, "platform memory is not {align:#x}-aligned (MMU bypassed)")
             }
             AllocError::DeviceLost => f.write_str("device lost"),
-            AllocError::AddressUnaligned { at, align } => {
-                write!(f, "fixed GPU address {at:#x} is not {align:#x}-aligned")
+            AllocError::AddressUnaligned { at } => {
+                write!(f, "fixed GPU address {at:#x} is not 4 KiB- and alignment-aligned")
             }
             AllocError::AddressInUse { at } => write!(f, "GPU address range at {at:#x} is in use"),
             AllocError::AddressOutsideArena { at } => {
@@ -158,7 +156,7 @@ impl AllocError {
         match e {
             PoolError::ZeroSize => AllocError::ZeroSize,
             PoolError::BadAlignment { align } => match at {
-                Some(at) => AllocError::AddressUnaligned { at, align },
+                Some(at) => AllocError::AddressUnaligned { at },
                 None => AllocError::BadAlignment { align },
             },
             PoolError::TooLarge { size } => AllocError::TooLarge { size },
@@ -166,9 +164,7 @@ impl AllocError {
             PoolError::Backing { class, error } => match (error, at) {
                 (BackingError::Va(VaError::Overlap), Some(at)) => AllocError::AddressInUse { at },
                 (BackingError::Va(VaError::OutOfRange), Some(at)) => AllocError::AddressOutsideArena { at },
-                (BackingError::Va(VaError::BadAlignment), Some(at)) => {
-                    AllocError::AddressUnaligned { at, align: LARGE_GRANULE.max(align) }
-                }
+                (BackingError::Va(VaError::BadAlignment), Some(at)) => AllocError::AddressUnaligned { at },
                 (error, _) => AllocError::from_backing(class, error, align),
             },
             PoolError::ForeignToken => AllocError::Map { class: SizeClass::Large },
@@ -191,14 +187,11 @@ impl AllocError {
 }
 
 /// Checks what a request asks for by itself (a size, an alignment that
-/// is a power of two up to 2 MiB, 0 meaning 128 bytes; a fixed address
-/// only where `fixed` says the backing can place one, 4 KiB- and
-/// alignment-aligned, not wrapping) and returns the alignment and fixed
-/// address to use. The engine checks this before it touches anything, so a
-/// bad request changes nothing, not even the frees it would otherwise take
-/// back first. With `fixed` a constant false (no GPU VA allocator) no
-/// fixed-address code is left.
-pub(crate) fn checked_request(desc: &BufferDesc, fixed: bool) -> Result<(u64, Option<u64>), AllocError> {
+/// is a power of two up to 2 MiB; 0 means 128 bytes) and returns the
+/// alignment to use. The engine checks this before it touches anything,
+/// so a bad request changes nothing, not even the frees it would
+/// otherwise take back first.
+pub(crate) fn checked_request(desc: &BufferDesc) -> Result<u64, AllocError> {
     if desc.size == 0 {
         return Err(AllocError::ZeroSize);
     }
@@ -206,23 +199,25 @@ pub(crate) fn checked_request(desc: &BufferDesc, fixed: bool) -> Result<(u64, Op
     if !align.is_power_of_two() || align > crate::mem::pool::MAX_ALIGN {
         return Err(AllocError::BadAlignment { align: desc.align });
     }
-    let Some(at) = desc.at else {
-        return Ok((align, None));
-    };
+    Ok(align)
+}
+
+/// What a fixed address asks for by itself, after [`checked_request`]: a
+/// backing that can place one (`fixed`), a multiple of 4 KiB and of the
+/// alignment, a range that does not wrap.
+pub(crate) fn checked_address(at: u64, size: u64, align: u64, fixed: bool) -> Result<(), AllocError> {
     if !fixed {
         return Err(AllocError::FixedAddressUnsupported);
     }
-    {
-        let need = align.max(LARGE_GRANULE);
-        if at & need.wrapping_sub(1) != 0 {
-            return Err(AllocError::AddressUnaligned { at, align: need });
-        }
-        let len = desc.size.checked_next_multiple_of(LARGE_GRANULE);
-        if len.and_then(|l| at.checked_add(l)).is_none() {
-            return Err(AllocError::TooLarge { size: desc.size });
-        }
+    let need = align.max(LARGE_GRANULE);
+    if at & need.wrapping_sub(1) != 0 {
+        return Err(AllocError::AddressUnaligned { at });
     }
-    Ok((align, Some(at)))
+    let len = size.checked_next_multiple_of(LARGE_GRANULE);
+    if len.and_then(|l| at.checked_add(l)).is_none() {
+        return Err(AllocError::TooLarge { size });
+    }
+    Ok(())
 }
 
 /// Buffer statistics, O(1) to read.
@@ -319,8 +314,35 @@ impl<'s, B> Buffers<'s, B> {
         backing: &mut K,
         desc: &BufferDesc,
     ) -> Result<(BufferHandle, BufferInfo), AllocError> {
-        let (align, at) = checked_request(desc, K::PLACES_AT)?;
-        // (Already `None` without `PLACES_AT`; said here so that no code
+        let align = checked_request(desc)?;
+        self.alloc_placed(backing, desc, align, None)
+    }
+
+    /// [`Buffers::alloc_info`] at exactly GPU address `at` (see
+    /// [`crate::engine::Engine::alloc_at`]): a large block of its own.
+    /// A range the backing holds is [`AllocError::AddressInUse`].
+    pub fn alloc_at<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        desc: &BufferDesc,
+        at: u64,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
+        let align = checked_request(desc)?;
+        checked_address(at, desc.size, align, K::PLACES_AT)?;
+        self.alloc_placed(backing, desc, align, Some(at))
+    }
+
+    /// The allocation of a checked request, anywhere (`at` `None`) or at
+    /// a fixed address.
+    #[inline(always)]
+    fn alloc_placed<K: Backing<Block = B>>(
+        &mut self,
+        backing: &mut K,
+        desc: &BufferDesc,
+        align: u64,
+        at: Option<u64>,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
+        // (Refused before without `PLACES_AT`; said here so that no code
         // for fixed addresses is left then.)
         let at = at.filter(|_| K::PLACES_AT);
         if self.table.is_full() {
