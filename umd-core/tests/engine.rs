@@ -669,6 +669,10 @@ fn a_buffer_at_a_fixed_address_is_there_and_bad_addresses_name_their_cause() {
         // CPU access works as for any buffer.
         dev.write_words(h, 0, &[0xFEED]).unwrap();
         assert_eq!(dev.read_u32(h, 0), Ok(0xFEED));
+        // A range kept by recycling (8 KiB, a block of its own, freed with
+        // nothing in flight): a refusal must not flush it.
+        let kept = dev.alloc(&BufferDesc::new(8192).align(8192)).unwrap();
+        dev.free(kept).unwrap();
         let before = (dev.buffer_stats(), dev.va_stats(), dev.platform().state().delays);
         let refused = [
             (BufferDesc::new(4096), at, AllocError::AddressInUse { at }),
@@ -700,6 +704,32 @@ fn a_buffer_at_a_fixed_address_is_there_and_bad_addresses_name_their_cause() {
         let before = (dev.buffer_stats(), dev.platform().state().allocs);
         assert_eq!(dev.alloc_at(&BufferDesc::new(4096), MEM_BASE), Err(AllocError::FixedAddressUnsupported));
         assert_eq!((dev.buffer_stats(), dev.platform().state().allocs), before);
+    });
+}
+
+/// A fixed address in a slab that still has live slots is refused at once,
+/// even while unrelated frees wait for their fences: waiting for those
+/// would not free it.
+// The GPU MMU and its VA allocator (feature `mmu`).
+#[cfg(feature = "mmu")]
+#[test]
+fn a_fixed_address_in_a_slab_with_live_slots_is_refused_without_waiting() {
+    with_device::<4>(Generation::Gen2, cfg(), MmuMode::DEFAULT, |dev| {
+        dev.platform().state().mode = Mode::Manual;
+        let a = dev.alloc_buffer(128).unwrap();
+        let b = dev.alloc_buffer(128).unwrap();
+        let page = dev.va(a).unwrap() & !4095;
+        dev.free(a).unwrap();
+        // An unrelated free that waits for work that does not run.
+        let other = dev.alloc_buffer(1 << 20).unwrap();
+        let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+        dev.free(other).unwrap();
+        assert_eq!(dev.buffer_stats().waiting, 1);
+        let slept = dev.platform().state().delays;
+        assert_eq!(dev.alloc_at(&BufferDesc::new(128), page), Err(AllocError::AddressInUse { at: page }));
+        assert_eq!(dev.platform().state().delays, slept, "waited for unrelated work");
+        assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
+        dev.free(b).unwrap();
     });
 }
 

@@ -370,6 +370,10 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         };
         assert_eq!(a.alloc_fixed(size - 128, 128), Ok(size - 128));
         assert_eq!(in_holes(&a) + 128, a.stats().free, "alloc_fixed inside a hole flushed");
+        // Refused for a live allocation in the way: nothing flushed.
+        let s = a.stats();
+        assert_eq!(a.alloc_fixed(y, 128), Err(VaError::Overlap));
+        assert_eq!(a.stats(), s, "a refusal flushed the recycled range");
         a.validate().unwrap();
         assert_eq!(a.alloc_fixed(x, 128), Ok(x));
         assert_eq!(in_holes(&a), a.stats().free, "alloc_fixed over a recycled range did not flush");

@@ -146,28 +146,53 @@ impl core::ops::Deref for Backed {
     }
 }
 
+impl<'d, B: Backend> Backer<'_, 'd, B> {
+    /// The memory of a block of `bytes`: local memory when `kind` asks for
+    /// it and there is room (else [`BackingError::LocalMemory`] unless
+    /// falling back), otherwise the platform's.
+    fn memory(&mut self, bytes: u64, kind: MemKind) -> Result<DmaRegion, BackingError> {
+        let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
+        let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
+        let local = if kind.local && self.va.is_some() { self.local.alloc(bytes) } else { None };
+        match local {
+            Some(r) => Ok(r),
+            None if kind.local && self.local.is_active() && self.va.is_some() && !self.fallback => {
+                Err(BackingError::LocalMemory)
+            }
+            None => self.b.platform().dma_alloc(len, flags).map_err(|e| match e {
+                crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
+                _ => BackingError::PlatformMemory { len },
+            }),
+        }
+    }
+}
+
 impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     type Block = Backed;
     const PLACES_AT: bool = B::VA_ALLOCATOR;
 
     fn acquire(&mut self, bytes: u64, place: Place, kind: MemKind) -> Result<(u64, Backed), BackingError> {
-        if matches!(place, Place::At(_)) && !self.va.is_some() {
-            return Err(BackingError::FixedAddress);
-        }
-        let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
-        let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
-        let p = self.b.platform();
-        let local = if kind.local && self.va.is_some() { self.local.alloc(bytes) } else { None };
-        let region = match local {
-            Some(r) => r,
-            None if kind.local && self.local.is_active() && self.va.is_some() && !self.fallback => {
-                return Err(BackingError::LocalMemory)
+        // A fixed address takes its range first: one that is taken or
+        // outside the arena is refused before any memory is asked for.
+        let fixed = match place {
+            Place::At(at) => {
+                let Some(va) = self.va.get_mut() else {
+                    return Err(BackingError::FixedAddress);
+                };
+                Some(va.alloc_fixed_handle(at, bytes).map_err(BackingError::Va)?)
             }
-            None => p.dma_alloc(len, flags).map_err(|e| match e {
-                crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
-                _ => BackingError::PlatformMemory { len },
-            })?,
+            Place::Aligned(_) => None,
         };
+        let region = match self.memory(bytes, kind) {
+            Ok(region) => region,
+            Err(e) => {
+                if let (Some(h), Some(va)) = (fixed, self.va.get_mut()) {
+                    let _ = va.free_handle(h);
+                }
+                return Err(e);
+            }
+        };
+        let p = self.b.platform();
         let release = |local: &mut super::residency::LocalMem<'d>, region: DmaRegion| {
             if super::residency::is_local(&region) {
                 local.free(region);
@@ -176,9 +201,9 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
             }
         };
         let Some(va) = self.va.get_mut() else {
-            // MMU bypassed: the GPU address is the memory's.
+            // MMU bypassed: the GPU address is the memory's (a fixed
+            // address was refused above).
             let addr = region.dev_addr();
-            // (A fixed address was refused above.)
             let Place::Aligned(align) = place else {
                 release(self.local, region);
                 return Err(BackingError::FixedAddress);
@@ -189,9 +214,10 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
             }
             return Ok((addr, Backed { region, va: None }));
         };
-        let handle = match place {
-            Place::Aligned(align) => va.alloc_handle(bytes, align, Placement::BottomUp),
-            Place::At(at) => va.alloc_fixed_handle(at, bytes),
+        let handle = match (fixed, place) {
+            (Some(h), _) => Ok(h),
+            (None, Place::Aligned(align)) => va.alloc_handle(bytes, align, Placement::BottomUp),
+            (None, Place::At(at)) => va.alloc_fixed_handle(at, bytes),
         };
         let handle = match handle {
             Ok(h) => h,
@@ -361,12 +387,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     | AllocError::SlabCapacity { .. }
                     | AllocError::AddressInUse { .. }),
                 ) => {
-                    // A fixed address a live buffer holds is refused for
-                    // good; one that freed buffers waiting for their
-                    // fences or a kept empty slab hold is waited for.
+                    // A fixed address is waited for only where freed
+                    // buffers waiting for their fences, or kept empty
+                    // slabs, hold it; held otherwise (a live buffer, a
+                    // slab with live slots, the driver's own memory) it
+                    // is refused at once.
                     if let AllocError::AddressInUse { at } = e {
-                        let end = at.saturating_add(desc.size);
-                        if !B::VA_ALLOCATOR || self.mem.lock().buffers.live_overlaps(at, end) {
+                        let end = at.saturating_add(desc.size.saturating_add(4095) & !4095);
+                        if !B::VA_ALLOCATOR || !self.mem.lock().buffers.frees_overlap(at, end) {
                             return Err(e);
                         }
                     }

@@ -488,12 +488,13 @@ impl<'s, B> BufferTable<'s, B> {
         best.map(|(_, i, h)| (i, h))
     }
 
-    /// Whether a live buffer's reserved range meets `[lo, hi)`. O(N): a
-    /// refused fixed-address allocation.
-    pub(crate) fn live_overlaps(&self, lo: u64, hi: u64) -> bool {
+    /// Whether a freed buffer still waiting for its fences reserves part
+    /// of `[lo, hi)`. O(N): a fixed-address allocation that found the
+    /// range taken.
+    pub(crate) fn retiring_overlaps(&self, lo: u64, hi: u64) -> bool {
         let n = (self.bump as usize).min(self.slots.len());
         self.slots.iter().take(n).any(|slot| match &slot.state {
-            SlotState::Live(l) => l.info.va < hi && lo < l.info.va.saturating_add(l.info.reserved),
+            SlotState::Retiring(r) => r.info.va < hi && lo < r.info.va.saturating_add(r.info.reserved),
             _ => false,
         })
     }

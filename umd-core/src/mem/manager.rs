@@ -555,10 +555,12 @@ impl<'s, B> Buffers<'s, B> {
         })
     }
 
-    /// Whether a live buffer's reserved range meets `[lo, hi)` (why a
-    /// fixed address is refused for good rather than waited for). O(N).
-    pub fn live_overlaps(&self, lo: u64, hi: u64) -> bool {
-        self.table.live_overlaps(lo, hi)
+    /// Whether `[lo, hi)` meets memory that will come free without its
+    /// owner: a freed buffer waiting for its fences, or an empty slab the
+    /// pool keeps ([`Buffers::trim`]). A fixed address held otherwise is
+    /// refused at once. O(buffers + slab descriptors).
+    pub fn frees_overlap(&self, lo: u64, hi: u64) -> bool {
+        self.table.retiring_overlaps(lo, hi) || self.pool.kept_overlaps(lo, hi)
     }
 
     /// Buffers waiting on `queue`.

@@ -551,6 +551,17 @@ where
         bytes
     }
 
+    /// Whether a kept empty slab's block meets `[lo, hi)` (what
+    /// [`Pool::trim`] would give back there). O(slab descriptors).
+    pub fn kept_overlaps(&self, lo: u64, hi: u64) -> bool {
+        self.slabs.as_ref().iter().any(|s| {
+            let bytes =
+                round_up(bin_size(usize::from(s.bin)).saturating_mul(u64::from(s.slots)), LARGE_GRANULE)
+                    .unwrap_or(SLAB_MAX_BYTES);
+            s.live && s.used == 0 && s.base < hi && lo < s.base.saturating_add(bytes)
+        })
+    }
+
     /// Releases every slab (live or kept) and forgets every allocation:
     /// teardown, when the GPU is stopped. Large allocations are released by
     /// whoever holds them ([`Pool::free`]).

@@ -61,7 +61,7 @@
 //! | [`VaAllocator::free_handle`] | an O(1) check of the handle, then as `free` without the lookup: O(1) with the list index, for a range recycling keeps or when the region tree is one node, else the tree removal (a stale handle: `free` of its address) |
 //! | [`VaAllocator::lookup`], [`VaAllocator::retire`] | one region-tree search |
 //! | with recycling: `alloc` of a recycled length, `free` while fewer than [`RECYCLE_LIMIT`] ranges are kept | `alloc`: O(1) (no search, split, coalescing or index insertion); `free`: the lookup (a region-tree search, no removal), then O(1); `free_handle`: O(1) |
-//! | with recycling: an `alloc` that would fail, [`VaAllocator::alloc_fixed`], [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees the removal) |
+//! | with recycling: an `alloc` that would fail, an [`VaAllocator::alloc_fixed`] whose range is not inside a hole as found and meets no allocation, [`VaAllocator::flush_recycled`] | one flush first: at most [`RECYCLE_LIMIT`] ranges coalesced, each as `free_handle` (O(1) with the list index; with region trees the removal) |
 //! | [`VaAllocator::stats`] | O(1) counters, plus a walk of the largest non-empty size class for `largest_free` |
 //!
 //! A region tree holds only the allocations (and, with recycling, at most
@@ -435,7 +435,9 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>> VaAllocator<S, true> {
     /// [`VaAllocator::for_each_hole`]) until it is flushed: by an
     /// allocation that would otherwise fail (it flushes, then tries again,
     /// so it fails only when it would have failed without recycling), by
-    /// [`VaAllocator::alloc_fixed`] and by [`VaAllocator::flush_recycled`].
+    /// [`VaAllocator::alloc_fixed`] when a recycled range may be in the way
+    /// (not when the range is inside a hole, or meets an allocation) and
+    /// by [`VaAllocator::flush_recycled`].
     /// A flush coalesces at most [`RECYCLE_LIMIT`] ranges,
     /// O(1) each, which bounds the extra worst case of those calls. Meant
     /// for heaps of many small allocations of recurring sizes
@@ -662,8 +664,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// Reserves exactly `[addr, addr + size)` (libdrm's `va_base_required`).
     /// `addr` must be a multiple of [`MIN_ALIGN`]; the size is rounded up to
     /// it. Worst case O(log n), plus one flush of the recycled ranges when
-    /// the range is not inside a hole as found (a recycled range may lie
-    /// in the way, or split the hole it would coalesce into).
+    /// the range is not inside a hole as found and meets no allocation (a
+    /// recycled range may lie in the way, or split the hole it would
+    /// coalesce into); a refusal for an allocation in the way changes
+    /// nothing.
     pub fn alloc_fixed(&mut self, addr: u64, size: u64) -> Result<u64, VaError> {
         self.alloc_fixed_handle(addr, size).map(|h| h.addr)
     }
@@ -687,8 +691,16 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let holds = |a: &Self, h: u32| {
             a.state(h) == HOLE && a.start(h) <= addr && a.start(h).wrapping_add(a.len(h)) >= end
         };
+        // An allocation in the way (the range found, or the one after the
+        // hole found) refuses the request whatever a flush would coalesce:
+        // then the recycled ranges stay as they are.
+        let meets = |a: &Self, x: u32| {
+            a.node(x)
+                .is_some_and(|v| v.is_allocation() && v.start < end && addr < v.start.wrapping_add(v.len))
+        };
         let mut h = self.containing(addr);
-        if RECYCLE && !holds(self, h) && self.recycled > 0 {
+        let blocked = meets(self, h) || (self.state(h) == HOLE && meets(self, self.next(h)));
+        if RECYCLE && !holds(self, h) && !blocked && self.recycled > 0 {
             self.flush_recycled();
             h = self.containing(addr);
         }
