@@ -174,14 +174,14 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     fn acquire(&mut self, bytes: u64, place: Place, kind: MemKind) -> Result<(u64, Backed), BackingError> {
         // A fixed address takes its range first: one that is taken or
         // outside the arena is refused before any memory is asked for.
-        let fixed = match place {
+        let (fixed, align) = match place {
             Place::At(at) => {
                 let Some(va) = self.va.get_mut() else {
                     return Err(BackingError::FixedAddress);
                 };
-                Some(va.alloc_fixed_handle(at, bytes).map_err(BackingError::Va)?)
+                (Some(va.alloc_fixed_handle(at, bytes).map_err(BackingError::Va)?), 0)
             }
-            Place::Aligned(_) => None,
+            Place::Aligned(align) => (None, align),
         };
         let region = match self.memory(bytes, kind) {
             Ok(region) => region,
@@ -204,22 +204,13 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
             // MMU bypassed: the GPU address is the memory's (a fixed
             // address was refused above).
             let addr = region.dev_addr();
-            let Place::Aligned(align) = place else {
-                release(self.local, region);
-                return Err(BackingError::FixedAddress);
-            };
             if addr.checked_rem(align) != Some(0) {
                 release(self.local, region);
                 return Err(BackingError::Unaligned);
             }
             return Ok((addr, Backed { region, va: None }));
         };
-        let handle = match (fixed, place) {
-            (Some(h), _) => Ok(h),
-            (None, Place::Aligned(align)) => va.alloc_handle(bytes, align, Placement::BottomUp),
-            (None, Place::At(at)) => va.alloc_fixed_handle(at, bytes),
-        };
-        let handle = match handle {
+        let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
                 release(self.local, region);
@@ -393,7 +384,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     // slab with live slots, the driver's own memory) it
                     // is refused at once.
                     if let AllocError::AddressInUse { at } = e {
-                        let end = at.saturating_add(desc.size.saturating_add(4095) & !4095);
+                        // (`checked_address` refused a wrapping range.)
+                        let len = desc.size.checked_next_multiple_of(crate::mem::pool::LARGE_GRANULE);
+                        let end = len.map_or(u64::MAX, |l| at.saturating_add(l));
                         if !B::VA_ALLOCATOR || !self.mem.lock().buffers.frees_overlap(at, end) {
                             return Err(e);
                         }

@@ -555,10 +555,7 @@ where
     /// [`Pool::trim`] would give back there). O(slab descriptors).
     pub fn kept_overlaps(&self, lo: u64, hi: u64) -> bool {
         self.slabs.as_ref().iter().any(|s| {
-            let bytes =
-                round_up(bin_size(usize::from(s.bin)).saturating_mul(u64::from(s.slots)), LARGE_GRANULE)
-                    .unwrap_or(SLAB_MAX_BYTES);
-            s.live && s.used == 0 && s.base < hi && lo < s.base.saturating_add(bytes)
+            s.live && s.used == 0 && s.base < hi && lo < s.base.saturating_add(slab_bytes(usize::from(s.bin)))
         })
     }
 
@@ -649,9 +646,8 @@ where
         } else {
             return Err(PoolError::SlabCapacity { class });
         };
-        let slot = bin_size(bin);
         let slots = slots_per_slab(bin);
-        let bytes = round_up(slot.wrapping_mul(u64::from(slots)), LARGE_GRANULE).unwrap_or(SLAB_MAX_BYTES);
+        let bytes = slab_bytes(bin);
         let (base, block) = backing
             .acquire(bytes, Place::Aligned(LARGE_GRANULE), kind)
             .map_err(|error| PoolError::Backing { class, error })?;
@@ -828,6 +824,12 @@ where
 }
 
 /// Slot size of bin `b`: 128 B << b.
+/// Bytes of a slab of `bin`: its slots, rounded to whole pages.
+fn slab_bytes(bin: usize) -> u64 {
+    round_up(bin_size(bin).wrapping_mul(u64::from(slots_per_slab(bin))), LARGE_GRANULE)
+        .unwrap_or(SLAB_MAX_BYTES)
+}
+
 const fn bin_size(bin: usize) -> u64 {
     MIN_SLOT << (bin & 15)
 }
