@@ -3,10 +3,12 @@
 //! target `thumbv7em-none-eabihf`), and the scenarios they run (shared so
 //! every image reports results the same way).
 //!
-//! The binaries (`src/bin/*.rs`) need the `image` feature and build only
-//! for `aarch64-unknown-none`; `qemu-tests` builds them with
-//! `cargo build --release --target aarch64-unknown-none --features image
-//! -p bm-images` and boots them. On the host only this library builds.
+//! The aarch64 binaries (`src/bin/*.rs`) need the `image` feature and build
+//! only for `aarch64-unknown-none`; `qemu-tests` builds them with
+//! `cargo build --release --target aarch64-unknown-none --features
+//! image,defmt -p bm-images` (the `m-*` ones with `cortex-m-image,defmt`
+//! for `thumbv7em-none-eabihf`) and boots them. On the host only this
+//! library builds.
 //!
 //! Output protocol (parsed by `qemu-tests`): one line per fact, each
 //! starting with `@@ `:
@@ -14,11 +16,22 @@
 //! - `@@ BOOT <image> mode=<polling|msi>`
 //! - `@@ DEVICE gen=<n> rev=<n>`
 //! - `@@ RESULT <scenario> PASS` / `@@ RESULT <scenario> FAIL <why>` /
-//!   `@@ RESULT <scenario> SKIP <why>`
+//!   `@@ RESULT <scenario> SKIP <why>`; a scenario's decoded report between
+//!   `@@ REPORT <scenario> BEGIN` and `@@ REPORT END`
+//! - `@@ IRQS msi=<n> total=<n>`: interrupts taken
+//! - `@@ TRACE BEGIN` / `@@ TRACE END` around the demo's Chrome trace
+//! - `@@ BENCH <name> n=<n> median_ns=<n> p90_ns=<n> mean_ns=<n>`, and
+//!   `@@ CYCLES ...` on the Cortex-M4
+//! - fault images: `@@ FAULT_ADDR <addr>` (the address about to be read),
+//!   `@@ KILL_MODEL_NOW ...` (the harness kills the model), `@@ DEVICE_LOST
+//!   ...`, `@@ ACCOUNTING ...` and `@@ CHECK ok|FAILED <why>` (the fault
+//!   matrix's accounting), `@@ SHUTDOWN ...`, `@@ BAD_DOORBELL ...`;
+//!   `@@ ASYNC ...` from the Cortex-M4's async image
 //! - `@@ FATAL <why>` (bring-up failed), `@@ EXCEPTION ...`, `@@ PANIC ...`
 //! - `@@ DONE passed=<n> failed=<n>` then the semihosting exit status
 //!   (0 all passed, 1 a scenario failed, 2 bring-up failed, 3 CPU
-//!   exception, 101 panic).
+//!   exception, 4 device lost (`device_loss::EXIT_DEVICE_LOST`), 101
+//!   panic).
 #![no_std]
 
 pub mod bench;

@@ -14,7 +14,8 @@
 //! freed while in flight, ten thousand buffers across the size classes);
 //! a buffer asked for again at its fixed address while a copy reads it;
 //! failure propagation, a failure history that survives many resets, a wait
-//! before signal that is not a hang, and several submitting threads.
+//! before signal that is not a hang, several submitting threads; a DMA
+//! overrun caught, events across queues, and local memory under eviction.
 //!
 //! Run them with [`run_all`] on a device made with [`SUITE_CONFIG`] and
 //! [`SUITE_MMU`]; every wait has a generous failure guard ([`GUARD_NS`]),

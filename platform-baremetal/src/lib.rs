@@ -40,7 +40,7 @@
 //! dependencies. The bootable images live in the separate `bm-images`
 //! crate, whose binaries need the `image` feature and are built only by
 //! `qemu-tests` (`cargo build --target aarch64-unknown-none --features
-//! image`); host builds of the workspace skip them.
+//! image,defmt`); host builds of the workspace skip them.
 #![no_std]
 
 pub mod carveout;

@@ -3,7 +3,8 @@
 //! For one run ([`Run`]) it:
 //!
 //! 1. builds the images once per test process (`cargo build --release
-//!    --target aarch64-unknown-none --features image -p bm-images`) and
+//!    --target aarch64-unknown-none --features image,defmt -p bm-images`;
+//!    the Cortex-M images with `cortex-m-image,defmt`) and
 //!    `refgpu-sim`, in their own target directory
 //!    (`$CARGO_TARGET_DIR/qemu-tests` or `target/qemu-tests`) so the nested
 //!    cargo never waits on the outer one's lock;

@@ -29,7 +29,13 @@
 //! (the `log` facade, for Linux); neither by default (no logging code).
 //! `gen1`, `gen2` (both by default): the generations the build drives; a
 //! firmware for one chip enables only its own and links no code of the
-//! other. `compact-encoder`: a smaller, slower encoder (one description
+//! other. On by default too, each optional for a smaller firmware (the
+//! checks, typed errors and recovery stay without them): `hang-capture`
+//! (the hang report's register, ring and IB windows), `trace` (the ring of
+//! driver events, the Perfetto export), `local-memory` (the device's local
+//! memory and the moves to and from it), `mmu` (direct mode's page tables
+//! and GPU VA allocator; without it only `MmuMode::Bypass` brings a device
+//! up). `compact-encoder`: a smaller, slower encoder (one description
 //! walk for every packet instead of code folded per packet kind); it
 //! implies `size-first`: code size before speed outside the encoder (the
 //! ring written in two passes, a batching recording's first pick through

@@ -29,7 +29,7 @@ struct Args {
 }
 
 const USAGE: &str =
-    "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--depth 2|3] [--gpu-bound [NS_PER_KIB]] [--trace FILE]";
+    "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--depth 2|3] [--gpu-bound[=NS_PER_KIB]] [--trace FILE]";
 
 /// `--gpu-bound`'s default model memory speed: 20 us per KiB, so that a
 /// frame's GPU work (~100 KiB moved per engine) outweighs the guest CPU's
