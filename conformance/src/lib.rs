@@ -143,7 +143,8 @@ pub struct ScenarioResult {
     pub name: &'static str,
     /// How it ended.
     pub outcome: Outcome,
-    /// Why it failed or was skipped (empty on a pass).
+    /// Why it failed or was skipped; on a pass, empty or what the scenario
+    /// saw that its checks do not fix (a count, which path it took).
     pub detail: Detail,
 }
 
@@ -926,6 +927,10 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     fill(dev, src, WORDS, |i| pattern(i, 0xF1ED), d)?;
     let f = submit(dev, COPY, &[], d, |cb| cb.copy(s, o, LEN))?;
     free(dev, src, d)?;
+    // Whether the copy was still running when its range was asked for (so
+    // that the wait was exercised here, not only allowed): said in the
+    // scenario's detail.
+    let in_flight = matches!(dev.query(f), Ok(FenceStatus::Pending));
     let h = match dev.alloc_at(&BufferDesc::new(LEN).tag("fixed-again"), s) {
         Ok(h) => h,
         Err(AllocError::FixedAddressUnsupported) => {
@@ -950,6 +955,15 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     check!(d, live == Err(AllocError::AddressInUse { at: s + 8192 }), "inside a live buffer: {live:?}");
     let odd = dev.alloc_at(&BufferDesc::new(4096), o + LEN + 128);
     check!(d, odd == Err(AllocError::AddressUnaligned { at: o + LEN + 128 }), "misaligned: {odd:?}");
+    let _ = write!(
+        d,
+        "{}",
+        if in_flight {
+            "waited for the copy still reading the range"
+        } else {
+            "the copy had ended before the request"
+        }
+    );
     free(dev, h, d)?;
     free(dev, out, d)
 }
