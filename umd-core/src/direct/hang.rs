@@ -253,7 +253,8 @@ fn capture<P: DirectIo>(
 
 /// Copies the IB around `cur` if it lies in the IB pool, starting a few
 /// packets before it (found by walking packet lengths from the IB start),
-/// with volatile reads (other chunks of the pool may be being recorded).
+/// with atomic (acquire) reads (other chunks of the pool may be being
+/// recorded).
 #[cfg(feature = "hang-capture")]
 fn capture_ib<P: DirectIo>(
     d: &Direct<'_, P>,

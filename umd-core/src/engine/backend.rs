@@ -143,8 +143,9 @@ pub enum Block {
 pub trait Backend: sealed::Sealed + Sized {
     /// The platform.
     type P: Platform;
-    /// Per-queue state, behind the queue's submit lock (a direct-mode
-    /// ring and hang watch; nothing in kernel mode).
+    /// Per-queue state, behind the queue's submit lock (direct mode: the
+    /// ring and hang watch; kernel mode: the kernel context and the
+    /// submissions held back).
     type Queue: Send;
     /// Memory-mapping state, behind the engine's memory lock (direct-mode
     /// page tables; nothing in kernel mode).

@@ -261,9 +261,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Some((f, emitted))
     }
 
-    /// Fails queue `qi`'s pending work `(completed, upto]` with
-    /// `failure.error`, poisons the work that depends on it, resets the
-    /// queue (the caller holds its submit lock) and records the report.
+    /// Fails queue `qi`'s pending work `(completed, upto]`: resets the
+    /// queue (the caller holds its submit lock), records `failure.error`
+    /// for that work, poisons the work that depends on it, moves the
+    /// timeline on and records the report (the numbered steps below).
     #[cfg_attr(not(feature = "hang-capture"), allow(unused_mut))]
     pub(crate) fn fail_locked(&self, qi: usize, qs: &mut B::Queue, mut failure: Failure, upto: Seqno) {
         let Some(q) = self.queues.get(qi) else { return };

@@ -419,7 +419,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// The completed sequence number of `queue` (0 for a queue the device
-    /// does not have). One out-of-line copy on bare metal (six callers).
+    /// does not have). One out-of-line copy on bare metal (called from
+    /// eight places).
     #[cfg_attr(target_os = "none", inline(never))]
     pub(crate) fn completed_of(&self, queue: QueueId) -> Seqno {
         self.queue(queue).map_or(Seqno(0), QueueCore::completed)

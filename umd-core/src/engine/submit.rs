@@ -9,9 +9,10 @@
 //!    the dependency lock re-check the waits' failures (closing the race
 //!    with a concurrent reset), reject a wait cycle, record the waits (a
 //!    full table waits for room, then `TooManyPending`); under the memory
-//!    lock check the declared buffers and note their use; hand the job to
-//!    the backend (a full ring releases every lock and waits); publish the
-//!    sequence number; commit the chunks.
+//!    lock check the declared buffers; hand the job to the backend (a full
+//!    ring releases every lock and waits); note the buffers' use (the
+//!    memory lock held across the hand-over, so a concurrent free sees
+//!    it); publish the sequence number; commit the chunks.
 //!
 //! Nothing reaches the hardware after any error, and the queue stays
 //! usable.

@@ -364,8 +364,9 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     }
 
     fn reset(&self, qs: &mut KernelQueue, _q: usize) -> Result<(), Gone> {
-        // The kernel reset its engine already; what the core must drop is
-        // the held work (it fails with the rest) and the guilty context.
+        // The kernel reset its engine already; what the core drops here is
+        // the held work (it fails with the rest); `resume` replaces the
+        // guilty context.
         qs.held.clear();
         qs.blocked_since_ns = None;
         Ok(())

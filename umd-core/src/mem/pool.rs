@@ -823,13 +823,13 @@ where
     }
 }
 
-/// Slot size of bin `b`: 128 B << b.
 /// Bytes of a slab of `bin`: its slots, rounded to whole pages.
 fn slab_bytes(bin: usize) -> u64 {
     round_up(bin_size(bin).wrapping_mul(u64::from(slots_per_slab(bin))), LARGE_GRANULE)
         .unwrap_or(SLAB_MAX_BYTES)
 }
 
+/// Slot size of bin `b`: 128 B << b.
 const fn bin_size(bin: usize) -> u64 {
     MIN_SLOT << (bin & 15)
 }

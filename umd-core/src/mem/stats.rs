@@ -28,7 +28,7 @@ pub struct VaStats {
     pub allocations: u64,
     /// Number of holes (ranges kept by recycling are not holes).
     pub holes: u64,
-    /// Nodes in use (holes + allocations).
+    /// Nodes in use (holes + allocations + ranges kept by recycling).
     pub nodes_used: u64,
     /// Highest `nodes_used` ever seen.
     pub nodes_high_water: u64,

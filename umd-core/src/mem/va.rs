@@ -117,13 +117,14 @@ const GROUP: u32 = 64;
 pub const MAX_REGIONS: usize = 64 * 64 * GROUP as usize;
 
 /// Regions of at most `1 << LIST_GRANULES_LOG2` granules (4 KiB) index
-/// their allocations with a list instead of a tree (see [`VaAllocator`]'s
-/// module documentation, "Allocation index"): a lookup walks at most that
-/// many ranges.
+/// their allocations with a list instead of a tree (see the module
+/// documentation, "Data structure"): a lookup walks at most that many
+/// ranges, plus `LIST_WALK`'s margin.
 const LIST_GRANULES_LOG2: u32 = 5;
 
 /// Most ranges a lookup walks in a list-indexed region: one per granule of
-/// the region, plus a hole before the first allocation.
+/// the region (every range starting in it is at least a granule), the
+/// range after them where a walk stops, and one to spare.
 const LIST_WALK: usize = (1 << LIST_GRANULES_LOG2) + 2;
 
 /// Upper bound on the height of any tree the allocator builds (AVL height for
@@ -252,8 +253,9 @@ impl Default for VaNode {
 pub enum VaError {
     /// Size 0 was requested.
     ZeroSize,
-    /// The alignment is not a power of two, or a fixed address or the arena
-    /// is not a multiple of [`MIN_ALIGN`].
+    /// The alignment is not a power of two, or a fixed address is not a
+    /// multiple of [`MIN_ALIGN`] (an arena that is not is
+    /// [`VaError::BadArena`]).
     BadAlignment,
     /// Rounding the size or adding the alignment overflows `u64`.
     Overflow,
@@ -296,10 +298,11 @@ impl core::error::Error for VaError {}
 /// Where a non-fixed allocation goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Placement {
-    /// Lowest address that fits (address-ordered first fit).
+    /// The low end of the good-fit hole (not address-ordered: see the
+    /// module documentation, "Placement").
     #[default]
     BottomUp,
-    /// Highest address that fits.
+    /// The high end of the good-fit hole.
     TopDown,
 }
 

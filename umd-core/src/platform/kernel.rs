@@ -124,8 +124,8 @@ impl core::error::Error for KernelSubmitError {}
 /// meaning of failures.
 ///
 /// Memory: [`Platform::dma_alloc`] creates a buffer object (its
-/// [`DmaRegion::handle`] names it to the kernel) and, unless
-/// [`super::DmaFlags::CPU`] is clear, maps it for the CPU.
+/// [`DmaRegion::handle`] names it to the kernel) and, unless the flags are
+/// [`super::DmaFlags::DEVICE_ONLY`], maps it for the CPU.
 pub trait KernelIo: Platform {
     /// The device, as the kernel reports it.
     fn info(&self) -> Result<KernelInfo, PlatformError>;

@@ -6,8 +6,9 @@
 //! [`FenceSlots`] owns that region and is the only code that touches it
 //! from the CPU. Because it never hands out a slice view of the memory,
 //! every CPU access to a slot is atomic, and a slot can be written through
-//! a shared reference while other threads poll it: this is the one place
-//! where that needs `unsafe`.
+//! a shared reference while other threads poll it: one of the two places
+//! where that needs `unsafe` (the other is `DmaRegion::store_u32_shared`,
+//! for event words).
 
 #[cfg(not(target_has_atomic = "64"))]
 use core::sync::atomic::AtomicU32;
