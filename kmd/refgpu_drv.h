@@ -39,6 +39,8 @@
 
 struct refgpu_vm;
 struct refgpu_ctx;
+struct dma_buf_attachment;
+struct sg_table;
 
 /**
  * struct refgpu_fence - hardware fence: the FENCE packet a job ends with
@@ -160,6 +162,7 @@ struct refgpu_ctx {
 	u32 engine;
 	struct drm_sched_entity entity;
 	struct mutex submit_lock;	/* orders arm + push */
+	bool destroyed;			/* under submit_lock: no more pushes */
 	atomic_t guilty;		/* set by a hang or fault of its job */
 	bool innocent;			/* its jobs were re-run after a reset */
 	u32 fault_status;
@@ -211,6 +214,9 @@ int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 
 /* refgpu_gem.c */
 struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t size);
+struct drm_gem_object *refgpu_gem_prime_import_sg_table(struct drm_device *dev,
+							struct dma_buf_attachment *attach,
+							struct sg_table *sgt);
 int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_bo_mmap_offset(struct drm_device *dev, void *data, struct drm_file *file);
 

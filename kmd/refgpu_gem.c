@@ -50,13 +50,15 @@ static const struct drm_gem_object_funcs refgpu_gem_funcs = {
  * @dev: the DRM device
  * @size: object size
  *
- * Every object of the device, created or imported, is a &refgpu_bo.
+ * Every object of the device, created or imported, is a &refgpu_bo. It is
+ * counted only once its creation has succeeded (refgpu_gem_counted()): the
+ * shmem helper frees an object whose set-up fails without calling
+ * &drm_gem_object_funcs.free.
  *
  * Return: the GEM object or an ERR_PTR.
  */
 struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t size)
 {
-	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_bo *bo;
 
 	bo = kzalloc(sizeof(*bo), GFP_KERNEL);
@@ -65,8 +67,34 @@ struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t s
 	bo->base.base.funcs = &refgpu_gem_funcs;
 	mutex_init(&bo->gpuva_lock);
 	drm_gem_gpuva_set_lock(&bo->base.base, &bo->gpuva_lock);
-	atomic_inc(&rdev->bo_count);
 	return &bo->base.base;
+}
+
+/* Counts a new object of the device; refgpu_gem_free() uncounts it. */
+static void refgpu_gem_counted(struct drm_gem_object *obj)
+{
+	atomic_inc(&to_refgpu_device(obj->dev)->bo_count);
+}
+
+/**
+ * refgpu_gem_prime_import_sg_table() - &drm_driver.gem_prime_import_sg_table
+ * @dev: the DRM device
+ * @attach: the dma-buf attachment
+ * @sgt: its pages
+ *
+ * The shmem helper's import, with the new object counted.
+ *
+ * Return: the GEM object or an ERR_PTR.
+ */
+struct drm_gem_object *refgpu_gem_prime_import_sg_table(struct drm_device *dev,
+							struct dma_buf_attachment *attach,
+							struct sg_table *sgt)
+{
+	struct drm_gem_object *obj = drm_gem_shmem_prime_import_sg_table(dev, attach, sgt);
+
+	if (!IS_ERR(obj))
+		refgpu_gem_counted(obj);
+	return obj;
 }
 
 int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file)
@@ -85,6 +113,7 @@ int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *
 	shmem = drm_gem_shmem_create(dev, args->size);
 	if (IS_ERR(shmem))
 		return PTR_ERR(shmem);
+	refgpu_gem_counted(&shmem->base);
 	to_refgpu_bo(&shmem->base)->flags = args->flags;
 
 	ret = drm_gem_handle_create(file, &shmem->base, &args->handle);

@@ -387,6 +387,12 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 	long timeout = msecs_to_jiffies(job_timeout_ms);
 	int ret;
 
+	/* A zero timeout would make every job a hang. */
+	if (!job_timeout_ms) {
+		dev_err(dev, "job_timeout_ms must be at least 1\n");
+		return -EINVAL;
+	}
+
 	eng->rdev = rdev;
 	eng->id = e;
 	spin_lock_init(&eng->lock);
@@ -472,9 +478,18 @@ static struct refgpu_ctx *refgpu_ctx_lookup(struct refgpu_file *rfile, u32 id)
 	return ctx;
 }
 
-/* Queued jobs are flushed (or killed when the process dies), then dropped. */
+/*
+ * Queued jobs are flushed (or killed when the process dies), then dropped.
+ * A SUBMIT that looked the context up before it left the file's array may
+ * still be on its way: it sees @destroyed under the submit lock and fails
+ * instead of pushing to the killed entity, which would drop the job with
+ * its fence already handed out, never to signal.
+ */
 static void refgpu_ctx_destroy(struct refgpu_ctx *ctx)
 {
+	mutex_lock(&ctx->submit_lock);
+	ctx->destroyed = true;
+	mutex_unlock(&ctx->submit_lock);
 	drm_sched_entity_destroy(&ctx->entity);
 	refgpu_ctx_put(ctx);
 }
@@ -520,12 +535,21 @@ int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file 
 		refgpu_ctx_put(ctx);
 		return ret;
 	}
-	ret = xa_alloc(&rfile->ctxs, &id, ctx, XA_LIMIT(1, REFGPU_MAX_CTX_PER_FILE), GFP_KERNEL);
+	/*
+	 * Once stored, a concurrent CTX_DESTROY may take and free the context:
+	 * its id is set under the array's lock, before any lookup can see it,
+	 * and the context is not touched after the unlock.
+	 */
+	xa_lock(&rfile->ctxs);
+	ret = __xa_alloc(&rfile->ctxs, &id, ctx, XA_LIMIT(1, REFGPU_MAX_CTX_PER_FILE),
+			 GFP_KERNEL);
+	if (!ret)
+		ctx->id = id;
+	xa_unlock(&rfile->ctxs);
 	if (ret) {
 		refgpu_ctx_destroy(ctx);
 		return ret;
 	}
-	ctx->id = id;
 	args->ctx_id = id;
 	return 0;
 }
@@ -568,12 +592,14 @@ int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *
 	args->engine = ctx->engine;
 	args->reset_count = atomic64_read(&rdev->reset_count);
 	args->guilty_seqno = 0;
+	args->fault_status = 0;
+	args->fault_addr = 0;
 	if (args->state == REFGPU_CTX_STATE_GUILTY) {
 		smp_rmb();	/* pairs with the timeout handler's smp_wmb() */
 		args->guilty_seqno = ctx->guilty_seqno;
+		args->fault_status = ctx->fault_status;
+		args->fault_addr = ctx->fault_addr;
 	}
-	args->fault_status = ctx->fault_status;
-	args->fault_addr = ctx->fault_addr;
 	refgpu_ctx_put(ctx);
 	return 0;
 }
@@ -669,6 +695,11 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	}
 
 	mutex_lock(&ctx->submit_lock);
+	if (ctx->destroyed) {
+		mutex_unlock(&ctx->submit_lock);
+		ret = -ENOENT;
+		goto out_put_job;
+	}
 	drm_sched_job_arm(&job->base);
 	finished = dma_fence_get(&job->base.s_fence->finished);
 	drm_sched_entity_push_job(&job->base);

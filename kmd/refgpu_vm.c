@@ -16,11 +16,13 @@
  * out-syncs before returning.
  */
 
+#include <linux/build_bug.h>
 #include <linux/dma-fence.h>
 #include <linux/dma-mapping.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
 #include <linux/seq_file.h>
+#include <linux/sizes.h>
 #include <linux/slab.h>
 #include <linux/uaccess.h>
 
@@ -32,6 +34,9 @@
 #include "refgpu_drv.h"
 
 #define REFGPU_VA_READ_ONLY	DRM_GPUVA_USERBITS
+
+/* The page walks below step one CPU page per 4 KiB GPU page. */
+static_assert(PAGE_SIZE == SZ_4K, "refgpu needs 4 KiB kernel pages");
 
 /**
  * struct refgpu_pt - one 4 KiB page table

@@ -78,6 +78,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "devcoredump",
     "fault_recovery",
     "teardown_killed_process",
+    "submit_racing_ctx_destroy",
     "conformance_kernel_mode",
     "kernel_mode_sync_files_and_reset_status",
     "bench_submit_vs_null_ioctl",

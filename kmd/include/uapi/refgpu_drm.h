@@ -131,7 +131,7 @@ struct drm_refgpu_submit {
 	__s32 out_fence_fd;	/* out: sync_file fd, or -1 */
 	__u64 in_syncs;		/* struct drm_refgpu_sync[in_sync_count] */
 	__u64 out_syncs;	/* struct drm_refgpu_sync[out_sync_count] */
-	__u64 seqno;		/* out: the job's sequence number on its engine */
+	__u64 seqno;		/* out: the job's sequence number on its context */
 };
 
 /* CTX_QUERY state. */

@@ -51,6 +51,7 @@ pub fn all() -> Vec<Test> {
         ("devcoredump", devcoredump),
         ("fault_recovery", fault_recovery),
         ("teardown_killed_process", teardown_killed_process),
+        ("submit_racing_ctx_destroy", submit_racing_ctx_destroy),
         ("conformance_kernel_mode", crate::kernel_mode::conformance_kernel_mode),
         (
             "kernel_mode_sync_files_and_reset_status",
@@ -907,6 +908,73 @@ fn teardown_killed_process() -> R {
         ensure!(
             t0.elapsed() < Duration::from_secs(20),
             "leak after the kill: {base:?} -> {now:?} (bos, vms, contexts, jobs)"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Ok(())
+}
+
+/// SUBMIT on a context while another thread destroys it, round after
+/// round with the destroy a little later each time: every SUBMIT either
+/// fails with ENOENT or its job runs and its out-point signals, and no job
+/// or context is left behind. (A job accepted after the destroy killed the
+/// scheduler entity would be dropped with its fence already in the
+/// syncobj, never to signal.) Each SUBMIT waits for 64 signalled points,
+/// which widens the window between its context lookup and its push.
+fn submit_racing_ctx_destroy() -> R {
+    const ROUNDS: u32 = 100;
+    const SUBMITS: u64 = 32;
+    let mut fx = Fx::new()?;
+    let base = live()?;
+    let (ib, dw) = fx.ib(&[write_data(DATA_VA, &[1])])?;
+    // 64 in-syncs on a point that has signalled.
+    let c0 = fx.ctx(u::engine::COPY)?;
+    let p0 = fx.run(c0, &[Command::Nop { dwords: 0 }])?;
+    fx.wait(p0)?;
+    ok(fx.dev.ctx_destroy(c0), "CTX_DESTROY")?;
+    let ins = vec![sync(fx.sync, p0); 64];
+    let (mut raced, mut ran) = (0u32, 0u64);
+    for round in 0..ROUNDS {
+        let ctx = fx.ctx(u::engine::COPY)?;
+        let first = fx.point + 1;
+        let (dev, sync_h, ins) = (&fx.dev, fx.sync, &ins);
+        let ((last_ok, end), destroyed) = std::thread::scope(|s| {
+            let submitter = s.spawn(move || {
+                let mut last_ok = None;
+                for p in first..first + SUBMITS {
+                    match dev.submit_full(ctx, ib, dw, ins, &[sync(sync_h, p)], 0) {
+                        Ok(_) => last_ok = Some(p),
+                        Err(e) => return (last_ok, Some(e)),
+                    }
+                }
+                (last_ok, None)
+            });
+            let t = Instant::now();
+            while t.elapsed() < Duration::from_micros(u64::from(round % 20) * 25) {
+                std::hint::spin_loop();
+            }
+            let destroyed = dev.ctx_destroy(ctx);
+            (submitter.join().unwrap_or((None, Some(-1))), destroyed)
+        });
+        ok(destroyed, "CTX_DESTROY")?;
+        ensure!(
+            matches!(end, None | Some(ENOENT)),
+            "round {round}: SUBMIT failed with errno {end:?}, not ENOENT"
+        );
+        if let Some(p) = last_ok {
+            fx.wait(p).map_err(|e| format!("round {round}: the last accepted job never signalled: {e}"))?;
+            ran += p + 1 - first;
+            raced += u32::from(end.is_some());
+        }
+        fx.point = first + SUBMITS;
+    }
+    println!("guest: submit_racing_ctx_destroy: {ran} jobs ran, {raced} of {ROUNDS} rounds ended in ENOENT after accepted jobs");
+    let t0 = Instant::now();
+    while live()? != base {
+        ensure!(
+            t0.elapsed() < Duration::from_secs(20),
+            "leak: {base:?} -> {:?} (bos, vms, contexts, jobs)",
+            live()?
         );
         std::thread::sleep(Duration::from_millis(20));
     }
