@@ -21,6 +21,7 @@
 #include <linux/dma-mapping.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
+#include <linux/sched/signal.h>
 #include <linux/seq_file.h>
 #include <linux/sizes.h>
 #include <linux/slab.h>
@@ -555,7 +556,9 @@ static bool refgpu_range_covers(const struct drm_refgpu_vm_bind_op *u, u64 start
 /*
  * A MAP must land on free VA when it runs: each overlap with an existing
  * mapping, or with an earlier MAP of the array, must be covered by one
- * UNMAP that runs between the two.
+ * UNMAP that runs between the two. The cost grows with the mappings a MAP
+ * overlaps times the array's length, so the walk yields the CPU and stops
+ * for a fatal signal.
  */
 static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_op *ops, u32 count)
 {
@@ -572,6 +575,9 @@ static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_o
 			u64 e = min(va->va.addr + va->va.range, m->va + m->size);
 			bool covered = false;
 
+			if (fatal_signal_pending(current))
+				return -EINTR;
+			cond_resched();
 			for (k = 0; k < i && !covered; k++)
 				covered = ops[k].args.op == REFGPU_VM_BIND_OP_UNMAP &&
 					  refgpu_range_covers(&ops[k].args, s, e);
