@@ -560,6 +560,13 @@ static bool refgpu_range_covers(const struct drm_refgpu_vm_bind_op *u, u64 start
  * overlaps times the array's length, so the walk yields the CPU and stops
  * for a fatal signal.
  */
+/* Yields the CPU in a long check; true when the caller is being killed. */
+static bool refgpu_bind_yield(void)
+{
+	cond_resched();
+	return fatal_signal_pending(current);
+}
+
 static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_op *ops, u32 count)
 {
 	u32 i, j, k;
@@ -575,9 +582,8 @@ static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_o
 			u64 e = min(va->va.addr + va->va.range, m->va + m->size);
 			bool covered = false;
 
-			if (fatal_signal_pending(current))
+			if (refgpu_bind_yield())
 				return -EINTR;
-			cond_resched();
 			for (k = 0; k < i && !covered; k++)
 				covered = ops[k].args.op == REFGPU_VM_BIND_OP_UNMAP &&
 					  refgpu_range_covers(&ops[k].args, s, e);
@@ -589,6 +595,8 @@ static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_o
 			bool covered = false;
 			u64 s, e;
 
+			if (refgpu_bind_yield())
+				return -EINTR;
 			if (p->op != REFGPU_VM_BIND_OP_MAP ||
 			    !refgpu_ranges_overlap(p->va, p->size, m->va, m->size))
 				continue;
