@@ -9,7 +9,7 @@
 //! | `control_doorbell` | the same with vector 3 |
 //! | `wait_link` (once, before use) | MMU_INVALIDATE ← 1 and the control doorbell, rung again every millisecond until the model clears the register (QEMU drops doorbells until it has the model's eventfds) |
 //! | `dma_alloc/free` | pages of the RAM carve-out ([`CarveOut`]), zeroed and cleaned to memory |
-//! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc ivac` by line, the generic timer, `wfi` on the GICv2m MSI); delays through the board's `embedded_hal::delay::DelayNs` |
+//! | `cache_*`, time, `wait_irq` | the [`Hal`] (on aarch64: `dc cvac`/`dc civac` by line, the generic timer, `wfi` on the GICv2m MSI); delays through the board's `embedded_hal::delay::DelayNs` |
 //!
 //! Device loss: the model publishes CLOCK every 100 µs while it lives. When
 //! the core sits in `delay_ns` or `wait_irq` (its wait loop), the transport

@@ -7,13 +7,14 @@
 //!   format strings, written over semihosting by `defmt-semihosting`; the
 //!   host decodes them with `defmt-decoder` and the image ELF's `.defmt`
 //!   section, see `qemu-tests`). Timestamps are the arch's clock in µs;
-//! - without it, on the bare-metal target: to the PL011 as plain text,
+//! - without it, on the bare-metal target: to the board's UART (the PL011
+//!   on `virt`, CMSDK UART0 on `mps2-an386`) as plain text,
 //!   `LEVEL message` (e.g. `INFO  pci 00:02.0 1af4:1110`);
 //! - on the host (the portable half's unit tests): nowhere; the arguments
 //!   are type-checked but not evaluated.
 //!
 //! The `@@` result lines the harness parses are *not* logs: they are
-//! printed with `println!` on the PL011 in every build.
+//! printed with `println!` on that UART in every build.
 //!
 //! # Format strings
 //!
@@ -53,7 +54,7 @@ impl<T: fmt::Display + ?Sized> defmt::Format for Disp<'_, T> {
 }
 
 /// The plain-text back end of the macros (bare-metal target, no `defmt`):
-/// one `LEVEL message` line on the PL011.
+/// one `LEVEL message` line on the board's UART.
 #[cfg(all(not(feature = "defmt"), target_os = "none"))]
 #[doc(hidden)]
 pub fn plain(level: &str, args: fmt::Arguments<'_>) {

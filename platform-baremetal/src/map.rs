@@ -9,7 +9,7 @@
 //! | `0x0900_0000` | PL011 UART | Device-nGnRE |
 //! | `0x1000_0000 ..= 0x3efe_ffff` | PCI 32-bit MMIO window: BARs assigned here | Device-nGnRE |
 //! | `0x4000_0000` | RAM (the shared file the model maps) | normal WB (GiB 1) |
-//! | `0x4008_0000` | this image (code, data, 1 MiB boot stack; < 15.5 MiB) | |
+//! | `0x4008_0000` | this image (code, data, 1 MiB boot stack; ≤ 15 MiB) | |
 //! | `0x4100_0000` | GPU carve-out ([`CARVEOUT_SIZE`]) | |
 //! | `0x40_1000_0000` | PCI ECAM (bus 0..255) | Device-nGnRE (GiB 256) |
 //!

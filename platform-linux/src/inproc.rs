@@ -3,7 +3,8 @@
 //!
 //! Register calls go straight to [`Model::read_reg`] / [`Model::write_reg`]
 //! (the in-process semantics of `docs/refgpu.md` 2.3: side effects act
-//! before the call returns, so `control_doorbell` has nothing to do);
+//! before the call returns, so `control_doorbell` only gives the
+//! write-back cache of `Cache::WriteBack` a moment to write lines back);
 //! `doorbell(e)` writes engine `e`'s DOORBELL register. The model delivers
 //! interrupt vectors to an [`IrqSink`] that counts them under a mutex;
 //! `wait_irq` sleeps on the paired condition variable. DMA memory is carved

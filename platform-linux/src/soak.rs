@@ -47,8 +47,7 @@ pub struct Soak {
     /// Every this many submissions, one is a job that faults (0: none).
     pub fault_every: usize,
     /// Unresolved submissions kept in flight before the oldest is waited
-    /// for (at most 1,024, the
-    /// tracking table's size).
+    /// for (at most 1,024: `SLOTS`, the result words per queue).
     pub window: usize,
     /// Most buffers the workload keeps allocated at once (besides the
     /// result buffer and the semaphore).
@@ -240,8 +239,8 @@ enum Kind {
     Fault,
 }
 
-/// A buffer of the workload: every word but the first holds `tag * (k+1)`
-/// (written at allocation); jobs write only the first word.
+/// A buffer of the workload: every word `k` but the first holds
+/// `tag * (k+1) ^ 0x5A5A_5A5A` ([`pattern`], written at allocation); jobs write only the first word.
 struct Live {
     h: BufferHandle,
     va: u64,

@@ -11,9 +11,10 @@ pub(crate) fn eventfd_signal(fd: impl AsFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Reads and clears an eventfd's counter without blocking (0 if it was 0;
-/// the fd may be blocking: callers only read after poll said readable, and
-/// the read is done with a non-blocking recv-like flag via poll first).
+/// Reads and clears an eventfd's counter without blocking (0 if it was 0).
+/// The fd must be non-blocking (the server creates its interrupt eventfds
+/// with `EFD_NONBLOCK`): callers drain every vector's fd once any is
+/// readable.
 pub(crate) fn eventfd_drain(fd: impl AsFd) -> u64 {
     let mut b = [0u8; 8];
     match rustix::io::read(fd, &mut b) {

@@ -218,8 +218,9 @@ pub(crate) struct Engine {
     pub buf: Vec<u32>,
     /// DMA staging buffer.
     pub tmp: Vec<u8>,
-    /// Transfer time owed (section 3.5), paid in gate() before the next
-    /// packet.
+    /// Transfer time owed (section 3.5), paid in `execute()` before the
+    /// next packet that is not a transfer (or once enough has built up),
+    /// and before the engine goes idle.
     pub mem_debt_ns: u64,
     rptr: u32,
     status: u32,

@@ -7,8 +7,8 @@
 //! timeout, so a missed external event (another process writing shared
 //! memory, which no waker sees) only costs one re-check interval.
 //!
-//! The model has one waker per engine (doorbell, reset, enable, injection
-//! changes) and one for memory (every memory write made through the model,
+//! The model has two wakers per engine (doorbell, reset, enable, injection
+//! changes; and one that says a reset has completed) and one for memory (every memory write made through the model,
 //! used by WAIT_MEM).
 //!
 //! With the `shm` feature a waker can also sleep in `poll(2)` on a file

@@ -463,7 +463,6 @@ impl Drop for Server {
     }
 }
 
-/// Binds the socket, replacing a stale socket file but never a live server.
 /// Writes the binding info page (`docs/refgpu.md` 2.3), magic last with
 /// release order so a host that sees it sees every field.
 fn write_info_page(shm: &Mapping, opts: &Options, path: &[u8]) -> Result<(), OutOfMapping> {
@@ -507,6 +506,7 @@ fn read_only_words(shm: &Mapping) -> Vec<(usize, u32)> {
         .collect()
 }
 
+/// Binds the socket, replacing a stale socket file but never a live server.
 fn bind(path: &Path) -> Result<UnixListener, ServerError> {
     if path.exists() {
         if UnixStream::connect(path).is_ok() {

@@ -51,6 +51,8 @@ fn report(kind: &str, regs: &RegisterStateRef<'_>) -> ! {
             _ => {}
         }
     }
+    // aarch64-rt's `sp` field holds x30, the link register (its doc says
+    // "x30, the Stack Pointer").
     crate::println!("   fp  {:#018x}  lr  {:#018x}", regs.fp, regs.sp);
     crate::arch::exit::exit(EXIT_EXCEPTION)
 }

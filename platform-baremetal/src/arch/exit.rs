@@ -1,21 +1,12 @@
 //! Leaving QEMU with a status: semihosting `SYS_EXIT_EXTENDED` (QEMU needs
 //! `-semihosting` or `-semihosting-config enable=on`), so the host reads
-//! the status as QEMU's exit code. Without semihosting the `hlt` would
-//! trap; PSCI `SYSTEM_OFF` (which has no status) is the fallback if it
-//! returns.
+//! the status as QEMU's exit code. Without semihosting the `hlt` traps: the
+//! harness always enables it.
 
 /// Exits QEMU with `code` (0 = success).
 pub fn exit(code: i32) -> ! {
     crate::arch::console::flush();
     semihosting::process::exit(code)
-}
-
-/// Powers off through PSCI (HVC): no status reaches the host.
-pub fn power_off() -> ! {
-    let _ = smccc::psci::system_off::<smccc::Hvc>();
-    loop {
-        core::hint::spin_loop();
-    }
 }
 
 /// The semihosting command line (`-semihosting-config arg=...`), copied
