@@ -955,15 +955,11 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     check!(d, live == Err(AllocError::AddressInUse { at: s + 8192 }), "inside a live buffer: {live:?}");
     let odd = dev.alloc_at(&BufferDesc::new(4096), o + LEN + 128);
     check!(d, odd == Err(AllocError::AddressUnaligned { at: o + LEN + 128 }), "misaligned: {odd:?}");
-    let _ = write!(
-        d,
-        "{}",
-        if in_flight {
-            "waited for the copy still reading the range"
-        } else {
-            "the copy had ended before the request"
-        }
-    );
+    let _ = d.write_str(if in_flight {
+        "waited for the copy still reading the range"
+    } else {
+        "the copy had ended before the request"
+    });
     free(dev, h, d)?;
     free(dev, out, d)
 }

@@ -385,8 +385,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     // is refused at once.
                     if let AllocError::AddressInUse { at } = e {
                         // (`checked_address` refused a wrapping range.)
-                        let len = desc.size.checked_next_multiple_of(crate::mem::pool::LARGE_GRANULE);
-                        let end = len.map_or(u64::MAX, |l| at.saturating_add(l));
+                        let end = crate::mem::manager::fixed_range_end(at, desc.size).unwrap_or(u64::MAX);
                         if !B::VA_ALLOCATOR || !self.mem.lock().buffers.frees_overlap(at, end) {
                             return Err(e);
                         }

@@ -213,11 +213,14 @@ pub(crate) fn checked_address(at: u64, size: u64, align: u64, fixed: bool) -> Re
     if at & need.wrapping_sub(1) != 0 {
         return Err(AllocError::AddressUnaligned { at });
     }
-    let len = size.checked_next_multiple_of(LARGE_GRANULE);
-    if len.and_then(|l| at.checked_add(l)).is_none() {
-        return Err(AllocError::TooLarge { size });
-    }
+    fixed_range_end(at, size).ok_or(AllocError::TooLarge { size })?;
     Ok(())
+}
+
+/// End of the range a buffer of `size` bytes at fixed address `at` takes
+/// (a large block: whole pages); `None` if it wraps.
+pub(crate) fn fixed_range_end(at: u64, size: u64) -> Option<u64> {
+    size.checked_next_multiple_of(LARGE_GRANULE).and_then(|l| at.checked_add(l))
 }
 
 /// Buffer statistics, O(1) to read.

@@ -714,8 +714,7 @@ where
         x.prev = NIL;
         self.free_slab = s;
         self.slabs_live = self.slabs_live.wrapping_sub(1);
-        let bytes = round_up(bin_size(bin).wrapping_mul(u64::from(slots_per_slab(bin))), LARGE_GRANULE)
-            .unwrap_or(SLAB_MAX_BYTES);
+        let bytes = slab_bytes(bin);
         if let Some(b) = block {
             backing.release(base, bytes, b);
             self.stats.blocks_released = self.stats.blocks_released.wrapping_add(1);
