@@ -18,6 +18,7 @@
 #include <drm/drm_file.h>
 #include <drm/drm_gem.h>
 #include <drm/drm_ioctl.h>
+#include <drm/drm_managed.h>
 #include <drm/drm_print.h>
 
 #include "refgpu_drv.h"
@@ -46,7 +47,8 @@ void refgpu_doorbell(struct refgpu_device *rdev, u32 vector)
  * Rings the control doorbell with MMU_INVALIDATE set and waits for the
  * model to clear it: the model applies CTRL, IRQ_MASK, MMU_* and
  * ENGINE_ROOT before it clears MMU_INVALIDATE, so a return of 0 means all
- * of them are in effect. Caller holds &refgpu_device.hw_lock.
+ * of them are in effect. Caller holds &refgpu_device.hw_lock and is in a
+ * refgpu_hw_enter() section (or in probe or remove).
  *
  * Return: 0, or -ENODEV when the device does not answer (it is then lost).
  */
@@ -65,7 +67,7 @@ int refgpu_hw_control(struct refgpu_device *rdev)
 				false, rdev, REFGPU_MMU_INVALIDATE);
 	if (ret) {
 		drm_err(&rdev->drm, "device lost: MMU_INVALIDATE not acknowledged\n");
-		rdev->lost = true;
+		WRITE_ONCE(rdev->lost, true);
 		return -ENODEV;
 	}
 	return 0;
@@ -84,10 +86,10 @@ int refgpu_engine_hw_reset(struct refgpu_engine *eng)
 {
 	struct refgpu_device *rdev = eng->rdev;
 	u32 val;
-	int ret;
+	int ret, idx;
 
 	mutex_lock(&rdev->hw_lock);
-	if (rdev->lost) {
+	if (!refgpu_hw_enter(rdev, &idx)) {
 		mutex_unlock(&rdev->hw_lock);
 		return -ENODEV;
 	}
@@ -97,14 +99,39 @@ int refgpu_engine_hw_reset(struct refgpu_engine *eng)
 				REFGPU_HW_TIMEOUT_US, false, rdev, eng->id, REFGPU_CTRL);
 	if (ret) {
 		drm_err(&rdev->drm, "device lost: engine %u reset did not complete\n", eng->id);
-		rdev->lost = true;
+		WRITE_ONCE(rdev->lost, true);
 		ret = -ENODEV;
 	}
 	eng->wptr = 0;
 	eng->faulted = false;
 	eng->resets++;
 	atomic64_inc(&rdev->reset_count);
+	drm_dev_exit(idx);
 	mutex_unlock(&rdev->hw_lock);
+	return ret;
+}
+
+/**
+ * refgpu_engine_write_root() - point an idle engine at a page-table root
+ * @eng: the engine
+ * @root: DMA address of the root, 0 for the null root (MMU_ROOT)
+ *
+ * Caller holds &refgpu_device.hw_lock.
+ *
+ * Return: 0, or -ENODEV when the device is removed or lost.
+ */
+int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	int ret, idx;
+
+	lockdep_assert_held(&rdev->hw_lock);
+	if (!refgpu_hw_enter(rdev, &idx))
+		return -ENODEV;
+	rg_write(rdev, REFGPU_ENGINE_ROOT_LO(eng->id), lower_32_bits(root));
+	rg_write(rdev, REFGPU_ENGINE_ROOT_HI(eng->id), upper_32_bits(root));
+	ret = refgpu_hw_control(rdev);
+	drm_dev_exit(idx);
 	return ret;
 }
 
@@ -118,13 +145,10 @@ int refgpu_engine_hw_reset(struct refgpu_engine *eng)
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
 {
 	struct refgpu_device *rdev = eng->rdev;
-	u64 root = vm ? refgpu_vm_root_dma(vm) : 0;
 	int ret;
 
 	mutex_lock(&rdev->hw_lock);
-	rg_write(rdev, REFGPU_ENGINE_ROOT_LO(eng->id), lower_32_bits(root));
-	rg_write(rdev, REFGPU_ENGINE_ROOT_HI(eng->id), upper_32_bits(root));
-	ret = refgpu_hw_control(rdev);
+	ret = refgpu_engine_write_root(eng, vm ? refgpu_vm_root_dma(vm) : 0);
 	if (!ret) {
 		spin_lock_irq(&eng->lock);
 		eng->cur_vm = vm;
@@ -258,7 +282,7 @@ static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 	seq_printf(m, "contexts %d\n", atomic_read(&rdev->ctx_count));
 	seq_printf(m, "jobs %d\n", atomic_read(&rdev->job_count));
 	seq_printf(m, "resets %lld\n", atomic64_read(&rdev->reset_count));
-	seq_printf(m, "lost %d\n", rdev->lost);
+	seq_printf(m, "lost %d\n", READ_ONCE(rdev->lost));
 	return 0;
 }
 
@@ -386,10 +410,39 @@ static void refgpu_hw_fini(struct refgpu_device *rdev)
 	mutex_unlock(&rdev->hw_lock);
 }
 
-static void refgpu_fini_engines(struct refgpu_device *rdev, u32 count)
+static void refgpu_release_null_root(struct drm_device *drm, void *arg)
 {
-	while (count--)
-		refgpu_engine_fini(&rdev->engines[count]);
+	struct refgpu_device *rdev = arg;
+
+	refgpu_pt_free(rdev, rdev->null_root, 0);
+}
+
+static void refgpu_release_reset_wq(struct drm_device *drm, void *arg)
+{
+	struct refgpu_device *rdev = arg;
+
+	destroy_workqueue(rdev->reset_wq);
+}
+
+/*
+ * The first release action (registered last): the last client has closed
+ * the device, so the jobs that are left have ended (remove failed the
+ * fences of the rings) and only wait for the scheduler to free them. The
+ * schedulers must not be finished under a job (it would never be freed),
+ * so wait, but not forever: a job still counted after 10 s is a leak, and
+ * the closing process must not hang on it. Then nothing of a client may
+ * be left.
+ */
+static void refgpu_release_clients(struct drm_device *drm, void *arg)
+{
+	struct refgpu_device *rdev = arg;
+
+	drm_WARN(drm, !wait_var_event_timeout(&rdev->job_count, !atomic_read(&rdev->job_count),
+					      10 * HZ),
+		 "%d jobs not freed 10 s after the last close\n", atomic_read(&rdev->job_count));
+	drm_WARN_ON(drm, atomic_read(&rdev->ctx_count));
+	drm_WARN_ON(drm, atomic_read(&rdev->vm_count));
+	drm_WARN_ON(drm, atomic_read(&rdev->bo_count));
 }
 
 static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
@@ -432,27 +485,37 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (ret)
 		return ret;
 
+	/*
+	 * The software state lives until the last client has closed the
+	 * device (drmm release actions, run in reverse): an unbound device
+	 * may still be open.
+	 */
 	rdev->null_root = refgpu_pt_alloc(rdev, 0);
 	if (IS_ERR(rdev->null_root))
 		return PTR_ERR(rdev->null_root);
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_null_root, rdev);
+	if (ret)
+		return ret;
 
 	rdev->reset_wq = alloc_ordered_workqueue("refgpu-reset", 0);
-	if (!rdev->reset_wq) {
-		ret = -ENOMEM;
-		goto err_free_root;
-	}
+	if (!rdev->reset_wq)
+		return -ENOMEM;
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_reset_wq, rdev);
+	if (ret)
+		return ret;
 
 	for (e = 0; e < REFGPU_ENGINES; e++) {
 		ret = refgpu_engine_init(rdev, e);
-		if (ret) {
-			refgpu_fini_engines(rdev, e);
-			goto err_free_wq;
-		}
+		if (ret)
+			return ret;
 	}
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_clients, rdev);
+	if (ret)
+		return ret;
 
 	ret = refgpu_hw_init(rdev);
 	if (ret)
-		goto err_fini_engines;
+		return ret;
 
 	nvec = pci_alloc_irq_vectors(pdev, REFGPU_VECTORS, REFGPU_VECTORS, PCI_IRQ_MSIX);
 	if (nvec < 0) {
@@ -482,15 +545,17 @@ err_free_vectors:
 	pci_free_irq_vectors(pdev);
 err_hw_fini:
 	refgpu_hw_fini(rdev);
-err_fini_engines:
-	refgpu_fini_engines(rdev, REFGPU_ENGINES);
-err_free_wq:
-	destroy_workqueue(rdev->reset_wq);
-err_free_root:
-	refgpu_pt_free(rdev, rdev->null_root, 0);
 	return ret;
 }
 
+/*
+ * Clients may keep the device open: drm_dev_unplug() makes their ioctls
+ * fail with ENODEV and waits for every refgpu_hw_enter() section, so the
+ * device can be stopped and its BARs unmapped (devres, after this returns)
+ * under them. What the rings held fails with ENODEV; jobs still queued
+ * fail the same way when the scheduler runs them (run_job enters no
+ * section). The rest goes with the last close (the drmm actions of probe).
+ */
 static void refgpu_remove(struct pci_dev *pdev)
 {
 	struct refgpu_device *rdev = pci_get_drvdata(pdev);
@@ -501,9 +566,11 @@ static void refgpu_remove(struct pci_dev *pdev)
 	for (e = 0; e < REFGPU_ENGINES; e++)
 		free_irq(pci_irq_vector(pdev, e), &rdev->engines[e]);
 	pci_free_irq_vectors(pdev);
-	refgpu_fini_engines(rdev, REFGPU_ENGINES);
-	destroy_workqueue(rdev->reset_wq);
-	refgpu_pt_free(rdev, rdev->null_root, 0);
+	mutex_lock(&rdev->hw_lock);
+	WRITE_ONCE(rdev->lost, true);
+	mutex_unlock(&rdev->hw_lock);
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		refgpu_engine_cancel(&rdev->engines[e], -ENODEV);
 }
 
 static const struct pci_device_id refgpu_pci_ids[] = {

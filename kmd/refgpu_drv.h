@@ -14,6 +14,7 @@
 #include <linux/xarray.h>
 
 #include <drm/drm_device.h>
+#include <drm/drm_drv.h>
 #include <drm/drm_gem_shmem_helper.h>
 #include <drm/drm_gpuvm.h>
 #include <drm/gpu_scheduler.h>
@@ -112,7 +113,7 @@ struct refgpu_device {
 	/* Serialises the control doorbell, ENGINE_ROOT and MMU_INVALIDATE. */
 	struct mutex hw_lock;
 	struct refgpu_pt *null_root;	/* MMU_ROOT: maps nothing */
-	bool lost;			/* the device stopped answering */
+	bool lost;			/* the device stopped answering, or was removed */
 
 	struct refgpu_engine engines[REFGPU_ENGINES];
 	struct workqueue_struct *reset_wq;
@@ -207,9 +208,28 @@ static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val
 	rg_write(rdev, REFGPU_ENGINE_BASE(e) + off, val);
 }
 
+/**
+ * refgpu_hw_enter() - start a section that touches the device
+ * @rdev: the device
+ * @idx: cookie for drm_dev_exit()
+ *
+ * Outside probe and remove, the registers and doorbells are touched only
+ * between refgpu_hw_enter() and drm_dev_exit(@idx): remove waits for such
+ * sections (drm_dev_unplug()) before it stops the device, and its BARs are
+ * unmapped once remove returns, while clients may keep the device open.
+ * Sections nest.
+ *
+ * Return: false when the device is removed or lost: nothing to touch.
+ */
+static inline bool refgpu_hw_enter(struct refgpu_device *rdev, int *idx)
+{
+	return !READ_ONCE(rdev->lost) && drm_dev_enter(&rdev->drm, idx);
+}
+
 void refgpu_doorbell(struct refgpu_device *rdev, u32 vector);
 int refgpu_hw_control(struct refgpu_device *rdev);
 int refgpu_engine_hw_reset(struct refgpu_engine *eng);
+int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root);
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 
 /* refgpu_gem.c */
@@ -234,7 +254,8 @@ int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 
 /* refgpu_sched.c */
 int refgpu_engine_init(struct refgpu_device *rdev, u32 e);
-void refgpu_engine_fini(struct refgpu_engine *eng);
+void refgpu_engine_cancel(struct refgpu_engine *eng, int error);
+void refgpu_job_count_dec(struct refgpu_device *rdev);
 void refgpu_engine_irq(struct refgpu_engine *eng, u32 status);
 void refgpu_file_ctx_fini(struct refgpu_file *rfile);
 int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file *file);

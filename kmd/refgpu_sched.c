@@ -22,6 +22,7 @@
 
 #include <drm/drm_debugfs.h>
 #include <drm/drm_file.h>
+#include <drm/drm_managed.h>
 #include <drm/drm_print.h>
 #include <drm/drm_syncobj.h>
 
@@ -86,6 +87,18 @@ static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
 		dma_fence_signal_locked(&f->base);
 		dma_fence_put(&f->base);
 	}
+}
+
+/**
+ * refgpu_engine_cancel() - fail every fence in an engine's ring
+ * @eng: the engine, stopped (reset, or its device removed)
+ * @error: the fences' error
+ */
+void refgpu_engine_cancel(struct refgpu_engine *eng, int error)
+{
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_cancel_locked(eng, error);
+	spin_unlock_irq(&eng->lock);
 }
 
 /**
@@ -192,7 +205,8 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	struct refgpu_device *rdev = eng->rdev;
 	struct dma_fence *done = job->hw_fence;
 	struct refgpu_fence *fence;
-	int err;
+	bool hw = false;
+	int err, idx;
 
 	/* Run again after a reset: a job that had completed stays completed. */
 	if (done && dma_fence_is_signaled(done) && !done->error)
@@ -205,8 +219,12 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	INIT_LIST_HEAD(&fence->node);
 
 	err = job->reset_error ?: sched_job->s_fence->finished.error;
-	if (!err && READ_ONCE(rdev->lost))
-		err = -ENODEV;
+	if (!err) {
+		/* Removed or lost: the job fails with ENODEV. */
+		hw = refgpu_hw_enter(rdev, &idx);
+		if (!hw)
+			err = -ENODEV;
+	}
 	if (!err && eng->faulted)
 		/* Halted by a fault no job was pending for. */
 		err = refgpu_engine_hw_reset(eng);
@@ -236,6 +254,8 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 		dma_fence_put(eng->last_fence);
 		eng->last_fence = dma_fence_get(&fence->base);
 	}
+	if (hw)
+		drm_dev_exit(idx);
 	dma_fence_put(job->hw_fence);
 	job->hw_fence = &fence->base;
 	return dma_fence_get(&fence->base);
@@ -299,8 +319,20 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 	struct refgpu_job *guilty = NULL;
 	struct drm_sched_job *s;
 	bool fault;
+	int idx;
 
 	drm_sched_stop(&eng->sched, sched_job);
+
+	if (!refgpu_hw_enter(rdev, &idx)) {
+		/*
+		 * Removed (remove failed the ring's fences) or lost: nothing to
+		 * reset, and run_job fails what is run again.
+		 */
+		refgpu_engine_cancel(eng, -ENODEV);
+		drm_sched_resubmit_jobs(&eng->sched);
+		drm_sched_start(&eng->sched);
+		return DRM_GPU_SCHED_STAT_NOMINAL;
+	}
 
 	spin_lock_irq(&eng->lock);
 	refgpu_engine_signal_locked(eng);
@@ -352,6 +384,7 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 				j->ctx->innocent = true;
 		}
 	}
+	drm_dev_exit(idx);
 
 	drm_sched_resubmit_jobs(&eng->sched);
 	drm_sched_start(&eng->sched);
@@ -370,7 +403,20 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
 	refgpu_vm_put(job->vm);
 	refgpu_ctx_put(job->ctx);
 	kfree(job);
-	atomic_dec(&rdev->job_count);
+	refgpu_job_count_dec(rdev);
+}
+
+/**
+ * refgpu_job_count_dec() - count a job freed
+ * @rdev: the device
+ *
+ * The device's release waits for the count to reach 0
+ * (refgpu_release_clients()).
+ */
+void refgpu_job_count_dec(struct refgpu_device *rdev)
+{
+	if (atomic_dec_and_test(&rdev->job_count))
+		wake_up_var(&rdev->job_count);
 }
 
 static const struct drm_sched_backend_ops refgpu_sched_ops = {
@@ -380,6 +426,27 @@ static const struct drm_sched_backend_ops refgpu_sched_ops = {
 	.free_job = refgpu_job_free,
 };
 
+/* With the device's last reference: no job is left (refgpu_release_clients()). */
+static void refgpu_engine_release(struct drm_device *drm, void *arg)
+{
+	struct refgpu_engine *eng = arg;
+
+	drm_sched_fini(&eng->sched);
+	refgpu_engine_cancel(eng, -ENODEV);
+	dma_fence_put(eng->last_fence);
+	eng->last_fence = NULL;
+	dma_free_coherent(drm->dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+}
+
+/**
+ * refgpu_engine_init() - set up an engine's ring and scheduler
+ * @rdev: the device
+ * @e: the engine
+ *
+ * Both are released with the device's last reference (a drmm action).
+ *
+ * Return: 0 or a negative error.
+ */
 int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 {
 	struct refgpu_engine *eng = &rdev->engines[e];
@@ -429,22 +496,11 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 #endif
 	if (ret)
 		goto err_free_ring;
-	return 0;
+	return drmm_add_action_or_reset(&rdev->drm, refgpu_engine_release, eng);
 
 err_free_ring:
 	dma_free_coherent(dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
 	return ret;
-}
-
-void refgpu_engine_fini(struct refgpu_engine *eng)
-{
-	drm_sched_fini(&eng->sched);
-	spin_lock_irq(&eng->lock);
-	refgpu_engine_cancel_locked(eng, -ENODEV);
-	spin_unlock_irq(&eng->lock);
-	dma_fence_put(eng->last_fence);
-	eng->last_fence = NULL;
-	dma_free_coherent(eng->rdev->drm.dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
 }
 
 /* ----- contexts */
@@ -728,7 +784,7 @@ out_put_job:
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
 	kfree(job);
-	atomic_dec(&rdev->job_count);
+	refgpu_job_count_dec(rdev);
 out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:
@@ -741,8 +797,11 @@ int refgpu_debugfs_engines_show(struct seq_file *m, void *data)
 {
 	struct drm_debugfs_entry *entry = m->private;
 	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
+	bool hw;
+	int idx;
 	u32 e;
 
+	hw = refgpu_hw_enter(rdev, &idx);
 	for (e = 0; e < REFGPU_ENGINES; e++) {
 		struct refgpu_engine *eng = &rdev->engines[e];
 		struct refgpu_fence *f;
@@ -751,17 +810,23 @@ int refgpu_debugfs_engines_show(struct seq_file *m, void *data)
 		spin_lock_irq(&eng->lock);
 		list_for_each_entry(f, &eng->inflight, node)
 			n++;
-		seq_printf(m, "engine %u %s: RPTR %#x WPTR %#x (sw %#x) CTRL %#x STATUS %#x ROOT %#x%08x FAULT %#x\n",
-			   e, refgpu_engine_names[e], rg_eread(rdev, e, REFGPU_RING_RPTR),
-			   rg_eread(rdev, e, REFGPU_RING_WPTR), eng->wptr,
-			   rg_eread(rdev, e, REFGPU_CTRL), rg_eread(rdev, e, REFGPU_STATUS),
-			   rg_read(rdev, REFGPU_ENGINE_ROOT_HI(e)),
-			   rg_read(rdev, REFGPU_ENGINE_ROOT_LO(e)),
-			   rg_eread(rdev, e, REFGPU_FAULT_STATUS));
+		if (hw)
+			seq_printf(m, "engine %u %s: RPTR %#x WPTR %#x (sw %#x) CTRL %#x STATUS %#x ROOT %#x%08x FAULT %#x\n",
+				   e, refgpu_engine_names[e], rg_eread(rdev, e, REFGPU_RING_RPTR),
+				   rg_eread(rdev, e, REFGPU_RING_WPTR), eng->wptr,
+				   rg_eread(rdev, e, REFGPU_CTRL), rg_eread(rdev, e, REFGPU_STATUS),
+				   rg_read(rdev, REFGPU_ENGINE_ROOT_HI(e)),
+				   rg_read(rdev, REFGPU_ENGINE_ROOT_LO(e)),
+				   rg_eread(rdev, e, REFGPU_FAULT_STATUS));
+		else
+			seq_printf(m, "engine %u %s: (device removed or lost) WPTR (sw) %#x\n",
+				   e, refgpu_engine_names[e], eng->wptr);
 		seq_printf(m, "  fences: emitted %llu completed %llu in_flight %u slot %llu resets %llu\n",
 			   eng->emitted, eng->completed, n,
 			   eng->cur_vm ? refgpu_vm_fence_value(eng->cur_vm, e) : 0, eng->resets);
 		spin_unlock_irq(&eng->lock);
 	}
+	if (hw)
+		drm_dev_exit(idx);
 	return 0;
 }

@@ -501,15 +501,16 @@ static void refgpu_vm_release(struct kref *ref)
 	LIST_HEAD(dead);
 	u32 e;
 
-	/* No job of this VM is left: point its engines back at nothing. */
+	/*
+	 * No job of this VM is left: point its engines back at nothing (a
+	 * removed or lost device runs nothing: just forget the VM).
+	 */
 	for (e = 0; e < REFGPU_ENGINES; e++) {
 		struct refgpu_engine *eng = &rdev->engines[e];
 
 		mutex_lock(&rdev->hw_lock);
 		if (eng->cur_vm == vm) {
-			rg_write(rdev, REFGPU_ENGINE_ROOT_LO(e), 0);
-			rg_write(rdev, REFGPU_ENGINE_ROOT_HI(e), 0);
-			refgpu_hw_control(rdev);
+			refgpu_engine_write_root(eng, 0);
 			spin_lock_irq(&eng->lock);
 			eng->cur_vm = NULL;
 			spin_unlock_irq(&eng->lock);
@@ -761,8 +762,14 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 			break;
 	}
 	if (ctx.invalidate) {
+		int idx;
+
+		/* A removed device was stopped: nothing to invalidate. */
 		mutex_lock(&rdev->hw_lock);
-		refgpu_hw_control(rdev);
+		if (refgpu_hw_enter(rdev, &idx)) {
+			refgpu_hw_control(rdev);
+			drm_dev_exit(idx);
+		}
 		mutex_unlock(&rdev->hw_lock);
 	}
 	mutex_unlock(&vm->lock);

@@ -85,6 +85,8 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",
     "bench_umd_submit_kernel_vs_direct",
+    "unbind_with_open_file",
+    "module_reload",
     "kmsg_clean",
 ];
 

@@ -14,6 +14,7 @@ mod drm;
 mod fixture;
 mod kernel_mode;
 mod tests;
+mod unplug;
 
 use std::ffi::CString;
 use std::io::Write;
@@ -60,6 +61,13 @@ fn load_module(path: &str, params: &str) -> Result<(), String> {
 fn module_params(cmdline: &str, module: &str) -> String {
     let prefix = format!("{module}.");
     cmdline.split_whitespace().filter_map(|w| w.strip_prefix(&prefix)).collect::<Vec<_>>().join(" ")
+}
+
+/// Loads `refgpu.ko` with the `refgpu.*` parameters of the kernel command
+/// line (again, after `unplug::module_reload` unloaded it).
+pub fn load_refgpu() -> Result<(), String> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    load_module("/lib/modules/refgpu.ko", &module_params(&cmdline, "refgpu"))
 }
 
 /// The GPU generation the harness booted (`rgtest.gen=N`).

@@ -61,6 +61,8 @@ pub fn all() -> Vec<Test> {
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),
         ("bench_umd_submit_kernel_vs_direct", crate::kernel_mode::bench_umd_submit_kernel_vs_direct),
+        ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
+        ("module_reload", crate::unplug::module_reload),
         ("kmsg_clean", kmsg_clean),
     ]
 }
