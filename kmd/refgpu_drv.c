@@ -276,6 +276,7 @@ static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 {
 	struct drm_debugfs_entry *entry = m->private;
 	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
+	u32 kept_vms, kept_vas;
 
 	seq_printf(m, "bos %d\n", atomic_read(&rdev->bo_count));
 	seq_printf(m, "vms %d\n", atomic_read(&rdev->vm_count));
@@ -283,6 +284,9 @@ static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 	seq_printf(m, "jobs %d\n", atomic_read(&rdev->job_count));
 	seq_printf(m, "resets %lld\n", atomic64_read(&rdev->reset_count));
 	seq_printf(m, "lost %d\n", READ_ONCE(rdev->lost));
+	refgpu_vm_count_kept(rdev, &kept_vms, &kept_vas);
+	seq_printf(m, "kept_vms %u\n", kept_vms);
+	seq_printf(m, "kept_mappings %u\n", kept_vas);
 	return 0;
 }
 
@@ -406,7 +410,13 @@ static void refgpu_hw_fini(struct refgpu_device *rdev)
 	for (e = 0; e < REFGPU_ENGINES; e++)
 		rg_ewrite(rdev, e, REFGPU_CTRL, REFGPU_CTRL_RESET);
 	rg_write(rdev, REFGPU_MMU_CTRL, 0);
-	refgpu_hw_control(rdev);
+	if (READ_ONCE(rdev->lost)) {
+		/* No answer to wait for, but the request may still stop it. */
+		rg_write(rdev, REFGPU_MMU_INVALIDATE, 1);
+		refgpu_doorbell(rdev, REFGPU_CONTROL_VECTOR);
+	} else {
+		refgpu_hw_control(rdev);
+	}
 	mutex_unlock(&rdev->hw_lock);
 }
 
@@ -427,22 +437,24 @@ static void refgpu_release_reset_wq(struct drm_device *drm, void *arg)
 /*
  * The first release action (registered last): the last client has closed
  * the device, so the jobs that are left have ended (remove failed the
- * fences of the rings) and only wait for the scheduler to free them. The
- * schedulers must not be finished under a job (it would never be freed),
- * so wait, but not forever: a job still counted after 10 s is a leak, and
- * the closing process must not hang on it. Then nothing of a client may
- * be left.
+ * fences of the rings) or were killed with their contexts, and only wait
+ * for the scheduler to free them (a killed job waits for its dependencies
+ * first). The schedulers must not be finished under a job, which would
+ * then be freed on freed memory: wait, saying so every 10 s. Then nothing
+ * of a client may be left.
  */
-static void refgpu_release_clients(struct drm_device *drm, void *arg)
+static void refgpu_release_wait_idle(struct drm_device *drm, void *arg)
 {
 	struct refgpu_device *rdev = arg;
 
-	drm_WARN(drm, !wait_var_event_timeout(&rdev->job_count, !atomic_read(&rdev->job_count),
-					      10 * HZ),
-		 "%d jobs not freed 10 s after the last close\n", atomic_read(&rdev->job_count));
+	while (!wait_var_event_timeout(&rdev->job_count, !atomic_read(&rdev->job_count), 10 * HZ))
+		drm_warn(drm, "release waits for %d jobs to be freed\n",
+			 atomic_read(&rdev->job_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->ctx_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->vm_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->bo_count));
+	/* After an unbind this is when the last client's state is gone. */
+	drm_info(drm, "device released\n");
 }
 
 static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
@@ -460,6 +472,7 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&rdev->hw_lock);
 	mutex_init(&rdev->vms_lock);
 	INIT_LIST_HEAD(&rdev->vms);
+	INIT_LIST_HEAD(&rdev->kept_vas);
 
 	ret = pcim_enable_device(pdev);
 	if (ret)
@@ -509,13 +522,13 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		if (ret)
 			return ret;
 	}
-	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_clients, rdev);
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_wait_idle, rdev);
 	if (ret)
 		return ret;
 
 	ret = refgpu_hw_init(rdev);
 	if (ret)
-		return ret;
+		goto err_hw_fini;
 
 	nvec = pci_alloc_irq_vectors(pdev, REFGPU_VECTORS, REFGPU_VECTORS, PCI_IRQ_MSIX);
 	if (nvec < 0) {
@@ -553,8 +566,9 @@ err_hw_fini:
  * fail with ENODEV and waits for every refgpu_hw_enter() section, so the
  * device can be stopped and its BARs unmapped (devres, after this returns)
  * under them. What the rings held fails with ENODEV; jobs still queued
- * fail the same way when the scheduler runs them (run_job enters no
- * section). The rest goes with the last close (the drmm actions of probe).
+ * fail the same way when the scheduler runs them (run_job is refused its
+ * section). What a running device could still reach is freed once it is
+ * stopped; the rest goes with the last close (the drmm actions of probe).
  */
 static void refgpu_remove(struct pci_dev *pdev)
 {
@@ -563,6 +577,8 @@ static void refgpu_remove(struct pci_dev *pdev)
 
 	drm_dev_unplug(&rdev->drm);
 	refgpu_hw_fini(rdev);
+	/* A lost device that ignored the stop cannot reach memory either. */
+	pci_clear_master(pdev);
 	for (e = 0; e < REFGPU_ENGINES; e++)
 		free_irq(pci_irq_vector(pdev, e), &rdev->engines[e]);
 	pci_free_irq_vectors(pdev);
@@ -570,7 +586,8 @@ static void refgpu_remove(struct pci_dev *pdev)
 	WRITE_ONCE(rdev->lost, true);
 	mutex_unlock(&rdev->hw_lock);
 	for (e = 0; e < REFGPU_ENGINES; e++)
-		refgpu_engine_cancel(&rdev->engines[e], -ENODEV);
+		refgpu_engine_fail_inflight(&rdev->engines[e], -ENODEV);
+	refgpu_vm_release_kept(rdev);
 }
 
 static const struct pci_device_id refgpu_pci_ids[] = {
@@ -585,7 +602,29 @@ static struct pci_driver refgpu_pci_driver = {
 	.probe = refgpu_probe,
 	.remove = refgpu_remove,
 };
-module_pci_driver(refgpu_pci_driver);
+struct workqueue_struct *refgpu_put_wq;
+
+static int __init refgpu_init(void)
+{
+	int ret;
+
+	refgpu_put_wq = alloc_workqueue("refgpu-put", 0, 0);
+	if (!refgpu_put_wq)
+		return -ENOMEM;
+	ret = pci_register_driver(&refgpu_pci_driver);
+	if (ret)
+		destroy_workqueue(refgpu_put_wq);
+	return ret;
+}
+module_init(refgpu_init);
+
+static void __exit refgpu_exit(void)
+{
+	pci_unregister_driver(&refgpu_pci_driver);
+	/* Runs the puts still queued: the last device release may be there. */
+	destroy_workqueue(refgpu_put_wq);
+}
+module_exit(refgpu_exit);
 
 MODULE_AUTHOR("the refgpu authors");
 MODULE_DESCRIPTION("DRM driver for the reference GPU (refgpu) over ivshmem");

@@ -118,8 +118,16 @@ struct refgpu_device {
 	struct refgpu_engine engines[REFGPU_ENGINES];
 	struct workqueue_struct *reset_wq;
 
-	struct mutex vms_lock;		/* protects @vms */
+	struct mutex vms_lock;		/* protects @vms, @kept_vas, @stopped */
 	struct list_head vms;
+	/*
+	 * Unmapped mappings whose invalidation the device did not acknowledge
+	 * (it is lost, or removed and not yet stopped): it may still reach
+	 * their pages, so they are freed once remove has stopped it, as are
+	 * VMs an engine could not be switched away from (&refgpu_vm.kept).
+	 */
+	struct list_head kept_vas;
+	bool stopped;			/* remove stopped it: nothing to keep */
 
 	atomic_t bo_count;
 	atomic_t vm_count;
@@ -183,9 +191,18 @@ struct refgpu_job {
 	u32 ib_dw;
 	struct dma_fence *hw_fence;	/* the last one run_job returned */
 	int reset_error;		/* set by the reset: the fence's error */
+	struct work_struct put_work;	/* drops @ctx and @vm, on refgpu_put_wq */
 };
 
 #define to_refgpu_job(j) container_of(j, struct refgpu_job, base)
+
+/*
+ * Where a freed job drops its context and VM: a VM holds a reference on
+ * the DRM device (drm_gpuvm), so the device's release, which finishes the
+ * schedulers, may run there, never in a scheduler's own work. Drained
+ * when the module goes.
+ */
+extern struct workqueue_struct *refgpu_put_wq;
 
 /* Register access on the ivshmem register page (docs/refgpu.md 2.3). */
 static inline u32 rg_read(struct refgpu_device *rdev, u32 off)
@@ -217,7 +234,8 @@ static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val
  * between refgpu_hw_enter() and drm_dev_exit(@idx): remove waits for such
  * sections (drm_dev_unplug()) before it stops the device, and its BARs are
  * unmapped once remove returns, while clients may keep the device open.
- * Sections nest.
+ * Sections nest, but an inner one is refused once remove has started,
+ * like a new one: every caller handles -ENODEV.
  *
  * Return: false when the device is removed or lost: nothing to touch.
  */
@@ -250,11 +268,13 @@ void refgpu_vm_put(struct refgpu_vm *vm);
 u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine);
 dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
+void refgpu_vm_release_kept(struct refgpu_device *rdev);
+void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas);
 int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 
 /* refgpu_sched.c */
 int refgpu_engine_init(struct refgpu_device *rdev, u32 e);
-void refgpu_engine_cancel(struct refgpu_engine *eng, int error);
+void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error);
 void refgpu_job_count_dec(struct refgpu_device *rdev);
 void refgpu_engine_irq(struct refgpu_engine *eng, u32 status);
 void refgpu_file_ctx_fini(struct refgpu_file *rfile);

@@ -90,13 +90,16 @@ static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
 }
 
 /**
- * refgpu_engine_cancel() - fail every fence in an engine's ring
- * @eng: the engine, stopped (reset, or its device removed)
- * @error: the fences' error
+ * refgpu_engine_fail_inflight() - end every fence in a stopped engine's ring
+ * @eng: the engine, stopped (its device removed or lost)
+ * @error: the error of the fences it had not reached
+ *
+ * The fences the engine did reach signal without error.
  */
-void refgpu_engine_cancel(struct refgpu_engine *eng, int error)
+void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error)
 {
 	spin_lock_irq(&eng->lock);
+	refgpu_engine_signal_locked(eng);
 	refgpu_engine_cancel_locked(eng, error);
 	spin_unlock_irq(&eng->lock);
 }
@@ -321,18 +324,16 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 	bool fault;
 	int idx;
 
-	drm_sched_stop(&eng->sched, sched_job);
-
 	if (!refgpu_hw_enter(rdev, &idx)) {
 		/*
-		 * Removed (remove failed the ring's fences) or lost: nothing to
-		 * reset, and run_job fails what is run again.
+		 * Removed or lost: nothing to reset. What the ring held fails
+		 * (remove did it already), and run_job fails what comes next.
 		 */
-		refgpu_engine_cancel(eng, -ENODEV);
-		drm_sched_resubmit_jobs(&eng->sched);
-		drm_sched_start(&eng->sched);
-		return DRM_GPU_SCHED_STAT_NOMINAL;
+		refgpu_engine_fail_inflight(eng, -ENODEV);
+		return DRM_GPU_SCHED_STAT_ENODEV;
 	}
+
+	drm_sched_stop(&eng->sched, sched_job);
 
 	spin_lock_irq(&eng->lock);
 	refgpu_engine_signal_locked(eng);
@@ -393,17 +394,27 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 
 static void refgpu_ctx_put(struct refgpu_ctx *ctx);
 
+static void refgpu_job_put_work(struct work_struct *work)
+{
+	struct refgpu_job *job = container_of(work, struct refgpu_job, put_work);
+	struct refgpu_ctx *ctx = job->ctx;
+	struct refgpu_vm *vm = job->vm;
+
+	refgpu_job_count_dec(ctx->rdev);
+	kfree(job);
+	/* The device's last reference may go with these (refgpu_put_wq). */
+	refgpu_ctx_put(ctx);
+	refgpu_vm_put(vm);
+}
+
 static void refgpu_job_free(struct drm_sched_job *sched_job)
 {
 	struct refgpu_job *job = to_refgpu_job(sched_job);
-	struct refgpu_device *rdev = job->ctx->rdev;
 
 	drm_sched_job_cleanup(sched_job);
 	dma_fence_put(job->hw_fence);
-	refgpu_vm_put(job->vm);
-	refgpu_ctx_put(job->ctx);
-	kfree(job);
-	refgpu_job_count_dec(rdev);
+	INIT_WORK(&job->put_work, refgpu_job_put_work);
+	queue_work(refgpu_put_wq, &job->put_work);
 }
 
 /**
@@ -411,7 +422,7 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
  * @rdev: the device
  *
  * The device's release waits for the count to reach 0
- * (refgpu_release_clients()).
+ * (refgpu_release_wait_idle()).
  */
 void refgpu_job_count_dec(struct refgpu_device *rdev)
 {
@@ -426,13 +437,13 @@ static const struct drm_sched_backend_ops refgpu_sched_ops = {
 	.free_job = refgpu_job_free,
 };
 
-/* With the device's last reference: no job is left (refgpu_release_clients()). */
+/* With the device's last reference: no job is left (refgpu_release_wait_idle()). */
 static void refgpu_engine_release(struct drm_device *drm, void *arg)
 {
 	struct refgpu_engine *eng = arg;
 
 	drm_sched_fini(&eng->sched);
-	refgpu_engine_cancel(eng, -ENODEV);
+	refgpu_engine_fail_inflight(eng, -ENODEV);
 	dma_fence_put(eng->last_fence);
 	eng->last_fence = NULL;
 	dma_free_coherent(drm->dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);

@@ -62,6 +62,9 @@ struct refgpu_pt {
  * @fence_cpu: the fence page (one slot per engine)
  * @fence_dma: its physical address
  * @node: entry in &refgpu_device.vms
+ * @kept: released while an engine still pointed at it on a device that may
+ *	run on (lost, or removed and not yet stopped): kept whole, under
+ *	&refgpu_device.vms_lock, until remove has stopped the device
  * @pid: the process that opened the file
  * @comm: its command name
  */
@@ -75,6 +78,7 @@ struct refgpu_vm {
 	u64 *fence_cpu;
 	dma_addr_t fence_dma;
 	struct list_head node;
+	bool kept;
 	pid_t pid;
 	char comm[TASK_COMM_LEN];
 };
@@ -493,30 +497,12 @@ struct refgpu_vm *refgpu_vm_get(struct refgpu_vm *vm)
 	return vm;
 }
 
-static void refgpu_vm_release(struct kref *ref)
+/* Unmaps everything and frees the VM: no engine can reach it any more. */
+static void refgpu_vm_destroy(struct refgpu_vm *vm)
 {
-	struct refgpu_vm *vm = container_of(ref, struct refgpu_vm, ref);
 	struct refgpu_device *rdev = vm->rdev;
 	struct drm_gpuva *va, *next;
 	LIST_HEAD(dead);
-	u32 e;
-
-	/*
-	 * No job of this VM is left: point its engines back at nothing (a
-	 * removed or lost device runs nothing: just forget the VM).
-	 */
-	for (e = 0; e < REFGPU_ENGINES; e++) {
-		struct refgpu_engine *eng = &rdev->engines[e];
-
-		mutex_lock(&rdev->hw_lock);
-		if (eng->cur_vm == vm) {
-			refgpu_engine_write_root(eng, 0);
-			spin_lock_irq(&eng->lock);
-			eng->cur_vm = NULL;
-			spin_unlock_irq(&eng->lock);
-		}
-		mutex_unlock(&rdev->hw_lock);
-	}
 
 	mutex_lock(&rdev->vms_lock);
 	list_del(&vm->node);
@@ -534,6 +520,104 @@ static void refgpu_vm_release(struct kref *ref)
 	mutex_destroy(&vm->lock);
 	atomic_dec(&rdev->vm_count);
 	drm_gpuvm_put(&vm->base);
+}
+
+/*
+ * Points the engines that run @vm back at the null root; with @stopped
+ * (the device runs nothing any more) only forgets @vm. Returns whether an
+ * engine did not take the switch (it still points at @vm).
+ */
+static bool refgpu_vm_detach(struct refgpu_vm *vm, bool stopped)
+{
+	struct refgpu_device *rdev = vm->rdev;
+	bool attached = false;
+	u32 e;
+
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		struct refgpu_engine *eng = &rdev->engines[e];
+
+		mutex_lock(&rdev->hw_lock);
+		if (eng->cur_vm == vm) {
+			if (!stopped && refgpu_engine_write_root(eng, 0)) {
+				attached = true;
+			} else {
+				spin_lock_irq(&eng->lock);
+				eng->cur_vm = NULL;
+				spin_unlock_irq(&eng->lock);
+			}
+		}
+		mutex_unlock(&rdev->hw_lock);
+	}
+	return attached;
+}
+
+/* The last reference: no job of this VM is left. */
+static void refgpu_vm_release(struct kref *ref)
+{
+	struct refgpu_vm *vm = container_of(ref, struct refgpu_vm, ref);
+	struct refgpu_device *rdev = vm->rdev;
+
+	if (refgpu_vm_detach(vm, false)) {
+		/*
+		 * The device did not take the switch (lost, or removed and not
+		 * yet stopped) and may still walk this VM: keep all of it.
+		 */
+		mutex_lock(&rdev->vms_lock);
+		vm->kept = !rdev->stopped;
+		mutex_unlock(&rdev->vms_lock);
+		if (vm->kept)
+			return;
+		refgpu_vm_detach(vm, true);
+	}
+	refgpu_vm_destroy(vm);
+}
+
+/**
+ * refgpu_vm_release_kept() - free what a running device could still reach
+ * @rdev: the device, just stopped by remove
+ *
+ * The mappings whose invalidation was not acknowledged and the VMs an
+ * engine could not be switched away from; from now on nothing is kept.
+ * (They hold references on the DRM device: they cannot wait for its
+ * release.)
+ */
+void refgpu_vm_release_kept(struct refgpu_device *rdev)
+{
+	struct refgpu_vm *vm, *tmp;
+	LIST_HEAD(dead);
+	LIST_HEAD(vms);
+
+	mutex_lock(&rdev->vms_lock);
+	rdev->stopped = true;
+	list_splice_init(&rdev->kept_vas, &dead);
+	list_for_each_entry_safe(vm, tmp, &rdev->vms, node)
+		if (vm->kept)
+			list_move_tail(&vm->node, &vms);
+	mutex_unlock(&rdev->vms_lock);
+
+	refgpu_bind_release_dead(&dead);
+	list_for_each_entry_safe(vm, tmp, &vms, node) {
+		refgpu_vm_detach(vm, true);
+		refgpu_vm_destroy(vm);
+	}
+}
+
+/**
+ * refgpu_vm_count_kept() - what refgpu_vm_release_kept() would free
+ * @rdev: the device
+ * @vms: kept VMs
+ * @vas: kept mappings
+ */
+void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas)
+{
+	struct refgpu_vm *vm;
+
+	*vms = 0;
+	mutex_lock(&rdev->vms_lock);
+	*vas = list_count_nodes(&rdev->kept_vas);
+	list_for_each_entry(vm, &rdev->vms, node)
+		*vms += vm->kept;
+	mutex_unlock(&rdev->vms_lock);
 }
 
 void refgpu_vm_put(struct refgpu_vm *vm)
@@ -668,6 +752,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	struct refgpu_bind_op *ops = NULL;
 	struct refgpu_va *va, *tmp;
 	struct dma_fence *stub;
+	bool invalidated = true;
 	u32 i, nva = 0;
 	int ret;
 
@@ -764,15 +849,26 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	if (ctx.invalidate) {
 		int idx;
 
-		/* A removed device was stopped: nothing to invalidate. */
 		mutex_lock(&rdev->hw_lock);
-		if (refgpu_hw_enter(rdev, &idx)) {
-			refgpu_hw_control(rdev);
+		invalidated = refgpu_hw_enter(rdev, &idx);
+		if (invalidated) {
+			invalidated = !refgpu_hw_control(rdev);
 			drm_dev_exit(idx);
 		}
 		mutex_unlock(&rdev->hw_lock);
 	}
 	mutex_unlock(&vm->lock);
+	if (!invalidated) {
+		/*
+		 * The device may still reach the pages through stale
+		 * translations (lost, or removed and not yet stopped): they
+		 * stay until remove has stopped it. The unmap itself is done.
+		 */
+		mutex_lock(&rdev->vms_lock);
+		if (!rdev->stopped)
+			list_splice_tail_init(&ctx.dead, &rdev->kept_vas);
+		mutex_unlock(&rdev->vms_lock);
+	}
 	refgpu_bind_release_dead(&ctx.dead);
 
 	stub = dma_fence_get_stub();

@@ -85,8 +85,9 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",
     "bench_umd_submit_kernel_vs_direct",
-    "unbind_with_open_file",
     "module_reload",
+    "lost_device_keeps_memory",
+    "unbind_with_open_file",
     "kmsg_clean",
 ];
 
@@ -520,7 +521,9 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     let (mut reached_init, mut init_timeout) = (false, false);
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
+    let mut seen = 0;
     loop {
+        seen = model_requests(&console, seen, &sim);
         match qemu.child.try_wait() {
             Ok(Some(s)) => {
                 status = Some(s);
@@ -544,6 +547,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     }
     let wall = start.elapsed();
     qemu.stop();
+    signal_model(&sim, libc::SIGCONT);
     sim.stop();
     for r in readers {
         let _ = r.join();
@@ -553,6 +557,34 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
         parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
     out.init_timeout = init_timeout;
     Ok(out)
+}
+
+/// The guest asks for the model to be frozen (the device stops answering,
+/// as a hung GPU would) with this line and lets it run again with
+/// [`MODEL_CONT`]; it sees the effect in the model's CLOCK register.
+pub const MODEL_STOP: &str = "@@ MODEL STOP";
+/// See [`MODEL_STOP`].
+pub const MODEL_CONT: &str = "@@ MODEL CONT";
+
+/// Carries out the [`MODEL_STOP`] and [`MODEL_CONT`] lines of the console
+/// after its first `seen` lines; returns how many lines it has seen.
+fn model_requests(console: &Lines, seen: usize, sim: &ChildGuard) -> usize {
+    let Ok(lines) = console.lock() else { return seen };
+    for l in lines.iter().skip(seen) {
+        if l.contains(MODEL_STOP) {
+            signal_model(sim, libc::SIGSTOP);
+        } else if l.contains(MODEL_CONT) {
+            signal_model(sim, libc::SIGCONT);
+        }
+    }
+    lines.len().max(seen)
+}
+
+fn signal_model(sim: &ChildGuard, sig: i32) {
+    if let Ok(pid) = i32::try_from(sim.child.id()) {
+        // SAFETY: kill(2) on our own child, not reaped before `sim.stop()`.
+        unsafe { libc::kill(pid, sig) };
+    }
 }
 
 /// The guest's first line, printed as `/init` starts.

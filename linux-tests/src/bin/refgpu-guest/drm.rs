@@ -161,13 +161,22 @@ pub struct Dev {
     fd: OwnedFd,
 }
 
-/// The render node path.
-pub const RENDER_NODE: &str = "/dev/dri/renderD128";
+/// The refgpu render node (`/dev/dri/renderD<minor>`), found through
+/// sysfs: the minor is the first free one when the device registers, which
+/// after an unbind depends on whether the old device was released yet.
+pub fn render_node() -> Option<String> {
+    std::fs::read_dir("/sys/class/drm").ok()?.flatten().find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let driver = std::fs::read_link(e.path().join("device/driver")).ok()?;
+        (name.starts_with("renderD") && driver.file_name()? == "refgpu").then(|| format!("/dev/dri/{name}"))
+    })
+}
 
 impl Dev {
     /// Opens the render node.
     pub fn open() -> Result<Dev, Errno> {
-        let p = CString::new(RENDER_NODE).map_err(|_| libc::EINVAL)?;
+        let node = render_node().ok_or(libc::ENOENT)?;
+        let p = CString::new(node).map_err(|_| libc::EINVAL)?;
         // SAFETY: open(2) on a NUL-terminated path.
         let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if fd < 0 {

@@ -63,11 +63,10 @@ fn module_params(cmdline: &str, module: &str) -> String {
     cmdline.split_whitespace().filter_map(|w| w.strip_prefix(&prefix)).collect::<Vec<_>>().join(" ")
 }
 
-/// Loads `refgpu.ko` with the `refgpu.*` parameters of the kernel command
-/// line (again, after `unplug::module_reload` unloaded it).
-pub fn load_refgpu() -> Result<(), String> {
-    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
-    load_module("/lib/modules/refgpu.ko", &module_params(&cmdline, "refgpu"))
+/// Loads `refgpu.ko` again (after `unplug::module_reload` unloaded it)
+/// with module parameters `params`.
+pub fn load_refgpu(params: &str) -> Result<(), String> {
+    load_module("/lib/modules/refgpu.ko", params)
 }
 
 /// The GPU generation the harness booted (`rgtest.gen=N`).
@@ -106,9 +105,9 @@ fn setup() -> Result<(), String> {
         load_module(&format!("/lib/modules/{m}.ko"), &module_params(&cmdline, m))?;
     }
     let t0 = Instant::now();
-    while std::fs::metadata(drm::RENDER_NODE).is_err() {
+    while drm::render_node().is_none_or(|n| std::fs::metadata(n).is_err()) {
         if t0.elapsed() > Duration::from_secs(10) {
-            return Err(format!("{} did not appear", drm::RENDER_NODE));
+            return Err("the refgpu render node did not appear".into());
         }
         std::thread::sleep(Duration::from_millis(10));
     }

@@ -61,14 +61,15 @@ pub fn all() -> Vec<Test> {
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),
         ("bench_umd_submit_kernel_vs_direct", crate::kernel_mode::bench_umd_submit_kernel_vs_direct),
-        ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
         ("module_reload", crate::unplug::module_reload),
+        ("lost_device_keeps_memory", crate::unplug::lost_device_keeps_memory),
+        ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
         ("kmsg_clean", kmsg_clean),
     ]
 }
 
 fn open() -> Result<Dev, String> {
-    Dev::open().map_err(|e| format!("open {}: errno {e}", drm::RENDER_NODE))
+    Dev::open().map_err(|e| format!("open {:?}: errno {e}", drm::render_node()))
 }
 
 fn ok<T>(r: Result<T, i32>, what: &str) -> Result<T, String> {
@@ -1149,6 +1150,7 @@ fn read_records(f: &mut std::fs::File) -> Vec<(u32, String)> {
 const EXPECTED: &[&str] = &[
     "hung, resetting",
     "faulted, resetting",
+    "device lost: MMU_INVALIDATE not acknowledged",
     "loading out-of-tree module taints kernel",
     "module verification failed",
 ];

@@ -1,6 +1,8 @@
-//! Unplug: the device unbound (sysfs) while a client keeps it open, with
-//! work in its rings and queues, then bound again; the module unloaded and
-//! loaded again. docs/linux.md, "Unplug and module unload".
+//! The device going away: lost (the model frozen while the driver waits
+//! for it), unbound (sysfs) while a client keeps it open with work in its
+//! rings and queues, then bound again; the module unloaded and loaded
+//! again. docs/linux.md, "Unplug and module unload" and "Hangs, faults and
+//! reset".
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -10,9 +12,9 @@ use std::time::{Duration, Instant};
 use refgpu_uapi as u;
 use umd_core::cmd::{Command, CompareOp, Payload};
 
-use crate::drm::{self, sync, RENDER_NODE};
+use crate::drm::{self, sync, unmap_op, Map};
 use crate::ensure;
-use crate::fixture::{expect_errno, Fx, DATA_VA};
+use crate::fixture::{self, expect_errno, Fx, DATA_VA};
 use crate::R;
 
 /// The driver's directory in sysfs.
@@ -61,18 +63,64 @@ fn driver_write(file: &str, value: &str) -> R {
     })
 }
 
-/// Waits (up to 10 s) until the render node is present or gone.
+/// Waits (up to 10 s) until the refgpu render node is present or gone.
 fn render_node(present: bool) -> R {
     let t0 = Instant::now();
-    while Path::new(RENDER_NODE).exists() != present {
-        ensure!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{RENDER_NODE} still {} after 10 s",
-            if present { "missing" } else { "present" }
-        );
+    while drm::render_node().is_some_and(|n| Path::new(&n).exists()) != present {
+        if t0.elapsed() > Duration::from_secs(10) {
+            let nodes: Vec<String> = std::fs::read_dir("/dev/dri")
+                .map(|d| d.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default();
+            return Err(format!(
+                "the refgpu render node is still {} after 10 s; /dev/dri has {nodes:?}",
+                if present { "missing" } else { "present" },
+            ));
+        }
         std::thread::sleep(Duration::from_millis(10));
     }
     Ok(())
+}
+
+/// The driver's line when the DRM device's last reference is gone (its
+/// software state is released).
+const RELEASED: &str = "device released";
+
+/// New kernel log records, read from a `/dev/kmsg` opened at the end.
+struct Kmsg(std::fs::File);
+
+impl Kmsg {
+    /// Starts after the records already logged.
+    fn from_now() -> Result<Kmsg, String> {
+        use std::io::Seek;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .map_err(|e| format!("/dev/kmsg: {e}"))?;
+        f.seek(std::io::SeekFrom::End(0)).map_err(|e| format!("/dev/kmsg: {e}"))?;
+        Ok(Kmsg(f))
+    }
+
+    /// Waits (up to 10 s) for a record containing `text`.
+    fn wait_for(&mut self, text: &str, what: &str) -> R {
+        use std::io::Read;
+        let t0 = Instant::now();
+        let mut buf = vec![0u8; 8192];
+        loop {
+            match self.0.read(&mut buf) {
+                Ok(n) if String::from_utf8_lossy(&buf[..n]).contains(text) => return Ok(()),
+                Ok(_) => continue,
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => {}
+            }
+            ensure!(
+                t0.elapsed() < Duration::from_secs(10),
+                "{what}: no \"{text}\" in the kernel log within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
 }
 
 /// The device runs a job again: a write of the data buffer, read back.
@@ -83,6 +131,18 @@ fn device_works(what: &str) -> R {
     fx.wait(p)?;
     ensure!(fx.data.map.r32(0) == 0x5A5A_0001, "{what}: the job's write is missing");
     Ok(())
+}
+
+/// Hardware fences in GFX's ring (debugfs `engines`).
+fn gfx_in_flight() -> Result<u32, String> {
+    let p = fixture::debugfs_dir()?.join("engines");
+    let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    // Engine 0 (GFX) comes first: "  fences: emitted N completed N in_flight N ...".
+    s.lines()
+        .find(|l| l.trim_start().starts_with("fences:"))
+        .and_then(|l| l.split_whitespace().skip_while(|w| *w != "in_flight").nth(1))
+        .and_then(|n| n.parse().ok())
+        .ok_or(format!("no in_flight count in {}", p.display()))
 }
 
 /// A sync_file the kernel returned, closed on drop.
@@ -142,11 +202,16 @@ pub fn unbind_with_open_file() -> R {
         .submit_full(q, ib_w, dw_w, &[sync(fx.sync, ph)], &[], out)
         .map_err(|e| format!("SUBMIT Q: {e}"))?;
     let sq = SyncFile::new(sq.out_fence_fd)?;
-    // H reached the engine (it is waiting on the flag), J is in the ring
-    // or the scheduler behind it, Q waits for H in its queue.
-    std::thread::sleep(Duration::from_millis(50));
+    // H and J are in GFX's ring (H waits on the flag), Q waits for H in
+    // its queue. The job timeout is module_reload's 30 s: no reset.
+    let t0 = Instant::now();
+    while gfx_in_flight()? < 2 {
+        ensure!(t0.elapsed() < Duration::from_secs(5), "H and J did not reach GFX's ring within 5 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     ensure!(drm::sync_file_status(sq.0.as_raw_fd()) == Ok(0), "Q ended before the unbind");
 
+    let mut kmsg = Kmsg::from_now()?;
     driver_write("unbind", &bdf)?;
     ensure!(!Path::new(&format!("{DRIVER}/{bdf}")).exists(), "{bdf} is still bound");
 
@@ -162,18 +227,27 @@ pub fn unbind_with_open_file() -> R {
     expect_errno(fx.dev.ctx_create(u::engine::GFX), libc::ENODEV, "CTX_CREATE after the unbind")?;
     drop((sh, sj, sq));
     drop(fx);
+    // The last client is gone: the old device's state is released once the
+    // scheduler has freed the jobs (a leak would keep it, or warn).
+    kmsg.wait_for(RELEASED, "after the close")?;
 
     driver_write("bind", &bdf)?;
     render_node(true)?;
     device_works("after binding again")
 }
 
+/// The job timeout `module_reload` loads the module with: the tests after
+/// it hold jobs in the rings for longer than the suite's 1 s (a timeout
+/// would reset the engine under them).
+const RELOAD_TIMEOUT_MS: u64 = 30_000;
+
 /// Unloads the module (no client has the device open) and loads it again
-/// with the same parameters: the render node goes and comes back, and the
-/// device runs jobs.
+/// with `job_timeout_ms` = [`RELOAD_TIMEOUT_MS`]: the render node goes and
+/// comes back, GET_PARAM reports the new timeout, and the device runs jobs.
 pub fn module_reload() -> R {
     // A client that has come and gone: its objects were freed at close.
     device_works("before the unload")?;
+    let mut kmsg = Kmsg::from_now()?;
     within_limit("unloading refgpu".into(), || {
         let name = c"refgpu";
         // SAFETY: delete_module(2) with a NUL-terminated name.
@@ -183,7 +257,135 @@ pub fn module_reload() -> R {
     })?;
     render_node(false)?;
     ensure!(!Path::new(DRIVER).exists(), "{DRIVER} is still there after the unload");
-    within_limit("loading refgpu".into(), crate::load_refgpu)?;
+    kmsg.wait_for(RELEASED, "the unload")?;
+    within_limit("loading refgpu".into(), || {
+        crate::load_refgpu(&format!("job_timeout_ms={RELOAD_TIMEOUT_MS}"))
+    })?;
     render_node(true)?;
+    let dev = drm::Dev::open().map_err(|e| format!("open after loading again: errno {e}"))?;
+    let t =
+        dev.param(u::param::JOB_TIMEOUT_MS).map_err(|e| format!("GET_PARAM JOB_TIMEOUT_MS: errno {e}"))?;
+    ensure!(
+        t == RELOAD_TIMEOUT_MS,
+        "JOB_TIMEOUT_MS {t} after loading with job_timeout_ms={RELOAD_TIMEOUT_MS}"
+    );
+    drop(dev);
     device_works("after loading again")
+}
+
+/// The model's CLOCK, read from the register page (the first page of BAR2)
+/// through sysfs: the model publishes it every 100 µs while it runs.
+struct ModelClock(Map);
+
+impl ModelClock {
+    fn open(bdf: &str) -> Result<Self, String> {
+        let path = format!("/sys/bus/pci/devices/{bdf}/resource2");
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| format!("{path}: {e}"))?;
+        let map = drm::map_fd(f.as_raw_fd(), 0, 4096).map_err(|e| format!("mmap {path}: errno {e}"))?;
+        Ok(ModelClock(map))
+    }
+
+    /// Has the harness freeze the model (`run` false: the device stops
+    /// answering, as a hung GPU would) or let it run again, and waits (up
+    /// to 5 s) until CLOCK stays still for 20 ms, or moves.
+    fn set_running(&self, run: bool) -> R {
+        use std::io::Write;
+        println!("{}", if run { linux_tests::MODEL_CONT } else { linux_tests::MODEL_STOP });
+        let _ = std::io::stdout().flush();
+        let t0 = Instant::now();
+        loop {
+            let a = self.0.r32(umd_core::hw::regs::CLOCK_LO as usize);
+            std::thread::sleep(Duration::from_millis(20));
+            if (self.0.r32(umd_core::hw::regs::CLOCK_LO as usize) != a) == run {
+                return Ok(());
+            }
+            ensure!(
+                t0.elapsed() < Duration::from_secs(5),
+                "the model did not {} within 5 s",
+                if run { "resume" } else { "stop" }
+            );
+        }
+    }
+}
+
+/// One count of debugfs `counts`.
+fn count(c: &std::collections::BTreeMap<String, i64>, key: &str) -> Result<i64, String> {
+    c.get(key).copied().ok_or(format!("debugfs counts has no {key}"))
+}
+
+/// The device stops answering (the model frozen) while a client unmaps a
+/// buffer whose only reference is its mapping: the invalidation is not
+/// acknowledged, the device is lost, and the buffer's pages must outlive
+/// the unmap (a lost device may still run and reach them through stale
+/// translations): the driver keeps the mapping, and at the close the VM an
+/// engine still points at, until the device is unbound (stopped); then
+/// both are freed (a leak warns: `kmsg_clean`). SUBMIT fails with ENODEV
+/// and CTX_QUERY reports the loss meanwhile. Bound again, the device runs
+/// jobs.
+pub fn lost_device_keeps_memory() -> R {
+    const X_VA: u64 = 0x3000_0000;
+    const X_SIZE: u64 = 64 << 10;
+    let bdf = bound_device()?;
+    let clock = ModelClock::open(&bdf)?;
+    let mut fx = Fx::new()?;
+    // A job, so that COPY's ENGINE_ROOT is this file's VM.
+    let c = fx.ctx(u::engine::COPY)?;
+    let p = fx.run(c, &[Command::WriteData { dst: DATA_VA, data: Payload::Words(&[1]) }])?;
+    fx.wait(p)?;
+    let x = fixture::buf(&fx.dev, X_SIZE, X_VA)?;
+    drop(x.map);
+    fx.dev.gem_close(x.handle).map_err(|e| format!("GEM_CLOSE: errno {e}"))?;
+    let before = fixture::counts()?;
+
+    clock.set_running(false)?;
+    // Changes valid entries: the driver waits 1 s for the invalidation.
+    let unmap = fx.dev.vm_bind(&[unmap_op(X_VA, X_SIZE)]);
+    let lost = fixture::counts();
+    clock.set_running(true)?;
+    let lost = lost?;
+    ensure!(
+        unmap.is_ok(),
+        "VM_BIND UNMAP on the stopped device: errno {:?} (the unmap itself is done)",
+        unmap.err()
+    );
+    ensure!(count(&lost, "lost")? == 1, "the device is not lost after an unanswered invalidation");
+    ensure!(count(&lost, "kept_mappings")? == 1, "the unmapped mapping was not kept: {lost:?}");
+    ensure!(
+        count(&lost, "bos")? == count(&before, "bos")?,
+        "the unmapped buffer was freed under a device that may still reach it: {before:?} -> {lost:?}"
+    );
+    let (ib, dw) = fx.ib(&[Command::WriteData { dst: DATA_VA, data: Payload::Words(&[2]) }])?;
+    expect_errno(fx.dev.submit_full(c, ib, dw, &[], &[], 0), libc::ENODEV, "SUBMIT on the lost device")?;
+    let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
+    ensure!(q.state == u::ctx_state::DEVICE_LOST, "CTX_QUERY state {} on the lost device", q.state);
+
+    drop(fx);
+    // The scheduler frees the last job asynchronously; then the VM is
+    // released, but COPY still points at it: kept.
+    let t0 = Instant::now();
+    loop {
+        let c = fixture::counts()?;
+        if count(&c, "kept_vms")? == 1 && count(&c, "contexts")? == 0 && count(&c, "jobs")? == 0 {
+            ensure!(count(&c, "vms")? == 1, "a kept VM is not counted: {c:?}");
+            break;
+        }
+        ensure!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the VM COPY points at was not kept at the close: {c:?}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+
+    drop(clock);
+    let mut kmsg = Kmsg::from_now()?;
+    driver_write("unbind", &bdf)?;
+    // Stopped: what it was kept from is freed, then the device itself.
+    kmsg.wait_for(RELEASED, "the unbind of the lost device")?;
+    driver_write("bind", &bdf)?;
+    render_node(true)?;
+    device_works("after binding the lost device again")
 }
