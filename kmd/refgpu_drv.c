@@ -135,29 +135,6 @@ int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root)
 	return ret;
 }
 
-/**
- * refgpu_engine_set_root() - point an idle engine at a VM's page tables
- * @eng: the engine (idle: RPTR == WPTR, or halted, or just reset)
- * @vm: the VM, or NULL for the null root (MMU_ROOT)
- *
- * Return: 0 or -ENODEV.
- */
-int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
-{
-	struct refgpu_device *rdev = eng->rdev;
-	int ret;
-
-	mutex_lock(&rdev->hw_lock);
-	ret = refgpu_engine_write_root(eng, vm ? refgpu_vm_root_dma(vm) : 0);
-	if (!ret) {
-		spin_lock_irq(&eng->lock);
-		eng->cur_vm = vm;
-		spin_unlock_irq(&eng->lock);
-	}
-	mutex_unlock(&rdev->hw_lock);
-	return ret;
-}
-
 static irqreturn_t refgpu_irq(int irq, void *arg)
 {
 	struct refgpu_engine *eng = arg;
@@ -420,11 +397,23 @@ static void refgpu_hw_fini(struct refgpu_device *rdev)
 	mutex_unlock(&rdev->hw_lock);
 }
 
+/* Devices whose release has not run yet: module exit waits for them. */
+static atomic_t refgpu_devices = ATOMIC_INIT(0);
+
+/* The last release action (registered first). */
+static void refgpu_release_device(struct drm_device *drm, void *arg)
+{
+	if (atomic_dec_and_test(&refgpu_devices))
+		wake_up_var(&refgpu_devices);
+}
+
+/* Freed by remove already unless probe failed (no DMA after the unbind). */
 static void refgpu_release_null_root(struct drm_device *drm, void *arg)
 {
 	struct refgpu_device *rdev = arg;
 
 	refgpu_pt_free(rdev, rdev->null_root, 0);
+	rdev->null_root = NULL;
 }
 
 static void refgpu_release_reset_wq(struct drm_device *drm, void *arg)
@@ -435,21 +424,16 @@ static void refgpu_release_reset_wq(struct drm_device *drm, void *arg)
 }
 
 /*
- * The first release action (registered last): the last client has closed
- * the device, so the jobs that are left have ended (remove failed the
- * fences of the rings) or were killed with their contexts, and only wait
- * for the scheduler to free them (a killed job waits for its dependencies
- * first). The schedulers must not be finished under a job, which would
- * then be freed on freed memory: wait, saying so every 10 s. Then nothing
- * of a client may be left.
+ * The first release action (registered last). Every VM holds a reference
+ * on the DRM device (drm_gpuvm), every job and context one on its VM, so
+ * no client object is left now, and the schedulers can be finished: a
+ * count that is not 0 is a leak.
  */
-static void refgpu_release_wait_idle(struct drm_device *drm, void *arg)
+static void refgpu_release_check(struct drm_device *drm, void *arg)
 {
 	struct refgpu_device *rdev = arg;
 
-	while (!wait_var_event_timeout(&rdev->job_count, !atomic_read(&rdev->job_count), 10 * HZ))
-		drm_warn(drm, "release waits for %d jobs to be freed\n",
-			 atomic_read(&rdev->job_count));
+	drm_WARN_ON(drm, atomic_read(&rdev->job_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->ctx_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->vm_count));
 	drm_WARN_ON(drm, atomic_read(&rdev->bo_count));
@@ -467,6 +451,10 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	rdev = devm_drm_dev_alloc(dev, &refgpu_drm_driver, struct refgpu_device, drm);
 	if (IS_ERR(rdev))
 		return PTR_ERR(rdev);
+	atomic_inc(&refgpu_devices);
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_device, NULL);
+	if (ret)
+		return ret;
 	rdev->pdev = pdev;
 	pci_set_drvdata(pdev, rdev);
 	mutex_init(&rdev->hw_lock);
@@ -510,7 +498,8 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (ret)
 		return ret;
 
-	rdev->reset_wq = alloc_ordered_workqueue("refgpu-reset", 0);
+	/* The timeout handler signals fences: it must run under reclaim. */
+	rdev->reset_wq = alloc_ordered_workqueue("refgpu-reset", WQ_MEM_RECLAIM);
 	if (!rdev->reset_wq)
 		return -ENOMEM;
 	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_reset_wq, rdev);
@@ -522,7 +511,7 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 		if (ret)
 			return ret;
 	}
-	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_wait_idle, rdev);
+	ret = drmm_add_action_or_reset(&rdev->drm, refgpu_release_check, rdev);
 	if (ret)
 		return ret;
 
@@ -588,6 +577,11 @@ static void refgpu_remove(struct pci_dev *pdev)
 	for (e = 0; e < REFGPU_ENGINES; e++)
 		refgpu_engine_fail_inflight(&rdev->engines[e], -ENODEV);
 	refgpu_vm_release_kept(rdev);
+	/* Nothing uses these once the device is stopped and unplugged. */
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		refgpu_engine_free_ring(&rdev->engines[e]);
+	refgpu_pt_free(rdev, rdev->null_root, 0);
+	rdev->null_root = NULL;
 }
 
 static const struct pci_device_id refgpu_pci_ids[] = {
@@ -602,13 +596,14 @@ static struct pci_driver refgpu_pci_driver = {
 	.probe = refgpu_probe,
 	.remove = refgpu_remove,
 };
+
 struct workqueue_struct *refgpu_put_wq;
 
 static int __init refgpu_init(void)
 {
 	int ret;
 
-	refgpu_put_wq = alloc_workqueue("refgpu-put", 0, 0);
+	refgpu_put_wq = alloc_workqueue("refgpu-put", WQ_UNBOUND, 0);
 	if (!refgpu_put_wq)
 		return -ENOMEM;
 	ret = pci_register_driver(&refgpu_pci_driver);
@@ -621,7 +616,14 @@ module_init(refgpu_init);
 static void __exit refgpu_exit(void)
 {
 	pci_unregister_driver(&refgpu_pci_driver);
-	/* Runs the puts still queued: the last device release may be there. */
+	/*
+	 * A removed device is released once its last jobs are freed (their
+	 * VMs hold it), which queues their puts here: wait for every release,
+	 * then for the puts still running.
+	 */
+	while (!wait_var_event_timeout(&refgpu_devices, !atomic_read(&refgpu_devices), 10 * HZ))
+		pr_warn("refgpu: unload waits for %d removed devices to be released\n",
+			atomic_read(&refgpu_devices));
 	destroy_workqueue(refgpu_put_wq);
 }
 module_exit(refgpu_exit);

@@ -70,7 +70,10 @@ struct refgpu_engine {
 	u64 emitted;
 	u64 completed;
 
-	/* The ring: only touched from run_job and the timeout handler. */
+	/*
+	 * The ring: only touched from run_job and the timeout handler (in
+	 * refgpu_hw_enter() sections); freed by remove.
+	 */
 	u32 *ring;
 	dma_addr_t ring_dma;
 	u32 wptr;
@@ -235,7 +238,8 @@ static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val
  * sections (drm_dev_unplug()) before it stops the device, and its BARs are
  * unmapped once remove returns, while clients may keep the device open.
  * Sections nest, but an inner one is refused once remove has started,
- * like a new one: every caller handles -ENODEV.
+ * like a new one: every caller handles -ENODEV. The interrupt handlers are
+ * the exception: remove frees them before the BARs go.
  *
  * Return: false when the device is removed or lost: nothing to touch.
  */
@@ -248,7 +252,6 @@ void refgpu_doorbell(struct refgpu_device *rdev, u32 vector);
 int refgpu_hw_control(struct refgpu_device *rdev);
 int refgpu_engine_hw_reset(struct refgpu_engine *eng);
 int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root);
-int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 
 /* refgpu_gem.c */
 struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t size);
@@ -268,6 +271,7 @@ void refgpu_vm_put(struct refgpu_vm *vm);
 u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine);
 dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 void refgpu_vm_release_kept(struct refgpu_device *rdev);
 void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas);
 int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
@@ -275,7 +279,7 @@ int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 /* refgpu_sched.c */
 int refgpu_engine_init(struct refgpu_device *rdev, u32 e);
 void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error);
-void refgpu_job_count_dec(struct refgpu_device *rdev);
+void refgpu_engine_free_ring(struct refgpu_engine *eng);
 void refgpu_engine_irq(struct refgpu_engine *eng, u32 status);
 void refgpu_file_ctx_fini(struct refgpu_file *rfile);
 int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file *file);

@@ -327,9 +327,14 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 	if (!refgpu_hw_enter(rdev, &idx)) {
 		/*
 		 * Removed or lost: nothing to reset. What the ring held fails
-		 * (remove did it already), and run_job fails what comes next.
+		 * with ENODEV, and run_job fails what comes next. The stop puts
+		 * the timed-out job back on the pending list (the scheduler
+		 * took it off) to be freed with the others; the start re-arms
+		 * the timeout.
 		 */
 		refgpu_engine_fail_inflight(eng, -ENODEV);
+		drm_sched_stop(&eng->sched, sched_job);
+		drm_sched_start(&eng->sched);
 		return DRM_GPU_SCHED_STAT_ENODEV;
 	}
 
@@ -400,7 +405,7 @@ static void refgpu_job_put_work(struct work_struct *work)
 	struct refgpu_ctx *ctx = job->ctx;
 	struct refgpu_vm *vm = job->vm;
 
-	refgpu_job_count_dec(ctx->rdev);
+	atomic_dec(&ctx->rdev->job_count);
 	kfree(job);
 	/* The device's last reference may go with these (refgpu_put_wq). */
 	refgpu_ctx_put(ctx);
@@ -417,18 +422,6 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
 	queue_work(refgpu_put_wq, &job->put_work);
 }
 
-/**
- * refgpu_job_count_dec() - count a job freed
- * @rdev: the device
- *
- * The device's release waits for the count to reach 0
- * (refgpu_release_wait_idle()).
- */
-void refgpu_job_count_dec(struct refgpu_device *rdev)
-{
-	if (atomic_dec_and_test(&rdev->job_count))
-		wake_up_var(&rdev->job_count);
-}
 
 static const struct drm_sched_backend_ops refgpu_sched_ops = {
 	.prepare_job = refgpu_job_prepare,
@@ -437,7 +430,19 @@ static const struct drm_sched_backend_ops refgpu_sched_ops = {
 	.free_job = refgpu_job_free,
 };
 
-/* With the device's last reference: no job is left (refgpu_release_wait_idle()). */
+/**
+ * refgpu_engine_free_ring() - free an engine's ring
+ * @eng: the engine, stopped for good (remove, or a failed probe)
+ */
+void refgpu_engine_free_ring(struct refgpu_engine *eng)
+{
+	if (!eng->ring)
+		return;
+	dma_free_coherent(eng->rdev->drm.dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+	eng->ring = NULL;
+}
+
+/* With the device's last reference: no job is left (refgpu_release_check()). */
 static void refgpu_engine_release(struct drm_device *drm, void *arg)
 {
 	struct refgpu_engine *eng = arg;
@@ -446,7 +451,7 @@ static void refgpu_engine_release(struct drm_device *drm, void *arg)
 	refgpu_engine_fail_inflight(eng, -ENODEV);
 	dma_fence_put(eng->last_fence);
 	eng->last_fence = NULL;
-	dma_free_coherent(drm->dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+	refgpu_engine_free_ring(eng);
 }
 
 /**
@@ -795,7 +800,7 @@ out_put_job:
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
 	kfree(job);
-	refgpu_job_count_dec(rdev);
+	atomic_dec(&rdev->job_count);
 out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:

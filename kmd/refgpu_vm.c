@@ -62,7 +62,10 @@ struct refgpu_pt {
  * @fence_cpu: the fence page (one slot per engine)
  * @fence_dma: its physical address
  * @node: entry in &refgpu_device.vms
- * @kept: released while an engine still pointed at it on a device that may
+ * @engines: engines that may walk it (bit per engine, under
+ *	&refgpu_device.hw_lock): set before ENGINE_ROOT is written, cleared
+ *	once the device acknowledged a switch away
+ * @kept: released while an engine may still walk it on a device that may
  *	run on (lost, or removed and not yet stopped): kept whole, under
  *	&refgpu_device.vms_lock, until remove has stopped the device
  * @pid: the process that opened the file
@@ -78,6 +81,7 @@ struct refgpu_vm {
 	u64 *fence_cpu;
 	dma_addr_t fence_dma;
 	struct list_head node;
+	u32 engines;
 	bool kept;
 	pid_t pid;
 	char comm[TASK_COMM_LEN];
@@ -522,10 +526,42 @@ static void refgpu_vm_destroy(struct refgpu_vm *vm)
 	drm_gpuvm_put(&vm->base);
 }
 
+/**
+ * refgpu_engine_set_root() - point an idle engine at a VM's page tables
+ * @eng: the engine (idle: RPTR == WPTR, or halted, or just reset)
+ * @vm: the VM
+ *
+ * The engine may walk @vm from the moment ENGINE_ROOT is written, and the
+ * VM it leaves until the device acknowledges the switch: a failed switch
+ * (the device is lost) leaves both marked in their &refgpu_vm.engines.
+ *
+ * Return: 0 or -ENODEV.
+ */
+int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	struct refgpu_vm *old;
+	int ret;
+
+	mutex_lock(&rdev->hw_lock);
+	vm->engines |= BIT(eng->id);
+	ret = refgpu_engine_write_root(eng, refgpu_vm_root_dma(vm));
+	if (!ret) {
+		old = eng->cur_vm;
+		if (old && old != vm)
+			old->engines &= ~BIT(eng->id);
+		spin_lock_irq(&eng->lock);
+		eng->cur_vm = vm;
+		spin_unlock_irq(&eng->lock);
+	}
+	mutex_unlock(&rdev->hw_lock);
+	return ret;
+}
+
 /*
- * Points the engines that run @vm back at the null root; with @stopped
- * (the device runs nothing any more) only forgets @vm. Returns whether an
- * engine did not take the switch (it still points at @vm).
+ * Points the engines that may walk @vm back at the null root; with
+ * @stopped (the device runs nothing any more) only forgets @vm. Returns
+ * whether an engine did not take the switch (it may still walk @vm).
  */
 static bool refgpu_vm_detach(struct refgpu_vm *vm, bool stopped)
 {
@@ -537,13 +573,16 @@ static bool refgpu_vm_detach(struct refgpu_vm *vm, bool stopped)
 		struct refgpu_engine *eng = &rdev->engines[e];
 
 		mutex_lock(&rdev->hw_lock);
-		if (eng->cur_vm == vm) {
+		if (vm->engines & BIT(e)) {
 			if (!stopped && refgpu_engine_write_root(eng, 0)) {
 				attached = true;
 			} else {
-				spin_lock_irq(&eng->lock);
-				eng->cur_vm = NULL;
-				spin_unlock_irq(&eng->lock);
+				vm->engines &= ~BIT(e);
+				if (eng->cur_vm == vm) {
+					spin_lock_irq(&eng->lock);
+					eng->cur_vm = NULL;
+					spin_unlock_irq(&eng->lock);
+				}
 			}
 		}
 		mutex_unlock(&rdev->hw_lock);
@@ -762,6 +801,9 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		return -EINVAL;
 	if (!args->op_count || args->op_count > REFGPU_MAX_BIND_OPS)
 		return -EINVAL;
+	/* It could not be told: an unmap would only pile up kept pages. */
+	if (READ_ONCE(rdev->lost))
+		return -ENODEV;
 
 	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
 	if (ret)

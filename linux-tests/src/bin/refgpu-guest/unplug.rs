@@ -238,8 +238,9 @@ pub fn unbind_with_open_file() -> R {
 
 /// The job timeout `module_reload` loads the module with: the tests after
 /// it hold jobs in the rings for longer than the suite's 1 s (a timeout
-/// would reset the engine under them).
-const RELOAD_TIMEOUT_MS: u64 = 30_000;
+/// would reset the engine under them), and the lost device's timeout comes
+/// after the loss (1 s).
+const RELOAD_TIMEOUT_MS: u64 = 5_000;
 
 /// Unloads the module (no client has the device open) and loads it again
 /// with `job_timeout_ms` = [`RELOAD_TIMEOUT_MS`]: the render node goes and
@@ -339,6 +340,27 @@ pub fn lost_device_keeps_memory() -> R {
     let x = fixture::buf(&fx.dev, X_SIZE, X_VA)?;
     drop(x.map);
     fx.dev.gem_close(x.handle).map_err(|e| format!("GEM_CLOSE: errno {e}"))?;
+    // H runs on GFX until its timeout (module_reload's 5 s): a WAIT_MEM
+    // nobody satisfies.
+    let h = fx.ctx(u::engine::GFX)?;
+    let wait = Command::WaitMem {
+        addr: DATA_VA + 0x40,
+        reference: 0xDEAD,
+        mask: 0xFFFF_FFFF,
+        op: CompareOp::Eq,
+        wide: false,
+    };
+    let (ib_h, dw_h) = fx.ib(&[wait])?;
+    let sh = fx
+        .dev
+        .submit_full(h, ib_h, dw_h, &[], &[], u::SUBMIT_OUT_SYNC_FILE)
+        .map_err(|e| format!("SUBMIT H: {e}"))?;
+    let sh = SyncFile::new(sh.out_fence_fd)?;
+    let t0 = Instant::now();
+    while gfx_in_flight()? < 1 {
+        ensure!(t0.elapsed() < Duration::from_secs(5), "H did not reach GFX's ring within 5 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let before = fixture::counts()?;
 
     clock.set_running(false)?;
@@ -358,14 +380,20 @@ pub fn lost_device_keeps_memory() -> R {
         count(&lost, "bos")? == count(&before, "bos")?,
         "the unmapped buffer was freed under a device that may still reach it: {before:?} -> {lost:?}"
     );
+    // H ends at its timeout, on the lost device, while the device stays
+    // bound; the release at the unbind below shows it was freed too.
+    let stat_h = sh.wait("H on the lost device")?;
+    ensure!(stat_h == -libc::ENODEV, "H ended with {stat_h} on the lost device, expected -ENODEV");
     let (ib, dw) = fx.ib(&[Command::WriteData { dst: DATA_VA, data: Payload::Words(&[2]) }])?;
     expect_errno(fx.dev.submit_full(c, ib, dw, &[], &[], 0), libc::ENODEV, "SUBMIT on the lost device")?;
+    expect_errno(fx.dev.vm_bind(&[unmap_op(DATA_VA, 4096)]), libc::ENODEV, "VM_BIND on the lost device")?;
     let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(q.state == u::ctx_state::DEVICE_LOST, "CTX_QUERY state {} on the lost device", q.state);
+    drop(sh);
 
     drop(fx);
     // The scheduler frees the last job asynchronously; then the VM is
-    // released, but COPY still points at it: kept.
+    // released, but GFX and COPY may still walk it: kept.
     let t0 = Instant::now();
     loop {
         let c = fixture::counts()?;
@@ -375,7 +403,7 @@ pub fn lost_device_keeps_memory() -> R {
         }
         ensure!(
             t0.elapsed() < Duration::from_secs(5),
-            "the VM COPY points at was not kept at the close: {c:?}"
+            "the VM the engines point at was not kept at the close: {c:?}"
         );
         std::thread::sleep(Duration::from_millis(10));
     }
@@ -387,5 +415,7 @@ pub fn lost_device_keeps_memory() -> R {
     kmsg.wait_for(RELEASED, "the unbind of the lost device")?;
     driver_write("bind", &bdf)?;
     render_node(true)?;
+    // H's timeout may have left a devcoredump.
+    fixture::clear_devcoredumps()?;
     device_works("after binding the lost device again")
 }
