@@ -81,7 +81,7 @@ fn write_data(dst: u64, data: &[u32]) -> Command<'_> {
 }
 
 /// WAIT_MEM until the 32-bit value at `addr` equals `value`.
-fn wait_eq(addr: u64, value: u32) -> Command<'static> {
+pub fn wait_eq(addr: u64, value: u32) -> Command<'static> {
     Command::WaitMem { addr, reference: u64::from(value), mask: 0xFFFF_FFFF, op: CompareOp::Eq, wide: false }
 }
 

@@ -10,7 +10,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use refgpu_uapi as u;
-use umd_core::cmd::{Command, CompareOp, Payload};
+use umd_core::cmd::{Command, Payload};
 
 use crate::drm::{self, sync, unmap_op, Map};
 use crate::ensure;
@@ -133,6 +133,16 @@ fn device_works(what: &str) -> R {
     Ok(())
 }
 
+/// Waits (up to 5 s) until `jobs` (`n` of them) are in GFX's ring.
+fn gfx_reaches(n: u32, jobs: &str) -> R {
+    let t0 = Instant::now();
+    while gfx_in_flight()? < n {
+        ensure!(t0.elapsed() < Duration::from_secs(5), "{jobs} did not reach GFX's ring within 5 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
 /// Hardware fences in GFX's ring (debugfs `engines`).
 fn gfx_in_flight() -> Result<u32, String> {
     let p = fixture::debugfs_dir()?.join("engines");
@@ -168,23 +178,16 @@ impl SyncFile {
 /// ring (J) and a job waiting for H's fence in its context's queue (Q).
 /// The unbind must return, every fence must end with an error while the
 /// file is still open, the file's ioctls must fail with ENODEV, the close
-/// must free everything (the driver warns at its release otherwise:
-/// `kmsg_clean`), and the device bound again must run jobs on the same
-/// render node (the old one was released).
+/// must free everything (the old device logs its release, and warns at it
+/// on a leak: `kmsg_clean`), and the device bound again must run jobs.
 pub fn unbind_with_open_file() -> R {
     let bdf = bound_device()?;
     let mut fx = Fx::new()?;
     let h = fx.ctx(u::engine::GFX)?;
     let j = fx.ctx(u::engine::GFX)?;
     let q = fx.ctx(u::engine::COPY)?;
-    let wait = Command::WaitMem {
-        addr: DATA_VA + 0x40,
-        reference: 0xDEAD,
-        mask: 0xFFFF_FFFF,
-        op: CompareOp::Eq,
-        wide: false,
-    };
-    let (ib_h, dw_h) = fx.ib(&[wait])?;
+    // A WAIT_MEM nobody satisfies.
+    let (ib_h, dw_h) = fx.ib(&[crate::tests::wait_eq(DATA_VA + 0x40, 0xDEAD)])?;
     let (ib_w, dw_w) =
         fx.ib(&[Command::WriteData { dst: DATA_VA + 0x80, data: Payload::Words(&[0x1111]) }])?;
     fx.point += 1;
@@ -204,11 +207,7 @@ pub fn unbind_with_open_file() -> R {
     let sq = SyncFile::new(sq.out_fence_fd)?;
     // H and J are in GFX's ring (H waits on the flag), Q waits for H in
     // its queue. The job timeout is module_reload's 30 s: no reset.
-    let t0 = Instant::now();
-    while gfx_in_flight()? < 2 {
-        ensure!(t0.elapsed() < Duration::from_secs(5), "H and J did not reach GFX's ring within 5 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    gfx_reaches(2, "H and J")?;
     ensure!(drm::sync_file_status(sq.0.as_raw_fd()) == Ok(0), "Q ended before the unbind");
 
     let mut kmsg = Kmsg::from_now()?;
@@ -343,24 +342,13 @@ pub fn lost_device_keeps_memory() -> R {
     // H runs on GFX until its timeout (module_reload's 5 s): a WAIT_MEM
     // nobody satisfies.
     let h = fx.ctx(u::engine::GFX)?;
-    let wait = Command::WaitMem {
-        addr: DATA_VA + 0x40,
-        reference: 0xDEAD,
-        mask: 0xFFFF_FFFF,
-        op: CompareOp::Eq,
-        wide: false,
-    };
-    let (ib_h, dw_h) = fx.ib(&[wait])?;
+    let (ib_h, dw_h) = fx.ib(&[crate::tests::wait_eq(DATA_VA + 0x40, 0xDEAD)])?;
     let sh = fx
         .dev
         .submit_full(h, ib_h, dw_h, &[], &[], u::SUBMIT_OUT_SYNC_FILE)
         .map_err(|e| format!("SUBMIT H: {e}"))?;
     let sh = SyncFile::new(sh.out_fence_fd)?;
-    let t0 = Instant::now();
-    while gfx_in_flight()? < 1 {
-        ensure!(t0.elapsed() < Duration::from_secs(5), "H did not reach GFX's ring within 5 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    gfx_reaches(1, "H")?;
     let before = fixture::counts()?;
 
     clock.set_running(false)?;
