@@ -407,7 +407,7 @@ static void refgpu_release_device(struct drm_device *drm, void *arg)
 		wake_up_var(&refgpu_devices);
 }
 
-/* Freed by remove already unless probe failed (no DMA after the unbind). */
+/* Freed by remove already, unless probe failed. */
 static void refgpu_release_null_root(struct drm_device *drm, void *arg)
 {
 	struct refgpu_device *rdev = arg;
@@ -498,7 +498,7 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	if (ret)
 		return ret;
 
-	/* The timeout handler signals fences: it must run under reclaim. */
+	/* The timeout handler is on the fence-signalling path, as drm_sched's queue. */
 	rdev->reset_wq = alloc_ordered_workqueue("refgpu-reset", WQ_MEM_RECLAIM);
 	if (!rdev->reset_wq)
 		return -ENOMEM;

@@ -327,11 +327,13 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 	if (!refgpu_hw_enter(rdev, &idx)) {
 		/*
 		 * Removed or lost: nothing to reset. What the ring held fails
-		 * with ENODEV, and run_job fails what comes next. The stop puts
-		 * the timed-out job back on the pending list (the scheduler
-		 * took it off) to be freed with the others; the start re-arms
-		 * the timeout.
+		 * with ENODEV, after any run_job in progress (it could add a
+		 * fence), and run_job fails what comes next. The stop puts the
+		 * timed-out job back on the pending list (the scheduler took it
+		 * off) to be freed with the others; the start re-arms the
+		 * timeout.
 		 */
+		drm_sched_wqueue_stop(&eng->sched);
 		refgpu_engine_fail_inflight(eng, -ENODEV);
 		drm_sched_stop(&eng->sched, sched_job);
 		drm_sched_start(&eng->sched);
@@ -421,7 +423,6 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
 	INIT_WORK(&job->put_work, refgpu_job_put_work);
 	queue_work(refgpu_put_wq, &job->put_work);
 }
-
 
 static const struct drm_sched_backend_ops refgpu_sched_ops = {
 	.prepare_job = refgpu_job_prepare,

@@ -597,14 +597,18 @@ static void refgpu_vm_release(struct kref *ref)
 	struct refgpu_device *rdev = vm->rdev;
 
 	if (refgpu_vm_detach(vm, false)) {
+		bool kept;
+
 		/*
 		 * The device did not take the switch (lost, or removed and not
-		 * yet stopped) and may still walk this VM: keep all of it.
+		 * yet stopped) and may still walk this VM: keep all of it. Once
+		 * kept, remove may free it at any time: not touched again.
 		 */
 		mutex_lock(&rdev->vms_lock);
-		vm->kept = !rdev->stopped;
+		kept = !rdev->stopped;
+		vm->kept = kept;
 		mutex_unlock(&rdev->vms_lock);
-		if (vm->kept)
+		if (kept)
 			return;
 		refgpu_vm_detach(vm, true);
 	}
