@@ -30,8 +30,12 @@
 //! the modules are loaded and `@@ RUN <name>` before each test). A boot
 //! whose kernel does not start `/init` within [`INIT_TIMEOUT`] is stopped
 //! then and booted once more: no code of ours has run by that point (our
-//! module is loaded by `/init`), and the retry is reported. Missing tools
-//! fail with an install hint ([`HarnessError`]); nothing passes silently.
+//! module is loaded by `/init`), and the retry is reported. On a fresh
+//! machine the harness sets itself up: run as root, it installs missing
+//! tools and the kernel with `.ci/install-linux-guest.sh`, and the guest's
+//! Rust target with rustup (`vm_harness::setup`), once, under a lock file;
+//! without root a missing tool fails with the exact command to run
+//! ([`HarnessError`]). Nothing passes silently.
 //!
 //! The guest suite is [`GUEST_TESTS`]: the guest binary runs exactly these
 //! (it checks its own list against this one), so a test the guest did not
@@ -132,9 +136,9 @@ pub const RAM: &str = "1G";
 pub const QEMU: &str = "qemu-system-x86_64";
 
 /// What to tell someone without the tools.
-pub const INSTALL_HINT: &str = "the Linux guest tests need qemu-system-x86_64 (Debian bookworm-backports: \
-     `.ci/install-qemu.sh`), make, gcc-12, pahole (package dwarves) and the kernel packages \
-     (`tools/fetch-linux-kernel.sh`, after `apt-get update`); `.ci/run` installs all of them";
+pub const INSTALL_HINT: &str = "the Linux guest tests need qemu-system-x86_64 (Debian bookworm-backports), \
+     make, gcc-12, pahole (package dwarves), xz and Debian's 6.12 kernel packages; run as root the harness \
+     installs them itself, otherwise install them once with `sudo bash .ci/install-linux-guest.sh`";
 
 /// A guest test's reported status.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -312,15 +316,38 @@ pub struct Artifacts {
     pub sim: PathBuf,
 }
 
-fn check_tools() -> Result<(), HarnessError> {
-    for (cmd, arg) in
-        [(QEMU, "--version"), ("make", "--version"), ("gcc-12", "--version"), ("pahole", "--version")]
-    {
-        if !tool_runs(cmd, arg) {
-            return Err(HarnessError::Missing(cmd.into()));
-        }
+/// The host tools a boot needs (QEMU, the module's compiler and BTF
+/// generator) and the fetch script's `xz`.
+const TOOLS: [(&str, &str); 5] = [
+    (QEMU, "--version"),
+    ("make", "--version"),
+    ("gcc-12", "--version"),
+    ("pahole", "--version"),
+    ("xz", "--version"),
+];
+
+fn tools_present() -> bool {
+    TOOLS.iter().all(|(cmd, arg)| tool_runs(cmd, arg))
+}
+
+/// The host tools and the kernel, installed with
+/// `.ci/install-linux-guest.sh` when missing and the tests run as root
+/// (once, under the set-up lock shared by every test binary); without root
+/// a missing tool is an error naming it and the exact command. A missing
+/// kernel alone is fetched without root ([`kernel`]).
+fn ensure_setup() -> Result<Kernel, HarnessError> {
+    if vm_harness::setup::is_root() {
+        vm_harness::setup::ensure_installed(
+            "the Linux guest's tools (qemu-system-x86_64, make, gcc-12, pahole, xz) and kernel packages",
+            ".ci/install-linux-guest.sh",
+            || tools_present() && find_kernel().is_some(),
+        )
+        .map_err(HarnessError::Setup)?;
     }
-    Ok(())
+    if let Some((cmd, _)) = TOOLS.iter().find(|(cmd, arg)| !tool_runs(cmd, arg)) {
+        return Err(HarnessError::Missing((*cmd).into()));
+    }
+    kernel()
 }
 
 fn build_module(k: &Kernel) -> Result<PathBuf, HarnessError> {
@@ -401,8 +428,7 @@ pub fn artifacts() -> Result<Artifacts, String> {
     BUILT
         .get_or_init(|| {
             let go = || -> Result<Artifacts, HarnessError> {
-                check_tools()?;
-                let kernel = kernel()?;
+                let kernel = ensure_setup()?;
                 let module = build_module(&kernel)?;
                 cargo(&[
                     "build",

@@ -39,9 +39,12 @@
 //! the board's PSRAM (no ivshmem device: the GPU is reached through that
 //! RAM, polling only).
 //!
-//! Nothing is installed here: a missing `qemu-system-aarch64` is an error
-//! naming the package and `.ci/install-qemu.sh`, so the tests fail
-//! loudly instead of passing silently.
+//! On a fresh machine the harness sets itself up ([`ensure_qemu`],
+//! `vm_harness::setup`): a missing Rust target is added with rustup, and a
+//! missing QEMU is installed with `.ci/install-qemu.sh` when the tests run
+//! as root, once, under a file lock shared by every test binary. Without
+//! root a missing QEMU is an error naming the exact command, so the tests
+//! fail loudly instead of passing silently.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -244,8 +247,8 @@ impl Outcome {
 /// Why a run could not be made.
 #[derive(Debug)]
 pub enum HarnessError {
-    /// QEMU is not installed.
-    NoQemu,
+    /// QEMU is not installed and could not be installed (the reason).
+    NoQemu(String),
     /// Building the images or the model failed.
     Build(String),
     /// Starting a process or preparing files failed.
@@ -255,7 +258,7 @@ pub enum HarnessError {
 impl fmt::Display for HarnessError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HarnessError::NoQemu => write!(f, "{INSTALL_HINT}"),
+            HarnessError::NoQemu(why) => write!(f, "{why}\n{INSTALL_HINT}"),
             HarnessError::Build(s) => write!(f, "build failed: {s}"),
             HarnessError::Setup(s) => write!(f, "setup failed: {s}"),
         }
@@ -268,9 +271,20 @@ fn target_dir() -> PathBuf {
     target_base().join("qemu-tests")
 }
 
-/// Whether `qemu-system-aarch64` runs.
+/// Whether `qemu-system-aarch64` and `qemu-system-arm` both run.
 pub fn qemu_available() -> bool {
-    tool_runs(QEMU, "--version")
+    tool_runs(QEMU, "--version") && tool_runs(QEMU_ARM, "--version")
+}
+
+/// QEMU present, or installed now with `.ci/install-qemu.sh` (root only;
+/// once, under the set-up lock).
+pub fn ensure_qemu() -> Result<(), HarnessError> {
+    vm_harness::setup::ensure_installed(
+        "QEMU 10 (qemu-system-aarch64 and qemu-system-arm)",
+        ".ci/install-qemu.sh",
+        qemu_available,
+    )
+    .map_err(HarnessError::NoQemu)
 }
 
 /// Paths of the built artifacts.
@@ -346,9 +360,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
         Board::Virt => QEMU,
         Board::Mps2An386 => QEMU_ARM,
     };
-    if !tool_runs(qemu, "--version") {
-        return Err(HarnessError::NoQemu);
-    }
+    ensure_qemu()?;
     let art = match run.board {
         Board::Virt => artifacts(),
         Board::Mps2An386 => m_artifacts(),

@@ -7,6 +7,8 @@
 //! `cargo` in a target directory of their own (so the nested cargo never
 //! waits on the outer one's lock). Every child is owned by a [`ChildGuard`],
 //! which stops and reaps it on every path, a panicking test included.
+//! [`setup`] installs what a fresh machine lacks (Rust targets, QEMU, the
+//! guest's tools), once, under a file lock.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -14,6 +16,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+pub mod setup;
 
 /// How long a polite stop waits for the child after SIGTERM before SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(5);
@@ -118,9 +122,13 @@ pub fn tool_runs(cmd: &str, arg: &str) -> bool {
 
 /// Runs `cargo args` in the workspace with `env` set, into `target_dir`,
 /// without the outer build's flags and target (an instrumented or
-/// cross-compiling outer build must not leak into the nested one). The error
-/// holds cargo's stderr.
+/// cross-compiling outer build must not leak into the nested one). A
+/// `--target` whose standard library is missing is added first
+/// ([`setup::ensure_rust_target`]). The error holds cargo's stderr.
 pub fn cargo(args: &[&str], env: &[(&str, &str)], target_dir: &Path) -> Result<(), String> {
+    if let Some(target) = setup::target_of(args) {
+        setup::ensure_rust_target(target)?;
+    }
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .args(args)

@@ -11,13 +11,14 @@
 //!
 //! On a machine without QEMU it runs `.ci/install-qemu.sh` when root (else
 //! it says what to install); a missing `aarch64-unknown-none` target is
-//! added with rustup. Exit status: the image's (0 = every frame verified).
+//! added with rustup (`vm_harness::setup`). Exit status: the image's (0 =
+//! every frame verified).
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 
-use qemu_tests::{boot_with, qemu_available, Mode, Output, Run, INSTALL_HINT};
-use vm_harness::{target_base, workspace_root};
+use qemu_tests::{boot_with, ensure_qemu, Mode, Output, Run};
+use vm_harness::target_base;
 
 struct Args {
     generation: u8,
@@ -88,49 +89,6 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    unsafe { libc::geteuid() == 0 }
-}
-
-/// QEMU present, or installed now (root only).
-fn ensure_qemu() -> Result<(), String> {
-    if qemu_available() {
-        return Ok(());
-    }
-    if !is_root() {
-        return Err(INSTALL_HINT.to_string());
-    }
-    let script = workspace_root().join(".ci").join("install-qemu.sh");
-    eprintln!("demo: qemu-system-aarch64 not found; installing it with {}", script.display());
-    let st = Command::new("bash")
-        .arg(&script)
-        .status()
-        .map_err(|e| format!("running {}: {e}", script.display()))?;
-    if !st.success() || !qemu_available() {
-        return Err(format!("{} failed ({st})\n{INSTALL_HINT}", script.display()));
-    }
-    Ok(())
-}
-
-/// The bare-metal target, added with rustup when missing.
-fn ensure_target() {
-    let sysroot = Command::new("rustc")
-        .args(["--print", "sysroot"])
-        .current_dir(workspace_root())
-        .output()
-        .ok()
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    let have = sysroot.is_some_and(|s| s.join("lib/rustlib/aarch64-unknown-none").exists());
-    if !have {
-        eprintln!("demo: adding the aarch64-unknown-none target (rustup target add)");
-        let _ = Command::new("rustup")
-            .args(["target", "add", "aarch64-unknown-none"])
-            .current_dir(workspace_root())
-            .status();
-    }
-}
-
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -143,7 +101,6 @@ fn main() -> ExitCode {
         eprintln!("demo: {e}");
         return ExitCode::from(2);
     }
-    ensure_target();
     eprintln!("demo: building the bare-metal images (aarch64-unknown-none) and refgpu-sim (first run: a few minutes)...");
     if let Err(e) = qemu_tests::artifacts() {
         eprintln!("demo: {e}");
