@@ -85,6 +85,10 @@ pub enum SubmitError {
         /// Bytes of local memory.
         local: u64,
     },
+    /// A declared buffer was still being moved between local and system
+    /// memory when the wait for the move ran out (a move's copy is bounded
+    /// by the hang window, so this means the COPY engine is stuck).
+    BufferMoving(crate::mem::BufferHandle),
 }
 
 impl fmt::Display for SubmitError {
@@ -119,6 +123,9 @@ impl fmt::Display for SubmitError {
             SubmitError::Invalid(e) => write!(f, "validation: {e}"),
             SubmitError::WorkingSetTooLarge { needed, local } => {
                 write!(f, "local working set of {needed} bytes exceeds the {local} bytes of local memory")
+            }
+            SubmitError::BufferMoving(h) => {
+                write!(f, "declared buffer {h:?} is still being moved between local and system memory")
             }
         }
     }

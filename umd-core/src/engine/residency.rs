@@ -291,7 +291,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     pub fn make_resident(&self, h: BufferHandle) -> Result<(), MoveError> {
         let s = self.take_subject(h, Residency::System)?;
         let r = self.move_to_local(s);
-        self.unpin(h);
+        self.end_move(h);
         r
     }
 
@@ -311,11 +311,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return Err(MoveError::NotLocal);
         }
         let (last_use, used) = (l.last_use, l.used);
-        if l.pinned > 0 || self.busy(&last_use, used) {
+        if l.pinned > 0 || l.moving || self.busy(&last_use, used) {
             return Err(MoveError::Busy);
         }
         let l = mem.buffers.live_mut(h).map_err(MoveError::Buffer)?;
         l.pinned = l.pinned.saturating_add(1);
+        l.moving = true;
         Ok(Subject {
             h,
             va: l.info.va,
@@ -325,9 +326,20 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         })
     }
 
-    fn unpin(&self, h: BufferHandle) {
+    /// Ends a move that [`Engine::take_subject`] started: unpins the
+    /// buffer and lets declared work use it again.
+    fn end_move(&self, h: BufferHandle) {
         if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
             l.pinned = l.pinned.saturating_sub(1);
+            l.moving = false;
+        }
+    }
+
+    /// Ends a restore that [`Engine::prepare_residency`] started (the
+    /// submission keeps its pin).
+    fn end_restore(&self, h: BufferHandle) {
+        if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
+            l.moving = false;
         }
     }
 
@@ -341,7 +353,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             mem.buffers.min_live(|l| {
                 let local = l.alloc.block().is_some_and(|b| is_local(b));
                 let old = l.touched.saturating_add(min) <= now || l.touched == 0;
-                (local && l.pinned == 0 && old && !self.busy(&l.last_use, l.used)).then_some(l.touched)
+                let idle = l.pinned == 0 && !l.moving && !self.busy(&l.last_use, l.used);
+                (local && idle && old).then_some(l.touched)
             })?
         };
         self.take_subject(h, Residency::Local).ok()
@@ -423,13 +436,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let to = match p.dma_alloc(len, DmaFlags::DEVICE_ONLY) {
             Ok(r) => r,
             Err(_) => {
-                self.unpin(s.h);
+                self.end_move(s.h);
                 return Err(MoveError::Memory);
             }
         };
         if let Err(e) = self.copy_out(s, &to) {
             p.dma_free(to);
-            self.unpin(s.h);
+            self.end_move(s.h);
             return Err(e);
         }
         match self.remap(s, to) {
@@ -442,7 +455,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
             Err(to) => p.dma_free(to),
         }
-        self.unpin(s.h);
+        self.end_move(s.h);
         Counters::add(&self.stats.evictions, 1);
         Counters::add(&self.stats.bytes_moved, s.bytes);
         let window = u64::from(self.cfg.local_min_residency).saturating_mul(2);
@@ -453,8 +466,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok(())
     }
 
-    /// Moves a pinned buffer from system into local memory, evicting idle
-    /// buffers for room. The caller unpins.
+    /// Moves a pinned buffer, marked moving, from system into local memory,
+    /// evicting idle buffers for room. The caller ends the move.
     fn move_to_local(&self, s: Subject) -> Result<(), MoveError> {
         let to = loop {
             if let Some(r) = self.mem.lock().local.alloc(s.bytes) {
@@ -500,9 +513,17 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// Before a submission: pins its declared buffers, refuses a
-    /// local working set larger than local memory, brings evicted ones
-    /// back (or defers that), and marks them used now.
+    /// Before a submission: waits for moves of its declared buffers to end,
+    /// pins them, refuses a local working set larger than local memory,
+    /// brings evicted ones back (or defers that), and marks them used now.
+    ///
+    /// A move and a declared use exclude each other: a move starts only on
+    /// an unpinned, idle buffer ([`Engine::take_subject`]), and a
+    /// submission pins its buffers only when none of them is moving, in one
+    /// section under the memory lock. A submission that finds a move in
+    /// progress waits for it (the move's copy is bounded by the hang
+    /// window), so its work never runs on memory that is being copied or
+    /// remapped.
     pub(crate) fn prepare_residency<'s>(
         &self,
         s: &Submit<'s>,
@@ -512,62 +533,86 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         // Nothing pinned yet: dropping it on the way out costs nothing.
         let mut pins = Pins { dev: self, buffers: s.buffers, pinned: 0 };
-        let mut restore: [Option<Subject>; super::buffers::MAX_BUFFER_USES];
-        {
-            let mut mem = self.mem.lock();
-            let (capacity, _) = mem.local.usage();
-            if capacity == 0 {
-                return Ok(None);
+        let mut mem = self.mem.lock();
+        let (capacity, _) = mem.local.usage();
+        if capacity == 0 {
+            return Ok(None);
+        }
+        // Pin first: a pinned buffer starts no new move, so a submission
+        // waits for at most the moves already in progress.
+        let mut needed = 0u64;
+        let mut moving = None;
+        for (i, u) in s.buffers.iter().enumerate() {
+            let Ok(l) = mem.buffers.live_mut(u.buffer) else { continue };
+            if !l.info.kind.local || l.info.tracking != Tracking::Declared {
+                continue;
             }
-            // Only with local memory: the table is 64 moves' worth.
-            restore = [None; super::buffers::MAX_BUFFER_USES];
-            let mut needed = 0u64;
-            for (i, u) in s.buffers.iter().enumerate() {
-                let Ok(l) = mem.buffers.live_mut(u.buffer) else { continue };
-                if !l.info.kind.local || l.info.tracking != Tracking::Declared {
-                    continue;
-                }
-                if pins.handles().any(|h| h == u.buffer) {
-                    continue;
-                }
-                needed = needed.saturating_add(l.alloc.reserved());
-                l.pinned = l.pinned.saturating_add(1);
-                pins.pinned |= 1u64.checked_shl(i as u32).unwrap_or(0);
-                let min = u64::from(self.cfg.local_min_residency);
-                let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
-                if recently_evicted && !l.alloc.block().is_some_and(|b| is_local(b)) {
-                    Counters::add(&self.stats.restores_deferred, 1);
-                } else if !l.alloc.block().is_some_and(|b| is_local(b)) {
-                    if let Some(slot) = restore.get_mut(i) {
-                        *slot = Some(Subject {
-                            h: u.buffer,
-                            va: l.info.va,
-                            bytes: l.alloc.reserved(),
-                            perms: Perms {
-                                read: true,
-                                write: !l.info.kind.gpu_read_only,
-                                cache: CachePolicy::Uncached,
-                            },
-                            touched: l.touched,
-                        });
-                    }
-                }
+            if pins.handles().any(|h| h == u.buffer) {
+                continue;
             }
-            if needed > capacity {
-                return Err(SubmitError::WorkingSetTooLarge { needed, local: capacity });
+            needed = needed.saturating_add(l.alloc.reserved());
+            l.pinned = l.pinned.saturating_add(1);
+            pins.pinned |= 1u64.checked_shl(i as u32).unwrap_or(0);
+            if l.moving {
+                moving = Some(u.buffer);
             }
         }
+        if needed > capacity {
+            return Err(SubmitError::WorkingSetTooLarge { needed, local: capacity });
+        }
+        let mut deadline = None;
+        while let Some(h) = moving {
+            drop(mem);
+            let platform = self.b.platform();
+            let now = platform.now_ns();
+            let end = *deadline.get_or_insert(now.saturating_add(self.progress_limit_ns().saturating_mul(2)));
+            if now >= end {
+                return Err(SubmitError::BufferMoving(h));
+            }
+            platform.delay_ns(MOVE_POLL_NS);
+            mem = self.mem.lock();
+            moving = pins.handles().find(|h| mem.buffers.live(*h).is_ok_and(|l| l.moving));
+        }
+        // Only with local memory: the table is 64 moves' worth.
+        let mut restore = [None; super::buffers::MAX_BUFFER_USES];
+        let min = u64::from(self.cfg.local_min_residency);
+        for (slot, h) in restore.iter_mut().zip(pins.handles()) {
+            let Ok(l) = mem.buffers.live_mut(h) else { continue };
+            if l.alloc.block().is_some_and(|b| is_local(b)) {
+                continue;
+            }
+            let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
+            if recently_evicted {
+                Counters::add(&self.stats.restores_deferred, 1);
+                continue;
+            }
+            // This submission's own move: no other submission uses the
+            // buffer until it ends.
+            l.moving = true;
+            *slot = Some(Subject {
+                h,
+                va: l.info.va,
+                bytes: l.alloc.reserved(),
+                perms: Perms { read: true, write: !l.info.kind.gpu_read_only, cache: CachePolicy::Uncached },
+                touched: l.touched,
+            });
+        }
+        drop(mem);
+        let mut lost = false;
         for s in restore.iter().flatten() {
-            match self.move_to_local(*s) {
+            let r = if lost { Ok(()) } else { self.move_to_local(*s) };
+            self.end_restore(s.h);
+            match r {
                 Ok(()) => {}
                 Err(MoveError::NoRoom) => Counters::add(&self.stats.restores_deferred, 1),
-                Err(MoveError::Copy(WaitError::Failed(crate::sync::FenceError::DeviceLost))) => {
-                    return Err(SubmitError::DeviceLost)
-                }
+                Err(MoveError::Copy(WaitError::Failed(crate::sync::FenceError::DeviceLost))) => lost = true,
                 // A failed move leaves the buffer where it was: correct,
                 // just slower.
                 Err(_) => Counters::add(&self.stats.restores_deferred, 1),
             }
+        }
+        if lost {
+            return Err(SubmitError::DeviceLost);
         }
         let now = self.clock().saturating_add(1);
         let mut mem = self.mem.lock();
@@ -580,6 +625,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok(Some(pins))
     }
 }
+
+/// How long a submission sleeps between looks at a declared buffer that
+/// is being moved.
+const MOVE_POLL_NS: u64 = 20_000;
 
 #[cfg(test)]
 mod tests {

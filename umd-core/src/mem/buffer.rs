@@ -227,6 +227,10 @@ pub(crate) struct Live<B> {
     /// Submissions being prepared or moves in progress that need it where
     /// it is (never evicted while > 0).
     pub(crate) pinned: u16,
+    /// A move between local and system memory is in progress: a
+    /// submission that declares the buffer waits for it to end, and no
+    /// second move starts (`docs/memory.md`, "Local memory and eviction").
+    pub(crate) moving: bool,
 }
 
 /// A freed buffer whose memory waits for fences.
@@ -351,6 +355,7 @@ impl<'s, B> BufferTable<'s, B> {
             touched: 0,
             evicted: 0,
             pinned: 0,
+            moving: false,
         });
         self.live = self.live.wrapping_add(1);
         self.live_bytes = self.live_bytes.wrapping_add(size);
