@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::race;
+
 use support::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
@@ -950,65 +952,6 @@ fn a_refused_second_map_keeps_the_first_guards_writes() {
     }
 }
 
-/// What one run of the loss race saw.
-#[derive(Default, Debug)]
-struct RaceFigures {
-    seeds: u64,
-    /// Runs whose device was lost (the access the seed chose was reached).
-    losses: u64,
-    fences: u64,
-    signalled: u64,
-    failed_lost: u64,
-    refused: u64,
-    waits: u64,
-}
-
-impl RaceFigures {
-    fn add(&mut self, o: &RaceFigures) {
-        self.seeds += o.seeds;
-        self.losses += o.losses;
-        self.fences += o.fences;
-        self.signalled += o.signalled;
-        self.failed_lost += o.failed_lost;
-        self.refused += o.refused;
-        self.waits += o.waits;
-    }
-}
-
-/// What one thread of the loss race saw: its fences with the answers of
-/// their waits, the submissions refused, the waits made.
-#[derive(Default)]
-struct ThreadSeen {
-    fences: Vec<(Fence, Result<(), WaitError>)>,
-    refused: u64,
-    waits: u64,
-}
-
-/// A small xorshift generator: the loss race's choices follow its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0 % n.max(1)
-    }
-}
-
-/// The loss race's threads, and the submissions each makes.
-const RACE_THREADS: usize = 4;
-const RACE_ITERS: u64 = 40;
-/// The waits' timeout: never reached (virtual time moves by the driver's
-/// sleeps only); the watchdog is what ends a wait that never returns.
-const FOREVER: u64 = u64::MAX;
-/// Real time one run may take before the watchdog fails the test.
-const RACE_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(30);
-
 /// The fake and storage of one loss race, on the heap and shared with the
 /// race's threads as `'static` (a thread that never returns keeps them:
 /// they are freed only when every thread was joined).
@@ -1017,76 +960,10 @@ struct RaceRig {
     storage: Storage,
 }
 
-/// Joins `h`, or fails the test once `deadline` passes with `what`.
-fn join_or_fail<T>(h: std::thread::JoinHandle<T>, deadline: std::time::Instant, what: &str) -> T {
-    while !h.is_finished() {
-        assert!(std::time::Instant::now() < deadline, "{what}");
-        std::thread::sleep(std::time::Duration::from_millis(1));
-    }
-    match h.join() {
-        Ok(v) => v,
-        Err(p) => std::panic::resume_unwind(p),
-    }
-}
-
-/// One thread of the loss race: submits to `queue` (after the last fence
-/// of another queue, one time in three) and waits for its fence, and one
-/// time in two for the other queue's last fence, until a submission is
-/// refused; then checks that the next one is refused too. Returns what it
-/// saw, or what went wrong.
-fn race_thread(dev: &Device<'_, Fake, 4>, t: usize, seed: u64) -> Result<ThreadSeen, String> {
-    let mut rng = Rng::new(seed ^ ((t as u64 + 1) << 40));
-    let queue = QueueId((t % 3) as u8);
-    let other = QueueId(((t + 1) % 3) as u8);
-    let addr = 0x8030_0000 + 8 * t as u64;
-    let mut seen = ThreadSeen::default();
-    let lost_answer =
-        |r: &Result<(), WaitError>| matches!(r, Ok(()) | Err(WaitError::Failed(FenceError::DeviceLost)));
-    for i in 0..RACE_ITERS {
-        let after: Vec<Fence> = dev.last_emitted(other).into_iter().filter(|_| rng.below(3) == 0).collect();
-        let lost_before = dev.is_lost();
-        match dev.submit(queue, &after, |cb| cb.timestamp(addr)) {
-            Ok(f) => {
-                if lost_before {
-                    return Err(format!("thread {t}: submission {i} began after the loss and was accepted"));
-                }
-                let r = dev.wait(f, FOREVER);
-                seen.waits += 1;
-                if !lost_answer(&r) {
-                    return Err(format!("thread {t}: wait for {f:?} answered {r:?}"));
-                }
-                seen.fences.push((f, r));
-            }
-            Err(
-                SubmitError::DeviceLost | SubmitError::DependencyFailed { error: FenceError::DeviceLost, .. },
-            ) => {
-                // Refused once, refused from then on.
-                let again = dev.submit(queue, &[], |cb| cb.timestamp(addr));
-                if again != Err(SubmitError::DeviceLost) {
-                    return Err(format!("thread {t}: submission after a refusal answered {again:?}"));
-                }
-                seen.refused = 2;
-                return Ok(seen);
-            }
-            Err(e) => return Err(format!("thread {t}: submission {i} refused with {e:?}")),
-        }
-        if rng.below(2) == 0 {
-            if let Some(f) = dev.last_emitted(other) {
-                let r = dev.wait(f, FOREVER);
-                seen.waits += 1;
-                if !lost_answer(&r) {
-                    return Err(format!("thread {t}: wait for {f:?} of another thread answered {r:?}"));
-                }
-            }
-        }
-    }
-    Ok(seen)
-}
-
-/// One run of the loss race: a fresh device whose fake is lost at the
-/// register access `seed` chose, four threads submitting and waiting
-/// (`race_thread`), then every fence emitted is checked.
-fn loss_race(seed: u64, accesses: u64) -> RaceFigures {
+/// One run of the loss race (`support::race`) on a fresh device whose
+/// fake is lost at the register access `seed` chose, below `accesses`;
+/// doorbells yield.
+fn loss_race(seed: u64, accesses: u64) -> race::Figures {
     let rig = Box::into_raw(Box::new(RaceRig {
         fake: Fake::new(Generation::Gen2, 1 << 20),
         storage: Storage::default(),
@@ -1097,7 +974,7 @@ fn loss_race(seed: u64, accesses: u64) -> RaceFigures {
     let dev: Device<'static, Fake, 4> =
         Device::new(&*fake, storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
     let dev: &'static Device<'static, Fake, 4> = Box::leak(Box::new(dev));
-    let lose_at = 1 + Rng::new(seed).below(accesses);
+    let lose_at = 1 + race::Rng::new(seed).below(accesses);
     {
         let mut st = fake.state();
         st.mode = Mode::OnDelay;
@@ -1105,73 +982,10 @@ fn loss_race(seed: u64, accesses: u64) -> RaceFigures {
         st.reg_accesses = 0;
         st.lose_at = Some(lose_at);
     }
-    let deadline = std::time::Instant::now() + RACE_WATCHDOG;
-    let stuck = format!(
-        "seed {seed}: a thread of the loss race (lost at register access {lose_at}) did not return within \
-         {RACE_WATCHDOG:?}: a wait that never ends (a fence left pending) or a deadlock"
-    );
-    let threads: Vec<_> =
-        (0..RACE_THREADS).map(|t| std::thread::spawn(move || race_thread(dev, t, seed))).collect();
-    let mut fig = RaceFigures { seeds: 1, ..RaceFigures::default() };
-    let mut seen = Vec::new();
-    for h in threads {
-        match join_or_fail(h, deadline, &stuck) {
-            Ok(t) => {
-                seen.extend(t.fences);
-                fig.refused += t.refused;
-                fig.waits += t.waits;
-            }
-            Err(e) => panic!("seed {seed} (lost at register access {lose_at}): {e}"),
-        }
-    }
-    // Every fence of every queue, waited for and queried on another thread
-    // (under the watchdog too).
-    let checker = std::thread::spawn(move || -> Result<RaceFigures, String> {
-        let mut fig = RaceFigures::default();
-        for (f, waited) in &seen {
-            let now = dev.query(*f);
-            let same = match waited {
-                Ok(()) => now == Ok(FenceStatus::Signalled),
-                Err(WaitError::Failed(e)) => now == Ok(FenceStatus::Failed(*e)),
-                _ => false,
-            };
-            if !same {
-                return Err(format!("{f:?}: the wait answered {waited:?}, a query now {now:?}"));
-            }
-        }
-        for q in 0..3u8 {
-            let Some(last) = dev.last_emitted(QueueId(q)) else { continue };
-            for s in 1..=last.id.seqno.0 {
-                let mut f = last;
-                f.id.seqno.0 = s;
-                fig.fences += 1;
-                match (dev.wait(f, FOREVER), dev.query(f)) {
-                    (Ok(()), Ok(FenceStatus::Signalled)) => fig.signalled += 1,
-                    (
-                        Err(WaitError::Failed(FenceError::DeviceLost)),
-                        Ok(FenceStatus::Failed(FenceError::DeviceLost)),
-                    ) => fig.failed_lost += 1,
-                    other => return Err(format!("{f:?}: wait and query answered {other:?}")),
-                }
-            }
-        }
-        if dev.is_lost() {
-            fig.losses = 1;
-            let r = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000));
-            if r != Err(SubmitError::DeviceLost) {
-                return Err(format!("a submission after the loss answered {r:?}"));
-            }
-        } else if fig.failed_lost > 0 {
-            return Err(format!("{} fences failed DeviceLost on a device that is not lost", fig.failed_lost));
-        }
-        Ok(fig)
-    });
-    match join_or_fail(checker, deadline, &stuck) {
-        Ok(f) => fig.add(&f),
-        Err(e) => panic!("seed {seed} (lost at register access {lose_at}): {e}"),
-    }
-    // SAFETY: every thread that borrowed the device or the rig was joined;
-    // the device goes first (it borrows the rig), each freed once.
+    let fig = race::run(dev, seed, &format!("register access {lose_at}"), 0x8030_0000);
+    // SAFETY: every thread that borrowed the device or the rig was joined
+    // (`race::run` returns only then); the device goes first (it borrows
+    // the rig), each is freed once.
     unsafe {
         drop(Box::from_raw(std::ptr::from_ref(dev).cast_mut()));
         drop(Box::from_raw(rig));
@@ -1179,37 +993,20 @@ fn loss_race(seed: u64, accesses: u64) -> RaceFigures {
     fig
 }
 
-/// A device loss racing submissions and waits: four threads submit to
-/// three queues (two share one) and wait for their fences and for each
-/// other's with no timeout, while the fake is lost at a register access a
-/// seed chooses (a doorbell yields the thread, so that other threads run
-/// between a submission's doorbell and the publication of its sequence
-/// number). Whoever meets the loss, every fence ends signalled (before the
-/// loss) or failed `DeviceLost`, every wait returns, a wait's answer never
-/// changes, a submission that begins after the loss is refused. The seeds
-/// are printed; `UMD_LOSS_SEED=<seed>` runs one. The threads' interleaving
-/// is not the seed's: each seed runs once, and a watchdog fails the test
-/// when a run does not end.
+/// A device loss racing submissions and waits (`support::race`): four
+/// threads submit to three queues and wait for their fences and for each
+/// other's with no timeout (a watchdog fails the test when one does not
+/// return), while the fake is lost at a register access a seed chooses; a
+/// doorbell yields the thread, so that other threads run, and may meet the
+/// loss, between a submission's doorbell and the publication of its
+/// sequence number. Whoever meets the loss, every fence ends signalled
+/// (before the loss) or failed `DeviceLost`, every wait returns, a wait's
+/// answer never changes, a submission that begins after the loss is
+/// refused. The threads' interleaving is not the seed's: each seed runs
+/// once.
 #[test]
 fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait() {
-    // Register accesses of one run without a loss (the range the losses
-    // are drawn from): about what four threads make in their 40 rounds.
-    let accesses = 4_000;
-    let (first, count, budget) = match std::env::var("UMD_LOSS_SEED").ok().and_then(|s| s.parse().ok()) {
-        Some(seed) => (seed, 1, std::time::Duration::MAX),
-        None => (0x10_55, 2_000u64, std::time::Duration::from_secs(12)),
-    };
-    println!("loss race: seeds from {first:#x}");
-    let start = std::time::Instant::now();
-    let mut total = RaceFigures::default();
-    for seed in first..first + count {
-        let fig = loss_race(seed, accesses);
-        total.add(&fig);
-        if start.elapsed() > budget {
-            break;
-        }
-    }
-    println!("loss race: {total:?} in {:?}", start.elapsed());
-    assert!(total.seeds >= 20, "too few seeds ran: {total:?}");
-    assert!(total.losses * 2 >= total.seeds, "most runs must meet the loss: {total:?}");
+    // The range the loss is drawn from: about the register accesses of one
+    // run without a loss (four threads, 40 rounds each).
+    race::seeds("direct-mode loss race", std::time::Duration::from_secs(10), |seed| loss_race(seed, 4_000));
 }

@@ -18,6 +18,8 @@
 //! through.
 #![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing, missing_docs)]
 
+pub mod race;
+
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
