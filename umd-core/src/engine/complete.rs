@@ -397,10 +397,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// its fence fails with the others; one that takes the lock afterwards
     /// sees the flag and is refused. So every fence emitted before or
     /// after the loss is answered, and no wait on one is left pending.
-    /// Later callers return at once, and never wait for a lock: the first
-    /// caller takes no other lock while it waits for a submit lock, and a
-    /// holder of a submit lock waits for no other submit lock (holds are
-    /// bounded bookkeeping), so the waits end.
+    /// Later callers return at once, and never wait for a lock. The first
+    /// caller's waits end: while it waits for a submit lock it holds no
+    /// lock but the one it came with, and every other holder of a submit
+    /// lock waits for no submit lock (its hold is bounded bookkeeping).
     pub(crate) fn device_lost_holding(&self, held: Option<usize>) {
         if self.lost.swap(true, Ordering::AcqRel) {
             return;
