@@ -129,6 +129,81 @@ impl ProbeQueue {
     }
 }
 
+/// A device's queues and its loss flag: what `Engine::submit` and
+/// `Engine::device_lost` do with them, over the real
+/// `QueueCore::fail_pending`.
+pub struct ProbeDevice {
+    lost: AtomicBool,
+    queues: [QueueCore<LoomLock, u64>; 2],
+}
+
+impl Default for ProbeDevice {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ProbeDevice {
+    /// Two fresh queues (their locks made ready on this thread), not lost.
+    pub fn new() -> Self {
+        let d = ProbeDevice { lost: AtomicBool::new(false), queues: [QueueCore::new(0), QueueCore::new(0)] };
+        for q in &d.queues {
+            drop(q.submit.lock());
+            q.warm_up_history_lock();
+        }
+        d
+    }
+
+    /// A submission to queue `qi`, as `Engine::submit`'s locked part:
+    /// under the queue's submit lock, refused when the device is lost,
+    /// else the next sequence number, published. `None` when refused.
+    pub fn submit(&self, qi: usize) -> Option<u64> {
+        let q = self.queues.get(qi)?;
+        let mut guard = q.submit.lock();
+        if self.lost.load(Ordering::Acquire) {
+            return None;
+        }
+        let s = q.emitted().next();
+        *guard = guard.wrapping_add(1);
+        q.emitted.store(s.0, crate::sync::atomic::Ordering::Release);
+        Some(s.0)
+    }
+
+    /// A thread that meets the loss holding queue `held`'s submit lock or
+    /// none (`Engine::device_lost_holding`): the first sets the flag and
+    /// fails every queue's pending range.
+    pub fn lose(&self, held: Option<usize>) {
+        if self.lost.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        for (qi, q) in self.queues.iter().enumerate() {
+            q.fail_pending(held == Some(qi), FenceError::DeviceLost, || {});
+        }
+    }
+
+    /// A thread that meets the loss while it holds queue `qi`'s submit
+    /// lock (a queue reset whose handshake finds the device gone).
+    pub fn lose_in_reset(&self, qi: usize) {
+        let Some(q) = self.queues.get(qi) else { return };
+        let _guard = q.submit.lock();
+        self.lose(Some(qi));
+    }
+
+    /// What a status query on queue `qi` answers for `s`.
+    pub fn status(&self, qi: usize, s: u64) -> Status {
+        match self.queues.get(qi).map(|q| q.outcome(Seqno(s))) {
+            Some(Outcome::Signalled) => Status::Signalled,
+            Some(Outcome::Failed(_)) => Status::Failed,
+            Some(Outcome::Pending) | None => Status::Pending,
+        }
+    }
+
+    /// The last sequence number queue `qi` published.
+    pub fn emitted(&self, qi: usize) -> u64 {
+        self.queues.get(qi).map_or(0, |q| q.emitted().0)
+    }
+}
+
 /// The per-queue record of acknowledged fault interrupts
 /// (`Engine::fault_irqs`): the real type, over loom's atomics.
 pub struct ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs);

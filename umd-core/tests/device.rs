@@ -5,6 +5,8 @@
 
 mod support;
 
+use support::race;
+
 use support::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
@@ -707,6 +709,31 @@ fn a_loss_met_by_a_submission_refuses_it_and_fails_pending_work() {
     }
 }
 
+/// A fence the device wrote before the loss answers signalled, even when
+/// no thread had read it before the loss was met: the loss's pass reads
+/// every queue's completion before it fails the rest. (Otherwise a thread
+/// reading the fence while that pass runs could answer signalled and a
+/// later query failed.)
+#[test]
+fn a_fence_written_before_the_loss_stays_signalled() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    dev.platform().state().mode = Mode::Manual;
+    let done = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let pending = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    {
+        let mut st = dev.platform().state();
+        st.run(0);
+        st.lost = true;
+    }
+    // The submission meets the loss (its write pointer); nobody read GFX's
+    // fence slot since its engine ran.
+    assert_eq!(dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::DeviceLost));
+    assert_eq!(dev.query(done), Ok(FenceStatus::Signalled));
+    assert_eq!(dev.wait(done, u64::MAX), Ok(()));
+    assert_eq!(dev.wait(pending, u64::MAX), Err(WaitError::Failed(FenceError::DeviceLost)));
+}
+
 /// A read pointer the engine cannot have reported (all ones, as from a
 /// device that fell off the bus; one past the write pointer) is not
 /// trusted with the free space: the submission that read it is refused
@@ -923,4 +950,63 @@ fn a_refused_second_map_keeps_the_first_guards_writes() {
         check(Fake::new(gen, 4 << 20));
         check(NonCoherent::new(gen, 4 << 20));
     }
+}
+
+/// The fake and storage of one loss race, on the heap and shared with the
+/// race's threads as `'static` (a thread that never returns keeps them:
+/// they are freed only when every thread was joined).
+struct RaceRig {
+    fake: Fake,
+    storage: Storage,
+}
+
+/// One run of the loss race (`support::race`) on a fresh device whose
+/// fake is lost at the register access `seed` chose, below `accesses`;
+/// doorbells yield.
+fn loss_race(seed: u64, accesses: u64) -> race::Figures {
+    let rig = Box::into_raw(Box::new(RaceRig {
+        fake: Fake::new(Generation::Gen2, 1 << 20),
+        storage: Storage::default(),
+    }));
+    // SAFETY: `rig` is a fresh, leaked allocation; it is freed below only
+    // after every thread that borrows it was joined and the device dropped.
+    let RaceRig { fake, storage } = unsafe { &mut *rig };
+    let dev: Device<'static, Fake, 4> =
+        Device::new(&*fake, storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+    let dev: &'static Device<'static, Fake, 4> = Box::leak(Box::new(dev));
+    let lose_at = 1 + race::Rng::new(seed).below(accesses);
+    {
+        let mut st = fake.state();
+        st.mode = Mode::OnDelay;
+        st.doorbell_yields = true;
+        st.reg_accesses = 0;
+        st.lose_at = Some(lose_at);
+    }
+    let fig = race::run(dev, seed, &format!("register access {lose_at}"), 0x8030_0000);
+    // SAFETY: every thread that borrowed the device or the rig was joined
+    // (`race::run` returns only then); the device goes first (it borrows
+    // the rig), each is freed once.
+    unsafe {
+        drop(Box::from_raw(std::ptr::from_ref(dev).cast_mut()));
+        drop(Box::from_raw(rig));
+    }
+    fig
+}
+
+/// A device loss racing submissions and waits (`support::race`): four
+/// threads submit to three queues and wait for their fences and for each
+/// other's with no timeout (a watchdog fails the test when one does not
+/// return), while the fake is lost at a register access a seed chooses; a
+/// doorbell yields the thread, so that other threads run, and may meet the
+/// loss, between a submission's doorbell and the publication of its
+/// sequence number. Whoever meets the loss, every fence ends signalled
+/// (before the loss) or failed `DeviceLost`, every wait returns, a wait's
+/// answer never changes, a submission that begins after the loss is
+/// refused. The threads' interleaving is not the seed's: each seed runs
+/// once.
+#[test]
+fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait() {
+    // The range the loss is drawn from: about the register accesses of one
+    // run without a loss (four threads, 40 rounds each).
+    race::seeds("direct-mode loss race", std::time::Duration::from_secs(10), |seed| loss_race(seed, 4_000));
 }

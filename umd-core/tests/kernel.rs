@@ -8,6 +8,8 @@
 
 mod support;
 
+use support::race;
+
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard};
 
@@ -67,6 +69,16 @@ struct KState {
     refuse_after: Option<u32>,
     /// Refuse unbinds (EINVAL), leaving the range bound.
     fail_unbind: bool,
+    /// Calls that reach the device (submit, completed, context_status,
+    /// wait, signal, create_context) counted for `lose_at`.
+    calls: u64,
+    /// The device is lost at this call (`calls` reaching it): that call
+    /// fails as every later one does, and nothing runs any more.
+    lose_at: Option<u64>,
+    /// A submission accepted yields the calling thread (outside the lock):
+    /// other threads run while the core is between the kernel's answer and
+    /// what follows it.
+    submit_yields: bool,
 }
 
 /// The fake kernel behind a mutex (the core calls platforms through `&self`).
@@ -88,6 +100,9 @@ impl FakeKernel {
             kernel_waits: 0,
             refuse_after: None,
             fail_unbind: false,
+            calls: 0,
+            lose_at: None,
+            submit_yields: false,
         }))
     }
 
@@ -97,6 +112,16 @@ impl FakeKernel {
 }
 
 impl KState {
+    /// Counts a call that reaches the device; whether the device is lost
+    /// (from the call `lose_at` names on).
+    fn lost_at_call(&mut self) -> bool {
+        self.calls += 1;
+        if self.lose_at.is_some_and(|n| self.calls >= n) {
+            self.lost = true;
+        }
+        self.lost
+    }
+
     fn translate(&self, va: u64) -> Option<u64> {
         self.bindings.iter().find(|(v, _, len, _)| va >= *v && va < v + len).map(|(v, d, _, _)| d + (va - v))
     }
@@ -204,7 +229,7 @@ impl KernelIo for FakeKernel {
     }
     fn create_context(&self, queue: u32) -> Result<ContextId, PlatformError> {
         let mut k = self.k();
-        if k.lost {
+        if k.lost_at_call() {
             return Err(PlatformError::DeviceLost);
         }
         k.contexts.push(Some(Ctx { engine: queue, next_seq: 1, guilty: None, innocent: false }));
@@ -214,8 +239,8 @@ impl KernelIo for FakeKernel {
         self.k().contexts[ctx.0 as usize] = None;
     }
     fn context_status(&self, ctx: ContextId) -> Result<ContextStatus, PlatformError> {
-        let k = self.k();
-        if k.lost {
+        let mut k = self.k();
+        if k.lost_at_call() {
             return Ok(ContextStatus::DeviceLost);
         }
         let c = k.contexts.get(ctx.0 as usize).and_then(Option::as_ref).ok_or(PlatformError::Os(2))?;
@@ -255,8 +280,57 @@ impl KernelIo for FakeKernel {
         waits: &[KernelWait],
         signal: KernelSync,
     ) -> Result<u64, KernelSubmitError> {
+        let (r, yields) = {
+            let mut k = self.k();
+            (k.submit(ctx, ib_va, ib_dw, waits, signal), k.submit_yields)
+        };
+        if yields && r.is_ok() {
+            std::thread::yield_now();
+        }
+        r
+    }
+    fn completed(&self, queue: u32) -> Result<u64, PlatformError> {
         let mut k = self.k();
-        if k.lost {
+        if k.lost_at_call() {
+            return Err(PlatformError::DeviceLost);
+        }
+        Ok(k.reached[queue as usize])
+    }
+    fn wait(&self, sync: KernelSync, _timeout_ns: u64) -> Result<bool, PlatformError> {
+        // The kernel runs the work while the caller sleeps (a lost device
+        // runs nothing).
+        let mut k = self.k();
+        if k.lost_at_call() {
+            return Err(PlatformError::DeviceLost);
+        }
+        k.kernel_waits += 1;
+        k.run();
+        Ok(k.reached[sync.queue as usize] >= sync.point)
+    }
+    fn signal(&self, sync: KernelSync) -> Result<(), PlatformError> {
+        let mut k = self.k();
+        if k.lost_at_call() {
+            return Err(PlatformError::DeviceLost);
+        }
+        let q = sync.queue as usize;
+        k.added[q] = k.added[q].max(sync.point);
+        k.reached[q] = k.reached[q].max(sync.point);
+        Ok(())
+    }
+}
+
+impl KState {
+    /// The submit call, under the fake's lock.
+    fn submit(
+        &mut self,
+        ctx: ContextId,
+        ib_va: u64,
+        ib_dw: u32,
+        waits: &[KernelWait],
+        signal: KernelSync,
+    ) -> Result<u64, KernelSubmitError> {
+        let k = self;
+        if k.lost_at_call() {
             return Err(KernelSubmitError::DeviceLost);
         }
         match k.refuse_after {
@@ -284,27 +358,6 @@ impl KernelIo for FakeKernel {
         k.added[q] = signal.point;
         k.jobs.push(Job { ctx: ctx.0, ib_va, ib_dw, waits: waits.to_vec(), signal, seq });
         Ok(seq)
-    }
-    fn completed(&self, queue: u32) -> Result<u64, PlatformError> {
-        let k = self.k();
-        if k.lost {
-            return Err(PlatformError::DeviceLost);
-        }
-        Ok(k.reached[queue as usize])
-    }
-    fn wait(&self, sync: KernelSync, _timeout_ns: u64) -> Result<bool, PlatformError> {
-        // The kernel runs the work while the caller sleeps.
-        let mut k = self.k();
-        k.kernel_waits += 1;
-        k.run();
-        Ok(k.reached[sync.queue as usize] >= sync.point)
-    }
-    fn signal(&self, sync: KernelSync) -> Result<(), PlatformError> {
-        let mut k = self.k();
-        let q = sync.queue as usize;
-        k.added[q] = k.added[q].max(sync.point);
-        k.reached[q] = k.reached[q].max(sync.point);
-        Ok(())
     }
 }
 
@@ -591,4 +644,57 @@ fn bad_inputs() {
         assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
         assert_eq!(k.k().jobs.len(), 1);
     });
+}
+
+/// The fake kernel and storage of one loss race, on the heap and shared
+/// with the race's threads as `'static` (freed only when every thread was
+/// joined).
+struct RaceRig {
+    k: FakeKernel,
+    storage: Storage,
+}
+
+/// One run of the loss race (`support::race`) on a fresh kernel-mode
+/// device whose fake kernel is lost at the call `seed` chose, below
+/// `calls`; accepted submissions yield.
+fn loss_race(seed: u64, calls: u64) -> race::Figures {
+    let rig = Box::into_raw(Box::new(RaceRig {
+        k: FakeKernel::new(Generation::Gen2),
+        storage: Storage::default(),
+    }));
+    // SAFETY: `rig` is a fresh, leaked allocation; it is freed below only
+    // after every thread that borrows it was joined and the device dropped.
+    let RaceRig { k, storage } = unsafe { &mut *rig };
+    let dev = KernelDevice::<'static, FakeKernel, 4>::new(&*k, storage, cfg()).expect("device comes up");
+    let dev: &'static KernelDevice<'static, FakeKernel, 4> = Box::leak(Box::new(dev));
+    let lose_at = 1 + race::Rng::new(seed).below(calls);
+    {
+        let mut st = k.k();
+        st.submit_yields = true;
+        st.calls = 0;
+        st.lose_at = Some(lose_at);
+    }
+    let fig = race::run(dev, seed, &format!("kernel call {lose_at}"), 0x10_0000);
+    // SAFETY: every thread that borrowed the device or the rig was joined
+    // (`race::run` returns only then); the device goes first (it borrows
+    // the rig), each is freed once.
+    unsafe {
+        drop(Box::from_raw(std::ptr::from_ref(dev).cast_mut()));
+        drop(Box::from_raw(rig));
+    }
+    fig
+}
+
+/// The loss race of `umd-core/tests/device.rs` in kernel mode: the fake
+/// kernel is lost at a call a seed chooses (submissions, timeline and
+/// context reads, waits), and an accepted submission yields the thread
+/// between the kernel's answer and the publication of its sequence number.
+/// The same promises hold: every fence ends signalled or failed
+/// `DeviceLost`, every wait returns, a wait's answer never changes, a
+/// submission that begins after the loss is refused.
+#[test]
+fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait_in_kernel_mode() {
+    // The range the loss is drawn from: about the calls of one run without
+    // a loss (four threads, 40 rounds each).
+    race::seeds("kernel-mode loss race", std::time::Duration::from_secs(6), |seed| loss_race(seed, 3_000));
 }

@@ -5,7 +5,9 @@
 //! model races fault-interrupt acknowledgements against the hang checks
 //! that consume them (`Engine::fault_irqs`); the last one races IB-pool
 //! commits through the queues' mailboxes against the pool's other users, and
-//! one the async waits' wake-up hub against its interrupt side.
+//! one the async waits' wake-up hub against its interrupt side. Two race
+//! submissions publishing their sequence numbers against a device loss
+//! failing the queues' pending ranges.
 #![cfg(loom)]
 
 use loom::sync::Arc;
@@ -385,5 +387,71 @@ fn async_wakeups_are_never_lost() {
         let (_third, w3) = flag_waker();
         assert!(hub.register(&w3, 1_000));
         assert_eq!(first.0.load(Ordering::SeqCst), 1, "the registered waiter was not woken");
+    });
+}
+
+/// A device loss against a submission publishing its sequence number
+/// (`Engine::device_lost` and the locked part of `Engine::submit`): the
+/// loss fails each queue's pending range under that queue's submit lock,
+/// and a submitter checks the loss under it. Every sequence number a
+/// submission published ends failed, whichever comes first, and a
+/// submission after the loss is refused. (Failing the range without the
+/// lock fails this: a submission that checked the flag before the loss
+/// publishes after the range was read, and its fence stays pending.)
+#[test]
+fn a_loss_fails_every_fence_a_racing_submission_published() {
+    use umd_core::loom_probe::{ProbeDevice, Status};
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(3);
+    builder.check(|| {
+        let dev = Arc::new(ProbeDevice::new());
+        let submitter = {
+            let dev = dev.clone();
+            thread::spawn(move || [dev.submit(0), dev.submit(0)])
+        };
+        dev.lose(None);
+        let got = submitter.join().unwrap();
+        for s in got.into_iter().flatten() {
+            assert_eq!(dev.status(0, s), Status::Failed, "fence {s} published around the loss: {got:?}");
+        }
+        assert_eq!(dev.submit(0), None, "refused after the loss");
+        assert_eq!(got.iter().flatten().max().copied().unwrap_or(0), dev.emitted(0));
+    });
+}
+
+/// The same with the loss met by a thread that holds a queue's submit lock
+/// (a reset whose handshake finds the device gone) while submitters use
+/// both queues and a waiter meets the loss too: the holder fails its own
+/// queue without taking its lock again and waits for the other's, no
+/// thread waits for a lock forever (a thread spinning on a lock that is
+/// never released exceeds loom's branch limit: taking the held lock again
+/// fails this so), and every published fence ends failed.
+#[test]
+fn a_loss_met_under_a_submit_lock_neither_deadlocks_nor_misses_a_fence() {
+    use umd_core::loom_probe::{ProbeDevice, Status};
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = Some(2);
+    builder.check(|| {
+        let dev = Arc::new(ProbeDevice::new());
+        let resetter = {
+            let dev = dev.clone();
+            thread::spawn(move || {
+                let s = dev.submit(0);
+                dev.lose_in_reset(0);
+                s
+            })
+        };
+        let submitter = {
+            let dev = dev.clone();
+            thread::spawn(move || dev.submit(1))
+        };
+        dev.lose(None);
+        let got = [(0, resetter.join().unwrap()), (1, submitter.join().unwrap())];
+        for (q, s) in got {
+            if let Some(s) = s {
+                assert_eq!(dev.status(q, s), Status::Failed, "queue {q}'s fence {s}");
+            }
+        }
+        assert_eq!((dev.submit(0), dev.submit(1)), (None, None), "refused after the loss");
     });
 }

@@ -42,6 +42,19 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// entries, retiring buffers). Returns the completed value.
     pub(crate) fn process(&self, qi: usize) -> Seqno {
         let Some(q) = self.queues.get(qi).filter(|_| qi < self.nq) else { return Seqno(0) };
+        if self.read_completion(qi).is_err() {
+            self.device_lost();
+        }
+        if let Some((before, now)) = q.claim() {
+            self.after_completion(qi, before, now, false);
+        }
+        q.completed()
+    }
+
+    /// Reads queue `qi`'s completion from the device and moves its
+    /// timeline on (no bookkeeping); `Gone` when the device is lost.
+    fn read_completion(&self, qi: usize) -> Result<(), Gone> {
+        let Some(q) = self.queues.get(qi).filter(|_| qi < self.nq) else { return Ok(()) };
         match self.b.poll(qi) {
             Poll::Completed(s) => {
                 // A kernel's timeline also passes work whose producer
@@ -56,16 +69,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     s
                 };
                 q.timeline.advance(s);
+                Ok(())
             }
-            Poll::Unchanged => {}
-            Poll::Lost => {
-                self.device_lost();
-            }
+            Poll::Unchanged => Ok(()),
+            Poll::Lost => Err(Gone),
         }
-        if let Some((before, now)) = q.claim() {
-            self.after_completion(qi, before, now, false);
-        }
-        q.completed()
     }
 
     /// Returns to the pools up to `budget` frees waiting on queue `qi`
@@ -279,7 +287,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let n = upto.distance(after).max(0) as u64;
         // 1. Stop the engine. A device that can not even do that is gone.
         if self.b.reset(qs, qi).is_err() {
-            self.device_lost();
+            self.device_lost_holding(Some(qi));
             return;
         }
         // 2. Remember the failure before anything can see the timeline pass it.
@@ -330,7 +338,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // Buffers the cancelled work held are free now that the engine is idle.
         self.after_completion(qi, after, upto, true);
         if !resume_ok {
-            self.device_lost();
+            self.device_lost_holding(Some(qi));
         }
     }
 
@@ -372,28 +380,53 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// The device stopped answering: every pending fence fails with
     /// `DeviceLost`; memory that pending work held is never reused
-    /// (released at teardown).
+    /// (released at teardown). The caller holds no submit lock (see
+    /// [`Engine::device_lost_holding`]).
     pub(crate) fn device_lost(&self) {
+        self.device_lost_holding(None);
+    }
+
+    /// [`Engine::device_lost`] for a caller that holds queue `held`'s
+    /// submit lock (and no other lock).
+    ///
+    /// The first caller to meet the loss sets the flag, then fails each
+    /// queue's pending range under that queue's submit lock (one lock at a
+    /// time, the held one not taken again), after a last reading of the
+    /// queue's completion: a submitter that holds the lock when the flag
+    /// is set publishes its sequence number before the range is read, and
+    /// its fence fails with the others; one that takes the lock afterwards
+    /// sees the flag and is refused. So every fence emitted before or
+    /// after the loss is answered, and no wait on one is left pending.
+    /// Later callers return at once, and never wait for a lock. The first
+    /// caller's waits end: while it waits for a submit lock it holds no
+    /// lock but the one it came with, and every other holder of a submit
+    /// lock waits for no submit lock (its hold is bounded bookkeeping).
+    pub(crate) fn device_lost_holding(&self, held: Option<usize>) {
         if self.lost.swap(true, Ordering::AcqRel) {
             return;
         }
         crate::log::log_error!("device lost: failing every pending fence");
         for qi in 0..self.nq {
             let Some(q) = self.queues.get(qi) else { continue };
-            let (after, upto) = (q.completed(), q.emitted());
-            if upto.is_after(after) {
-                q.record_failure(after, upto, FenceError::DeviceLost);
-                q.timeline.force(upto);
-                q.processed.store(upto.0, Ordering::Release);
-                let report = HangReport::uncaptured(
-                    QueueId(qi as u8),
-                    HangReason::DeviceLost,
-                    self.b.platform().now_ns(),
-                    self.b.chip().generation,
-                    (upto, after),
-                );
-                *self.last_hang.lock() = Some(report);
-            }
+            // A fence the device wrote before the loss counts as
+            // signalled, whichever thread reads it first: the reading
+            // before the range is taken leaves none for another thread's
+            // pass to move the timeline onto after the failure.
+            let observe = || {
+                let _ = self.read_completion(qi);
+            };
+            let Some((after, upto)) = q.fail_pending(held == Some(qi), FenceError::DeviceLost, observe)
+            else {
+                continue;
+            };
+            let report = HangReport::uncaptured(
+                QueueId(qi as u8),
+                HangReason::DeviceLost,
+                self.b.platform().now_ns(),
+                self.b.chip().generation,
+                (upto, after),
+            );
+            *self.last_hang.lock() = Some(report);
         }
     }
 }

@@ -18,7 +18,9 @@
 //! submit lock, for the next reader of the trace or the queue's completion
 //! processing: `debug::trace::TraceStage`). Locks are held for bounded bookkeeping only: recording runs with
 //! no lock held, waits and sleeps hold none, and the service path skips a
-//! queue whose lock is busy (its holder services it). Timelines are
+//! queue whose lock is busy (its holder services it); only the first
+//! thread to meet a device loss waits for the queues' submit locks, one at
+//! a time, to fail their pending work (`complete`). Timelines are
 //! atomics, so completion reads take no lock. Lock order: a queue's submit
 //! lock, then dependencies, then memory, then the IB pool, then the trace;
 //! the failure histories are leaves. `docs/architecture.md` has the full

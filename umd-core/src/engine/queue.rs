@@ -126,6 +126,34 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         drop(self.history.lock());
     }
 
+    /// Fails the queue's pending work `(completed, emitted]` with `error`
+    /// under its submit lock, after `observe` (a last reading of the
+    /// device) ran under that lock too; `held`: the caller holds the lock
+    /// already. A submission publishes its sequence number under the lock,
+    /// so none is published between the reading of `emitted` here and the
+    /// failure: a submitter that held the lock first is failed here, one
+    /// that takes it afterwards must see why the queue failed (the caller
+    /// makes that visible before the call, as a device loss's flag) and
+    /// publish nothing. Returns the failed range, if any. Like the reset,
+    /// it records the failure before it forces the timeline past it.
+    pub(crate) fn fail_pending(
+        &self,
+        held: bool,
+        error: FenceError,
+        observe: impl FnOnce(),
+    ) -> Option<(Seqno, Seqno)> {
+        let _guard = if held { None } else { Some(self.submit.lock()) };
+        observe();
+        let (after, upto) = (self.completed(), self.emitted());
+        if !upto.is_after(after) {
+            return None;
+        }
+        self.record_failure(after, upto, error);
+        self.timeline.force(upto);
+        self.processed.store(upto.0, Ordering::Release);
+        Some((after, upto))
+    }
+
     /// Records that `(after, upto]` failed with `error`, before anyone can
     /// see the timeline pass it.
     pub(crate) fn record_failure(&self, after: Seqno, upto: Seqno, error: FenceError) {

@@ -8,10 +8,17 @@
 //! exactly when fences land. Time is virtual: `delay_ns` advances the clock,
 //! so hang windows pass instantly and deterministically. MMU: bypass only.
 //!
+//! A device loss is injected by setting `lost` (every register access
+//! fails from then on, and the engines stop) or `lose_at` (the same, from
+//! the register access of that number on, doorbells counted);
+//! `doorbell_yields` lets other threads run right after a doorbell.
+//!
 //! `Fake` is coherent; `NonCoherent` wraps it with a CPU data cache the
 //! engines do not see, which only the driver's cache maintenance moves data
 //! through.
 #![allow(dead_code, clippy::unwrap_used, clippy::indexing_slicing, missing_docs)]
+
+pub mod race;
 
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
@@ -78,6 +85,16 @@ pub struct FakeState {
     pub cleaned: Vec<(u64, usize)>,
     /// Reads of an engine's RING_RPTR (also those refused as lost).
     pub rptr_reads: u64,
+    /// Register accesses (reads, writes and doorbells) counted for
+    /// `lose_at`.
+    pub reg_accesses: u64,
+    /// The device is lost at this register access (`reg_accesses`
+    /// reaching it): that access fails, as every later one does.
+    pub lose_at: Option<u64>,
+    /// A doorbell yields the calling thread once rung, outside the fake's
+    /// lock (`Fake`): other threads run while the driver is between its
+    /// doorbell and what follows it.
+    pub doorbell_yields: bool,
 }
 
 impl FakeState {
@@ -102,7 +119,23 @@ impl FakeState {
             stalled: [false; 3],
             cleaned: Vec::new(),
             rptr_reads: 0,
+            reg_accesses: 0,
+            lose_at: None,
+            doorbell_yields: false,
         }
+    }
+
+    /// Counts a register access; the device is lost from the access
+    /// `lose_at` names on. Whether it is lost.
+    fn access(&mut self) -> Result<(), PlatformError> {
+        self.reg_accesses += 1;
+        if self.lose_at.is_some_and(|n| self.reg_accesses >= n) {
+            self.lost = true;
+        }
+        if self.lost {
+            return Err(PlatformError::DeviceLost);
+        }
+        Ok(())
     }
 
     /// Raw pointer to byte `off` of the fake's memory (benchmarks signal
@@ -185,9 +218,10 @@ impl FakeState {
         umd_core::hw::probe(self.reg(regs::ID)).unwrap().generation
     }
 
-    /// Runs engine `e` until its ring is empty, it blocks or it faults.
+    /// Runs engine `e` until its ring is empty, it blocks or it faults. A
+    /// lost device runs nothing.
     pub fn run(&mut self, e: usize) {
-        if self.engines[e].halted.is_some() || self.stalled[e] {
+        if self.lost || self.engines[e].halted.is_some() || self.stalled[e] {
             return;
         }
         match self.engines[e].fault {
@@ -406,9 +440,7 @@ impl FakeState {
         if rel.is_some_and(|r| r / regs::ENGINE_STRIDE < 3 && r % regs::ENGINE_STRIDE == er::RING_RPTR) {
             self.rptr_reads += 1;
         }
-        if self.lost {
-            return Err(PlatformError::DeviceLost);
-        }
+        self.access()?;
         let e =
             off.checked_sub(regs::ENGINE_BASE).map(|o| (o / regs::ENGINE_STRIDE) as usize).filter(|e| *e < 3);
         let v = match (e, off.checked_sub(regs::ENGINE_BASE).map(|o| o % regs::ENGINE_STRIDE)) {
@@ -440,9 +472,7 @@ impl FakeState {
     }
 
     pub fn write_reg(&mut self, off: u32, v: u32) -> Result<(), PlatformError> {
-        if self.lost {
-            return Err(PlatformError::DeviceLost);
-        }
+        self.access()?;
         if off == regs::IRQ_STATUS {
             let cur = self.reg(off);
             self.set_reg(off, cur & !v);
@@ -480,6 +510,7 @@ impl FakeState {
     }
 
     pub fn doorbell(&mut self, _engine: u32) -> Result<(), PlatformError> {
+        self.access()?;
         self.doorbells += 1;
         if self.mode == Mode::OnDoorbell {
             self.run_all();
@@ -536,7 +567,14 @@ impl DirectIo for Fake {
         self.state().write_reg(off, v)
     }
     fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
-        self.state().doorbell(engine)
+        let (r, yields) = {
+            let mut st = self.state();
+            (st.doorbell(engine), st.doorbell_yields)
+        };
+        if yields {
+            std::thread::yield_now();
+        }
+        r
     }
 }
 
