@@ -924,3 +924,90 @@ fn a_refused_second_map_keeps_the_first_guards_writes() {
         check(NonCoherent::new(gen, 4 << 20));
     }
 }
+
+/// With the MMU bypassed a buffer's GPU address is its memory's own, so
+/// only the alignment the buffer asks for can be checked; the 2 MiB
+/// alignment that lets page tables use 2 MiB entries is no requirement
+/// there. Buffers of 2 MiB and more are allocated, written, copied by the
+/// GPU and read back, although the fake's first-fit pages are not 2 MiB
+/// aligned.
+#[test]
+fn large_buffers_work_with_the_mmu_bypassed() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let fake = Fake::new(gen, 48 << 20);
+        let mut storage: Box<Storage> = Box::default();
+        let dev: Device<'_, Fake, 4> =
+            Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+        for (i, size) in [2u64 << 20, 3 << 20, 8 << 20].into_iter().enumerate() {
+            let src = dev.alloc_buffer(size).unwrap_or_else(|e| panic!("{gen}: {size} bytes: {e}"));
+            let dst = dev.alloc_buffer(size).unwrap_or_else(|e| panic!("{gen}: {size} bytes: {e}"));
+            let words: Vec<u32> = (0..size as u32 / 4).map(|w| w ^ (i as u32) << 28).collect();
+            dev.write_words(src, 0, &words).unwrap();
+            let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
+            let f = dev.submit(COPY, &[], |cb| cb.copy(s, d, size)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            let mut back = vec![0u8; size as usize];
+            dev.read(dst, 0, &mut back).unwrap();
+            let back: Vec<u32> =
+                back.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert!(back == words, "{gen}: {size} bytes copied by the GPU read back different");
+            dev.free(src).unwrap();
+            dev.free(dst).unwrap();
+        }
+        assert_eq!(dev.buffer_stats().live, 0);
+    }
+}
+
+/// A request that can not be met with the MMU bypassed (a 2 MiB alignment
+/// where the platform's memory is not 2 MiB aligned) is refused with
+/// `Unaligned`, naming the alignment the buffer asked for and the address
+/// the platform gave, and changes nothing.
+#[test]
+fn an_unsatisfiable_alignment_with_the_mmu_bypassed_names_its_cause() {
+    use umd_core::mem::{AllocError, BufferDesc};
+    let fake = Fake::new(Generation::Gen2, 16 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev: Device<'_, Fake, 4> =
+        Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+    // First fit: the next block starts at the first free page; make sure
+    // that is not on a 2 MiB boundary.
+    let mut pad = None;
+    if fake.state().bytes_in_use() % (2 << 20) == 0 {
+        pad = Some(dev.alloc_buffer(68 << 10).unwrap());
+    }
+    let (stats, pages) = (dev.buffer_stats(), fake.state().bytes_in_use());
+    let e = dev.alloc(&BufferDesc::new(3 << 20).align(2 << 20)).unwrap_err();
+    let AllocError::Unaligned { align, got } = e else { panic!("refused with {e:?}") };
+    assert_eq!(align, 2 << 20, "names the alignment asked for");
+    assert_ne!(got % (2 << 20), 0, "names the address the platform gave");
+    let text = e.to_string();
+    assert!(text.contains("0x200000") && text.contains("bypassed"), "{text}");
+    assert_eq!((dev.buffer_stats(), fake.state().bytes_in_use()), (stats, pages), "nothing changed");
+    // Without the alignment the same buffer is fine.
+    let h = dev.alloc_buffer(3 << 20).unwrap();
+    dev.free(h).unwrap();
+    if let Some(p) = pad {
+        dev.free(p).unwrap();
+    }
+}
+
+/// With the MMU on, a block of 2 MiB or more still goes on a 2 MiB
+/// boundary of the GPU VA space (the page tables' 2 MiB entries), whatever
+/// alignment the buffer asked for.
+#[cfg(feature = "mmu")]
+#[test]
+fn large_buffers_get_2_mib_aligned_addresses_with_the_mmu_on() {
+    let fake = Fake::new(Generation::Gen2, 16 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev: Device<'_, Fake, 4> =
+        Device::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).expect("device comes up");
+    // Large blocks go bottom-up: one of 68 KiB first, so the next free
+    // address is not on a 2 MiB boundary.
+    let pad = dev.alloc_buffer(68 << 10).unwrap();
+    for size in [2u64 << 20, 3 << 20] {
+        let h = dev.alloc_buffer(size).unwrap();
+        assert_eq!(dev.va(h).unwrap() % (2 << 20), 0, "{size} bytes");
+        dev.free(h).unwrap();
+    }
+    dev.free(pad).unwrap();
+}

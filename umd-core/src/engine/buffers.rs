@@ -203,13 +203,19 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let Some(va) = self.va.get_mut() else {
             // MMU bypassed: the GPU address is the memory's (a fixed
             // address was refused above).
+            // Only the alignment the buffer needs is checked: there are no
+            // page tables, so no 2 MiB preference.
             let addr = region.dev_addr();
             if addr.checked_rem(align) != Some(0) {
                 release(self.local, region);
-                return Err(BackingError::Unaligned);
+                return Err(BackingError::Unaligned { addr });
             }
             return Ok((addr, Backed { region, va: None }));
         };
+        // A block of 2 MiB or more goes on a 2 MiB boundary, so the page
+        // tables can map it with 2 MiB entries.
+        let align =
+            if bytes >= crate::mem::pool::MAX_ALIGN { align.max(crate::mem::pool::MAX_ALIGN) } else { align };
         let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
