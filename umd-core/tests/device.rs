@@ -1011,3 +1011,96 @@ fn large_buffers_get_2_mib_aligned_addresses_with_the_mmu_on() {
     }
     dev.free(pad).unwrap();
 }
+
+/// A CPU write that covers part of a cache line must not put the CPU's
+/// stale copy of the rest of the line over what the GPU wrote there. On a
+/// write-back cache with 64-byte lines written back whole: the CPU writes
+/// a buffer, the GPU fills it, then the CPU writes single words and byte
+/// runs that start or end inside lines, and reads a word of a line (the
+/// read side: a partial read must not leave anything to write back). No
+/// dirty line is left behind (nothing for a later eviction to write), and
+/// every byte the CPU did not write holds the GPU's fill.
+#[test]
+fn a_partial_line_cpu_write_keeps_the_gpus_data_in_the_rest_of_the_line() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        for line in [4, 64] {
+            let fake = NonCoherent::with_lines(gen, 4 << 20, line);
+            let mut storage: Box<Storage> = Box::default();
+            let dev: Device<'_, NonCoherent, 4> =
+                Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+            let h = dev.alloc_buffer(4096).unwrap();
+            let va = dev.va(h).unwrap();
+            let stale: Vec<u32> = (0..1024).map(|i| 0xAAAA_0000 | i).collect();
+            dev.write_words(h, 0, &stale).unwrap();
+            let f = dev.submit(COPY, &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            let mut want = vec![0xB0u8; 4096];
+            // A partial read first: the GPU's word, nothing left dirty.
+            assert_eq!(dev.read_u32(h, 600), Ok(0xB0B0_B0B0), "{gen} line {line}: partial read");
+            assert_eq!(fake.evict_dirty(), 0, "{gen} line {line}: a read left a dirty line");
+            // One word inside the first line.
+            dev.write_words(h, 4, &[0x1234_5678]).unwrap();
+            want[4..8].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+            // Bytes inside the second line, neither end on a line boundary.
+            dev.write(h, 100, &[0x11; 10]).unwrap();
+            want[100..110].fill(0x11);
+            // Two words across the boundary of lines 3 and 4.
+            dev.write_words(h, 188, &[0x2222_2222, 0x3333_3333]).unwrap();
+            want[188..192].copy_from_slice(&0x2222_2222u32.to_le_bytes());
+            want[192..196].copy_from_slice(&0x3333_3333u32.to_le_bytes());
+            // A run of whole lines with partial ones at both ends.
+            dev.write(h, 1000, &[0x44; 300]).unwrap();
+            want[1000..1300].fill(0x44);
+            assert_eq!(fake.evict_dirty(), 0, "{gen} line {line}: a write left a dirty line");
+            let mut got = vec![0u8; 4096];
+            dev.read(h, 0, &mut got).unwrap();
+            let bad: Vec<usize> = (0..4096).filter(|&i| got[i] != want[i]).collect();
+            assert!(
+                bad.is_empty(),
+                "{gen} line {line}: {} bytes differ, first at {:?}",
+                bad.len(),
+                bad.first()
+            );
+            dev.free(h).unwrap();
+        }
+    }
+}
+
+/// A `map` guard covers its whole buffer and invalidates all of it when it
+/// is made, the lines at both ends included (the rest of such a line is the
+/// buffer's own slot, no other buffer's), so what the CPU writes through it
+/// is merged with what the GPU wrote before the map; a line evicted while
+/// the guard lives, and the clean when it drops, write that merge. (While a
+/// guard lives the GPU must not write the buffer: `docs/memory.md` 3b.)
+#[test]
+fn a_map_guard_merges_its_writes_with_the_gpus_data() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        for size in [4096u64, 100] {
+            let fake = NonCoherent::with_lines(gen, 4 << 20, 64);
+            let mut storage: Box<Storage> = Box::default();
+            let dev: Device<'_, NonCoherent, 4> =
+                Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+            let h = dev.alloc_buffer(size).unwrap();
+            let va = dev.va(h).unwrap();
+            let n = size as usize / 4;
+            let stale: Vec<u32> = (0..n as u32).map(|i| 0xAAAA_0000 | i).collect();
+            dev.write_words(h, 0, &stale).unwrap();
+            let f = dev.submit(COPY, &[], |cb| cb.fill(va, size, 0xB0B0_B0B0)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            {
+                let mut m = dev.map(h).unwrap();
+                m.words_mut()[1] = 0x1234_5678;
+                m.words_mut()[n - 1] = 0x9ABC_DEF0;
+                assert_eq!(m.words()[2], 0xB0B0_B0B0, "{gen} {size}: the guard sees the GPU's data");
+                assert!(fake.evict_dirty() > 0, "{gen} {size}: the guard's writes are dirty lines");
+            }
+            assert_eq!(fake.evict_dirty(), 0, "{gen} {size}: the drop cleaned everything");
+            let mut want = vec![0xB0B0_B0B0u32; n];
+            want[1] = 0x1234_5678;
+            want[n - 1] = 0x9ABC_DEF0;
+            let got: Vec<u32> = (0..n as u64).map(|i| dev.read_u32(h, i).unwrap()).collect();
+            assert_eq!(got, want, "{gen} {size}");
+            dev.free(h).unwrap();
+        }
+    }
+}
