@@ -185,17 +185,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let _pins = self.prepare_residency(s)?;
         let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
         self.enc.check(&ib).map_err(SubmitError::Encode)?;
-        // The IB itself must lie in a live buffer (its packets are the
-        // caller's: only recorded IBs are checked packet by packet).
+        // The IB must lie in a live buffer the CPU can read, and its
+        // packets (CHAINs followed) are checked as a recorded IB's are.
         #[cfg(feature = "validation")]
         if self.validation() {
-            self.validate_operand(
-                crate::hw::PacketKind::IndirectBuffer,
-                crate::hw::Field::Addr,
-                ib_va,
-                size_dw.saturating_mul(4),
-                s.buffers,
-            )?;
+            self.validate_caller_ib((ib_va, size_dw as u32), s.buffers)?;
         }
         let mut table = None;
         let waits = self.needed_waits(s, qi, &mut table)?;
