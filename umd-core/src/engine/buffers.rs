@@ -495,7 +495,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Copies `data` into the buffer at byte `offset` and makes it visible
     /// to the GPU (cache clean of that range). A cache line the range
-    /// covers only in part is invalidated first ([`invalidate_edges`]), so
+    /// covers only in part is invalidated first (`docs/memory.md` 3b), so
     /// the clean writes the GPU's data back with the rest of that line,
     /// not the CPU's stale copy of it.
     pub fn write(&self, h: BufferHandle, offset: u64, data: &[u8]) -> Result<(), BufferError> {
@@ -533,7 +533,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Makes GPU writes visible (cache invalidate of the range: the
     /// platform invalidates whole lines, those it covers in part included,
-    /// which hold nothing dirty, see [`invalidate_edges`]) and copies the
+    /// which hold nothing dirty, `docs/memory.md` 3b) and copies the
     /// buffer's bytes at `offset` into `out`.
     pub fn read(&self, h: BufferHandle, offset: u64, out: &mut [u8]) -> Result<(), BufferError> {
         self.with_range(h, offset, out.len() as u64, |p, region, off| {

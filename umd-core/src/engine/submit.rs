@@ -172,7 +172,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
-    /// (`size_dw` dwords at `ib_va`).
+    /// (`size_dw` dwords at `ib_va`). With validation on, the IB and every
+    /// IB its CHAINs name are read through the CPU's view of their buffers
+    /// and checked packet by packet as a recorded IB is; one that can not
+    /// be read (a device-only or mapped buffer), whose CHAINs loop or hold
+    /// more than [`MAX_CHAIN_HOPS`](super::validate::MAX_CHAIN_HOPS) IBs,
+    /// is refused ([`SubmitError::Invalid`]).
     pub fn submit_ib(&self, s: &Submit<'_>, ib_va: u64, size_dw: u64) -> Result<Fence, SubmitError> {
         let max = self.enc.desc().limits.max_ib_dwords;
         if size_dw == 0 {
