@@ -255,3 +255,53 @@ fn gpu_spans_land_inside_their_submission_on_the_cpu_timeline() {
     dev.free(ts).unwrap();
     dev.free(work).unwrap();
 }
+
+/// The write-back model (64-byte lines written back whole): the CPU writes
+/// a buffer, the GPU fills it, then the CPU writes single words and byte
+/// runs that start or end inside lines and reads one word of a line. Every
+/// byte the CPU did not write keeps the GPU's fill, no line is left dirty,
+/// and a job rung afterwards (every dirty line evicted at every doorbell
+/// with `evict_per_mille: 1000`) changes nothing. Without the driver's
+/// invalidate of the partly covered lines, their clean wrote the CPU's
+/// stale copy of the rest of the line over the fill.
+#[test]
+fn write_back_cache_keeps_gpu_data_beside_a_partial_line_write() {
+    for (generation, evict_per_mille) in [(Generation::Gen1, 0), (Generation::Gen2, 1000)] {
+        let cfg = ModelConfig { generation, mem_base: 0x4000_0000, mem_size: 8 << 20, ..Default::default() };
+        let p = InProcess::with_options(
+            cfg,
+            InProcessOptions { cache: Cache::WriteBack { seed: 3, evict_per_mille } },
+        )
+        .expect("model");
+        let mut storage: Box<DeviceStorage> = Box::default();
+        let dev = device(&p, &mut storage, false);
+        let h = dev.alloc_buffer(4096).unwrap();
+        let va = dev.va(h).unwrap();
+        let stale: Vec<u32> = (0..1024).map(|i| 0xAAAA_0000 | i).collect();
+        dev.write_words(h, 0, &stale).unwrap();
+        let f = dev.submit(QueueId(2), &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
+        dev.wait(f, 5_000_000_000).unwrap();
+        let mut want = vec![0xB0u8; 4096];
+        assert_eq!(dev.read_u32(h, 600), Ok(0xB0B0_B0B0), "{generation:?}: partial read");
+        dev.write_words(h, 4, &[0x1234_5678]).unwrap();
+        want[4..8].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+        dev.write(h, 100, &[0x11; 10]).unwrap();
+        want[100..110].fill(0x11);
+        dev.write_words(h, 188, &[0x2222_2222, 0x3333_3333]).unwrap();
+        want[188..192].copy_from_slice(&0x2222_2222u32.to_le_bytes());
+        want[192..196].copy_from_slice(&0x3333_3333u32.to_le_bytes());
+        dev.write(h, 1000, &[0x44; 300]).unwrap();
+        want[1000..1300].fill(0x44);
+        assert_eq!(p.dirty_lines(), 0, "{generation:?}: a CPU write left a dirty line");
+        // Another job: its doorbell is where the model evicts.
+        let f = dev.submit(QueueId(2), &[], |cb| cb.timestamp(va + 4096 - 8)).unwrap();
+        dev.wait(f, 5_000_000_000).unwrap();
+        let mut got = vec![0u8; 4096];
+        dev.read(h, 0, &mut got).unwrap();
+        got[4088..].copy_from_slice(&want[4088..]); // the timestamp
+        let bad: Vec<usize> = (0..4096).filter(|&i| got[i] != want[i]).collect();
+        assert!(bad.is_empty(), "{generation:?}: {} bytes differ, first at {:?}", bad.len(), bad.first());
+        dev.free(h).unwrap();
+        assert_eq!(dev.shutdown().leaked_buffers, 0);
+    }
+}

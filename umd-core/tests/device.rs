@@ -1010,3 +1010,183 @@ fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait() {
     // run without a loss (four threads, 40 rounds each).
     race::seeds("direct-mode loss race", std::time::Duration::from_secs(10), |seed| loss_race(seed, 4_000));
 }
+
+/// With the MMU bypassed a buffer's GPU address is its memory's own, so
+/// only the alignment the buffer asks for can be checked; the 2 MiB
+/// alignment that lets page tables use 2 MiB entries is no requirement
+/// there. Buffers of 2 MiB and more are allocated, written, copied by the
+/// GPU and read back, although the fake's first-fit pages are not 2 MiB
+/// aligned.
+#[test]
+fn large_buffers_work_with_the_mmu_bypassed() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        let fake = Fake::new(gen, 48 << 20);
+        let mut storage: Box<Storage> = Box::default();
+        let dev: Device<'_, Fake, 4> =
+            Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+        for (i, size) in [2u64 << 20, 3 << 20, 8 << 20].into_iter().enumerate() {
+            let src = dev.alloc_buffer(size).unwrap_or_else(|e| panic!("{gen}: {size} bytes: {e}"));
+            let dst = dev.alloc_buffer(size).unwrap_or_else(|e| panic!("{gen}: {size} bytes: {e}"));
+            let words: Vec<u32> = (0..size as u32 / 4).map(|w| w ^ (i as u32) << 28).collect();
+            dev.write_words(src, 0, &words).unwrap();
+            let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
+            let f = dev.submit(COPY, &[], |cb| cb.copy(s, d, size)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            let mut back = vec![0u8; size as usize];
+            dev.read(dst, 0, &mut back).unwrap();
+            let back: Vec<u32> =
+                back.chunks_exact(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            assert!(back == words, "{gen}: {size} bytes copied by the GPU read back different");
+            dev.free(src).unwrap();
+            dev.free(dst).unwrap();
+        }
+        assert_eq!(dev.buffer_stats().live, 0);
+    }
+}
+
+/// A request that can not be met with the MMU bypassed (a 2 MiB alignment
+/// where the platform's memory is not 2 MiB aligned) is refused with
+/// `Unaligned`, naming the alignment the buffer asked for and the address
+/// the platform gave, and changes nothing.
+#[test]
+fn an_unsatisfiable_alignment_with_the_mmu_bypassed_names_its_cause() {
+    use umd_core::mem::{AllocError, BufferDesc};
+    let fake = Fake::new(Generation::Gen2, 16 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev: Device<'_, Fake, 4> =
+        Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+    // First fit: the next block starts at the first free page; make sure
+    // that is not on a 2 MiB boundary.
+    let mut pad = None;
+    if fake.state().bytes_in_use() % (2 << 20) == 0 {
+        pad = Some(dev.alloc_buffer(68 << 10).unwrap());
+    }
+    let (stats, pages) = (dev.buffer_stats(), fake.state().bytes_in_use());
+    let e = dev.alloc(&BufferDesc::new(3 << 20).align(2 << 20)).unwrap_err();
+    let AllocError::Unaligned { align, got } = e else { panic!("refused with {e:?}") };
+    assert_eq!(align, 2 << 20, "names the alignment asked for");
+    assert_ne!(got % (2 << 20), 0, "names the address the platform gave");
+    let text = e.to_string();
+    assert!(text.contains("0x200000") && text.contains("bypassed"), "{text}");
+    assert_eq!((dev.buffer_stats(), fake.state().bytes_in_use()), (stats, pages), "nothing changed");
+    // Without the alignment the same buffer is fine.
+    let h = dev.alloc_buffer(3 << 20).unwrap();
+    dev.free(h).unwrap();
+    if let Some(p) = pad {
+        dev.free(p).unwrap();
+    }
+}
+
+/// With the MMU on, a block of 2 MiB or more still goes on a 2 MiB
+/// boundary of the GPU VA space (the page tables' 2 MiB entries), whatever
+/// alignment the buffer asked for.
+#[cfg(feature = "mmu")]
+#[test]
+fn large_buffers_get_2_mib_aligned_addresses_with_the_mmu_on() {
+    let fake = Fake::new(Generation::Gen2, 16 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev: Device<'_, Fake, 4> =
+        Device::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).expect("device comes up");
+    // Large blocks go bottom-up: one of 68 KiB first, so the next free
+    // address is not on a 2 MiB boundary.
+    let pad = dev.alloc_buffer(68 << 10).unwrap();
+    for size in [2u64 << 20, 3 << 20] {
+        let h = dev.alloc_buffer(size).unwrap();
+        assert_eq!(dev.va(h).unwrap() % (2 << 20), 0, "{size} bytes");
+        dev.free(h).unwrap();
+    }
+    dev.free(pad).unwrap();
+}
+
+/// A CPU write that covers part of a cache line must not put the CPU's
+/// stale copy of the rest of the line over what the GPU wrote there. On a
+/// write-back cache with 64-byte lines written back whole: the CPU writes
+/// a buffer, the GPU fills it, then the CPU writes single words and byte
+/// runs that start or end inside lines, and reads a word of a line (the
+/// read side: a partial read must not leave anything to write back). No
+/// dirty line is left behind (nothing for a later eviction to write), and
+/// every byte the CPU did not write holds the GPU's fill.
+#[test]
+fn a_partial_line_cpu_write_keeps_the_gpus_data_in_the_rest_of_the_line() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        for line in [4, 64] {
+            let fake = NonCoherent::with_lines(gen, 4 << 20, line);
+            let mut storage: Box<Storage> = Box::default();
+            let dev: Device<'_, NonCoherent, 4> =
+                Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+            let h = dev.alloc_buffer(4096).unwrap();
+            let va = dev.va(h).unwrap();
+            let stale: Vec<u32> = (0..1024).map(|i| 0xAAAA_0000 | i).collect();
+            dev.write_words(h, 0, &stale).unwrap();
+            let f = dev.submit(COPY, &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            let mut want = vec![0xB0u8; 4096];
+            // A partial read first: the GPU's word, nothing left dirty.
+            assert_eq!(dev.read_u32(h, 600), Ok(0xB0B0_B0B0), "{gen} line {line}: partial read");
+            assert_eq!(fake.evict_dirty(), 0, "{gen} line {line}: a read left a dirty line");
+            // One word inside the first line.
+            dev.write_words(h, 4, &[0x1234_5678]).unwrap();
+            want[4..8].copy_from_slice(&0x1234_5678u32.to_le_bytes());
+            // Bytes inside the second line, neither end on a line boundary.
+            dev.write(h, 100, &[0x11; 10]).unwrap();
+            want[100..110].fill(0x11);
+            // Two words across the boundary of lines 3 and 4.
+            dev.write_words(h, 188, &[0x2222_2222, 0x3333_3333]).unwrap();
+            want[188..192].copy_from_slice(&0x2222_2222u32.to_le_bytes());
+            want[192..196].copy_from_slice(&0x3333_3333u32.to_le_bytes());
+            // A run of whole lines with partial ones at both ends.
+            dev.write(h, 1000, &[0x44; 300]).unwrap();
+            want[1000..1300].fill(0x44);
+            assert_eq!(fake.evict_dirty(), 0, "{gen} line {line}: a write left a dirty line");
+            let mut got = vec![0u8; 4096];
+            dev.read(h, 0, &mut got).unwrap();
+            let bad: Vec<usize> = (0..4096).filter(|&i| got[i] != want[i]).collect();
+            assert!(
+                bad.is_empty(),
+                "{gen} line {line}: {} bytes differ, first at {:?}",
+                bad.len(),
+                bad.first()
+            );
+            dev.free(h).unwrap();
+        }
+    }
+}
+
+/// A `map` guard covers its whole buffer and invalidates all of it when it
+/// is made, the lines at both ends included (the rest of such a line is the
+/// buffer's own slot, no other buffer's), so what the CPU writes through it
+/// is merged with what the GPU wrote before the map; a line evicted while
+/// the guard lives, and the clean when it drops, write that merge. (While a
+/// guard lives the GPU must not write the buffer: `docs/memory.md` 3b.)
+#[test]
+fn a_map_guard_merges_its_writes_with_the_gpus_data() {
+    for gen in [Generation::Gen1, Generation::Gen2] {
+        for size in [4096u64, 100] {
+            let fake = NonCoherent::with_lines(gen, 4 << 20, 64);
+            let mut storage: Box<Storage> = Box::default();
+            let dev: Device<'_, NonCoherent, 4> =
+                Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
+            let h = dev.alloc_buffer(size).unwrap();
+            let va = dev.va(h).unwrap();
+            let n = size as usize / 4;
+            let stale: Vec<u32> = (0..n as u32).map(|i| 0xAAAA_0000 | i).collect();
+            dev.write_words(h, 0, &stale).unwrap();
+            let f = dev.submit(COPY, &[], |cb| cb.fill(va, size, 0xB0B0_B0B0)).unwrap();
+            dev.wait(f, 1_000_000_000).unwrap();
+            {
+                let mut m = dev.map(h).unwrap();
+                m.words_mut()[1] = 0x1234_5678;
+                m.words_mut()[n - 1] = 0x9ABC_DEF0;
+                assert_eq!(m.words()[2], 0xB0B0_B0B0, "{gen} {size}: the guard sees the GPU's data");
+                assert!(fake.evict_dirty() > 0, "{gen} {size}: the guard's writes are dirty lines");
+            }
+            assert_eq!(fake.evict_dirty(), 0, "{gen} {size}: the drop cleaned everything");
+            let mut want = vec![0xB0B0_B0B0u32; n];
+            want[1] = 0x1234_5678;
+            want[n - 1] = 0x9ABC_DEF0;
+            let got: Vec<u32> = (0..n as u64).map(|i| dev.read_u32(h, i).unwrap()).collect();
+            assert_eq!(got, want, "{gen} {size}");
+            dev.free(h).unwrap();
+        }
+    }
+}

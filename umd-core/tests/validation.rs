@@ -167,6 +167,201 @@ mod on {
             assert_eq!(e.opcode, PacketKind::IndirectBuffer);
         });
     }
+
+    /// Encodes `cmds` as an IB whose first dword is at GPU address `at`
+    /// (`shift` bytes added to the address the encoder is told, to place
+    /// packets where the generation does not allow them).
+    fn encode_ib(at: u64, shift: u64, cmds: &[Command<'_>]) -> Vec<u32> {
+        let enc = umd_core::cmd::Encoder::new(umd_core::hw::Generation::Gen2);
+        let mut out = vec![0u32; 64 * cmds.len().max(1)];
+        let mut pos = 0;
+        for c in cmds {
+            pos += enc.encode(c, &mut out, pos, at + shift).unwrap();
+        }
+        out.truncate(pos);
+        out
+    }
+
+    /// Writes `cmds` as an IB at byte `off` of buffer `h`; returns its
+    /// address and size in dwords.
+    fn put_ib(
+        dev: &super::Device<'_, super::Fake, 4>,
+        h: umd_core::mem::BufferHandle,
+        off: u64,
+        cmds: &[Command<'_>],
+    ) -> (u64, u64) {
+        let at = dev.va(h).unwrap() + off;
+        let words = encode_ib(at, 0, cmds);
+        dev.write_words(h, off, &words).unwrap();
+        (at, words.len() as u64)
+    }
+
+    /// A caller-built IB (`submit_ib`) is walked as a recorded one: an
+    /// overrunning DMA in it, in the first IB or behind a CHAIN, is refused
+    /// with the packet named (counted across the chain) and nothing reaches
+    /// the GPU; correct IBs pass and run.
+    #[test]
+    fn a_caller_built_ib_is_walked_packet_by_packet() {
+        with_device(|dev| {
+            dev.set_validation(true).unwrap();
+            dev.platform().state().mode = Mode::Manual;
+            let w = dev.alloc(&BufferDesc::new(1000).tag("weights")).unwrap();
+            let wv = dev.va(w).unwrap();
+            let ib = dev.alloc(&BufferDesc::new(8192).tag("ib")).unwrap();
+            let doorbells = dev.platform().state().doorbells;
+
+            let (at, n) = put_ib(
+                dev,
+                ib,
+                0,
+                &[
+                    Command::Fill { dst: wv, size: 16, value: 0 },
+                    Command::Copy { src: wv + 16, dst: wv, size: 1000 },
+                ],
+            );
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::DmaCopy, Field::Src), "{e}");
+            assert!(matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "weights"), "{e}");
+            assert_eq!(e.overrun(), 16);
+
+            // Behind a CHAIN: the second IB's first packet is packet 1.
+            let (second, n2) = put_ib(dev, ib, 2048, &[Command::Copy { src: wv + 16, dst: wv, size: 1000 }]);
+            let (at, n) = put_ib(
+                dev,
+                ib,
+                0,
+                &[
+                    Command::Fill { dst: wv, size: 16, value: 0 },
+                    Command::Chain { addr: second, size_dw: n2 as u32 },
+                ],
+            );
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::DmaCopy, Field::Src), "{e}");
+            assert_eq!(e.overrun(), 16, "{e}");
+            assert_eq!(dev.platform().state().doorbells, doorbells, "nothing reached the GPU");
+
+            // Correct: a FILL, then a CHAIN to a WRITE_DATA; both run.
+            let (second, n2) = put_ib(dev, ib, 2048, &[Command::write_data(wv + 64, &[0x5EED])]);
+            let (at, n) = put_ib(
+                dev,
+                ib,
+                0,
+                &[
+                    Command::Fill { dst: wv, size: 64, value: 7 },
+                    Command::Chain { addr: second, size_dw: n2 as u32 },
+                ],
+            );
+            let f = dev.submit_ib(&Submit::on(COPY), at, n).unwrap();
+            dev.platform().state().run_all();
+            dev.wait(f, 1_000_000_000).unwrap();
+            assert_eq!((dev.read_u32(w, 15), dev.read_u32(w, 16)), (Ok(7), Ok(0x5EED)));
+
+            // Off: the overrunning IB is submitted (the device will fault).
+            dev.set_validation(false).unwrap();
+            let (at, n) = put_ib(dev, ib, 0, &[Command::Copy { src: wv + 16, dst: wv, size: 1000 }]);
+            assert!(dev.submit_ib(&Submit::on(COPY), at, n).is_ok());
+        });
+    }
+
+    /// The walk of a caller-built IB is bounded and every way it can not
+    /// go on is a typed refusal: a CHAIN outside every buffer or past its
+    /// buffer's end, a CHAIN back to an IB already walked (to itself, or
+    /// two IBs to each other), more than `MAX_CHAIN_HOPS` IBs, bytes that
+    /// do not decode, a packet the GPU would stop on, an IB in a buffer
+    /// the CPU can not read or that is mapped.
+    #[test]
+    fn a_caller_built_ib_that_can_not_be_walked_is_refused() {
+        use umd_core::decode::Violation;
+        use umd_core::engine::validate::MAX_CHAIN_HOPS;
+        with_device(|dev| {
+            dev.set_validation(true).unwrap();
+            dev.platform().state().mode = Mode::Manual;
+            let w = dev.alloc(&BufferDesc::new(4096).tag("data")).unwrap();
+            let wv = dev.va(w).unwrap();
+            let ib = dev.alloc(&BufferDesc::new(MAX_CHAIN_HOPS as u64 * 64 + 4096).tag("ib")).unwrap();
+            let iv = dev.va(ib).unwrap();
+            let doorbells = dev.platform().state().doorbells;
+            let chain = |addr, size_dw| Command::Chain { addr, size_dw };
+
+            // A CHAIN outside every buffer, and one running past its end.
+            let (at, n) = put_ib(dev, ib, 0, &[chain(0x7_0000_0000, 8)]);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!((e.opcode, e.addr), (PacketKind::Chain, 0x7_0000_0000), "{e}");
+            assert!(matches!(e.problem, Problem::Outside { .. }), "{e}");
+            let end = iv + MAX_CHAIN_HOPS as u64 * 64 + 4096;
+            let (at, n) = put_ib(dev, ib, 0, &[chain(end - 64, 32)]);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!(e.opcode, PacketKind::Chain, "{e}");
+            assert!(matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "ib"), "{e}");
+            assert_eq!(e.overrun(), 64, "{e}");
+
+            // A CHAIN to itself; two IBs chaining to each other.
+            let (at, n) = put_ib(dev, ib, 0, &[chain(iv, 4)]);
+            assert_eq!(n, 4);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!((e.opcode, e.problem), (PacketKind::Chain, Problem::ChainLoop), "{e}");
+            put_ib(dev, ib, 64, &[chain(iv, 4)]);
+            let (at, n) = put_ib(dev, ib, 0, &[chain(iv + 64, 4)]);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!((e.addr, e.problem), (iv, Problem::ChainLoop), "{e}");
+
+            // A chain of MAX_CHAIN_HOPS IBs is walked; one more is refused.
+            for i in 0..MAX_CHAIN_HOPS as u64 {
+                put_ib(dev, ib, 64 * i, &[chain(iv + 64 * (i + 1), 4)]);
+            }
+            put_ib(dev, ib, 64 * MAX_CHAIN_HOPS as u64, &[Command::write_data(wv, &[1])]);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 4));
+            assert_eq!((e.addr, e.problem), (iv + 64 * MAX_CHAIN_HOPS as u64, Problem::ChainTooLong), "{e}");
+            assert_eq!(dev.platform().state().doorbells, doorbells, "nothing refused reached the GPU");
+            let f = dev.submit_ib(&Submit::on(COPY), iv + 64, 4).unwrap();
+            dev.platform().state().run_all();
+            dev.wait(f, 1_000_000_000).unwrap();
+            assert_eq!(dev.read_u32(w, 0), Ok(1));
+            let doorbells_ok = dev.platform().state().doorbells;
+
+            // Bytes that do not decode.
+            dev.write_words(ib, 0, &[0xFFFF_FFFF; 8]).unwrap();
+            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 8));
+            assert_eq!(e.problem, Problem::Undecodable, "{e}");
+            // An INDIRECT_BUFFER inside an IB.
+            let (at, n) = put_ib(dev, ib, 0, &[Command::IndirectBuffer { addr: iv + 2048, size_dw: 8 }]);
+            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            assert_eq!(
+                (e.opcode, e.problem),
+                (PacketKind::IndirectBuffer, Problem::InvalidPacket { violation: None }),
+                "{e}"
+            );
+            // A FILL whose header is not 32-byte aligned (gen2): a one-dword
+            // NOP, then the FILL encoded as if it were at an aligned address.
+            let mut nop = [0u32; 1];
+            umd_core::cmd::Encoder::new(umd_core::hw::Generation::Gen2).write_nops(&mut nop).unwrap();
+            let words = encode_ib(iv + 4, 28, &[Command::Fill { dst: wv, size: 64, value: 0 }]);
+            dev.write_words(ib, 0, &nop).unwrap();
+            dev.write_words(ib, 4, &words).unwrap();
+            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 1 + words.len() as u64));
+            assert_eq!(e.opcode, PacketKind::Fill, "{e}");
+            assert!(
+                matches!(
+                    e.problem,
+                    Problem::InvalidPacket { violation: Some(Violation::PacketMisaligned { .. }) }
+                ),
+                "{e}"
+            );
+
+            // An IB in a device-only buffer, and in a mapped one.
+            let hidden = dev.alloc(&BufferDesc::new(4096).device_only().tag("hidden")).unwrap();
+            let e = refused(dev.submit_ib(&Submit::on(COPY), dev.va(hidden).unwrap(), 8));
+            assert!(matches!(e.problem, Problem::Unreadable { buffer } if buffer.tag == "hidden"), "{e}");
+            assert!(e.to_string().contains("can not be validated"), "{e}");
+            let (at, n) = put_ib(dev, ib, 0, &[Command::write_data(wv, &[2])]);
+            {
+                let _m = dev.map(ib).unwrap();
+                let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+                assert!(matches!(e.problem, Problem::Mapped { buffer } if buffer.tag == "ib"), "{e}");
+            }
+            assert_eq!(dev.platform().state().doorbells, doorbells_ok, "nothing refused reached the GPU");
+        });
+    }
 }
 
 #[cfg(not(feature = "validation"))]

@@ -203,13 +203,19 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let Some(va) = self.va.get_mut() else {
             // MMU bypassed: the GPU address is the memory's (a fixed
             // address was refused above).
+            // Only the alignment the buffer needs is checked: there are no
+            // page tables, so no 2 MiB preference.
             let addr = region.dev_addr();
             if addr.checked_rem(align) != Some(0) {
                 release(self.local, region);
-                return Err(BackingError::Unaligned);
+                return Err(BackingError::Unaligned { addr });
             }
             return Ok((addr, Backed { region, va: None }));
         };
+        // A block of 2 MiB or more goes on a 2 MiB boundary, so the page
+        // tables can map it with 2 MiB entries.
+        let align =
+            if bytes >= crate::mem::pool::MAX_ALIGN { align.max(crate::mem::pool::MAX_ALIGN) } else { align };
         let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
@@ -488,9 +494,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Copies `data` into the buffer at byte `offset` and makes it visible
-    /// to the GPU (cache clean of exactly that range).
+    /// to the GPU (cache clean of that range). A cache line the range
+    /// covers only in part is invalidated first (`docs/memory.md` 3b), so
+    /// the clean writes the GPU's data back with the rest of that line,
+    /// not the CPU's stale copy of it.
     pub fn write(&self, h: BufferHandle, offset: u64, data: &[u8]) -> Result<(), BufferError> {
         self.with_range(h, offset, data.len() as u64, |p, region, off| {
+            invalidate_edges(p, region, off, data.len());
             let Some(base) = region.cpu_ptr() else { return };
             // SAFETY: `with_range` checked that `off + data.len()` lies in
             // the buffer, which lies in `region`; the memory lock is held,
@@ -501,10 +511,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         })
     }
 
-    /// Copies dwords into the buffer at byte `offset` (little-endian).
+    /// Copies dwords into the buffer at byte `offset` (little-endian), with
+    /// the cache maintenance of [`Engine::write`].
     pub fn write_words(&self, h: BufferHandle, offset: u64, words: &[u32]) -> Result<(), BufferError> {
         let len = (words.len() as u64).saturating_mul(4);
         self.with_range(h, offset, len, |p, region, off| {
+            invalidate_edges(p, region, off, words.len().saturating_mul(4));
             let Some(base) = region.cpu_ptr() else { return };
             for (i, w) in words.iter().enumerate() {
                 // SAFETY: as in `write`; `off + 4 * i + 4` is inside the range.
@@ -519,8 +531,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         })
     }
 
-    /// Makes GPU writes visible (cache invalidate of exactly the range) and
-    /// copies the buffer's bytes at `offset` into `out`.
+    /// Makes GPU writes visible (cache invalidate of the range: the
+    /// platform invalidates whole lines, those it covers in part included,
+    /// which hold nothing dirty, `docs/memory.md` 3b) and copies the
+    /// buffer's bytes at `offset` into `out`.
     pub fn read(&self, h: BufferHandle, offset: u64, out: &mut [u8]) -> Result<(), BufferError> {
         self.with_range(h, offset, out.len() as u64, |p, region, off| {
             p.cache_invalidate(region, off, out.len());
@@ -564,8 +578,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Maps the buffer for the CPU: a guard with its bytes, exclusive (a
     /// second map, a copy or a free of the buffer is refused while it
-    /// lives). The CPU cache is invalidated now (GPU writes become
-    /// visible) and cleaned when the guard drops (CPU writes reach the GPU).
+    /// lives). The CPU cache is invalidated now over the whole buffer,
+    /// the lines at both ends included (GPU writes become visible, and
+    /// every line the guard can write starts from memory), and cleaned
+    /// when the guard drops (CPU writes reach the GPU). While the guard
+    /// lives its lines may be dirty in the CPU cache, so the GPU must not
+    /// write the buffer meanwhile: the clean at the drop (or the cache
+    /// evicting a line before it) would put the CPU's copy over it.
     pub fn map(&self, h: BufferHandle) -> Result<Mapped<'_, 'd, B, CHUNKS>, BufferError> {
         let mut mem = self.mem.lock();
         let (ptr, len, region_off) = {
@@ -608,6 +627,45 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Buffers waiting for fences of `queue` before their memory is reused.
     pub fn frees_waiting_on(&self, queue: QueueId) -> usize {
         self.mem.lock().buffers.waiting_on(usize::from(queue.0))
+    }
+}
+
+/// The largest CPU cache line the driver's CPU copies allow for: the
+/// smallest slot and alignment of the buffer pools (128 bytes), so a line
+/// never holds bytes of two buffers.
+pub(crate) const CPU_LINE_MAX: usize = 128;
+const _: () = assert!(CPU_LINE_MAX.is_power_of_two());
+
+/// Invalidates the CPU cache over the [`CPU_LINE_MAX`]-byte granules that
+/// `region[off..off + len]` covers only in part (at most two), before a
+/// CPU copy into that range.
+///
+/// On a CPU cache that is not coherent with the GPU, a copy that covers
+/// part of a line stores into the CPU's copy of the whole line, and the
+/// clean that follows writes that whole line back: without this, the
+/// rest of the line would be the CPU's copy from before the GPU last wrote
+/// it, and would overwrite the GPU's data. Invalidating the line first
+/// makes the copy start from memory. This discards nothing: outside a
+/// [`Mapped`] guard, which excludes every copy, a buffer's lines are never
+/// dirty in the CPU cache (every CPU write through the device cleans
+/// before it returns), and a granule lies inside one buffer's slot (slots
+/// and blocks are [`CPU_LINE_MAX`]-aligned, their sizes multiples of it).
+/// Lines the range covers whole need nothing: the copy overwrites them.
+/// What this can not do is make a CPU write and a GPU write to the same
+/// line at the same time both land: the GPU must not be writing a line
+/// the CPU writes (the buffer's work finished, as for any copy).
+fn invalidate_edges<P: Platform>(p: &P, region: &DmaRegion, off: usize, len: usize) {
+    if len == 0 {
+        return;
+    }
+    let end = off.saturating_add(len);
+    let head = off & !(CPU_LINE_MAX - 1);
+    if off != head {
+        p.cache_invalidate(region, head, CPU_LINE_MAX);
+    }
+    let tail = end & !(CPU_LINE_MAX - 1);
+    if end != tail && (tail != head || off == head) {
+        p.cache_invalidate(region, tail, CPU_LINE_MAX);
     }
 }
 

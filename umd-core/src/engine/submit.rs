@@ -172,7 +172,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
-    /// (`size_dw` dwords at `ib_va`).
+    /// (`size_dw` dwords at `ib_va`). With validation on, the IB and every
+    /// IB its CHAINs name are read through the CPU's view of their buffers
+    /// and checked packet by packet as a recorded IB is; one that can not
+    /// be read (a device-only or mapped buffer), whose CHAINs loop or hold
+    /// more than [`MAX_CHAIN_HOPS`](super::validate::MAX_CHAIN_HOPS) IBs,
+    /// is refused ([`SubmitError::Invalid`]).
     pub fn submit_ib(&self, s: &Submit<'_>, ib_va: u64, size_dw: u64) -> Result<Fence, SubmitError> {
         let max = self.enc.desc().limits.max_ib_dwords;
         if size_dw == 0 {
@@ -185,17 +190,11 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let _pins = self.prepare_residency(s)?;
         let ib = Command::IndirectBuffer { addr: ib_va, size_dw: size_dw as u32 };
         self.enc.check(&ib).map_err(SubmitError::Encode)?;
-        // The IB itself must lie in a live buffer (its packets are the
-        // caller's: only recorded IBs are checked packet by packet).
+        // The IB must lie in a live buffer the CPU can read, and its
+        // packets (CHAINs followed) are checked as a recorded IB's are.
         #[cfg(feature = "validation")]
         if self.validation() {
-            self.validate_operand(
-                crate::hw::PacketKind::IndirectBuffer,
-                crate::hw::Field::Addr,
-                ib_va,
-                size_dw.saturating_mul(4),
-                s.buffers,
-            )?;
+            self.validate_caller_ib((ib_va, size_dw as u32), s.buffers)?;
         }
         let mut table = None;
         let waits = self.needed_waits(s, qi, &mut table)?;

@@ -24,12 +24,21 @@
 //!   write targets one declared for writing (otherwise its free would not
 //!   wait for this work).
 //!
+//! An IB the caller built ([`Engine::submit_ib`](super::Engine::submit_ib))
+//! is walked the same way, through the CPU's view of the buffers it lies
+//! in (CHAINs included, each target checked as a read of a live buffer
+//! first), and also refused when the GPU would stop on one of its packets
+//! (a rule of the generation broken, an INDIRECT_BUFFER inside an IB),
+//! when it can not be read (a device-only or mapped buffer), and when its
+//! CHAINs loop or hold more than [`MAX_CHAIN_HOPS`] IBs.
+//!
 //! A refused submission is not executed; the error names the packet (its
 //! index in the IB, counting across chained chunks), the field, the
 //! address, the buffer and the problem.
 
 use core::fmt;
 
+use crate::decode::Violation;
 use crate::hw::{Field, PacketKind};
 use crate::queue::SubmitError;
 
@@ -84,9 +93,42 @@ pub enum Problem {
         /// The packet writes it.
         write: bool,
     },
-    /// The recorded stream does not decode (a driver bug).
+    /// The stream does not decode (for a recorded IB a driver bug; for one
+    /// the caller built, bytes the GPU would stop on with INVALID_PACKET).
     Undecodable,
+    /// A packet of a caller-built IB the GPU would stop on with
+    /// INVALID_PACKET: it breaks a rule of the generation (`violation`),
+    /// or it is an INDIRECT_BUFFER, which only the ring may hold
+    /// (`violation` `None`).
+    InvalidPacket {
+        /// The rule it breaks.
+        violation: Option<Violation>,
+    },
+    /// A caller-built IB (or a CHAIN target) lies in a buffer the CPU can
+    /// not read (device-only): its packets can not be validated, so it is
+    /// refused.
+    Unreadable {
+        /// The buffer.
+        buffer: BufferRef,
+    },
+    /// A caller-built IB (or a CHAIN target) lies in a buffer mapped for
+    /// the CPU: the guard's writes are not visible to the GPU yet, so what
+    /// the GPU would run can not be validated, and it is refused.
+    Mapped {
+        /// The buffer.
+        buffer: BufferRef,
+    },
+    /// A CHAIN of a caller-built IB names an IB already walked: the GPU
+    /// would run the loop forever.
+    ChainLoop,
+    /// A caller-built IB chains more than [`MAX_CHAIN_HOPS`] IBs: the walk
+    /// stops there and the submission is refused.
+    ChainTooLong,
 }
+
+/// Most IBs a caller-built IB and its CHAINs may hold in validation mode
+/// (the first IB included); bounds the walk whatever the IBs hold.
+pub const MAX_CHAIN_HOPS: usize = 64;
 
 /// Why the validation mode refused a submission.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,7 +188,22 @@ impl fmt::Display for ValidationError {
             Problem::Undeclared { buffer, write: true } => {
                 write!(f, "writes {buffer}, which the submission does not declare for writing")
             }
-            Problem::Undecodable => write!(f, "the recorded stream does not decode"),
+            Problem::Undecodable => write!(f, "the stream does not decode"),
+            Problem::InvalidPacket { violation: Some(v) } => {
+                write!(f, "the GPU would stop on it with INVALID_PACKET: {v}")
+            }
+            Problem::InvalidPacket { violation: None } => {
+                write!(f, "INDIRECT_BUFFER is allowed only in the ring, not in an IB")
+            }
+            Problem::Unreadable { buffer } => {
+                write!(f, "the IB lies in {buffer}, which the CPU can not read: it can not be validated")
+            }
+            Problem::Mapped { buffer } => write!(
+                f,
+                "the IB lies in {buffer}, which is mapped for the CPU: it can not be validated (the guard's writes are not visible to the GPU yet)"
+            ),
+            Problem::ChainLoop => write!(f, "CHAIN to an IB already walked: the GPU would loop forever"),
+            Problem::ChainTooLong => write!(f, "more than {MAX_CHAIN_HOPS} chained IBs: not validated"),
         }
     }
 }
@@ -206,7 +263,7 @@ impl<'d, B: super::Backend, const CHUNKS: usize> super::Engine<'d, B, CHUNKS> {
 
 #[cfg(feature = "validation")]
 mod check {
-    use super::{BufferRef, Problem, ValidationError};
+    use super::{BufferRef, Problem, ValidationError, MAX_CHAIN_HOPS};
     use crate::cmd::{Command, DispatchOp};
     use crate::decode::Decoder;
     use crate::engine::buffers::{BufferAccess, BufferUse};
@@ -214,6 +271,7 @@ mod check {
     use crate::hw::{Field, PacketKind};
     use crate::mem::buffer::{BufferInfo, Tracking};
     use crate::mem::manager::Buffers;
+    use crate::platform::Platform;
 
     /// One memory operand of a packet.
     #[derive(Clone, Copy)]
@@ -325,24 +383,136 @@ mod check {
             Ok(())
         }
 
-        /// Checks one read of `len` bytes at `addr` (an IB the caller built).
-        pub(crate) fn validate_operand(
+        /// Checks an IB the caller built (`ib`: address and dwords) and
+        /// every IB its CHAINs name, packet by packet as [`Engine::validate_ib`]
+        /// does, reading them through the CPU's view of the buffers they lie
+        /// in. Each IB must lie whole in one live, CPU-readable, unmapped
+        /// buffer (declared if its tracking is declared); the walk visits at
+        /// most [`MAX_CHAIN_HOPS`] IBs and refuses a CHAIN back to one it
+        /// walked.
+        pub(crate) fn validate_caller_ib(
             &self,
-            opcode: PacketKind,
-            field: Field,
-            addr: u64,
-            len: u64,
+            ib: (u64, u32),
             declared: &[BufferUse],
         ) -> Result<(), ValidationError> {
-            let o = Operand { field, addr, len, write: false };
-            self.check_operand(&self.mem.lock().buffers, o, declared).map_err(|problem| ValidationError {
-                packet: 0,
-                opcode,
-                field,
-                addr,
-                len,
-                problem,
-            })
+            let gen = self.enc.desc().generation;
+            // One lock for the whole walk: buffers can not change under it,
+            // and no copy or guard can write them meanwhile.
+            let mem = self.mem.lock();
+            let mut visited = [0u64; MAX_CHAIN_HOPS];
+            let mut hops = 0usize;
+            let mut next = Some((ib, PacketKind::IndirectBuffer));
+            let mut index = 0u32;
+            while let Some(((va, dw), opcode)) = next.take() {
+                let len = u64::from(dw).saturating_mul(4);
+                let refuse = move |problem| ValidationError {
+                    packet: index,
+                    opcode,
+                    field: Field::Addr,
+                    addr: va,
+                    len,
+                    problem,
+                };
+                if visited.get(..hops).is_some_and(|v| v.contains(&va)) {
+                    return Err(refuse(Problem::ChainLoop));
+                }
+                let slot = visited.get_mut(hops).ok_or(refuse(Problem::ChainTooLong))?;
+                *slot = va;
+                hops = hops.saturating_add(1);
+                let seg = self.caller_ib_bytes(&mem.buffers, va, len, declared).map_err(refuse)?;
+                for item in Decoder::new(gen, seg, va) {
+                    let p = item.result.map_err(|_| ValidationError {
+                        packet: index,
+                        opcode,
+                        field: Field::Addr,
+                        addr: item.va,
+                        len: item.raw.len() as u64,
+                        problem: Problem::Undecodable,
+                    })?;
+                    let invalid = match p.command {
+                        Command::IndirectBuffer { .. } => Some(None),
+                        _ => p.violation.map(Some),
+                    };
+                    if let Some(violation) = invalid {
+                        return Err(ValidationError {
+                            packet: index,
+                            opcode: p.desc.kind,
+                            field: Field::Addr,
+                            addr: item.va,
+                            len: item.raw.len() as u64,
+                            problem: Problem::InvalidPacket { violation },
+                        });
+                    }
+                    match p.command {
+                        // What follows a CHAIN in its IB is never run.
+                        Command::Chain { addr, size_dw } => {
+                            next = Some(((addr, size_dw), PacketKind::Chain));
+                            break;
+                        }
+                        Command::Nop { .. } => continue,
+                        _ => {}
+                    }
+                    for o in operands(&p.command).into_iter().flatten() {
+                        self.check_operand(&mem.buffers, o, declared).map_err(|problem| ValidationError {
+                            packet: index,
+                            opcode: p.desc.kind,
+                            field: o.field,
+                            addr: o.addr,
+                            len: o.len,
+                            problem,
+                        })?;
+                    }
+                    index = index.saturating_add(1);
+                }
+            }
+            Ok(())
+        }
+
+        /// The bytes of `len` at `va` as the GPU will fetch them, if they
+        /// lie whole in one live buffer the CPU can read and nobody maps.
+        /// The CPU cache over them is invalidated first (the GPU may have
+        /// written the IB); that discards nothing, as an unmapped buffer has
+        /// no dirty line (`docs/memory.md` 3b).
+        fn caller_ib_bytes<'m>(
+            &self,
+            buffers: &'m Buffers<'_, crate::engine::buffers::Backed>,
+            va: u64,
+            len: u64,
+            declared: &[BufferUse],
+        ) -> Result<&'m [u8], Problem> {
+            self.check_operand(
+                buffers,
+                Operand { field: Field::Addr, addr: va, len, write: false },
+                declared,
+            )?;
+            // (`check_operand` found it live, holding the whole range.)
+            let Some((info, Some(h))) = buffers.nearest(va) else { return Err(Problem::Undecodable) };
+            let buffer = buffer_ref(&info);
+            if buffers.live(h).map_err(|_| Problem::Freed { buffer })?.mapped {
+                return Err(Problem::Mapped { buffer });
+            }
+            let (region, off, _) = buffers.memory(h).map_err(|_| Problem::Unreadable { buffer })?;
+            let base = region.cpu_ptr().ok_or(Problem::Unreadable { buffer })?;
+            let start = va
+                .checked_sub(info.va)
+                .and_then(|d| d.checked_add(off))
+                .and_then(|s| usize::try_from(s).ok())
+                .ok_or(Problem::Unreadable { buffer })?;
+            let n = usize::try_from(len).map_err(|_| Problem::Unreadable { buffer })?;
+            if start.checked_add(n).is_none_or(|e| e > region.len()) {
+                return Err(Problem::Unreadable { buffer });
+            }
+            self.b.platform().cache_invalidate(region, start, n);
+            // SAFETY: `start + n` lies inside the region's CPU mapping
+            // (checked), which stays valid while the block lives, and the
+            // block lives while `buffers` is borrowed (the memory lock is
+            // held by the caller). The range is inside one buffer that no
+            // guard maps (checked), so no `&mut` view of it exists, and
+            // every CPU copy into a buffer takes the memory lock, so none
+            // writes it while the slice lives. The GPU's own accesses are
+            // DMA, outside the CPU's memory model; an IB being submitted is
+            // not one the GPU still writes.
+            Ok(unsafe { core::slice::from_raw_parts(base.as_ptr().add(start), n) })
         }
 
         fn check_operand(

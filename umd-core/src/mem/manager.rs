@@ -77,10 +77,16 @@ pub enum AllocError {
         /// The class of the request.
         class: SizeClass,
     },
-    /// The platform's memory is not aligned as asked (MMU bypassed).
+    /// The buffer asks for a GPU address alignment the platform's memory
+    /// does not have: with the MMU bypassed a buffer's GPU address is its
+    /// memory's own, so only the platform's alignment (4 KiB promised) is
+    /// certain. Only an alignment the caller asked for
+    /// ([`BufferDesc::align`]) is ever checked this way.
     Unaligned {
-        /// Alignment asked.
+        /// Alignment the buffer asked for.
         align: u64,
+        /// Device address of the memory the platform gave (and took back).
+        got: u64,
     },
     /// The device is gone.
     DeviceLost,
@@ -131,9 +137,10 @@ impl fmt::Display for AllocError {
                 write!(f, "{} class exhausted: no slab descriptor left", class.name())
             }
             AllocError::Map { class } => write!(f, "{} buffer: mapping for the GPU failed", class.name()),
-            AllocError::Unaligned { align } => {
-                write!(f, "platform memory is not {align:#x}-aligned (MMU bypassed)")
-            }
+            AllocError::Unaligned { align, got } => write!(
+                f,
+                "the buffer asks for {align:#x} alignment, the platform's memory is at {got:#x} (MMU bypassed: the GPU address is the memory's own)"
+            ),
             AllocError::DeviceLost => f.write_str("device lost"),
             AllocError::AddressUnaligned { at } => {
                 write!(f, "fixed GPU address {at:#x} is not 4 KiB- and alignment-aligned")
@@ -178,7 +185,7 @@ impl AllocError {
             BackingError::Va(_) => AllocError::VaSpace { class },
             BackingError::PlatformMemory { len } => AllocError::PlatformMemory { class, len },
             BackingError::Map => AllocError::Map { class },
-            BackingError::Unaligned => AllocError::Unaligned { align },
+            BackingError::Unaligned { addr } => AllocError::Unaligned { align, got: addr },
             BackingError::DeviceLost => AllocError::DeviceLost,
             BackingError::LocalMemory => AllocError::LocalMemory,
             BackingError::FixedAddress => AllocError::FixedAddressUnsupported,

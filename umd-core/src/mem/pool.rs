@@ -130,9 +130,13 @@ pub enum BackingError {
     },
     /// Mapping the block failed (no page-table page, kernel bind refused).
     Map,
-    /// The platform's memory is not aligned as asked (MMU bypassed: the
-    /// address is the memory's own).
-    Unaligned,
+    /// The platform's memory is not aligned as the buffer needs (MMU
+    /// bypassed: the GPU address is the memory's own, which the driver can
+    /// not choose).
+    Unaligned {
+        /// Device address of the memory the platform gave.
+        addr: u64,
+    },
     /// The device is gone.
     DeviceLost,
     /// Local memory has no room for the block.
@@ -150,7 +154,10 @@ impl fmt::Display for BackingError {
                 write!(f, "platform memory exhausted ({len} bytes asked)")
             }
             BackingError::Map => f.write_str("mapping the memory for the GPU failed"),
-            BackingError::Unaligned => f.write_str("platform memory not aligned as asked (MMU bypassed)"),
+            BackingError::Unaligned { addr } => write!(
+                f,
+                "platform memory at {addr:#x} is not aligned as the buffer asks (MMU bypassed: the GPU address is the memory's own)"
+            ),
             BackingError::LocalMemory => f.write_str("local memory full"),
             BackingError::DeviceLost => f.write_str("device lost"),
             BackingError::FixedAddress => f.write_str("no fixed GPU addresses (MMU bypassed)"),
@@ -186,6 +193,9 @@ pub trait Backing {
 
     /// A block of `bytes` (a multiple of 4 KiB) at a GPU address placed as
     /// `place` says, mapped for the GPU: its address and memory.
+    /// [`Place::Aligned`] is the alignment the buffer needs: a backing may
+    /// align more (2 MiB for a block of 2 MiB or more, so page tables can
+    /// use 2 MiB entries) but must not refuse a block for missing more.
     fn acquire(
         &mut self,
         bytes: u64,
@@ -771,10 +781,13 @@ where
         kind: MemKind,
     ) -> Result<PoolAlloc<B>, PoolError> {
         let rounded = round_up(size, LARGE_GRANULE).ok_or(PoolError::TooLarge { size })?;
-        // Blocks of 2 MiB and more get 2 MiB alignment so the page tables
-        // can use 2 MiB entries (a fixed address keeps its own).
+        // The alignment the buffer needs, never more: a backing that maps
+        // through page tables may place a block of 2 MiB or more on a
+        // 2 MiB boundary for their 2 MiB entries (a preference of its own,
+        // `Backing::acquire`), but one whose GPU address is the memory's
+        // own (MMU bypassed) can only check what it got, and refusing a
+        // block for missing a preference would refuse every large buffer.
         let place = match place {
-            Place::Aligned(_) if rounded >= MAX_ALIGN => Place::Aligned(MAX_ALIGN),
             Place::Aligned(align) => Place::Aligned(align.max(LARGE_GRANULE)),
             at @ Place::At(_) => at,
         };

@@ -591,15 +591,18 @@ impl Scripted for Fake {
     }
 }
 
-/// A write-back CPU data cache with 32-bit lines over the whole of the
-/// fake's memory: the driver's regions point into `cpu`, the engines use
-/// the fake's memory.
+/// A write-back CPU data cache over the whole of the fake's memory: the
+/// driver's regions point into `cpu`, the engines use the fake's memory.
 struct CpuCache {
     /// The CPU's view (the driver accesses it, atomically where it shares
     /// words with other threads).
     cpu: Vec<u64>,
     /// Each 32-bit word of `cpu` as it was when last in sync with memory.
     synced: Vec<u32>,
+    /// Bytes of a cache line (a power of two, at least 4): a line is dirty
+    /// when any of its words differs from `synced`, and is written back
+    /// or reloaded whole, as hardware does.
+    line: usize,
 }
 
 /// The 32-bit word at byte offset `o` of `v` as an atomic.
@@ -611,24 +614,41 @@ fn atomic_word(v: &[u64], o: usize) -> &std::sync::atomic::AtomicU32 {
 }
 
 /// The fake on a non-coherent system: the CPU works on a cache of its own
-/// (`CpuCache`). `cache_clean` writes back the words the CPU changed since
-/// they were last in sync with memory; `cache_invalidate` reloads words
-/// from memory, dropping CPU writes not cleaned (a plain invalidate, the
+/// (`CpuCache`). `cache_clean` writes back, whole, every line overlapping
+/// the range in which the CPU changed a word since it was last in sync
+/// with memory (with 4-byte lines, `new`: exactly the words changed; with
+/// 64-byte lines, `with_lines`: also the line's other words, as the CPU
+/// last saw them, over whatever the device wrote there meanwhile);
+/// `cache_invalidate` reloads every line overlapping the range from
+/// memory, dropping CPU writes not cleaned (a plain invalidate, the
 /// strictest reading of `Platform::cache_invalidate`). Nothing moves
-/// between the two otherwise: a CPU write the driver does not clean never
-/// reaches the engines, a device write it does not invalidate is never
-/// seen. (A separate type so the coherent fake the benchmarks measure has
-/// no cache code.)
+/// between the two otherwise, except when a test evicts the dirty lines
+/// (`evict_dirty`, what a cache may do at any time): a CPU write the
+/// driver does not clean never reaches the engines, a device write it
+/// does not invalidate is never seen. (A separate type so the coherent
+/// fake the benchmarks measure has no cache code.)
 pub struct NonCoherent {
     fake: Fake,
     cache: Mutex<CpuCache>,
 }
 
 impl NonCoherent {
+    /// 4-byte lines: a clean writes back exactly the words the CPU changed.
     pub fn new(gen: Generation, mem_bytes: usize) -> NonCoherent {
+        NonCoherent::with_lines(gen, mem_bytes, 4)
+    }
+
+    /// Lines of `line` bytes (a power of two from 4 to 4096), written back
+    /// and reloaded whole.
+    pub fn with_lines(gen: Generation, mem_bytes: usize, line: usize) -> NonCoherent {
+        assert!(line.is_power_of_two() && (4..=PAGE).contains(&line));
         NonCoherent {
             fake: Fake::new(gen, mem_bytes),
-            cache: Mutex::new(CpuCache { cpu: vec![0u64; mem_bytes / 8], synced: vec![0u32; mem_bytes / 4] }),
+            cache: Mutex::new(CpuCache {
+                cpu: vec![0u64; mem_bytes / 8],
+                synced: vec![0u32; mem_bytes / 4],
+                line,
+            }),
         }
     }
 
@@ -636,13 +656,46 @@ impl NonCoherent {
         self.cache.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The byte range of memory behind `region[offset..offset + len]`,
-    /// widened to whole 32-bit words and clipped to the region.
-    fn words(region: &DmaRegion, offset: usize, len: usize) -> std::ops::Range<usize> {
+    /// The byte ranges of memory of the lines behind
+    /// `region[offset..offset + len]` (clipped to the region, whose pages
+    /// hold whole lines).
+    fn lines(
+        region: &DmaRegion,
+        offset: usize,
+        len: usize,
+        line: usize,
+    ) -> impl Iterator<Item = std::ops::Range<usize>> {
         let base = (region.dev_addr() - MEM_BASE) as usize;
-        let start = base + offset.min(region.len()) / 4 * 4;
-        let end = base + offset.saturating_add(len).min(region.len()).div_ceil(4) * 4;
-        start..end.max(start)
+        let start = base + offset.min(region.len()) / line * line;
+        let end = base + offset.saturating_add(len).min(region.len()).div_ceil(line) * line;
+        (start..end.max(start)).step_by(line).map(move |l| l..l + line)
+    }
+
+    /// Writes back every dirty line of memory, whole, as a cache may evict
+    /// one at any time. Returns how many.
+    pub fn evict_dirty(&self) -> usize {
+        let st = self.fake.state();
+        let c = &mut *self.cache();
+        let mut n = 0;
+        for l in (0..c.synced.len() * 4).step_by(c.line) {
+            n += usize::from(Self::write_back(&st, c, l..l + c.line));
+        }
+        n
+    }
+
+    /// Writes line `l` back whole if the CPU changed a word of it.
+    fn write_back(st: &FakeState, c: &mut CpuCache, l: std::ops::Range<usize>) -> bool {
+        use std::sync::atomic::Ordering;
+        let dirty =
+            l.clone().step_by(4).any(|o| atomic_word(&c.cpu, o).load(Ordering::Acquire) != c.synced[o / 4]);
+        if dirty {
+            for o in l.step_by(4) {
+                let v = atomic_word(&c.cpu, o).load(Ordering::Acquire);
+                atomic_word(&st.mem, o).store(v, Ordering::Release);
+                c.synced[o / 4] = v;
+            }
+        }
+        dirty
     }
 }
 
@@ -676,21 +729,19 @@ unsafe impl Platform for NonCoherent {
         let mut st = self.fake.state();
         st.cache_clean(region, offset, len);
         let c = &mut *self.cache();
-        for o in Self::words(region, offset, len).step_by(4) {
-            let v = atomic_word(&c.cpu, o).load(std::sync::atomic::Ordering::Acquire);
-            if v != c.synced[o / 4] {
-                atomic_word(&st.mem, o).store(v, std::sync::atomic::Ordering::Release);
-                c.synced[o / 4] = v;
-            }
+        for l in Self::lines(region, offset, len, c.line) {
+            Self::write_back(&st, c, l);
         }
     }
     fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
         let st = self.fake.state();
         let c = &mut *self.cache();
-        for o in Self::words(region, offset, len).step_by(4) {
-            let v = atomic_word(&st.mem, o).load(std::sync::atomic::Ordering::Acquire);
-            atomic_word(&c.cpu, o).store(v, std::sync::atomic::Ordering::Release);
-            c.synced[o / 4] = v;
+        for l in Self::lines(region, offset, len, c.line) {
+            for o in l.step_by(4) {
+                let v = atomic_word(&st.mem, o).load(std::sync::atomic::Ordering::Acquire);
+                atomic_word(&c.cpu, o).store(v, std::sync::atomic::Ordering::Release);
+                c.synced[o / 4] = v;
+            }
         }
     }
     fn now_ns(&self) -> u64 {
