@@ -387,3 +387,53 @@ fn async_wakeups_are_never_lost() {
         assert_eq!(first.0.load(Ordering::SeqCst), 1, "the registered waiter was not woken");
     });
 }
+
+/// Dropped async waits give their slots back (`Wakeups::release`) while
+/// an interrupt comes: a release takes the hub's lock, so the interrupt may
+/// find the hub busy and leave its event behind, and a release delivers
+/// such an event as a registration does. A waiter registered before the
+/// interrupt is woken by the interrupt itself or, at the latest, by the
+/// next use of the hub from the waiting side, here a second drop (no
+/// registration follows); a released waiter is never woken after its
+/// release (its task is gone). Fails when `release` stops delivering an
+/// event that found the hub busy.
+#[test]
+fn async_wakeups_survive_releases_during_an_interrupt() {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+    use umd_core::engine::Wakeups;
+
+    struct Flag(AtomicUsize);
+    impl Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let flag_waker = || {
+        let f = std::sync::Arc::new(Flag(AtomicUsize::new(0)));
+        (f.clone(), Waker::from(f))
+    };
+    loom::model(move || {
+        let hub = Arc::new(Wakeups::<3>::new());
+        let (live, w1) = flag_waker();
+        let (dropped, w2) = flag_waker();
+        let (_later, w3) = flag_waker();
+        assert!(hub.register_slot(&w1, 1_000, None).is_some());
+        let r2 = hub.register_slot(&w2, 1_000, None).unwrap();
+        let r3 = hub.register_slot(&w3, 1_000, None).unwrap();
+        let irq = {
+            let hub = hub.clone();
+            thread::spawn(move || hub.on_interrupt())
+        };
+        // A future is dropped while the interrupt comes.
+        let released = hub.release(r2);
+        irq.join().unwrap();
+        // Either the release took the waker first, or the interrupt woke it
+        // first (then there was nothing left to release).
+        assert_eq!(dropped.0.load(Ordering::SeqCst), usize::from(!released), "a released waiter was woken");
+        // Another future is dropped: the event is delivered by now.
+        hub.release(r3);
+        assert_eq!(live.0.load(Ordering::SeqCst), 1, "the live waiter was not woken");
+        assert_eq!(hub.waiting(), 0);
+    });
+}
