@@ -104,7 +104,7 @@ impl ProbeQueue {
         match self.0.outcome(Seqno(s)) {
             Outcome::Signalled => Status::Signalled,
             Outcome::Failed(_) => Status::Failed,
-            Outcome::Pending => Status::Pending,
+            Outcome::Pending | Outcome::Acknowledged => Status::Pending,
         }
     }
 
