@@ -653,9 +653,24 @@ mod tests {
             };
             assert_eq!(h.lookup(Seqno(s)), want, "fence {s} (seed {seed})");
         };
+        // Calm phases complete work as it comes; storms (one phase in
+        // three) complete nothing, poison many pending waiters and end in
+        // resets: the worst case the admission bound is made for.
+        let mut storm = false;
         for step in 0..steps {
+            if step % 512 == 0 {
+                storm = rng.below(3) == 0;
+            }
             let waiters = (completed + 1..=emitted).filter(|&s| waits[s as usize]).count();
-            match rng.below(100) {
+            let roll = rng.below(100);
+            let roll = match (storm, roll) {
+                (true, 0..=54) => 0,   // submit
+                (true, 55..=94) => 75, // poison
+                (true, 95..=97) => 90, // reset
+                (true, _) => 95,       // acknowledge
+                (false, r) => r,
+            };
+            match roll {
                 0..=44 => {
                     let w = rng.below(2) == 0;
                     match h.admit(Seqno(completed), waiters, w) {
