@@ -16,6 +16,10 @@ use crate::sync::{FenceError, Seqno, Timeline};
 /// `docs/reliability.md`.
 pub const HISTORY: usize = 2 * crate::storage::PENDING_WAITS + 16;
 
+// An empty history admits a full dependency table: one range for the
+// window's reset, two for each of `PENDING_WAITS` submissions with waits.
+const _: () = assert!(2 * crate::storage::PENDING_WAITS < HISTORY);
+
 /// Where a fence stands, as its queue knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
@@ -134,8 +138,9 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
     /// submissions with waits (not the new one). The caller holds the
     /// submit lock (nothing else records pending work meanwhile).
     pub(crate) fn admit(&self, waiters: usize, waits: bool) -> Admission {
-        if self.failures.load(Ordering::Acquire) == 0 && 2 * crate::storage::PENDING_WAITS + 1 <= HISTORY {
-            // Nothing recorded, and a full dependency table fits.
+        if self.failures.load(Ordering::Acquire) == 0 {
+            // Nothing recorded, and a full dependency table fits (checked
+            // at compile time below `HISTORY`).
             return Admission::Admit;
         }
         self.history.lock().admit(self.completed(), waiters, waits)
