@@ -67,6 +67,8 @@ pub enum Status {
     Failed,
     /// Not done.
     Pending,
+    /// Done, and its outcome acknowledged by the application.
+    Acknowledged,
 }
 
 /// One queue.
@@ -104,7 +106,7 @@ impl ProbeQueue {
         match self.0.outcome(Seqno(s)) {
             Outcome::Signalled => Status::Signalled,
             Outcome::Failed(_) => Status::Failed,
-            Outcome::Pending => Status::Pending,
+            Outcome::Pending | Outcome::Acknowledged => Status::Pending,
         }
     }
 
@@ -195,6 +197,7 @@ impl ProbeDevice {
             Some(Outcome::Signalled) => Status::Signalled,
             Some(Outcome::Failed(_)) => Status::Failed,
             Some(Outcome::Pending) | None => Status::Pending,
+            Some(Outcome::Acknowledged) => Status::Acknowledged,
         }
     }
 

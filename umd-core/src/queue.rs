@@ -89,6 +89,11 @@ pub enum SubmitError {
     /// memory when the wait for the move ran out (a move's copy is bounded
     /// by the hang window, so this means the COPY engine is stuck).
     BufferMoving(crate::mem::BufferHandle),
+    /// The queue's failure history is full of failures the application
+    /// has not acknowledged: a new submission could fail in a way it could
+    /// no longer record exactly. Acknowledge old fences first
+    /// (`acknowledge_failures` of the device); nothing was executed.
+    HistoryFull(QueueId),
 }
 
 impl fmt::Display for SubmitError {
@@ -127,6 +132,7 @@ impl fmt::Display for SubmitError {
             SubmitError::BufferMoving(h) => {
                 write!(f, "declared buffer {h:?} is still being moved between local and system memory")
             }
+            SubmitError::HistoryFull(q) => write!(f, "{q}: failure history full, acknowledge old failures"),
         }
     }
 }
@@ -158,6 +164,10 @@ pub enum WaitError {
     UnknownQueue(QueueId),
     /// A fence of another device.
     ForeignFence(Fence),
+    /// The application acknowledged the fence's outcome (`acknowledge_failures`
+    /// of the device, up to this fence or a later one of its queue): its
+    /// work is done, and its answer is no longer kept.
+    Acknowledged(Fence),
 }
 
 impl fmt::Display for WaitError {
@@ -168,6 +178,9 @@ impl fmt::Display for WaitError {
             WaitError::NotSubmitted(fence) => write!(f, "fence {fence} was never submitted"),
             WaitError::UnknownQueue(q) => write!(f, "unknown queue {q}"),
             WaitError::ForeignFence(fence) => write!(f, "fence {fence} belongs to another device"),
+            WaitError::Acknowledged(fence) => {
+                write!(f, "fence {fence} was acknowledged, its answer is not kept")
+            }
         }
     }
 }

@@ -1190,3 +1190,93 @@ fn a_map_guard_merges_its_writes_with_the_gpus_data() {
         }
     }
 }
+
+/// More separate failures on one queue than the history once held (8),
+/// with successes between them: every answer stays what it was first
+/// (successes signalled, work that waits on them accepted, each failure
+/// with its own fault address) and nothing is merged. When the history is
+/// full the queue refuses new work with `HistoryFull`, touching nothing,
+/// until the application acknowledges: then the acknowledged fences answer
+/// `Acknowledged` (never another outcome), later ones keep their answers,
+/// and the queue takes work again.
+#[test]
+fn separate_failures_never_change_an_answer_and_a_full_history_is_acknowledged() {
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    let mut answers: Vec<(Fence, FenceStatus)> = Vec::new();
+    let mut refused = None;
+    for i in 0..200u64 {
+        dev.platform().state().mode = Mode::OnDoorbell;
+        let ok = match dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)) {
+            Ok(f) => f,
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        };
+        dev.wait(ok, 1_000_000_000).unwrap();
+        answers.push((ok, FenceStatus::Signalled));
+        dev.platform().state().mode = Mode::Manual;
+        let addr = 0x1_0000_0000 + i * 0x1000;
+        let bad = match dev.submit(COPY, &[], |cb| cb.copy(addr, 0x8030_0000, 64)) {
+            Ok(f) => f,
+            Err(e) => {
+                refused = Some((i, e));
+                break;
+            }
+        };
+        dev.platform().state().inject_fault(2, 1, 0, addr);
+        let Err(WaitError::Failed(e @ FenceError::Fault(info))) = dev.wait(bad, 1_000_000_000) else {
+            panic!("fence {bad} did not fault")
+        };
+        assert_eq!(info.addr, addr);
+        answers.push((bad, FenceStatus::Failed(e)));
+        // Every answer so far is still the same.
+        for &(f, want) in &answers {
+            assert_eq!(dev.query(f), Ok(want), "fence {f} after {} faults", i + 1);
+        }
+        if i == 9 {
+            // Work that waits on the first success is accepted and runs.
+            dev.platform().state().mode = Mode::OnDoorbell;
+            let dep = dev.submit(GFX, &[answers[0].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
+            dev.wait(dep, 1_000_000_000).unwrap();
+        }
+    }
+    assert_eq!(dev.stats().history_merges, 0);
+    let (faults, err) = refused.expect("the history fills up");
+    assert_eq!(err, SubmitError::HistoryFull(COPY));
+    assert!(faults >= 60, "refused after only {faults} failures");
+    let submissions = dev.stats().submissions;
+    dev.platform().state().mode = Mode::OnDoorbell;
+    assert_eq!(dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::HistoryFull(COPY)));
+    assert_eq!(dev.stats().submissions, submissions, "a refusal reaches nothing");
+    // Other queues are not concerned.
+    let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    dev.wait(g, 1_000_000_000).unwrap();
+    // The application acknowledges the first half of its fences.
+    let half = answers.len() / 2;
+    let (upto, _) = answers[half - 1];
+    assert_eq!(dev.acknowledge_failures(upto), Ok(upto));
+    for &(f, want) in &answers[..half] {
+        assert_eq!(dev.query(f), Err(WaitError::Acknowledged(f)));
+        assert_eq!(dev.wait(f, 0), Err(WaitError::Acknowledged(f)));
+        let _ = want;
+    }
+    for &(f, want) in &answers[half..] {
+        assert_eq!(dev.query(f), Ok(want), "fence {f} after the acknowledgement");
+    }
+    // The queue takes work again, and work may wait on an acknowledged fence.
+    let next = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    dev.wait(next, 1_000_000_000).unwrap();
+    let dep = dev.submit(GFX, &[answers[1].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    dev.wait(dep, 1_000_000_000).unwrap();
+    // The acknowledged point never moves back, and pending work is never
+    // acknowledged.
+    assert_eq!(dev.acknowledge_failures(answers[0].0), Ok(upto));
+    dev.platform().state().mode = Mode::Manual;
+    let pending = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    assert_eq!(dev.acknowledge_failures(pending), Ok(next));
+    assert_eq!(dev.query(pending), Ok(FenceStatus::Pending));
+    assert_eq!(dev.acknowledge_failures(pending.later(1)), Err(WaitError::NotSubmitted(pending.later(1))));
+    assert_eq!(dev.stats().history_merges, 0);
+}

@@ -390,6 +390,15 @@ fn async_wakeups_are_never_lost() {
     });
 }
 
+/// Runs `body` on a model thread with a 1 MiB stack: a [`ProbeDevice`]'s
+/// two queues carry their failure histories (80 ranges each), more than
+/// the model's main thread has room for.
+///
+/// [`ProbeDevice`]: umd_core::loom_probe::ProbeDevice
+fn on_a_big_stack(body: impl FnOnce() + Send + 'static) {
+    loom::thread::Builder::new().stack_size(1 << 20).spawn(body).unwrap().join().unwrap();
+}
+
 /// A device loss against a submission publishing its sequence number
 /// (`Engine::device_lost` and the locked part of `Engine::submit`): the
 /// loss fails each queue's pending range under that queue's submit lock,
@@ -404,18 +413,20 @@ fn a_loss_fails_every_fence_a_racing_submission_published() {
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(3);
     builder.check(|| {
-        let dev = Arc::new(ProbeDevice::new());
-        let submitter = {
-            let dev = dev.clone();
-            thread::spawn(move || [dev.submit(0), dev.submit(0)])
-        };
-        dev.lose(None);
-        let got = submitter.join().unwrap();
-        for s in got.into_iter().flatten() {
-            assert_eq!(dev.status(0, s), Status::Failed, "fence {s} published around the loss: {got:?}");
-        }
-        assert_eq!(dev.submit(0), None, "refused after the loss");
-        assert_eq!(got.iter().flatten().max().copied().unwrap_or(0), dev.emitted(0));
+        on_a_big_stack(|| {
+            let dev = Arc::new(ProbeDevice::new());
+            let submitter = {
+                let dev = dev.clone();
+                thread::spawn(move || [dev.submit(0), dev.submit(0)])
+            };
+            dev.lose(None);
+            let got = submitter.join().unwrap();
+            for s in got.into_iter().flatten() {
+                assert_eq!(dev.status(0, s), Status::Failed, "fence {s} published around the loss: {got:?}");
+            }
+            assert_eq!(dev.submit(0), None, "refused after the loss");
+            assert_eq!(got.iter().flatten().max().copied().unwrap_or(0), dev.emitted(0));
+        })
     });
 }
 
@@ -432,26 +443,78 @@ fn a_loss_met_under_a_submit_lock_neither_deadlocks_nor_misses_a_fence() {
     let mut builder = loom::model::Builder::new();
     builder.preemption_bound = Some(2);
     builder.check(|| {
-        let dev = Arc::new(ProbeDevice::new());
-        let resetter = {
-            let dev = dev.clone();
-            thread::spawn(move || {
-                let s = dev.submit(0);
-                dev.lose_in_reset(0);
-                s
-            })
-        };
-        let submitter = {
-            let dev = dev.clone();
-            thread::spawn(move || dev.submit(1))
-        };
-        dev.lose(None);
-        let got = [(0, resetter.join().unwrap()), (1, submitter.join().unwrap())];
-        for (q, s) in got {
-            if let Some(s) = s {
-                assert_eq!(dev.status(q, s), Status::Failed, "queue {q}'s fence {s}");
+        on_a_big_stack(|| {
+            let dev = Arc::new(ProbeDevice::new());
+            let resetter = {
+                let dev = dev.clone();
+                thread::spawn(move || {
+                    let s = dev.submit(0);
+                    dev.lose_in_reset(0);
+                    s
+                })
+            };
+            let submitter = {
+                let dev = dev.clone();
+                thread::spawn(move || dev.submit(1))
+            };
+            dev.lose(None);
+            let got = [(0, resetter.join().unwrap()), (1, submitter.join().unwrap())];
+            for (q, s) in got {
+                if let Some(s) = s {
+                    assert_eq!(dev.status(q, s), Status::Failed, "queue {q}'s fence {s}");
+                }
             }
+            assert_eq!((dev.submit(0), dev.submit(1)), (None, None), "refused after the loss");
+        })
+    });
+}
+
+/// Dropped async waits give their slots back (`Wakeups::release`) while
+/// an interrupt comes: a release takes the hub's lock, so the interrupt may
+/// find the hub busy and leave its event behind, and a release delivers
+/// such an event as a registration does. A waiter registered before the
+/// interrupt is woken by the interrupt itself or, at the latest, by the
+/// next use of the hub from the waiting side, here a second drop (no
+/// registration follows); a released waiter is never woken after its
+/// release (its task is gone). Fails when `release` stops delivering an
+/// event that found the hub busy.
+#[test]
+fn async_wakeups_survive_releases_during_an_interrupt() {
+    use loom::sync::atomic::{AtomicUsize, Ordering};
+    use std::task::{Wake, Waker};
+    use umd_core::engine::Wakeups;
+
+    struct Flag(AtomicUsize);
+    impl Wake for Flag {
+        fn wake(self: std::sync::Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
         }
-        assert_eq!((dev.submit(0), dev.submit(1)), (None, None), "refused after the loss");
+    }
+    let flag_waker = || {
+        let f = std::sync::Arc::new(Flag(AtomicUsize::new(0)));
+        (f.clone(), Waker::from(f))
+    };
+    loom::model(move || {
+        let hub = Arc::new(Wakeups::<3>::new());
+        let (live, w1) = flag_waker();
+        let (dropped, w2) = flag_waker();
+        let (_later, w3) = flag_waker();
+        assert!(hub.register_slot(&w1, 1_000, None).is_some());
+        let r2 = hub.register_slot(&w2, 1_000, None).unwrap();
+        let r3 = hub.register_slot(&w3, 1_000, None).unwrap();
+        let irq = {
+            let hub = hub.clone();
+            thread::spawn(move || hub.on_interrupt())
+        };
+        // A future is dropped while the interrupt comes.
+        let released = hub.release(r2);
+        irq.join().unwrap();
+        // Either the release took the waker first, or the interrupt woke it
+        // first (then there was nothing left to release).
+        assert_eq!(dropped.0.load(Ordering::SeqCst), usize::from(!released), "a released waiter was woken");
+        // Another future is dropped: the event is delivered by now.
+        hub.release(r3);
+        assert_eq!(live.0.load(Ordering::SeqCst), 1, "the live waiter was not woken");
+        assert_eq!(hub.waiting(), 0);
     });
 }

@@ -224,3 +224,126 @@ fn a_timer_hub_is_told_every_deadline() {
     assert!(hub.register(&w1, 300));
     assert_eq!(*ARMED.lock().unwrap(), [500, 300]);
 }
+
+/// A waker that counts its wakes and the clones of it still alive (the
+/// hub's copy among them), so a test sees whether a dropped future left
+/// its waker behind.
+struct Tracked {
+    wakes: AtomicUsize,
+}
+
+impl Wake for Tracked {
+    fn wake(self: Arc<Self>) {
+        self.wakes.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn tracked() -> (Arc<Tracked>, Waker) {
+    let t = Arc::new(Tracked { wakes: AtomicUsize::new(0) });
+    (t.clone(), Waker::from(t))
+}
+
+/// Dropping a pending wait gives its hub slot back at once (its waker
+/// too: no later interrupt or tick wakes the dead task), and with a hub of
+/// two slots the live wait beside it is not busy-polled: a new wait takes
+/// the freed slot instead of waking itself on every poll, and the live one
+/// stays registered until the work is done.
+#[test]
+fn a_dropped_wait_releases_its_slot_at_once() {
+    with_device(|dev| {
+        let hub: Wakeups<2> = Wakeups::new();
+        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let c = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
+        let (live, w_live) = tracked();
+        let (dead, w_dead) = tracked();
+        let (next, w_next) = tracked();
+        let mut fa = Box::pin(dev.wait_async(&hub, a));
+        let mut fb = Box::pin(dev.wait_async(&hub, b));
+        // The first poll starts the clock (spin phase: each wakes itself
+        // once); past the spin phase both register.
+        assert!(fa.as_mut().poll(&mut Context::from_waker(&w_live)).is_pending());
+        assert!(fb.as_mut().poll(&mut Context::from_waker(&w_dead)).is_pending());
+        dev.platform().state().now += 5_000;
+        assert!(fa.as_mut().poll(&mut Context::from_waker(&w_live)).is_pending());
+        assert!(fb.as_mut().poll(&mut Context::from_waker(&w_dead)).is_pending());
+        assert_eq!(hub.waiting(), 2);
+        assert_eq!((live.wakes.load(Ordering::SeqCst), dead.wakes.load(Ordering::SeqCst)), (1, 1));
+        assert_eq!(Arc::strong_count(&dead), 3, "the test's, the waker's and the hub's copy");
+        drop(fb);
+        assert_eq!(hub.waiting(), 1, "the dropped wait's slot is free at once");
+        assert_eq!(Arc::strong_count(&dead), 2, "and the hub dropped its waker");
+        // A new wait takes the freed slot past its spin phase: it does not
+        // wake itself.
+        let mut fc = Box::pin(dev.wait_async(&hub, c));
+        assert!(fc.as_mut().poll(&mut Context::from_waker(&w_next)).is_pending());
+        dev.platform().state().now += 5_000;
+        assert!(fc.as_mut().poll(&mut Context::from_waker(&w_next)).is_pending());
+        assert_eq!(hub.waiting(), 2);
+        assert_eq!(next.wakes.load(Ordering::SeqCst), 1, "registered, self-woken in the spin phase only");
+        // The live wait re-polled (a spurious poll) keeps its slot and is not
+        // woken by itself: no busy polling.
+        for _ in 0..10 {
+            dev.platform().state().now += 500;
+            assert!(fa.as_mut().poll(&mut Context::from_waker(&w_live)).is_pending());
+            assert!(fc.as_mut().poll(&mut Context::from_waker(&w_next)).is_pending());
+        }
+        assert_eq!(hub.waiting(), 2);
+        assert_eq!((live.wakes.load(Ordering::SeqCst), next.wakes.load(Ordering::SeqCst)), (1, 1));
+        // An interrupt wakes the two live waits, never the dropped one.
+        assert_eq!(hub.on_interrupt(), 2);
+        assert_eq!(dead.wakes.load(Ordering::SeqCst), 1, "the dropped wait's task was woken");
+        assert_eq!((live.wakes.load(Ordering::SeqCst), next.wakes.load(Ordering::SeqCst)), (2, 2));
+        dev.platform().state().run(0);
+        assert_eq!(fa.as_mut().poll(&mut Context::from_waker(&w_live)), Poll::Ready(Ok(())));
+        // A wait that completed holds no slot either, even when it had
+        // registered again before its work was done.
+        assert!(fc.as_mut().poll(&mut Context::from_waker(&w_next)).is_pending());
+        assert_eq!(hub.waiting(), 1);
+        dev.platform().state().run(2);
+        assert_eq!(fc.as_mut().poll(&mut Context::from_waker(&w_next)), Poll::Ready(Ok(())));
+        assert_eq!(hub.waiting(), 0);
+        drop((fa, fc));
+        assert_eq!(hub.next_deadline(), None);
+        assert_eq!(hub.on_tick(u64::MAX), None);
+        assert_eq!(dead.wakes.load(Ordering::SeqCst), 1, "only its own spin-phase wake");
+    });
+}
+
+/// Two waits polled by one task share its waker but not a slot: dropping
+/// one (a `select` whose other branch won) leaves the other registered,
+/// and a registration the hub already woke does not release the slot its
+/// next occupant holds.
+#[test]
+fn waits_sharing_a_waker_hold_a_slot_each() {
+    with_device(|dev| {
+        let hub: Wakeups<2> = Wakeups::new();
+        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let (task, w) = tracked();
+        let mut cx = Context::from_waker(&w);
+        let mut fa = Box::pin(dev.wait_async(&hub, a));
+        let fb_list = [b];
+        let mut fb = Box::pin(dev.wait_any_async(&hub, &fb_list));
+        assert!(fa.as_mut().poll(&mut cx).is_pending());
+        assert!(fb.as_mut().poll(&mut cx).is_pending());
+        dev.platform().state().now += 5_000;
+        assert!(fa.as_mut().poll(&mut cx).is_pending());
+        assert!(fb.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(hub.waiting(), 2);
+        assert_eq!(task.wakes.load(Ordering::SeqCst), 2, "the spin phase's wakes only");
+        drop(fb);
+        assert_eq!(hub.waiting(), 1, "the other wait of the task is still registered");
+        assert_eq!(hub.on_interrupt(), 1);
+        assert_eq!(task.wakes.load(Ordering::SeqCst), 3);
+        // The hub woke `fa` (its slot is empty); another waiter takes it.
+        let (other, w_other) = tracked();
+        let r = hub.register_slot(&w_other, 1_000, None).unwrap();
+        drop(fa);
+        assert_eq!(hub.waiting(), 1, "a stale registration released the slot's next occupant");
+        assert_eq!(other.wakes.load(Ordering::SeqCst), 0);
+        assert!(hub.release(r));
+        assert!(!hub.release(r), "released once");
+        assert_eq!(hub.waiting(), 0);
+    });
+}

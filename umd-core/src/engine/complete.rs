@@ -184,7 +184,32 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             Outcome::Signalled => FenceStatus::Signalled,
             Outcome::Failed(e) => FenceStatus::Failed(e),
             Outcome::Pending => FenceStatus::Pending,
+            Outcome::Acknowledged => return Err(WaitError::Acknowledged(fence)),
         })
+    }
+
+    /// Acknowledges the outcomes of `fence`'s queue up to `fence` (or up to
+    /// the queue's completed point, if that is earlier: pending work may
+    /// still fail). The application has taken note of them and asks about
+    /// none of them again: the queue's failure history forgets them, which
+    /// makes room once it is full ([`crate::queue::SubmitError::HistoryFull`]).
+    /// From then on those fences answer [`WaitError::Acknowledged`] to a
+    /// query or a wait, never a different outcome, and count as passed for
+    /// a submission that waits on one (the application that acknowledged a
+    /// failure answers for what it makes depend on it). Returns the fence up
+    /// to which the queue's outcomes are acknowledged (it never moves back).
+    pub fn acknowledge_failures(&self, fence: Fence) -> Result<Fence, WaitError> {
+        if fence.device != self.id {
+            return Err(WaitError::ForeignFence(fence));
+        }
+        let qi = usize::from(fence.id.queue.0);
+        let q = self.queue(fence.id.queue).ok_or(WaitError::UnknownQueue(fence.id.queue))?;
+        if fence.id.seqno.is_after(q.emitted()) {
+            return Err(WaitError::NotSubmitted(fence));
+        }
+        self.process(qi);
+        let point = q.acknowledge(fence.id.seqno);
+        Ok(Fence { id: FenceId { queue: fence.id.queue, seqno: point }, device: self.id })
     }
 
     /// Where `fence` stands, without waiting (but servicing the device).

@@ -67,7 +67,7 @@ pub use events::{ClockSync, Event, EventError, TimestampQuery};
 pub use lifecycle::{InPlace, InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
-pub use wait_async::{AnyFenceWait, AnyWaitError, FenceWait, Wakeups};
+pub use wait_async::{AnyFenceWait, AnyWaitError, FenceWait, Registration, Wakeups};
 
 use queue::QueueCore;
 

@@ -6,11 +6,19 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::debug::trace::TraceStage;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::history::FailureHistory;
+use crate::sync::history::{Admission, FailureHistory};
 use crate::sync::{FenceError, Seqno, Timeline};
 
-/// Failed ranges remembered per queue (older ones merge, never vanish).
-pub const HISTORY: usize = 8;
+/// Failed ranges a queue's history holds: room for everything the pending
+/// work of a queue with a full dependency table can add (`2 PENDING_WAITS +
+/// 1`, see [`FailureHistory`]) plus 15 settled ranges. Submissions are
+/// admitted so that a failure always fits exactly; the bound is in
+/// `docs/reliability.md`.
+pub const HISTORY: usize = 2 * crate::storage::PENDING_WAITS + 16;
+
+// An empty history admits a full dependency table: one range for the
+// window's reset, two for each of `PENDING_WAITS` submissions with waits.
+const _: () = assert!(2 * crate::storage::PENDING_WAITS < HISTORY);
 
 /// Where a fence stands, as its queue knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -21,6 +29,9 @@ pub(crate) enum Outcome {
     Failed(FenceError),
     /// Not done yet.
     Pending,
+    /// Done, at or before the point the application acknowledged: its
+    /// answer is no longer kept.
+    Acknowledged,
 }
 
 /// One queue.
@@ -37,6 +48,9 @@ pub(crate) struct QueueCore<R: RawMutex, Q> {
     /// checks skip the history lock for work after every failure.
     history_top: AtomicU64,
     failures: AtomicU64,
+    /// The acknowledged point: fences at or before it answer
+    /// [`Outcome::Acknowledged`] (0: none, no fence is 0).
+    floor: AtomicU64,
     history: Mutex<R, FailureHistory<HISTORY>>,
     /// The backend's state; holding this lock is holding the queue.
     pub(crate) submit: Mutex<R, Q>,
@@ -53,6 +67,7 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
             processed: AtomicU64::new(0),
             history_top: AtomicU64::new(0),
             failures: AtomicU64::new(0),
+            floor: AtomicU64::new(0),
             history: Mutex::new(FailureHistory::new()),
             submit: Mutex::new(q),
             trace_stage: TraceStage::new(),
@@ -85,8 +100,20 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
     /// reader that sees the forced value also sees the failure.
     pub(crate) fn outcome(&self, s: Seqno) -> Outcome {
         let done = self.completed();
+        let acknowledged = || {
+            let floor = self.floor.load(Ordering::Acquire);
+            floor != 0 && !s.is_after(Seqno(floor))
+        };
+        if acknowledged() {
+            return Outcome::Acknowledged;
+        }
         if let Some(e) = self.failure(s) {
             return Outcome::Failed(e);
+        }
+        // Again: an acknowledgement between the first look and the lookup
+        // dropped the record (it moves the floor first, under the lock).
+        if acknowledged() {
+            return Outcome::Acknowledged;
         }
         if s.is_signalled_by(done) {
             Outcome::Signalled
@@ -109,9 +136,47 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         }
     }
 
-    /// How often the failure history merged ranges to make room (after
-    /// which some old fences may answer approximately, see
-    /// [`FailureHistory`]).
+    /// Whether a new submission fits in the failure history (see
+    /// [`FailureHistory::admit`]); `waiters` counts the queue's pending
+    /// submissions with waits (not the new one). The caller holds the
+    /// submit lock (nothing else records pending work meanwhile).
+    pub(crate) fn admit(&self, waiters: usize, waits: bool) -> Admission {
+        if self.failures.load(Ordering::Acquire) == 0 {
+            // Nothing recorded, and a full dependency table fits (checked
+            // at compile time below `HISTORY`).
+            return Admission::Admit;
+        }
+        self.history.lock().admit(self.completed(), waiters, waits)
+    }
+
+    /// Whether a submission fits however many submissions with waits are
+    /// pending (the dependency table's capacity): no need to count them.
+    pub(crate) fn admits_any(&self, waits: bool) -> bool {
+        self.admit(crate::storage::PENDING_WAITS, waits) == Admission::Admit
+    }
+
+    /// Acknowledges the outcomes of the queue's fences up to `upto`, or up
+    /// to the completed point if that is earlier (pending work may still
+    /// fail): their failure records are dropped and they answer
+    /// [`Outcome::Acknowledged`] from then on. Returns the acknowledged
+    /// point (it never moves back).
+    pub(crate) fn acknowledge(&self, upto: Seqno) -> Seqno {
+        let mut h = self.history.lock();
+        let done = self.completed();
+        let point = if upto.is_after(done) { done } else { upto };
+        let old = Seqno(self.floor.load(Ordering::Acquire));
+        if !point.is_after(old) {
+            return old;
+        }
+        // The floor first: a reader that still finds a dropped record's
+        // fence above the floor would take it for a success.
+        self.floor.store(point.0, Ordering::Release);
+        h.acknowledge(point);
+        point
+    }
+
+    /// How often the failure history merged ranges to make room (0 unless
+    /// the admission bound is broken, see [`FailureHistory`]).
     pub(crate) fn history_merges(&self) -> u64 {
         if self.failures.load(Ordering::Acquire) == 0 {
             return 0;

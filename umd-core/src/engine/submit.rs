@@ -8,7 +8,10 @@
 //! 3. Under the queue's submit lock: take the next sequence number; under
 //!    the dependency lock re-check the waits' failures (closing the race
 //!    with a concurrent reset), reject a wait cycle, record the waits (a
-//!    full table waits for room, then `TooManyPending`); under the memory
+//!    full table waits for room, then `TooManyPending`; so does a queue
+//!    whose failure history has room only once pending work completes, and
+//!    one full of failures not acknowledged refuses, `HistoryFull`: see
+//!    `sync::history`); under the memory
 //!    lock check the declared buffers; hand the job to the backend (a full
 //!    ring releases every lock and waits); note the buffers' use (the
 //!    memory lock held across the hand-over, so a concurrent free sees
@@ -24,6 +27,7 @@ use crate::ibpool::{record_into, Pending, Recorder};
 use crate::queue::{FenceStatus, SubmitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
+use crate::sync::history::Admission;
 use crate::sync::{Fence, FenceId, QueueId, Seqno};
 
 use super::backend::{Backend, EmitError, Job};
@@ -266,7 +270,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 Ok(FenceStatus::Failed(error)) => {
                     return Err(SubmitError::DependencyFailed { fence: *f, error })
                 }
-                Ok(FenceStatus::Signalled) => continue,
+                // An acknowledged fence passed; the application that
+                // acknowledged it answers for what depends on it.
+                Ok(FenceStatus::Signalled) | Err(crate::queue::WaitError::Acknowledged(_)) => continue,
                 Ok(FenceStatus::Pending) | Err(crate::queue::WaitError::NotSubmitted(_)) => {}
                 Err(_) => return Err(SubmitError::UnknownQueue(f.id.queue)),
             }
@@ -291,8 +297,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let limit = self.progress_limit_ns();
         let fence = Fence { id: f, device: self.id };
         crate::log::log_warn!("queue {}: IB pool empty, waiting for {}", f.queue.0, f.seqno.0);
-        // A failed fence frees its chunk too.
-        matches!(self.wait_done(fence, limit), Ok(()) | Err(crate::queue::WaitError::Failed(_)))
+        // A failed fence frees its chunk too, and an acknowledged one has
+        // passed.
+        matches!(
+            self.wait_done(fence, limit),
+            Ok(()) | Err(crate::queue::WaitError::Failed(_) | crate::queue::WaitError::Acknowledged(_))
+        )
     }
 
     /// The locked part: sequence number, dependencies, buffers, emit.
@@ -327,6 +337,30 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 return Err(SubmitError::DeviceLost);
             }
             let seqno = q.emitted().next();
+            // The queue's failure history must have room for every failure
+            // its pending work and this submission could still bring, so
+            // that each is recorded exactly (the waiters are counted only
+            // when a full dependency table would not fit).
+            if !q.admits_any(waiting) {
+                let waiters = self.deps.lock().tracked(queue);
+                match q.admit(waiters, waiting) {
+                    Admission::Admit => {}
+                    Admission::Full => return Err(SubmitError::HistoryFull(queue)),
+                    Admission::WaitForRoom => {
+                        drop(qs);
+                        if !dep_waited {
+                            dep_waited = true;
+                            Counters::add(&self.stats.dep_waits, 1);
+                        }
+                        if waited_ns() > dep_limit {
+                            return Err(SubmitError::TooManyPending(queue));
+                        }
+                        self.service();
+                        p.delay_ns(10_000);
+                        continue;
+                    }
+                }
+            }
             // Dependencies (a submission without waits can not close a cycle).
             if waiting {
                 let mut deps = self.deps.lock();

@@ -26,6 +26,14 @@
 //! polled again, as in the spin phase), so too small a hub costs CPU,
 //! never a hang.
 //!
+//! Each future holds at most one slot (a [`Registration`]), its own even
+//! when futures share a task's waker, and gives it back as soon as it
+//! completes or is dropped: a dropped future leaves no waker behind, so
+//! nothing wakes its task on its behalf, and its slot is free for the next
+//! wait at once. Dropping a future that holds a slot takes the hub's lock
+//! (as a registration does), so futures are dropped where they are polled,
+//! never in the interrupt handler that drives the hub.
+//!
 //! The blocking [`Engine::wait`] is unchanged.
 
 use core::future::Future;
@@ -45,7 +53,22 @@ use crate::platform::Platform;
 struct Slot {
     waker: Option<Waker>,
     deadline_ns: u64,
+    /// Bumped whenever a waker is stored in the empty slot, so that a
+    /// [`Registration`] of an earlier occupant never releases a later one.
+    generation: u32,
 }
+
+/// A future's hold on one slot of a [`Wakeups`] hub: the slot's index and
+/// its generation when the future's waker was stored there. Stale once the
+/// hub woke the waiter (the slot is empty) or gave the slot to another.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Registration {
+    index: usize,
+    generation: u32,
+}
+
+/// An empty slot (for the hub's `const` constructor).
+const EMPTY: Slot = Slot { waker: None, deadline_ns: 0, generation: 0 };
 
 /// The hub's lock: spin's; under `--cfg loom` one whose flag is a loom
 /// atomic, so the model checker sees it (`tests/loom.rs`).
@@ -73,22 +96,15 @@ impl<const N: usize> Wakeups<N> {
     /// An empty hub (const: it can be a `static`).
     #[cfg(not(loom))]
     pub const fn new() -> Self {
-        Wakeups {
-            slots: lock_api::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
-            missed: AtomicBool::new(false),
-            notify: None,
-        }
+        Wakeups { slots: lock_api::Mutex::new([EMPTY; N]), missed: AtomicBool::new(false), notify: None }
     }
 
     /// An empty hub (loom: its atomics are not `const`, and the lock's
     /// flag is made by a first use before the hub is shared).
     #[cfg(loom)]
     pub fn new() -> Self {
-        let w = Wakeups {
-            slots: lock_api::Mutex::new([const { Slot { waker: None, deadline_ns: 0 } }; N]),
-            missed: AtomicBool::new(false),
-            notify: None,
-        };
+        let w =
+            Wakeups { slots: lock_api::Mutex::new([EMPTY; N]), missed: AtomicBool::new(false), notify: None };
         drop(w.slots.try_lock());
         w
     }
@@ -108,6 +124,10 @@ impl<const N: usize> Wakeups<N> {
     /// `deadline_ns` or at the next interrupt. False when every slot is
     /// taken: the caller must wake itself. An interrupt or tick that found
     /// the hub busy is delivered here: every waiter is woken.
+    ///
+    /// Entries are found by waker, so nothing can take an entry back before
+    /// the hub wakes it: the futures of this module use
+    /// [`Wakeups::register_slot`] and [`Wakeups::release`] instead.
     pub fn register(&self, waker: &Waker, deadline_ns: u64) -> bool {
         let stored = {
             let mut slots = self.slots.lock();
@@ -117,25 +137,76 @@ impl<const N: usize> Wakeups<N> {
                 .or_else(|| slots.iter().position(|s| s.waker.is_none()));
             match pos.and_then(|i| slots.get_mut(i)) {
                 Some(s) => {
-                    if !s.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
-                        s.waker = Some(waker.clone());
-                    }
-                    s.deadline_ns = deadline_ns;
+                    store(s, waker, deadline_ns);
                     true
                 }
                 None => false,
             }
         };
+        self.after_lock();
+        if let (true, Some(n)) = (stored, self.notify) {
+            n(deadline_ns);
+        }
+        stored
+    }
+
+    /// Registers `waker` to be woken at `deadline_ns` or at the next
+    /// interrupt, in the slot `held` names if it still holds this caller's
+    /// entry (refreshed: the deadline, and the waker if it changed), else
+    /// in a free slot. Returns the slot now held, None when every slot is
+    /// taken (the caller must wake itself; `held` was stale then, as the
+    /// hub had woken it). An interrupt or tick that found the hub busy is
+    /// delivered here: every waiter is woken.
+    pub fn register_slot(
+        &self,
+        waker: &Waker,
+        deadline_ns: u64,
+        held: Option<Registration>,
+    ) -> Option<Registration> {
+        let got = {
+            let mut slots = self.slots.lock();
+            let own = held.filter(|r| {
+                slots.get(r.index).is_some_and(|s| s.waker.is_some() && s.generation == r.generation)
+            });
+            let index = own.map(|r| r.index).or_else(|| slots.iter().position(|s| s.waker.is_none()));
+            index.and_then(|index| {
+                let s = slots.get_mut(index)?;
+                store(s, waker, deadline_ns);
+                Some(Registration { index, generation: s.generation })
+            })
+        };
+        self.after_lock();
+        if let (Some(_), Some(n)) = (got, self.notify) {
+            n(deadline_ns);
+        }
+        got
+    }
+
+    /// Gives back the slot `r` names, if it still holds that registration's
+    /// entry (its waker is dropped, never woken); true when it did. An
+    /// interrupt or tick that found the hub busy is delivered here, as in
+    /// a registration (the hub may have been busy with this very release).
+    pub fn release(&self, r: Registration) -> bool {
+        let taken = {
+            let mut slots = self.slots.lock();
+            slots.get_mut(r.index).filter(|s| s.generation == r.generation).and_then(|s| s.waker.take())
+        };
+        // Dropped outside the lock: a waker's drop may run executor code.
+        let released = taken.is_some();
+        drop(taken);
+        self.after_lock();
+        released
+    }
+
+    /// Delivers an interrupt or tick that found the hub busy: wakes every
+    /// waiter. Called after each use of the lock from the waiting side.
+    fn after_lock(&self) {
         // A compare-exchange rather than a swap: the same here, and loom
         // 0.7 models it correctly (its swap lets a concurrent store slip
         // between the read and the write, tokio-rs/loom#254).
         if self.missed.compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
             self.wake_where(|_| true);
         }
-        if let (true, Some(n)) = (stored, self.notify) {
-            n(deadline_ns);
-        }
-        stored
     }
 
     /// Wakes (and unregisters) the waiters for which `due` holds; None when
@@ -189,6 +260,21 @@ impl<const N: usize> Wakeups<N> {
     pub fn waiting(&self) -> usize {
         self.slots.try_lock().map_or(0, |s| s.iter().filter(|s| s.waker.is_some()).count())
     }
+}
+
+/// Stores `waker` and `deadline_ns` in `s`: a new occupant of an empty
+/// slot gets a new generation; the same waiter keeps its own and its waker
+/// (replaced only if it would not wake the same task).
+fn store(s: &mut Slot, waker: &Waker, deadline_ns: u64) {
+    match &s.waker {
+        Some(w) if w.will_wake(waker) => {}
+        Some(_) => s.waker = Some(waker.clone()),
+        None => {
+            s.generation = s.generation.wrapping_add(1);
+            s.waker = Some(waker.clone());
+        }
+    }
+    s.deadline_ns = deadline_ns;
 }
 
 /// Why [`Engine::wait_any_async`] ended without a signalled fence.
@@ -248,9 +334,27 @@ struct Waiter<'a, 'd, B: Backend, const CHUNKS: usize, const N: usize> {
     fences: Fences<'a>,
     timeout_ns: u64,
     start_ns: Option<u64>,
+    /// The hub slot this future's waker is in, if any (given back when
+    /// the future completes or is dropped).
+    held: Option<Registration>,
+}
+
+/// A dropped future gives its hub slot back at once: its waker is dropped,
+/// never woken, and the slot is free for the next wait.
+impl<B: Backend, const CHUNKS: usize, const N: usize> Drop for Waiter<'_, '_, B, CHUNKS, N> {
+    fn drop(&mut self) {
+        self.unregister();
+    }
 }
 
 impl<B: Backend, const CHUNKS: usize, const N: usize> Waiter<'_, '_, B, CHUNKS, N> {
+    /// Gives back the hub slot, if this future holds one.
+    fn unregister(&mut self) {
+        if let Some(r) = self.held.take() {
+            self.hub.release(r);
+        }
+    }
+
     /// The first fence that is done or unwaitable.
     fn check(&self) -> Option<Step> {
         let mut i: usize = 0;
@@ -266,7 +370,16 @@ impl<B: Backend, const CHUNKS: usize, const N: usize> Waiter<'_, '_, B, CHUNKS, 
         None
     }
 
+    /// One poll; a ready result has given the hub slot back.
     fn poll_step(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
+        let step = self.poll_inner(cx);
+        if step.is_ready() {
+            self.unregister();
+        }
+        step
+    }
+
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Step> {
         let p = self.dev.b.platform();
         let now = p.now_ns();
         let start = *self.start_ns.get_or_insert(now);
@@ -285,7 +398,12 @@ impl<B: Backend, const CHUNKS: usize, const N: usize> Waiter<'_, '_, B, CHUNKS, 
         }
         let interval = self.dev.cfg.wait_interval(elapsed);
         let deadline = now.saturating_add(interval.min(self.timeout_ns.saturating_sub(elapsed)));
-        if interval == 0 || !self.hub.register(cx.waker(), deadline) {
+        if interval == 0 {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        self.held = self.hub.register_slot(cx.waker(), deadline, self.held);
+        if self.held.is_none() {
             cx.waker().wake_by_ref();
         }
         Poll::Pending
@@ -360,7 +478,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         hub: &'a Wakeups<N>,
         fence: Fence,
     ) -> FenceWait<'a, 'd, B, CHUNKS, N> {
-        FenceWait(Waiter { dev: self, hub, fences: Fences::One(fence), timeout_ns: u64::MAX, start_ns: None })
+        FenceWait(Waiter {
+            dev: self,
+            hub,
+            fences: Fences::One(fence),
+            timeout_ns: u64::MAX,
+            start_ns: None,
+            held: None,
+        })
     }
 
     /// A future that completes with the index of the first of `fences`
@@ -377,6 +502,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             fences: Fences::Any(fences),
             timeout_ns: u64::MAX,
             start_ns: None,
+            held: None,
         })
     }
 }
