@@ -2,7 +2,7 @@
 //! client, and a fault racing later submissions (docs/linux.md, "Trust
 //! model" and "Hangs, faults and reset").
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::os::fd::{FromRawFd, RawFd};
 use std::time::{Duration, Instant};
 
@@ -19,10 +19,16 @@ use crate::R;
 const X: u64 = 0x4000_0000;
 /// Its size.
 const X_SIZE: u64 = 4 << 20;
-/// FILLs of the whole buffer after the forged fence: several hundred
-/// milliseconds of work, longer than the driver ever waited for an engine
-/// to drain before a switch of address space.
-const FILLS: u32 = 900;
+/// The hostile process's buffer at [`X`]: it covers the victim's and more,
+/// so a FILL of it that ran on in the victim's VM would write all of the
+/// victim's buffer, then fault there.
+const A_SIZE: u64 = 16 << 20;
+/// Bytes per FILL (at most 16 MiB - 4 on gen1).
+const FILL_SIZE: u64 = A_SIZE - 4096;
+/// FILLs after the forged fence: several hundred milliseconds of work,
+/// longer than the driver ever waited for an engine to drain before a
+/// switch of address space.
+const FILLS: u32 = 200;
 /// Nothing is mapped here in any VM of these tests.
 const UNMAPPED: u64 = 0x7000_0000;
 
@@ -58,7 +64,9 @@ pub fn forged_fence_wait() -> R {
 /// runs only once A's IB has ended (the engine's root changes only when it
 /// is idle), so B's memory is untouched, B's job succeeds and its context
 /// stays OK; A's job fails (fault or hang), A's context alone is guilty
-/// and the devcoredump names A's process.
+/// and the devcoredump names A's process. A keeps its file (its VM) open
+/// until B is done, as a real attacker would: its IB must not be ended by
+/// the teardown of its own VM.
 fn forged_fence(then: Then) -> R {
     fixture::clear_devcoredumps()?;
     let mut b = Fx::new()?;
@@ -69,36 +77,35 @@ fn forged_fence(then: Then) -> R {
     let cb = b.ctx(u::engine::GFX)?;
     let (ib, dw) = b.ib(&[Command::WriteData { dst: DATA_VA + 0x40, data: Payload::Words(&[0x600D]) }])?;
 
-    let mut fds = [0i32; 2];
-    // SAFETY: pipe(2) into a two-element array.
-    ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe");
+    let (from_a_rd, from_a_wr) = pipe()?;
+    let (to_a_rd, to_a_wr) = pipe()?;
     // SAFETY: fork(2); the child runs `hostile` and _exits.
     let pid = unsafe { libc::fork() };
     if pid == 0 {
-        // SAFETY: the child's copy of the read end.
-        unsafe { libc::close(fds[0]) };
-        let r = hostile(then, fds[1]);
-        let msg = format!("R{}", r.err().unwrap_or_else(|| "ok".into()));
-        // SAFETY: writing our report to the pipe, then _exit in the child.
+        // SAFETY: the child's copies of the parent's ends.
         unsafe {
-            libc::write(fds[1], msg.as_ptr().cast(), msg.len());
-            libc::_exit(0);
+            libc::close(from_a_rd);
+            libc::close(to_a_wr);
         }
+        hostile(then, from_a_wr, to_a_rd);
     }
     ensure!(pid > 0, "fork: errno {}", drm::errno());
-    // SAFETY: the parent's copy of the write end.
-    unsafe { libc::close(fds[1]) };
-    // SAFETY: the read end is ours from here.
-    let mut from_a = unsafe { std::fs::File::from_raw_fd(fds[0]) };
-    let report = victim(&mut b, &xb, cb, ib, dw, &mut from_a);
-    let mut rest = String::new();
-    let _ = from_a.read_to_string(&mut rest);
+    // SAFETY: the child's ends, and ours from here.
+    let (mut from_a, to_a) = unsafe {
+        libc::close(from_a_wr);
+        libc::close(to_a_rd);
+        (BufReader::new(std::fs::File::from_raw_fd(from_a_rd)), std::fs::File::from_raw_fd(to_a_wr))
+    };
+    let report = victim(&mut b, &xb, cb, ib, dw, then, &mut from_a);
+    let mut line = String::new();
+    let _ = from_a.read_line(&mut line);
+    drop(to_a);
     let mut st = 0;
     // SAFETY: reaping our own child.
     unsafe { libc::waitpid(pid, &mut st, 0) };
-    let rest = rest.trim_start_matches('R');
-    report.map_err(|e| format!("{e}; the hostile process said: {rest}"))?;
-    ensure!(rest == "ok", "the hostile process: {rest}");
+    let said = line.trim_end().trim_start_matches('R');
+    report.map_err(|e| format!("{e}; the hostile process said: {said}"))?;
+    ensure!(said == "ok", "the hostile process: {said}");
     let dump = fixture::take_devcoredump()?;
     ensure!(
         dump.contains(&format!("process: {pid} ")),
@@ -107,9 +114,25 @@ fn forged_fence(then: Then) -> R {
     Ok(())
 }
 
+/// pipe(2): (read end, write end).
+fn pipe() -> Result<(RawFd, RawFd), String> {
+    let mut fds = [0i32; 2];
+    // SAFETY: pipe(2) into a two-element array.
+    ensure!(unsafe { libc::pipe(fds.as_mut_ptr()) } == 0, "pipe: errno {}", drm::errno());
+    Ok((fds[0], fds[1]))
+}
+
 /// B's side: waits until A has submitted, lets A's forged FENCE run,
 /// submits and checks.
-fn victim(b: &mut Fx, xb: &fixture::Buf, cb: u32, ib: u64, dw: u32, from_a: &mut std::fs::File) -> R {
+fn victim(
+    b: &mut Fx,
+    xb: &fixture::Buf,
+    cb: u32,
+    ib: u64,
+    dw: u32,
+    then: Then,
+    from_a: &mut BufReader<std::fs::File>,
+) -> R {
     let mut byte = [0u8; 1];
     ensure!(
         from_a.read_exact(&mut byte).is_ok() && byte[0] == b'S',
@@ -126,6 +149,8 @@ fn victim(b: &mut Fx, xb: &fixture::Buf, cb: u32, ib: u64, dw: u32, from_a: &mut
     let t0 = Instant::now();
     b.wait(p)?;
     let waited = t0.elapsed();
+    let what = if then == Then::Fill { "fill" } else { "wait" };
+    println!("guest: forged_fence_{what}: the victim's job waited {} ms", waited.as_millis());
     let status = drm::sync_file_status(s.out_fence_fd).map_err(|e| format!("SYNC_IOC_FILE_INFO: errno {e}"));
     // SAFETY: closing the fd the kernel gave us.
     unsafe { libc::close(s.out_fence_fd) };
@@ -146,13 +171,31 @@ fn victim(b: &mut Fx, xb: &fixture::Buf, cb: u32, ib: u64, dw: u32, from_a: &mut
     Ok(())
 }
 
-/// A's side, in the child: its own device file (its own VM), a buffer at
-/// [`X`] too (so its FILLs are legal in its VM), the forged fence, then
-/// [`Then`]. Tells the parent `S` once submitted; returns what it saw of
-/// its job and context.
-fn hostile(then: Then, to_b: RawFd) -> R {
-    let mut a = Fx::new()?;
-    let _xa = buf(&a.dev, X_SIZE, X)?;
+/// A's side, in the child: its own device file (its own VM) with a buffer
+/// at [`X`] too (so its FILLs are legal in its VM), the job
+/// ([`hostile_job`]), then a report line to the parent (`R` and `ok` or
+/// the failure). The file stays open until the parent closes its pipe.
+fn hostile(then: Then, to_b: RawFd, from_b: RawFd) -> ! {
+    let mut setup = Fx::new().and_then(|a| Ok((buf(&a.dev, A_SIZE, X)?, a)));
+    let r = match &mut setup {
+        Ok((_, a)) => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| hostile_job(then, a, to_b)))
+            .unwrap_or_else(|_| Err("panicked".into())),
+        Err(e) => Err(e.clone()),
+    };
+    let msg = format!("R{}\n", r.err().unwrap_or_else(|| "ok".into()).replace('\n', " | "));
+    let mut byte = [0u8; 1];
+    // SAFETY: the report, a read that returns at the parent's EOF, and
+    // _exit in the child (no destructor of the parent's state runs).
+    unsafe {
+        libc::write(to_b, msg.as_ptr().cast(), msg.len());
+        libc::read(from_b, byte.as_mut_ptr().cast(), 1);
+        libc::_exit(0)
+    }
+}
+
+/// The forged fence, then [`Then`]. Tells the parent `S` once submitted;
+/// returns what it saw of its job and context.
+fn hostile_job(then: Then, a: &mut Fx, to_b: RawFd) -> R {
     let va_end = a.dev.param(u::param::VA_END).map_err(|e| format!("VA_END: errno {e}"))?;
     // GFX's slot in this VM's fence page (docs/linux.md, the kernel region).
     let slot = va_end + (3 << 20) + 64 * u64::from(u::engine::GFX);
@@ -160,7 +203,7 @@ fn hostile(then: Then, to_b: RawFd) -> R {
     let mut cmds = vec![Command::Fence { addr: slot, value: 1 << 62, irq: true }];
     match then {
         Then::Fill => {
-            cmds.extend((0..FILLS).map(|i| Command::Fill { dst: X, size: X_SIZE, value: 0xA5A5_0000 | i }));
+            cmds.extend((0..FILLS).map(|i| Command::Fill { dst: X, size: FILL_SIZE, value: 0xA5A5_0000 | i }));
             cmds.push(Command::Copy { src: UNMAPPED, dst: DATA_VA, size: 4 });
         }
         Then::Wait => cmds.push(wait_eq(DATA_VA + 0x40, 0xDEAD)),
