@@ -24,6 +24,8 @@
 #include "refgpu_drv.h"
 
 #define REFGPU_HW_TIMEOUT_US	(1000 * 1000)
+/* An engine whose jobs have completed is idle within microseconds. */
+#define REFGPU_DRAIN_TIMEOUT_US	(100 * 1000)
 
 /**
  * refgpu_doorbell() - ring an ivshmem doorbell of the model
@@ -74,25 +76,33 @@ int refgpu_hw_control(struct refgpu_device *rdev)
 }
 
 /**
- * refgpu_engine_hw_reset() - reset one engine (docs/refgpu.md 4.5)
+ * refgpu_engine_hw_reset_locked() - reset one engine (docs/refgpu.md 4.5)
  * @eng: the engine
+ * @error: the error of the fences still in its ring
  *
  * RING_BASE, RING_SIZE, CTRL.ENABLE, IRQ_MASK and ENGINE_ROOT are kept by
- * the device; RPTR and WPTR become 0.
+ * the device; RPTR and WPTR become 0. RPTR is not read from before the
+ * reset until the ring's fences have failed with @error and the ring
+ * starts again at offset 0 (refgpu_engine_ring_reset()): a read in
+ * between would take the new 0 for progress through the old ring.
+ * Caller holds &refgpu_device.hw_lock.
  *
- * Return: 0, or -ENODEV when the reset does not complete.
+ * Return: 0, or -ENODEV when the device is removed or the reset does not
+ * complete (it is then lost; the fences fail with -ENODEV).
  */
-int refgpu_engine_hw_reset(struct refgpu_engine *eng)
+int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error)
 {
 	struct refgpu_device *rdev = eng->rdev;
 	u32 val;
 	int ret, idx;
 
-	mutex_lock(&rdev->hw_lock);
+	lockdep_assert_held(&rdev->hw_lock);
 	if (!refgpu_hw_enter(rdev, &idx)) {
-		mutex_unlock(&rdev->hw_lock);
+		/* Nothing in the ring can be trusted to complete any more. */
+		refgpu_engine_fail_inflight(eng, -ENODEV);
 		return -ENODEV;
 	}
+	refgpu_engine_freeze(eng);
 	rg_ewrite(rdev, eng->id, REFGPU_CTRL, REFGPU_CTRL_ENABLE | REFGPU_CTRL_RESET);
 	refgpu_doorbell(rdev, REFGPU_CONTROL_VECTOR);
 	ret = read_poll_timeout(rg_eread, val, !(val & REFGPU_CTRL_RESET), 10,
@@ -102,13 +112,85 @@ int refgpu_engine_hw_reset(struct refgpu_engine *eng)
 		WRITE_ONCE(rdev->lost, true);
 		ret = -ENODEV;
 	}
-	eng->wptr = 0;
-	eng->faulted = false;
+	refgpu_engine_ring_reset(eng, ret ? -ENODEV : error);
 	eng->resets++;
 	atomic64_inc(&rdev->reset_count);
 	drm_dev_exit(idx);
-	mutex_unlock(&rdev->hw_lock);
 	return ret;
+}
+
+/**
+ * refgpu_engine_hw_reset() - reset one engine
+ * @eng: the engine
+ * @error: the error of the fences still in its ring
+ *
+ * Takes &refgpu_device.hw_lock; see refgpu_engine_hw_reset_locked().
+ *
+ * Return: 0 or -ENODEV.
+ */
+int refgpu_engine_hw_reset(struct refgpu_engine *eng, int error)
+{
+	int ret;
+
+	mutex_lock(&eng->rdev->hw_lock);
+	ret = refgpu_engine_hw_reset_locked(eng, error);
+	mutex_unlock(&eng->rdev->hw_lock);
+	return ret;
+}
+
+/**
+ * refgpu_engine_idle() - whether an engine has nothing left to execute
+ * @eng: the engine
+ *
+ * Idle is RPTR == WPTR with STATUS.BUSY clear (docs/refgpu.md 3.4): the
+ * last packet has completed, not only been fetched. A halted engine is not
+ * idle. Caller is in a refgpu_hw_enter() section.
+ */
+bool refgpu_engine_idle(struct refgpu_engine *eng)
+{
+	struct refgpu_device *rdev = eng->rdev;
+
+	return !(rg_eread(rdev, eng->id, REFGPU_STATUS) &
+		 (REFGPU_STATUS_BUSY | REFGPU_STATUS_HALTED)) &&
+	       rg_eread(rdev, eng->id, REFGPU_RING_RPTR) ==
+	       rg_eread(rdev, eng->id, REFGPU_RING_WPTR);
+}
+
+/**
+ * refgpu_engine_drain_locked() - make an engine idle before its root changes
+ * @eng: the engine, whose jobs have all completed or failed
+ *
+ * A job completes when its IB has ended; the FENCE packet after it may
+ * still be executing, through the VM the engine runs. That takes
+ * microseconds: an engine that does not drain within
+ * %REFGPU_DRAIN_TIMEOUT_US is out of order and is reset (what was still in
+ * its ring, if anything, fails with -EIO), so the root of another VM is
+ * never written while the engine may execute work of the one it leaves.
+ * Caller holds &refgpu_device.hw_lock.
+ *
+ * Return: 0 (idle), or -ENODEV (removed or lost).
+ */
+int refgpu_engine_drain_locked(struct refgpu_engine *eng)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	bool idle;
+	int idx;
+
+	lockdep_assert_held(&rdev->hw_lock);
+	if (!refgpu_hw_enter(rdev, &idx))
+		return -ENODEV;
+	if (read_poll_timeout(refgpu_engine_idle, idle, idle, 10, REFGPU_DRAIN_TIMEOUT_US,
+			      false, eng)) {
+		drm_err(&rdev->drm,
+			"engine %u not idle before an address-space switch (RPTR %#x WPTR %#x STATUS %#x), resetting\n",
+			eng->id, rg_eread(rdev, eng->id, REFGPU_RING_RPTR),
+			rg_eread(rdev, eng->id, REFGPU_RING_WPTR),
+			rg_eread(rdev, eng->id, REFGPU_STATUS));
+		drm_dev_exit(idx);
+		return refgpu_engine_hw_reset_locked(eng, -EIO);
+	}
+	drm_dev_exit(idx);
+	return 0;
 }
 
 /**
@@ -354,7 +436,6 @@ static int refgpu_hw_init(struct refgpu_device *rdev)
 	rg_write(rdev, REFGPU_MMU_ROOT_HI, upper_32_bits(root));
 	rg_write(rdev, REFGPU_MMU_CTRL, REFGPU_MMU_ENABLE);
 	for (e = 0; e < REFGPU_ENGINES; e++) {
-		struct refgpu_engine *eng = &rdev->engines[e];
 		u64 ring = REFGPU_KVA_RING(rdev, e);
 
 		rg_write(rdev, REFGPU_ENGINE_ROOT_LO(e), 0);
@@ -363,7 +444,6 @@ static int refgpu_hw_init(struct refgpu_device *rdev)
 		rg_ewrite(rdev, e, REFGPU_RING_BASE_HI, upper_32_bits(ring));
 		rg_ewrite(rdev, e, REFGPU_RING_SIZE_REG, REFGPU_RING_SIZE);
 		rg_ewrite(rdev, e, REFGPU_CTRL, REFGPU_CTRL_ENABLE | REFGPU_CTRL_RESET);
-		eng->wptr = 0;
 	}
 	ret = refgpu_hw_control(rdev);
 	for (e = 0; !ret && e < REFGPU_ENGINES; e++)
@@ -565,6 +645,9 @@ static void refgpu_remove(struct pci_dev *pdev)
 	u32 e;
 
 	drm_dev_unplug(&rdev->drm);
+	/* What the engines completed signals now: RPTR means nothing after the stop. */
+	for (e = 0; e < REFGPU_ENGINES; e++)
+		refgpu_engine_freeze(&rdev->engines[e]);
 	refgpu_hw_fini(rdev);
 	/* A lost device that ignored the stop cannot reach memory either. */
 	pci_clear_master(pdev);

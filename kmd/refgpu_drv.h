@@ -24,7 +24,10 @@
 
 #define REFGPU_ENGINES		3
 #define REFGPU_RING_SIZE	SZ_16K
-/* Jobs in flight per engine: each takes at most 2 x 9 dwords of ring. */
+/*
+ * Jobs in flight per engine (the scheduler's credits): each takes at most
+ * 9 dwords of ring and 8 of padding, so they always fit (run_job checks).
+ */
 #define REFGPU_JOBS_IN_FLIGHT	64
 #define REFGPU_MAX_CTX_PER_FILE	64
 #define REFGPU_MAX_SYNCS	64
@@ -44,19 +47,29 @@ struct dma_buf_attachment;
 struct sg_table;
 
 /**
- * struct refgpu_fence - hardware fence: the FENCE packet a job ends with
+ * struct refgpu_fence - hardware fence: the end of one job's IB in a ring
  * @base: the dma_fence
  * @node: entry in &refgpu_engine.inflight
  * @engine: the engine that runs it
+ * @ring_start: ring position of the job's INDIRECT_BUFFER packet
+ * @ring_done: ring position after it: once the engine's read pointer is
+ *	there, the IB has ended (docs/refgpu.md 4.1)
  */
 struct refgpu_fence {
 	struct dma_fence base;
 	struct list_head node;
 	u32 engine;
+	u64 ring_start;
+	u64 ring_done;
 };
 
 /**
  * struct refgpu_engine - one command processor and its ring
+ *
+ * Ring positions count the bytes written to the ring since the engine was
+ * set up and never wrap: the ring offset of position p is p modulo
+ * %REFGPU_RING_SIZE. A reset moves both ends to the next multiple of the
+ * ring size (offset 0, where the device puts RPTR and WPTR).
  */
 struct refgpu_engine {
 	struct refgpu_device *rdev;
@@ -64,19 +77,30 @@ struct refgpu_engine {
 	struct drm_gpu_scheduler sched;
 	u64 fence_context;
 
-	/* @lock: protects @inflight, @emitted, @completed (taken in IRQ) */
+	/*
+	 * @lock: protects @inflight, @emitted, @completed, @head, @tail,
+	 * @frozen and the fault latch (taken in IRQ).
+	 *
+	 * @head: the engine's read position (RPTR) as last read;
+	 * @tail: where the next packet goes (WPTR). Completion is read from
+	 * RPTR only, which user work cannot move: never from memory a job
+	 * can write.
+	 * @frozen: RPTR is not read (the engine is being reset or is stopped).
+	 */
 	spinlock_t lock;
 	struct list_head inflight;
 	u64 emitted;
 	u64 completed;
+	u64 head;
+	u64 tail;
+	bool frozen;
 
 	/*
-	 * The ring: only touched from run_job and the timeout handler (in
-	 * refgpu_hw_enter() sections); freed by remove.
+	 * The ring: written by run_job (in refgpu_hw_enter() sections) under
+	 * @lock; freed by remove.
 	 */
 	u32 *ring;
 	dma_addr_t ring_dma;
-	u32 wptr;
 
 	/*
 	 * The VM whose root ENGINE_ROOT holds (not a reference: the VM
@@ -250,7 +274,10 @@ static inline bool refgpu_hw_enter(struct refgpu_device *rdev, int *idx)
 
 void refgpu_doorbell(struct refgpu_device *rdev, u32 vector);
 int refgpu_hw_control(struct refgpu_device *rdev);
-int refgpu_engine_hw_reset(struct refgpu_engine *eng);
+bool refgpu_engine_idle(struct refgpu_engine *eng);
+int refgpu_engine_hw_reset(struct refgpu_engine *eng, int error);
+int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error);
+int refgpu_engine_drain_locked(struct refgpu_engine *eng);
 int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root);
 
 /* refgpu_gem.c */
@@ -269,6 +296,8 @@ struct refgpu_vm *refgpu_vm_create(struct refgpu_device *rdev);
 struct refgpu_vm *refgpu_vm_get(struct refgpu_vm *vm);
 void refgpu_vm_put(struct refgpu_vm *vm);
 u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine);
+pid_t refgpu_vm_pid(const struct refgpu_vm *vm);
+const char *refgpu_vm_comm(const struct refgpu_vm *vm);
 dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
@@ -279,6 +308,8 @@ int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 /* refgpu_sched.c */
 int refgpu_engine_init(struct refgpu_device *rdev, u32 e);
 void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error);
+void refgpu_engine_freeze(struct refgpu_engine *eng);
+void refgpu_engine_ring_reset(struct refgpu_engine *eng, int error);
 void refgpu_engine_free_ring(struct refgpu_engine *eng);
 void refgpu_engine_irq(struct refgpu_engine *eng, u32 status);
 void refgpu_file_ctx_fini(struct refgpu_file *rfile);

@@ -3,11 +3,13 @@
 /*
  * Contexts, jobs and the rings: one drm_gpu_scheduler per engine, one
  * scheduler entity per context. run_job writes INDIRECT_BUFFER + FENCE
- * (docs/refgpu.md 6.8, 6.5) into the engine's ring; the FENCE writes the
- * job's sequence number into the running VM's fence slot and raises the
- * engine's interrupt. Hangs (the scheduler's timeout) and faults (the
- * fault interrupt) reset the engine, mark the context that ran the stuck
- * job guilty, and re-run the innocent jobs that were in the ring.
+ * (docs/refgpu.md 6.8, 6.5) into the engine's ring; the FENCE raises the
+ * engine's interrupt, and a job is complete once the engine's RPTR has
+ * passed its INDIRECT_BUFFER (never from memory user work can write).
+ * Hangs (the scheduler's timeout) and faults (the fault interrupt) are
+ * recovered only in the timeout handler: it resets the engine, marks the
+ * context whose IB the engine was executing guilty, and re-runs the
+ * innocent jobs that were in the ring.
  */
 
 #include <linux/devcoredump.h>
@@ -52,21 +54,52 @@ static const struct dma_fence_ops refgpu_fence_ops = {
 };
 
 /*
- * Signals the in-flight fences the running VM's fence slot has reached.
- * Jobs of one engine run in order and an engine runs one VM at a time, so
- * the slot of the current VM tells how far the engine got.
+ * The engine's read position: RPTR (docs/refgpu.md 4.1) as a ring
+ * position in [head, tail]. RPTR only moves forward and never past WPTR,
+ * and the ring never holds more than REFGPU_RING_SIZE - 4 bytes, so
+ * exactly one position in that range has RPTR's offset. False for a value
+ * the engine cannot report: nothing is taken from it.
+ */
+static bool refgpu_engine_read_pos(struct refgpu_engine *eng, u64 *pos)
+{
+	u32 rptr = rg_eread(eng->rdev, eng->id, REFGPU_RING_RPTR);
+	u64 p;
+
+	if (rptr >= REFGPU_RING_SIZE || rptr % 4)
+		return false;
+	p = eng->head + (((u64)rptr - eng->head) & (REFGPU_RING_SIZE - 1));
+	if (p > eng->tail)
+		return false;
+	*pos = p;
+	return true;
+}
+
+/*
+ * Signals the in-flight fences whose IB the engine has left. Completion
+ * comes from RPTR, which only the engine moves: it passes a job's
+ * INDIRECT_BUFFER packet once the IB has ended, every memory write of it
+ * complete (docs/refgpu.md 4.1, 4.3). Fence slots in memory are not read:
+ * user work can write them (they are in its VM). Jobs of one engine run
+ * in ring order, so the fences signal in order.
  */
 static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
 {
 	struct refgpu_fence *f, *tmp;
-	u64 value;
+	u64 pos;
 
 	lockdep_assert_held(&eng->lock);
-	if (!eng->cur_vm)
+	if (eng->frozen)
 		return;
-	value = refgpu_vm_fence_value(eng->cur_vm, eng->id);
+	if (!refgpu_engine_read_pos(eng, &pos)) {
+		drm_err_ratelimited(&eng->rdev->drm, "engine %u: RPTR %#x outside its ring's work, ignored\n",
+				    eng->id, rg_eread(eng->rdev, eng->id, REFGPU_RING_RPTR));
+		return;
+	}
+	/* What the IBs wrote is read after the RPTR that says they ended. */
+	dma_rmb();
+	eng->head = pos;
 	list_for_each_entry_safe(f, tmp, &eng->inflight, node) {
-		if (f->base.seqno > value)
+		if (f->ring_done > pos)
 			break;
 		list_del_init(&f->node);
 		eng->completed = f->base.seqno;
@@ -90,16 +123,49 @@ static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
 }
 
 /**
- * refgpu_engine_fail_inflight() - end every fence in a stopped engine's ring
- * @eng: the engine, stopped (its device removed or lost)
- * @error: the error of the fences it had not reached
+ * refgpu_engine_freeze() - signal what an engine completed, then stop reading RPTR
+ * @eng: the engine, about to be reset or stopped (its registers mapped)
+ */
+void refgpu_engine_freeze(struct refgpu_engine *eng)
+{
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_signal_locked(eng);
+	eng->frozen = true;
+	spin_unlock_irq(&eng->lock);
+}
+
+/**
+ * refgpu_engine_ring_reset() - the software side of an engine reset
+ * @eng: the engine, frozen and just reset (RPTR = WPTR = 0)
+ * @error: the error of the fences still in flight
  *
- * The fences the engine did reach signal without error.
+ * In one step for the interrupt handler: the fences fail, both ends of
+ * the ring move to offset 0 and RPTR is read again.
+ */
+void refgpu_engine_ring_reset(struct refgpu_engine *eng, int error)
+{
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_cancel_locked(eng, error);
+	eng->tail = round_up(eng->tail, REFGPU_RING_SIZE);
+	eng->head = eng->tail;
+	eng->faulted = false;
+	eng->frozen = false;
+	spin_unlock_irq(&eng->lock);
+}
+
+/**
+ * refgpu_engine_fail_inflight() - end every fence in a stopped engine's ring
+ * @eng: the engine, stopped or unreachable (its device removed or lost)
+ * @error: the error of the fences
+ *
+ * RPTR is not read (the registers may be gone): what the engine completed
+ * since the last interrupt fails too. remove signals what it can first
+ * (refgpu_engine_freeze()).
  */
 void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error)
 {
 	spin_lock_irq(&eng->lock);
-	refgpu_engine_signal_locked(eng);
+	eng->frozen = true;
 	refgpu_engine_cancel_locked(eng, error);
 	spin_unlock_irq(&eng->lock);
 }
@@ -108,6 +174,9 @@ void refgpu_engine_fail_inflight(struct refgpu_engine *eng, int error)
  * refgpu_engine_irq() - interrupt of one engine
  * @eng: the engine
  * @status: its IRQ_STATUS bits, already cleared
+ *
+ * A FENCE interrupt is only a hint to read RPTR again: user work can raise
+ * it too (FENCE with IRQ is legal in an IB), and gains nothing by it.
  */
 void refgpu_engine_irq(struct refgpu_engine *eng, u32 status)
 {
@@ -138,33 +207,60 @@ static u32 refgpu_hdr(struct refgpu_device *rdev, u32 op1, u32 op2, u32 flags, u
 	return 0x7u << 28 | ndw << 16 | flags << 8 | op2;
 }
 
-static void refgpu_ring_emit(struct refgpu_engine *eng, const u32 *dw, u32 n)
+static void refgpu_ring_put(struct refgpu_engine *eng, const u32 *dw, u32 n)
 {
-	u32 i;
+	u32 off = eng->tail & (REFGPU_RING_SIZE - 1), i;
 
 	for (i = 0; i < n; i++)
-		WRITE_ONCE(eng->ring[eng->wptr / 4 + i], dw[i]);
-	eng->wptr += 4 * n;
-	if (eng->wptr == REFGPU_RING_SIZE)
-		eng->wptr = 0;
+		WRITE_ONCE(eng->ring[off / 4 + i], dw[i]);
+	eng->tail += 4 * n;
 }
 
 /* INDIRECT_BUFFER + FENCE(IRQ): 4 + 5 dwords, no packet crosses the end. */
 #define REFGPU_JOB_DW	9
+/* At most 8 dwords of NOP before them, to the end of the ring. */
+#define REFGPU_JOB_MAX_BYTES	(4 * (2 * REFGPU_JOB_DW - 1))
+static_assert(REFGPU_JOBS_IN_FLIGHT * REFGPU_JOB_MAX_BYTES <= REFGPU_RING_SIZE - 4);
 
-static void refgpu_ring_job(struct refgpu_engine *eng, u64 ib_va, u32 ib_dw, u64 seqno)
+/*
+ * Whether the job's packets fit before RPTR. The ring holds at most
+ * REFGPU_RING_SIZE - 4 bytes (docs/refgpu.md 4.1); the scheduler's credits
+ * keep the jobs of a ring below that, and their fences signal only once
+ * RPTR has passed their IBs, so this holds unless the device misbehaves.
+ */
+static bool refgpu_ring_fits_locked(struct refgpu_engine *eng)
+{
+	lockdep_assert_held(&eng->lock);
+	if (eng->tail + REFGPU_JOB_MAX_BYTES - eng->head <= REFGPU_RING_SIZE - 4)
+		return true;
+	refgpu_engine_signal_locked(eng);
+	return eng->tail + REFGPU_JOB_MAX_BYTES - eng->head <= REFGPU_RING_SIZE - 4;
+}
+
+/*
+ * Writes the job's packets after any padding, records where they are in
+ * @fence and publishes them. The FENCE writes the job's sequence number
+ * into the running VM's fence slot, for debugging only, and raises the
+ * interrupt. Caller holds the engine's lock and checked the space.
+ */
+static void refgpu_ring_job_locked(struct refgpu_engine *eng, struct refgpu_fence *fence,
+				   u64 ib_va, u32 ib_dw)
 {
 	struct refgpu_device *rdev = eng->rdev;
 	u64 slot = REFGPU_KVA_FENCE(rdev) + REFGPU_FENCE_SLOT(eng->id);
-	u32 left = (REFGPU_RING_SIZE - eng->wptr) / 4;
+	u64 seqno = fence->base.seqno;
+	u32 left = (REFGPU_RING_SIZE - (eng->tail & (REFGPU_RING_SIZE - 1))) / 4;
 	u32 dw[REFGPU_JOB_DW];
 
+	lockdep_assert_held(&eng->lock);
 	if (left < REFGPU_JOB_DW) {
 		/* One NOP to the end of the ring; its payload is ignored. */
 		dw[0] = refgpu_hdr(rdev, REFGPU_OP_NOP, 0, left - 1);
-		WRITE_ONCE(eng->ring[eng->wptr / 4], dw[0]);
-		eng->wptr = 0;
+		refgpu_ring_put(eng, dw, 1);
+		eng->tail += 4 * (left - 1);
 	}
+	fence->ring_start = eng->tail;
+	fence->ring_done = eng->tail + 4 * 4;
 	dw[0] = refgpu_hdr(rdev, REFGPU_OP_INDIRECT_BUFFER, 0, 3);
 	dw[1] = lower_32_bits(ib_va);
 	dw[2] = upper_32_bits(ib_va);
@@ -174,11 +270,10 @@ static void refgpu_ring_job(struct refgpu_engine *eng, u64 ib_va, u32 ib_dw, u64
 	dw[6] = upper_32_bits(slot);
 	dw[7] = lower_32_bits(seqno);
 	dw[8] = upper_32_bits(seqno);
-	refgpu_ring_emit(eng, dw, REFGPU_JOB_DW);
+	refgpu_ring_put(eng, dw, REFGPU_JOB_DW);
 	/* Packets before WPTR (the doorbell orders them before itself). */
 	wmb();
-	rg_ewrite(rdev, eng->id, REFGPU_RING_WPTR, eng->wptr);
-	refgpu_doorbell(rdev, eng->id);
+	rg_ewrite(rdev, eng->id, REFGPU_RING_WPTR, eng->tail & (REFGPU_RING_SIZE - 1));
 }
 
 /* ----- scheduler backend */
@@ -194,7 +289,12 @@ static struct dma_fence *refgpu_job_prepare(struct drm_sched_job *sched_job,
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 	struct refgpu_engine *eng = refgpu_job_engine(job);
 
-	/* The engine's root changes only while it is idle. */
+	/*
+	 * The engine's root changes only once every job in its ring has
+	 * ended: their fences signal when RPTR has passed their IBs, so no
+	 * work of the VM it leaves is left but the last FENCE (run_job waits
+	 * for it).
+	 */
 	if (READ_ONCE(eng->cur_vm) != job->vm && eng->last_fence &&
 	    !dma_fence_is_signaled(eng->last_fence))
 		return dma_fence_get(eng->last_fence);
@@ -228,32 +328,33 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 		if (!hw)
 			err = -ENODEV;
 	}
-	if (!err && eng->faulted)
-		/* Halted by a fault no job was pending for. */
-		err = refgpu_engine_hw_reset(eng);
-	if (!err && READ_ONCE(eng->cur_vm) != job->vm) {
-		u32 rptr;
-
-		/* The last FENCE was seen; let the engine step past it. */
-		read_poll_timeout(rg_eread, rptr, rptr == eng->wptr, 10, 100000, false,
-				  rdev, eng->id, REFGPU_RING_RPTR);
+	/*
+	 * Another VM's job: every job of the ring has ended (prepare_job), so
+	 * the engine is switched once idle (or reset). A fault is never
+	 * handled here: the timeout handler owns recovery, and a halted
+	 * engine just keeps this job in its ring until then.
+	 */
+	if (!err && READ_ONCE(eng->cur_vm) != job->vm)
 		err = refgpu_engine_set_root(eng, job->vm);
-	}
 
 	spin_lock_irq(&eng->lock);
+	if (!err && WARN_ON_ONCE(!refgpu_ring_fits_locked(eng)))
+		err = -ENOSPC;
 	dma_fence_init(&fence->base, &refgpu_fence_ops, &eng->lock, eng->fence_context,
 		       err ? eng->emitted : ++eng->emitted);
 	if (err) {
 		dma_fence_set_error(&fence->base, err);
 		dma_fence_signal_locked(&fence->base);
 	} else {
+		/* In flight before WPTR shows it: its interrupt finds it. */
 		list_add_tail(&fence->node, &eng->inflight);
 		dma_fence_get(&fence->base);
+		refgpu_ring_job_locked(eng, fence, job->ib_va, job->ib_dw);
 	}
 	spin_unlock_irq(&eng->lock);
 
 	if (!err) {
-		refgpu_ring_job(eng, job->ib_va, job->ib_dw, fence->base.seqno);
+		refgpu_doorbell(rdev, eng->id);
 		dma_fence_put(eng->last_fence);
 		eng->last_fence = dma_fence_get(&fence->base);
 	}
@@ -279,9 +380,14 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job, b
 	P("reason: %s\n", fault ? "fault" : "timeout");
 	P("chip_id: %#010x\n", rdev->chip_id);
 	P("engine: %u (%s)\n", e, refgpu_engine_names[e]);
-	if (job)
+	if (job) {
 		P("context: %u ib_va: %#llx ib_size_dw: %u\n", job->ctx->id, job->ib_va, job->ib_dw);
+		P("process: %d (%s)\n", refgpu_vm_pid(job->vm), refgpu_vm_comm(job->vm));
+	} else {
+		P("context: none (no job's IB was executing)\n");
+	}
 	P("seqno: emitted %llu completed %llu\n", eng->emitted, eng->completed);
+	P("ring: head %#llx tail %#llx\n", eng->head, eng->tail);
 	rptr = rg_eread(rdev, e, REFGPU_RING_RPTR);
 	P("RING_BASE: %#010x%08x\n", rg_eread(rdev, e, REFGPU_RING_BASE_HI),
 	  rg_eread(rdev, e, REFGPU_RING_BASE_LO));
@@ -314,12 +420,39 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job, b
 	dev_coredumpv(rdev->drm.dev, buf, len, GFP_KERNEL);
 }
 
+/*
+ * The job whose IB the engine is executing: RPTR stays on a job's
+ * INDIRECT_BUFFER packet while its IB runs, hangs or is halted by a fault
+ * (docs/refgpu.md 4.1, 4.4). The engine's registers say it, not the order
+ * of the fences: a job whose IB has not started is not blamed. NULL when
+ * RPTR is on no job's IB (between jobs, or a value it cannot report).
+ */
+static struct refgpu_fence *refgpu_engine_culprit_locked(struct refgpu_engine *eng)
+{
+	struct refgpu_fence *f;
+	u64 pos;
+
+	lockdep_assert_held(&eng->lock);
+	if (eng->frozen || !refgpu_engine_read_pos(eng, &pos))
+		return NULL;
+	list_for_each_entry(f, &eng->inflight, node)
+		if (pos >= f->ring_start && pos < f->ring_done)
+			return f;
+	return NULL;
+}
+
+/*
+ * The one place that recovers an engine: the scheduler's timeout, or a
+ * fault (drm_sched_fault() runs it at once). The scheduler is stopped
+ * first, so no run_job writes the ring meanwhile.
+ */
 static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_job)
 {
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 	struct refgpu_engine *eng = refgpu_job_engine(job);
 	struct refgpu_device *rdev = eng->rdev;
 	struct refgpu_job *guilty = NULL;
+	struct refgpu_fence *culprit;
 	struct drm_sched_job *s;
 	bool fault;
 	int idx;
@@ -344,26 +477,32 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 
 	spin_lock_irq(&eng->lock);
 	refgpu_engine_signal_locked(eng);
+	culprit = refgpu_engine_culprit_locked(eng);
 	fault = eng->faulted;
 	spin_unlock_irq(&eng->lock);
 
-	/* The stuck job: the oldest one whose FENCE has not been seen. */
-	list_for_each_entry(s, &eng->sched.pending_list, list) {
-		struct refgpu_job *j = to_refgpu_job(s);
+	if (culprit) {
+		list_for_each_entry(s, &eng->sched.pending_list, list) {
+			struct refgpu_job *j = to_refgpu_job(s);
 
-		if (j->hw_fence && !dma_fence_is_signaled(j->hw_fence)) {
-			guilty = j;
-			break;
+			if (j->hw_fence == &culprit->base) {
+				guilty = j;
+				break;
+			}
 		}
 	}
 
+	/*
+	 * Nothing to do when the engine moved on meanwhile and did not fault
+	 * (the job ended just now, or its IB has not started yet).
+	 */
 	if (guilty || fault) {
 		refgpu_coredump(eng, guilty, fault);
 		if (guilty) {
 			struct refgpu_ctx *ctx = guilty->ctx;
 
-			drm_warn(&rdev->drm, "engine %s: context %u %s, resetting\n",
-				 refgpu_engine_names[eng->id], ctx->id,
+			drm_warn(&rdev->drm, "engine %s: context %u of pid %d %s, resetting\n",
+				 refgpu_engine_names[eng->id], ctx->id, refgpu_vm_pid(guilty->vm),
 				 fault ? "faulted" : "hung");
 			if (fault) {
 				ctx->fault_status = eng->fault_status;
@@ -375,13 +514,12 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 			atomic_set(&ctx->guilty, 1);
 			guilty->reset_error = fault ? -EIO : -ETIMEDOUT;
 			drm_sched_increase_karma(&guilty->base);
+		} else {
+			drm_warn(&rdev->drm, "engine %s: fault outside any job's IB, resetting\n",
+				 refgpu_engine_names[eng->id]);
 		}
-		refgpu_engine_hw_reset(eng);
-
-		spin_lock_irq(&eng->lock);
-		refgpu_engine_signal_locked(eng);
-		refgpu_engine_cancel_locked(eng, -ECANCELED);
-		spin_unlock_irq(&eng->lock);
+		/* The fences still in the ring fail; their jobs are run again below. */
+		refgpu_engine_hw_reset(eng, -ECANCELED);
 
 		/* Jobs of other contexts that were in the ring run again. */
 		list_for_each_entry(s, &eng->sched.pending_list, list) {
@@ -828,19 +966,21 @@ int refgpu_debugfs_engines_show(struct seq_file *m, void *data)
 		list_for_each_entry(f, &eng->inflight, node)
 			n++;
 		if (hw)
-			seq_printf(m, "engine %u %s: RPTR %#x WPTR %#x (sw %#x) CTRL %#x STATUS %#x ROOT %#x%08x FAULT %#x\n",
+			seq_printf(m, "engine %u %s: RPTR %#x WPTR %#x (sw %#llx) CTRL %#x STATUS %#x ROOT %#x%08x FAULT %#x\n",
 				   e, refgpu_engine_names[e], rg_eread(rdev, e, REFGPU_RING_RPTR),
-				   rg_eread(rdev, e, REFGPU_RING_WPTR), eng->wptr,
+				   rg_eread(rdev, e, REFGPU_RING_WPTR),
+				   eng->tail & (REFGPU_RING_SIZE - 1),
 				   rg_eread(rdev, e, REFGPU_CTRL), rg_eread(rdev, e, REFGPU_STATUS),
 				   rg_read(rdev, REFGPU_ENGINE_ROOT_HI(e)),
 				   rg_read(rdev, REFGPU_ENGINE_ROOT_LO(e)),
 				   rg_eread(rdev, e, REFGPU_FAULT_STATUS));
 		else
-			seq_printf(m, "engine %u %s: (device removed or lost) WPTR (sw) %#x\n",
-				   e, refgpu_engine_names[e], eng->wptr);
+			seq_printf(m, "engine %u %s: (device removed or lost) WPTR (sw) %#llx\n",
+				   e, refgpu_engine_names[e], eng->tail & (REFGPU_RING_SIZE - 1));
 		seq_printf(m, "  fences: emitted %llu completed %llu in_flight %u slot %llu resets %llu\n",
 			   eng->emitted, eng->completed, n,
 			   eng->cur_vm ? refgpu_vm_fence_value(eng->cur_vm, e) : 0, eng->resets);
+		seq_printf(m, "  ring: head %#llx tail %#llx\n", eng->head, eng->tail);
 		spin_unlock_irq(&eng->lock);
 	}
 	if (hw)

@@ -6,8 +6,9 @@
  *
  * Every VM maps, besides what userspace binds, a kernel region at the top
  * of the packet address range: the three engine rings (read-only) and the
- * VM's own fence page (the engines' FENCE packets write there while a job
- * of this VM runs). An engine runs one VM at a time (ENGINE_ROOT,
+ * VM's own fence page (the ring's FENCE packets write there while a job
+ * of this VM runs; the VM's jobs can write it too, so the driver never
+ * trusts it). An engine runs one VM at a time (ENGINE_ROOT,
  * docs/refgpu.md 3.4), switched only while it is idle.
  *
  * VM_BIND is synchronous: the ioctl waits for its in-syncs, applies the
@@ -257,9 +258,26 @@ dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm)
 	return vm->root->dma;
 }
 
+/*
+ * What the VM's fence slot of @engine holds: the sequence number of the
+ * last ring FENCE the engine ran in this VM, unless the VM's own jobs
+ * wrote something else there (the page is mapped writable in the VM).
+ * For debugging only: completion is never read from it.
+ */
 u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine)
 {
 	return READ_ONCE(vm->fence_cpu[REFGPU_FENCE_SLOT(engine) / 8]);
+}
+
+/* The process that created the VM (devcoredumps and logs name it). */
+pid_t refgpu_vm_pid(const struct refgpu_vm *vm)
+{
+	return vm->pid;
+}
+
+const char *refgpu_vm_comm(const struct refgpu_vm *vm)
+{
+	return vm->comm;
 }
 
 /* ----- the bind context: validated ops, preallocations, deferred release */
@@ -527,10 +545,13 @@ static void refgpu_vm_destroy(struct refgpu_vm *vm)
 }
 
 /**
- * refgpu_engine_set_root() - point an idle engine at a VM's page tables
- * @eng: the engine (idle: RPTR == WPTR, or halted, or just reset)
+ * refgpu_engine_set_root() - point an engine at a VM's page tables
+ * @eng: the engine, every job in its ring ended (completed or failed)
  * @vm: the VM
  *
+ * The root changes only once the engine is idle (RPTR == WPTR, not busy):
+ * the FENCE after the last IB may still run through the old VM. An engine
+ * that does not drain is reset first (refgpu_engine_drain_locked()).
  * The engine may walk @vm from the moment ENGINE_ROOT is written, and the
  * VM it leaves until the device acknowledges the switch: a failed switch
  * (the device is lost) leaves both marked in their &refgpu_vm.engines.
@@ -544,8 +565,11 @@ int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
 	int ret;
 
 	mutex_lock(&rdev->hw_lock);
-	vm->engines |= BIT(eng->id);
-	ret = refgpu_engine_write_root(eng, refgpu_vm_root_dma(vm));
+	ret = refgpu_engine_drain_locked(eng);
+	if (!ret) {
+		vm->engines |= BIT(eng->id);
+		ret = refgpu_engine_write_root(eng, refgpu_vm_root_dma(vm));
+	}
 	if (!ret) {
 		old = eng->cur_vm;
 		if (old && old != vm)
@@ -559,7 +583,8 @@ int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
 }
 
 /*
- * Points the engines that may walk @vm back at the null root; with
+ * Points the engines that may walk @vm back at the null root, each once
+ * it is idle (it may still run the FENCE after the VM's last IB); with
  * @stopped (the device runs nothing any more) only forgets @vm. Returns
  * whether an engine did not take the switch (it may still walk @vm).
  */
@@ -574,7 +599,8 @@ static bool refgpu_vm_detach(struct refgpu_vm *vm, bool stopped)
 
 		mutex_lock(&rdev->hw_lock);
 		if (vm->engines & BIT(e)) {
-			if (!stopped && refgpu_engine_write_root(eng, 0)) {
+			if (!stopped && (refgpu_engine_drain_locked(eng) ||
+					 refgpu_engine_write_root(eng, 0))) {
 				attached = true;
 			} else {
 				vm->engines &= ~BIT(e);

@@ -12,6 +12,7 @@
 
 mod drm;
 mod fixture;
+mod hostile;
 mod kernel_mode;
 mod tests;
 mod unplug;
