@@ -136,6 +136,13 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         }
     }
 
+    /// Whether the queue has never recorded a failure (its history then
+    /// admits anything a dependency table can hold).
+    #[inline]
+    pub(crate) fn no_failures(&self) -> bool {
+        self.failures.load(Ordering::Acquire) == 0
+    }
+
     /// Whether a new submission fits in the failure history (see
     /// [`FailureHistory::admit`]); `waiters` counts the queue's pending
     /// submissions with waits (not the new one). The caller holds the

@@ -305,6 +305,26 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         )
     }
 
+    /// Whether the failure history of `q` (which has recorded a failure)
+    /// has room for a new submission: `Ok(false)` once pending work
+    /// completes, `HistoryFull` until old failures are acknowledged (see
+    /// `sync::history`). The waiters are counted only when a full
+    /// dependency table would not fit. Out of line: the submit path of a
+    /// queue that never failed does not carry it.
+    #[cold]
+    #[inline(never)]
+    fn history_room(&self, q: &Queue<B>, queue: QueueId, waiting: bool) -> Result<bool, SubmitError> {
+        if q.admits_any(waiting) {
+            return Ok(true);
+        }
+        let waiters = self.deps.lock().tracked(queue);
+        match q.admit(waiters, waiting) {
+            Admission::Admit => Ok(true),
+            Admission::Full => Err(SubmitError::HistoryFull(queue)),
+            Admission::WaitForRoom => Ok(false),
+        }
+    }
+
     /// The locked part: sequence number, dependencies, buffers, emit.
     fn commit(
         &self,
@@ -337,32 +357,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 return Err(SubmitError::DeviceLost);
             }
             let seqno = q.emitted().next();
-            // The queue's failure history must have room for every failure
-            // its pending work and this submission could still bring, so
-            // that each is recorded exactly (the waiters are counted only
-            // when a full dependency table would not fit).
-            if !q.admits_any(waiting) {
-                let waiters = self.deps.lock().tracked(queue);
-                match q.admit(waiters, waiting) {
-                    Admission::Admit => {}
-                    Admission::Full => return Err(SubmitError::HistoryFull(queue)),
-                    Admission::WaitForRoom => {
-                        drop(qs);
-                        if !dep_waited {
-                            dep_waited = true;
-                            Counters::add(&self.stats.dep_waits, 1);
-                        }
-                        if waited_ns() > dep_limit {
-                            return Err(SubmitError::TooManyPending(queue));
-                        }
-                        self.service();
-                        p.delay_ns(10_000);
-                        continue;
-                    }
-                }
-            }
+            // Room for this submission: in the queue's failure history, for
+            // every failure its pending work and this submission could still
+            // bring (one load until the queue's first failure), and in the
+            // dependency table. Without room: release the queue, let work
+            // complete, try again (`TooManyPending` past the wait limit).
+            let mut room = q.no_failures() || self.history_room(q, queue, waiting)?;
             // Dependencies (a submission without waits can not close a cycle).
-            if waiting {
+            if room && waiting {
                 let mut deps = self.deps.lock();
                 for &id in waits {
                     if let Some(error) = self.queue(id.queue).and_then(|wq| wq.failure(id.seqno)) {
@@ -373,21 +375,23 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     }
                 }
                 deps.check(queue, seqno, waits, |o| self.completed_of(o)).map_err(SubmitError::from)?;
-                if !deps.has_room(queue) {
-                    drop(deps);
-                    drop(qs);
-                    if !dep_waited {
-                        dep_waited = true;
-                        Counters::add(&self.stats.dep_waits, 1);
-                    }
-                    if waited_ns() > dep_limit {
-                        return Err(SubmitError::TooManyPending(queue));
-                    }
-                    self.service();
-                    p.delay_ns(10_000);
-                    continue;
+                room = deps.has_room(queue);
+                if room {
+                    deps.record(queue, seqno, waits).map_err(SubmitError::from)?;
                 }
-                deps.record(queue, seqno, waits).map_err(SubmitError::from)?;
+            }
+            if !room {
+                drop(qs);
+                if !dep_waited {
+                    dep_waited = true;
+                    Counters::add(&self.stats.dep_waits, 1);
+                }
+                if waited_ns() > dep_limit {
+                    return Err(SubmitError::TooManyPending(queue));
+                }
+                self.service();
+                p.delay_ns(10_000);
+                continue;
             }
             // Declared buffers: checked and noted under the memory lock,
             // held across the emit so a concurrent free sees this use.
