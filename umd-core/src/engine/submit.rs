@@ -306,23 +306,41 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Whether the failure history of `q` (which has recorded a failure)
-    /// has room for a new submission: `Ok(false)` once pending work
-    /// completes, `HistoryFull` until old failures are acknowledged (see
-    /// `sync::history`). The waiters are counted only when a full
-    /// dependency table would not fit. Out of line: the submit path of a
-    /// queue that never failed does not carry it.
+    /// has room for a new submission, only once pending work completes, or
+    /// not until old failures are acknowledged (see `sync::history`). The
+    /// waiters are counted only when a full dependency table would not fit.
+    /// Out of line: the submit path of a queue that never failed does not
+    /// carry it.
     #[cold]
     #[inline(never)]
-    fn history_room(&self, q: &Queue<B>, queue: QueueId, waiting: bool) -> Result<bool, SubmitError> {
+    fn history_room(&self, q: &Queue<B>, queue: QueueId, waiting: bool) -> Admission {
         if q.admits_any(waiting) {
-            return Ok(true);
+            return Admission::Admit;
         }
         let waiters = self.deps.lock().tracked(queue);
-        match q.admit(waiters, waiting) {
-            Admission::Admit => Ok(true),
-            Admission::Full => Err(SubmitError::HistoryFull(queue)),
-            Admission::WaitForRoom => Ok(false),
+        q.admit(waiters, waiting)
+    }
+
+    /// One pause of a submission that found no room in its queue's failure
+    /// history or the dependency table (the submit lock released): lets
+    /// work complete, or refuses with `TooManyPending` once the wait began
+    /// `dep_wait_ns` ago. Out of line: a submission that finds room does
+    /// not carry it.
+    #[cold]
+    #[inline(never)]
+    fn wait_for_room(&self, queue: QueueId, started: &mut Option<u64>) -> Result<(), SubmitError> {
+        let p = self.b.platform();
+        let now = p.now_ns();
+        let start = *started.get_or_insert_with(|| {
+            Counters::add(&self.stats.dep_waits, 1);
+            now
+        });
+        if now.saturating_sub(start) > self.cfg.dep_wait_ns {
+            return Err(SubmitError::TooManyPending(queue));
         }
+        self.service();
+        p.delay_ns(10_000);
+        Ok(())
     }
 
     /// The locked part: sequence number, dependencies, buffers, emit.
@@ -344,8 +362,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let now = p.now_ns();
             now.saturating_sub(*start.get_or_insert(now))
         };
-        let dep_limit = self.cfg.dep_wait_ns;
-        let mut dep_waited = false;
+        // When the wait for room in the history or the dependency table
+        // began (see `wait_for_room`).
+        let mut dep_started: Option<u64> = None;
         // Read once: through the loop's calls the compiler would reload it
         // (and keep the dependency code of a submission without waits).
         let waiting = !waits.is_empty();
@@ -362,7 +381,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             // bring (one load until the queue's first failure), and in the
             // dependency table. Without room: release the queue, let work
             // complete, try again (`TooManyPending` past the wait limit).
-            let mut room = q.no_failures() || self.history_room(q, queue, waiting)?;
+            let mut room = q.no_failures() || {
+                match self.history_room(q, queue, waiting) {
+                    Admission::Admit => true,
+                    Admission::WaitForRoom => false,
+                    Admission::Full => return Err(SubmitError::HistoryFull(queue)),
+                }
+            };
             // Dependencies (a submission without waits can not close a cycle).
             if room && waiting {
                 let mut deps = self.deps.lock();
@@ -382,15 +407,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             }
             if !room {
                 drop(qs);
-                if !dep_waited {
-                    dep_waited = true;
-                    Counters::add(&self.stats.dep_waits, 1);
-                }
-                if waited_ns() > dep_limit {
-                    return Err(SubmitError::TooManyPending(queue));
-                }
-                self.service();
-                p.delay_ns(10_000);
+                self.wait_for_room(queue, &mut dep_started)?;
                 continue;
             }
             // Declared buffers: checked and noted under the memory lock,
