@@ -60,10 +60,15 @@ pub const SUITE_CHUNKS: usize = 16;
 /// The suite's configuration: small chunks and rings so chaining and
 /// wrap-around happen quickly, and a 1 s hang window: short enough that the
 /// hang scenario is quick, long enough that an engine thread starved on a
-/// loaded host (or a slow TCG guest) is not mistaken for a hang.
+/// loaded host (or a slow TCG guest) is not mistaken for a hang. A
+/// submission waits up to 5 s for room in a full dependency table (the
+/// default 0.5 s is a latency choice for applications): the wait is a
+/// failure guard here, and on a loaded host a model starved for half a
+/// second turned the stress scenario's waits into `TooManyPending`.
 pub const SUITE_CONFIG: Config = Config {
     ib_chunk_bytes: 4096,
     ring_bytes: 16 * 1024,
+    dep_wait_ns: 5_000_000_000,
     hang: HangConfig { window_ns: 1_000_000_000, ..Config::DEFAULT.hang },
     ..Config::DEFAULT
 };
