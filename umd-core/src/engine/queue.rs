@@ -100,19 +100,15 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
     /// reader that sees the forced value also sees the failure.
     pub(crate) fn outcome(&self, s: Seqno) -> Outcome {
         let done = self.completed();
-        let acknowledged = || {
-            let floor = self.floor.load(Ordering::Acquire);
-            floor != 0 && !s.is_after(Seqno(floor))
-        };
-        if acknowledged() {
-            return Outcome::Acknowledged;
-        }
         if let Some(e) = self.failure(s) {
             return Outcome::Failed(e);
         }
-        // Again: an acknowledgement between the first look and the lookup
-        // dropped the record (it moves the floor first, under the lock).
-        if acknowledged() {
+        // After the lookup: an acknowledgement moves the floor before it
+        // drops the records under it, so a fence whose record is gone is
+        // seen under the floor here. (A failure found above answers as it
+        // did before the acknowledgement: the answer does not change.)
+        let floor = self.floor.load(Ordering::Acquire);
+        if floor != 0 && !s.is_after(Seqno(floor)) {
             return Outcome::Acknowledged;
         }
         if s.is_signalled_by(done) {

@@ -166,7 +166,12 @@ fn victim(
         xb.map.r32(4 * bad[0])
     );
     ensure!(status == 1, "the victim's fence status {status}, expected success");
-    ensure!(q.state == u::ctx_state::OK, "the victim's context state {} (guilty_seqno {})", q.state, q.guilty_seqno);
+    ensure!(
+        q.state == u::ctx_state::OK,
+        "the victim's context state {} (guilty_seqno {})",
+        q.state,
+        q.guilty_seqno
+    );
     ensure!(b.data.map.r32(0x40) == 0x600D, "the victim's job did not run");
     Ok(())
 }
@@ -203,7 +208,11 @@ fn hostile_job(then: Then, a: &mut Fx, to_b: RawFd) -> R {
     let mut cmds = vec![Command::Fence { addr: slot, value: 1 << 62, irq: true }];
     match then {
         Then::Fill => {
-            cmds.extend((0..FILLS).map(|i| Command::Fill { dst: X, size: FILL_SIZE, value: 0xA5A5_0000 | i }));
+            cmds.extend((0..FILLS).map(|i| Command::Fill {
+                dst: X,
+                size: FILL_SIZE,
+                value: 0xA5A5_0000 | i,
+            }));
             cmds.push(Command::Copy { src: UNMAPPED, dst: DATA_VA, size: 4 });
         }
         Then::Wait => cmds.push(wait_eq(DATA_VA + 0x40, 0xDEAD)),
@@ -218,7 +227,8 @@ fn hostile_job(then: Then, a: &mut Fx, to_b: RawFd) -> R {
     // SAFETY: one byte to the parent.
     unsafe { libc::write(to_b, b"S".as_ptr().cast(), 1) };
     a.wait(p)?;
-    let status = drm::sync_file_status(s.out_fence_fd).map_err(|e| format!("SYNC_IOC_FILE_INFO: errno {e}"))?;
+    let status =
+        drm::sync_file_status(s.out_fence_fd).map_err(|e| format!("SYNC_IOC_FILE_INFO: errno {e}"))?;
     let q = a.dev.ctx_query(ca).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     // A fill variant slower than the timeout hangs instead of faulting.
     let want: &[i32] = match then {
@@ -296,7 +306,10 @@ pub fn fault_racing_submits() -> R {
             k_jobs.iter().map(|&(i, fd)| end_status(fd).map(|st| (i, st))).collect::<Result<_, _>>()?;
         let q = dev.ctx_query(c).map_err(|e| format!("CTX_QUERY C: errno {e}"))?;
         let qk = dev.ctx_query(k).map_err(|e| format!("CTX_QUERY K: errno {e}"))?;
-        ensure!(fstatus == -libc::EIO, "round {round}: the faulting job's fence status {fstatus}, expected -EIO");
+        ensure!(
+            fstatus == -libc::EIO,
+            "round {round}: the faulting job's fence status {fstatus}, expected -EIO"
+        );
         ensure!(
             c_end.is_none() || c_end == Some(libc::ECANCELED),
             "round {round}: SUBMIT on C failed with errno {c_end:?}"
@@ -317,7 +330,10 @@ pub fn fault_racing_submits() -> R {
                 i + 1
             );
         }
-        ensure!(q.state == u::ctx_state::GUILTY && q.guilty_seqno == fs.seqno, "round {round}: C's state {q:?}");
+        ensure!(
+            q.state == u::ctx_state::GUILTY && q.guilty_seqno == fs.seqno,
+            "round {round}: C's state {q:?}"
+        );
         ensure!(qk.state != u::ctx_state::GUILTY, "round {round}: K is guilty");
         hits += u32::from(qk.state == u::ctx_state::INNOCENT);
         fx.dev.ctx_destroy(c).map_err(|e| format!("CTX_DESTROY: errno {e}"))?;
