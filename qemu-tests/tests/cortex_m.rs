@@ -225,7 +225,8 @@ fn wrong_size_ram_file_is_a_harness_error() {
 /// `embassy-executor` on the M4: two tasks submit to GFX and COPY and
 /// await their fences concurrently (`wait_async`), plus a wait for "any
 /// of" two fences; the waits are woken by TIMER0 one-shot ticks at the
-/// adaptive schedule's deadlines (no interrupts on this binding). The
+/// adaptive schedule's deadlines (no interrupts on this binding); a wait
+/// dropped after it registered gives its hub slot back at once. The
 /// model charges 20 µs per packet so the waits really suspend.
 #[test]
 fn embassy_tasks_await_fences_concurrently() {
@@ -247,6 +248,10 @@ fn embassy_tasks_await_fences_concurrently() {
         it.next().and_then(|t| t.strip_prefix("ticks=")).and_then(|n| n.parse().ok()).unwrap_or(0);
     assert_eq!(overlap, 2, "the two tasks' waits never overlapped: {text}");
     assert!(ticks > 0, "no timer tick woke a wait: {text}");
+    assert!(
+        out.console.iter().any(|l| l.starts_with("@@ ASYNC dropped_wait ok")),
+        "a dropped wait did not give its hub slot back: {text}"
+    );
     assert_eq!(out.exit_code, Some(0), "{text}");
 }
 

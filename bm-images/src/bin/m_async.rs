@@ -4,13 +4,17 @@
 //! concurrently through `Device::wait_async`; a third future waits for
 //! "any of" two fences. The waits are woken by TIMER0 one-shot ticks at
 //! the deadlines of the adaptive schedule (`Wakeups::with_timer`): the
-//! binding has no interrupts. Prints `@@ ASYNC ...` lines, exit 0 when
-//! every wait succeeded, every word landed and the two tasks' waits
-//! overlapped; 1 otherwise.
+//! binding has no interrupts. Last, a wait that registered in the hub is
+//! dropped before its fence signals: its slot must be free at once.
+//! Prints `@@ ASYNC ...` lines, exit 0 when every wait succeeded, every
+//! word landed, the two tasks' waits overlapped and the dropped wait gave
+//! its slot back; 1 otherwise.
 #![no_std]
 #![no_main]
 
+use core::future::Future;
 use core::sync::atomic::{AtomicU32, Ordering};
+use core::task::{Context, RawWaker, RawWakerVTable, Waker};
 
 use bm_images::boot_m::{self, Gpu};
 use embassy_executor::{Executor, Spawner};
@@ -83,8 +87,92 @@ async fn worker(dev: &'static Gpu<8>, q: u8) {
         }
     }
     if DONE.fetch_add(1, Ordering::AcqRel) == 1 {
+        // The other task is done: the hub holds no waiter but this one's.
+        match dropped_wait(dev) {
+            Ok(polls) => println!("@@ ASYNC dropped_wait ok polls={polls}"),
+            Err(why) => {
+                FAILED.fetch_add(1, Ordering::AcqRel);
+                println!("@@ ASYNC dropped_wait FAIL {why}");
+            }
+        }
         finish(dev)
     }
+}
+
+/// Wakes of the dropped-wait check's task waker ([`COUNTING`]).
+static WAKES: AtomicU32 = AtomicU32::new(0);
+
+/// A waker that only counts its wakes: the task it stands for is gone
+/// once its future is dropped, so a wake after the drop is a wake of a
+/// dead task.
+static COUNTING: RawWakerVTable = RawWakerVTable::new(
+    |p| RawWaker::new(p, &COUNTING),
+    |_| {
+        WAKES.fetch_add(1, Ordering::AcqRel);
+    },
+    |_| {
+        WAKES.fetch_add(1, Ordering::AcqRel);
+    },
+    |_| {},
+);
+
+/// A wait future that registered in the hub and is dropped before its
+/// fence signals gives its slot back at once: its waker is never woken
+/// after the drop (the hub would otherwise keep a dead task's waker and
+/// wake it at the next tick). The poll that registers and the drop run
+/// with the tick masked, so the tick cannot empty the slot in between;
+/// then the job runs to its end, the ticks of the schedule firing. Returns
+/// the polls it took to register.
+fn dropped_wait(dev: &'static Gpu<8>) -> Result<u32, &'static str> {
+    let buf = dev.alloc_buffer(4096).map_err(|_| "alloc")?;
+    let va = dev.va(buf).map_err(|_| "va")?;
+    // 64 packets at the model's 20 µs each: still running when dropped.
+    let f = dev
+        .submit(QueueId(1), &[], |cb| (0..64u32).try_for_each(|i| cb.write_data(va + 4 * u64::from(i), &[i])))
+        .map_err(|_| "submit")?;
+    if HUB.waiting() != 0 {
+        return Err("a waiter was left in the hub before the drop");
+    }
+    // SAFETY: the vtable's functions ignore the data pointer, and cloning
+    // hands out the same vtable: the contract of `RawWaker` holds.
+    let waker = unsafe { Waker::from_raw(RawWaker::new(core::ptr::null(), &COUNTING)) };
+    let mut cx = Context::from_waker(&waker);
+    // The future is `Unpin`: it can be polled in place and dropped at a
+    // chosen moment (`take`).
+    let mut wait = Some(dev.wait_async(&HUB, f));
+    let mut polls = 0u32;
+    let before = loop {
+        if polls == 100_000 {
+            return Err("the wait never registered in the hub");
+        }
+        polls += 1;
+        // Poll, and if the wait is registered now, drop it: with the tick
+        // masked, so that no tick empties its slot in between.
+        let dropped = critical_section::with(|_| {
+            let Some(w) = wait.as_mut() else { return Err("no wait") };
+            if core::pin::Pin::new(w).poll(&mut cx).is_ready() {
+                return Err("the job ended before its wait registered");
+            }
+            if HUB.waiting() != 1 {
+                return Ok(None);
+            }
+            let before = WAKES.load(Ordering::Acquire);
+            drop(wait.take());
+            Ok(Some(before))
+        })?;
+        if let Some(d) = dropped {
+            break d;
+        }
+    };
+    if HUB.waiting() != 0 {
+        return Err("the dropped wait kept its hub slot");
+    }
+    dev.wait(f, 1_000_000_000).map_err(|_| "blocking wait")?;
+    if WAKES.load(Ordering::Acquire) != before {
+        return Err("the dropped wait's task was woken after the drop");
+    }
+    dev.free(buf).map_err(|_| "free")?;
+    Ok(polls)
 }
 
 async fn run(dev: &'static Gpu<8>, q: QueueId) -> Result<(), &'static str> {
