@@ -29,7 +29,8 @@ struct Sub {
 }
 
 impl Sub {
-    /// The fence's status once it has signalled (0 or a negative errno).
+    /// The fence's status once it has signalled: 1 (success) or a
+    /// negative errno (`SYNC_IOC_FILE_INFO`).
     fn status(&self) -> Result<i32, String> {
         drm::sync_file_status(self.fd).map_err(|e| format!("SYNC_IOC_FILE_INFO: errno {e}"))
     }
@@ -86,7 +87,7 @@ pub fn reset_resumes_innocent_jobs() -> R {
     ensure!(hung.status()? == -libc::ETIMEDOUT, "the hung job's status {}", hung.status()?);
     ensure!(later.status()? == -libc::ECANCELED, "the guilty context's later job: {}", later.status()?);
     for (n, s) in [(1, &i1), (2, &i2), (3, &i3)] {
-        ensure!(s.status()? == 0, "innocent job {n}: status {}", s.status()?);
+        ensure!(s.status()? == 1, "innocent job {n}: status {}", s.status()?);
     }
     ensure!(fx.data.map.r32(0x340) == 4, "the innocent jobs added {} (4 if each ran once)", fx.data.map.r32(0x340));
     ensure!(fx.data.map.r32(0x380) == 0, "the guilty context's later job ran ({})", fx.data.map.r32(0x380));
@@ -135,9 +136,9 @@ pub fn progressing_job_outlives_timeout() -> R {
     fx.wait(behind.point)?;
     let took = t0.elapsed();
     ensure!(took > 2 * window, "the long job took {took:?}, not more than two windows of {window:?}");
-    ensure!(long.status()? == 0, "the long job, {took:?} of progress: status {}", long.status()?);
+    ensure!(long.status()? == 1, "the long job, {took:?} of progress: status {}", long.status()?);
     ensure!(fx.data.map.r32(0x440) == 0x600D, "the long job's last write");
-    ensure!(behind.status()? == 0 && fx.data.map.r32(0x480) == 1, "the job behind it: {}", fx.data.map.r32(0x480));
+    ensure!(behind.status()? == 1 && fx.data.map.r32(0x480) == 1, "the job behind it: {}", fx.data.map.r32(0x480));
     let q = fx.dev.ctx_query(l).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(q.state == u::ctx_state::OK, "the long job's context state {}", q.state);
 

@@ -1156,6 +1156,7 @@ fn read_records(f: &mut std::fs::File) -> Vec<(u32, String)> {
 const EXPECTED: &[&str] = &[
     "hung, resetting",
     "faulted, resetting",
+    "ran past job_max_ms, resetting",
     "device lost:",
     "loading out-of-tree module taints kernel",
     "module verification failed",
