@@ -48,19 +48,30 @@ struct sg_table;
 
 /**
  * struct refgpu_fence - hardware fence: the end of one job's IB in a ring
- * @base: the dma_fence
+ * @base: the dma_fence (first: a fence is freed with kfree_rcu() of it)
  * @node: entry in &refgpu_engine.inflight
  * @engine: the engine that runs it
+ * @ib_va: the job's IB, written again into the ring after a reset
+ * @ib_dw: its size in dwords
  * @ring_start: ring position of the job's INDIRECT_BUFFER packet
  * @ring_done: ring position after it: once the engine's read pointer is
  *	there, the IB has ended (docs/refgpu.md 4.1)
+ * @started: jiffies when the job became the engine's next work (written
+ *	into the ring behind completed work, or its predecessor completed):
+ *	the start of its run time for the hard bound (job_max_ms)
+ *
+ * Allocated with its job at SUBMIT and initialised by run_job: nothing on
+ * the path that signals it allocates memory.
  */
 struct refgpu_fence {
 	struct dma_fence base;
 	struct list_head node;
 	u32 engine;
+	u32 ib_dw;
+	u64 ib_va;
 	u64 ring_start;
 	u64 ring_done;
+	unsigned long started;
 };
 
 /**
@@ -116,6 +127,27 @@ struct refgpu_engine {
 	u32 fault_status;
 	u64 fault_addr;
 	u64 resets;
+
+	/*
+	 * Progress seen by the last timeout check (timeout handler only):
+	 * the sequence number of the job whose IB was executing (0 for none)
+	 * and the engine's position in it.
+	 */
+	u64 watch_seqno;
+	u64 watch_pos;
+	u64 watch_cur;
+	u64 watch_ib;
+
+	/*
+	 * The devcoredump is written into @dump (allocated with the engine)
+	 * by the timeout handler, and handed to devcoredump by @dump_work,
+	 * which may allocate: the handler is on the fence-signalling path and
+	 * must not. @dump_busy is set from the capture until the hand-over.
+	 */
+	char *dump;
+	size_t dump_len;
+	unsigned long dump_busy;
+	struct work_struct dump_work;
 };
 
 /**
@@ -200,7 +232,7 @@ struct refgpu_ctx {
 	struct mutex submit_lock;	/* orders arm + push */
 	bool destroyed;			/* under submit_lock: no more pushes */
 	atomic_t guilty;		/* set by a hang or fault of its job */
-	bool innocent;			/* its jobs were re-run after a reset */
+	bool innocent;			/* a reset put its jobs into the ring again */
 	u32 fault_status;
 	u64 fault_addr;
 	u64 guilty_seqno;		/* the culprit's SUBMIT seqno, set before guilty */
@@ -216,8 +248,8 @@ struct refgpu_job {
 	struct refgpu_vm *vm;		/* reference */
 	u64 ib_va;
 	u32 ib_dw;
-	struct dma_fence *hw_fence;	/* the last one run_job returned */
-	int reset_error;		/* set by the reset: the fence's error */
+	/* Allocated at SUBMIT, initialised (base.ops set) by run_job. */
+	struct refgpu_fence *hw_fence;
 	struct work_struct put_work;	/* drops @ctx and @vm, on refgpu_put_wq */
 };
 

@@ -6,10 +6,13 @@
  * (docs/refgpu.md 6.8, 6.5) into the engine's ring; the FENCE raises the
  * engine's interrupt, and a job is complete once the engine's RPTR has
  * passed its INDIRECT_BUFFER (never from memory user work can write).
- * Hangs (the scheduler's timeout) and faults (the fault interrupt) are
- * recovered only in the timeout handler: it resets the engine, marks the
- * context whose IB the engine was executing guilty, and re-runs the
- * innocent jobs that were in the ring.
+ * Hangs (the scheduler's timeout, past which an engine that still makes
+ * progress is given more time, up to a hard bound) and faults (the fault
+ * interrupt) are recovered only in the timeout handler: it stops the
+ * engine, fails the job whose IB it was executing and marks that job's
+ * context guilty, resets the engine and writes the jobs that had not
+ * started into the ring again, with the fences they already had. No job
+ * runs twice.
  */
 
 #include <linux/devcoredump.h>
@@ -32,7 +35,11 @@
 
 static unsigned int job_timeout_ms = 1000;
 module_param(job_timeout_ms, uint, 0444);
-MODULE_PARM_DESC(job_timeout_ms, "a job running longer is a hang (default 1000)");
+MODULE_PARM_DESC(job_timeout_ms, "a job whose engine makes no progress for this long is a hang (default 1000)");
+
+static unsigned int job_max_ms = 10000;
+module_param(job_max_ms, uint, 0644);
+MODULE_PARM_DESC(job_max_ms, "a job running longer is a hang, progress or not (default 10000; 0: no bound)");
 
 static const char * const refgpu_engine_names[REFGPU_ENGINES] = { "gfx", "compute", "copy" };
 
@@ -85,6 +92,7 @@ static bool refgpu_engine_read_pos(struct refgpu_engine *eng, u64 *pos)
 static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
 {
 	struct refgpu_fence *f, *tmp;
+	bool signalled = false;
 	u64 pos;
 
 	lockdep_assert_held(&eng->lock);
@@ -99,12 +107,17 @@ static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
 	dma_rmb();
 	eng->head = pos;
 	list_for_each_entry_safe(f, tmp, &eng->inflight, node) {
-		if (f->ring_done > pos)
+		if (f->ring_done > pos) {
+			/* The next job's run time starts when this one's ended. */
+			if (signalled)
+				f->started = jiffies;
 			break;
+		}
 		list_del_init(&f->node);
 		eng->completed = f->base.seqno;
 		dma_fence_signal_locked(&f->base);
 		dma_fence_put(&f->base);
+		signalled = true;
 	}
 }
 
@@ -238,13 +251,13 @@ static bool refgpu_ring_fits_locked(struct refgpu_engine *eng)
 }
 
 /*
- * Writes the job's packets after any padding, records where they are in
- * @fence and publishes them. The FENCE writes the job's sequence number
+ * Writes the packets of @fence's job after any padding, records where they
+ * are in @fence and publishes them; without @run the INDIRECT_BUFFER is a
+ * NOP (the job's fence then signals with the error it was given). The FENCE writes the job's sequence number
  * into the running VM's fence slot, for debugging only, and raises the
  * interrupt. Caller holds the engine's lock and checked the space.
  */
-static void refgpu_ring_job_locked(struct refgpu_engine *eng, struct refgpu_fence *fence,
-				   u64 ib_va, u32 ib_dw)
+static void refgpu_ring_job_locked(struct refgpu_engine *eng, struct refgpu_fence *fence, bool run)
 {
 	struct refgpu_device *rdev = eng->rdev;
 	u64 slot = REFGPU_KVA_FENCE(rdev) + REFGPU_FENCE_SLOT(eng->id);
@@ -261,10 +274,12 @@ static void refgpu_ring_job_locked(struct refgpu_engine *eng, struct refgpu_fenc
 	}
 	fence->ring_start = eng->tail;
 	fence->ring_done = eng->tail + 4 * 4;
-	dw[0] = refgpu_hdr(rdev, REFGPU_OP_INDIRECT_BUFFER, 0, 3);
-	dw[1] = lower_32_bits(ib_va);
-	dw[2] = upper_32_bits(ib_va);
-	dw[3] = ib_dw;
+	/* A job cancelled by a reset keeps its place as a NOP of that size. */
+	dw[0] = run ? refgpu_hdr(rdev, REFGPU_OP_INDIRECT_BUFFER, 0, 3) :
+		      refgpu_hdr(rdev, REFGPU_OP_NOP, 0, 3);
+	dw[1] = lower_32_bits(fence->ib_va);
+	dw[2] = upper_32_bits(fence->ib_va);
+	dw[3] = fence->ib_dw;
 	dw[4] = refgpu_hdr(rdev, REFGPU_OP_FENCE, REFGPU_FENCE_FLAG_IRQ, 4);
 	dw[5] = lower_32_bits(slot);
 	dw[6] = upper_32_bits(slot);
@@ -301,27 +316,27 @@ static struct dma_fence *refgpu_job_prepare(struct drm_sched_job *sched_job,
 	return NULL;
 }
 
+/*
+ * Called once per job (jobs are never submitted again: a reset writes the
+ * jobs that had not started into the ring itself, refgpu_engine_recover()).
+ * On the fence-signalling path: the hardware fence was allocated at SUBMIT.
+ */
 static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 {
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 	struct refgpu_engine *eng = refgpu_job_engine(job);
 	struct refgpu_device *rdev = eng->rdev;
-	struct dma_fence *done = job->hw_fence;
-	struct refgpu_fence *fence;
-	bool hw = false;
+	struct refgpu_fence *fence = job->hw_fence;
+	bool hw = false, cookie;
 	int err, idx;
 
-	/* Run again after a reset: a job that had completed stays completed. */
-	if (done && dma_fence_is_signaled(done) && !done->error)
-		return dma_fence_get(done);
-
-	fence = kzalloc(sizeof(*fence), GFP_KERNEL);
-	if (!fence)
-		return ERR_PTR(-ENOMEM);
+	cookie = dma_fence_begin_signalling();
 	fence->engine = eng->id;
+	fence->ib_va = job->ib_va;
+	fence->ib_dw = job->ib_dw;
 	INIT_LIST_HEAD(&fence->node);
 
-	err = job->reset_error ?: sched_job->s_fence->finished.error;
+	err = sched_job->s_fence->finished.error;
 	if (!err) {
 		/* Removed or lost: the job fails with ENODEV. */
 		hw = refgpu_hw_enter(rdev, &idx);
@@ -347,9 +362,11 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 		dma_fence_signal_locked(&fence->base);
 	} else {
 		/* In flight before WPTR shows it: its interrupt finds it. */
+		if (list_empty(&eng->inflight))
+			fence->started = jiffies;
 		list_add_tail(&fence->node, &eng->inflight);
 		dma_fence_get(&fence->base);
-		refgpu_ring_job_locked(eng, fence, job->ib_va, job->ib_dw);
+		refgpu_ring_job_locked(eng, fence, true);
 	}
 	spin_unlock_irq(&eng->lock);
 
@@ -360,24 +377,72 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	}
 	if (hw)
 		drm_dev_exit(idx);
-	dma_fence_put(job->hw_fence);
-	job->hw_fence = &fence->base;
+	dma_fence_end_signalling(cookie);
 	return dma_fence_get(&fence->base);
 }
 
-static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job, bool fault)
+/* The devcoredump text of one engine, captured into a buffer allocated with it. */
+#define REFGPU_DUMP_SIZE	SZ_16K
+
+/* Why the timeout handler resets an engine, if it does. */
+enum refgpu_hang {
+	REFGPU_PROGRESS,	/* nothing to reset: it moves on, or is between jobs */
+	REFGPU_STALLED,		/* no progress for a whole job_timeout_ms */
+	REFGPU_OVERTIME,	/* the job ran past job_max_ms */
+	REFGPU_FAULTED,		/* halted by a fault */
+};
+
+static const char * const refgpu_hang_reasons[] = {
+	[REFGPU_PROGRESS] = "none",
+	[REFGPU_STALLED] = "timeout (no progress for job_timeout_ms)",
+	[REFGPU_OVERTIME] = "timeout (ran past job_max_ms)",
+	[REFGPU_FAULTED] = "fault",
+};
+
+/*
+ * Hands the captured devcoredump to devcoredump, which allocates: outside
+ * the fence-signalling path of the timeout handler.
+ */
+static void refgpu_coredump_work(struct work_struct *work)
+{
+	struct refgpu_engine *eng = container_of(work, struct refgpu_engine, dump_work);
+	struct refgpu_device *rdev = eng->rdev;
+	size_t len = eng->dump_len;
+	char *buf;
+	int idx;
+
+	buf = vmalloc(len);
+	if (buf)
+		memcpy(buf, eng->dump, len);
+	clear_bit_unlock(0, &eng->dump_busy);
+	if (!buf)
+		return;
+	if (!drm_dev_enter(&rdev->drm, &idx)) {
+		vfree(buf);
+		return;
+	}
+	dev_coredumpv(rdev->drm.dev, buf, len, GFP_KERNEL);
+	drm_dev_exit(idx);
+}
+
+/*
+ * Writes the engine's state into its dump buffer (no allocation) and has
+ * refgpu_coredump_work() publish it. Skipped while the last one is still
+ * being handed over.
+ */
+static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job,
+			    enum refgpu_hang why)
 {
 	struct refgpu_device *rdev = eng->rdev;
 	u32 e = eng->id, rptr, i, start;
-	size_t size = SZ_16K, len = 0;
-	char *buf;
+	size_t size = REFGPU_DUMP_SIZE, len = 0;
+	char *buf = eng->dump;
 
-	buf = vmalloc(size);
-	if (!buf)
+	if (test_and_set_bit_lock(0, &eng->dump_busy))
 		return;
 #define P(...) (len += scnprintf(buf + len, size - len, __VA_ARGS__))
 	P("refgpu devcoredump\n");
-	P("reason: %s\n", fault ? "fault" : "timeout");
+	P("reason: %s\n", refgpu_hang_reasons[why]);
 	P("chip_id: %#010x\n", rdev->chip_id);
 	P("engine: %u (%s)\n", e, refgpu_engine_names[e]);
 	if (job) {
@@ -417,7 +482,8 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job, b
 	}
 	P("\n");
 #undef P
-	dev_coredumpv(rdev->drm.dev, buf, len, GFP_KERNEL);
+	eng->dump_len = len;
+	queue_work(system_wq, &eng->dump_work);
 }
 
 /*
@@ -441,20 +507,215 @@ static struct refgpu_fence *refgpu_engine_culprit_locked(struct refgpu_engine *e
 	return NULL;
 }
 
+static u64 refgpu_eread64(struct refgpu_device *rdev, u32 e, u32 lo, u32 hi)
+{
+	return rg_eread(rdev, e, lo) | (u64)rg_eread(rdev, e, hi) << 32;
+}
+
+/*
+ * The progress rule of the timeout handler, run once per job_timeout_ms
+ * while a job is pending. The engine's position is RPTR (which IB), and
+ * CUR_ADDR and IB_BASE (where in it), as docs/refgpu.md 4.5 describes a
+ * hang. The job whose IB the engine executes is hung when its position is
+ * the same as at the last check (a whole window without progress), or
+ * when it has run for job_max_ms: a position can move forever (a CHAIN
+ * loop), so moving alone does not keep a job running.
+ */
+static enum refgpu_hang refgpu_engine_check(struct refgpu_engine *eng)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	unsigned int max_ms = READ_ONCE(job_max_ms);
+	struct refgpu_fence *culprit;
+	unsigned long started = 0;
+	u64 seqno = 0, pos = 0, cur, ib;
+	bool fault, same;
+
+	cur = refgpu_eread64(rdev, eng->id, REFGPU_CUR_ADDR_LO, REFGPU_CUR_ADDR_HI);
+	ib = refgpu_eread64(rdev, eng->id, REFGPU_IB_BASE_LO, REFGPU_IB_BASE_HI);
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_signal_locked(eng);
+	fault = eng->faulted;
+	culprit = refgpu_engine_culprit_locked(eng);
+	if (culprit) {
+		seqno = culprit->base.seqno;
+		started = culprit->started;
+		pos = eng->head;
+	}
+	spin_unlock_irq(&eng->lock);
+
+	if (fault)
+		return REFGPU_FAULTED;
+	same = culprit && seqno == eng->watch_seqno && pos == eng->watch_pos &&
+	       cur == eng->watch_cur && ib == eng->watch_ib;
+	eng->watch_seqno = seqno;
+	eng->watch_pos = pos;
+	eng->watch_cur = cur;
+	eng->watch_ib = ib;
+	/* Between jobs, or the job ended just now: nothing hangs. */
+	if (!culprit)
+		return REFGPU_PROGRESS;
+	if (same)
+		return REFGPU_STALLED;
+	if (max_ms && time_after_eq(jiffies, started + msecs_to_jiffies(max_ms)))
+		return REFGPU_OVERTIME;
+	return REFGPU_PROGRESS;
+}
+
+/*
+ * Resets a hung or faulted engine. The engine stops fetching first (it
+ * finishes at most the packet it executes), so RPTR then tells exactly
+ * which jobs started: the ones before it completed, the one it is on is
+ * the culprit, and the ones after it never started. The culprit fails;
+ * after the reset the others are written into the ring again with the
+ * hardware fences they had, in their order: the innocent ones run once
+ * from their start, which is where they stopped; the later ones of the
+ * culprit's context take their place as a NOP and signal -ECANCELED.
+ * Fences thus signal once, in order, and no job runs twice. Caller is in
+ * a refgpu_hw_enter() section, with the scheduler stopped.
+ */
+static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang why)
+{
+	struct refgpu_device *rdev = eng->rdev;
+	struct refgpu_fence *culprit, *f, *tmp;
+	struct refgpu_job *guilty = NULL;
+	struct drm_sched_job *s;
+	LIST_HEAD(replay);
+	bool fault, any = false;
+	int ret;
+
+	mutex_lock(&rdev->hw_lock);
+	rg_ewrite(rdev, eng->id, REFGPU_CTRL, 0);
+	if (refgpu_hw_control(rdev)) {
+		refgpu_engine_fail_inflight(eng, -ENODEV);
+		goto out_unlock;
+	}
+
+	spin_lock_irq(&eng->lock);
+	refgpu_engine_signal_locked(eng);
+	culprit = refgpu_engine_culprit_locked(eng);
+	fault = eng->faulted;
+	spin_unlock_irq(&eng->lock);
+
+	if (!culprit && !fault) {
+		/* The job ended meanwhile: nothing to reset. */
+		rg_ewrite(rdev, eng->id, REFGPU_CTRL, REFGPU_CTRL_ENABLE);
+		if (refgpu_hw_control(rdev))
+			refgpu_engine_fail_inflight(eng, -ENODEV);
+		goto out_unlock;
+	}
+	if (culprit) {
+		list_for_each_entry(s, &eng->sched.pending_list, list) {
+			if (to_refgpu_job(s)->hw_fence == culprit) {
+				guilty = to_refgpu_job(s);
+				break;
+			}
+		}
+	}
+	refgpu_coredump(eng, guilty, why);
+	if (guilty) {
+		struct refgpu_ctx *ctx = guilty->ctx;
+
+		drm_warn(&rdev->drm, "engine %s: context %u of pid %d %s, resetting\n",
+			 refgpu_engine_names[eng->id], ctx->id, refgpu_vm_pid(guilty->vm),
+			 fault ? "faulted" : why == REFGPU_STALLED ? "hung" : "ran past job_max_ms");
+		if (fault) {
+			ctx->fault_status = eng->fault_status;
+			ctx->fault_addr = eng->fault_addr;
+		}
+		ctx->guilty_seqno = guilty->base.s_fence->finished.seqno;
+		/* CTX_QUERY reads the culprit's details after seeing guilty. */
+		smp_wmb();
+		atomic_set(&ctx->guilty, 1);
+	} else {
+		drm_warn(&rdev->drm, "engine %s: fault outside any job's IB, resetting\n",
+			 refgpu_engine_names[eng->id]);
+	}
+
+	/*
+	 * The scheduler is stopped: its pending list is the jobs run on this
+	 * engine, in ring order. What is still in flight after RPTR's verdict
+	 * is the culprit and the jobs behind it.
+	 */
+	spin_lock_irq(&eng->lock);
+	list_for_each_entry(s, &eng->sched.pending_list, list) {
+		struct refgpu_job *j = to_refgpu_job(s);
+
+		f = j->hw_fence;
+		if (list_empty(&f->node))
+			continue;
+		if (f == culprit) {
+			list_del_init(&f->node);
+			dma_fence_set_error(&f->base, fault ? -EIO : -ETIMEDOUT);
+			dma_fence_signal_locked(&f->base);
+			dma_fence_put(&f->base);
+			continue;
+		}
+		if (atomic_read(&j->ctx->guilty))
+			dma_fence_set_error(&f->base, -ECANCELED);
+		else
+			j->ctx->innocent = true;
+		list_move_tail(&f->node, &replay);
+	}
+	spin_unlock_irq(&eng->lock);
+
+	/* Anything else still in flight (none) fails with the reset. */
+	ret = refgpu_engine_hw_reset_locked(eng, -ECANCELED);
+
+	spin_lock_irq(&eng->lock);
+	list_for_each_entry_safe(f, tmp, &replay, node) {
+		list_del_init(&f->node);
+		if (!ret && WARN_ON_ONCE(!refgpu_ring_fits_locked(eng)))
+			ret = -ENOSPC;
+		if (ret) {
+			dma_fence_set_error(&f->base, ret == -ENOSPC ? -ECANCELED : -ENODEV);
+			dma_fence_signal_locked(&f->base);
+			dma_fence_put(&f->base);
+			continue;
+		}
+		f->started = jiffies;
+		list_add_tail(&f->node, &eng->inflight);
+		refgpu_ring_job_locked(eng, f, !f->base.error);
+		any = true;
+	}
+	spin_unlock_irq(&eng->lock);
+	if (any)
+		refgpu_doorbell(rdev, eng->id);
+out_unlock:
+	mutex_unlock(&rdev->hw_lock);
+	eng->watch_seqno = 0;
+}
+
+/*
+ * Restarts a scheduler stopped with drm_sched_stop(), which detached the
+ * pending jobs from their hardware fences: each gets its fence back (in
+ * the ring, or signalled), as panthor does; nothing is submitted again.
+ */
+static void refgpu_sched_restart(struct refgpu_engine *eng)
+{
+	struct drm_sched_job *s;
+
+	list_for_each_entry(s, &eng->sched.pending_list, list) {
+		struct refgpu_fence *f = to_refgpu_job(s)->hw_fence;
+
+		if (!s->s_fence->parent && f->base.ops)
+			s->s_fence->parent = dma_fence_get(&f->base);
+	}
+	drm_sched_start(&eng->sched);
+}
+
 /*
  * The one place that recovers an engine: the scheduler's timeout, or a
  * fault (drm_sched_fault() runs it at once). The scheduler is stopped
- * first, so no run_job writes the ring meanwhile.
+ * first, so no run_job writes the ring meanwhile. A job that still makes
+ * progress is left running: the scheduler checks again one window later.
  */
 static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_job)
 {
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 	struct refgpu_engine *eng = refgpu_job_engine(job);
 	struct refgpu_device *rdev = eng->rdev;
-	struct refgpu_job *guilty = NULL;
-	struct refgpu_fence *culprit;
-	struct drm_sched_job *s;
-	bool fault;
+	enum refgpu_hang why;
+	bool cookie;
 	int idx;
 
 	if (!refgpu_hw_enter(rdev, &idx)) {
@@ -469,71 +730,18 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 		drm_sched_wqueue_stop(&eng->sched);
 		refgpu_engine_fail_inflight(eng, -ENODEV);
 		drm_sched_stop(&eng->sched, sched_job);
-		drm_sched_start(&eng->sched);
+		refgpu_sched_restart(eng);
 		return DRM_GPU_SCHED_STAT_ENODEV;
 	}
 
 	drm_sched_stop(&eng->sched, sched_job);
-
-	spin_lock_irq(&eng->lock);
-	refgpu_engine_signal_locked(eng);
-	culprit = refgpu_engine_culprit_locked(eng);
-	fault = eng->faulted;
-	spin_unlock_irq(&eng->lock);
-
-	if (culprit) {
-		list_for_each_entry(s, &eng->sched.pending_list, list) {
-			struct refgpu_job *j = to_refgpu_job(s);
-
-			if (j->hw_fence == &culprit->base) {
-				guilty = j;
-				break;
-			}
-		}
-	}
-
-	/*
-	 * Nothing to do when the engine moved on meanwhile and did not fault
-	 * (the job ended just now, or its IB has not started yet).
-	 */
-	if (guilty || fault) {
-		refgpu_coredump(eng, guilty, fault);
-		if (guilty) {
-			struct refgpu_ctx *ctx = guilty->ctx;
-
-			drm_warn(&rdev->drm, "engine %s: context %u of pid %d %s, resetting\n",
-				 refgpu_engine_names[eng->id], ctx->id, refgpu_vm_pid(guilty->vm),
-				 fault ? "faulted" : "hung");
-			if (fault) {
-				ctx->fault_status = eng->fault_status;
-				ctx->fault_addr = eng->fault_addr;
-			}
-			ctx->guilty_seqno = guilty->base.s_fence->finished.seqno;
-			/* CTX_QUERY reads the culprit's details after seeing guilty. */
-			smp_wmb();
-			atomic_set(&ctx->guilty, 1);
-			guilty->reset_error = fault ? -EIO : -ETIMEDOUT;
-			drm_sched_increase_karma(&guilty->base);
-		} else {
-			drm_warn(&rdev->drm, "engine %s: fault outside any job's IB, resetting\n",
-				 refgpu_engine_names[eng->id]);
-		}
-		/* The fences still in the ring fail; their jobs are run again below. */
-		refgpu_engine_hw_reset(eng, -ECANCELED);
-
-		/* Jobs of other contexts that were in the ring run again. */
-		list_for_each_entry(s, &eng->sched.pending_list, list) {
-			struct refgpu_job *j = to_refgpu_job(s);
-
-			if (j->hw_fence && j->hw_fence->error == -ECANCELED &&
-			    !atomic_read(&j->ctx->guilty))
-				j->ctx->innocent = true;
-		}
-	}
+	cookie = dma_fence_begin_signalling();
+	why = refgpu_engine_check(eng);
+	if (why != REFGPU_PROGRESS)
+		refgpu_engine_recover(eng, why);
+	dma_fence_end_signalling(cookie);
 	drm_dev_exit(idx);
-
-	drm_sched_resubmit_jobs(&eng->sched);
-	drm_sched_start(&eng->sched);
+	refgpu_sched_restart(eng);
 	return DRM_GPU_SCHED_STAT_NOMINAL;
 }
 
@@ -552,12 +760,21 @@ static void refgpu_job_put_work(struct work_struct *work)
 	refgpu_vm_put(vm);
 }
 
+/* A hardware fence run_job never initialised is plain memory. */
+static void refgpu_hw_fence_put(struct refgpu_fence *fence)
+{
+	if (fence->base.ops)
+		dma_fence_put(&fence->base);
+	else
+		kfree(fence);
+}
+
 static void refgpu_job_free(struct drm_sched_job *sched_job)
 {
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 
 	drm_sched_job_cleanup(sched_job);
-	dma_fence_put(job->hw_fence);
+	refgpu_hw_fence_put(job->hw_fence);
 	INIT_WORK(&job->put_work, refgpu_job_put_work);
 	queue_work(refgpu_put_wq, &job->put_work);
 }
@@ -587,6 +804,8 @@ static void refgpu_engine_release(struct drm_device *drm, void *arg)
 	struct refgpu_engine *eng = arg;
 
 	drm_sched_fini(&eng->sched);
+	cancel_work_sync(&eng->dump_work);
+	kvfree(eng->dump);
 	refgpu_engine_fail_inflight(eng, -ENODEV);
 	dma_fence_put(eng->last_fence);
 	eng->last_fence = NULL;
@@ -620,10 +839,16 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 	spin_lock_init(&eng->lock);
 	INIT_LIST_HEAD(&eng->inflight);
 	eng->fence_context = dma_fence_context_alloc(1);
+	INIT_WORK(&eng->dump_work, refgpu_coredump_work);
 
-	eng->ring = dma_alloc_coherent(dev, REFGPU_RING_SIZE, &eng->ring_dma, GFP_KERNEL);
-	if (!eng->ring)
+	eng->dump = kvzalloc(REFGPU_DUMP_SIZE, GFP_KERNEL);
+	if (!eng->dump)
 		return -ENOMEM;
+	eng->ring = dma_alloc_coherent(dev, REFGPU_RING_SIZE, &eng->ring_dma, GFP_KERNEL);
+	if (!eng->ring) {
+		ret = -ENOMEM;
+		goto err_free_dump;
+	}
 	if (eng->ring_dma < rdev->mem_base ||
 	    eng->ring_dma - rdev->mem_base + REFGPU_RING_SIZE > rdev->mem_size) {
 		ret = -ENOMEM;
@@ -655,6 +880,9 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 
 err_free_ring:
 	dma_free_coherent(dev, REFGPU_RING_SIZE, eng->ring, eng->ring_dma);
+err_free_dump:
+	kvfree(eng->dump);
+	eng->dump = NULL;
 	return ret;
 }
 
@@ -868,6 +1096,13 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		ret = -ENOMEM;
 		goto out_put_ctx;
 	}
+	/* run_job and a reset signal it: neither may allocate. */
+	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL);
+	if (!job->hw_fence) {
+		kfree(job);
+		ret = -ENOMEM;
+		goto out_put_ctx;
+	}
 	job->ib_va = args->ib_va;
 	job->ib_dw = args->ib_size_dw;
 #ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
@@ -876,6 +1111,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
 #endif
 	if (ret) {
+		kfree(job->hw_fence);
 		kfree(job);
 		goto out_put_ctx;
 	}
@@ -938,6 +1174,7 @@ out_put_job:
 		put_unused_fd(fd);
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
+	kfree(job->hw_fence);
 	kfree(job);
 	atomic_dec(&rdev->job_count);
 out_put_ctx:

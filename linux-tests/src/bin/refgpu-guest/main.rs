@@ -14,6 +14,7 @@ mod drm;
 mod fixture;
 mod hostile;
 mod kernel_mode;
+mod recovery;
 mod tests;
 mod unplug;
 

@@ -50,6 +50,9 @@ pub fn all() -> Vec<Test> {
         ("hang_recovery", hang_recovery),
         ("devcoredump", devcoredump),
         ("fault_recovery", fault_recovery),
+        ("reset_resumes_innocent_jobs", crate::recovery::reset_resumes_innocent_jobs),
+        ("progressing_job_outlives_timeout", crate::recovery::progressing_job_outlives_timeout),
+        ("job_max_ms_bound", crate::recovery::job_max_ms_bound),
         ("forged_fence_fill", crate::hostile::forged_fence_fill),
         ("forged_fence_wait", crate::hostile::forged_fence_wait),
         ("fault_racing_submits", crate::hostile::fault_racing_submits),
@@ -1153,6 +1156,7 @@ fn read_records(f: &mut std::fs::File) -> Vec<(u32, String)> {
 const EXPECTED: &[&str] = &[
     "hung, resetting",
     "faulted, resetting",
+    "ran past job_max_ms, resetting",
     "device lost:",
     "loading out-of-tree module taints kernel",
     "module verification failed",
