@@ -81,6 +81,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "timeline_wait",
     "cross_engine_order",
     "sync_file_out",
+    "sync_file_failure_queues_nothing",
     "vm_bind_syncs",
     "read_only_mapping_faults",
     "isolation_two_files",
