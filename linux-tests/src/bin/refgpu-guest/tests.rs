@@ -559,8 +559,10 @@ fn sync_file_out() -> R {
 }
 
 /// While it lives, this thread cannot allocate a `struct file`:
-/// `fs.file-max` is 1 and CAP_SYS_ADMIN, which bypasses the limit, is out
-/// of the thread's effective set (capabilities are per thread).
+/// `fs.file-max` is 0 (the kernel's quick test of the limit reads a
+/// per-CPU counter whose global part may still be 0) and CAP_SYS_ADMIN,
+/// which bypasses the limit, is out of the thread's effective set
+/// (capabilities are per thread).
 struct NoFiles {
     file_max: String,
     caps: [CapData; 2],
@@ -598,7 +600,7 @@ impl NoFiles {
         let file_max = std::fs::read_to_string(FILE_MAX).map_err(|e| format!("{FILE_MAX}: {e}"))?;
         let mut c = [CapData::default(); 2];
         caps(&mut c, true)?;
-        std::fs::write(FILE_MAX, "1").map_err(|e| format!("{FILE_MAX}: {e}"))?;
+        std::fs::write(FILE_MAX, "0").map_err(|e| format!("{FILE_MAX}: {e}"))?;
         let mut dropped = c;
         dropped[0].effective &= !(1 << CAP_SYS_ADMIN);
         let guard = NoFiles { file_max, caps: c };
@@ -626,6 +628,15 @@ fn sync_file_failure_queues_nothing() -> R {
     let (ib, dw) = fx.ib(&[write_data(DATA_VA + 0x80, &[0xBAD])])?;
     let r = {
         let _no_files = NoFiles::new()?;
+        // The condition holds: no file can be opened.
+        let probe = std::fs::File::open("/proc/self/stat").map(|_| ()).map_err(|e| e.raw_os_error());
+        let mut c = [CapData::default(); 2];
+        caps(&mut c, true)?;
+        ensure!(
+            probe == Err(Some(libc::ENFILE)),
+            "a file opens with fs.file-max at 0: {probe:?} (effective capabilities {:#x})",
+            c[0].effective
+        );
         fx.dev.submit_full(ctx, ib, dw, &[], &[], u::SUBMIT_OUT_SYNC_FILE)
     };
     expect_errno(r.map(|s| s.seqno), libc::ENOMEM, "SUBMIT with no file for its sync_file")?;
