@@ -805,7 +805,10 @@ mod tests {
         let p = f.iter().find(|f| f.contains("panicked")).expect("the panic is a failure");
         assert!(p.contains("in test hang_recovery"), "{p}");
         assert!(p.contains("`Kernel panic - not syncing: kernel: panic_on_warn set ...`"), "{p}");
-        assert!(p.contains("cause: `[   20.0] WARNING: CPU: 1 PID: 80 at drivers/refgpu/refgpu_sched.c:500"), "{p}");
+        assert!(
+            p.contains("cause: `[   20.0] WARNING: CPU: 1 PID: 80 at drivers/refgpu/refgpu_sched.c:500"),
+            "{p}"
+        );
         let o = phase_of(&["@@ PHASE init", "Kernel panic - not syncing: softlockup: hung tasks"], false);
         assert!(o.failures().iter().any(|f| f.contains("cause: not in the console")), "{:?}", o.failures());
         assert!(phase_of(&["@@ PHASE init", "@@ PHASE ready"], false).panic.is_none());

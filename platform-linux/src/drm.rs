@@ -504,3 +504,21 @@ impl KernelIo for Drm {
             .map_err(io_os)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_or_unplugged_device_is_lost_and_nothing_else_is() {
+        assert_eq!(os(Errno::IO), PlatformError::DeviceLost);
+        assert_eq!(os(Errno::NODEV), PlatformError::DeviceLost);
+        assert_eq!(os(Errno::FAULT), PlatformError::Os(Errno::FAULT.raw_os_error()));
+        assert_eq!(os(Errno::INVAL), PlatformError::Os(Errno::INVAL.raw_os_error()));
+        // An error without an errno is not the device's.
+        let other = std::io::Error::other("not an OS error");
+        assert_eq!(io_os(other), PlatformError::Os(Errno::IO.raw_os_error()));
+        let eio = std::io::Error::from_raw_os_error(Errno::IO.raw_os_error());
+        assert_eq!(io_os(eio), PlatformError::DeviceLost);
+    }
+}
