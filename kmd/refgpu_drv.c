@@ -52,7 +52,8 @@ void refgpu_doorbell(struct refgpu_device *rdev, u32 vector)
  * of them are in effect. Caller holds &refgpu_device.hw_lock and is in a
  * refgpu_hw_enter() section (or in probe or remove).
  *
- * Return: 0, or -ENODEV when the device does not answer (it is then lost).
+ * Return: 0, or -EIO when the device does not answer (it is then lost) or
+ * was lost before.
  */
 int refgpu_hw_control(struct refgpu_device *rdev)
 {
@@ -61,7 +62,7 @@ int refgpu_hw_control(struct refgpu_device *rdev)
 
 	lockdep_assert_held(&rdev->hw_lock);
 	if (rdev->lost)
-		return -ENODEV;
+		return -EIO;
 	/* The invalidate doubles as the completion marker of the doorbell. */
 	rg_write(rdev, REFGPU_MMU_INVALIDATE, 1);
 	refgpu_doorbell(rdev, REFGPU_CONTROL_VECTOR);
@@ -70,7 +71,7 @@ int refgpu_hw_control(struct refgpu_device *rdev)
 	if (ret) {
 		drm_err(&rdev->drm, "device lost: MMU_INVALIDATE not acknowledged\n");
 		WRITE_ONCE(rdev->lost, true);
-		return -ENODEV;
+		return -EIO;
 	}
 	return 0;
 }
@@ -87,8 +88,9 @@ int refgpu_hw_control(struct refgpu_device *rdev)
  * between would take the new 0 for progress through the old ring.
  * Caller holds &refgpu_device.hw_lock.
  *
- * Return: 0, or -ENODEV when the device is removed or the reset does not
- * complete (it is then lost; the fences fail with -ENODEV).
+ * Return: 0, or the error the fences failed with instead of @error: -ENODEV
+ * when the device is removed, -EIO when it is lost or the reset does not
+ * complete (it is then lost).
  */
 int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error)
 {
@@ -99,8 +101,9 @@ int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error)
 	lockdep_assert_held(&rdev->hw_lock);
 	if (!refgpu_hw_enter(rdev, &idx)) {
 		/* Nothing in the ring can be trusted to complete any more. */
-		refgpu_engine_fail_inflight(eng, -ENODEV);
-		return -ENODEV;
+		ret = refgpu_gone_error(rdev);
+		refgpu_engine_fail_inflight(eng, ret);
+		return ret;
 	}
 	refgpu_engine_freeze(eng);
 	rg_ewrite(rdev, eng->id, REFGPU_CTRL, REFGPU_CTRL_ENABLE | REFGPU_CTRL_RESET);
@@ -110,9 +113,9 @@ int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error)
 	if (ret) {
 		drm_err(&rdev->drm, "device lost: engine %u reset did not complete\n", eng->id);
 		WRITE_ONCE(rdev->lost, true);
-		ret = -ENODEV;
+		ret = -EIO;
 	}
-	refgpu_engine_ring_reset(eng, ret ? -ENODEV : error);
+	refgpu_engine_ring_reset(eng, ret ?: error);
 	eng->resets++;
 	atomic64_inc(&rdev->reset_count);
 	drm_dev_exit(idx);
@@ -126,7 +129,7 @@ int refgpu_engine_hw_reset_locked(struct refgpu_engine *eng, int error)
  *
  * Takes &refgpu_device.hw_lock; see refgpu_engine_hw_reset_locked().
  *
- * Return: 0 or -ENODEV.
+ * Return: as refgpu_engine_hw_reset_locked().
  */
 int refgpu_engine_hw_reset(struct refgpu_engine *eng, int error)
 {
@@ -168,7 +171,7 @@ bool refgpu_engine_idle(struct refgpu_engine *eng)
  * never written while the engine may execute work of the one it leaves.
  * Caller holds &refgpu_device.hw_lock.
  *
- * Return: 0 (idle), or -ENODEV (removed or lost).
+ * Return: 0 (idle), -ENODEV (removed) or -EIO (lost).
  */
 int refgpu_engine_drain_locked(struct refgpu_engine *eng)
 {
@@ -178,7 +181,7 @@ int refgpu_engine_drain_locked(struct refgpu_engine *eng)
 
 	lockdep_assert_held(&rdev->hw_lock);
 	if (!refgpu_hw_enter(rdev, &idx))
-		return -ENODEV;
+		return refgpu_gone_error(rdev);
 	if (read_poll_timeout(refgpu_engine_idle, idle, idle, 10, REFGPU_DRAIN_TIMEOUT_US,
 			      false, eng)) {
 		drm_err(&rdev->drm,
@@ -200,7 +203,7 @@ int refgpu_engine_drain_locked(struct refgpu_engine *eng)
  *
  * Caller holds &refgpu_device.hw_lock.
  *
- * Return: 0, or -ENODEV when the device is removed or lost.
+ * Return: 0, -ENODEV (removed) or -EIO (lost).
  */
 int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root)
 {
@@ -209,7 +212,7 @@ int refgpu_engine_write_root(struct refgpu_engine *eng, u64 root)
 
 	lockdep_assert_held(&rdev->hw_lock);
 	if (!refgpu_hw_enter(rdev, &idx))
-		return -ENODEV;
+		return refgpu_gone_error(rdev);
 	rg_write(rdev, REFGPU_ENGINE_ROOT_LO(eng->id), lower_32_bits(root));
 	rg_write(rdev, REFGPU_ENGINE_ROOT_HI(eng->id), upper_32_bits(root));
 	ret = refgpu_hw_control(rdev);

@@ -236,6 +236,14 @@ struct refgpu_ctx {
 	u32 fault_status;
 	u64 fault_addr;
 	u64 guilty_seqno;		/* the culprit's SUBMIT seqno, set before guilty */
+	/*
+	 * Engine resets that had its jobs in the ring (guilty or innocent),
+	 * for CTX_QUERY: other clients' resets are not its business. Written
+	 * by its engine's timeout handler only; @reset_mark is the engine's
+	 * &refgpu_engine.resets when it was last counted.
+	 */
+	u32 resets;
+	u64 reset_mark;
 	struct refgpu_vm *vm;		/* reference */
 };
 
@@ -294,7 +302,7 @@ static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val
  * sections (drm_dev_unplug()) before it stops the device, and its BARs are
  * unmapped once remove returns, while clients may keep the device open.
  * Sections nest, but an inner one is refused once remove has started,
- * like a new one: every caller handles -ENODEV. The interrupt handlers are
+ * like a new one: every caller handles the refusal (refgpu_gone_error()). The interrupt handlers are
  * the exception: remove frees them before the BARs go.
  *
  * Return: false when the device is removed or lost: nothing to touch.
@@ -302,6 +310,19 @@ static inline void rg_ewrite(struct refgpu_device *rdev, u32 e, u32 off, u32 val
 static inline bool refgpu_hw_enter(struct refgpu_device *rdev, int *idx)
 {
 	return !READ_ONCE(rdev->lost) && drm_dev_enter(&rdev->drm, idx);
+}
+
+/**
+ * refgpu_gone_error() - the error of work a removed or lost device will not run
+ * @rdev: the device
+ *
+ * As drm-uapi.rst has it: -ENODEV once the device is unplugged (unbind,
+ * hot-unplug, module unload), -EIO while it is present but lost (it
+ * stopped answering).
+ */
+static inline int refgpu_gone_error(struct refgpu_device *rdev)
+{
+	return drm_dev_is_unplugged(&rdev->drm) ? -ENODEV : -EIO;
 }
 
 void refgpu_doorbell(struct refgpu_device *rdev, u32 vector);

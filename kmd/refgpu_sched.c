@@ -338,10 +338,10 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 
 	err = sched_job->s_fence->finished.error;
 	if (!err) {
-		/* Removed or lost: the job fails with ENODEV. */
+		/* Removed (ENODEV) or lost (EIO): the job fails. */
 		hw = refgpu_hw_enter(rdev, &idx);
 		if (!hw)
-			err = -ENODEV;
+			err = refgpu_gone_error(rdev);
 	}
 	/*
 	 * Another VM's job: every job of the ring has ended (prepare_job), so
@@ -586,7 +586,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 	mutex_lock(&rdev->hw_lock);
 	rg_ewrite(rdev, eng->id, REFGPU_CTRL, 0);
 	if (refgpu_hw_control(rdev)) {
-		refgpu_engine_fail_inflight(eng, -ENODEV);
+		refgpu_engine_fail_inflight(eng, refgpu_gone_error(rdev));
 		goto out_unlock;
 	}
 
@@ -600,7 +600,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		/* The job ended meanwhile: nothing to reset. */
 		rg_ewrite(rdev, eng->id, REFGPU_CTRL, REFGPU_CTRL_ENABLE);
 		if (refgpu_hw_control(rdev))
-			refgpu_engine_fail_inflight(eng, -ENODEV);
+			refgpu_engine_fail_inflight(eng, refgpu_gone_error(rdev));
 		goto out_unlock;
 	}
 	if (culprit) {
@@ -639,10 +639,20 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 	spin_lock_irq(&eng->lock);
 	list_for_each_entry(s, &eng->sched.pending_list, list) {
 		struct refgpu_job *j = to_refgpu_job(s);
+		struct refgpu_ctx *ctx = j->ctx;
 
 		f = j->hw_fence;
 		if (list_empty(&f->node))
 			continue;
+		/*
+		 * Each context with work in the ring counts this reset once
+		 * (CTX_QUERY.reset_count: other clients' resets are not its
+		 * business); the reset below is the engine's resets + 1.
+		 */
+		if (ctx->reset_mark != eng->resets + 1) {
+			ctx->reset_mark = eng->resets + 1;
+			WRITE_ONCE(ctx->resets, ctx->resets + 1);
+		}
 		if (f == culprit) {
 			list_del_init(&f->node);
 			dma_fence_set_error(&f->base, fault ? -EIO : -ETIMEDOUT);
@@ -667,7 +677,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		if (!ret && WARN_ON_ONCE(!refgpu_ring_fits_locked(eng)))
 			ret = -ENOSPC;
 		if (ret) {
-			dma_fence_set_error(&f->base, ret == -ENOSPC ? -ECANCELED : -ENODEV);
+			dma_fence_set_error(&f->base, ret == -ENOSPC ? -ECANCELED : ret);
 			dma_fence_signal_locked(&f->base);
 			dma_fence_put(&f->base);
 			continue;
@@ -721,14 +731,14 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 	if (!refgpu_hw_enter(rdev, &idx)) {
 		/*
 		 * Removed or lost: nothing to reset. What the ring held fails
-		 * with ENODEV, after any run_job in progress (it could add a
+		 * (ENODEV/EIO), after any run_job in progress (it could add a
 		 * fence), and run_job fails what comes next. The stop puts the
 		 * timed-out job back on the pending list (the scheduler took it
 		 * off) to be freed with the others; the start re-arms the
 		 * timeout.
 		 */
 		drm_sched_wqueue_stop(&eng->sched);
-		refgpu_engine_fail_inflight(eng, -ENODEV);
+		refgpu_engine_fail_inflight(eng, refgpu_gone_error(rdev));
 		drm_sched_stop(&eng->sched, sched_job);
 		refgpu_sched_restart(eng);
 		return DRM_GPU_SCHED_STAT_ENODEV;
@@ -1029,7 +1039,7 @@ int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *
 	else
 		args->state = REFGPU_CTX_STATE_OK;
 	args->engine = ctx->engine;
-	args->reset_count = atomic64_read(&rdev->reset_count);
+	args->reset_count = READ_ONCE(ctx->resets);
 	args->guilty_seqno = 0;
 	args->fault_status = 0;
 	args->fault_addr = 0;
@@ -1083,7 +1093,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		goto out_free;
 	}
 	if (READ_ONCE(rdev->lost)) {
-		ret = -ENODEV;
+		ret = refgpu_gone_error(rdev);
 		goto out_put_ctx;
 	}
 	if (atomic_read(&ctx->guilty)) {
@@ -1134,9 +1144,23 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	if (ret)
 		goto out_put_job;
 	if (args->flags & REFGPU_SUBMIT_OUT_SYNC_FILE) {
+		struct dma_fence *stub;
+
 		fd = get_unused_fd_flags(O_CLOEXEC);
 		if (fd < 0) {
 			ret = fd;
+			goto out_put_job;
+		}
+		/*
+		 * Made now, so that nothing fails once the job is queued: around
+		 * the stub fence, replaced by the job's before the descriptor is
+		 * installed (nobody else can see the file until then).
+		 */
+		stub = dma_fence_get_stub();
+		sync_file = sync_file_create(stub);
+		dma_fence_put(stub);
+		if (!sync_file) {
+			ret = -ENOMEM;
 			goto out_put_job;
 		}
 	}
@@ -1154,22 +1178,20 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 
 	args->seqno = finished->seqno;
 	refgpu_out_syncs_signal(&out, finished);
-	ret = 0;
-	if (fd >= 0) {
-		sync_file = sync_file_create(finished);
-		if (sync_file) {
-			fd_install(fd, sync_file->file);
-			args->out_fence_fd = fd;
-		} else {
-			/* The job runs; only its sync_file could not be made. */
-			put_unused_fd(fd);
-			ret = -ENOMEM;
-		}
+	if (sync_file) {
+		dma_fence_put(sync_file->fence);
+		sync_file->fence = finished;	/* takes the reference */
+		fd_install(fd, sync_file->file);
+		args->out_fence_fd = fd;
+	} else {
+		dma_fence_put(finished);
 	}
-	dma_fence_put(finished);
+	ret = 0;
 	goto out_free;
 
 out_put_job:
+	if (sync_file)
+		fput(sync_file->file);
 	if (fd >= 0)
 		put_unused_fd(fd);
 	drm_sched_job_cleanup(&job->base);

@@ -169,7 +169,13 @@ static struct refgpu_pt *refgpu_vm_l3(struct refgpu_vm *vm, u64 va, bool alloc)
 				return child;
 			pt->next[i] = child;
 			vm->pt_pages++;
-			/* An invalid entry made valid: no invalidation needed. */
+			/*
+			 * An invalid entry made valid: no invalidation needed.
+			 * The GPU may walk this table now (a job of the VM is
+			 * running): the child's zeroed entries reach memory
+			 * before the entry that points at them.
+			 */
+			dma_wmb();
 			WRITE_ONCE(pt->cpu[i], child->dma | REFGPU_PTE_VALID | REFGPU_PTE_TABLE);
 		}
 		pt = pt->next[i];
@@ -208,7 +214,10 @@ static u64 refgpu_pte(dma_addr_t pa, bool read_only)
 	       REFGPU_PTE_READ | (read_only ? 0 : REFGPU_PTE_WRITE) | REFGPU_PTE_CACHED;
 }
 
-/* Every page of [offset, offset + size) of @sgt is GPU-reachable memory. */
+/*
+ * Every page of [offset, offset + size) of @sgt is GPU-reachable memory:
+ * -EINVAL for an object the GPU cannot map (EFAULT is for user copies).
+ */
 static int refgpu_check_pages(struct refgpu_device *rdev, struct sg_table *sgt, u64 offset,
 			      u64 size)
 {
@@ -219,7 +228,7 @@ static int refgpu_check_pages(struct refgpu_device *rdev, struct sg_table *sgt, 
 		if (done >= size)
 			break;
 		if (!refgpu_in_window(rdev, sg_page_iter_dma_address(&iter), SZ_4K))
-			return -EFAULT;
+			return -EINVAL;
 		done += SZ_4K;
 	}
 	return done >= size ? 0 : -EINVAL;
@@ -232,13 +241,19 @@ static int refgpu_vm_map_sgt(struct refgpu_vm *vm, u64 va, u64 size, struct sg_t
 	struct sg_dma_page_iter iter;
 	u64 skip = offset >> PAGE_SHIFT, done = 0;
 
+	/*
+	 * The GPU may walk the tables while a job of the VM runs: whatever
+	 * was written to the pages and tables so far reaches memory before
+	 * an entry that makes it reachable.
+	 */
+	dma_wmb();
 	for_each_sgtable_dma_page(sgt, &iter, skip) {
 		dma_addr_t pa = sg_page_iter_dma_address(&iter);
 
 		if (done >= size)
 			break;
 		if (!refgpu_in_window(vm->rdev, pa, SZ_4K))
-			return -EFAULT;
+			return -EINVAL;
 		refgpu_vm_set_pte(vm, va + done, refgpu_pte(pa, read_only));
 		done += SZ_4K;
 	}
@@ -556,7 +571,7 @@ static void refgpu_vm_destroy(struct refgpu_vm *vm)
  * VM it leaves until the device acknowledges the switch: a failed switch
  * (the device is lost) leaves both marked in their &refgpu_vm.engines.
  *
- * Return: 0 or -ENODEV.
+ * Return: 0, -ENODEV (removed) or -EIO (lost).
  */
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm)
 {
@@ -833,7 +848,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		return -EINVAL;
 	/* It could not be told: an unmap would only pile up kept pages. */
 	if (READ_ONCE(rdev->lost))
-		return -ENODEV;
+		return refgpu_gone_error(rdev);
 
 	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
 	if (ret)

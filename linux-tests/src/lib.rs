@@ -22,6 +22,14 @@
 //!    `N passed, N failed` at the end, then exits QEMU through
 //!    `isa-debug-exit` (status `(code << 1) | 1`).
 //!
+//! The stock kernel's own checks run on every boot ([`KERNEL_CHECKS`]:
+//! SLUB red zones and poisoning, KFENCE on every allocation it can take,
+//! freed memory zeroed, a WARN or a soft lockup panics). A panic ends the
+//! boot at once (`panic=-1` reboots, `-no-reboot` makes that QEMU's exit)
+//! after the kernel replayed its whole log on the console (`panic_print`),
+//! and the harness reports it as a failure naming the panic and its cause
+//! (the WARNING, BUG or lockup line before it, [`Outcome::panic`]).
+//!
 //! Everything started is owned by guards (killed and reaped on every path,
 //! a panicking test included); a boot that does not end within
 //! [`RUN_TIMEOUT`] (a failure guard, not a performance threshold) is
@@ -73,6 +81,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "timeline_wait",
     "cross_engine_order",
     "sync_file_out",
+    "sync_file_failure_queues_nothing",
     "vm_bind_syncs",
     "read_only_mapping_faults",
     "isolation_two_files",
@@ -100,6 +109,15 @@ pub const GUEST_TESTS: &[&str] = &[
     "unbind_with_open_file",
     "kmsg_clean",
 ];
+
+/// The stock kernel's checks, on every boot's command line: SLUB debugging
+/// (sanity checks, red zones, poisoning, user tracking), KFENCE sampling
+/// every millisecond, freed memory zeroed, and a panic on any WARN or soft
+/// lockup; on a panic the whole kernel log is replayed on the console
+/// (`panic_print` bit 5), so the console names the WARN even though the
+/// console log level hides it while the guest runs.
+pub const KERNEL_CHECKS: &str =
+    "slub_debug=FZPU kfence.sample_interval=1 init_on_free=1 panic_on_warn=1 softlockup_panic=1 panic_print=0x20";
 
 /// Failure guard for one boot (the whole suite of one generation).
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -182,6 +200,10 @@ pub struct Outcome {
     pub kernel_stalls: u32,
     /// Wall time of the boot (QEMU start to exit).
     pub wall: Duration,
+    /// The guest kernel panicked: its `Kernel panic` line and the line
+    /// that says why (the last WARNING, BUG, Oops or lockup line before
+    /// it), if any.
+    pub panic: Option<(String, Option<String>)>,
 }
 
 impl Outcome {
@@ -206,6 +228,13 @@ impl Outcome {
     /// Every failure: failed tests, tests not reported, a bad exit.
     pub fn failures(&self) -> Vec<String> {
         let mut f = Vec::new();
+        if let Some((line, cause)) = &self.panic {
+            f.push(format!(
+                "the guest kernel panicked {}: `{line}`; cause: {}",
+                self.phase,
+                cause.as_deref().map_or("not in the console".into(), |c| format!("`{c}`"))
+            ));
+        }
         for t in GUEST_TESTS {
             match self.status(t) {
                 Some(Status::Pass) => {}
@@ -537,7 +566,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
             .arg(&art.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet loglevel=3 panic=-1 refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
+                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -622,6 +651,19 @@ fn signal_model(sim: &ChildGuard, sig: i32) {
 /// The guest's first line, printed as `/init` starts.
 pub const INIT_LINE: &str = "@@ PHASE init";
 
+/// How the kernel starts a panic message.
+pub const PANIC_LINE: &str = "Kernel panic - not syncing";
+
+/// What the kernel prints for what makes it panic here: a WARN (with
+/// `panic_on_warn`), a BUG or KFENCE report, an oops, a soft lockup, a
+/// SLUB consistency error.
+const CAUSES: [&str; 5] = ["WARNING: CPU:", "BUG:", "BUG ", "Oops", "general protection fault"];
+
+/// A console line without its carriage return.
+fn kernel_line(l: &str) -> &str {
+    l.trim_end_matches('\r')
+}
+
 /// Turns the console into an [`Outcome`].
 pub fn parse(
     console: Vec<String>,
@@ -642,7 +684,24 @@ pub fn parse(
         init_timeout: false,
         kernel_stalls: 0,
         wall,
+        panic: None,
     };
+    // The first panic line is the panic; the cause is the last WARNING,
+    // BUG or lockup line before the last one (after the log replay, which
+    // shows what the console level hid while the guest ran).
+    let panics: Vec<usize> =
+        out.console.iter().enumerate().filter(|(_, l)| l.contains(PANIC_LINE)).map(|(i, _)| i).collect();
+    if let (Some(&first), Some(&last)) = (panics.first(), panics.last()) {
+        let l = kernel_line(&out.console[first]);
+        let line = l[l.find(PANIC_LINE).unwrap_or(0)..].trim().to_string();
+        let cause = out.console[..last]
+            .iter()
+            .rev()
+            .map(|l| kernel_line(l).trim())
+            .find(|l| CAUSES.iter().any(|c| l.contains(c)))
+            .map(str::to_string);
+        out.panic = Some((line, cause));
+    }
     for l in &out.console {
         // The firmware's terminal escapes may precede the first line.
         let l = l.trim_end_matches('\r');
@@ -728,5 +787,33 @@ mod tests {
         assert_eq!(o.status("get_param"), Some(&Status::Pass));
         let o = phase_of(&["@@ PHASE init", "guest: setup failed: x", "0 passed, 1 failed"], false);
         assert!(o.failures().iter().any(|f| f.contains("ended in /init's setup")), "{:?}", o.failures());
+    }
+
+    #[test]
+    fn a_panic_is_named_with_its_cause() {
+        let o = phase_of(
+            &[
+                "@@ PHASE init",
+                "@@ PHASE ready",
+                "@@ RUN hang_recovery",
+                "[   20.1] Kernel panic - not syncing: kernel: panic_on_warn set ...\r",
+                "[    0.0] Linux version 6.12",
+                "[   20.0] WARNING: CPU: 1 PID: 80 at drivers/refgpu/refgpu_sched.c:500 refgpu_job_timedout+0x1/0x2",
+                "[   20.0] Call Trace:",
+                "[   20.1] Kernel panic - not syncing: kernel: panic_on_warn set ...",
+            ],
+            false,
+        );
+        let f = o.failures();
+        let p = f.iter().find(|f| f.contains("panicked")).expect("the panic is a failure");
+        assert!(p.contains("in test hang_recovery"), "{p}");
+        assert!(p.contains("`Kernel panic - not syncing: kernel: panic_on_warn set ...`"), "{p}");
+        assert!(
+            p.contains("cause: `[   20.0] WARNING: CPU: 1 PID: 80 at drivers/refgpu/refgpu_sched.c:500"),
+            "{p}"
+        );
+        let o = phase_of(&["@@ PHASE init", "Kernel panic - not syncing: softlockup: hung tasks"], false);
+        assert!(o.failures().iter().any(|f| f.contains("cause: not in the console")), "{:?}", o.failures());
+        assert!(phase_of(&["@@ PHASE init", "@@ PHASE ready"], false).panic.is_none());
     }
 }

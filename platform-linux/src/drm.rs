@@ -92,16 +92,19 @@ unsafe impl<T> Ioctl for Call<'_, T> {
     }
 }
 
+/// The driver's errnos: `EIO` a lost device (present, not answering),
+/// `ENODEV` an unplugged one; both end the device for the UMD.
 fn os(e: Errno) -> PlatformError {
     match e {
-        Errno::NODEV => PlatformError::DeviceLost,
+        Errno::NODEV | Errno::IO => PlatformError::DeviceLost,
         Errno::NOMEM => PlatformError::OutOfMemory { len: 0 },
         e => PlatformError::Os(e.raw_os_error()),
     }
 }
 
 fn io_os(e: std::io::Error) -> PlatformError {
-    os(Errno::from_io_error(&e).unwrap_or(Errno::IO))
+    // An error without an errno is not the device's.
+    Errno::from_io_error(&e).map_or(PlatformError::Os(Errno::IO.raw_os_error()), os)
 }
 
 /// A refgpu render node, as a kernel-mode platform.
@@ -473,7 +476,7 @@ impl KernelIo for Drm {
         match self.call(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a) {
             Ok(()) => Ok(a.seqno),
             Err(Errno::CANCELED) => Err(KernelSubmitError::Cancelled),
-            Err(Errno::NODEV) => Err(KernelSubmitError::DeviceLost),
+            Err(Errno::NODEV | Errno::IO) => Err(KernelSubmitError::DeviceLost),
             Err(e) => Err(KernelSubmitError::Platform(os(e))),
         }
     }
@@ -499,5 +502,23 @@ impl KernelIo for Drm {
         drm_ffi::syncobj::timeline_signal(self.fd(), &[self.timeline(sync.queue)?], &[sync.point])
             .map(|_| ())
             .map_err(io_os)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lost_or_unplugged_device_is_lost_and_nothing_else_is() {
+        assert_eq!(os(Errno::IO), PlatformError::DeviceLost);
+        assert_eq!(os(Errno::NODEV), PlatformError::DeviceLost);
+        assert_eq!(os(Errno::FAULT), PlatformError::Os(Errno::FAULT.raw_os_error()));
+        assert_eq!(os(Errno::INVAL), PlatformError::Os(Errno::INVAL.raw_os_error()));
+        // An error without an errno is not the device's.
+        let other = std::io::Error::other("not an OS error");
+        assert_eq!(io_os(other), PlatformError::Os(Errno::IO.raw_os_error()));
+        let eio = std::io::Error::from_raw_os_error(Errno::IO.raw_os_error());
+        assert_eq!(io_os(eio), PlatformError::DeviceLost);
     }
 }

@@ -294,7 +294,8 @@ pub struct CtxQuery {
     pub engine: u32,
     /// Must be zero.
     pub pad: u32,
-    /// Out: engine resets on the device so far.
+    /// Out: engine resets that had this context's jobs in the ring (it
+    /// was guilty or innocent); other clients' resets do not count.
     pub reset_count: u64,
     /// Out: FAULT_STATUS when guilty by a fault, else 0.
     pub fault_status: u64,

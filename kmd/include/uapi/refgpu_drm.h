@@ -145,7 +145,7 @@ struct drm_refgpu_ctx_query {
 	__u32 state;		/* out: REFGPU_CTX_STATE_* */
 	__u32 engine;		/* out */
 	__u32 pad;		/* must be zero */
-	__u64 reset_count;	/* out: engine resets on the device so far */
+	__u64 reset_count;	/* out: engine resets that had this context's jobs in the ring */
 	__u64 fault_status;	/* out: GUILTY by a fault: FAULT_STATUS; else 0 */
 	__u64 fault_addr;	/* out: the faulting GPU address, or 0 */
 	__u64 guilty_seqno;	/* out: GUILTY: the SUBMIT seqno of the job that hung or faulted; else 0 */

@@ -99,7 +99,7 @@ pub enum ContextStatus {
 pub enum KernelSubmitError {
     /// The context is guilty: it takes no more work (DRM: `ECANCELED`).
     Cancelled,
-    /// The device is gone (`ENODEV`).
+    /// The device is gone: lost (`EIO`) or unplugged (`ENODEV`).
     DeviceLost,
     /// Anything else.
     Platform(PlatformError),

@@ -89,7 +89,11 @@ pub fn reset_resumes_innocent_jobs() -> R {
     for (n, s) in [(1, &i1), (2, &i2), (3, &i3)] {
         ensure!(s.status()? == 1, "innocent job {n}: status {}", s.status()?);
     }
-    ensure!(fx.data.map.r32(0x340) == 4, "the innocent jobs added {} (4 if each ran once)", fx.data.map.r32(0x340));
+    ensure!(
+        fx.data.map.r32(0x340) == 4,
+        "the innocent jobs added {} (4 if each ran once)",
+        fx.data.map.r32(0x340)
+    );
     ensure!(fx.data.map.r32(0x380) == 0, "the guilty context's later job ran ({})", fx.data.map.r32(0x380));
     let qh = fx.dev.ctx_query(h).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(qh.state == u::ctx_state::GUILTY && qh.guilty_seqno == hung.seqno, "culprit's context {qh:?}");
@@ -138,7 +142,11 @@ pub fn progressing_job_outlives_timeout() -> R {
     ensure!(took > 2 * window, "the long job took {took:?}, not more than two windows of {window:?}");
     ensure!(long.status()? == 1, "the long job, {took:?} of progress: status {}", long.status()?);
     ensure!(fx.data.map.r32(0x440) == 0x600D, "the long job's last write");
-    ensure!(behind.status()? == 1 && fx.data.map.r32(0x480) == 1, "the job behind it: {}", fx.data.map.r32(0x480));
+    ensure!(
+        behind.status()? == 1 && fx.data.map.r32(0x480) == 1,
+        "the job behind it: {}",
+        fx.data.map.r32(0x480)
+    );
     let q = fx.dev.ctx_query(l).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(q.state == u::ctx_state::OK, "the long job's context state {}", q.state);
 

@@ -42,6 +42,7 @@ pub fn all() -> Vec<Test> {
         ("timeline_wait", timeline_wait),
         ("cross_engine_order", cross_engine_order),
         ("sync_file_out", sync_file_out),
+        ("sync_file_failure_queues_nothing", sync_file_failure_queues_nothing),
         ("vm_bind_syncs", vm_bind_syncs),
         ("read_only_mapping_faults", read_only_mapping_faults),
         ("isolation_two_files", isolation_two_files),
@@ -560,6 +561,103 @@ fn sync_file_out() -> R {
     Ok(())
 }
 
+/// While it lives, this thread cannot allocate a `struct file`:
+/// `fs.file-max` is 0 (the kernel's quick test of the limit reads a
+/// per-CPU counter whose global part may still be 0) and CAP_SYS_ADMIN,
+/// which bypasses the limit, is out of the thread's effective set
+/// (capabilities are per thread).
+struct NoFiles {
+    file_max: String,
+    caps: [CapData; 2],
+}
+
+const FILE_MAX: &str = "/proc/sys/fs/file-max";
+const CAP_SYS_ADMIN: u32 = 21;
+
+#[repr(C)]
+struct CapHeader {
+    version: u32,
+    pid: i32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+struct CapData {
+    effective: u32,
+    permitted: u32,
+    inheritable: u32,
+}
+
+/// capget(2) (`get`) or capset(2) of this thread, version 3.
+fn caps(data: &mut [CapData; 2], get: bool) -> R {
+    let mut h = CapHeader { version: 0x2008_0522, pid: 0 };
+    let nr = if get { libc::SYS_capget } else { libc::SYS_capset };
+    // SAFETY: a version-3 header and its two data words, both live.
+    let r = unsafe { libc::syscall(nr, &mut h as *mut CapHeader, data.as_mut_ptr()) };
+    ensure!(r == 0, "{}: errno {}", if get { "capget" } else { "capset" }, drm::errno());
+    Ok(())
+}
+
+impl NoFiles {
+    fn new() -> Result<NoFiles, String> {
+        let file_max = std::fs::read_to_string(FILE_MAX).map_err(|e| format!("{FILE_MAX}: {e}"))?;
+        let mut c = [CapData::default(); 2];
+        caps(&mut c, true)?;
+        std::fs::write(FILE_MAX, "0").map_err(|e| format!("{FILE_MAX}: {e}"))?;
+        let mut dropped = c;
+        dropped[0].effective &= !(1 << CAP_SYS_ADMIN);
+        let guard = NoFiles { file_max, caps: c };
+        caps(&mut dropped, false)?;
+        Ok(guard)
+    }
+}
+
+impl Drop for NoFiles {
+    fn drop(&mut self) {
+        let _ = caps(&mut self.caps, false);
+        let _ = std::fs::write(FILE_MAX, self.file_max.trim());
+    }
+}
+
+/// A SUBMIT whose sync_file cannot be made fails with ENOMEM before its
+/// job is queued: the job never runs, its seqno is not used. (The file of
+/// the sync_file is what cannot be allocated here, [`NoFiles`].) Against a
+/// driver that made the sync_file after queuing the job, the job ran.
+fn sync_file_failure_queues_nothing() -> R {
+    let mut fx = Fx::new()?;
+    let ctx = fx.ctx(u::engine::COPY)?;
+    let (ib, dw) = fx.ib(&[write_data(DATA_VA + 0x40, &[1])])?;
+    let first = ok(fx.dev.submit_full(ctx, ib, dw, &[], &[], 0), "SUBMIT")?;
+    let (ib, dw) = fx.ib(&[write_data(DATA_VA + 0x80, &[0xBAD])])?;
+    let r = {
+        let _no_files = NoFiles::new()?;
+        // The condition holds: no file can be opened.
+        let probe = std::fs::File::open("/proc/self/stat").map(|_| ()).map_err(|e| e.raw_os_error());
+        let mut c = [CapData::default(); 2];
+        caps(&mut c, true)?;
+        ensure!(
+            probe == Err(Some(libc::ENFILE)),
+            "a file opens with fs.file-max at 0: {probe:?} (effective capabilities {:#x})",
+            c[0].effective
+        );
+        fx.dev.submit_full(ctx, ib, dw, &[], &[], u::SUBMIT_OUT_SYNC_FILE)
+    };
+    expect_errno(r.map(|s| s.seqno), libc::ENOMEM, "SUBMIT with no file for its sync_file")?;
+    let (ib, dw) = fx.ib(&[write_data(DATA_VA + 0xC0, &[2])])?;
+    fx.point += 1;
+    let next = ok(fx.dev.submit_full(ctx, ib, dw, &[], &[sync(fx.sync, fx.point)], 0), "SUBMIT after")?;
+    fx.wait(fx.point)?;
+    ensure!(fx.data.map.r32(0xC0) == 2, "the job after the failed SUBMIT did not run");
+    ensure!(fx.data.map.r32(0x80) == 0, "the failed SUBMIT's job ran");
+    ensure!(
+        next.seqno == first.seqno + 1,
+        "the failed SUBMIT used a seqno: {} then {}",
+        first.seqno,
+        next.seqno
+    );
+    Ok(())
+}
+
 fn vm_bind_syncs() -> R {
     let mut fx = Fx::new()?;
     let ctx = fx.ctx(u::engine::GFX)?;
@@ -773,7 +871,10 @@ fn hang_recovery() -> R {
     let mut fx = Fx::new()?;
     fixture::clear_devcoredumps()?;
     let flag = DATA_VA + 0x40;
-    let resets0 = ok(fx.dev.ctx_query(fx.ctx(u::engine::COPY)?), "CTX_QUERY")?.reset_count;
+    // Another client, with a context on the engine that hangs and one on
+    // another engine: the reset is none of its business.
+    let other = Fx::new()?;
+    let others = [other.ctx(u::engine::GFX)?, other.ctx(u::engine::COPY)?];
     // H hangs on GFX (a WAIT_MEM nobody satisfies); J queues behind it on
     // GFX; K runs on COPY meanwhile.
     let h = fx.ctx(u::engine::GFX)?;
@@ -797,7 +898,19 @@ fn hang_recovery() -> R {
     let q = ok(fx.dev.ctx_query(h), "CTX_QUERY H")?;
     ensure!(q.state == u::ctx_state::GUILTY, "H state {}", q.state);
     ensure!(q.guilty_seqno == sh.seqno, "guilty_seqno {} is not H's seqno {}", q.guilty_seqno, sh.seqno);
-    ensure!(q.reset_count > resets0, "reset_count {} did not grow from {resets0}", q.reset_count);
+    ensure!(q.reset_count == 1, "H's reset_count {}, expected 1", q.reset_count);
+    for c in others {
+        let q = ok(other.dev.ctx_query(c), "CTX_QUERY of the other client")?;
+        ensure!(
+            q.reset_count == 0 && q.state == u::ctx_state::OK,
+            "another client's context (engine {}) sees the reset: reset_count {}, state {}",
+            q.engine,
+            q.reset_count,
+            q.state
+        );
+    }
+    let qk = ok(fx.dev.ctx_query(k), "CTX_QUERY K")?;
+    ensure!(qk.reset_count == 0, "K (another engine) has reset_count {}", qk.reset_count);
     expect_errno(
         fx.dev.submit_full(h, ib, dw, &[], &[], 0).map(|_| ()),
         libc::ECANCELED,
@@ -808,6 +921,9 @@ fn hang_recovery() -> R {
     ensure!(fx.data.map.r32(0x80) == 0x1111, "J's work after the reset");
     let qj = ok(fx.dev.ctx_query(j), "CTX_QUERY J")?;
     ensure!(qj.state == u::ctx_state::INNOCENT || qj.state == u::ctx_state::OK, "J state {}", qj.state);
+    // J counts the reset if its job was in the ring (and ran again).
+    let want = u64::from(qj.state == u::ctx_state::INNOCENT);
+    ensure!(qj.reset_count == want, "J (state {}) has reset_count {}", qj.state, qj.reset_count);
     // The engine keeps working for new contexts.
     let n = fx.ctx(u::engine::GFX)?;
     let p = fx.run(n, &[write_data(DATA_VA + 0x100, &[0x3333])])?;

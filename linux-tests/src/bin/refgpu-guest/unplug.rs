@@ -323,8 +323,10 @@ fn count(c: &std::collections::BTreeMap<String, i64>, key: &str) -> Result<i64, 
 /// the unmap (a lost device may still run and reach them through stale
 /// translations): the driver keeps the mapping, and at the close the VM an
 /// engine still points at, until the device is unbound (stopped); then
-/// both are freed (a leak warns: `kmsg_clean`). SUBMIT fails with ENODEV
-/// and CTX_QUERY reports the loss meanwhile. Bound again, the device runs
+/// both are freed (a leak warns: `kmsg_clean`). The device is lost but
+/// present: the job on it ends with -EIO, SUBMIT and VM_BIND fail with EIO
+/// (ENODEV is for an unplugged device: `unbind_with_open_file`) and
+/// CTX_QUERY reports the loss meanwhile. Bound again, the device runs
 /// jobs.
 pub fn lost_device_keeps_memory() -> R {
     const X_VA: u64 = 0x3000_0000;
@@ -371,10 +373,10 @@ pub fn lost_device_keeps_memory() -> R {
     // H ends at its timeout, on the lost device, while the device stays
     // bound; the release at the unbind below shows it was freed too.
     let stat_h = sh.wait("H on the lost device")?;
-    ensure!(stat_h == -libc::ENODEV, "H ended with {stat_h} on the lost device, expected -ENODEV");
+    ensure!(stat_h == -libc::EIO, "H ended with {stat_h} on the lost device, expected -EIO");
     let (ib, dw) = fx.ib(&[Command::WriteData { dst: DATA_VA, data: Payload::Words(&[2]) }])?;
-    expect_errno(fx.dev.submit_full(c, ib, dw, &[], &[], 0), libc::ENODEV, "SUBMIT on the lost device")?;
-    expect_errno(fx.dev.vm_bind(&[unmap_op(DATA_VA, 4096)]), libc::ENODEV, "VM_BIND on the lost device")?;
+    expect_errno(fx.dev.submit_full(c, ib, dw, &[], &[], 0), libc::EIO, "SUBMIT on the lost device")?;
+    expect_errno(fx.dev.vm_bind(&[unmap_op(DATA_VA, 4096)]), libc::EIO, "VM_BIND on the lost device")?;
     let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(q.state == u::ctx_state::DEVICE_LOST, "CTX_QUERY state {} on the lost device", q.state);
     drop(sh);
