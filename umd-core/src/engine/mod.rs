@@ -171,13 +171,16 @@ pub(crate) struct MemState<'d, B: Backend> {
 }
 
 impl<'d, B: Backend> MemState<'d, B> {
-    /// The buffer manager and a backing over the rest, for manager calls.
+    /// The buffer manager and a backing over the rest, for manager calls;
+    /// the platform's memory calls the pass needs are left in `off`, for
+    /// the caller to make once the lock is dropped ([`buffers::OffLock`]).
     pub(crate) fn split<'a>(
         &'a mut self,
         b: &'a B,
+        off: &'a mut buffers::OffLock,
     ) -> (&'a mut Buffers<'d, buffers::Backed>, buffers::Backer<'a, 'd, B>) {
         let MemState { buffers, va, maps, local } = self;
-        (buffers, buffers::Backer { b, va, maps, local, fallback: false })
+        (buffers, buffers::Backer { b, va, maps, local, fallback: false, off })
     }
 }
 
