@@ -368,7 +368,7 @@ fn read_window(shm: &Mapping) -> Result<MemWindow, CosimError> {
 // page out twice), valid while `self` lives, zeroed, and the device reaches
 // the same bytes at `mem_base + offset`; `now_ns` is CLOCK_MONOTONIC.
 unsafe impl Platform for Cosim {
-    type RawMutex = umd_core::platform::SpinLock;
+    type RawMutex = crate::FairLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).checked_next_multiple_of(PAGE).ok_or(PlatformError::OutOfMemory { len })?;

@@ -304,7 +304,7 @@ fn now_ns() -> u64 {
 // `dma_free`; the device reaches them through the VM bindings the core
 // makes. The clock is CLOCK_MONOTONIC.
 unsafe impl Platform for Drm {
-    type RawMutex = umd_core::platform::SpinLock;
+    type RawMutex = crate::FairLock;
 
     fn dma_alloc(&self, len: usize, flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let size = (len.max(1) as u64).next_multiple_of(PAGE);

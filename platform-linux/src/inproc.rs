@@ -194,7 +194,7 @@ impl InProcess {
 // which reaches the same device bytes after cache maintenance (the
 // non-coherent case of `DmaRegion::new`). `now_ns` is CLOCK_MONOTONIC.
 unsafe impl Platform for InProcess {
-    type RawMutex = umd_core::platform::SpinLock;
+    type RawMutex = crate::FairLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).checked_next_multiple_of(PAGE).ok_or(PlatformError::OutOfMemory { len })?;

@@ -12,7 +12,9 @@
 //! - [`soak`]: the soak's workload (long run, injected hangs and faults,
 //!   sampled statistics checked flat; its accounting is the fault
 //!   matrix's, [`conformance::faults`]);
-//! - `drm` (feature `drm`): kernel-mediated mode over the refgpu DRM driver's render node.
+//! - `drm` (feature `drm`): kernel-mediated mode over the refgpu DRM driver's render node;
+//! - [`lock`]: [`FairLock`], the fair raw lock all three use for the
+//!   core's locks.
 //!
 //! Features: `model` (default: [`inproc`], [`cosim`], [`cache`],
 //! [`selftest`]; pulls the model in), `suite` (default), `drm`. A DRM
@@ -29,6 +31,7 @@ pub mod cosim;
 pub mod drm;
 #[cfg(feature = "model")]
 pub mod inproc;
+pub mod lock;
 #[cfg(feature = "model")]
 pub mod selftest;
 #[cfg(feature = "suite")]
@@ -46,6 +49,7 @@ pub use cosim::{Cosim, CosimError, CosimOptions, MemWindow};
 pub use drm::{Drm, DrmError};
 #[cfg(feature = "model")]
 pub use inproc::{InProcess, InProcessOptions};
+pub use lock::FairLock;
 
 /// DMA pages of a model's memory window: `umd_core`'s bitmap page
 /// allocator over a host vector.

@@ -72,6 +72,128 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
     /// A local-memory block that finds no room comes from system memory
     /// instead (after eviction failed to make room).
     pub(crate) fallback: bool,
+    /// The platform calls this pass leaves for after the memory lock.
+    pub(crate) off: &'a mut OffLock,
+}
+
+/// Blocks one pass under the memory lock may give back: they are freed
+/// once the lock is dropped. A pass that would release more stops
+/// ([`Backing::can_release`]) and the caller runs another.
+pub(crate) const DEAD_MAX: usize = 8;
+
+/// The platform's memory calls of one pass under the memory lock, done
+/// outside it: `dma_alloc` zeroes memory and `dma_free` may take an OS
+/// call, so neither runs while the lock is held (`docs/architecture.md`,
+/// "Thread model"). An allocation that needs a new block reserves
+/// nothing the first time: it notes the block's size and flags
+/// ([`OffLock::need`]), leaves no trace, and the caller allocates the
+/// memory with the lock dropped ([`OffLock::prepare`]) and tries again
+/// with it at hand ([`OffLock::spare`]); memory the second try did not use
+/// goes back after it. Blocks released under the lock wait in
+/// [`OffLock::dead`] until [`OffLock::finish`].
+#[derive(Debug)]
+pub(crate) struct OffLock {
+    /// Memory allocated with the lock dropped: its length, flags and the
+    /// platform's answer.
+    spare: Option<(usize, DmaFlags, Result<DmaRegion, BackingError>)>,
+    /// The block the last pass needed and found no spare for.
+    need: Option<(usize, DmaFlags)>,
+    /// Blocks released under the lock, to free after it.
+    dead: [Option<DmaRegion>; DEAD_MAX],
+}
+
+impl OffLock {
+    /// Nothing at hand, nothing to free.
+    pub(crate) const fn new() -> OffLock {
+        OffLock { spare: None, need: None, dead: [const { None }; DEAD_MAX] }
+    }
+
+    /// Whether a block may be released under the lock (there is room to
+    /// keep it until the lock is dropped).
+    pub(crate) fn can_release(&self) -> bool {
+        self.dead.iter().any(Option::is_none)
+    }
+
+    /// Whether the pass needed platform memory it did not have.
+    pub(crate) fn needs_memory(&self) -> bool {
+        self.need.is_some()
+    }
+
+    /// The memory for a block of `len` bytes with `flags`: the spare if it
+    /// is that block (taken), else `None` and the block is noted as needed.
+    fn take(&mut self, len: usize, flags: DmaFlags) -> Option<Result<DmaRegion, BackingError>> {
+        match self.spare.take() {
+            Some((l, f, mem)) if l == len && f == flags => Some(mem),
+            other => {
+                self.spare = other;
+                self.need = Some((len, flags));
+                None
+            }
+        }
+    }
+
+    /// Memory taken by [`OffLock::take`] that the block did not keep (its
+    /// address could not be had or mapped): freed after the lock. Handed
+    /// back when there is no room for it (the caller frees it at once).
+    fn unused(&mut self, region: DmaRegion, flags: DmaFlags) -> Result<(), DmaRegion> {
+        if self.spare.is_some() {
+            // (Cannot happen: the spare was taken.)
+            return self.bury(region);
+        }
+        self.spare = Some((region.len(), flags, Ok(region)));
+        Ok(())
+    }
+
+    /// Keeps a released block for [`OffLock::finish`]; hands it back when
+    /// there is no room (the caller frees it at once).
+    fn bury(&mut self, region: DmaRegion) -> Result<(), DmaRegion> {
+        match self.dead.iter_mut().find(|d| d.is_none()) {
+            Some(d) => {
+                *d = Some(region);
+                Ok(())
+            }
+            None => Err(region),
+        }
+    }
+
+    /// With the lock dropped: frees the spare the last pass did not use
+    /// and allocates the block it needed, if any. Returns whether there
+    /// is a block to try again with.
+    pub(crate) fn prepare<P: Platform>(&mut self, p: &P) -> bool {
+        if let Some((_, _, Ok(r))) = self.spare.take() {
+            p.dma_free(r);
+        }
+        let Some((len, flags)) = self.need.take() else { return false };
+        let mem = p.dma_alloc(len, flags).map_err(|e| match e {
+            crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
+            _ => BackingError::PlatformMemory { len },
+        });
+        self.spare = Some((len, flags, mem));
+        true
+    }
+
+    /// With the lock dropped: frees the unused spare and every block
+    /// released under the lock.
+    pub(crate) fn finish<P: Platform>(&mut self, p: &P) {
+        if let Some((_, _, Ok(r))) = self.spare.take() {
+            p.dma_free(r);
+        }
+        self.need = None;
+        for d in self.dead.iter_mut() {
+            if let Some(r) = d.take() {
+                p.dma_free(r);
+            }
+        }
+    }
+}
+
+/// The platform's flags for memory of `kind`.
+fn flags_of(kind: MemKind) -> DmaFlags {
+    if kind.device_only {
+        DmaFlags::DEVICE_ONLY
+    } else {
+        DmaFlags::CPU
+    }
 }
 
 /// The driver's GPU VA allocator: with recycling
@@ -150,19 +272,31 @@ impl<'d, B: Backend> Backer<'_, 'd, B> {
     /// The memory of a block of `bytes`: local memory when `kind` asks for
     /// it and there is room (else [`BackingError::LocalMemory`] unless
     /// falling back), otherwise the platform's.
+    ///
+    /// Platform memory is never allocated here (under the memory lock):
+    /// it is the spare allocated before the pass ([`OffLock`]), or the
+    /// block is noted as needed and refused with
+    /// [`BackingError::PlatformMemory`], which the engine answers by
+    /// allocating it with the lock dropped and trying again.
     fn memory(&mut self, bytes: u64, kind: MemKind) -> Result<DmaRegion, BackingError> {
         let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
-        let flags = if kind.device_only { DmaFlags::DEVICE_ONLY } else { DmaFlags::CPU };
         let local = if kind.local && self.va.is_some() { self.local.alloc(bytes) } else { None };
         match local {
             Some(r) => Ok(r),
             None if kind.local && self.local.is_active() && self.va.is_some() && !self.fallback => {
                 Err(BackingError::LocalMemory)
             }
-            None => self.b.platform().dma_alloc(len, flags).map_err(|e| match e {
-                crate::platform::PlatformError::DeviceLost => BackingError::DeviceLost,
-                _ => BackingError::PlatformMemory { len },
-            }),
+            None => self.off.take(len, flags_of(kind)).unwrap_or(Err(BackingError::PlatformMemory { len })),
+        }
+    }
+
+    /// Gives back memory [`Backer::memory`] returned that the block did not
+    /// keep: local memory at once, the platform's after the lock.
+    fn unused(&mut self, region: DmaRegion, kind: MemKind) {
+        if super::residency::is_local(&region) {
+            self.local.free(region);
+        } else if let Err(r) = self.off.unused(region, flags_of(kind)) {
+            self.b.platform().dma_free(r);
         }
     }
 }
@@ -192,14 +326,6 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
                 return Err(e);
             }
         };
-        let p = self.b.platform();
-        let release = |local: &mut super::residency::LocalMem<'d>, region: DmaRegion| {
-            if super::residency::is_local(&region) {
-                local.free(region);
-            } else {
-                p.dma_free(region);
-            }
-        };
         let Some(va) = self.va.get_mut() else {
             // MMU bypassed: the GPU address is the memory's (a fixed
             // address was refused above).
@@ -207,7 +333,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
             // page tables, so no 2 MiB preference.
             let addr = region.dev_addr();
             if addr.checked_rem(align) != Some(0) {
-                release(self.local, region);
+                self.unused(region, kind);
                 return Err(BackingError::Unaligned { addr });
             }
             return Ok((addr, Backed { region, va: None }));
@@ -219,7 +345,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
-                release(self.local, region);
+                self.unused(region, kind);
                 return Err(BackingError::Va(e));
             }
         };
@@ -227,10 +353,14 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let perms = Perms { read: true, write: !kind.gpu_read_only, cache: CachePolicy::Uncached };
         if let Err(e) = self.b.map(self.maps, addr, &region, perms) {
             let _ = va.free_handle(handle);
-            release(self.local, region);
+            self.unused(region, kind);
             return Err(e);
         }
         Ok((addr, Backed { region, va: Some(handle) }))
+    }
+
+    fn can_release(&self) -> bool {
+        self.off.can_release()
     }
 
     fn release(&mut self, addr: u64, bytes: u64, block: Backed) {
@@ -248,7 +378,10 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         let block = block.region;
         if super::residency::is_local(&block) {
             self.local.free(block);
-        } else {
+        } else if let Err(block) = self.off.bury(block) {
+            // No room to keep it until the lock is dropped: only where no
+            // lock is held (teardown) or a caller released more than it
+            // checked for (`can_release`).
             self.b.platform().dma_free(block);
         }
     }
@@ -307,21 +440,54 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// One allocation attempt under the memory lock (`fallback`: a
-    /// local-memory buffer may go to system memory); a slab slot handed out
-    /// is zeroed. A failure leaves no trace; with `oldest` it also notes
-    /// there the queue and fence the oldest free still waiting waits for
-    /// (what a caller may wait for).
+    /// One allocation attempt (`fallback`: a local-memory buffer may go to
+    /// system memory); a slab slot handed out is zeroed. A failure leaves
+    /// no trace; with `oldest` it also notes there the queue and fence the
+    /// oldest free still waiting waits for (what a caller may wait for).
+    ///
+    /// The platform's memory is never allocated or freed under the memory
+    /// lock: a pass that needs a new block (a slab, a large buffer) fails
+    /// without a trace and notes the block; the block is allocated with the
+    /// lock dropped and the pass runs again with it at hand, which either
+    /// uses it or (another thread made room meanwhile) gives it back after
+    /// the lock ([`OffLock`]). The needed block depends on the request
+    /// only, so the second pass never needs another one; a third is allowed
+    /// for safety, then the pass's error stands.
     #[inline(always)]
     fn try_alloc(
         &self,
         desc: &BufferDesc,
         at: Option<u64>,
         fallback: bool,
+        mut oldest: Option<&mut Option<(usize, crate::sync::Seqno)>>,
+    ) -> Result<(BufferHandle, BufferInfo), AllocError> {
+        let mut off = OffLock::new();
+        let mut passes = 0u8;
+        loop {
+            let r = self.alloc_pass(desc, at, fallback, &mut off, oldest.as_deref_mut());
+            passes = passes.saturating_add(1);
+            // Lock dropped: allocate the block the pass needed, if any.
+            if r.is_err() && passes < 3 && off.prepare(self.b.platform()) {
+                continue;
+            }
+            off.finish(self.b.platform());
+            return r;
+        }
+    }
+
+    /// One pass of [`Engine::try_alloc`] under the memory lock, with the
+    /// platform memory `off` holds.
+    #[inline(always)]
+    fn alloc_pass(
+        &self,
+        desc: &BufferDesc,
+        at: Option<u64>,
+        fallback: bool,
+        off: &mut OffLock,
         oldest: Option<&mut Option<(usize, crate::sync::Seqno)>>,
     ) -> Result<(BufferHandle, BufferInfo), AllocError> {
         let mut mem = self.mem.lock();
-        let (buffers, mut backer) = mem.split(&self.b);
+        let (buffers, mut backer) = mem.split(&self.b, off);
         backer.fallback = fallback;
         // (`alloc_at` refused a fixed address already without a VA
         // allocator; said here so that no code for one is left then.)
@@ -329,13 +495,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             Some(at) => buffers.alloc_at(&mut backer, desc, at),
             None => buffers.alloc_info(&mut backer, desc),
         };
+        let needs_memory = backer.off.needs_memory();
         match r {
             Ok((h, info)) => {
                 self.zero_new(&mem.buffers, h);
                 Ok((h, info))
             }
             Err(e) => {
-                if let Some(o) = oldest {
+                if let Some(o) = oldest.filter(|_| !needs_memory) {
                     *o = buffers.oldest_waiting();
                 }
                 Err(e)
@@ -470,17 +637,24 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// finished (see [`crate::mem::buffer::Tracking`]). Refused while the
     /// buffer is mapped.
     pub fn free(&self, h: BufferHandle) -> Result<(), BufferError> {
-        let mut mem = self.mem.lock();
-        let (buffers, mut backer) = mem.split(&self.b);
-        let q = |i: usize| self.queues.get(i);
-        buffers.free(
-            &mut backer,
-            h,
-            self.nq,
-            &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.completed()),
-            &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.emitted()),
-            self.is_lost(),
-        )
+        let mut off = OffLock::new();
+        let r = {
+            let mut mem = self.mem.lock();
+            let (buffers, mut backer) = mem.split(&self.b, &mut off);
+            let q = |i: usize| self.queues.get(i);
+            buffers.free(
+                &mut backer,
+                h,
+                self.nq,
+                &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.completed()),
+                &|i| q(i).map_or(crate::sync::Seqno(0), |q| q.emitted()),
+                self.is_lost(),
+            )
+        };
+        // The block the free released, if any, goes back with the lock
+        // dropped.
+        off.finish(self.b.platform());
+        r
     }
 
     /// What the device knows about a buffer (GPU address, size, class, tag).
@@ -617,11 +791,31 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.trim_kept()
     }
 
-    /// Gives the pools' kept empty slabs back. Returns bytes.
+    /// Gives the pools' kept empty slabs back. Returns bytes. A pass under
+    /// the memory lock releases at most [`DEAD_MAX`] slabs, freed with the
+    /// lock dropped; passes repeat while slabs are kept, at most as many as
+    /// the pools can keep need ([`crate::mem::pool::KEEP_EMPTY`] per kind
+    /// and bin).
     fn trim_kept(&self) -> u64 {
-        let mut mem = self.mem.lock();
-        let (buffers, mut backer) = mem.split(&self.b);
-        buffers.trim(&mut backer)
+        const PASSES: usize =
+            crate::mem::pool::KINDS * crate::mem::pool::BINS * crate::mem::pool::KEEP_EMPTY as usize
+                / DEAD_MAX
+                + 1;
+        let mut bytes = 0u64;
+        for _ in 0..PASSES {
+            let mut off = OffLock::new();
+            let more = {
+                let mut mem = self.mem.lock();
+                let (buffers, mut backer) = mem.split(&self.b, &mut off);
+                bytes = bytes.saturating_add(buffers.trim(&mut backer));
+                buffers.has_kept()
+            };
+            off.finish(self.b.platform());
+            if !more {
+                break;
+            }
+        }
+        bytes
     }
 
     /// Buffers waiting for fences of `queue` before their memory is reused.

@@ -79,22 +79,49 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// Returns to the pools up to `budget` frees waiting on queue `qi`
     /// whose fences have passed, and notes whether more are ready (see
     /// `reclaim_backlog`). Memory of a lost device is kept until teardown.
+    ///
+    /// A pass under the memory lock releases at most
+    /// [`super::buffers::DEAD_MAX`] blocks, which are freed to the platform
+    /// with the lock dropped; passes repeat until the budget is spent or a
+    /// free is not ready, at most one per buffer handle (each pass that
+    /// stops for room has moved frees on).
     pub(crate) fn reclaim(&self, qi: usize, budget: usize) -> usize {
         if self.is_lost() {
             return 0;
         }
-        let mut mem = self.mem.lock();
-        let (buffers, mut backer) = mem.split(&self.b);
-        let n = buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), budget);
         let bit = 1u32 << qi;
-        // Short of the budget, the reclaim stopped at a free that is not
-        // ready (or at none).
-        if n >= budget && buffers.front_ready(qi, self.completed_of(QueueId(qi as u8))) {
-            self.reclaim_backlog.fetch_or(bit, Ordering::Relaxed);
-        } else if self.reclaim_backlog.load(Ordering::Relaxed) & bit != 0 {
-            self.reclaim_backlog.fetch_and(!bit, Ordering::Relaxed);
+        let mut total = 0usize;
+        let mut passes = 0usize;
+        loop {
+            let mut off = super::buffers::OffLock::new();
+            let (n, more) = {
+                let mut mem = self.mem.lock();
+                let (buffers, mut backer) = mem.split(&self.b, &mut off);
+                let left = budget.saturating_sub(total);
+                let n = buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), left);
+                let ready = buffers.front_ready(qi, self.completed_of(QueueId(qi as u8)));
+                // Stopped for room with frees still ready: another pass.
+                let more = ready && n < left && !backer.off.can_release();
+                passes = passes.saturating_add(1);
+                let cap = buffers.stats().capacity as usize;
+                let more = more && passes <= cap;
+                // Short of the budget (and of room), the reclaim stopped
+                // at a free that is not ready (or at none).
+                if !more {
+                    if ready {
+                        self.reclaim_backlog.fetch_or(bit, Ordering::Relaxed);
+                    } else if self.reclaim_backlog.load(Ordering::Relaxed) & bit != 0 {
+                        self.reclaim_backlog.fetch_and(!bit, Ordering::Relaxed);
+                    }
+                }
+                (n, more)
+            };
+            off.finish(self.b.platform());
+            total = total.saturating_add(n);
+            if !more {
+                return total;
+            }
         }
-        n
     }
 
     /// Returns to the pools every free, on every queue, whose fences have

@@ -337,9 +337,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             );
         });
         {
+            // No lock is held here (`&mut self`): blocks past what `off`
+            // keeps are freed as they are released, the rest just after.
+            let mut off = super::buffers::OffLock::new();
             let mem = self.mem.get_mut();
-            let (buffers, mut backer) = mem.split(&self.b);
+            let (buffers, mut backer) = mem.split(&self.b, &mut off);
             buffers.release_all(&mut backer);
+            off.finish(self.b.platform());
         }
         if let Some((region, va)) = self.ib.release() {
             self.unmap_driver(region, va);

@@ -17,7 +17,8 @@
 //! each (a submission's trace events wait in its queue's stage, under the
 //! submit lock, for the next reader of the trace or the queue's completion
 //! processing: `debug::trace::TraceStage`). Locks are held for bounded bookkeeping only: recording runs with
-//! no lock held, waits and sleeps hold none, and the service path skips a
+//! no lock held, waits and sleeps hold none, the platform's memory is
+//! allocated and freed with the memory lock dropped ([`buffers`]), and the service path skips a
 //! queue whose lock is busy (its holder services it); only the first
 //! thread to meet a device loss waits for the queues' submit locks, one at
 //! a time, to fail their pending work (`complete`). Timelines are
@@ -171,13 +172,16 @@ pub(crate) struct MemState<'d, B: Backend> {
 }
 
 impl<'d, B: Backend> MemState<'d, B> {
-    /// The buffer manager and a backing over the rest, for manager calls.
+    /// The buffer manager and a backing over the rest, for manager calls;
+    /// the platform's memory calls the pass needs are left in `off`, for
+    /// the caller to make once the lock is dropped ([`buffers::OffLock`]).
     pub(crate) fn split<'a>(
         &'a mut self,
         b: &'a B,
+        off: &'a mut buffers::OffLock,
     ) -> (&'a mut Buffers<'d, buffers::Backed>, buffers::Backer<'a, 'd, B>) {
         let MemState { buffers, va, maps, local } = self;
-        (buffers, buffers::Backer { b, va, maps, local, fallback: false })
+        (buffers, buffers::Backer { b, va, maps, local, fallback: false, off })
     }
 }
 

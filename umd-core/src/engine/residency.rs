@@ -371,7 +371,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     fn copy_out(&self, s: Subject, to: &DmaRegion) -> Result<(), MoveError> {
         let tmp = {
             let mut mem = self.mem.lock();
-            let (_, backer) = mem.split(&self.b);
+            // (Only the VA allocator and the maps: nothing for `off`.)
+            let mut off = super::buffers::OffLock::new();
+            let (_, backer) = mem.split(&self.b, &mut off);
             let va = backer.va.get_mut().ok_or(MoveError::NotLocal)?;
             let handle = va.alloc_handle(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
             let tmp = handle.addr();
@@ -399,7 +401,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             })
             .and_then(|f| self.wait_done(f, self.progress_limit_ns()).map_err(MoveError::Copy));
         let mut mem = self.mem.lock();
-        let (_, backer) = mem.split(&self.b);
+        // (Only the VA allocator and the maps: nothing for `off`.)
+        let mut off = super::buffers::OffLock::new();
+        let (_, backer) = mem.split(&self.b, &mut off);
         if self.b.unmap(backer.maps, tmp, s.bytes).is_ok() {
             if let Some(va) = backer.va.get_mut() {
                 let _ = va.free_handle(handle);

@@ -497,8 +497,10 @@ impl<'s, B> Buffers<'s, B> {
     }
 
     /// Returns to the pools up to `budget` buffers waiting on `queue` whose
-    /// fence `completed(queue)` covers, oldest first. Returns how many
-    /// moved on (released or passed to another queue's FIFO).
+    /// fence `completed(queue)` covers, oldest first, stopping early when
+    /// the backing can take no more blocks now ([`Backing::can_release`]).
+    /// Returns how many moved on (released or passed to another queue's
+    /// FIFO).
     pub fn reclaim<K: Backing<Block = B>>(
         &mut self,
         backing: &mut K,
@@ -508,7 +510,7 @@ impl<'s, B> Buffers<'s, B> {
     ) -> usize {
         let done = completed(queue);
         let mut n = 0usize;
-        while n < budget {
+        while n < budget && backing.can_release() {
             let Some(&index) = self.retiring.get(queue).and_then(|f| f.front()) else { break };
             let gate = self.table.retiring_mut(index).map(|r| (r.gate, r.mask));
             let Some((g, mask)) = gate else {
@@ -578,9 +580,16 @@ impl<'s, B> Buffers<'s, B> {
         self.retiring.get(queue).map_or(0, |f| f.storage_len())
     }
 
-    /// Gives kept empty slabs back (memory pressure). Returns bytes.
+    /// Gives kept empty slabs back (memory pressure), as many as the
+    /// backing can take now ([`Pool::trim`]). Returns bytes.
     pub fn trim<K: Backing<Block = B>>(&mut self, backing: &mut K) -> u64 {
         self.pool.trim(backing)
+    }
+
+    /// Whether the pools keep empty slabs ([`Buffers::trim`] would give
+    /// some back).
+    pub fn has_kept(&self) -> bool {
+        self.pool.kept() > 0
     }
 
     /// The leak report: every live buffer with size, tag and number.

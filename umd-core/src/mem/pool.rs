@@ -206,6 +206,16 @@ pub trait Backing {
     /// Unmaps and frees a block from [`Backing::acquire`] (the GPU no
     /// longer uses it).
     fn release(&mut self, addr: u64, bytes: u64, block: Self::Block);
+
+    /// Whether one more block may be released now. A backing that defers
+    /// the freeing of released memory until a lock is dropped keeps a
+    /// bounded number of blocks; the calls that release many
+    /// ([`Pool::trim`], the buffer manager's reclaim) stop when this is
+    /// false, and their caller calls them again once it has freed what they
+    /// released. A single free releases at most one block.
+    fn can_release(&self) -> bool {
+        true
+    }
 }
 
 /// Why a pool operation was refused. The pool is unchanged after any error.
@@ -548,17 +558,25 @@ where
         }
     }
 
-    /// Gives every kept empty slab back to the backing. Returns bytes.
+    /// Gives every kept empty slab back to the backing, or as many as it
+    /// can take now ([`Backing::can_release`]: call again for the rest).
+    /// Returns bytes.
     pub fn trim<K: Backing<Block = B>>(&mut self, backing: &mut K) -> u64 {
         let mut bytes = 0u64;
         for kind in 0..KINDS {
             for bin in 0..BINS {
-                while let Some(s) = self.take_kept(kind, bin) {
+                while backing.can_release() {
+                    let Some(s) = self.take_kept(kind, bin) else { break };
                     bytes = bytes.saturating_add(self.release_slab(backing, s));
                 }
             }
         }
         bytes
+    }
+
+    /// Empty slabs kept for reuse.
+    pub fn kept(&self) -> u64 {
+        u64::from(self.empty)
     }
 
     /// Whether a kept empty slab's block meets `[lo, hi)` (what

@@ -309,8 +309,9 @@ pub unsafe trait Platform {
     /// The raw lock behind the core's locks (`docs/architecture.md`,
     /// "Thread model"). The core holds a lock only for bounded bookkeeping,
     /// never across a wait, a sleep or user code, and never from an
-    /// interrupt handler. [`SpinLock`] suits hosted threads and bare metal
-    /// without preemptive priorities; a preemptive RTOS plugs in its mutex
+    /// interrupt handler. [`SpinLock`] suits bare metal without preemptive
+    /// priorities; hosted threads want a fair lock (the Linux platforms'
+    /// is a ticket lock); a preemptive RTOS plugs in its mutex
     /// with priority inheritance (a spinning high-priority task would never
     /// let a preempted low-priority holder run on one core); a single-core
     /// MCU may use a critical-section lock.
@@ -356,8 +357,12 @@ pub use kernel::{
     KernelWait,
 };
 
-/// The spin lock the project's platforms use ([`Platform::RawMutex`]):
-/// spin's. On bare metal (`target_os = "none"`) the wait for a held lock
+/// The spin lock the project's bare-metal platforms use
+/// ([`Platform::RawMutex`]): spin's. It is not fair: a thread that
+/// releases it and takes it again at once can keep it from a waiting one,
+/// so hosted platforms with more threads than cores want a fair lock
+/// (the Linux platforms use a ticket lock, `docs/architecture.md`,
+/// "Thread model"). On bare metal (`target_os = "none"`) the wait for a held lock
 /// is one out-of-line copy: each of the two dozen places the core takes a
 /// lock inlines a single attempt instead of spin's whole acquire loop
 /// (`docs/perf.md`, "Code size on embedded targets"); with the `size-first`

@@ -20,6 +20,7 @@
 
 pub mod race;
 
+use std::cell::Cell;
 use std::ptr::NonNull;
 use std::sync::{Mutex, MutexGuard};
 
@@ -95,6 +96,9 @@ pub struct FakeState {
     /// lock (`Fake`): other threads run while the driver is between its
     /// doorbell and what follows it.
     pub doorbell_yields: bool,
+    /// `dma_alloc` and `dma_free` calls made while the calling thread held
+    /// one of the engine's locks (`HeldLock`).
+    pub dma_calls_under_lock: u64,
 }
 
 impl FakeState {
@@ -122,6 +126,7 @@ impl FakeState {
             reg_accesses: 0,
             lose_at: None,
             doorbell_yields: false,
+            dma_calls_under_lock: 0,
         }
     }
 
@@ -534,16 +539,74 @@ impl Fake {
     }
 }
 
+thread_local! {
+    /// Engine locks (`HeldLock`) the current thread holds.
+    static LOCKS_HELD: Cell<u32> = const { Cell::new(0) };
+}
+
+/// How many of the engine's locks the current thread holds.
+pub fn locks_held() -> u32 {
+    LOCKS_HELD.with(Cell::get)
+}
+
+/// The fake's raw lock: the project's spin lock, counting per thread the
+/// locks held, so the fake can tell a platform call made under one of the
+/// engine's locks (`FakeState::dma_calls_under_lock`).
+pub struct HeldLock(umd_core::platform::SpinLock);
+
+fn held(delta: i32) {
+    LOCKS_HELD.with(|c| c.set(c.get().wrapping_add_signed(delta)));
+}
+
+// SAFETY: every method acquires and releases only through the inner
+// `SpinLock`, which upholds the trait's contract; the count is a
+// thread-local side record.
+unsafe impl lock_api::RawMutex for HeldLock {
+    const INIT: Self = HeldLock(<umd_core::platform::SpinLock as lock_api::RawMutex>::INIT);
+    type GuardMarker = <umd_core::platform::SpinLock as lock_api::RawMutex>::GuardMarker;
+
+    fn lock(&self) {
+        lock_api::RawMutex::lock(&self.0);
+        held(1);
+    }
+
+    fn try_lock(&self) -> bool {
+        let ok = lock_api::RawMutex::try_lock(&self.0);
+        if ok {
+            held(1);
+        }
+        ok
+    }
+
+    unsafe fn unlock(&self) {
+        held(-1);
+        // SAFETY: the caller holds the lock (the trait's contract).
+        unsafe { lock_api::RawMutex::unlock(&self.0) }
+    }
+
+    fn is_locked(&self) -> bool {
+        lock_api::RawMutex::is_locked(&self.0)
+    }
+}
+
 // SAFETY: regions point into `mem`, which is never reallocated, are 4 KiB
 // aligned within it and handed out once until freed; time only grows.
 unsafe impl Platform for Fake {
-    type RawMutex = umd_core::platform::SpinLock;
+    type RawMutex = HeldLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        self.state().dma_alloc(len)
+        let mut st = self.state();
+        if locks_held() > 0 {
+            st.dma_calls_under_lock += 1;
+        }
+        st.dma_alloc(len)
     }
     fn dma_free(&self, region: DmaRegion) {
-        self.state().dma_free(region)
+        let mut st = self.state();
+        if locks_held() > 0 {
+            st.dma_calls_under_lock += 1;
+        }
+        st.dma_free(region)
     }
     fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
         self.state().cache_clean(region, offset, len)
