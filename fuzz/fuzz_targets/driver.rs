@@ -29,18 +29,18 @@
 mod support;
 
 use libfuzzer_sys::fuzz_target;
+use std::collections::HashMap;
+use std::sync::Mutex;
 use support::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::engine::MoveError;
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::{AllocError, BufferDesc, BufferHandle};
 use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, FenceError, QueueId};
-use std::collections::HashMap;
-use std::sync::Mutex;
-use umd_core::engine::MoveError;
 
 type Storage = DeviceStorage<256, 256, 64, 256>;
 
@@ -99,7 +99,11 @@ fuzz_target!(|data: &[u8]| {
                 // 4 MiB (over 2 MiB is refused), or not a power of two.
                 let align = (op & 0x08 != 0).then(|| {
                     let k = 7 + u32::from(arg % 16);
-                    if arg & 0x80 != 0 { 3u64 << k } else { 1u64 << k }
+                    if arg & 0x80 != 0 {
+                        3u64 << k
+                    } else {
+                        1u64 << k
+                    }
                 });
                 let before = dev.buffer_stats();
                 let r = match align {
@@ -112,7 +116,11 @@ fuzz_target!(|data: &[u8]| {
                         matches!(r, Err(AllocError::BadAlignment { .. })),
                         "alignment {align:?} answered {r:?}"
                     );
-                    assert_eq!(dev.buffer_stats(), before, "a refused alignment changed the buffer statistics");
+                    assert_eq!(
+                        dev.buffer_stats(),
+                        before,
+                        "a refused alignment changed the buffer statistics"
+                    );
                 }
                 if let Ok(h) = r {
                     let va = dev.va(h).expect("va of a live buffer");
@@ -443,7 +451,11 @@ fn concurrent(first: u8, script: &[u8]) {
                 dev.read_u32(o.h, 0).expect("read")
             };
             let r = if o.local { dev.residency(o.h).ok() } else { None };
-            assert_eq!(got, want, "buffer at {:#x} ({} B, local {}, now {r:?}) lost its last write", o.va, o.size, o.local);
+            assert_eq!(
+                got, want,
+                "buffer at {:#x} ({} B, local {}, now {r:?}) lost its last write",
+                o.va, o.size, o.local
+            );
         }
     }
     let faults = fake.state().translation_faults.load(std::sync::atomic::Ordering::Relaxed);
@@ -575,10 +587,14 @@ fn worker(sh: &Shared<'_, '_>, id: u32, ops: &[(u8, u8)]) -> (Vec<Own>, Vec<Fenc
                 }
                 let dva = own[dst].va;
                 let sva = src.map(|s| own[s].va);
-                let r = dev.submit_with(&Submit::on(QueueId(q as u8)).after(&waits).using(&uses), |cb| match sva {
-                    Some(s) => cb.copy(s, dva, 4),
-                    None => cb.write_data(dva, &[value]),
-                });
+                let r =
+                    dev.submit_with(
+                        &Submit::on(QueueId(q as u8)).after(&waits).using(&uses),
+                        |cb| match sva {
+                            Some(s) => cb.copy(s, dva, 4),
+                            None => cb.write_data(dva, &[value]),
+                        },
+                    );
                 match r {
                     Ok(f) => {
                         fences.push(f);

@@ -29,7 +29,7 @@
 //! (outside a CPU write of the driver) and no dirty line may ever be
 //! invalidated away. `REFGPU_SOAK_WB_SUBMISSIONS` submissions (default
 //! 20,000, also run by the command above); `short_soak_write_back` runs
-//! 2,000 in every test run.
+//! 1,000 in every test run.
 //!
 //! `docs/reliability.md` has the latest figures.
 
@@ -40,8 +40,8 @@ use std::time::Instant;
 
 use common::{Sim, MEM_SIZE};
 use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
-use platform_linux::soak::{self, Bound, Probe, Soak};
 use platform_linux::cache::Cache;
+use platform_linux::soak::{self, Bound, Probe, Soak};
 use platform_linux::{Cosim, InProcess, InProcessOptions};
 use refgpu_model::{Generation, ModelConfig};
 use umd_core::config::{Config, HangConfig};
@@ -217,12 +217,13 @@ fn run_write_back(jobs: usize) {
 
 #[test]
 fn short_soak_write_back() {
-    run_write_back(2_000);
+    run_write_back(1_000);
 }
 
 #[test]
 #[ignore = "long: run in release (.ci/run does, with 20,000 submissions)"]
 fn soak_write_back() {
-    let jobs = std::env::var("REFGPU_SOAK_WB_SUBMISSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
+    let jobs =
+        std::env::var("REFGPU_SOAK_WB_SUBMISSIONS").ok().and_then(|v| v.parse().ok()).unwrap_or(20_000);
     run_write_back(jobs);
 }

@@ -421,7 +421,9 @@ impl FakeState {
                 let data = self.bytes()[so..so + size as usize].to_vec();
                 // Translated once when the destination is contiguous.
                 let contiguous = self.mmu_on().then(|| self.translate_span(dst, size as usize)).flatten();
-                if let Some(d) = contiguous.and_then(|p| self.phys_offset(p, size as usize)).filter(|d| d % 4 == 0) {
+                if let Some(d) =
+                    contiguous.and_then(|p| self.phys_offset(p, size as usize)).filter(|d| d % 4 == 0)
+                {
                     for (i, ch) in data.chunks_exact(4).enumerate() {
                         let v = u32::from_le_bytes(ch.try_into().unwrap());
                         self.word(d + 4 * i).unwrap().store(v, std::sync::atomic::Ordering::Release);
