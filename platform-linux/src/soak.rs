@@ -56,6 +56,14 @@ pub struct Soak {
     pub max_buffer: u64,
     /// Samples taken over the run (evenly spaced in submissions).
     pub samples: usize,
+    /// Every this many submissions (0: never), a normal job copies a word
+    /// the CPU wrote into a live buffer (its pattern) into its result word
+    /// instead of writing its stamp there, over a word it first writes
+    /// with something else: the CPU's data must reach the GPU (the
+    /// driver's clean after a CPU write) and the GPU's back to the CPU
+    /// (its invalidate before a read), which on a platform with a
+    /// non-coherent cache is the driver's cache maintenance at work.
+    pub copy_every: usize,
 }
 
 impl Soak {
@@ -73,6 +81,7 @@ impl Soak {
             max_live: 48,
             max_buffer: 16 << 10,
             samples: 100,
+            copy_every: 0,
         }
     }
 }
@@ -154,6 +163,9 @@ pub struct SoakReport {
     /// Buffer words found changed that nothing of the workload wrote (a
     /// freed buffer's memory reused before its fence, or a stray write).
     pub clobbered: u64,
+    /// Signalled jobs that copied a CPU-written word into their result
+    /// word, found there by the CPU (`Soak::copy_every`).
+    pub copies_checked: u64,
     /// Buffers allocated and freed by the workload.
     pub allocs: u64,
     /// Allocations refused (out of memory after waiting).
@@ -214,7 +226,7 @@ impl fmt::Display for SoakReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}; hangs injected {} (reported hung {}), faults injected {} (reported as faults {}), injected that signalled {}; buffers allocated {} (refused {}), clobbered words {}",
+            "{}; hangs injected {} (reported hung {}), faults injected {} (reported as faults {}), injected that signalled {}; buffers allocated {} (refused {}), clobbered words {}; CPU-written words copied by the GPU and read back {}",
             self.acc,
             self.hangs_injected,
             self.hangs_reported,
@@ -223,7 +235,8 @@ impl fmt::Display for SoakReport {
             self.injected_signalled,
             self.allocs,
             self.alloc_failures,
-            self.clobbered
+            self.clobbered,
+            self.copies_checked
         )
     }
 }
@@ -231,8 +244,9 @@ impl fmt::Display for SoakReport {
 /// What a submission in flight was.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kind {
-    /// A normal job writing `stamp` into result word `slot`.
-    Job { slot: usize, stamp: u32 },
+    /// A normal job writing `stamp` into result word `slot` (`copied`:
+    /// by copying it from a CPU-written word, `Soak::copy_every`).
+    Job { slot: usize, stamp: u32, copied: bool },
     /// A job waiting on the semaphore nobody releases.
     Hang,
     /// A copy from [`UNMAPPED`].
@@ -396,9 +410,19 @@ pub fn run<B: Backend + Sync, const C: usize>(
             (Kind::Fault, r)
         } else {
             let at = slot[qi];
-            let stamp = faults::stamp(s.seed, i);
+            let mut stamp = faults::stamp(s.seed, i);
             let word_va = out_va + 4 * (qi * SLOTS + at) as u64;
             let tva = target.map(|t| live[t].va);
+            // A CPU-written word of a live buffer to copy (every buffer has
+            // at least two words; the first is the GPU's). The buffer is
+            // tracked implicitly, so its memory outlives this job even if
+            // it is freed before the job runs.
+            let copy = (s.copy_every != 0 && i % s.copy_every == 0 && !live.is_empty()).then(|| {
+                let b = &live[rng.below(live.len() as u64) as usize];
+                let k = 1 + rng.below(b.words as u64 - 1) as usize;
+                stamp = pattern(b.tag, k);
+                b.va + 4 * k as u64
+            });
             // One job in sixteen is long enough to fill several IB chunks
             // (the suite's are 4 KiB): the same write repeated.
             let repeats = if rng.below(16) == 0 { 50 + rng.below(350) } else { 0 };
@@ -406,15 +430,27 @@ pub fn run<B: Backend + Sync, const C: usize>(
                 if let Some(va) = tva {
                     cb.write_data(va, &[stamp])?;
                 }
-                for _ in 0..repeats {
-                    cb.write_data(word_va, &[stamp])?;
+                match copy {
+                    Some(src) => {
+                        // Something else first, so only the copy leaves
+                        // the pattern there.
+                        for _ in 0..=repeats {
+                            cb.write_data(word_va, &[!stamp])?;
+                        }
+                        cb.copy(src, word_va, 4)
+                    }
+                    None => {
+                        for _ in 0..repeats {
+                            cb.write_data(word_va, &[stamp])?;
+                        }
+                        cb.write_data(word_va, &[stamp])
+                    }
                 }
-                cb.write_data(word_va, &[stamp])
             });
             if r.is_ok() {
                 slot[qi] = (at + 1) % SLOTS;
             }
-            (Kind::Job { slot: qi * SLOTS + at, stamp }, r)
+            (Kind::Job { slot: qi * SLOTS + at, stamp, copied: copy.is_some() }, r)
         };
         match r {
             Ok(f) => {
@@ -477,12 +513,12 @@ fn resolve_oldest<B: Backend + Sync, const C: usize>(
     let Some((f, kind)) = inflight.pop_front() else { return };
     let outcome = faults::resolve(dev, f, GUARD_NS, &mut rep.acc);
     match (outcome, kind) {
-        (FenceOutcome::Signalled, Kind::Job { slot, stamp })
+        (FenceOutcome::Signalled, Kind::Job { slot, stamp, .. })
             if dev.read_u32(out, slot as u64).ok() != Some(stamp) =>
         {
             rep.acc.wrong_data += 1
         }
-        (FenceOutcome::Signalled, Kind::Job { .. }) => {}
+        (FenceOutcome::Signalled, Kind::Job { copied, .. }) => rep.copies_checked += u64::from(copied),
         (FenceOutcome::Signalled, _) => rep.injected_signalled += 1,
         (FenceOutcome::Failed(Cause::Hung), Kind::Hang) => rep.hangs_reported += 1,
         (FenceOutcome::Failed(Cause::Fault(_)), Kind::Fault) => rep.faults_reported += 1,

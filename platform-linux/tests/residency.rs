@@ -176,3 +176,48 @@ fn a_move_and_a_declared_use_exclude_each_other() {
 fn two_movers_and_a_declared_use_lose_nothing() {
     moves_race_declared_work(2, 400);
 }
+
+/// A local allocation that local memory's free pages hold only in pieces
+/// (fragmented: enough free bytes, no run long enough) evicts idle buffers
+/// until it fits, as when the bytes themselves are missing, and never
+/// spins on the retry: 8 buffers of 256 KiB fill the 2 MiB, every other
+/// one is freed (1 MiB free in four holes of 256 KiB), then 512 KiB is
+/// asked for. Before, the room-making step saw enough free bytes, said so
+/// without evicting, the retry failed again, and the allocation looped
+/// forever without letting time pass. A watchdog of 30 s (a failure
+/// guard, not a performance bound) turns that into a failure.
+#[test]
+fn a_local_allocation_in_fragmented_local_memory_evicts_instead_of_spinning() {
+    let p: &'static InProcess = Box::leak(Box::new(model(Generation::Gen2)));
+    let storage: &'static mut DeviceStorage = Box::leak(Box::default());
+    let dev: &'static Device<'static, InProcess, 16> =
+        Box::leak(Box::new(Device::new(p, storage, Config::DEFAULT, MmuMode::DEFAULT).unwrap()));
+    assert_eq!(dev.local_memory().map(|l| l.size), Some(2 << 20));
+    let mut bufs: Vec<_> = (0..8).map(|_| dev.alloc(&BufferDesc::new(256 << 10).local()).unwrap()).collect();
+    assert!(bufs.iter().all(|b| dev.residency(*b) == Ok(Residency::Local)));
+    assert_eq!(dev.local_memory().unwrap().used, 2 << 20, "local memory full");
+    for i in [6, 4, 2, 0] {
+        dev.free(bufs.remove(i)).unwrap();
+    }
+    assert_eq!(dev.local_memory().unwrap().used, 1 << 20, "four holes of 256 KiB");
+    let before = dev.stats();
+    let t = std::thread::spawn(move || dev.alloc(&BufferDesc::new(512 << 10).local()));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !t.is_finished() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a local allocation in fragmented local memory did not return within 30 s (it spins)"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    let big = t.join().unwrap().expect("the allocation succeeds");
+    let s = dev.stats();
+    assert_eq!(dev.residency(big), Ok(Residency::Local), "room was made by eviction: {s:?}");
+    assert!(s.evictions > before.evictions, "{s:?}");
+    assert_eq!(s.local_fallbacks, before.local_fallbacks, "{s:?}");
+    dev.free(big).unwrap();
+    for b in bufs {
+        dev.free(b).unwrap();
+    }
+    assert_eq!(dev.buffer_stats().live, 0);
+}

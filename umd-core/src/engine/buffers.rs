@@ -537,8 +537,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                     return Ok((h, info));
                 }
                 Err(AllocError::LocalMemory) => {
-                    let bytes = desc.size.next_multiple_of(4096);
-                    if !self.make_room(bytes) {
+                    // One eviction per failed try: each evicted buffer
+                    // leaves local memory for good, so this ends.
+                    if !self.make_room() {
                         fallback = true;
                     }
                     continue;

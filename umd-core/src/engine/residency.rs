@@ -495,26 +495,19 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok(())
     }
 
-    /// Makes a local allocation's room: evicts idle buffers until `bytes`
-    /// fit; false when no victim is left (always without local memory,
-    /// where no buffer is local: said here so the eviction is not linked).
-    pub(crate) fn make_room(&self, bytes: u64) -> bool {
+    /// Makes room for a local allocation that found none: evicts one idle
+    /// buffer, after which the caller tries the allocation again (as
+    /// [`Engine::move_to_local`] does). Counting free bytes would not do:
+    /// free pages may be fragmented, so enough free bytes can still fail
+    /// the allocation, and a caller told "room enough" would retry
+    /// forever. False when no victim is left (always without local
+    /// memory, where no buffer is local: said here so the eviction is not
+    /// linked).
+    pub(crate) fn make_room(&self) -> bool {
         if !ON {
             return false;
         }
-        loop {
-            {
-                let mem = self.mem.lock();
-                let (size, used) = mem.local.usage();
-                // Free pages may be fragmented; try the allocation itself.
-                if size.saturating_sub(used) >= bytes && bytes > 0 {
-                    return true;
-                }
-            }
-            if !self.evict_one() {
-                return false;
-            }
-        }
+        self.evict_one()
     }
 
     /// Before a submission: waits for moves of its declared buffers to end,

@@ -6,7 +6,11 @@
 //! so (or, in `Mode::OnDoorbell` / `Mode::OnDelay`, when the driver rings or
 //! sleeps), using the decoder to walk the ring and the IBs, so tests decide
 //! exactly when fences land. Time is virtual: `delay_ns` advances the clock,
-//! so hang windows pass instantly and deterministically. MMU: bypass only.
+//! so hang windows pass instantly and deterministically. MMU: engines use
+//! GPU addresses as device addresses (bypass), unless the fake was made
+//! with `Fake::with_local_memory`: then, once the driver enables the MMU,
+//! they walk its page tables, and gen2 has local memory (spec 3.5) right
+//! after the system memory, which the CPU never touches.
 //!
 //! A device loss is injected by setting `lost` (every register access
 //! fails from then on, and the engines stop) or `lose_at` (the same, from
@@ -99,6 +103,13 @@ pub struct FakeState {
     /// `dma_alloc` and `dma_free` calls made while the calling thread held
     /// one of the engine's locks (`HeldLock`).
     pub dma_calls_under_lock: u64,
+    /// Engines translate GPU addresses through the driver's page tables
+    /// when `MMU_CTRL` enables them (`Fake::with_local_memory`).
+    pub translates: bool,
+    /// Engine accesses that met no valid translation (with `translates`):
+    /// the fake drops such a write, reads 0 and runs no such command
+    /// stream, and counts them here.
+    pub translation_faults: std::sync::atomic::AtomicU64,
 }
 
 impl FakeState {
@@ -127,7 +138,27 @@ impl FakeState {
             lose_at: None,
             doorbell_yields: false,
             dma_calls_under_lock: 0,
+            translates: false,
+            translation_faults: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// A fake whose engines translate through the driver's page tables once
+    /// it enables the MMU, with `local_bytes` of local memory (reported in
+    /// `LOCAL_BASE` / `LOCAL_SIZE` on gen2; 0: none) right after the
+    /// `mem_bytes` of system memory that `dma_alloc` hands out.
+    pub fn with_local_memory(gen: Generation, mem_bytes: usize, local_bytes: usize) -> FakeState {
+        let mut st = FakeState::new(gen, mem_bytes);
+        st.translates = true;
+        if gen == Generation::Gen2 && local_bytes > 0 {
+            st.mem = vec![0u64; (mem_bytes + local_bytes) / 8];
+            let base = MEM_BASE + mem_bytes as u64;
+            st.set_reg(regs::LOCAL_BASE_LO, base as u32);
+            st.set_reg(regs::LOCAL_BASE_LO + 4, (base >> 32) as u32);
+            st.set_reg(regs::LOCAL_SIZE_LO, local_bytes as u32);
+            st.set_reg(regs::LOCAL_SIZE_LO + 4, (local_bytes as u64 >> 32) as u32);
+        }
+        st
     }
 
     /// Counts a register access; the device is lost from the access
@@ -157,8 +188,67 @@ impl FakeState {
     }
 
     fn offset(&self, addr: u64, len: usize) -> Option<usize> {
+        let addr = if self.mmu_on() {
+            let r = self.translate_span(addr, len);
+            if r.is_none() {
+                self.translation_faults.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
+            r?
+        } else {
+            addr
+        };
+        self.phys_offset(addr, len)
+    }
+
+    fn phys_offset(&self, addr: u64, len: usize) -> Option<usize> {
         let off = usize::try_from(addr.checked_sub(MEM_BASE)?).ok()?;
         (off + len <= self.mem.len() * 8).then_some(off)
+    }
+
+    /// Whether engines translate now (`translates` and `MMU_CTRL` on).
+    fn mmu_on(&self) -> bool {
+        self.translates && self.reg(regs::MMU_CTRL) & 1 != 0
+    }
+
+    /// The device address of GPU address `va`, walking the page tables as
+    /// the device does (spec 3.2); `None` on a translation fault.
+    fn translate(&self, va: u64) -> Option<u64> {
+        use umd_core::hw::mmu;
+        if va >= mmu::VA_LIMIT {
+            return None;
+        }
+        let mut table = u64::from(self.reg(regs::MMU_ROOT_LO)) | u64::from(self.reg(regs::MMU_ROOT_HI)) << 32;
+        for level in 0..mmu::LEVELS {
+            let at = table + 8 * mmu::va_index(level, va) as u64;
+            let o = self.phys_offset(at, 8)?;
+            let e = u64::from(self.word(o)?.load(std::sync::atomic::Ordering::Acquire))
+                | u64::from(self.word(o + 4)?.load(std::sync::atomic::Ordering::Acquire)) << 32;
+            if !mmu::is_valid(e) || mmu::is_bad(level, e) {
+                return None;
+            }
+            if mmu::is_table(level, e) {
+                table = mmu::entry_addr(e);
+                continue;
+            }
+            let span = mmu::entry_span(level);
+            return Some(mmu::Pte(e).addr() | (va & (span - 1)));
+        }
+        None
+    }
+
+    /// The device address of `[va, va + len)`, when every page of it is
+    /// mapped and the pages are contiguous in device memory.
+    fn translate_span(&self, va: u64, len: usize) -> Option<u64> {
+        let first = self.translate(va)?;
+        let end = va.checked_add(len as u64)?;
+        let mut page = (va | (PAGE as u64 - 1)) + 1;
+        while page < end {
+            if self.translate(page)? != first + (page - va) {
+                return None;
+            }
+            page += PAGE as u64;
+        }
+        Some(first)
     }
 
     /// The word at byte offset `o` as an atomic: the driver reads words
@@ -328,8 +418,23 @@ impl FakeState {
                 true
             }
             Command::Copy { src, dst, size } => {
-                let so = self.offset(src, size as usize).unwrap();
+                let Some(so) = self.offset(src, size as usize) else {
+                    // Untranslated: counted in `translation_faults`.
+                    assert!(self.mmu_on(), "a copy from outside the fake's memory");
+                    return true;
+                };
                 let data = self.bytes()[so..so + size as usize].to_vec();
+                // Translated once when the destination is contiguous.
+                let contiguous = self.mmu_on().then(|| self.translate_span(dst, size as usize)).flatten();
+                if let Some(d) =
+                    contiguous.and_then(|p| self.phys_offset(p, size as usize)).filter(|d| d % 4 == 0)
+                {
+                    for (i, ch) in data.chunks_exact(4).enumerate() {
+                        let v = u32::from_le_bytes(ch.try_into().unwrap());
+                        self.word(d + 4 * i).unwrap().store(v, std::sync::atomic::Ordering::Release);
+                    }
+                    return true;
+                }
                 for (i, ch) in data.chunks(4).enumerate() {
                     let mut w = [0u8; 4];
                     w[..ch.len()].copy_from_slice(ch);
@@ -531,6 +636,12 @@ pub struct Fake(Mutex<FakeState>);
 impl Fake {
     pub fn new(gen: Generation, mem_bytes: usize) -> Fake {
         Fake(Mutex::new(FakeState::new(gen, mem_bytes)))
+    }
+
+    /// A fake whose engines translate through the driver's page tables,
+    /// with local memory on gen2 (`FakeState::with_local_memory`).
+    pub fn with_local_memory(gen: Generation, mem_bytes: usize, local_bytes: usize) -> Fake {
+        Fake(Mutex::new(FakeState::with_local_memory(gen, mem_bytes, local_bytes)))
     }
 
     /// The fake's state (engines, registers, memory, counters).
