@@ -137,7 +137,7 @@ va_linked "target/$t/footprint/libfootprint.a" "$t (driver without mmu)" || stat
 # one-generation direct-mode driver (gen2, compact encoder, none of the
 # optional parts) stays within 27 KiB of .text (24 KiB until exact
 # failure answers, the device-loss race fix and buffer memory allocated
-# outside the memory lock took 2.6 KB: docs/perf.md, "Budget of the
+# outside the memory lock took 2.4 KB: docs/perf.md, "Budget of the
 # smallest build").
 budget=27648
 cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \

@@ -93,6 +93,14 @@ fn seed() -> u64 {
     s
 }
 
+/// The stress tests' configuration: a 5 s hang window, so that an engine
+/// thread of the in-process model starved on a loaded host is not taken
+/// for a hang (the tests are about moves, not hangs).
+const STRESS_CONFIG: Config = Config {
+    hang: umd_core::config::HangConfig { window_ns: 5_000_000_000, ..Config::DEFAULT.hang },
+    ..Config::DEFAULT
+};
+
 /// Moves race declared work: one thread fills a local buffer on COMPUTE
 /// and copies it out on GFX, declaring both uses, while `movers` threads
 /// evict it and bring it back as fast as they can. A move and a declared
@@ -104,7 +112,7 @@ fn moves_race_declared_work(movers: usize, rounds: u32) {
     let p = model(Generation::Gen2);
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev: Device<'_, InProcess, 16> =
-        Device::new(&p, &mut storage, Config::DEFAULT, MmuMode::DEFAULT).unwrap();
+        Device::new(&p, &mut storage, STRESS_CONFIG, MmuMode::DEFAULT).unwrap();
     const BYTES: u64 = 256 << 10;
     let w = dev.alloc(&BufferDesc::new(BYTES).local().tag("moved")).unwrap();
     let back = dev.alloc(&BufferDesc::new(BYTES).declared().tag("back")).unwrap();

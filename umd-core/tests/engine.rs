@@ -856,6 +856,10 @@ fn a_full_va_arena_with_recycled_ranges_still_holds_a_larger_buffer() {
 /// calls made while the calling thread holds any of the engine's locks).
 #[test]
 fn buffer_memory_is_allocated_and_freed_outside_the_engines_locks() {
+    if !support::track_locks() {
+        println!("skipped: an optimised build's fake does not count the locks held");
+        return;
+    }
     let mut modes = vec![MmuMode::Bypass];
     if cfg!(feature = "mmu") {
         modes.push(MmuMode::DEFAULT);
@@ -922,6 +926,7 @@ fn buffer_memory_is_allocated_and_freed_outside_the_engines_locks() {
 /// zero when handed out.
 #[test]
 fn allocations_racing_frees_lose_no_memory() {
+    let counting = support::track_locks();
     let mut modes = vec![MmuMode::Bypass];
     if cfg!(feature = "mmu") {
         modes.push(MmuMode::DEFAULT);
@@ -952,6 +957,12 @@ fn allocations_racing_frees_lose_no_memory() {
         assert_eq!(dev.buffer_stats().live, 0);
         dev.trim();
         assert_eq!(fake.state().allocs, regions, "{mmu:?}: a block was lost or kept");
-        assert_eq!(fake.state().dma_calls_under_lock, 0, "{mmu:?}: dma_alloc/dma_free under an engine lock");
+        if counting {
+            assert_eq!(
+                fake.state().dma_calls_under_lock,
+                0,
+                "{mmu:?}: dma_alloc/dma_free under an engine lock"
+            );
+        }
     }
 }

@@ -98,20 +98,27 @@ pub(crate) struct OffLock {
     spare: Option<(usize, DmaFlags, Result<DmaRegion, BackingError>)>,
     /// The block the last pass needed and found no spare for.
     need: Option<(usize, DmaFlags)>,
-    /// Blocks released under the lock, to free after it.
-    dead: [Option<DmaRegion>; DEAD_MAX],
+    /// Blocks released under the lock, to free after it (a length, not
+    /// eight empty slots: a pass that releases nothing costs nothing).
+    dead: heapless::Vec<DmaRegion, DEAD_MAX>,
 }
 
 impl OffLock {
     /// Nothing at hand, nothing to free.
     pub(crate) const fn new() -> OffLock {
-        OffLock { spare: None, need: None, dead: [const { None }; DEAD_MAX] }
+        OffLock { spare: None, need: None, dead: heapless::Vec::new() }
     }
 
     /// Whether a block may be released under the lock (there is room to
     /// keep it until the lock is dropped).
     pub(crate) fn can_release(&self) -> bool {
-        self.dead.iter().any(Option::is_none)
+        !self.dead.is_full()
+    }
+
+    /// Whether nothing waits to be freed after the lock (nothing for
+    /// [`OffLock::finish`] to do).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.spare.is_none() && self.dead.is_empty()
     }
 
     /// Whether the pass needed platform memory it did not have.
@@ -147,13 +154,7 @@ impl OffLock {
     /// Keeps a released block for [`OffLock::finish`]; hands it back when
     /// there is no room (the caller frees it at once).
     fn bury(&mut self, region: DmaRegion) -> Result<(), DmaRegion> {
-        match self.dead.iter_mut().find(|d| d.is_none()) {
-            Some(d) => {
-                *d = Some(region);
-                Ok(())
-            }
-            None => Err(region),
-        }
+        self.dead.push(region)
     }
 
     /// With the lock dropped: frees the spare the last pass did not use
@@ -179,10 +180,8 @@ impl OffLock {
             p.dma_free(r);
         }
         self.need = None;
-        for d in self.dead.iter_mut() {
-            if let Some(r) = d.take() {
-                p.dma_free(r);
-            }
+        while let Some(r) = self.dead.pop() {
+            p.dma_free(r);
         }
     }
 }

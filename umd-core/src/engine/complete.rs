@@ -99,12 +99,14 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 let (buffers, mut backer) = mem.split(&self.b, &mut off);
                 let left = budget.saturating_sub(total);
                 let n = buffers.reclaim(&mut backer, qi, &|q| self.completed_of(QueueId(q as u8)), left);
-                let ready = buffers.front_ready(qi, self.completed_of(QueueId(qi as u8)));
-                // Stopped for room with frees still ready: another pass.
-                let more = ready && n < left && !backer.off.can_release();
+                // Short of the budget and with room for released blocks, the
+                // reclaim stopped at a free that is not ready (or at none).
+                let stopped_early = n >= left || !backer.off.can_release();
+                let ready = stopped_early && buffers.front_ready(qi, self.completed_of(QueueId(qi as u8)));
+                // Stopped for room with frees still ready: another pass
+                // (at most one per buffer handle).
                 passes = passes.saturating_add(1);
-                let cap = buffers.stats().capacity as usize;
-                let more = more && passes <= cap;
+                let more = ready && n < left && !backer.off.can_release() && passes <= buffers.capacity();
                 // Short of the budget (and of room), the reclaim stopped
                 // at a free that is not ready (or at none).
                 if !more {
@@ -116,7 +118,9 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 (n, more)
             };
-            off.finish(self.b.platform());
+            if !off.is_empty() {
+                off.finish(self.b.platform());
+            }
             total = total.saturating_add(n);
             if !more {
                 return total;

@@ -292,6 +292,11 @@ impl<'s, B> Buffers<'s, B> {
         }
     }
 
+    /// Handles the table holds (live and retiring buffers together).
+    pub(crate) fn capacity(&self) -> usize {
+        self.table.capacity()
+    }
+
     /// Statistics.
     pub fn stats(&self) -> BufferStats {
         let (waiting, waiting_bytes) = self.table.retiring();

@@ -660,13 +660,39 @@ pub fn locks_held() -> u32 {
     LOCKS_HELD.with(Cell::get)
 }
 
+/// The fake's lock: `HeldLock` in debug builds (the tests); in optimised
+/// builds (the instruction-count benchmarks) the project's spin lock
+/// itself, so that they count the driver and not the fake's bookkeeping.
+#[cfg(debug_assertions)]
+pub type FakeLock = HeldLock;
+/// The fake's lock (see the `debug_assertions` twin).
+#[cfg(not(debug_assertions))]
+pub type FakeLock = umd_core::platform::SpinLock;
+
 /// The fake's raw lock: the project's spin lock, counting per thread the
 /// locks held, so the fake can tell a platform call made under one of the
 /// engine's locks (`FakeState::dma_calls_under_lock`).
 pub struct HeldLock(umd_core::platform::SpinLock);
 
+/// Whether `HeldLock` counts (off by default: the instruction-count
+/// benchmarks use this fake and measure the driver, not the count).
+static TRACK_LOCKS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Makes every `HeldLock` of the process count the locks each thread
+/// holds from now on (for `FakeState::dma_calls_under_lock`). Call it
+/// before the device is brought up: a lock taken before counts nothing.
+/// False in an optimised build, whose fake does not count (`FakeLock`):
+/// the caller then says it skips its check.
+pub fn track_locks() -> bool {
+    TRACK_LOCKS.store(true, std::sync::atomic::Ordering::SeqCst);
+    cfg!(debug_assertions)
+}
+
+#[inline]
 fn held(delta: i32) {
-    LOCKS_HELD.with(|c| c.set(c.get().wrapping_add_signed(delta)));
+    if TRACK_LOCKS.load(std::sync::atomic::Ordering::Relaxed) {
+        LOCKS_HELD.with(|c| c.set(c.get().saturating_add_signed(delta)));
+    }
 }
 
 // SAFETY: every method acquires and releases only through the inner
@@ -676,11 +702,13 @@ unsafe impl lock_api::RawMutex for HeldLock {
     const INIT: Self = HeldLock(<umd_core::platform::SpinLock as lock_api::RawMutex>::INIT);
     type GuardMarker = <umd_core::platform::SpinLock as lock_api::RawMutex>::GuardMarker;
 
+    #[inline]
     fn lock(&self) {
         lock_api::RawMutex::lock(&self.0);
         held(1);
     }
 
+    #[inline]
     fn try_lock(&self) -> bool {
         let ok = lock_api::RawMutex::try_lock(&self.0);
         if ok {
@@ -689,12 +717,14 @@ unsafe impl lock_api::RawMutex for HeldLock {
         ok
     }
 
+    #[inline]
     unsafe fn unlock(&self) {
         held(-1);
         // SAFETY: the caller holds the lock (the trait's contract).
         unsafe { lock_api::RawMutex::unlock(&self.0) }
     }
 
+    #[inline]
     fn is_locked(&self) -> bool {
         lock_api::RawMutex::is_locked(&self.0)
     }
@@ -703,7 +733,7 @@ unsafe impl lock_api::RawMutex for HeldLock {
 // SAFETY: regions point into `mem`, which is never reallocated, are 4 KiB
 // aligned within it and handed out once until freed; time only grows.
 unsafe impl Platform for Fake {
-    type RawMutex = HeldLock;
+    type RawMutex = FakeLock;
 
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let mut st = self.state();
