@@ -61,6 +61,14 @@ impl SetupLock {
     }
 }
 
+/// Writes `line` to the process's standard error itself, not through
+/// `eprintln!`, which the test harness captures: what a first run installs
+/// shows in `cargo test`'s output.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// Whether the process runs as root (and may install system packages).
 pub fn is_root() -> bool {
     // SAFETY: geteuid has no preconditions and cannot fail.
@@ -105,9 +113,9 @@ pub fn ensure_rust_target(target: &str) -> Result<(), String> {
     if has_target(&root, target) {
         return Ok(());
     }
-    eprintln!(
+    say(&format!(
         "vm-harness: the Rust target {target} is missing; adding it (rustup target add {target}), once"
-    );
+    ));
     let out = Command::new("rustup")
         .args(["target", "add", target])
         .current_dir(workspace_root())
@@ -149,7 +157,7 @@ pub fn ensure_installed(what: &str, script: &str, present: impl Fn() -> bool) ->
     if present() {
         return Ok(());
     }
-    eprintln!("vm-harness: {what} is missing; installing it with {script} (once)");
+    say(&format!("vm-harness: {what} is missing; installing it with {script} (once)"));
     let status = Command::new("bash")
         .arg(workspace_root().join(script))
         .current_dir(workspace_root())
