@@ -338,7 +338,7 @@ static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 {
 	struct drm_debugfs_entry *entry = m->private;
 	struct refgpu_device *rdev = to_refgpu_device(entry->dev);
-	u32 kept_vms, kept_vas;
+	u32 kept_vms, kept_vas, kept_pts;
 
 	seq_printf(m, "bos %d\n", atomic_read(&rdev->bo_count));
 	seq_printf(m, "vms %d\n", atomic_read(&rdev->vm_count));
@@ -346,9 +346,10 @@ static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 	seq_printf(m, "jobs %d\n", atomic_read(&rdev->job_count));
 	seq_printf(m, "resets %lld\n", atomic64_read(&rdev->reset_count));
 	seq_printf(m, "lost %d\n", READ_ONCE(rdev->lost));
-	refgpu_vm_count_kept(rdev, &kept_vms, &kept_vas);
+	refgpu_vm_count_kept(rdev, &kept_vms, &kept_vas, &kept_pts);
 	seq_printf(m, "kept_vms %u\n", kept_vms);
 	seq_printf(m, "kept_mappings %u\n", kept_vas);
+	seq_printf(m, "kept_page_tables %u\n", kept_pts);
 	return 0;
 }
 
@@ -544,6 +545,7 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&rdev->vms_lock);
 	INIT_LIST_HEAD(&rdev->vms);
 	INIT_LIST_HEAD(&rdev->kept_vas);
+	INIT_LIST_HEAD(&rdev->kept_pts);
 
 	ret = pcim_enable_device(pdev);
 	if (ret)

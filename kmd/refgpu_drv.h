@@ -177,15 +177,17 @@ struct refgpu_device {
 	struct refgpu_engine engines[REFGPU_ENGINES];
 	struct workqueue_struct *reset_wq;
 
-	struct mutex vms_lock;		/* protects @vms, @kept_vas, @stopped */
+	struct mutex vms_lock;		/* protects @vms, @kept_vas, @kept_pts, @stopped */
 	struct list_head vms;
 	/*
 	 * Unmapped mappings whose invalidation the device did not acknowledge
 	 * (it is lost, or removed and not yet stopped): it may still reach
 	 * their pages, so they are freed once remove has stopped it, as are
-	 * VMs an engine could not be switched away from (&refgpu_vm.kept).
+	 * the page tables emptied by such an unmap (@kept_pts) and the VMs an
+	 * engine could not be switched away from (&refgpu_vm.kept).
 	 */
 	struct list_head kept_vas;
+	struct list_head kept_pts;
 	bool stopped;			/* remove stopped it: nothing to keep */
 
 	atomic_t bo_count;
@@ -355,7 +357,7 @@ dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 void refgpu_vm_release_kept(struct refgpu_device *rdev);
-void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas);
+void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas, u32 *pts);
 int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 
 /* refgpu_sched.c */

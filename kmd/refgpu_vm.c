@@ -20,6 +20,7 @@
 #include <linux/build_bug.h>
 #include <linux/dma-fence.h>
 #include <linux/dma-mapping.h>
+#include <linux/moduleparam.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
 #include <linux/sched/signal.h>
@@ -40,15 +41,34 @@
 /* The page walks below step one CPU page per 4 KiB GPU page. */
 static_assert(PAGE_SIZE == SZ_4K, "refgpu needs 4 KiB kernel pages");
 
+/*
+ * Page tables a VM may hold (the root and the kernel region's included):
+ * VM_BIND fails with -ENOSPC rather than go past it. 16384 tables are
+ * 64 MiB: a densely mapped 32 GiB, or 16,384 scattered 2 MiB regions.
+ */
+static unsigned int vm_max_pt_pages = 16384;
+module_param(vm_max_pt_pages, uint, 0644);
+MODULE_PARM_DESC(vm_max_pt_pages,
+		 "page tables per VM, VM_BIND fails with ENOSPC past it (default 16384)");
+
 /**
  * struct refgpu_pt - one 4 KiB page table
  * @cpu: kernel mapping of the 512 entries
  * @dma: its physical (DMA) address, as the GPU walks it
+ * @parent: the table whose entry @index points here (NULL for a root)
+ * @index: that entry
+ * @used: valid entries (a table with none is freed, roots excepted)
+ * @node: entry in &refgpu_vm.empty while @used is 0, then in a list of
+ *	tables to free once the GPU's translations are invalidated
  * @next: tables of the next level (levels 0..2 only)
  */
 struct refgpu_pt {
 	u64 *cpu;
 	dma_addr_t dma;
+	struct refgpu_pt *parent;
+	u32 index;
+	u32 used;
+	struct list_head node;
 	struct refgpu_pt *next[];
 };
 
@@ -60,6 +80,8 @@ struct refgpu_pt {
  * @lock: serialises VM_BIND and the page tables
  * @root: the level-0 page table
  * @pt_pages: page tables allocated
+ * @empty: tables (not the root) that lost their last valid entry, or were
+ *	created, during the VM_BIND under way: freed at its end if still empty
  * @fence_cpu: the fence page (one slot per engine)
  * @fence_dma: its physical address
  * @node: entry in &refgpu_device.vms
@@ -79,6 +101,7 @@ struct refgpu_vm {
 	struct mutex lock;
 	struct refgpu_pt *root;
 	u32 pt_pages;
+	struct list_head empty;
 	u64 *fence_cpu;
 	dma_addr_t fence_dma;
 	struct list_head node;
@@ -105,15 +128,21 @@ static bool refgpu_in_window(struct refgpu_device *rdev, dma_addr_t dma, u64 len
 	       dma + len <= BIT_ULL(48);
 }
 
-struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level)
+/*
+ * @gfp is GFP_KERNEL_ACCOUNT for a VM's tables: charged to the memory
+ * cgroup of the process that binds (dma-direct hands the flag to the page
+ * allocator, and the charge goes with the page when it is freed).
+ */
+static struct refgpu_pt *__refgpu_pt_alloc(struct refgpu_device *rdev, int level, gfp_t gfp)
 {
 	size_t n = level < REFGPU_PT_LEVELS - 1 ? REFGPU_PT_ENTRIES : 0;
 	struct refgpu_pt *pt;
 
-	pt = kzalloc(struct_size(pt, next, n), GFP_KERNEL);
+	pt = kzalloc(struct_size(pt, next, n), gfp);
 	if (!pt)
 		return ERR_PTR(-ENOMEM);
-	pt->cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &pt->dma, GFP_KERNEL);
+	INIT_LIST_HEAD(&pt->node);
+	pt->cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &pt->dma, gfp);
 	if (!pt->cpu) {
 		kfree(pt);
 		return ERR_PTR(-ENOMEM);
@@ -125,6 +154,12 @@ struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level)
 		return ERR_PTR(-ENOMEM);
 	}
 	return pt;
+}
+
+/* A table the device owns (the null root): not charged to anyone. */
+struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level)
+{
+	return __refgpu_pt_alloc(rdev, level, GFP_KERNEL);
 }
 
 void refgpu_pt_free(struct refgpu_device *rdev, struct refgpu_pt *pt, int level)
@@ -150,24 +185,36 @@ static u32 refgpu_pt_index(u64 va, int level)
 	return (va >> (39 - 9 * level)) & (REFGPU_PT_ENTRIES - 1);
 }
 
-/* The level-3 table for @va, created on the way when @alloc. */
-static struct refgpu_pt *refgpu_vm_l3(struct refgpu_vm *vm, u64 va, bool alloc)
+/*
+ * The level-3 table for @va; with @max, created on the way as long as the
+ * VM holds fewer than @max tables (-ENOSPC past it). A new table is empty:
+ * on &refgpu_vm.empty until an entry is made valid in it.
+ */
+static struct refgpu_pt *refgpu_vm_l3(struct refgpu_vm *vm, u64 va, u32 max)
 {
 	struct refgpu_pt *pt = vm->root;
 	int level;
 
+	lockdep_assert_held(&vm->lock);
 	for (level = 0; level < REFGPU_PT_LEVELS - 1; level++) {
 		u32 i = refgpu_pt_index(va, level);
 
 		if (!pt->next[i]) {
 			struct refgpu_pt *child;
 
-			if (!alloc)
+			if (!max)
 				return NULL;
-			child = refgpu_pt_alloc(vm->rdev, level + 1);
+			if (vm->pt_pages >= max)
+				return ERR_PTR(-ENOSPC);
+			child = __refgpu_pt_alloc(vm->rdev, level + 1, GFP_KERNEL_ACCOUNT);
 			if (IS_ERR(child))
 				return child;
+			child->parent = pt;
+			child->index = i;
+			list_add_tail(&child->node, &vm->empty);
 			pt->next[i] = child;
+			pt->used++;
+			list_del_init(&pt->node);
 			vm->pt_pages++;
 			/*
 			 * An invalid entry made valid: no invalidation needed.
@@ -183,29 +230,82 @@ static struct refgpu_pt *refgpu_vm_l3(struct refgpu_vm *vm, u64 va, bool alloc)
 	return pt;
 }
 
-/* Creates the tables for [va, va + size); nothing is mapped yet. */
-static int refgpu_vm_prealloc_tables(struct refgpu_vm *vm, u64 va, u64 size)
+/*
+ * Creates the tables for [va, va + size), up to @max tables in the VM;
+ * nothing is mapped yet. On an error, the tables created stay on
+ * &refgpu_vm.empty for refgpu_vm_detach_empty().
+ */
+static int refgpu_vm_prealloc_tables(struct refgpu_vm *vm, u64 va, u64 size, u32 max)
 {
 	u64 end = va + size;
 
 	while (va < end) {
-		struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, true);
+		struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, max);
 
 		if (IS_ERR(l3))
 			return PTR_ERR(l3);
 		va = round_down(va, SZ_2M) + SZ_2M;
+		cond_resched();
 	}
 	return 0;
 }
 
 static void refgpu_vm_set_pte(struct refgpu_vm *vm, u64 va, u64 pte)
 {
-	struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, false);
+	struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, 0);
+	u32 i = refgpu_pt_index(va, 3);
+	bool was;
 
 	/* Tables were created by refgpu_vm_prealloc_tables(). */
 	if (WARN_ON_ONCE(IS_ERR_OR_NULL(l3)))
 		return;
-	WRITE_ONCE(l3->cpu[refgpu_pt_index(va, 3)], pte);
+	was = l3->cpu[i] & REFGPU_PTE_VALID;
+	if (!was && (pte & REFGPU_PTE_VALID)) {
+		l3->used++;
+		list_del_init(&l3->node);
+	} else if (was && !(pte & REFGPU_PTE_VALID) && !--l3->used) {
+		list_add_tail(&l3->node, &vm->empty);
+	}
+	WRITE_ONCE(l3->cpu[i], pte);
+}
+
+/*
+ * Unhooks the tables of &refgpu_vm.empty that are still empty, and the
+ * parents they leave empty, onto @freed: the GPU may still hold the
+ * entries that pointed at them until its translations are invalidated,
+ * so they are freed only after that (refgpu_vm_free_tables()). Returns
+ * whether an entry was cleared.
+ */
+static bool refgpu_vm_detach_empty(struct refgpu_vm *vm, struct list_head *freed)
+{
+	struct refgpu_pt *pt, *parent;
+	bool cleared = false;
+
+	lockdep_assert_held(&vm->lock);
+	while ((pt = list_first_entry_or_null(&vm->empty, struct refgpu_pt, node))) {
+		list_move_tail(&pt->node, freed);
+		parent = pt->parent;
+		WRITE_ONCE(parent->cpu[pt->index], 0);
+		parent->next[pt->index] = NULL;
+		vm->pt_pages--;
+		cleared = true;
+		if (!--parent->used && parent->parent)
+			list_add_tail(&parent->node, &vm->empty);
+	}
+	return cleared;
+}
+
+/* Frees tables unhooked by refgpu_vm_detach_empty() (children already gone). */
+static void refgpu_vm_free_tables(struct refgpu_device *rdev, struct list_head *freed)
+{
+	struct refgpu_pt *pt, *tmp;
+
+	list_for_each_entry_safe(pt, tmp, freed, node) {
+		list_del(&pt->node);
+		dma_free_coherent(rdev->drm.dev, SZ_4K, pt->cpu, pt->dma);
+		kfree(pt);
+		cond_resched();
+	}
 }
 
 static u64 refgpu_pte(dma_addr_t pa, bool read_only)
@@ -256,6 +356,7 @@ static int refgpu_vm_map_sgt(struct refgpu_vm *vm, u64 va, u64 size, struct sg_t
 			return -EINVAL;
 		refgpu_vm_set_pte(vm, va + done, refgpu_pte(pa, read_only));
 		done += SZ_4K;
+		cond_resched();
 	}
 	return done >= size ? 0 : -EINVAL;
 }
@@ -264,8 +365,10 @@ static void refgpu_vm_clear(struct refgpu_vm *vm, u64 va, u64 size)
 {
 	u64 off;
 
-	for (off = 0; off < size; off += SZ_4K)
+	for (off = 0; off < size; off += SZ_4K) {
 		refgpu_vm_set_pte(vm, va + off, 0);
+		cond_resched();
+	}
 }
 
 dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm)
@@ -452,14 +555,14 @@ static int refgpu_vm_map_kernel(struct refgpu_vm *vm)
 	for (e = 0; e < REFGPU_ENGINES; e++) {
 		u64 va = REFGPU_KVA_RING(rdev, e);
 
-		ret = refgpu_vm_prealloc_tables(vm, va, REFGPU_RING_SIZE);
+		ret = refgpu_vm_prealloc_tables(vm, va, REFGPU_RING_SIZE, U32_MAX);
 		if (ret)
 			return ret;
 		for (off = 0; off < REFGPU_RING_SIZE; off += SZ_4K)
 			refgpu_vm_set_pte(vm, va + off,
 					  refgpu_pte(rdev->engines[e].ring_dma + off, true));
 	}
-	ret = refgpu_vm_prealloc_tables(vm, REFGPU_KVA_FENCE(rdev), SZ_4K);
+	ret = refgpu_vm_prealloc_tables(vm, REFGPU_KVA_FENCE(rdev), SZ_4K, U32_MAX);
 	if (ret)
 		return ret;
 	refgpu_vm_set_pte(vm, REFGPU_KVA_FENCE(rdev), refgpu_pte(vm->fence_dma, false));
@@ -487,21 +590,26 @@ struct refgpu_vm *refgpu_vm_create(struct refgpu_device *rdev)
 	vm->rdev = rdev;
 	kref_init(&vm->ref);
 	mutex_init(&vm->lock);
+	INIT_LIST_HEAD(&vm->empty);
 	vm->pid = task_tgid_nr(current);
 	get_task_comm(vm->comm, current);
 
-	vm->root = refgpu_pt_alloc(rdev, 0);
+	/* The VM's memory is charged to the process that opens the file. */
+	vm->root = __refgpu_pt_alloc(rdev, 0, GFP_KERNEL_ACCOUNT);
 	if (IS_ERR(vm->root)) {
 		ret = PTR_ERR(vm->root);
 		goto err_free;
 	}
 	vm->pt_pages = 1;
-	vm->fence_cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &vm->fence_dma, GFP_KERNEL);
+	vm->fence_cpu = dma_alloc_coherent(rdev->drm.dev, SZ_4K, &vm->fence_dma,
+					   GFP_KERNEL_ACCOUNT);
 	if (!vm->fence_cpu || !refgpu_in_window(rdev, vm->fence_dma, SZ_4K)) {
 		ret = -ENOMEM;
 		goto err_free_hw;
 	}
+	mutex_lock(&vm->lock);
 	ret = refgpu_vm_map_kernel(vm);
+	mutex_unlock(&vm->lock);
 	if (ret)
 		goto err_free_hw;
 
@@ -660,7 +768,8 @@ static void refgpu_vm_release(struct kref *ref)
  * refgpu_vm_release_kept() - free what a running device could still reach
  * @rdev: the device, just stopped by remove
  *
- * The mappings whose invalidation was not acknowledged and the VMs an
+ * The mappings and page tables whose invalidation was not acknowledged
+ * and the VMs an
  * engine could not be switched away from; from now on nothing is kept.
  * (They hold references on the DRM device: they cannot wait for its
  * release.)
@@ -669,17 +778,20 @@ void refgpu_vm_release_kept(struct refgpu_device *rdev)
 {
 	struct refgpu_vm *vm, *tmp;
 	LIST_HEAD(dead);
+	LIST_HEAD(pts);
 	LIST_HEAD(vms);
 
 	mutex_lock(&rdev->vms_lock);
 	rdev->stopped = true;
 	list_splice_init(&rdev->kept_vas, &dead);
+	list_splice_init(&rdev->kept_pts, &pts);
 	list_for_each_entry_safe(vm, tmp, &rdev->vms, node)
 		if (vm->kept)
 			list_move_tail(&vm->node, &vms);
 	mutex_unlock(&rdev->vms_lock);
 
 	refgpu_bind_release_dead(&dead);
+	refgpu_vm_free_tables(rdev, &pts);
 	list_for_each_entry_safe(vm, tmp, &vms, node) {
 		refgpu_vm_detach(vm, true);
 		refgpu_vm_destroy(vm);
@@ -691,14 +803,16 @@ void refgpu_vm_release_kept(struct refgpu_device *rdev)
  * @rdev: the device
  * @vms: kept VMs
  * @vas: kept mappings
+ * @pts: kept page tables (unhooked from a VM, outside the kept VMs)
  */
-void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas)
+void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas, u32 *pts)
 {
 	struct refgpu_vm *vm;
 
 	*vms = 0;
 	mutex_lock(&rdev->vms_lock);
 	*vas = list_count_nodes(&rdev->kept_vas);
+	*pts = list_count_nodes(&rdev->kept_pts);
 	list_for_each_entry(vm, &rdev->vms, node)
 		*vms += vm->kept;
 	mutex_unlock(&rdev->vms_lock);
@@ -836,7 +950,8 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	struct refgpu_bind_op *ops = NULL;
 	struct refgpu_va *va, *tmp;
 	struct dma_fence *stub;
-	bool invalidated = true;
+	bool invalidated = true, applied;
+	LIST_HEAD(freed);
 	u32 i, nva = 0;
 	int ret;
 
@@ -915,13 +1030,11 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	ret = refgpu_bind_check_overlaps(vm, ops, args->op_count);
 	for (i = 0; !ret && i < args->op_count; i++)
 		if (ops[i].args.op == REFGPU_VM_BIND_OP_MAP)
-			ret = refgpu_vm_prealloc_tables(vm, ops[i].args.va, ops[i].args.size);
-	if (ret) {
-		mutex_unlock(&vm->lock);
-		goto out_free;
-	}
+			ret = refgpu_vm_prealloc_tables(vm, ops[i].args.va, ops[i].args.size,
+							READ_ONCE(vm_max_pt_pages));
+	applied = !ret;
 	/* Nothing below fails for valid, checked input. */
-	for (i = 0; i < args->op_count; i++) {
+	for (i = 0; applied && i < args->op_count; i++) {
 		const struct drm_refgpu_vm_bind_op *a = &ops[i].args;
 
 		ctx.op = &ops[i];
@@ -933,6 +1046,13 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		if (WARN_ON(ret))
 			break;
 	}
+	/*
+	 * The tables the unmaps left empty, and those a failed call created,
+	 * are unhooked now and freed once the GPU can no longer walk them: a
+	 * failed call leaves the VM as it was, its table count included.
+	 */
+	if (refgpu_vm_detach_empty(vm, &freed))
+		ctx.invalidate = true;
 	if (ctx.invalidate) {
 		int idx;
 
@@ -947,16 +1067,22 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	mutex_unlock(&vm->lock);
 	if (!invalidated) {
 		/*
-		 * The device may still reach the pages through stale
-		 * translations (lost, or removed and not yet stopped): they
-		 * stay until remove has stopped it. The unmap itself is done.
+		 * The device may still reach the pages and tables through
+		 * stale translations (lost, or removed and not yet stopped):
+		 * they stay until remove has stopped it. The unmap itself is
+		 * done.
 		 */
 		mutex_lock(&rdev->vms_lock);
-		if (!rdev->stopped)
+		if (!rdev->stopped) {
 			list_splice_tail_init(&ctx.dead, &rdev->kept_vas);
+			list_splice_tail_init(&freed, &rdev->kept_pts);
+		}
 		mutex_unlock(&rdev->vms_lock);
 	}
 	refgpu_bind_release_dead(&ctx.dead);
+	refgpu_vm_free_tables(rdev, &freed);
+	if (!applied)
+		goto out_free;
 
 	stub = dma_fence_get_stub();
 	refgpu_out_syncs_signal(&out, stub);

@@ -74,6 +74,8 @@ pub const GUEST_TESTS: &[&str] = &[
     "vm_bind_read_only_bo",
     "vm_bind_batch_atomic",
     "vm_bind_unmap_split",
+    "vm_bind_frees_page_tables",
+    "vm_bind_table_limit",
     "ctx_errors",
     "submit_errors",
     "syncobj_errors",

@@ -95,6 +95,13 @@ struct drm_refgpu_vm_bind_op {
 	__u64 size;	/* page-aligned, non-zero */
 };
 
+/*
+ * VM_BIND applies the whole op array or nothing. Besides argument errors
+ * it fails with ENOSPC when the MAPs would need more page tables than one
+ * VM may hold (module parameter vm_max_pt_pages), ENOMEM when an
+ * allocation fails; either way the VM is unchanged. Page tables are
+ * charged to the caller's memory cgroup and freed once empty.
+ */
 struct drm_refgpu_vm_bind {
 	__u32 flags;		/* must be zero */
 	__u32 op_count;		/* 1 ..= REFGPU_PARAM_MAX_BIND_OPS */

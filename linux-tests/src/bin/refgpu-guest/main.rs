@@ -17,6 +17,7 @@ mod kernel_mode;
 mod recovery;
 mod tests;
 mod unplug;
+mod vm_tables;
 
 use std::ffi::CString;
 use std::io::Write;

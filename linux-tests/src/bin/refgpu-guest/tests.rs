@@ -35,6 +35,8 @@ pub fn all() -> Vec<Test> {
         ("vm_bind_read_only_bo", vm_bind_read_only_bo),
         ("vm_bind_batch_atomic", vm_bind_batch_atomic),
         ("vm_bind_unmap_split", vm_bind_unmap_split),
+        ("vm_bind_frees_page_tables", crate::vm_tables::vm_bind_frees_page_tables),
+        ("vm_bind_table_limit", crate::vm_tables::vm_bind_table_limit),
         ("ctx_errors", ctx_errors),
         ("submit_errors", submit_errors),
         ("syncobj_errors", syncobj_errors),
