@@ -166,6 +166,11 @@ pub struct SoakReport {
     /// Signalled jobs that copied a CPU-written word into their result
     /// word, found there by the CPU (`Soak::copy_every`).
     pub copies_checked: u64,
+    /// Failures acknowledged once counted (`acknowledge_failures`): the
+    /// workload, like an application, lets each queue's failure history
+    /// forget outcomes it has taken note of, or new work would be refused
+    /// with `HistoryFull` once enough separate failures pile up.
+    pub acknowledged: u64,
     /// Buffers allocated and freed by the workload.
     pub allocs: u64,
     /// Allocations refused (out of memory after waiting).
@@ -226,7 +231,7 @@ impl fmt::Display for SoakReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{}; hangs injected {} (reported hung {}), faults injected {} (reported as faults {}), injected that signalled {}; buffers allocated {} (refused {}), clobbered words {}; CPU-written words copied by the GPU and read back {}",
+            "{}; hangs injected {} (reported hung {}), faults injected {} (reported as faults {}), injected that signalled {}; buffers allocated {} (refused {}), clobbered words {}; CPU-written words copied by the GPU and read back {}; failures acknowledged {}",
             self.acc,
             self.hangs_injected,
             self.hangs_reported,
@@ -236,7 +241,8 @@ impl fmt::Display for SoakReport {
             self.allocs,
             self.alloc_failures,
             self.clobbered,
-            self.copies_checked
+            self.copies_checked,
+            self.acknowledged
         )
     }
 }
@@ -523,6 +529,11 @@ fn resolve_oldest<B: Backend + Sync, const C: usize>(
         (FenceOutcome::Failed(Cause::Hung), Kind::Hang) => rep.hangs_reported += 1,
         (FenceOutcome::Failed(Cause::Fault(_)), Kind::Fault) => rep.faults_reported += 1,
         _ => {}
+    }
+    // Counted: its queue's outcomes up to it are taken note of (the queue's
+    // older fences were submitted, and so resolved, before it).
+    if matches!(outcome, FenceOutcome::Failed(_)) && dev.acknowledge_failures(f).is_ok() {
+        rep.acknowledged += 1;
     }
     // A later submission waiting on a failed fence would be refused: wait
     // on that queue's newer work only.
