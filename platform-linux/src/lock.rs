@@ -52,10 +52,20 @@ mod tests {
         let mut handed = 0;
         for _ in 0..cycles {
             let m = lock_api::Mutex::<L, ()>::new(());
+            // The waiter keeps the lock until the holder has tried to take
+            // it back, so the try meets the waiter's turn, never a lock the
+            // waiter already gave up again.
+            let tried = AtomicBool::new(false);
             QUEUED.store(false, Ordering::Release);
             let g = m.lock();
             std::thread::scope(|s| {
-                s.spawn(|| drop(m.lock()));
+                s.spawn(|| {
+                    let g = m.lock();
+                    while !tried.load(Ordering::Acquire) {
+                        std::thread::yield_now();
+                    }
+                    drop(g);
+                });
                 while !QUEUED.load(Ordering::Acquire) {
                     std::thread::yield_now();
                 }
@@ -64,6 +74,7 @@ mod tests {
                     None => handed += 1,
                     Some(g) => drop(g),
                 }
+                tried.store(true, Ordering::Release);
             });
         }
         handed
