@@ -1029,7 +1029,7 @@ fn many_small_buffers<B: Backend, const C: usize>(
     Ok(())
 }
 
-/// Local memory and eviction (the article's section 4.2): a working set
+/// Local memory and eviction (`docs/memory.md`, section 5b): a working set
 /// of three times local memory, in buffers that prefer local memory, is
 /// filled and read back with every word checked while the driver evicts
 /// and restores under it; a cyclic pattern over one buffer more than fits
@@ -1104,7 +1104,8 @@ fn local_memory<B: Backend, const C: usize>(
     free(dev, back, d)
 }
 
-/// Events across queues (the article's section 3.1): COPY fills a buffer
+/// Events across queues (`docs/architecture.md`, "Validation, fault
+/// reports and events"): COPY fills a buffer
 /// and sets an event; COMPUTE, submitted after it with no fence between
 /// them, waits for the event on the GPU and copies the buffer; the CPU
 /// waits for the same event, resets it, and unblocks GFX work waiting for a
@@ -1173,7 +1174,8 @@ fn events<B: Backend, const C: usize>(
     free(dev, dst, d)
 }
 
-/// The article's hang (section 5.3): a DMA_COPY whose size disagrees with
+/// An overrun that becomes a hang (`docs/architecture.md`, "Validation,
+/// fault reports and events"): a DMA_COPY whose size disagrees with
 /// its source buffer's real size runs past the allocation into unmapped
 /// memory. With the validation mode (where compiled in) the submission is
 /// refused, naming the packet, the field, the buffer and the overrun; with

@@ -1,7 +1,8 @@
-//! Co-simulation round-trip latency (issue 5): doorbell → fence visible in
-//! the host process, polling and with an interrupt wait, against the floor
-//! of the transport (an eventfd ping-pong between two processes) measured
-//! in the same run; the in-process platform for comparison.
+//! Co-simulation round-trip latency (`docs/perf.md`, "Co-simulation"):
+//! doorbell → fence visible in the host process, polling and with an
+//! interrupt wait, against the floor of the transport (an eventfd
+//! ping-pong between two processes) measured in the same run; the
+//! in-process platform for comparison.
 //!
 //! ```sh
 //! CARGO_TARGET_DIR=/work/target-cosim cargo build --release -p refgpu-sim

@@ -1,4 +1,5 @@
-//! Bare metal under QEMU vs host co-simulation (issue 6), measured in the
+//! Bare metal under QEMU vs host co-simulation (`docs/perf.md`, "Bare
+//! metal"), measured in the
 //! same run: the `bench` image (`bm_images::bench` on the ivshmem
 //! transport, guest clock `CNTVCT_EL0`) in polling and MSI mode, and the
 //! very same scenario functions over `platform_linux::Cosim` against a

@@ -1,5 +1,5 @@
 //! The Cortex-M4 image beside the aarch64 image, measured in the same run
-//! (issue 12): `m-bench` (`mps2-an386`, shared-RAM binding, polling) and
+//! (`docs/perf.md`, "Cortex-M4"): `m-bench` (`mps2-an386`, shared-RAM binding, polling) and
 //! `bench` (`virt`, ivshmem, polling), both running `bm_images::bench`'s
 //! scenarios against `refgpu-sim --gen 2`: the CPU time of one `submit`
 //! and the doorbell -> fence round trip, in guest nanoseconds, plus the

@@ -43,8 +43,8 @@ use umd_core::sync::{Fence, QueueId};
 /// Packets per encode benchmark.
 const ENCODE_PACKETS: u64 = 64;
 
-/// The small packets of the issue, in rotation: FENCE, WRITE_DATA of 4
-/// dwords, DMA_COPY, FILL.
+/// The small packets of `docs/perf.md`, "Command encoding", in rotation:
+/// FENCE, WRITE_DATA of 4 dwords, DMA_COPY, FILL.
 fn small_packet(i: u64, data: &[u32]) -> Command<'_> {
     match i % 4 {
         0 => Command::Fence { addr: 0x50_0000 + 64 * i, value: i, irq: false },
@@ -243,7 +243,7 @@ impl Lcg {
         self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         self.0 >> 33
     }
-    /// The VA benchmark's size mix (docs/perf.md, "Memory"): 50 % small
+    /// The VA benchmark's size mix (docs/perf.md, "GPU VA allocator"): 50 % small
     /// 16 B-1 KiB and 35 % medium 1-64 KiB at 128 B alignment, 15 % large
     /// 64-256 KiB at 4 KiB alignment.
     fn request(&mut self) -> (u64, u64) {

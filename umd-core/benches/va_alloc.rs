@@ -1,14 +1,15 @@
 //! VA allocator benchmark against linked_list_allocator, buddy_system_allocator
 //! and talc, on one workload in one run.
 //!
-//! Workload: 10,000 live allocations with sizes from the article's three
-//! classes (50 % small 16 B..1 KiB, 35 % medium 1..64 KiB, 15 % large
-//! 64..256 KiB; large ones 4 KiB aligned, others 128 B aligned) in a 1 GiB
-//! arena; then STEPS steady-state steps, each freeing a random live
-//! allocation and allocating a new one. Every allocator sees the same
-//! sequence (same seed). Pass 1 times the whole loop (throughput); pass 2
-//! times every single operation with `Instant` (mean, p99, p99.9, max; the
-//! timer itself costs ~20-40 ns and is included in all rows alike).
+//! Workload: 10,000 live allocations with sizes from the three size classes
+//! of `docs/memory.md` section 2 (50 % small 16 B..1 KiB, 35 % medium 1..64
+//! KiB, 15 % large 64..256 KiB; large ones 4 KiB aligned, others 128 B
+//! aligned) in a 1 GiB arena; then STEPS steady-state steps, each freeing a
+//! random live allocation and allocating a new one. Every allocator sees
+//! the same sequence (same seed). Pass 1 times the whole loop (throughput);
+//! pass 2 times every single operation with `Instant` (mean, p99, p99.9,
+//! max; the timer itself costs ~20-40 ns and is included in all rows
+//! alike).
 //!
 //! The baselines manage real memory, so each gets a 1 GiB zeroed allocation
 //! (pages are only touched where they keep headers) and addresses are

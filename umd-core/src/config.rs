@@ -75,7 +75,7 @@ pub struct Config {
 
 impl Config {
     /// The defaults: 64 KiB chunks and rings, batching on, wait for the
-    /// oldest fence when the pool is empty, the article's wait schedule
+    /// oldest fence when the pool is empty, the wait schedule of `docs/porting.md`
     /// (spin 2 µs, 1 µs polls to 100 µs, 10 µs polls to 1 ms, then 100 µs),
     /// interrupts when available, hang after 500 ms without progress or
     /// 4 windows (2 s) without a fence.

@@ -1,7 +1,7 @@
 //! The direct-mode device against a scripted fake refgpu: submission, ring
 //! wrap-around, IB pool exhaustion and reclaim, cross-queue waits and
 //! out-of-order completion, deadlock rejection, hangs and faults with
-//! reset and recovery, and every bad input of the issue.
+//! reset and recovery, and bad input to every call.
 
 mod support;
 

@@ -178,7 +178,7 @@ proptest! {
     }
 }
 
-/// 100k random byte vectors through both decoders (the CI bar), in
+/// 100k random byte vectors through both decoders, in
 /// one test with a cheap inline generator so it runs in about a second.
 #[test]
 fn decoder_survives_100k_random_streams() {

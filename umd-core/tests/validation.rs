@@ -64,7 +64,7 @@ mod on {
             dev.free(gone).unwrap();
             let doorbells = dev.platform().state().doorbells;
 
-            // Overrun: the article's case, in the second packet.
+            // Overrun: a DMA_COPY longer than its buffer, in the second packet.
             let e = refused(dev.submit(COPY, &[], |cb| {
                 cb.fill(wv, 16, 0)?;
                 cb.copy(wv + 16, wv, 1000)

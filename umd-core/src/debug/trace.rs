@@ -338,8 +338,8 @@ pub(crate) const STAGED_SUBMITS: usize = if ON { 32 } else { 0 };
 
 /// A queue's submissions on their way into the trace ring, so that a
 /// submission takes no lock for its trace record (one locked
-/// read-modify-write less per submission: `docs/perf.md`, "(issue 14,
-/// item 2, twelfth round)"). One producer at a time: the holder of the
+/// read-modify-write less per submission: `docs/perf.md`, "Locks on the
+/// submission path"). One producer at a time: the holder of the
 /// queue's submit lock ([`TraceStage::push`]); one consumer at a time: a
 /// holder of the trace ring's lock ([`TraceStage::drain`]). The consumers
 /// are a reader of the trace (`Engine::trace`, every queue's stage

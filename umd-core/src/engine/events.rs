@@ -1,4 +1,5 @@
-//! Events and timestamp queries (the article's section 3.1).
+//! Events and timestamp queries (`docs/architecture.md`, "Validation, fault
+//! reports and events").
 //!
 //! An [`Event`] is a state change during GPU execution that the CPU can
 //! query and other GPU work can wait for: a 32-bit word in a small buffer

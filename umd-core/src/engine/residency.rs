@@ -1,6 +1,5 @@
-//! Local memory and eviction (the article's section 4.2, third point;
-//! `docs/refgpu.md` section 3.5; `docs/memory.md`, "Local memory and
-//! eviction").
+//! Local memory and eviction (`docs/refgpu.md` section 3.5;
+//! `docs/memory.md`, "Local memory and eviction").
 //!
 //! A buffer allocated with [`crate::mem::BufferDesc::local`] prefers the
 //! device's local memory. It gets local pages when there are some (after

@@ -1,7 +1,8 @@
 //! The validation mode: every packet of a submission checked against the
-//! device's buffers before the GPU sees it (the article's section 5.3: a
-//! DMA size that disagrees with the buffer's real size runs past the
-//! allocation, faults, and becomes a hang).
+//! device's buffers before the GPU sees it (`docs/architecture.md`,
+//! "Validation, fault reports and events": a DMA size that disagrees
+//! with the buffer's real size runs past the allocation, faults, and
+//! becomes a hang).
 //!
 //! Compiled in with the `validation` feature and switched on at run time
 //! ([`Engine::set_validation`](super::Engine::set_validation)); without the feature no checking code

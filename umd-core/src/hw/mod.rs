@@ -480,7 +480,7 @@ pub struct Limits {
 pub enum MisalignedFence {
     /// The engine stops with INVALID_PACKET.
     Fault,
-    /// The write is silently dropped (the article's lost-fence bug).
+    /// The write is silently dropped, a lost fence (`docs/refgpu.md` section 6.5).
     Dropped,
 }
 

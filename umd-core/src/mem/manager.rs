@@ -1,7 +1,7 @@
 //! The device's buffers: handles over size-class pools, with frees gated
 //! on the fences of the work that may still use the memory.
 //!
-//! The rule (the article, section 4.2): a block is never handed out again
+//! The rule (`docs/memory.md`, section 3): a block is never handed out again
 //! until every fence of the work that may use it has signalled. A free
 //! therefore makes the handle stale at once (no later use can name the
 //! buffer) but keeps the memory and its GPU address out of circulation

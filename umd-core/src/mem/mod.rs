@@ -1,4 +1,4 @@
-//! GPU memory management (issue 3).
+//! GPU memory management (`docs/memory.md`).
 //!
 //! Everything here is heap-free: capacities are const generics or storage the
 //! integrator provides, and every operation has a bounded worst case.

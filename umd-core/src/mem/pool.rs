@@ -1,7 +1,7 @@
 //! Size-class pools: where a buffer's GPU address and memory come from.
 //!
-//! Following the article (section 6.2), requests are split into three
-//! classes so that small and large allocations never fragment each other:
+//! Requests are split into three classes (`docs/memory.md`, section 2) so
+//! that small and large allocations never fragment each other:
 //!
 //! | class | request size | where it comes from |
 //! | --- | --- | --- |
@@ -60,7 +60,7 @@ pub const KINDS: usize = 4;
 
 const NIL: u32 = u32::MAX;
 
-/// The article's three size classes.
+/// The three size classes (`docs/memory.md`, section 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SizeClass {
     /// Below 1 KiB.

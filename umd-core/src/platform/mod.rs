@@ -367,7 +367,7 @@ pub use kernel::{
 /// lock inlines a single attempt instead of spin's whole acquire loop
 /// (`docs/perf.md`, "Code size on embedded targets"); with the `size-first`
 /// feature even that attempt is one shared out-of-line copy, a call at each
-/// place (`docs/perf.md`, "Seventh round (issue 14, item 3)"). Elsewhere
+/// place (`docs/perf.md`, "Per configuration", `size-first`). Elsewhere
 /// spin's loop stays inline (hosted builds count instructions, not bytes).
 pub struct SpinLock(spin::Mutex<()>);
 
