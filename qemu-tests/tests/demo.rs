@@ -10,8 +10,9 @@ fn check_demo(generation: u8, mode: Mode, depth: &'static str) {
     let run = Run { args: vec!["frames=6", depth], ..Run::new("demo", generation, mode) };
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.iter().filter(|l| !l.starts_with('{')).cloned().collect::<Vec<_>>().join("\n");
-    assert_eq!(out.exit_code, Some(0), "demo exit status\n{}", out.tail(40));
+    let text =
+        out.boot.console.iter().filter(|l| !l.starts_with('{')).cloned().collect::<Vec<_>>().join("\n");
+    assert_eq!(out.boot.exit_code, Some(0), "demo exit status\n{}", out.tail(40));
     for want in [
         "6/6 frames verified bit-exact",
         "submissions",

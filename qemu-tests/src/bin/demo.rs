@@ -146,7 +146,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if out.timed_out {
+    if out.boot.timed_out {
         eprintln!("demo: QEMU did not finish; it and the model were killed\n{}", out.tail(20));
         return ExitCode::from(2);
     }
@@ -166,7 +166,7 @@ fn main() -> ExitCode {
         }
         _ => eprintln!("demo: the image printed no complete trace"),
     }
-    let code = out.exit_code.unwrap_or(2);
+    let code = out.boot.exit_code.unwrap_or(2);
     println!("QEMU exit status {code} ({})", if code == 0 { "every frame verified" } else { "FAILED" });
     ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
