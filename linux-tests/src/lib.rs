@@ -166,32 +166,19 @@ pub const INSTALL_HINT: &str = "the Linux guest tests need qemu-system-x86_64 (D
      make, gcc-12, pahole (package dwarves), xz and Debian's 6.12 kernel packages; run as root the harness \
      installs them itself, otherwise install them once with `sudo bash .ci/install-linux-guest.sh`";
 
-/// A guest test's reported status.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Passed.
-    Pass,
-    /// Failed, with the reason.
-    Fail(String),
-}
+pub use vm_harness::Status;
 
 /// What one boot produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    /// QEMU's exit code; None if killed.
-    pub exit_code: Option<i32>,
-    /// Every console line.
-    pub console: Vec<String>,
-    /// The model's log lines.
-    pub model_log: Vec<String>,
-    /// `@@ TEST` results in order.
-    pub results: Vec<(String, Status)>,
+    /// QEMU's exit code, the console and model lines, the `@@ TEST`
+    /// results in order, and whether the boot hit [`RUN_TIMEOUT`] (or
+    /// [`INIT_TIMEOUT`]).
+    pub boot: vm_harness::Outcome,
     /// `@@ BENCH` lines: (name, the rest of the line).
     pub benches: Vec<(String, String)>,
     /// The guest's closing `N passed, N failed` line, if printed.
     pub summary: Option<String>,
-    /// Whether the boot hit [`RUN_TIMEOUT`] (or [`INIT_TIMEOUT`]).
-    pub timed_out: bool,
     /// Where the console ended.
     pub phase: Phase,
     /// Stopped at [`INIT_TIMEOUT`]: the kernel had not started `/init`
@@ -211,13 +198,13 @@ pub struct Outcome {
 impl Outcome {
     /// The status of `test`, if reported.
     pub fn status(&self, test: &str) -> Option<&Status> {
-        self.results.iter().find(|(n, _)| n == test).map(|(_, s)| s)
+        self.boot.status(test)
     }
 
     /// The last `n` console and model lines, for failure messages.
     pub fn tail(&self, n: usize) -> String {
-        let c = &self.console[self.console.len().saturating_sub(n)..];
-        let m = &self.model_log[self.model_log.len().saturating_sub(n)..];
+        let c = &self.boot.console[self.boot.console.len().saturating_sub(n)..];
+        let m = &self.boot.model_log[self.boot.model_log.len().saturating_sub(n)..];
         format!(
             "--- last {} console lines ---\n{}\n--- last {} model lines ---\n{}",
             c.len(),
@@ -240,16 +227,16 @@ impl Outcome {
         for t in GUEST_TESTS {
             match self.status(t) {
                 Some(Status::Pass) => {}
-                Some(Status::Fail(why)) => f.push(format!("{t}: {why}")),
+                Some(Status::Fail(why) | Status::Skip(why)) => f.push(format!("{t}: {why}")),
                 None => f.push(format!("{t}: not reported")),
             }
         }
-        for (n, _) in &self.results {
+        for (n, _) in &self.boot.results {
             if !GUEST_TESTS.contains(&n.as_str()) {
                 f.push(format!("{n}: reported but not in GUEST_TESTS"));
             }
         }
-        if self.timed_out {
+        if self.boot.timed_out {
             f.push(format!("the boot timed out {}: QEMU and the model were killed", self.phase));
         } else if self.phase != Phase::Suite {
             f.push(format!("the console ended {}", self.phase));
@@ -257,9 +244,9 @@ impl Outcome {
         if self.summary.is_none() {
             f.push("no closing `N passed, N failed` line".into());
         }
-        let want = if f.is_empty() { Some(1) } else { self.exit_code };
-        if self.exit_code != want || self.exit_code.is_none() {
-            f.push(format!("QEMU exit status {:?} (isa-debug-exit 0 gives 1)", self.exit_code));
+        let want = if f.is_empty() { Some(1) } else { self.boot.exit_code };
+        if self.boot.exit_code != want || self.boot.exit_code.is_none() {
+            f.push(format!("QEMU exit status {:?} (isa-debug-exit 0 gives 1)", self.boot.exit_code));
         }
         f
     }
@@ -675,13 +662,9 @@ pub fn parse(
     wall: Duration,
 ) -> Outcome {
     let mut out = Outcome {
-        exit_code,
-        console,
-        model_log,
-        results: Vec::new(),
+        boot: vm_harness::Outcome { exit_code, console, model_log, results: Vec::new(), timed_out },
         benches: Vec::new(),
         summary: None,
-        timed_out,
         phase: Phase::Kernel,
         init_timeout: false,
         kernel_stalls: 0,
@@ -692,11 +675,11 @@ pub fn parse(
     // BUG or lockup line before the last one (after the log replay, which
     // shows what the console level hid while the guest ran).
     let panics: Vec<usize> =
-        out.console.iter().enumerate().filter(|(_, l)| l.contains(PANIC_LINE)).map(|(i, _)| i).collect();
+        out.boot.console.iter().enumerate().filter(|(_, l)| l.contains(PANIC_LINE)).map(|(i, _)| i).collect();
     if let (Some(&first), Some(&last)) = (panics.first(), panics.last()) {
-        let l = kernel_line(&out.console[first]);
+        let l = kernel_line(&out.boot.console[first]);
         let line = l[l.find(PANIC_LINE).unwrap_or(0)..].trim().to_string();
-        let cause = out.console[..last]
+        let cause = out.boot.console[..last]
             .iter()
             .rev()
             .map(|l| kernel_line(l).trim())
@@ -704,7 +687,7 @@ pub fn parse(
             .map(str::to_string);
         out.panic = Some((line, cause));
     }
-    for l in &out.console {
+    for l in &out.boot.console {
         // The firmware's terminal escapes may precede the first line.
         let l = l.trim_end_matches('\r');
         let l = l.find("@@ ").map_or(l, |i| &l[i..]);
@@ -720,7 +703,7 @@ pub fn parse(
             let (name, st, why) = (it.next().unwrap_or(""), it.next().unwrap_or(""), it.next().unwrap_or(""));
             let st =
                 if st == "PASS" { Status::Pass } else { Status::Fail(format!("{st} {why}").trim().into()) };
-            out.results.push((name.to_string(), st));
+            out.boot.results.push((name.to_string(), st));
         } else if let Some(b) = l.strip_prefix("@@ BENCH ") {
             let (name, rest) = b.split_once(' ').unwrap_or((b, ""));
             out.benches.push((name.to_string(), rest.to_string()));
@@ -754,7 +737,7 @@ pub fn check_generation(gen: u8) {
     for (name, text) in &out.benches {
         println!("gen{gen} bench {name}: {text}");
     }
-    println!("gen{gen}: {} guest tests, boot {:.1} s", out.results.len(), out.wall.as_secs_f64());
+    println!("gen{gen}: {} guest tests, boot {:.1} s", out.boot.results.len(), out.wall.as_secs_f64());
     if out.kernel_stalls > 0 {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }

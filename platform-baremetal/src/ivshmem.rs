@@ -28,10 +28,10 @@ use safe_mmio::fields::{ReadPure, ReadWrite, WriteOnly};
 use safe_mmio::{field, UniqueMmioPointer};
 
 use umd_core::hw::regs;
-use umd_core::ivshmem::{Binding, SharedPage, Written};
-use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::ivshmem::{Binding, SharedPage};
+use umd_core::platform::{DirectIo, IrqWait, Platform, PlatformError};
 
-use crate::carveout::{cache_span, CarveOut, DmaPages};
+use crate::carveout::{CarveOut, DmaPages};
 
 /// PCI IDs of QEMU's ivshmem device.
 pub const VENDOR_ID: u16 = 0x1af4;
@@ -179,6 +179,11 @@ impl<H: Hal> IvshmemGpu<H> {
         self.carve.used_pages()
     }
 
+    /// The register page, as the binding sees it.
+    fn reg_page(&self) -> RegPage {
+        RegPage(self.page)
+    }
+
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
         if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
@@ -278,34 +283,7 @@ unsafe impl<H: Hal + Sync> Sync for IvshmemGpu<H> {}
 unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
-    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        self.carve.alloc(len, |cpu, len| self.hal.cache_clean(cpu, len))
-    }
-
-    fn dma_free(&self, region: DmaRegion) {
-        self.carve.free(region);
-    }
-
-    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
-        if let Some((addr, len)) = cache_span(region, offset, len) {
-            self.hal.cache_clean(addr, len);
-        }
-    }
-
-    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
-        if let Some((addr, len)) = cache_span(region, offset, len) {
-            self.hal.cache_invalidate(addr, len);
-        }
-    }
-
-    fn now_ns(&self) -> u64 {
-        self.hal.now_ns()
-    }
-
-    fn delay_ns(&self, ns: u64) {
-        crate::hal::delay_ns(&self.hal, ns);
-        self.check_heartbeat();
-    }
+    crate::transport::carve_out_platform_methods!();
 
     fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
         if !self.check_heartbeat() {
@@ -321,35 +299,7 @@ unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
     }
 }
 
-impl<H: Hal> DirectIo for IvshmemGpu<H> {
-    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(PlatformError::DeviceLost);
-        }
-        self.binding.read(&RegPage(self.page), offset)
-    }
-
-    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(PlatformError::DeviceLost);
-        }
-        match self.binding.write(&RegPage(self.page), offset, value)? {
-            Written::Doorbell(e) => self.ring(e),
-            Written::Done => Ok(()),
-        }
-    }
-
-    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
-        if engine >= regs::ENGINES {
-            return Err(PlatformError::Unsupported);
-        }
-        self.ring(engine)
-    }
-
-    fn control_doorbell(&self) -> Result<(), PlatformError> {
-        self.ring(regs::CONTROL_VECTOR)
-    }
-}
+crate::transport::binding_direct_io!(IvshmemGpu);
 
 #[cfg(test)]
 mod tests {
@@ -358,6 +308,7 @@ mod tests {
     use std::boxed::Box;
     use std::vec::Vec;
     use umd_core::hw::regs::engine as er;
+    use umd_core::platform::{DirectIo, DmaFlags};
 
     struct FakeHal {
         t: core::cell::Cell<u64>,

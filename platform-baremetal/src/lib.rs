@@ -57,6 +57,7 @@ pub mod m_fault;
 pub mod map;
 pub mod pci;
 pub mod shared_ram;
+mod transport;
 
 #[cfg(all(target_arch = "aarch64", target_os = "none"))]
 pub mod arch;

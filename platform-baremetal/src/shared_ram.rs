@@ -1,5 +1,5 @@
 //! The refgpu over the shared-RAM binding (`docs/refgpu.md` 2.3, "shared
-//! RAM"), as a [`Platform`] + [`DirectIo`] for `umd-core`: for a host
+//! RAM"), as a [`Platform`] + [`DirectIo`](umd_core::platform::DirectIo) for `umd-core`: for a host
 //! without PCI (QEMU `mps2-an386`, a Cortex-M4), where the model maps the
 //! board's 16 MiB PSRAM as a file and the register page and doorbells live
 //! in its last 8 KiB.
@@ -30,10 +30,10 @@ use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use embedded_hal::delay::DelayNs;
 use umd_core::hw::regs;
-use umd_core::ivshmem::{Binding, SharedPage, Written};
-use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
+use umd_core::ivshmem::{Binding, SharedPage};
+use umd_core::platform::{IrqWait, Platform, PlatformError};
 
-use crate::carveout::{cache_span, CarveOut, DmaPages};
+use crate::carveout::{CarveOut, DmaPages};
 pub use crate::hal::Hal;
 
 /// The binding's layout (mirrors `refgpu_model::shared_ram`, which the
@@ -244,6 +244,11 @@ impl<H: Hal> SharedRamGpu<H> {
         !self.lost.load(Ordering::Acquire)
     }
 
+    /// The register page, as the binding sees it.
+    fn reg_page(&self) -> RegPage<'_, H> {
+        RegPage(self)
+    }
+
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
         if self.lost.load(Ordering::Acquire) {
             return Err(PlatformError::DeviceLost);
@@ -275,69 +280,14 @@ unsafe impl<H: Hal + Sync> Sync for SharedRamGpu<H> {}
 unsafe impl<H: Hal> Platform for SharedRamGpu<H> {
     type RawMutex = umd_core::platform::SpinLock;
 
-    fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
-        self.carve.alloc(len, |cpu, len| self.hal.cache_clean(cpu, len))
-    }
-
-    fn dma_free(&self, region: DmaRegion) {
-        self.carve.free(region);
-    }
-
-    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
-        if let Some((addr, len)) = cache_span(region, offset, len) {
-            self.hal.cache_clean(addr, len);
-        }
-    }
-
-    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
-        if let Some((addr, len)) = cache_span(region, offset, len) {
-            self.hal.cache_invalidate(addr, len);
-        }
-    }
-
-    fn now_ns(&self) -> u64 {
-        self.hal.now_ns()
-    }
-
-    fn delay_ns(&self, ns: u64) {
-        crate::hal::delay_ns(&self.hal, ns);
-        self.check_heartbeat();
-    }
+    crate::transport::carve_out_platform_methods!();
 
     fn wait_irq(&self, _timeout_ns: u64) -> IrqWait {
         IrqWait::Unsupported
     }
 }
 
-impl<H: Hal> DirectIo for SharedRamGpu<H> {
-    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(PlatformError::DeviceLost);
-        }
-        self.binding.read(&RegPage(self), offset)
-    }
-
-    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
-            return Err(PlatformError::DeviceLost);
-        }
-        match self.binding.write(&RegPage(self), offset, value)? {
-            Written::Doorbell(e) => self.ring(e),
-            Written::Done => Ok(()),
-        }
-    }
-
-    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
-        if engine >= regs::ENGINES {
-            return Err(PlatformError::Unsupported);
-        }
-        self.ring(engine)
-    }
-
-    fn control_doorbell(&self) -> Result<(), PlatformError> {
-        self.ring(regs::CONTROL_VECTOR)
-    }
-}
+crate::transport::binding_direct_io!(SharedRamGpu);
 
 /// The register page inside the region, as the binding sees it.
 struct RegPage<'a, H: Hal>(&'a SharedRamGpu<H>);
@@ -358,6 +308,7 @@ mod tests {
     use std::vec;
     use std::vec::Vec;
     use umd_core::hw::regs::engine as er;
+    use umd_core::platform::{DirectIo, DmaFlags};
 
     struct FakeHal {
         t: core::cell::Cell<u64>,

@@ -29,11 +29,12 @@ const TRIPS: usize = 1000;
 /// `@@ BENCH <name> n= median_ns= p90_ns= mean_ns=` lines of a guest run.
 fn guest(mode: Mode) -> Vec<(String, Figures)> {
     let out = boot(&Run::new("bench", 2, mode)).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(out.exit_code, Some(0), "bench image failed\n{}", out.tail(30));
-    for l in out.console.iter().filter(|l| l.starts_with("micro:") || l.starts_with("counter:")) {
+    assert_eq!(out.boot.exit_code, Some(0), "bench image failed\n{}", out.tail(30));
+    for l in out.boot.console.iter().filter(|l| l.starts_with("micro:") || l.starts_with("counter:")) {
         println!("guest ({}) {l}", mode.arg());
     }
-    out.console
+    out.boot
+        .console
         .iter()
         .filter_map(|l| l.strip_prefix("@@ BENCH "))
         .map(|l| {

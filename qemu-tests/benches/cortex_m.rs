@@ -17,7 +17,8 @@ use qemu_tests::{boot, Mode, Outcome, Run};
 
 /// `(name, median_ns, p90_ns, mean_ns)` of every `@@ BENCH` line.
 fn figures(out: &Outcome) -> Vec<(String, u64, u64, u64)> {
-    out.console
+    out.boot
+        .console
         .iter()
         .filter_map(|l| l.strip_prefix("@@ BENCH "))
         .map(|l| {
@@ -41,8 +42,8 @@ fn figures(out: &Outcome) -> Vec<(String, u64, u64, u64)> {
 
 fn run(r: &Run) -> Outcome {
     let out = boot(r).unwrap_or_else(|e| panic!("{e}"));
-    assert_eq!(out.exit_code, Some(0), "{} failed\n{}", r.image, out.tail(30));
-    for l in out.console.iter().filter(|l| l.starts_with("counter:") || l.starts_with("@@ CYCLES")) {
+    assert_eq!(out.boot.exit_code, Some(0), "{} failed\n{}", r.image, out.tail(30));
+    for l in out.boot.console.iter().filter(|l| l.starts_with("counter:") || l.starts_with("@@ CYCLES")) {
         println!("{}: {l}", r.image);
     }
     out

@@ -42,8 +42,9 @@ pub fn cell(base: Run, k: &Knob) -> BTreeMap<String, u64> {
     let secs = t0.elapsed().as_secs_f64();
     let label = format!("{board:?} gen{generation} {} {}", mode.arg(), k.name);
     let text = out.tail(40);
-    assert!(!out.timed_out, "{label}: timed out; QEMU and the model were killed\n{text}");
+    assert!(!out.boot.timed_out, "{label}: timed out; QEMU and the model were killed\n{text}");
     let line = out
+        .boot
         .console
         .iter()
         .find_map(|l| l.strip_prefix("@@ ACCOUNTING "))
@@ -56,13 +57,13 @@ pub fn cell(base: Run, k: &Knob) -> BTreeMap<String, u64> {
             (key.to_string(), v.parse().unwrap_or_else(|_| panic!("{label}: bad field {key}={v}")))
         })
         .collect();
-    let check = out.console.iter().find(|l| l.starts_with("@@ CHECK")).map(String::as_str);
+    let check = out.boot.console.iter().find(|l| l.starts_with("@@ CHECK")).map(String::as_str);
     assert_eq!(check, Some("@@ CHECK ok"), "{label}: {line}\n{text}");
     if board == Board::Virt {
-        let shutdown = out.console.iter().find(|l| l.starts_with("@@ SHUTDOWN")).map(String::as_str);
+        let shutdown = out.boot.console.iter().find(|l| l.starts_with("@@ SHUTDOWN")).map(String::as_str);
         assert_eq!(shutdown, Some("@@ SHUTDOWN leaked_buffers=0 dma_pages=0"), "{label}\n{text}");
     }
-    assert_eq!(out.exit_code, Some(0), "{label}: exit status\n{text}");
+    assert_eq!(out.boot.exit_code, Some(0), "{label}: exit status\n{text}");
     if k.kill {
         assert!(out.model_killed, "{label}: the guest never asked for the kill\n{text}");
     }

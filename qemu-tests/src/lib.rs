@@ -159,32 +159,17 @@ impl Run {
     }
 }
 
-/// A scenario's reported status.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Passed.
-    Pass,
-    /// Failed, with the reason printed.
-    Fail(String),
-    /// Cannot run here, with the reason.
-    Skip(String),
-}
+pub use vm_harness::Status;
 
 /// What a run produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
-    /// QEMU's exit code (the image's status); None if killed.
-    pub exit_code: Option<i32>,
-    /// Every console line.
-    pub console: Vec<String>,
-    /// The model's log lines.
-    pub model_log: Vec<String>,
-    /// `@@ RESULT` lines in order.
-    pub results: Vec<(String, Status)>,
+    /// QEMU's exit code (the image's status), the console and model lines,
+    /// the `@@ RESULT` lines in order, and whether the run hit
+    /// [`RUN_TIMEOUT`].
+    pub boot: vm_harness::Outcome,
     /// Generation from `@@ DEVICE gen=`.
     pub device_gen: Option<u8>,
-    /// Whether the run hit [`RUN_TIMEOUT`].
-    pub timed_out: bool,
     /// MSIs the guest took, from `@@ IRQS msi=`.
     pub msis: Option<u32>,
     /// Text blocks between `@@ REPORT <name> BEGIN` and `@@ REPORT END`.
@@ -211,22 +196,22 @@ pub enum Output<'a> {
 impl Outcome {
     /// The status of `scenario`, if reported.
     pub fn status(&self, scenario: &str) -> Option<&Status> {
-        self.results.iter().find(|(n, _)| n == scenario).map(|(_, s)| s)
+        self.boot.status(scenario)
     }
 
     /// The address of the fault images' `@@ FAULT_ADDR <hex>` line (the
     /// address they read on purpose), if printed.
     pub fn fault_addr(&self) -> Option<u64> {
-        let a = self.console.iter().find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))?;
+        let a = self.boot.console.iter().find_map(|l| l.strip_prefix("@@ FAULT_ADDR "))?;
         u64::from_str_radix(a.trim().trim_start_matches("0x"), 16).ok()
     }
 
     /// The last `n` console, defmt log and model lines, for failure
     /// messages.
     pub fn tail(&self, n: usize) -> String {
-        let c = &self.console[self.console.len().saturating_sub(n)..];
+        let c = &self.boot.console[self.boot.console.len().saturating_sub(n)..];
         let l = &self.logs[self.logs.len().saturating_sub(n)..];
-        let m = &self.model_log[self.model_log.len().saturating_sub(n)..];
+        let m = &self.boot.model_log[self.boot.model_log.len().saturating_sub(n)..];
         format!(
             "--- last {} console lines ---\n{}\n--- last {} defmt log lines ---\n{}\n--- last {} model lines ---\n{}",
             c.len(),
@@ -562,12 +547,14 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
 
     let console = snapshot(&console);
     let mut out = Outcome {
-        exit_code: status.and_then(|s| s.code()),
-        results: Vec::new(),
+        boot: vm_harness::Outcome {
+            exit_code: status.and_then(|s| s.code()),
+            console,
+            model_log: snapshot(&model_lines),
+            results: Vec::new(),
+            timed_out,
+        },
         device_gen: None,
-        console,
-        model_log: snapshot(&model_lines),
-        timed_out,
         msis: None,
         reports: Vec::new(),
         trace: None,
@@ -576,7 +563,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     };
     let mut block: Option<(String, Vec<String>)> = None;
     let mut in_trace = false;
-    for l in &out.console {
+    for l in &out.boot.console {
         if in_trace {
             if l.trim() == "@@ TRACE END" {
                 in_trace = false;
@@ -607,7 +594,7 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
                 "SKIP" => Status::Skip(why.to_string()),
                 _ => Status::Fail(format!("{st} {why}")),
             };
-            out.results.push((name.to_string(), st));
+            out.boot.results.push((name.to_string(), st));
         } else if let Some(m) = rest.strip_prefix("IRQS msi=") {
             out.msis = m.split_whitespace().next().and_then(|n| n.parse().ok());
         } else if let Some(g) = rest.strip_prefix("DEVICE gen=") {
@@ -653,8 +640,8 @@ pub fn check_scenario(run: &Run, scenario: &str) {
         Some(Status::Skip(why)) => panic!("{scenario} was skipped on {run:?} ({why}): a skip is not a pass"),
         None => panic!(
             "{scenario} was not reported on {run:?} (exit {:?}{})\n{}",
-            out.exit_code,
-            if out.timed_out { ", timed out: QEMU and the model were killed" } else { "" },
+            out.boot.exit_code,
+            if out.boot.timed_out { ", timed out: QEMU and the model were killed" } else { "" },
             out.tail(30)
         ),
     }
@@ -667,9 +654,9 @@ pub fn check_run(run: &Run) {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
     };
-    assert!(!out.timed_out, "run {run:?} timed out; QEMU and the model were killed\n{}", out.tail(30));
+    assert!(!out.boot.timed_out, "run {run:?} timed out; QEMU and the model were killed\n{}", out.tail(30));
     assert_eq!(out.device_gen, Some(run.generation), "device generation\n{}", out.tail(30));
-    assert_eq!(out.exit_code, Some(0), "QEMU exit status\n{}", out.tail(30));
+    assert_eq!(out.boot.exit_code, Some(0), "QEMU exit status\n{}", out.tail(30));
     match run.mode {
         Mode::Msi => assert!(
             out.msis.is_some_and(|n| n > 0),

@@ -16,14 +16,15 @@ fn run(generation: u8, mode: Mode) -> Run {
 fn every_scenario_reported(r: &Run) {
     let out = outcome(r);
     let Ok(out) = out.as_ref() else { return };
-    let names: Vec<&str> = out.results.iter().map(|(n, _)| n.as_str()).collect();
-    for (n, s) in &out.results {
+    let names: Vec<&str> = out.boot.results.iter().map(|(n, _)| n.as_str()).collect();
+    for (n, s) in &out.boot.results {
         eprintln!("gen{} {} {n}: {s:?}", r.generation, r.mode.arg());
     }
     assert_eq!(names, conformance::SCENARIO_NAMES, "scenarios reported\n{}", out.tail(30));
     // One core and no scheduler: the multi-submitter scenario has no
     // threads here and says so; everything else must pass.
     let bad: Vec<_> = out
+        .boot
         .results
         .iter()
         .filter(|(n, s)| match s {

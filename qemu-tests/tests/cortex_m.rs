@@ -25,12 +25,13 @@ fn every_scenario_reported(generation: u8) {
     let r = suite(generation);
     let out = outcome(&r);
     let Ok(out) = out.as_ref() else { return };
-    for (n, s) in &out.results {
+    for (n, s) in &out.boot.results {
         eprintln!("cortex-m gen{generation} {n}: {s:?}");
     }
-    let names: Vec<&str> = out.results.iter().map(|(n, _)| n.as_str()).collect();
+    let names: Vec<&str> = out.boot.results.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(names, conformance::SCENARIO_NAMES, "scenarios reported\n{}", out.tail(30));
     let bad: Vec<_> = out
+        .boot
         .results
         .iter()
         .filter(|(n, s)| match s {
@@ -120,6 +121,7 @@ fn model_killed_mid_run_and_bad_doorbell() {
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
     let bad = out
+        .boot
         .console
         .iter()
         .find(|l| l.starts_with("@@ BAD_DOORBELL"))
@@ -132,8 +134,9 @@ fn model_killed_mid_run_and_bad_doorbell() {
         "the refused doorbell rang something: {bad}"
     );
     assert!(out.model_killed, "the guest never asked for the kill\n{}", out.tail(30));
-    assert!(!out.timed_out, "the guest did not notice the model dying\n{}", out.tail(30));
+    assert!(!out.boot.timed_out, "the guest did not notice the model dying\n{}", out.tail(30));
     let line = out
+        .boot
         .console
         .iter()
         .find(|l| l.starts_with("@@ DEVICE_LOST detected"))
@@ -153,7 +156,7 @@ fn model_killed_mid_run_and_bad_doorbell() {
         .unwrap_or_else(|| panic!("unparsable: {line}"));
     // Failure guard, not a performance threshold (see tests/faults.rs).
     assert!(ms <= 10 * window, "device loss noticed after {ms} ms with a {window} ms hang window");
-    assert_eq!(out.exit_code, Some(EXIT_DEVICE_LOST), "QEMU exit status\n{}", out.tail(30));
+    assert_eq!(out.boot.exit_code, Some(EXIT_DEVICE_LOST), "QEMU exit status\n{}", out.tail(30));
 }
 
 /// A bus fault on purpose: the HardFault handler prints the stacked
@@ -162,7 +165,7 @@ fn model_killed_mid_run_and_bad_doorbell() {
 fn hard_fault_is_decoded_and_exits_non_zero() {
     let out = outcome(&Run { args: vec!["cpu"], ..Run::cortex_m("m-fault", 1) });
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.join("\n");
+    let text = out.boot.console.join("\n");
     let addr = out.fault_addr().unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
     for want in [
         "@@ EXCEPTION HardFault: PC 0x",
@@ -179,7 +182,7 @@ fn hard_fault_is_decoded_and_exits_non_zero() {
         assert!(text.contains(want), "HardFault report lacks {want:?}:\n{text}");
     }
     assert!(!text.contains("@@ FATAL"), "the faulting read returned:\n{text}");
-    assert_eq!(out.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
+    assert_eq!(out.boot.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
 }
 
 /// A firmware whose carve-out is too small for the device's pools gets a
@@ -188,12 +191,12 @@ fn hard_fault_is_decoded_and_exits_non_zero() {
 fn carve_out_too_small_is_named() {
     let out = outcome(&Run { args: vec!["small_carveout"], ..Run::cortex_m("m-fault", 1) });
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.join("\n");
+    let text = out.boot.console.join("\n");
     assert!(
         text.contains("@@ FATAL bring-up: GPU carve-out too small for the configured pools: the page tables (262144 bytes) does not fit: 65536 bytes left of 65536"),
         "{text}"
     );
-    assert_eq!(out.exit_code, Some(EXIT_BRINGUP), "{text}");
+    assert_eq!(out.boot.exit_code, Some(EXIT_BRINGUP), "{text}");
 }
 
 /// No model on the RAM file: the firmware says so after its bounded wait
@@ -202,10 +205,10 @@ fn carve_out_too_small_is_named() {
 fn no_model_running_is_reported() {
     let out = outcome(&Run { no_model: true, ..Run::cortex_m("m-conformance", 1) });
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.join("\n");
-    assert!(!out.timed_out, "{text}");
+    let text = out.boot.console.join("\n");
+    assert!(!out.boot.timed_out, "{text}");
     assert!(text.contains("@@ FATAL bring-up: no model attached to the shared RAM"), "{text}");
-    assert_eq!(out.exit_code, Some(EXIT_BRINGUP), "{text}");
+    assert_eq!(out.boot.exit_code, Some(EXIT_BRINGUP), "{text}");
 }
 
 /// A RAM file that is not exactly 16 MiB: the model refuses it and the
@@ -218,7 +221,7 @@ fn wrong_size_ram_file_is_a_harness_error() {
             assert!(why.contains("must be exactly 16 MiB") && why.contains("0x800000 bytes"), "{why}")
         }
         Err(e) => panic!("{e}"),
-        Ok(out) => panic!("booted with an 8 MiB RAM file: exit {:?}\n{}", out.exit_code, out.tail(20)),
+        Ok(out) => panic!("booted with an 8 MiB RAM file: exit {:?}\n{}", out.boot.exit_code, out.tail(20)),
     }
 }
 
@@ -233,11 +236,12 @@ fn embassy_tasks_await_fences_concurrently() {
     let run = Run { sim_args: vec!["--packet-latency".into(), "20us".into()], ..Run::cortex_m("m-async", 2) };
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.join("\n");
+    let text = out.boot.console.join("\n");
     for q in ["q0", "q2"] {
         assert!(text.contains(&format!("@@ ASYNC worker {q} rounds=32 ok")), "{text}");
     }
     let line = out
+        .boot
         .console
         .iter()
         .find_map(|l| l.strip_prefix("@@ ASYNC overlap max_in_flight="))
@@ -249,10 +253,10 @@ fn embassy_tasks_await_fences_concurrently() {
     assert_eq!(overlap, 2, "the two tasks' waits never overlapped: {text}");
     assert!(ticks > 0, "no timer tick woke a wait: {text}");
     assert!(
-        out.console.iter().any(|l| l.starts_with("@@ ASYNC dropped_wait ok")),
+        out.boot.console.iter().any(|l| l.starts_with("@@ ASYNC dropped_wait ok")),
         "a dropped wait did not give its hub slot back: {text}"
     );
-    assert_eq!(out.exit_code, Some(0), "{text}");
+    assert_eq!(out.boot.exit_code, Some(0), "{text}");
 }
 
 /// 32-bit correctness on the target: the GPU VA arena at 0x7FFF_0000_0000
@@ -267,7 +271,7 @@ fn addresses_and_sizes_on_the_32_bit_target() {
     for s in ["usize_is_32_bits_no_64_bit_atomics", "high_va_copy_and_fill", "sizes_over_usize_refused"] {
         check_scenario(&run, s);
     }
-    assert_eq!(out.exit_code, Some(0), "{}", out.tail(20));
+    assert_eq!(out.boot.exit_code, Some(0), "{}", out.tail(20));
 }
 
 /// The fault matrix's Cortex-M column (`docs/reliability.md`): every knob

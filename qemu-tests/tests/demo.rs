@@ -2,7 +2,10 @@
 //! `src/bin/demo.rs`): every frame verified, the report printed and a
 //! well-formed Chrome trace between the markers, with every job's GPU span
 //! on its engine's track and matched to its fence; both generations, MSI
-//! and polling, two and three frames in flight.
+//! and polling, two and three frames in flight. And the command line of
+//! `src/bin/demo.rs` (no QEMU needed: it stops at the arguments).
+
+use std::process::{Command, Output};
 
 use qemu_tests::{outcome, Mode, Run};
 
@@ -10,8 +13,9 @@ fn check_demo(generation: u8, mode: Mode, depth: &'static str) {
     let run = Run { args: vec!["frames=6", depth], ..Run::new("demo", generation, mode) };
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.iter().filter(|l| !l.starts_with('{')).cloned().collect::<Vec<_>>().join("\n");
-    assert_eq!(out.exit_code, Some(0), "demo exit status\n{}", out.tail(40));
+    let text =
+        out.boot.console.iter().filter(|l| !l.starts_with('{')).cloned().collect::<Vec<_>>().join("\n");
+    assert_eq!(out.boot.exit_code, Some(0), "demo exit status\n{}", out.tail(40));
     for want in [
         "6/6 frames verified bit-exact",
         "submissions",
@@ -54,4 +58,43 @@ fn demo_gen2_msi() {
 #[test]
 fn demo_gen1_polling() {
     check_demo(1, Mode::Polling, "depth=3");
+}
+
+fn demo(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_demo")).args(args).output().expect("the demo binary runs")
+}
+
+#[test]
+fn demo_help_and_argument_errors_come_from_clap() {
+    let o = demo(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&o.stdout);
+    for want in [
+        "Usage: demo [OPTIONS]",
+        "--gen <1|2>",
+        "[default: 2]",
+        "--polling",
+        "--msi",
+        "--frames <N>",
+        "[default: 8]",
+        "--depth <2|3>",
+        "--gpu-bound[=<NS_PER_KIB>]",
+        "--trace <FILE>",
+    ] {
+        assert!(help.contains(want), "help lacks {want:?}:\n{help}");
+    }
+    for (args, want) in [
+        (vec!["--gen", "3"], "invalid value '3' for '--gen <1|2>'"),
+        (vec!["--depth", "4"], "invalid value '4' for '--depth <2|3>'"),
+        (vec!["--frames"], "a value is required for '--frames <N>'"),
+        (vec!["--gpu-bound=0"], "invalid value '0' for '--gpu-bound[=<NS_PER_KIB>]'"),
+        (vec!["--gpu-bound", "5"], "unexpected argument '5'"),
+        (vec!["--bogus"], "unexpected argument '--bogus'"),
+    ] {
+        let o = demo(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        // clap's message, before anything runs.
+        assert!(err.starts_with("error: ") && err.contains(want), "{args:?}: {err}");
+    }
 }

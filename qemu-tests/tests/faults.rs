@@ -32,11 +32,12 @@ fn model_killed_mid_run(generation: u8, mode: Mode) {
     let Ok(out) = out.as_ref() else { return };
     assert!(out.model_killed, "the guest never asked for the kill\n{}", out.tail(30));
     assert!(
-        !out.timed_out,
+        !out.boot.timed_out,
         "the guest did not notice the model dying; QEMU was killed by the harness\n{}",
         out.tail(30)
     );
     let line = out
+        .boot
         .console
         .iter()
         .find(|l| l.starts_with("@@ DEVICE_LOST detected"))
@@ -52,7 +53,7 @@ fn model_killed_mid_run(generation: u8, mode: Mode) {
     // nobody answers) or the transport's heartbeat (one window), so well
     // inside a few windows even on a loaded host.
     assert!(ms <= 10 * window, "device loss noticed after {ms} ms with a {window} ms hang window");
-    assert_eq!(out.exit_code, Some(EXIT_DEVICE_LOST), "QEMU exit status\n{}", out.tail(30));
+    assert_eq!(out.boot.exit_code, Some(EXIT_DEVICE_LOST), "QEMU exit status\n{}", out.tail(30));
 }
 
 /// `(ms, window_ms)` from `@@ DEVICE_LOST detected <ms> ms ... (hang window <w> ms)`.
@@ -85,7 +86,7 @@ fn cpu_exception_is_reported_and_exits_non_zero() {
     let run = Run { args: vec!["cpu"], ..Run::new("fault", 2, Mode::Polling) };
     let out = outcome(&run);
     let Ok(out) = out.as_ref() else { return };
-    let text = out.console.join("\n");
+    let text = out.boot.console.join("\n");
     let addr = out.fault_addr().unwrap_or_else(|| panic!("no @@ FAULT_ADDR line\n{text}"));
     for want in [
         "@@ EXCEPTION synchronous exception at EL1: ELR_EL1 0x",
@@ -101,7 +102,7 @@ fn cpu_exception_is_reported_and_exits_non_zero() {
         assert!(text.contains(want), "exception report lacks {want:?}:\n{text}");
     }
     assert!(!text.contains("@@ FATAL"), "the faulting read returned:\n{text}");
-    assert_eq!(out.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
+    assert_eq!(out.boot.exit_code, Some(EXIT_EXCEPTION), "QEMU exit status\n{text}");
 }
 
 fn matrix(generation: u8, mode: Mode) {

@@ -2,7 +2,7 @@
 //! packet (or JSON with `--json`).
 //!
 //! ```text
-//! umd-dump [--gen 1|2] [--base ADDR] [--json] FILE
+//! umd-dump [--gen 1|2] [--base ADDR] [--json] FILE|-
 //! ```
 //!
 //! A `.rgcs` file (`docs/refgpu.md` section 8) names its generation and base
@@ -12,16 +12,36 @@
 use std::io::Read;
 use std::process::ExitCode;
 
+use clap::Parser;
 use umd_core::decode::StreamFile;
 use umd_core::hw::Generation;
 
-const USAGE: &str = "usage: umd-dump [--gen 1|2] [--base ADDR] [--json] FILE|-";
-
+/// The command line (help text from these comments).
+#[derive(Parser, Debug)]
+#[command(
+    name = "umd-dump",
+    about = "Decodes a refgpu command stream and prints one line per packet (or JSON)",
+    after_help = "A .rgcs file names its generation and base address; a raw stream needs --gen (and --base, \
+                  default 0). Exit status 2 for bad arguments or a file that cannot be read."
+)]
 struct Args {
+    /// Generation of the stream (overrides a .rgcs file's)
+    #[arg(long = "gen", value_name = "1|2", value_parser = generation)]
     gen: Option<Generation>,
+    /// Address of the first packet (0x for hex; default: the file's, or 0)
+    #[arg(long, value_name = "ADDR", value_parser = parse_u64)]
     base: Option<u64>,
+    /// JSON instead of one line per packet
+    #[arg(long)]
     json: bool,
+    /// The stream, `-` for standard input
+    #[arg(value_name = "FILE|-")]
     path: String,
+}
+
+fn generation(v: &str) -> Result<Generation, String> {
+    let n: u8 = v.parse().map_err(|_| "expected 1 or 2".to_string())?;
+    Generation::from_number(n).ok_or_else(|| format!("no generation {n}: expected 1 or 2"))
 }
 
 fn parse_u64(s: &str) -> Result<u64, String> {
@@ -33,27 +53,7 @@ fn parse_u64(s: &str) -> Result<u64, String> {
     .map_err(|e| format!("bad address {s:?}: {e}"))
 }
 
-fn parse_args(mut it: impl Iterator<Item = String>) -> Result<Args, String> {
-    let (mut gen, mut base, mut json, mut path) = (None, None, false, None);
-    while let Some(a) = it.next() {
-        match a.as_str() {
-            "--gen" => {
-                let v = it.next().ok_or("--gen needs 1 or 2")?;
-                let n: u8 = v.parse().map_err(|_| format!("--gen {v:?}: expected 1 or 2"))?;
-                gen = Some(Generation::from_number(n).ok_or(format!("--gen {n}: no such generation"))?);
-            }
-            "--base" => base = Some(parse_u64(&it.next().ok_or("--base needs an address")?)?),
-            "--json" => json = true,
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            _ if path.is_none() && (a == "-" || !a.starts_with('-')) => path = Some(a),
-            _ => return Err(format!("unexpected argument {a:?}\n{USAGE}")),
-        }
-    }
-    Ok(Args { gen, base, json, path: path.ok_or(USAGE)? })
-}
-
-fn run() -> Result<(), String> {
-    let args = parse_args(std::env::args().skip(1))?;
+fn run(args: Args) -> Result<(), String> {
     let mut bytes = Vec::new();
     if args.path == "-" {
         std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("stdin: {e}"))?;
@@ -80,7 +80,8 @@ fn run() -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    // --help (exit 0) and bad arguments (exit 2) end here, printed by clap.
+    match run(Args::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("umd-dump: {e}");

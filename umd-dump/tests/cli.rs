@@ -124,3 +124,25 @@ fn raw_streams_need_a_generation() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("generation 7"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn help_and_argument_errors_come_from_clap() {
+    let o = dump(&["--help"]);
+    assert_eq!(o.status.code(), Some(0));
+    let help = stdout(&o);
+    for want in ["Usage: umd-dump [OPTIONS] <FILE|->", "--gen <1|2>", "--base <ADDR>", "--json"] {
+        assert!(help.contains(want), "help lacks {want:?}:\n{help}");
+    }
+    for (args, want) in [
+        (vec!["--bogus", "x"], "unexpected argument '--bogus'"),
+        (vec!["--gen", "3", "x"], "invalid value '3' for '--gen <1|2>'"),
+        (vec!["--base", "0xzz", "x"], "invalid value '0xzz' for '--base <ADDR>'"),
+        (vec![], "required arguments were not provided"),
+    ] {
+        let o = dump(&args);
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&o.stderr);
+        // clap's message, before anything runs.
+        assert!(err.starts_with("error: ") && err.contains(want), "{args:?}: {err}");
+    }
+}

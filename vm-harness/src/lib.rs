@@ -8,7 +8,8 @@
 //! waits on the outer one's lock). Every child is owned by a [`ChildGuard`],
 //! which stops and reaps it on every path, a panicking test included.
 //! [`setup`] installs what a fresh machine lacks (Rust targets, QEMU, the
-//! guest's tools), once, under a file lock.
+//! guest's tools), once, under a file lock. [`Outcome`] and [`Status`] are
+//! what both read from a boot's console.
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -17,7 +18,10 @@ use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod outcome;
 pub mod setup;
+
+pub use outcome::{Outcome, Status};
 
 /// How long a polite stop waits for the child after SIGTERM before SIGKILL.
 pub const TERM_GRACE: Duration = Duration::from_secs(5);

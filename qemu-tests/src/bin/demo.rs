@@ -17,20 +17,49 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Parser;
 use qemu_tests::{boot_with, ensure_qemu, Mode, Output, Run};
 use vm_harness::target_base;
 
+/// The command line (help text from these comments).
+#[derive(Parser, Debug)]
+#[command(
+    name = "demo",
+    about = "Builds the bare-metal images and refgpu-sim, boots the demo image in QEMU, prints its report and \
+             writes the driver's timeline as a Chrome / Perfetto trace",
+    after_help = "Exit status: the image's (0 = every frame verified); 2 for bad arguments or a harness failure."
+)]
 struct Args {
+    /// GPU generation the model runs
+    #[arg(long = "gen", value_name = "1|2", default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=2))]
     generation: u8,
-    mode: Mode,
+    /// Fences are polled
+    #[arg(long, overrides_with = "msi")]
+    polling: bool,
+    /// Fence waits sleep on MSI-X interrupts (the default)
+    #[arg(long, overrides_with = "polling")]
+    msi: bool,
+    /// Frames to render and verify
+    #[arg(long, value_name = "N", default_value_t = 8)]
     frames: u32,
+    /// Frames in flight (default: 2, or 3 with --gpu-bound)
+    #[arg(long, value_name = "2|3", value_parser = clap::value_parser!(u32).range(2..=3))]
     depth: Option<u32>,
-    gpu_bound: Option<u32>,
-    trace: PathBuf,
+    /// Slower model memory, so that the engines, not the guest CPU, set the
+    /// pace (default 20000 ns per KiB)
+    #[arg(
+        long,
+        value_name = "NS_PER_KIB",
+        num_args = 0..=1,
+        require_equals = true,
+        value_parser = clap::value_parser!(u32).range(1..=10_000_000)
+    )]
+    gpu_bound: Option<Option<u32>>,
+    /// Where the trace goes (default: demo-trace.json in the target
+    /// directory)
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
-
-const USAGE: &str =
-    "usage: demo [--gen 1|2] [--polling|--msi] [--frames N] [--depth 2|3] [--gpu-bound[=NS_PER_KIB]] [--trace FILE]";
 
 /// `--gpu-bound`'s default model memory speed: 20 us per KiB, so that a
 /// frame's GPU work (~100 KiB moved per engine) outweighs the guest CPU's
@@ -38,65 +67,12 @@ const USAGE: &str =
 /// the pace.
 const GPU_BOUND_NS_PER_KIB: u32 = 20_000;
 
-fn parse() -> Result<Args, String> {
-    let mut a = Args {
-        generation: 2,
-        mode: Mode::Msi,
-        frames: 8,
-        depth: None,
-        gpu_bound: None,
-        trace: target_base().join("demo-trace.json"),
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(arg) = it.next() {
-        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value\n{USAGE}"));
-        match arg.as_str() {
-            "--gen" => {
-                a.generation = match value("--gen")?.as_str() {
-                    "1" => 1,
-                    "2" => 2,
-                    g => return Err(format!("--gen {g}: the model has generations 1 and 2")),
-                }
-            }
-            "--polling" => a.mode = Mode::Polling,
-            "--msi" => a.mode = Mode::Msi,
-            "--frames" => {
-                a.frames = value("--frames")?.parse().map_err(|e| format!("--frames: {e}"))?;
-            }
-            "--trace" => a.trace = PathBuf::from(value("--trace")?),
-            "--depth" => {
-                a.depth = match value("--depth")?.as_str() {
-                    "2" => Some(2),
-                    "3" => Some(3),
-                    d => return Err(format!("--depth {d}: 2 or 3 frames in flight")),
-                }
-            }
-            "--gpu-bound" => {
-                a.gpu_bound = Some(GPU_BOUND_NS_PER_KIB);
-            }
-            g if g.starts_with("--gpu-bound=") => {
-                let v = &g["--gpu-bound=".len()..];
-                let ns: u32 = v.parse().map_err(|e| format!("--gpu-bound={v}: {e}"))?;
-                if ns == 0 || ns > 10_000_000 {
-                    return Err(format!("--gpu-bound={v}: 1 ..= 10000000 ns per KiB"));
-                }
-                a.gpu_bound = Some(ns);
-            }
-            "-h" | "--help" => return Err(USAGE.to_string()),
-            other => return Err(format!("unknown argument {other}\n{USAGE}")),
-        }
-    }
-    Ok(a)
-}
-
 fn main() -> ExitCode {
-    let args = match parse() {
-        Ok(a) => a,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
-    };
+    // --help (exit 0) and bad arguments (exit 2) end here, printed by clap.
+    let args = Args::parse();
+    let mode = if args.polling { Mode::Polling } else { Mode::Msi };
+    let gpu_bound = args.gpu_bound.map(|ns| ns.unwrap_or(GPU_BOUND_NS_PER_KIB));
+    let trace = args.trace.unwrap_or_else(|| target_base().join("demo-trace.json"));
     if let Err(e) = ensure_qemu() {
         eprintln!("demo: {e}");
         return ExitCode::from(2);
@@ -108,20 +84,20 @@ fn main() -> ExitCode {
     }
     let frames = format!("frames={}", args.frames);
     // GPU-bound mode: slower model memory, three frames in flight.
-    let depth = format!("depth={}", args.depth.unwrap_or(if args.gpu_bound.is_some() { 3 } else { 2 }));
-    let sim_args = match args.gpu_bound {
+    let depth = format!("depth={}", args.depth.unwrap_or(if gpu_bound.is_some() { 3 } else { 2 }));
+    let sim_args = match gpu_bound {
         Some(ns) => vec!["--sys-ns-per-kib".to_string(), ns.to_string()],
         None => Vec::new(),
     };
     let run = Run {
         args: vec![Box::leak(frames.into_boxed_str()), Box::leak(depth.into_boxed_str())],
         sim_args,
-        ..Run::new("demo", args.generation, args.mode)
+        ..Run::new("demo", args.generation, mode)
     };
     eprintln!(
         "demo: starting refgpu-sim --gen {} and booting the demo image in qemu-system-aarch64 ({} waits)\n",
         args.generation,
-        args.mode.arg()
+        mode.arg()
     );
     let mut in_trace = false;
     let out = boot_with(&run, |o| match o {
@@ -146,27 +122,27 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if out.timed_out {
+    if out.boot.timed_out {
         eprintln!("demo: QEMU did not finish; it and the model were killed\n{}", out.tail(20));
         return ExitCode::from(2);
     }
     match &out.trace {
         Some(json) if json.starts_with('{') && json.ends_with('}') => {
-            if let Some(dir) = args.trace.parent() {
+            if let Some(dir) = trace.parent() {
                 let _ = std::fs::create_dir_all(dir);
             }
-            match std::fs::write(&args.trace, json) {
+            match std::fs::write(&trace, json) {
                 Ok(()) => println!(
                     "\ntrace: {} ({} KB): open it in https://ui.perfetto.dev or chrome://tracing",
-                    args.trace.display(),
+                    trace.display(),
                     json.len().div_ceil(1024)
                 ),
-                Err(e) => eprintln!("demo: writing {}: {e}", args.trace.display()),
+                Err(e) => eprintln!("demo: writing {}: {e}", trace.display()),
             }
         }
         _ => eprintln!("demo: the image printed no complete trace"),
     }
-    let code = out.exit_code.unwrap_or(2);
+    let code = out.boot.exit_code.unwrap_or(2);
     println!("QEMU exit status {code} ({})", if code == 0 { "every frame verified" } else { "FAILED" });
     ExitCode::from(u8::try_from(code).unwrap_or(2))
 }
