@@ -91,7 +91,8 @@ use classes::{CLASSES, FL_COUNT};
 use index::{GROUP, GROUP_WORDS, LIST_GRANULES_LOG2};
 
 /// Granule of the arena: every address and size is a multiple of it, and it
-/// is the smallest alignment (the article's smallest hardware requirement).
+/// is the smallest alignment, above every alignment refgpu's packets need
+/// (`docs/memory.md`, "Placement, alignment, fixed addresses").
 pub const MIN_ALIGN: u64 = 128;
 const GRANULE_SHIFT: u32 = 7;
 
