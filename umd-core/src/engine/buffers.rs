@@ -16,8 +16,9 @@ use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, Leak
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind, Place};
-use crate::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
+use crate::mem::va::{Placement, VaAllocator, VaNode};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
+use crate::storage::Backed;
 use crate::sync::QueueId;
 
 use super::backend::Backend;
@@ -246,24 +247,6 @@ impl<'d, B: Backend> VaSlot<'d, B> {
         } else {
             None
         }
-    }
-}
-
-/// A block of the pools: its memory and, with the MMU on, the VA
-/// allocator's handle for its GPU address, so that releasing the block
-/// frees the address without looking it up ([`VaAllocator::free_handle`]).
-#[derive(Debug)]
-pub(crate) struct Backed {
-    /// The memory.
-    pub(crate) region: DmaRegion,
-    /// Its GPU address range (`None` with the MMU bypassed).
-    pub(crate) va: Option<VaHandle>,
-}
-
-impl core::ops::Deref for Backed {
-    type Target = DmaRegion;
-    fn deref(&self) -> &DmaRegion {
-        &self.region
     }
 }
 

@@ -163,7 +163,7 @@ impl Counters {
 
 /// The memory manager's state, behind one lock.
 pub(crate) struct MemState<'d, B: Backend> {
-    pub(crate) buffers: Buffers<'d, buffers::Backed>,
+    pub(crate) buffers: Buffers<'d, crate::storage::Backed>,
     /// GPU VA (empty: MMU bypassed, addresses are the memory's).
     pub(crate) va: buffers::VaSlot<'d, B>,
     pub(crate) maps: B::Maps,
@@ -179,7 +179,7 @@ impl<'d, B: Backend> MemState<'d, B> {
         &'a mut self,
         b: &'a B,
         off: &'a mut buffers::OffLock,
-    ) -> (&'a mut Buffers<'d, buffers::Backed>, buffers::Backer<'a, 'd, B>) {
+    ) -> (&'a mut Buffers<'d, crate::storage::Backed>, buffers::Backer<'a, 'd, B>) {
         let MemState { buffers, va, maps, local } = self;
         (buffers, buffers::Backer { b, va, maps, local, fallback: false, off })
     }

@@ -429,7 +429,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // The GPU address, and so its VA handle, stays with the buffer.
         let va = l.alloc.block().and_then(|b| b.va);
         l.alloc
-            .replace_block(super::buffers::Backed { region: to, va })
+            .replace_block(crate::storage::Backed { region: to, va })
             .map(|b| b.region)
             .map_err(|b| b.region)
     }

@@ -475,7 +475,7 @@ mod check {
         /// no dirty line (`docs/memory.md` 3b).
         fn caller_ib_bytes<'m>(
             &self,
-            buffers: &'m Buffers<'_, crate::engine::buffers::Backed>,
+            buffers: &'m Buffers<'_, crate::storage::Backed>,
             va: u64,
             len: u64,
             declared: &[BufferUse],
@@ -517,7 +517,7 @@ mod check {
 
         fn check_operand(
             &self,
-            buffers: &Buffers<'_, crate::engine::buffers::Backed>,
+            buffers: &Buffers<'_, crate::storage::Backed>,
             o: Operand,
             declared: &[BufferUse],
         ) -> Result<(), Problem> {
