@@ -184,7 +184,7 @@ impl<'s> TraceRing<'s> {
         &mut self,
         queue: u8,
         seqno: u64,
-        sync: &crate::engine::ClockSync,
+        sync: &crate::platform::ClockSync,
         start_gpu: u64,
         end_gpu: u64,
     ) {
