@@ -31,7 +31,6 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Finished};
 use crate::platform::DmaRegion;
-use crate::queue::SubmitError;
 use crate::sync::atomic::{AtomicU32, Ordering};
 use crate::sync::{FenceId, QueueId, Seqno};
 
@@ -762,7 +761,9 @@ pub type Recorder<'a> = CommandBuffer<'a, PoolSource<'a>>;
 /// the [`Pending`] aborts too). On error the chunks are given back here.
 /// The buffer and its source stay where the caller built them (no move of
 /// either, no copy of the recording); shared by every submission mode.
-pub fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, SubmitError>
+/// The error is the recording's (the closure's or the close's); the
+/// submission maps it to its own (`From<EncodeError> for SubmitError`).
+pub fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, EncodeError>
 where
     F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
 {
@@ -773,11 +774,7 @@ where
             // No reference to a chunk's memory outlives its return.
             cb.release_chunks();
             cb.source().pending().abort();
-            Err(match e {
-                EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
-                EncodeError::Empty => SubmitError::Empty,
-                e => SubmitError::Encode(e),
-            })
+            Err(e)
         }
     }
 }
