@@ -391,7 +391,7 @@ fn retire<B: Backend, const C: usize>(
     r.map_err(|e| err("wait for a frame", e))?;
     for q in earlier {
         match q {
-            Ok(umd_core::queue::FenceStatus::Signalled) => {}
+            Ok(umd_core::error::FenceStatus::Signalled) => {}
             other => return Err(err("an earlier stage's fence", DebugText(other))),
         }
     }

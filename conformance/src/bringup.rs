@@ -9,7 +9,7 @@ use core::fmt;
 
 use umd_core::engine::{Backend, Engine};
 use umd_core::mem::BufferHandle;
-use umd_core::queue::FenceStatus;
+use umd_core::error::FenceStatus;
 use umd_core::sync::QueueId;
 
 use crate::io::{first_mismatch, write_words};
@@ -32,9 +32,9 @@ pub struct Failure {
 #[derive(Clone, Copy, Debug)]
 pub enum CoreErr {
     /// A submission was refused.
-    Submit(umd_core::queue::SubmitError),
+    Submit(umd_core::error::SubmitError),
     /// A wait failed.
-    Wait(umd_core::queue::WaitError),
+    Wait(umd_core::error::WaitError),
     /// An allocation failed.
     Alloc(umd_core::mem::AllocError),
     /// A buffer call failed.
@@ -58,11 +58,11 @@ fn fail(what: &'static str, a: u64, b: u64, c: u64) -> Failure {
     Failure { what, args: [a, b, c], err: None }
 }
 
-fn se(what: &'static str) -> impl Fn(umd_core::queue::SubmitError) -> Failure {
+fn se(what: &'static str) -> impl Fn(umd_core::error::SubmitError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Submit(e)) }
 }
 
-fn we(what: &'static str) -> impl Fn(umd_core::queue::WaitError) -> Failure {
+fn we(what: &'static str) -> impl Fn(umd_core::error::WaitError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Wait(e)) }
 }
 

@@ -23,7 +23,7 @@
 use core::fmt::{self, Write};
 
 use umd_core::engine::{Backend, BufferUse, Engine, Submit};
-use umd_core::queue::{SubmitError, WaitError};
+use umd_core::error::{SubmitError, WaitError};
 use umd_core::sync::{Cause, Fence, QueueId};
 
 /// Most submissions one [`run`] attempts.

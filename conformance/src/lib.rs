@@ -38,7 +38,7 @@ use umd_core::engine::{Backend, BufferUse, Engine, Event, Mode, Submit};
 use umd_core::hw::Generation;
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Access, Cause, FaultKind, Fence, FenceError, QueueId};
 
 use io::{first_mismatch, write_words};

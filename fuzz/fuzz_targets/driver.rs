@@ -38,7 +38,7 @@ use umd_core::engine::MoveError;
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::{AllocError, BufferDesc, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, FenceError, QueueId};
 

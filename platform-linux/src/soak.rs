@@ -19,7 +19,7 @@ use std::fmt::{self, Write};
 use umd_core::cmd::{Command, CompareOp};
 use umd_core::engine::{Backend, BufferUse, Engine, Submit};
 use umd_core::mem::BufferHandle;
-use umd_core::queue::SubmitError;
+use umd_core::error::SubmitError;
 use umd_core::sync::{Cause, Fence, QueueId};
 
 use conformance::faults::{self, Accounting, FenceOutcome, Rng, Workload, GUARD_NS};

@@ -16,7 +16,7 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
 use umd_core::platform::Platform;
-use umd_core::queue::WaitError;
+use umd_core::error::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
@@ -62,7 +62,7 @@ fn two_tasks_on_two_queues_interleave_on_one_thread() {
                 let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).unwrap();
                 let list = [a, b];
                 let i = dev.wait_any_async(hub, &list).await.unwrap();
-                assert_eq!(dev.query(list[i]), Ok(umd_core::queue::FenceStatus::Signalled));
+                assert_eq!(dev.query(list[i]), Ok(umd_core::error::FenceStatus::Signalled));
             }
         };
         futures::executor::block_on(async {

@@ -21,7 +21,7 @@
 //! - [`ring`], [`ibpool`]: the direct-mode ring and the IB chunk pool;
 //! - [`sync`]: fences, timelines, failure history, cross-queue dependencies;
 //! - [`ivshmem`]: the shared-memory register binding for ivshmem platforms;
-//! - [`queue`]: submission and wait errors;
+//! - [`error`]: submission and wait errors;
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
 //!
@@ -66,6 +66,7 @@ pub mod decode;
 #[forbid(unsafe_code)]
 pub mod direct;
 pub mod engine;
+pub mod error;
 pub mod hw;
 pub mod ibpool;
 pub mod ivshmem;
@@ -76,7 +77,19 @@ mod log;
 pub mod loom_probe;
 pub mod mem;
 pub mod platform;
-pub mod queue;
+/// The submission and wait errors under their former module name.
+#[deprecated(note = "renamed to `error`")]
+pub mod queue {
+    /// Renamed to [`crate::error::SubmitError`].
+    #[deprecated(note = "renamed to `error::SubmitError`")]
+    pub type SubmitError = crate::error::SubmitError;
+    /// Renamed to [`crate::error::WaitError`].
+    #[deprecated(note = "renamed to `error::WaitError`")]
+    pub type WaitError = crate::error::WaitError;
+    /// Renamed to [`crate::error::FenceStatus`].
+    #[deprecated(note = "renamed to `error::FenceStatus`")]
+    pub type FenceStatus = crate::error::FenceStatus;
+}
 pub mod ring;
 pub mod storage;
 pub mod sync;

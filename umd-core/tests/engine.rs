@@ -18,7 +18,7 @@ use umd_core::hw::Generation;
 #[cfg(feature = "mmu")]
 use umd_core::mem::SizeClass;
 use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, Fence, FenceError, FenceId, QueueId};
 

@@ -14,7 +14,7 @@ use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
 use umd_core::mem::BufferDesc;
-use umd_core::queue::{FenceStatus, WaitError};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, FenceError, QueueId};
 

@@ -25,7 +25,7 @@ use umd_core::platform::{
     ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
     KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, FaultInfo, FenceError, QueueId};
 

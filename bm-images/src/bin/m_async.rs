@@ -193,7 +193,7 @@ async fn run(dev: &'static Gpu<8>, q: QueueId) -> Result<(), &'static str> {
     let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).map_err(|_| "submit")?;
     let list = [a, b];
     let i = dev.wait_any_async(&HUB, &list).timeout_ns(10_000_000_000).await.map_err(|_| "wait_any")?;
-    if dev.query(list[i]) != Ok(umd_core::queue::FenceStatus::Signalled) {
+    if dev.query(list[i]) != Ok(umd_core::error::FenceStatus::Signalled) {
         return Err("wait_any returned a pending fence");
     }
     let mut out = [0u8; 4 * ROUNDS as usize];

@@ -32,7 +32,7 @@ use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::slots::FenceSlots;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
-use crate::queue::SubmitError;
+use crate::error::SubmitError;
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Seqno, MAX_QUEUES};

@@ -19,7 +19,7 @@ use crate::hw::ChipId;
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, ForeignSync, Platform};
-use crate::queue::SubmitError;
+use crate::error::SubmitError;
 use crate::sync::{FenceError, FenceId, QueueId, Seqno};
 
 pub(crate) mod sealed {

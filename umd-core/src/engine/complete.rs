@@ -16,10 +16,10 @@
 //! depend on it) and Vulkan's: a device-lost result is sticky and nothing
 //! after it is trusted. Submissions that arrive later and wait on a failed
 //! fence are refused before they reach the GPU
-//! ([`crate::queue::SubmitError::DependencyFailed`]).
+//! ([`crate::error::SubmitError::DependencyFailed`]).
 
 use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind};
-use crate::queue::{FenceStatus, WaitError};
+use crate::error::{FenceStatus, WaitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
@@ -223,7 +223,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// the queue's completed point, if that is earlier: pending work may
     /// still fail). The application has taken note of them and asks about
     /// none of them again: the queue's failure history forgets them, which
-    /// makes room once it is full ([`crate::queue::SubmitError::HistoryFull`]).
+    /// makes room once it is full ([`crate::error::SubmitError::HistoryFull`]).
     /// From then on those fences answer [`WaitError::Acknowledged`] to a
     /// query or a wait, never a different outcome, and count as passed for
     /// a submission that waits on one (the application that acknowledged a

@@ -16,7 +16,7 @@
 //! - **Restore**: a submission that declares a local-preferring buffer
 //!   living in system memory brings it back first, evicting others (never
 //!   one of its own working set). A working set larger than local memory
-//!   is refused ([`crate::queue::SubmitError::WorkingSetTooLarge`]); when
+//!   is refused ([`crate::error::SubmitError::WorkingSetTooLarge`]); when
 //!   no victim is idle and old enough the restore is deferred and the work
 //!   uses the system copy. A buffer evicted less than a minimum-residency
 //!   window ago is not brought back either. Together these bound
@@ -36,7 +36,7 @@ use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::va::Placement;
 use crate::mem::{BufferError, BufferHandle, Tracking};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
-use crate::queue::{SubmitError, WaitError};
+use crate::error::{SubmitError, WaitError};
 use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;

@@ -24,7 +24,7 @@ use crate::cmd::{Command, CommandBuffer, EncodeError};
 use crate::config::PoolExhaustion;
 use crate::debug::trace::SubmitRecord;
 use crate::ibpool::{record_into, Pending, Recorder};
-use crate::queue::{FenceStatus, SubmitError};
+use crate::error::{FenceStatus, SubmitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::history::Admission;
@@ -272,8 +272,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 // An acknowledged fence passed; the application that
                 // acknowledged it answers for what depends on it.
-                Ok(FenceStatus::Signalled) | Err(crate::queue::WaitError::Acknowledged(_)) => continue,
-                Ok(FenceStatus::Pending) | Err(crate::queue::WaitError::NotSubmitted(_)) => {}
+                Ok(FenceStatus::Signalled) | Err(crate::error::WaitError::Acknowledged(_)) => continue,
+                Ok(FenceStatus::Pending) | Err(crate::error::WaitError::NotSubmitted(_)) => {}
                 Err(_) => return Err(SubmitError::UnknownQueue(f.id.queue)),
             }
             if same {
@@ -301,7 +301,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // passed.
         matches!(
             self.wait_done(fence, limit),
-            Ok(()) | Err(crate::queue::WaitError::Failed(_) | crate::queue::WaitError::Acknowledged(_))
+            Ok(()) | Err(crate::error::WaitError::Failed(_) | crate::error::WaitError::Acknowledged(_))
         )
     }
 

@@ -40,7 +40,7 @@ use core::fmt;
 
 use crate::decode::Violation;
 use crate::hw::{Field, PacketKind};
-use crate::queue::SubmitError;
+use crate::error::SubmitError;
 
 /// A buffer as a validation error names it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

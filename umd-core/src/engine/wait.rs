@@ -11,7 +11,7 @@
 
 use crate::debug::TraceKind;
 use crate::platform::{IrqWait, Platform};
-use crate::queue::{FenceStatus, WaitError};
+use crate::error::{FenceStatus, WaitError};
 use crate::sync::{Fence, FenceError, Seqno};
 
 use super::backend::{Backend, Block};

@@ -42,7 +42,7 @@ use core::task::{Context, Poll, Waker};
 
 use crate::sync::atomic::{AtomicBool, Ordering};
 
-use crate::queue::{FenceStatus, WaitError};
+use crate::error::{FenceStatus, WaitError};
 use crate::sync::Fence;
 
 use super::backend::Backend;

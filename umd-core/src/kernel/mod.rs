@@ -45,7 +45,7 @@ use crate::platform::{
     ContextId, ContextStatus, DmaRegion, ForeignSync, Guilt, KernelIo, KernelSubmitError, KernelSync,
     KernelWait, PlatformError,
 };
-use crate::queue::{SubmitError, WaitError};
+use crate::error::{SubmitError, WaitError};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{FaultInfo, Fence, FenceError, QueueId, Seqno, MAX_QUEUES};

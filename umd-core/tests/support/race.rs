@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use umd_core::engine::{Backend, Engine};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Fence, FenceError, QueueId};
 
 /// Threads of one run, and the submissions each makes.

@@ -12,7 +12,7 @@ use platform_linux::Drm;
 use umd_core::engine::{Backend, Engine, Submit};
 use umd_core::kernel::KernelDevice;
 use umd_core::platform::ContextStatus;
-use umd_core::queue::WaitError;
+use umd_core::error::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
