@@ -12,8 +12,8 @@ use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, InitError, MmuMode};
 use umd_core::engine::Submit;
-use umd_core::hw::Generation;
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
+use umd_core::hw::Generation;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, Fence, FenceError, QueueId};
 

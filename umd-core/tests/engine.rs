@@ -14,11 +14,11 @@ use umd_core::config::{Config, HangConfig};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 #[cfg(feature = "mmu")]
 use umd_core::mem::SizeClass;
 use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
-use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, Fence, FenceError, FenceId, QueueId};
 

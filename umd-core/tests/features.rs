@@ -12,9 +12,9 @@ use umd_core::config::Config;
 use umd_core::debug::hang::WINDOW_DWORDS;
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::Generation;
 use umd_core::mem::BufferDesc;
-use umd_core::error::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, FenceError, QueueId};
 

@@ -18,6 +18,7 @@ use umd_core::cmd::Command;
 use umd_core::config::{Config, HangConfig};
 use umd_core::decode::Decoder;
 use umd_core::engine::Submit;
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
 use umd_core::mem::BufferDesc;
@@ -25,7 +26,6 @@ use umd_core::platform::{
     ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
     KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
-use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, FaultInfo, FenceError, QueueId};
 

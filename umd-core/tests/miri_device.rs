@@ -14,8 +14,8 @@ mod support;
 use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, HangConfig};
 use umd_core::direct::{Device, MmuMode};
-use umd_core::hw::Generation;
 use umd_core::error::{FenceStatus, WaitError};
+use umd_core::hw::Generation;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 

@@ -32,9 +32,9 @@ mod on {
     use umd_core::cmd::{Command, CompareOp, DispatchOp};
     use umd_core::engine::validate::{Problem, ValidationError};
     use umd_core::engine::{BufferUse, Submit};
+    use umd_core::error::SubmitError;
     use umd_core::hw::{Field, PacketKind};
     use umd_core::mem::BufferDesc;
-    use umd_core::error::SubmitError;
     use umd_core::sync::QueueId;
 
     const COPY: QueueId = QueueId(2);

@@ -17,8 +17,8 @@ use support::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
-use umd_core::hw::Generation;
 use umd_core::error::WaitError;
+use umd_core::hw::Generation;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 

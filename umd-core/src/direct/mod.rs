@@ -26,13 +26,13 @@ use crate::engine::backend::{
     sealed, Acked, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
 use crate::engine::Engine;
+use crate::error::SubmitError;
 use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::slots::FenceSlots;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
-use crate::error::SubmitError;
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Seqno, MAX_QUEUES};

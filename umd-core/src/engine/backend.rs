@@ -15,11 +15,11 @@
 
 use crate::config::HangConfig;
 use crate::debug::{HangReason, HangReport};
+use crate::error::SubmitError;
 use crate::hw::ChipId;
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, ForeignSync, Platform};
-use crate::error::SubmitError;
 use crate::sync::{FenceError, FenceId, QueueId, Seqno};
 
 pub(crate) mod sealed {

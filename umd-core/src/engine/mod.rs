@@ -61,10 +61,10 @@ use crate::storage::Deps;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 
+pub use crate::platform::ClockSync;
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
-pub use crate::platform::ClockSync;
 pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InPlace, InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};

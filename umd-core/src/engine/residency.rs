@@ -30,13 +30,13 @@
 //! [`MoveError::NotLocal`].
 
 use crate::cmd::EncodeError;
+use crate::error::{SubmitError, WaitError};
 use crate::ibpool::Recorder;
 use crate::mem::pages::PageBitmap;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::va::Placement;
 use crate::mem::{BufferError, BufferHandle, Tracking};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
-use crate::error::{SubmitError, WaitError};
 use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;

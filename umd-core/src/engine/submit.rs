@@ -23,8 +23,8 @@
 use crate::cmd::{Command, CommandBuffer, EncodeError};
 use crate::config::PoolExhaustion;
 use crate::debug::trace::SubmitRecord;
-use crate::ibpool::{record_into, Pending, Recorder};
 use crate::error::{FenceStatus, SubmitError};
+use crate::ibpool::{record_into, Pending, Recorder};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::history::Admission;

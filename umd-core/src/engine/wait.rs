@@ -10,8 +10,8 @@
 //! the GPU and use its memory.
 
 use crate::debug::TraceKind;
-use crate::platform::{IrqWait, Platform};
 use crate::error::{FenceStatus, WaitError};
+use crate::platform::{IrqWait, Platform};
 use crate::sync::{Fence, FenceError, Seqno};
 
 use super::backend::{Backend, Block};

@@ -38,6 +38,7 @@ use crate::engine::backend::{
     sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
 use crate::engine::{Engine, InPlace, InitError};
+use crate::error::{SubmitError, WaitError};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
@@ -45,7 +46,6 @@ use crate::platform::{
     ContextId, ContextStatus, DmaRegion, ForeignSync, Guilt, KernelIo, KernelSubmitError, KernelSync,
     KernelWait, PlatformError,
 };
-use crate::error::{SubmitError, WaitError};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{FaultInfo, Fence, FenceError, QueueId, Seqno, MAX_QUEUES};
