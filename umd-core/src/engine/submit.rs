@@ -219,7 +219,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if !s.foreign.is_empty() && B::MODE != super::Mode::Kernel {
             return Err(SubmitError::ForeignSyncUnsupported);
         }
-        if s.foreign.len() > crate::kernel::MAX_FOREIGN {
+        if s.foreign.len() > crate::platform::MAX_FOREIGN {
             return Err(SubmitError::TooManyWaits { given: s.foreign.len() });
         }
         if s.buffers.len() > MAX_BUFFER_USES {

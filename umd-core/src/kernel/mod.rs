@@ -53,8 +53,7 @@ use crate::sync::{FaultInfo, Fence, FenceError, QueueId, Seqno, MAX_QUEUES};
 /// A refgpu driven through a kernel driver, with `CHUNKS` IB chunks.
 pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = Engine<'d, Kernel<'d, P>, CHUNKS>;
 
-/// Foreign syncs one submission may wait for.
-pub const MAX_FOREIGN: usize = 4;
+pub use crate::platform::MAX_FOREIGN;
 
 /// Submissions a queue may hold back (wait before signal) before further
 /// submissions to it wait, as for a full ring.

@@ -50,6 +50,9 @@ pub struct KernelSync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ForeignSync(pub u64);
 
+/// Foreign syncs one submission may wait for.
+pub const MAX_FOREIGN: usize = 4;
+
 /// What a kernel submission waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KernelWait {

@@ -378,7 +378,7 @@ mod kernel;
 pub(crate) mod slots;
 pub use kernel::{
     ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
-    KernelWait,
+    KernelWait, MAX_FOREIGN,
 };
 
 /// The spin lock the project's bare-metal platforms use
