@@ -22,10 +22,8 @@ use crate::mem::pool::Slab;
 use crate::mem::va::{VaHandle, VaNode};
 use crate::platform::DmaRegion;
 use crate::sync::deps::DepGraph;
+pub use crate::sync::deps::PENDING_WAITS;
 use crate::sync::MAX_QUEUES;
-
-/// Submissions with cross-queue waits tracked per queue (deadlock checks).
-pub const PENDING_WAITS: usize = 32;
 
 /// The dependency graph of a device.
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;

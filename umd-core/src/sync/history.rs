@@ -36,8 +36,20 @@
 //! `merges` (`DeviceStats::history_merges`, 0 unless that bound is wrong).
 //! `docs/architecture.md` ("Failure history") explains the choice.
 
+use super::deps::PENDING_WAITS;
 use super::fence::{Access, Cause, FaultInfo, FaultKind, FenceError};
 use super::seqno::{FenceId, QueueId, Seqno};
+
+/// Failed ranges a queue's history holds: room for everything the pending
+/// work of a queue with a full dependency table can add (`2 PENDING_WAITS +
+/// 1`, see [`FailureHistory`]) plus 15 settled ranges. Submissions are
+/// admitted so that a failure always fits exactly; the bound is in
+/// `docs/reliability.md`.
+pub const HISTORY: usize = 2 * PENDING_WAITS + 16;
+
+// An empty history admits a full dependency table: one range for the
+// window's reset, two for each of `PENDING_WAITS` submissions with waits.
+const _: () = assert!(2 * PENDING_WAITS < HISTORY);
 
 /// One failed range `(after, upto]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -606,7 +618,7 @@ mod tests {
     /// from the clock; printed, so a failure can be replayed).
     #[test]
     fn a_random_schedule_never_changes_an_answer() {
-        const N: usize = crate::engine::queue::HISTORY;
+        const N: usize = HISTORY;
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
         let steps = env("UMD_HISTORY_STEPS").unwrap_or(1_000_000);
         let seed = env("UMD_HISTORY_SEED").unwrap_or_else(|| {
