@@ -75,7 +75,7 @@ const EMPTY: Slot = Slot { waker: None, deadline_ns: 0, generation: 0 };
 #[cfg(not(loom))]
 type HubLock = spin::Mutex<()>;
 #[cfg(loom)]
-type HubLock = crate::loom_probe::LoomLock;
+type HubLock = crate::sync::atomic::LoomLock;
 
 /// The wake-up hub of async fence waits: up to `N` waiting futures, each
 /// with the time it wants to be woken at the latest.
