@@ -14,7 +14,7 @@
 //! metal, CLOCK_MONOTONIC on Linux). No allocation: samples go into
 //! caller-provided arrays.
 
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::platform::Platform;
 use umd_core::sync::QueueId;
 
@@ -61,7 +61,7 @@ pub enum BenchError {
 
 /// Per-submit CPU cost: one sample per `submit`, `samples.len()` of them.
 pub fn submit_cost<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
@@ -91,7 +91,7 @@ pub fn submit_cost<B: Backend, const C: usize>(
 /// Doorbell -> fence round trips: `submit` + `wait`, one sample each, after
 /// `warmup` untimed ones.
 pub fn round_trips<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     warmup: usize,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {

@@ -34,7 +34,7 @@ use conformance::io::{first_mismatch, write_words};
 use umd_core::cmd::{DispatchOp, EncodeError};
 use umd_core::config::Config;
 use umd_core::debug::{TraceKind, TraceRing};
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle, BufferStats};
 use umd_core::platform::Platform;
@@ -180,7 +180,7 @@ fn saxpy(s: f32, a: f32, b: f32) -> f32 {
 
 /// Moves the device's trace events into `big` (called after every wait,
 /// so the device's own ring never overflows).
-pub fn drain_trace<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, big: &mut TraceRing<'_>) {
+pub fn drain_trace<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, big: &mut TraceRing<'_>) {
     let mut t = dev.trace();
     for e in t.iter() {
         big.record(*e);
@@ -204,7 +204,7 @@ struct Buf {
 }
 
 fn alloc<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     len: u64,
     tag: &'static str,
     allocs: &mut u32,
@@ -235,7 +235,7 @@ struct InFlight {
 /// flight (2 or 3) and returns the figures; every driver event, and every
 /// job's GPU span when the device clock can be read, lands in `trace`.
 pub fn run<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     frames: u32,
     depth: u32,
     trace: &mut TraceRing<'_>,
@@ -365,7 +365,7 @@ pub fn run<B: Backend, const C: usize>(
 }
 
 fn submit<B: Backend, const C: usize, F>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     q: QueueId,
     waits: &[Fence],
     f: F,
@@ -377,7 +377,7 @@ where
 }
 
 fn retire<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     slot: &Slot,
     old: InFlight,
     sum: &mut Summary,
@@ -475,7 +475,7 @@ impl fmt::Display for Ms {
 /// Writes the human-readable report.
 pub fn write_report<B: Backend, const C: usize>(
     out: &mut impl Write,
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     sum: &Summary,
     trace_events: usize,
     trace_dropped: u64,

@@ -7,9 +7,9 @@
 
 use core::fmt;
 
-use umd_core::engine::{Backend, Engine};
-use umd_core::mem::BufferHandle;
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::error::FenceStatus;
+use umd_core::mem::BufferHandle;
 use umd_core::sync::QueueId;
 
 use crate::io::{first_mismatch, write_words};
@@ -75,7 +75,7 @@ fn be(what: &'static str) -> impl Fn(umd_core::mem::BufferError) -> Failure {
 }
 
 fn alloc<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     len: u64,
 ) -> Result<(BufferHandle, u64), Failure> {
     let h = dev.alloc_buffer(len).map_err(ae("alloc"))?;
@@ -84,7 +84,7 @@ fn alloc<B: Backend, const C: usize>(
 }
 
 fn check_words<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     h: BufferHandle,
     n: usize,
     want: impl Fn(usize) -> u32,
@@ -103,7 +103,7 @@ fn pattern(i: usize, seed: u32) -> u32 {
 
 /// Copy, fill and write-data on `queue`, every destination dword checked.
 pub fn copy_fill_write<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queue: QueueId,
     seed: u32,
 ) -> Result<(), Failure> {
@@ -137,7 +137,7 @@ pub fn copy_fill_write<B: Backend, const C: usize>(
 /// `n` (at most 64) write-data submissions on `queue`: every fence is
 /// signalled once the last one is, and every write landed.
 pub fn fences_in_order<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queue: QueueId,
     n: u32,
 ) -> Result<(), Failure> {
@@ -167,7 +167,7 @@ pub fn fences_in_order<B: Backend, const C: usize>(
 /// COPY copies a buffer to a middle buffer; GFX waits for that fence (a
 /// WAIT_MEM in its ring, or a kernel sync point) and copies on to the
 /// destination.
-pub fn cross_queue<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result<(), Failure> {
+pub fn cross_queue<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>) -> Result<(), Failure> {
     let (a, va) = alloc(dev, 4096)?;
     let (mid, vm) = alloc(dev, 4096)?;
     let (dst, vd) = alloc(dev, 4096)?;
@@ -183,7 +183,7 @@ pub fn cross_queue<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result
 }
 
 /// One named check.
-pub type Check<B, const C: usize> = fn(&Engine<'_, B, C>) -> Result<(), Failure>;
+pub type Check<B, const C: usize> = fn(&DeviceCore<'_, B, C>) -> Result<(), Failure>;
 
 /// The smoke list: (scenario name, check).
 pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
@@ -201,7 +201,7 @@ pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
 /// Runs every check of [`list`] in order and stops at the first failure,
 /// which it hands to `failed` with the check's name. True if all passed.
 pub fn all<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     failed: impl FnOnce(&'static str, Failure),
 ) -> bool {
     for (name, check) in list::<B, C>() {

@@ -22,7 +22,7 @@
 
 use core::fmt::{self, Write};
 
-use umd_core::engine::{Backend, BufferUse, Engine, Submit};
+use umd_core::engine::{Backend, BufferUse, DeviceCore, Submit};
 use umd_core::error::{SubmitError, WaitError};
 use umd_core::sync::{Cause, Fence, QueueId};
 
@@ -341,7 +341,7 @@ impl fmt::Display for RunError {
 /// accounting does not say (probe attempts that failed, the first
 /// unexplained refusal) goes to `log`, a line each.
 pub fn run<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     w: Workload,
     midway: &mut dyn FnMut(),
     heal: &mut dyn FnMut(),
@@ -476,7 +476,7 @@ pub enum FenceOutcome {
 
 /// Waits for `f` (at most `guard` ns) and counts its outcome in `acc`.
 pub fn resolve<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     f: Fence,
     guard: u64,
     acc: &mut Accounting,
@@ -517,7 +517,7 @@ pub const PROBE_ATTEMPTS: u32 = 3;
 /// time, but always with a reason. Returns whether that held and the
 /// attempts that failed. Prints what went wrong.
 pub fn probe<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queues: &[QueueId],
     w: Workload,
     log: &mut dyn Write,

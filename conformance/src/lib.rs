@@ -3,7 +3,7 @@
 //! with a non-coherent CPU cache), Linux co-simulation against
 //! `refgpu-sim`, bare metal under QEMU, and through the Linux kernel driver.
 //!
-//! Each scenario takes a device ([`Engine`], either mode) and an [`Env`]
+//! Each scenario takes a device ([`DeviceCore`], either mode) and an [`Env`]
 //! saying what the platform offers (threads), and returns a
 //! [`ScenarioResult`]: pass, fail with a reason, or skip with the reason it
 //! cannot run on this platform (a scenario never passes silently). The list:
@@ -34,11 +34,11 @@ use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};
 use umd_core::config::{Config, HangConfig, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::MmuMode;
-use umd_core::engine::{Backend, BufferUse, Engine, Event, Mode, Submit};
+use umd_core::engine::{Backend, BufferUse, DeviceCore, Event, Mode, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle};
-use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Access, Cause, FaultKind, Fence, FenceError, QueueId};
 
 use io::{first_mismatch, write_words};
@@ -190,7 +190,7 @@ pub trait Parallel: Sync {
 }
 
 /// A scenario's body: `Err` carries the failure (or skip) text.
-type Body<B, const C: usize> = fn(&Engine<'_, B, C>, &Env<'_>, &mut Detail) -> Result<(), Stop>;
+type Body<B, const C: usize> = fn(&DeviceCore<'_, B, C>, &Env<'_>, &mut Detail) -> Result<(), Stop>;
 
 /// Why a scenario body stopped early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,7 +210,7 @@ pub struct Scenario<B: Backend, const C: usize> {
 
 impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
     /// Runs it.
-    pub fn run(&self, dev: &Engine<'_, B, C>, env: &Env<'_>) -> ScenarioResult {
+    pub fn run(&self, dev: &DeviceCore<'_, B, C>, env: &Env<'_>) -> ScenarioResult {
         let mut detail = Detail::new();
         let outcome = match (self.body)(dev, env, &mut detail) {
             Ok(()) => Outcome::Pass,
@@ -278,7 +278,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
 
 /// Runs every scenario on `dev`, handing each result to `out`.
 pub fn run_all<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     env: &Env<'_>,
     mut out: impl FnMut(ScenarioResult),
 ) {
@@ -329,7 +329,7 @@ fn pattern(i: usize, seed: u32) -> u32 {
     (i as u32).wrapping_mul(0x9E37_79B1) ^ seed
 }
 
-type Dev<'a, 'd, B, const C: usize> = &'a Engine<'d, B, C>;
+type Dev<'a, 'd, B, const C: usize> = &'a DeviceCore<'d, B, C>;
 
 fn alloc<B: Backend, const C: usize>(
     dev: Dev<'_, '_, B, C>,

@@ -15,8 +15,8 @@ use refgpu_model::{FaultInjection, ModelConfig};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
-use umd_core::platform::Platform;
 use umd_core::error::WaitError;
+use umd_core::platform::Platform;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 

@@ -10,9 +10,9 @@ use common::*;
 use platform_linux::{selftest, Cosim};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::regs::{self, engine as er};
 use umd_core::platform::{DirectIo, IrqWait, Platform};
-use umd_core::error::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 

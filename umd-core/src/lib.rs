@@ -14,7 +14,7 @@
 //!   buffer handles, the buffer manager with fence-gated frees;
 //! - [`platform`]: the traits an integrator implements (memory, time,
 //!   interrupts, locks, and direct register access or kernel submission);
-//! - [`engine`]: the submission engine both modes share (a device);
+//! - [`engine`]: the device core both modes share ([`engine::DeviceCore`]);
 //! - [`direct`]: direct mode (rings, fence slots, page tables, hang check);
 //! - [`kernel`]: kernel-mediated mode (a kernel driver does those);
 //! - [`storage`]: the device's large tables, placed by the integrator;

@@ -85,8 +85,8 @@ impl ProbeQueue {
     }
 }
 
-/// A device's queues and its loss flag: what `Engine::submit` and
-/// `Engine::device_lost` do with them, over the real
+/// A device's queues and its loss flag: what `DeviceCore::submit` and
+/// `DeviceCore::device_lost` do with them, over the real
 /// `QueueCore::fail_pending`.
 pub struct ProbeDevice {
     lost: AtomicBool,
@@ -110,7 +110,7 @@ impl ProbeDevice {
         d
     }
 
-    /// A submission to queue `qi`, as `Engine::submit`'s locked part:
+    /// A submission to queue `qi`, as `DeviceCore::submit`'s locked part:
     /// under the queue's submit lock, refused when the device is lost,
     /// else the next sequence number, published. `None` when refused.
     pub fn submit(&self, qi: usize) -> Option<u64> {
@@ -126,7 +126,7 @@ impl ProbeDevice {
     }
 
     /// A thread that meets the loss holding queue `held`'s submit lock or
-    /// none (`Engine::device_lost_holding`): the first sets the flag and
+    /// none (`DeviceCore::device_lost_holding`): the first sets the flag and
     /// fails every queue's pending range.
     pub fn lose(&self, held: Option<usize>) {
         if self.lost.swap(true, Ordering::AcqRel) {
@@ -162,7 +162,7 @@ impl ProbeDevice {
 }
 
 /// The per-queue record of acknowledged fault interrupts
-/// (`Engine::fault_irqs`): the real type, over loom's atomics.
+/// (`DeviceCore::fault_irqs`): the real type, over loom's atomics.
 pub struct ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs);
 
 impl Default for ProbeFaultIrqs {
@@ -177,7 +177,7 @@ impl ProbeFaultIrqs {
         ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs::new())
     }
 
-    /// What `Engine::service` does with the faults it acknowledged.
+    /// What `DeviceCore::service` does with the faults it acknowledged.
     pub fn note(&self, queues: u32) {
         self.0.note(queues)
     }

@@ -1,4 +1,4 @@
-//! Async fence waits (`Engine::wait_async`, `wait_any_async`, `Wakeups`)
+//! Async fence waits (`DeviceCore::wait_async`, `wait_any_async`, `Wakeups`)
 //! against the scripted fake, polled by hand with a counting waker, so
 //! every step is seen: pending and registered with the adaptive
 //! deadline, woken by a tick or an interrupt, ready once the engine ran;

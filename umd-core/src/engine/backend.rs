@@ -1,6 +1,6 @@
 //! What a submission mode provides to the shared engine.
 //!
-//! The engine ([`super::Engine`]) owns everything both modes share: fences
+//! The engine ([`super::DeviceCore`]) owns everything both modes share: fences
 //! and timelines, the failure history, the dependency graph, recording into
 //! the IB pool, completion processing, buffers and the trace. A backend
 //! owns what differs: how an IB reaches the hardware (a ring write or a

@@ -27,7 +27,7 @@ use crate::cmd::{Command, CompareOp, Payload};
 use crate::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
 use crate::platform::{ClockSync, IrqWait, Platform};
 
-use super::{Backend, Engine};
+use super::{Backend, DeviceCore};
 
 /// An event of one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -109,7 +109,7 @@ impl From<BufferError> for EventError {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     fn slot(&self, size: u64, tag: &'static str) -> Result<(BufferHandle, u64), AllocError> {
         // The default alignment (128 bytes) keeps each slot on cache lines of
         // its own (CPU writes and invalidates of one never touch another).
@@ -278,7 +278,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 }
 
-/// Longest [`Engine::clock_sync`] waits for the device clock to move.
+/// Longest [`DeviceCore::clock_sync`] waits for the device clock to move.
 pub const CLOCK_SYNC_SPIN_NS: u64 = 2_000_000;
-/// Most device-clock reads [`Engine::clock_sync`] makes.
+/// Most device-clock reads [`DeviceCore::clock_sync`] makes.
 const CLOCK_SYNC_MAX_READS: u32 = 100_000;

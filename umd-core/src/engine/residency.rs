@@ -25,8 +25,8 @@
 //!
 //! Without local memory (gen1, MMU bypassed, kernel mode, or a build
 //! without the `local-memory` feature) every such buffer lives in system
-//! memory and nothing moves: [`Engine::local_memory`] is `None`, and
-//! [`Engine::evict`] and [`Engine::make_resident`] answer
+//! memory and nothing moves: [`DeviceCore::local_memory`] is `None`, and
+//! [`DeviceCore::evict`] and [`DeviceCore::make_resident`] answer
 //! [`MoveError::NotLocal`].
 
 use crate::cmd::EncodeError;
@@ -41,7 +41,7 @@ use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;
 use super::submit::Submit;
-use super::{Backend, Counters, Engine};
+use super::{Backend, Counters, DeviceCore};
 
 /// The handle that marks a region as local memory (regions of local
 /// memory are the driver's, not the platform's).
@@ -202,7 +202,7 @@ impl core::error::Error for MoveError {}
 /// is `buffers[i]`, a mask rather than a copy of up to 64 handles);
 /// unpinned on drop.
 pub(crate) struct Pins<'e, 'd, 's, B: Backend, const C: usize> {
-    dev: &'e Engine<'d, B, C>,
+    dev: &'e DeviceCore<'d, B, C>,
     buffers: &'s [BufferUse],
     pinned: u64,
 }
@@ -248,7 +248,7 @@ struct Subject {
     touched: u64,
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     fn clock(&self) -> u64 {
         self.submissions()
     }
@@ -326,7 +326,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         })
     }
 
-    /// Ends a move that [`Engine::take_subject`] started: unpins the
+    /// Ends a move that [`DeviceCore::take_subject`] started: unpins the
     /// buffer and lets declared work use it again.
     fn end_move(&self, h: BufferHandle) {
         if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
@@ -335,7 +335,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// Ends a restore that [`Engine::prepare_residency`] started (the
+    /// Ends a restore that [`DeviceCore::prepare_residency`] started (the
     /// submission keeps its pin).
     fn end_restore(&self, h: BufferHandle) {
         if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
@@ -497,7 +497,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Makes room for a local allocation that found none: evicts one idle
     /// buffer, after which the caller tries the allocation again (as
-    /// [`Engine::move_to_local`] does). Counting free bytes would not do:
+    /// [`DeviceCore::move_to_local`] does). Counting free bytes would not do:
     /// free pages may be fragmented, so enough free bytes can still fail
     /// the allocation, and a caller told "room enough" would retry
     /// forever. False when no victim is left (always without local
@@ -515,7 +515,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// brings evicted ones back (or defers that), and marks them used now.
     ///
     /// A move and a declared use exclude each other: a move starts only on
-    /// an unpinned, idle buffer ([`Engine::take_subject`]), and a
+    /// an unpinned, idle buffer ([`DeviceCore::take_subject`]), and a
     /// submission pins its buffers only when none of them is moving, in one
     /// section under the memory lock. A submission that finds a move in
     /// progress waits for it (the move's copy is bounded by the hang

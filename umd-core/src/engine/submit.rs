@@ -33,7 +33,7 @@ use crate::sync::{Fence, FenceId, QueueId, Seqno};
 use super::backend::{Backend, EmitError, Job};
 use super::buffers::{BufferUse, MAX_BUFFER_USES};
 use super::queue::QueueCore;
-use super::{Counters, Engine, Raw};
+use super::{Counters, DeviceCore, Raw};
 
 /// A queue's state, as the engine keeps it.
 type Queue<B> = QueueCore<Raw<B>, <B as Backend>::Queue>;
@@ -98,7 +98,7 @@ impl Waits {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Records commands with `record` and submits them to `queue` after
     /// `waits` (fences of other queues, possibly not emitted yet) have
     /// signalled. Returns the submission's fence.
@@ -109,7 +109,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.submit_with(&Submit { queue, waits, buffers: &[], foreign: &[] }, record)
     }
 
-    /// [`Engine::submit`] with declared buffers.
+    /// [`DeviceCore::submit`] with declared buffers.
     pub fn submit_with<F>(&self, s: &Submit<'_>, record: F) -> Result<Fence, SubmitError>
     where
         F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
@@ -234,7 +234,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok((qi, q))
     }
 
-    /// The waits of `s` that need a hardware wait ([`Engine::filter_waits`]),
+    /// The waits of `s` that need a hardware wait ([`DeviceCore::filter_waits`]),
     /// noted in `table`; a submission without waits (the usual case)
     /// neither fills a table nor makes the call.
     #[inline(always)]

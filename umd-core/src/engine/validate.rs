@@ -4,7 +4,7 @@
 //! allocation, faults, and becomes a hang).
 //!
 //! Compiled in with the `validation` feature and switched on at run time
-//! ([`Engine::set_validation`](super::Engine::set_validation)); without the feature no checking code
+//! ([`DeviceCore::set_validation`](super::DeviceCore::set_validation)); without the feature no checking code
 //! exists and a submission costs what it always did. The error types
 //! ([`crate::error::validation`], re-exported here) are always present, so
 //! code that matches on [`SubmitError`](crate::error::SubmitError) builds
@@ -25,7 +25,7 @@
 //!   write targets one declared for writing (otherwise its free would not
 //!   wait for this work).
 //!
-//! An IB the caller built ([`Engine::submit_ib`](super::Engine::submit_ib))
+//! An IB the caller built ([`DeviceCore::submit_ib`](super::DeviceCore::submit_ib))
 //! is walked the same way, through the CPU's view of the buffers it lies
 //! in (CHAINs included, each target checked as a read of a live buffer
 //! first), and also refused when the GPU would stop on one of its packets
@@ -54,7 +54,7 @@ impl fmt::Display for ValidationUnavailable {
 
 impl core::error::Error for ValidationUnavailable {}
 
-impl<'d, B: super::Backend, const CHUNKS: usize> super::Engine<'d, B, CHUNKS> {
+impl<'d, B: super::Backend, const CHUNKS: usize> super::DeviceCore<'d, B, CHUNKS> {
     /// Switches the validation mode on or off (off by default). Without
     /// the `validation` feature, switching it on is refused.
     pub fn set_validation(&self, on: bool) -> Result<(), ValidationUnavailable> {
@@ -92,7 +92,7 @@ mod check {
     use crate::cmd::{Command, DispatchOp};
     use crate::decode::Decoder;
     use crate::engine::buffers::{BufferAccess, BufferUse};
-    use crate::engine::{Backend, Engine};
+    use crate::engine::{Backend, DeviceCore};
     use crate::hw::{Field, PacketKind};
     use crate::mem::buffer::{BufferInfo, Tracking};
     use crate::mem::manager::Buffers;
@@ -146,7 +146,7 @@ mod check {
         BufferRef { tag: i.tag, va: i.va, size: i.size }
     }
 
-    impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+    impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         /// Checks every packet of the IB at `ib` (in the IB pool), following
         /// CHAINs, against the device's buffers and `declared`.
         pub(crate) fn validate_ib(
@@ -209,7 +209,7 @@ mod check {
         }
 
         /// Checks an IB the caller built (`ib`: address and dwords) and
-        /// every IB its CHAINs name, packet by packet as [`Engine::validate_ib`]
+        /// every IB its CHAINs name, packet by packet as [`DeviceCore::validate_ib`]
         /// does, reading them through the CPU's view of the buffers they lie
         /// in. Each IB must lie whole in one live, CPU-readable, unmapped
         /// buffer (declared if its tracking is declared); the walk visits at

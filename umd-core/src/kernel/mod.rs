@@ -37,7 +37,7 @@ use crate::debug::HangReason;
 use crate::engine::backend::{
     sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
-use crate::engine::{Engine, InPlace, InitError};
+use crate::engine::{DeviceCore, InPlace, InitError};
 use crate::error::{SubmitError, WaitError};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
@@ -51,7 +51,7 @@ use crate::sync::deps::MAX_WAITS;
 use crate::sync::{FaultInfo, Fence, FenceError, QueueId, Seqno, MAX_QUEUES};
 
 /// A refgpu driven through a kernel driver, with `CHUNKS` IB chunks.
-pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = Engine<'d, Kernel<'d, P>, CHUNKS>;
+pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Kernel<'d, P>, CHUNKS>;
 
 pub use crate::platform::MAX_FOREIGN;
 
@@ -83,7 +83,7 @@ pub struct KernelQueue {
     /// The context the queue submits to (None only during bring-up or
     /// after teardown).
     ctx: Option<ContextId>,
-    /// Engine sequence number = `base` + the context's own.
+    /// The core's sequence number = `base` + the context's own.
     base: u64,
     /// Submissions held back, oldest first.
     held: Deque<Held, HELD_JOBS>,
@@ -430,7 +430,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     }
 }
 
-impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
+impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS> {
     /// Brings the device up through the kernel: reads its info, creates a
     /// context per queue and sets up the IB pool in the kernel's VA range.
     /// The large tables live in `storage`; the device borrows it and the
@@ -475,7 +475,7 @@ impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
         }
         let mut slot = MaybeUninit::uninit();
         let mut dev =
-            Engine::assemble_in(&mut slot, k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
+            DeviceCore::assemble_in(&mut slot, k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
         dev.init_ib_pool()?;
         Ok(InPlace::into_inner(dev))
     }

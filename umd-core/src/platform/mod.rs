@@ -351,7 +351,7 @@ pub unsafe trait Platform {
 }
 
 /// A device-clock reading paired with the platform clock
-/// ([`Engine::clock_sync`](crate::engine::Engine::clock_sync)).
+/// ([`DeviceCore::clock_sync`](crate::engine::DeviceCore::clock_sync)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ClockSync {
     /// Platform time (ns) of the reading.

@@ -9,10 +9,10 @@ use std::time::Instant;
 use conformance::{run_all, Env, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG};
 use platform_linux::suite::StdThreads;
 use platform_linux::Drm;
-use umd_core::engine::{Backend, Engine, Submit};
+use umd_core::engine::{Backend, DeviceCore, Submit};
+use umd_core::error::WaitError;
 use umd_core::kernel::KernelDevice;
 use umd_core::platform::ContextStatus;
-use umd_core::error::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
@@ -103,7 +103,7 @@ const BATCH: usize = 100;
 /// Nanoseconds spent in `N` submissions of one WRITE_DATA each on `dev`
 /// (in batches of `BATCH`, waiting for each batch's last fence untimed);
 /// checks the last write landed.
-fn time_submits<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, what: &str) -> Result<f64, String> {
+fn time_submits<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, what: &str) -> Result<f64, String> {
     let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
     let va = dev.va(buf).map_err(|e| e.to_string())?;
     let mut ns = 0f64;
