@@ -36,9 +36,9 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::MoveError;
 use umd_core::engine::{BufferUse, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::mem::{AllocError, BufferDesc, BufferHandle};
-use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, FenceError, QueueId};
 

@@ -26,7 +26,7 @@ use umd_core::direct::tables::Tables;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::va::{VaAllocator, VaNode, VaPlacement};
 use umd_core::mem::{BufferDesc, Perms};
 use umd_core::platform::{DmaFlags, Platform};
 use umd_core::storage::DeviceStorage;
@@ -84,7 +84,7 @@ fn old_path(size: u64) -> (f64, u64, u64) {
         let mut live = Vec::with_capacity(BATCH);
         for _ in 0..BATCH {
             let region = fake.dma_alloc(len as usize, DmaFlags::CPU).unwrap();
-            let addr = va.alloc(len, 4096, Placement::BottomUp).unwrap();
+            let addr = va.alloc(len, 4096, VaPlacement::BottomUp).unwrap();
             tables.map(&fake, addr, region.dev_addr(), len, Perms::RW).unwrap();
             pte += len / 4096;
             live.push((region, addr));

@@ -16,7 +16,7 @@ use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, Leak
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind, Place};
-use crate::mem::va::{Placement, VaAllocator, VaNode};
+use crate::mem::va::{VaAllocator, VaNode, VaPlacement};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::storage::Backed;
 use crate::sync::QueueId;
@@ -324,7 +324,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         // tables can map it with 2 MiB entries.
         let align =
             if bytes >= crate::mem::pool::MAX_ALIGN { align.max(crate::mem::pool::MAX_ALIGN) } else { align };
-        let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
+        let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, VaPlacement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
                 self.unused(region, kind);

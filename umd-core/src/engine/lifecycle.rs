@@ -16,7 +16,7 @@ use crate::hw::ProbeError;
 use crate::ibpool::{IbPool, PoolSetupError};
 use crate::mem::manager::Buffers;
 use crate::mem::pagetable::{Perms, PtError};
-use crate::mem::va::{Placement, VaAllocator, VaError};
+use crate::mem::va::{VaAllocator, VaError, VaPlacement};
 use crate::platform::{DmaFlags, DmaRegion, Platform, PlatformError};
 use crate::storage::DeviceStorage;
 use crate::sync::MAX_QUEUES;
@@ -267,7 +267,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             return Ok((region, addr));
         };
         let align = if len >= 2 << 20 { 2 << 20 } else { 4096 };
-        let addr = match va.alloc(len as u64, align, Placement::TopDown) {
+        let addr = match va.alloc(len as u64, align, VaPlacement::TopDown) {
             Ok(a) => a,
             Err(e) => {
                 p.dma_free(region);

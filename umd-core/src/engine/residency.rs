@@ -34,7 +34,7 @@ use crate::error::{SubmitError, WaitError};
 use crate::ibpool::Recorder;
 use crate::mem::pages::PageBitmap;
 use crate::mem::pagetable::{CachePolicy, Perms};
-use crate::mem::va::Placement;
+use crate::mem::va::VaPlacement;
 use crate::mem::{BufferError, BufferHandle, Tracking};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::sync::{QueueId, Seqno};
@@ -375,7 +375,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             let mut off = super::buffers::OffLock::new();
             let (_, backer) = mem.split(&self.b, &mut off);
             let va = backer.va.get_mut().ok_or(MoveError::NotLocal)?;
-            let handle = va.alloc_handle(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
+            let handle =
+                va.alloc_handle(s.bytes, PAGE, VaPlacement::TopDown).map_err(|_| MoveError::Memory)?;
             let tmp = handle.addr();
             let rw = Perms { read: true, write: true, cache: CachePolicy::Uncached };
             if self.b.map(backer.maps, tmp, to, rw).is_err() {

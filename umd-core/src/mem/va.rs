@@ -77,8 +77,8 @@
 //!
 //! Requests are *good fit*: the hole comes from the smallest non-empty size
 //! class whose every hole is large enough (so at most ~6 % larger than the
-//! request's class). [`Placement::BottomUp`] takes the low end of that hole,
-//! [`Placement::TopDown`] the high end, so two populations that use opposite
+//! request's class). [`VaPlacement::BottomUp`] takes the low end of that hole,
+//! [`VaPlacement::TopDown`] the high end, so two populations that use opposite
 //! placements share holes from opposite ends. This is not address-ordered:
 //! holes anywhere in the arena are used.
 //!
@@ -297,7 +297,7 @@ impl core::error::Error for VaError {}
 
 /// Where a non-fixed allocation goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Placement {
+pub enum VaPlacement {
     /// The low end of the good-fit hole (not address-ordered: see the
     /// module documentation, "Placement").
     #[default]
@@ -305,6 +305,10 @@ pub enum Placement {
     /// The high end of the good-fit hole.
     TopDown,
 }
+
+/// [`VaPlacement`] under its former name (the encoder has a placement too).
+#[deprecated(note = "renamed to `VaPlacement`")]
+pub type Placement = VaPlacement;
 
 /// A live allocation as seen by [`VaAllocator::lookup`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -523,14 +527,19 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// below [`MIN_ALIGN`] are raised to it). The size is rounded up to
     /// [`MIN_ALIGN`]. Good fit; see the module documentation for placement.
     /// O(1) plus one region-tree insertion (O(log n) worst case).
-    pub fn alloc(&mut self, size: u64, align: u64, placement: Placement) -> Result<u64, VaError> {
+    pub fn alloc(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<u64, VaError> {
         self.alloc_node(size, align, placement).map(|(_, addr)| addr)
     }
 
     /// [`VaAllocator::alloc`], returning a [`VaHandle`] (the address and
     /// the node that records it) for [`VaAllocator::free_handle`]. Same
     /// placement, cost and errors.
-    pub fn alloc_handle(&mut self, size: u64, align: u64, placement: Placement) -> Result<VaHandle, VaError> {
+    pub fn alloc_handle(
+        &mut self,
+        size: u64,
+        align: u64,
+        placement: VaPlacement,
+    ) -> Result<VaHandle, VaError> {
         self.alloc_node(size, align, placement).map(|(node, addr)| VaHandle { addr, node })
     }
 
@@ -576,7 +585,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     /// `alloc` and `alloc_handle`: the allocation's node and address.
     #[inline(always)]
-    fn alloc_node(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+    fn alloc_node(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<(u32, u64), VaError> {
         let (size, align) = normalize(size, align)?;
         if size > self.size {
             return Err(VaError::NoSpace);
@@ -600,7 +609,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// then try once more.
     #[cold]
     #[inline(never)]
-    fn alloc_flushed(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+    fn alloc_flushed(
+        &mut self,
+        size: u64,
+        align: u64,
+        placement: VaPlacement,
+    ) -> Result<(u32, u64), VaError> {
         self.flush_recycled();
         let (hole, addr) = self.find_fit(size, align, placement)?;
         let n = self.carve(hole, addr, size)?;
@@ -1110,22 +1124,22 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     /// Address at which `[size]` aligned to `align` fits in hole `h`.
     #[inline]
-    fn fit(&self, h: u32, size: u64, align: u64, placement: Placement) -> Option<u64> {
+    fn fit(&self, h: u32, size: u64, align: u64, placement: VaPlacement) -> Option<u64> {
         let v = self.node(h)?;
         let end = v.start.wrapping_add(v.len);
         match placement {
-            Placement::BottomUp => {
+            VaPlacement::BottomUp => {
                 let a = align_up(v.start, align)?;
                 (a.checked_add(size)? <= end).then_some(a)
             }
-            Placement::TopDown => {
+            VaPlacement::TopDown => {
                 let a = end.checked_sub(size)? & !(align.wrapping_sub(1));
                 (a >= v.start).then_some(a)
             }
         }
     }
 
-    fn find_fit(&self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+    fn find_fit(&self, size: u64, align: u64, placement: VaPlacement) -> Result<(u32, u64), VaError> {
         let g = size >> GRANULE_SHIFT;
         // 1. Good fit: first hole of the smallest class whose every hole
         //    holds `size`. Always fits at 128 B alignment.
