@@ -66,7 +66,7 @@ pub fn submit_cost<B: Backend, const C: usize>(
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
     let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
-    let q = QueueId(2);
+    let q = QueueId::COPY;
     let mut last = None;
     for (i, s) in samples.iter_mut().enumerate() {
         if i % BATCH == 0 {
@@ -97,7 +97,7 @@ pub fn round_trips<B: Backend, const C: usize>(
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
     let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
-    let q = QueueId(2);
+    let q = QueueId::COPY;
     let n = samples.len();
     for i in 0..warmup + n {
         let t0 = dev.platform().now_ns();

@@ -40,13 +40,6 @@ use umd_core::mem::{BufferDesc, BufferHandle, BufferStats};
 use umd_core::platform::Platform;
 use umd_core::sync::{Fence, QueueId};
 
-/// Graphics queue.
-const GFX: QueueId = QueueId(0);
-/// Compute queue.
-const COMPUTE: QueueId = QueueId(1);
-/// Copy queue.
-const COPY: QueueId = QueueId(2);
-
 /// Elements per array.
 pub const N: usize = 4096;
 /// Most frames one run can do (timestamp slots).
@@ -288,7 +281,7 @@ pub fn run<B: Backend, const C: usize>(
         let t = ts.va + u64::from(f) * 48;
         let (stg, inp, res, out) = (slot.staging.va, slot.input.va, slot.result.va, slot.output.va);
         // 2. COPY: upload in tiles + the constant table (chained IB).
-        let copy = submit(dev, COPY, &[], |cb| {
+        let copy = submit(dev, QueueId::COPY, &[], |cb| {
             cb.timestamp(t + 32)?;
             let mut off = 0;
             while off < 2 * n4 {
@@ -305,13 +298,13 @@ pub fn run<B: Backend, const C: usize>(
             cb.timestamp(t + 40)
         })?;
         // 3. COMPUTE: waits for the upload, DISPATCH saxpy.
-        let compute = submit(dev, COMPUTE, &[copy], |cb| {
+        let compute = submit(dev, QueueId::COMPUTE, &[copy], |cb| {
             cb.timestamp(t + 16)?;
             cb.dispatch(DispatchOp::SaxpyF32, inp, inp + n4, res, N as u32, scalar(f))?;
             cb.timestamp(t + 24)
         })?;
         // 4. GFX: waits for the compute, copies the result out.
-        let gfx = submit(dev, GFX, &[compute], |cb| {
+        let gfx = submit(dev, QueueId::GFX, &[compute], |cb| {
             cb.timestamp(t)?;
             cb.copy(res, out, n4)?;
             cb.timestamp(t + 8)

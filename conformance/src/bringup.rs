@@ -172,8 +172,8 @@ pub fn cross_queue<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>) -> Re
     let (mid, vm) = alloc(dev, 4096)?;
     let (dst, vd) = alloc(dev, 4096)?;
     write_words(dev, a, 1024, |i| pattern(i, 0x55)).map_err(be("write"))?;
-    let f1 = dev.submit(QueueId(2), &[], |cb| cb.copy(va, vm, 4096)).map_err(se("submit copy"))?;
-    let f2 = dev.submit(QueueId(0), &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(se("submit gfx"))?;
+    let f1 = dev.submit(QueueId::COPY, &[], |cb| cb.copy(va, vm, 4096)).map_err(se("submit copy"))?;
+    let f2 = dev.submit(QueueId::GFX, &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(se("submit gfx"))?;
     dev.wait(f2, WAIT_GUARD_NS).map_err(we("wait"))?;
     check_words(dev, dst, 1024, |i| pattern(i, 0x55))?;
     for h in [a, mid, dst] {
@@ -188,12 +188,12 @@ pub type Check<B, const C: usize> = fn(&DeviceCore<'_, B, C>) -> Result<(), Fail
 /// The smoke list: (scenario name, check).
 pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
     [
-        ("copy_fill_write_gfx", |d| copy_fill_write(d, QueueId(0), 0x100)),
-        ("copy_fill_write_compute", |d| copy_fill_write(d, QueueId(1), 0x101)),
-        ("copy_fill_write_copy", |d| copy_fill_write(d, QueueId(2), 0x102)),
-        ("fences_in_order_gfx", |d| fences_in_order(d, QueueId(0), 40)),
-        ("fences_in_order_compute", |d| fences_in_order(d, QueueId(1), 40)),
-        ("fences_in_order_copy", |d| fences_in_order(d, QueueId(2), 40)),
+        ("copy_fill_write_gfx", |d| copy_fill_write(d, QueueId::GFX, 0x100)),
+        ("copy_fill_write_compute", |d| copy_fill_write(d, QueueId::COMPUTE, 0x101)),
+        ("copy_fill_write_copy", |d| copy_fill_write(d, QueueId::COPY, 0x102)),
+        ("fences_in_order_gfx", |d| fences_in_order(d, QueueId::GFX, 40)),
+        ("fences_in_order_compute", |d| fences_in_order(d, QueueId::COMPUTE, 40)),
+        ("fences_in_order_copy", |d| fences_in_order(d, QueueId::COPY, 40)),
         ("cross_queue", cross_queue),
     ]
 }

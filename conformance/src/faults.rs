@@ -352,7 +352,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
     }
     let mut acc = Accounting::default();
     let nq = dev.queue_count().clamp(1, 3);
-    let all = [QueueId(0), QueueId(1), QueueId(2)];
+    let all = [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY];
     let queues = all.get(..nq).unwrap_or(&all);
     let mut rng = Rng(w.seed);
     let out = dev.alloc_buffer((w.jobs as u64 * 4).max(4)).map_err(RunError::ResultBuffer)?;
@@ -371,7 +371,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
             midway();
         }
         let qi = rng.below(nq as u64) as usize;
-        let q = queues.get(qi).copied().unwrap_or(QueueId(0));
+        let q = queues.get(qi).copied().unwrap_or(QueueId::GFX);
         let mut wait: Option<Fence> = None;
         let oq = rng.below(nq as u64) as usize;
         if oq != qi && rng.below(2) == 0 {

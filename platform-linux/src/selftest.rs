@@ -123,7 +123,7 @@ fn check_interrupt_wait<P: DirectIo>(
     let _ = wrapped.inner.wait_irq(0);
     let before = irq_wakeups(&wrapped.inner);
     let f = dev
-        .submit(QueueId(2), &[], |cb| {
+        .submit(QueueId::COPY, &[], |cb| {
             cb.wait_seqno(sem_va, 1)?;
             cb.write_data(va, &[77])
         })

@@ -59,7 +59,7 @@ fn two_tasks_on_two_queues_interleave_on_one_thread() {
                 }
                 // "Any of": one fence on this task's queue, one on COMPUTE.
                 let a = dev.submit(q, &[], |cb| cb.write_data(va + 0x800, &[1])).unwrap();
-                let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).unwrap();
+                let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(va + 0x804, &[2])).unwrap();
                 let list = [a, b];
                 let i = dev.wait_any_async(hub, &list).await.unwrap();
                 assert_eq!(dev.query(list[i]), Ok(umd_core::error::FenceStatus::Signalled));
@@ -82,7 +82,7 @@ fn two_tasks_on_two_queues_interleave_on_one_thread() {
         assert_eq!(words, (0..ROUNDS).collect::<Vec<_>>(), "task {t}'s writes");
     }
     // The blocking API beside it.
-    let f = dev.submit(QueueId(1), &[], |cb| cb.write_data(vas[0] + 0x900, &[7])).unwrap();
+    let f = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(vas[0] + 0x900, &[7])).unwrap();
     dev.wait(f, 1_000_000_000).unwrap();
     // Bad input: nothing to wait for.
     let r = futures::executor::block_on(dev.wait_any_async(&hub, &[]));

@@ -136,7 +136,7 @@ fn gating_cost() -> (f64, f64) {
             let hs: Vec<_> =
                 (0..BATCH).map(|_| dev.alloc(&BufferDesc::new(256).declared()).unwrap()).collect();
             let uses: Vec<BufferUse> = hs.iter().map(|h| BufferUse::read(*h)).collect();
-            let f = dev.submit_with(&Submit::on(QueueId(2)).using(&uses), |cb| cb.barrier()).unwrap();
+            let f = dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.barrier()).unwrap();
             if !pending {
                 fake.state().run(2);
                 dev.wait(f, 1_000_000_000).unwrap();

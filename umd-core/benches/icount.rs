@@ -151,7 +151,7 @@ fn device(gen: Generation, mmu: MmuMode, ring: usize) -> (&'static Fake, Device<
 
 fn submit_n(dev: &Device<'static, Fake, 32>, packets: u64) -> Fence {
     let data = [1u32, 2, 3, 4];
-    dev.submit(QueueId(0), &[], |cb| {
+    dev.submit(QueueId::GFX, &[], |cb| {
         for i in 0..packets {
             cb.write_data(0x8040_0000 + 16 * (i % 256), &data)?;
         }
@@ -192,7 +192,7 @@ struct DeclaredFixture {
 }
 
 fn submit_declared(dev: &Device<'static, Fake, 32>, uses: &[BufferUse], va: u64) -> Fence {
-    dev.submit_with(&Submit::on(QueueId(0)).using(uses), |cb| cb.write_data(va, &[1, 2, 3, 4]))
+    dev.submit_with(&Submit::on(QueueId::GFX).using(uses), |cb| cb.write_data(va, &[1, 2, 3, 4]))
         .expect("submit")
 }
 

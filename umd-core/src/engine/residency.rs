@@ -47,9 +47,6 @@ use super::{Backend, Counters, DeviceCore};
 /// memory are the driver's, not the platform's).
 pub(crate) const LOCAL_HANDLE: u64 = u64::MAX - 1;
 
-/// The COPY engine, which moves buffers.
-const COPY: QueueId = QueueId(2);
-
 const PAGE: u64 = 4096;
 
 /// Whether local memory is used at all (the `local-memory` feature). The
@@ -391,7 +388,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let uses = [BufferUse::read(s.h)];
         let r = self
             .submit_internal(
-                &Submit::on(COPY).using(&uses),
+                &Submit::on(QueueId::COPY).using(&uses),
                 |cb: &mut Recorder<'_>| -> Result<(), EncodeError> { cb.copy(s.va, tmp, s.bytes) },
             )
             .map_err(|e| match e {
@@ -467,7 +464,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         if s.touched != 0 && s.touched.saturating_add(window) > self.clock() {
             Counters::add(&self.stats.thrash_events, 1);
         }
-        self.record_trace(crate::debug::TraceKind::Evict, usize::from(COPY.0), Seqno(0), s.va);
+        self.record_trace(crate::debug::TraceKind::Evict, usize::from(QueueId::COPY.0), Seqno(0), s.va);
         Ok(())
     }
 
@@ -492,7 +489,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         }
         Counters::add(&self.stats.restores, 1);
         Counters::add(&self.stats.bytes_moved, s.bytes);
-        self.record_trace(crate::debug::TraceKind::Restore, usize::from(COPY.0), Seqno(0), s.va);
+        self.record_trace(crate::debug::TraceKind::Restore, usize::from(QueueId::COPY.0), Seqno(0), s.va);
         Ok(())
     }
 

@@ -182,7 +182,7 @@ fn check<B: Backend>(
     }
     if dev.is_lost() {
         fig.losses = 1;
-        let r = dev.submit(QueueId(0), &[], |cb| cb.timestamp(addr));
+        let r = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(addr));
         if r != Err(SubmitError::DeviceLost) {
             return Err(format!("a submission after the loss answered {r:?}"));
         }
