@@ -13,10 +13,12 @@
 //! - [`mem`]: GPU virtual-address allocator, size-class pools, page tables,
 //!   buffer handles, the buffer manager with fence-gated frees;
 //! - [`platform`]: the traits an integrator implements (memory, time,
-//!   interrupts, locks, and direct register access or kernel submission);
+//!   interrupts, locks, and direct register access ([`platform::DirectIo`])
+//!   or kernel submission ([`platform::KernelIo`]));
 //! - [`engine`]: the device core both modes share ([`engine::DeviceCore`]);
 //! - [`direct`]: direct mode (rings, fence slots, page tables, hang check);
-//! - [`kernel`]: kernel-mediated mode (a kernel driver does those);
+//! - [`kernel`]: kernel mode, the device over a kernel driver (`kmd/` is
+//!   the driver; [`platform::KernelIo`] the trait it is reached through);
 //! - [`storage`]: the device's large tables, placed by the integrator;
 //! - [`ring`], [`ibpool`]: the direct-mode ring and the IB chunk pool;
 //! - [`sync`]: fences, timelines, failure history, cross-queue dependencies;

@@ -1,11 +1,16 @@
-//! Kernel-mediated mode: a kernel driver owns the rings, the page tables and
-//! hang recovery; the core chooses GPU addresses (as libdrm's VA manager
-//! does), records IBs into its pool, checks dependencies, and hands each IB
-//! to the kernel with the timeline points it waits for and signals
-//! ([`crate::platform::KernelIo`]).
+//! Kernel mode: the device whose work goes through a kernel driver
+//! ([`KernelDevice`], the [`Kernel`] backend of the device core). Not the
+//! kernel driver itself (`kmd/`), nor the platform trait the device
+//! submits through ([`crate::platform::KernelIo`]).
 //!
-//! Everything but the kernel calls is the shared engine's
-//! ([`crate::engine`]); [`KernelDevice`] is the engine over this backend.
+//! The kernel driver owns the rings, the page tables and hang recovery;
+//! the core chooses GPU addresses (as libdrm's VA manager does), records
+//! IBs into its pool, checks dependencies, and hands each IB to the kernel
+//! with the timeline points it waits for and signals.
+//!
+//! Everything but the kernel calls is the shared device core's
+//! ([`crate::engine`]); [`KernelDevice`] is the device core over this
+//! backend.
 //! What this backend adds:
 //!
 //! - **One context per queue.** Queue `q`'s submissions go to a kernel

@@ -374,9 +374,9 @@ impl ClockSync {
     }
 }
 
-mod kernel;
+mod kernel_io;
 pub(crate) mod slots;
-pub use kernel::{
+pub use kernel_io::{
     ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
     KernelWait, MAX_FOREIGN,
 };
