@@ -20,11 +20,11 @@
 //! Nothing reaches the hardware after any error, and the queue stays
 //! usable.
 
-use crate::cmd::{Command, CommandBuffer, EncodeError};
+use crate::cmd::{Command, CommandBuffer, EncodeError, Finished};
 use crate::config::PoolExhaustion;
 use crate::debug::trace::SubmitRecord;
 use crate::error::{FenceStatus, SubmitError};
-use crate::ibpool::{record_into, Pending, Recorder};
+use crate::ibpool::{Pending, Recorder};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::history::Admission;
@@ -493,6 +493,36 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let r = SubmitRecord { ts_ns, seqno: seqno.0, dwords, ib_va, wptr };
         if !q.trace_stage.push(&r) {
             self.trace_locked().record_submit(qi, &r);
+        }
+    }
+}
+
+/// Runs `record` over `cb`, a command buffer over a recording from
+/// [`IbPool::recorder`](crate::ibpool::IbPool::recorder) that nothing was
+/// recorded into yet, and closes it: what to call from the ring. The
+/// recording's chunks are then still pending: the caller takes
+/// [`PoolSource::pending`](crate::ibpool::PoolSource::pending) of `cb`'s
+/// source and commits them once the submission reached the GPU, or aborts
+/// (dropping the [`Pending`] aborts too). On error the chunks are given
+/// back here, and the recording's error becomes the submission's. The
+/// buffer and its source stay where the caller built them (no move of
+/// either, no copy of the recording); shared by every submission mode.
+fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, SubmitError>
+where
+    F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
+{
+    let recorded = record(cb);
+    match (recorded, cb.finish_in_place()) {
+        (Ok(()), Ok(f)) => Ok(f),
+        (Err(e), _) | (Ok(()), Err(e)) => {
+            // No reference to a chunk's memory outlives its return.
+            cb.release_chunks();
+            cb.source().pending().abort();
+            Err(match e {
+                EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
+                EncodeError::Empty => SubmitError::Empty,
+                e => SubmitError::Encode(e),
+            })
         }
     }
 }

@@ -141,19 +141,6 @@ impl fmt::Display for SubmitError {
 
 impl core::error::Error for SubmitError {}
 
-/// A recording that failed: no IB chunk is [`SubmitError::PoolEmpty`],
-/// nothing recorded is [`SubmitError::Empty`], anything else is
-/// [`SubmitError::Encode`].
-impl From<EncodeError> for SubmitError {
-    fn from(e: EncodeError) -> Self {
-        match e {
-            EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
-            EncodeError::Empty => SubmitError::Empty,
-            e => SubmitError::Encode(e),
-        }
-    }
-}
-
 impl From<DepError> for SubmitError {
     fn from(e: DepError) -> Self {
         match e {
