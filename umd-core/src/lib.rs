@@ -27,6 +27,9 @@
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
 //!
+//! The modules form layers, and none imports from one above it
+//! (`docs/architecture.md`, "Layers"; `tests/layers.rs` checks it).
+//!
 //! Features: `defmt` (driver logs as defmt frames, for firmware) or `log`
 //! (the `log` facade, for Linux); neither by default (no logging code).
 //! `gen1`, `gen2` (both by default): the generations the build drives; a
