@@ -14,7 +14,7 @@
 //! metal, CLOCK_MONOTONIC on Linux). No allocation: samples go into
 //! caller-provided arrays.
 
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::platform::Platform;
 use umd_core::sync::QueueId;
 
@@ -61,12 +61,12 @@ pub enum BenchError {
 
 /// Per-submit CPU cost: one sample per `submit`, `samples.len()` of them.
 pub fn submit_cost<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
     let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
-    let q = QueueId(2);
+    let q = QueueId::COPY;
     let mut last = None;
     for (i, s) in samples.iter_mut().enumerate() {
         if i % BATCH == 0 {
@@ -91,13 +91,13 @@ pub fn submit_cost<B: Backend, const C: usize>(
 /// Doorbell -> fence round trips: `submit` + `wait`, one sample each, after
 /// `warmup` untimed ones.
 pub fn round_trips<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     warmup: usize,
     samples: &mut [u64],
 ) -> Result<Figures, BenchError> {
     let buf = dev.alloc_buffer(4096).map_err(|_| BenchError::Alloc)?;
     let va = dev.va(buf).map_err(|_| BenchError::Alloc)?;
-    let q = QueueId(2);
+    let q = QueueId::COPY;
     let n = samples.len();
     for i in 0..warmup + n {
         let t0 = dev.platform().now_ns();

@@ -34,18 +34,11 @@ use conformance::io::{first_mismatch, write_words};
 use umd_core::cmd::{DispatchOp, EncodeError};
 use umd_core::config::Config;
 use umd_core::debug::{TraceKind, TraceRing};
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle, BufferStats};
 use umd_core::platform::Platform;
 use umd_core::sync::{Fence, QueueId};
-
-/// Graphics queue.
-const GFX: QueueId = QueueId(0);
-/// Compute queue.
-const COMPUTE: QueueId = QueueId(1);
-/// Copy queue.
-const COPY: QueueId = QueueId(2);
 
 /// Elements per array.
 pub const N: usize = 4096;
@@ -180,7 +173,7 @@ fn saxpy(s: f32, a: f32, b: f32) -> f32 {
 
 /// Moves the device's trace events into `big` (called after every wait,
 /// so the device's own ring never overflows).
-pub fn drain_trace<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, big: &mut TraceRing<'_>) {
+pub fn drain_trace<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, big: &mut TraceRing<'_>) {
     let mut t = dev.trace();
     for e in t.iter() {
         big.record(*e);
@@ -204,7 +197,7 @@ struct Buf {
 }
 
 fn alloc<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     len: u64,
     tag: &'static str,
     allocs: &mut u32,
@@ -235,7 +228,7 @@ struct InFlight {
 /// flight (2 or 3) and returns the figures; every driver event, and every
 /// job's GPU span when the device clock can be read, lands in `trace`.
 pub fn run<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     frames: u32,
     depth: u32,
     trace: &mut TraceRing<'_>,
@@ -288,7 +281,7 @@ pub fn run<B: Backend, const C: usize>(
         let t = ts.va + u64::from(f) * 48;
         let (stg, inp, res, out) = (slot.staging.va, slot.input.va, slot.result.va, slot.output.va);
         // 2. COPY: upload in tiles + the constant table (chained IB).
-        let copy = submit(dev, COPY, &[], |cb| {
+        let copy = submit(dev, QueueId::COPY, &[], |cb| {
             cb.timestamp(t + 32)?;
             let mut off = 0;
             while off < 2 * n4 {
@@ -305,13 +298,13 @@ pub fn run<B: Backend, const C: usize>(
             cb.timestamp(t + 40)
         })?;
         // 3. COMPUTE: waits for the upload, DISPATCH saxpy.
-        let compute = submit(dev, COMPUTE, &[copy], |cb| {
+        let compute = submit(dev, QueueId::COMPUTE, &[copy], |cb| {
             cb.timestamp(t + 16)?;
             cb.dispatch(DispatchOp::SaxpyF32, inp, inp + n4, res, N as u32, scalar(f))?;
             cb.timestamp(t + 24)
         })?;
         // 4. GFX: waits for the compute, copies the result out.
-        let gfx = submit(dev, GFX, &[compute], |cb| {
+        let gfx = submit(dev, QueueId::GFX, &[compute], |cb| {
             cb.timestamp(t)?;
             cb.copy(res, out, n4)?;
             cb.timestamp(t + 8)
@@ -365,7 +358,7 @@ pub fn run<B: Backend, const C: usize>(
 }
 
 fn submit<B: Backend, const C: usize, F>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     q: QueueId,
     waits: &[Fence],
     f: F,
@@ -377,7 +370,7 @@ where
 }
 
 fn retire<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     slot: &Slot,
     old: InFlight,
     sum: &mut Summary,
@@ -391,7 +384,7 @@ fn retire<B: Backend, const C: usize>(
     r.map_err(|e| err("wait for a frame", e))?;
     for q in earlier {
         match q {
-            Ok(umd_core::queue::FenceStatus::Signalled) => {}
+            Ok(umd_core::error::FenceStatus::Signalled) => {}
             other => return Err(err("an earlier stage's fence", DebugText(other))),
         }
     }
@@ -475,7 +468,7 @@ impl fmt::Display for Ms {
 /// Writes the human-readable report.
 pub fn write_report<B: Backend, const C: usize>(
     out: &mut impl Write,
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     sum: &Summary,
     trace_events: usize,
     trace_dropped: u64,

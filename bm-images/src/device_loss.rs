@@ -4,7 +4,7 @@
 
 use platform_baremetal::arch::{exit, timer};
 use platform_baremetal::println;
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::sync::QueueId;
 
 /// Exit status when the device was lost (and reported).
@@ -19,7 +19,7 @@ pub const EXIT_DEVICE_LOST: i32 = 4;
 /// statistics, and exits with [`EXIT_DEVICE_LOST`]. Exits 2 when the buffer
 /// can not be had, 1 when the device is never lost.
 pub fn run<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     window_ns: u64,
     transport_lost: &dyn Fn() -> bool,
 ) -> ! {

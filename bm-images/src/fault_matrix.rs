@@ -15,7 +15,7 @@ use core::fmt;
 use conformance::faults::{self, Accounting, Workload};
 use platform_baremetal::arch::{console, timer};
 use platform_baremetal::println;
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 
 /// Submissions of a cell (as in the hosted matrices).
 pub const JOBS: usize = 48;
@@ -46,7 +46,7 @@ impl fmt::Write for Console {
 /// gone). `None` when the workload could not start (printed as
 /// `@@ FATAL`).
 pub fn run<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     cell: Cell,
     alive: &dyn Fn() -> bool,
 ) -> Option<Accounting> {

@@ -5,7 +5,7 @@
 use conformance::{Env, Outcome, ScenarioResult};
 use platform_baremetal::arch::timer;
 use platform_baremetal::println;
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 
 /// Scenario counts of a run.
 #[derive(Clone, Copy, Debug, Default)]
@@ -22,7 +22,7 @@ pub struct Counts {
 /// the guest time of each, and after `page_fault_reported` the device's
 /// last hang report between `@@ REPORT <scenario> BEGIN` and
 /// `@@ REPORT END`.
-pub fn run<B: Backend + Sync, const C: usize>(dev: &Engine<'_, B, C>, env: &Env<'_>) -> Counts {
+pub fn run<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>, env: &Env<'_>) -> Counts {
     let mut n = Counts::default();
     for s in conformance::scenarios() {
         let t0 = timer::now_ns();

@@ -7,9 +7,9 @@
 
 use core::fmt;
 
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
+use umd_core::error::FenceStatus;
 use umd_core::mem::BufferHandle;
-use umd_core::queue::FenceStatus;
 use umd_core::sync::QueueId;
 
 use crate::io::{first_mismatch, write_words};
@@ -32,9 +32,9 @@ pub struct Failure {
 #[derive(Clone, Copy, Debug)]
 pub enum CoreErr {
     /// A submission was refused.
-    Submit(umd_core::queue::SubmitError),
+    Submit(umd_core::error::SubmitError),
     /// A wait failed.
-    Wait(umd_core::queue::WaitError),
+    Wait(umd_core::error::WaitError),
     /// An allocation failed.
     Alloc(umd_core::mem::AllocError),
     /// A buffer call failed.
@@ -58,11 +58,11 @@ fn fail(what: &'static str, a: u64, b: u64, c: u64) -> Failure {
     Failure { what, args: [a, b, c], err: None }
 }
 
-fn se(what: &'static str) -> impl Fn(umd_core::queue::SubmitError) -> Failure {
+fn se(what: &'static str) -> impl Fn(umd_core::error::SubmitError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Submit(e)) }
 }
 
-fn we(what: &'static str) -> impl Fn(umd_core::queue::WaitError) -> Failure {
+fn we(what: &'static str) -> impl Fn(umd_core::error::WaitError) -> Failure {
     move |e| Failure { what, args: [0; 3], err: Some(CoreErr::Wait(e)) }
 }
 
@@ -75,7 +75,7 @@ fn be(what: &'static str) -> impl Fn(umd_core::mem::BufferError) -> Failure {
 }
 
 fn alloc<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     len: u64,
 ) -> Result<(BufferHandle, u64), Failure> {
     let h = dev.alloc_buffer(len).map_err(ae("alloc"))?;
@@ -84,7 +84,7 @@ fn alloc<B: Backend, const C: usize>(
 }
 
 fn check_words<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     h: BufferHandle,
     n: usize,
     want: impl Fn(usize) -> u32,
@@ -103,7 +103,7 @@ fn pattern(i: usize, seed: u32) -> u32 {
 
 /// Copy, fill and write-data on `queue`, every destination dword checked.
 pub fn copy_fill_write<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queue: QueueId,
     seed: u32,
 ) -> Result<(), Failure> {
@@ -137,7 +137,7 @@ pub fn copy_fill_write<B: Backend, const C: usize>(
 /// `n` (at most 64) write-data submissions on `queue`: every fence is
 /// signalled once the last one is, and every write landed.
 pub fn fences_in_order<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queue: QueueId,
     n: u32,
 ) -> Result<(), Failure> {
@@ -167,13 +167,13 @@ pub fn fences_in_order<B: Backend, const C: usize>(
 /// COPY copies a buffer to a middle buffer; GFX waits for that fence (a
 /// WAIT_MEM in its ring, or a kernel sync point) and copies on to the
 /// destination.
-pub fn cross_queue<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result<(), Failure> {
+pub fn cross_queue<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>) -> Result<(), Failure> {
     let (a, va) = alloc(dev, 4096)?;
     let (mid, vm) = alloc(dev, 4096)?;
     let (dst, vd) = alloc(dev, 4096)?;
     write_words(dev, a, 1024, |i| pattern(i, 0x55)).map_err(be("write"))?;
-    let f1 = dev.submit(QueueId(2), &[], |cb| cb.copy(va, vm, 4096)).map_err(se("submit copy"))?;
-    let f2 = dev.submit(QueueId(0), &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(se("submit gfx"))?;
+    let f1 = dev.submit(QueueId::COPY, &[], |cb| cb.copy(va, vm, 4096)).map_err(se("submit copy"))?;
+    let f2 = dev.submit(QueueId::GFX, &[f1], |cb| cb.copy(vm, vd, 4096)).map_err(se("submit gfx"))?;
     dev.wait(f2, WAIT_GUARD_NS).map_err(we("wait"))?;
     check_words(dev, dst, 1024, |i| pattern(i, 0x55))?;
     for h in [a, mid, dst] {
@@ -183,17 +183,17 @@ pub fn cross_queue<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result
 }
 
 /// One named check.
-pub type Check<B, const C: usize> = fn(&Engine<'_, B, C>) -> Result<(), Failure>;
+pub type Check<B, const C: usize> = fn(&DeviceCore<'_, B, C>) -> Result<(), Failure>;
 
 /// The smoke list: (scenario name, check).
 pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
     [
-        ("copy_fill_write_gfx", |d| copy_fill_write(d, QueueId(0), 0x100)),
-        ("copy_fill_write_compute", |d| copy_fill_write(d, QueueId(1), 0x101)),
-        ("copy_fill_write_copy", |d| copy_fill_write(d, QueueId(2), 0x102)),
-        ("fences_in_order_gfx", |d| fences_in_order(d, QueueId(0), 40)),
-        ("fences_in_order_compute", |d| fences_in_order(d, QueueId(1), 40)),
-        ("fences_in_order_copy", |d| fences_in_order(d, QueueId(2), 40)),
+        ("copy_fill_write_gfx", |d| copy_fill_write(d, QueueId::GFX, 0x100)),
+        ("copy_fill_write_compute", |d| copy_fill_write(d, QueueId::COMPUTE, 0x101)),
+        ("copy_fill_write_copy", |d| copy_fill_write(d, QueueId::COPY, 0x102)),
+        ("fences_in_order_gfx", |d| fences_in_order(d, QueueId::GFX, 40)),
+        ("fences_in_order_compute", |d| fences_in_order(d, QueueId::COMPUTE, 40)),
+        ("fences_in_order_copy", |d| fences_in_order(d, QueueId::COPY, 40)),
         ("cross_queue", cross_queue),
     ]
 }
@@ -201,7 +201,7 @@ pub fn list<B: Backend, const C: usize>() -> [(&'static str, Check<B, C>); 7] {
 /// Runs every check of [`list`] in order and stops at the first failure,
 /// which it hands to `failed` with the check's name. True if all passed.
 pub fn all<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     failed: impl FnOnce(&'static str, Failure),
 ) -> bool {
     for (name, check) in list::<B, C>() {

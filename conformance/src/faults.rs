@@ -22,8 +22,8 @@
 
 use core::fmt::{self, Write};
 
-use umd_core::engine::{Backend, BufferUse, Engine, Submit};
-use umd_core::queue::{SubmitError, WaitError};
+use umd_core::engine::{Backend, BufferUse, DeviceCore, Submit};
+use umd_core::error::{SubmitError, WaitError};
 use umd_core::sync::{Cause, Fence, QueueId};
 
 /// Most submissions one [`run`] attempts.
@@ -341,7 +341,7 @@ impl fmt::Display for RunError {
 /// accounting does not say (probe attempts that failed, the first
 /// unexplained refusal) goes to `log`, a line each.
 pub fn run<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     w: Workload,
     midway: &mut dyn FnMut(),
     heal: &mut dyn FnMut(),
@@ -352,7 +352,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
     }
     let mut acc = Accounting::default();
     let nq = dev.queue_count().clamp(1, 3);
-    let all = [QueueId(0), QueueId(1), QueueId(2)];
+    let all = [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY];
     let queues = all.get(..nq).unwrap_or(&all);
     let mut rng = Rng(w.seed);
     let out = dev.alloc_buffer((w.jobs as u64 * 4).max(4)).map_err(RunError::ResultBuffer)?;
@@ -371,7 +371,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
             midway();
         }
         let qi = rng.below(nq as u64) as usize;
-        let q = queues.get(qi).copied().unwrap_or(QueueId(0));
+        let q = queues.get(qi).copied().unwrap_or(QueueId::GFX);
         let mut wait: Option<Fence> = None;
         let oq = rng.below(nq as u64) as usize;
         if oq != qi && rng.below(2) == 0 {
@@ -476,7 +476,7 @@ pub enum FenceOutcome {
 
 /// Waits for `f` (at most `guard` ns) and counts its outcome in `acc`.
 pub fn resolve<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     f: Fence,
     guard: u64,
     acc: &mut Accounting,
@@ -517,7 +517,7 @@ pub const PROBE_ATTEMPTS: u32 = 3;
 /// time, but always with a reason. Returns whether that held and the
 /// attempts that failed. Prints what went wrong.
 pub fn probe<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     queues: &[QueueId],
     w: Workload,
     log: &mut dyn Write,

@@ -1,7 +1,7 @@
 //! Buffer contents without an allocator: dwords written and checked in
 //! blocks through the device's copy calls (which do the cache maintenance).
 
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::mem::{BufferError, BufferHandle};
 
 /// Dwords moved per device call.
@@ -9,7 +9,7 @@ const BLOCK: usize = 256;
 
 /// Writes `n` dwords `f(i)` at the start of `h`.
 pub fn write_words<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     h: BufferHandle,
     n: usize,
     f: impl Fn(usize) -> u32,
@@ -29,7 +29,7 @@ pub fn write_words<B: Backend, const C: usize>(
 
 /// The first dword `i < n` of `h` that is not `want(i)`: `(i, got, want)`.
 pub fn first_mismatch<B: Backend, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     h: BufferHandle,
     n: usize,
     want: impl Fn(usize) -> u32,

@@ -3,7 +3,7 @@
 //! with a non-coherent CPU cache), Linux co-simulation against
 //! `refgpu-sim`, bare metal under QEMU, and through the Linux kernel driver.
 //!
-//! Each scenario takes a device ([`Engine`], either mode) and an [`Env`]
+//! Each scenario takes a device ([`DeviceCore`], either mode) and an [`Env`]
 //! saying what the platform offers (threads), and returns a
 //! [`ScenarioResult`]: pass, fail with a reason, or skip with the reason it
 //! cannot run on this platform (a scenario never passes silently). The list:
@@ -34,21 +34,24 @@ use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError};
 use umd_core::config::{Config, HangConfig, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::MmuMode;
-use umd_core::engine::{Backend, BufferUse, Engine, Event, Mode, Submit};
+use umd_core::engine::{Backend, BufferUse, DeviceCore, Event, Mode, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::ibpool::Recorder;
 use umd_core::mem::{BufferDesc, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Access, Cause, FaultKind, Fence, FenceError, QueueId};
 
 use io::{first_mismatch, write_words};
 
 /// Graphics queue.
-pub const GFX: QueueId = QueueId(0);
+#[deprecated(note = "use `QueueId::GFX`")]
+pub const GFX: QueueId = QueueId::GFX;
 /// Compute queue (the only one that runs DISPATCH).
-pub const COMPUTE: QueueId = QueueId(1);
+#[deprecated(note = "use `QueueId::COMPUTE`")]
+pub const COMPUTE: QueueId = QueueId::COMPUTE;
 /// Copy queue.
-pub const COPY: QueueId = QueueId(2);
+#[deprecated(note = "use `QueueId::COPY`")]
+pub const COPY: QueueId = QueueId::COPY;
 
 /// Failure guard for one wait: far beyond any expected time, so a slow
 /// platform (QEMU under TCG) never fails for being slow.
@@ -190,7 +193,7 @@ pub trait Parallel: Sync {
 }
 
 /// A scenario's body: `Err` carries the failure (or skip) text.
-type Body<B, const C: usize> = fn(&Engine<'_, B, C>, &Env<'_>, &mut Detail) -> Result<(), Stop>;
+type Body<B, const C: usize> = fn(&DeviceCore<'_, B, C>, &Env<'_>, &mut Detail) -> Result<(), Stop>;
 
 /// Why a scenario body stopped early.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -210,7 +213,7 @@ pub struct Scenario<B: Backend, const C: usize> {
 
 impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
     /// Runs it.
-    pub fn run(&self, dev: &Engine<'_, B, C>, env: &Env<'_>) -> ScenarioResult {
+    pub fn run(&self, dev: &DeviceCore<'_, B, C>, env: &Env<'_>) -> ScenarioResult {
         let mut detail = Detail::new();
         let outcome = match (self.body)(dev, env, &mut detail) {
             Ok(()) => Outcome::Pass,
@@ -278,7 +281,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
 
 /// Runs every scenario on `dev`, handing each result to `out`.
 pub fn run_all<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     env: &Env<'_>,
     mut out: impl FnMut(ScenarioResult),
 ) {
@@ -329,7 +332,7 @@ fn pattern(i: usize, seed: u32) -> u32 {
     (i as u32).wrapping_mul(0x9E37_79B1) ^ seed
 }
 
-type Dev<'a, 'd, B, const C: usize> = &'a Engine<'d, B, C>;
+type Dev<'a, 'd, B, const C: usize> = &'a DeviceCore<'d, B, C>;
 
 fn alloc<B: Backend, const C: usize>(
     dev: Dev<'_, '_, B, C>,
@@ -468,7 +471,7 @@ fn copy_fill_write<B: Backend, const C: usize>(
     _: &Env<'_>,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    for (k, q) in [GFX, COMPUTE, COPY].into_iter().enumerate() {
+    for (k, q) in [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY].into_iter().enumerate() {
         let seed = 0x1234_5678 ^ k as u32;
         let (src, s) = alloc(dev, 16384, d)?;
         let (dst, t) = alloc(dev, 16384, d)?;
@@ -500,7 +503,7 @@ fn fences_in_order<B: Backend, const C: usize>(
     let mut fences = [None; 64];
     for (i, slot) in fences.iter_mut().enumerate() {
         // Each job writes a timestamp: in-order execution means they never decrease.
-        *slot = Some(submit(dev, GFX, &[], d, |cb| cb.timestamp(b + 8 * i as u64))?);
+        *slot = Some(submit(dev, QueueId::GFX, &[], d, |cb| cb.timestamp(b + 8 * i as u64))?);
     }
     let last = fences[63].ok_or(Stop::Fail)?;
     wait(dev, last, d)?;
@@ -531,7 +534,7 @@ fn ib_chaining<B: Backend, const C: usize>(
     let (buf, b) = alloc(dev, 3000 * 4, d)?;
     // 3000 WRITE_DATA packets of 4 dwords each: ~60 KB of commands through
     // 4 KiB chunks, so the buffer is chained over about 15 chunks.
-    let f = submit(dev, COPY, &[], d, |cb| {
+    let f = submit(dev, QueueId::COPY, &[], d, |cb| {
         for i in 0..3000u64 {
             cb.write_data(b + 4 * i, &[pattern(i as usize, 0xC4A1)])?;
         }
@@ -556,7 +559,7 @@ fn ring_wraparound<B: Backend, const C: usize>(
     // at least twice, at shifting offsets.
     let mut last = None;
     for i in 0..1200u64 {
-        let f = submit(dev, COMPUTE, &[], d, |cb| cb.write_data(b + 4 * (i % 1024), &[i as u32]))?;
+        let f = submit(dev, QueueId::COMPUTE, &[], d, |cb| cb.write_data(b + 4 * (i % 1024), &[i as u32]))?;
         if i % 100 == 99 {
             wait(dev, f, d)?;
         }
@@ -590,11 +593,11 @@ fn pipeline<B: Backend, const C: usize>(
     fill(dev, input, 2 * N, |i| if i < N { a(i).to_bits() } else { bv(i - N).to_bits() }, d)?;
     let n4 = (N * 4) as u64;
     // COPY: stage both inputs. COMPUTE (waits COPY): SAXPY. GFX (waits COMPUTE): copy out.
-    let c1 = submit(dev, COPY, &[], d, |cb| cb.copy(inp, stg, 2 * n4))?;
-    let c2 = submit(dev, COMPUTE, &[c1], d, |cb| {
+    let c1 = submit(dev, QueueId::COPY, &[], d, |cb| cb.copy(inp, stg, 2 * n4))?;
+    let c2 = submit(dev, QueueId::COMPUTE, &[c1], d, |cb| {
         cb.dispatch(DispatchOp::SaxpyF32, stg, stg + n4, res, N as u32, 2.5)
     })?;
-    let c3 = submit(dev, GFX, &[c2], d, |cb| cb.copy(res, o, n4))?;
+    let c3 = submit(dev, QueueId::GFX, &[c2], d, |cb| cb.copy(res, o, n4))?;
     wait(dev, c3, d)?;
     check!(d, dev.query(c1) == Ok(FenceStatus::Signalled), "copy fence not signalled before the final one");
     check!(
@@ -614,18 +617,18 @@ fn deadlock_rejected<B: Backend, const C: usize>(
     _: &Env<'_>,
     d: &mut Detail,
 ) -> Result<(), Stop> {
-    let Some(copy_next) = dev.next_fence(COPY) else { fail!(d, "no COPY queue") };
+    let Some(copy_next) = dev.next_fence(QueueId::COPY) else { fail!(d, "no COPY queue") };
     // COMPUTE waits for COPY's next fence (wait before signal) ...
-    let compute = submit(dev, COMPUTE, &[copy_next], d, |cb| cb.barrier())?;
+    let compute = submit(dev, QueueId::COMPUTE, &[copy_next], d, |cb| cb.barrier())?;
     // ... so COPY's next submission may not wait for that COMPUTE work.
-    match dev.submit(COPY, &[compute], |cb| cb.barrier()) {
+    match dev.submit(QueueId::COPY, &[compute], |cb| cb.barrier()) {
         Err(SubmitError::Cycle(c)) => {
             check!(d, c.fences().len() == 2, "cycle named {} submissions: {c}", c.fences().len());
         }
         other => fail!(d, "expected a wait-cycle error, got {other:?}"),
     }
     // The same submission without the cycle runs and releases COMPUTE.
-    let copy = submit(dev, COPY, &[], d, |cb| cb.barrier())?;
+    let copy = submit(dev, QueueId::COPY, &[], d, |cb| cb.barrier())?;
     check!(
         d,
         copy.seqno() == copy_next.seqno(),
@@ -649,14 +652,14 @@ fn page_fault<B: Backend, const C: usize>(
         skip!(d, "MMU bypassed on this device: no faults to take");
     }
     let (dst, t) = alloc(dev, 4096, d)?;
-    let f = submit_unvalidated(dev, COPY, d, |cb| cb.copy(UNMAPPED, t, 256))?;
+    let f = submit_unvalidated(dev, QueueId::COPY, d, |cb| cb.copy(UNMAPPED, t, 256))?;
     match dev.wait(f, GUARD_NS) {
         Err(WaitError::Failed(FenceError::Fault(info))) => {
             check!(d, info.kind == FaultKind::Translation, "fault kind {:?}", info.kind);
             check!(d, info.access == Access::Read, "fault access {:?}", info.access);
             check!(d, info.addr == UNMAPPED, "fault address {:#x}, expected {UNMAPPED:#x}", info.addr);
             let Some(r) = dev.last_hang() else { fail!(d, "no fault report") };
-            check!(d, r.queue == COPY, "fault reported on {}", r.queue);
+            check!(d, r.queue == QueueId::COPY, "fault reported on {}", r.queue);
         }
         Err(WaitError::Failed(_)) if dev.mode() == Mode::Kernel => {
             // The kernel reset the context; the fault's details are in its
@@ -665,7 +668,7 @@ fn page_fault<B: Backend, const C: usize>(
         other => fail!(d, "expected a translation fault, got {other:?}"),
     }
     // The queue works again.
-    let g = submit(dev, COPY, &[], d, |cb| cb.fill(t, 64, 7))?;
+    let g = submit(dev, QueueId::COPY, &[], d, |cb| cb.fill(t, 64, 7))?;
     wait(dev, g, d)?;
     free(dev, dst, d)
 }
@@ -678,7 +681,7 @@ fn hang_recovery<B: Backend, const C: usize>(
     let (buf, b) = alloc(dev, 4096, d)?;
     let resets = dev.stats().resets;
     // A semaphore that is never released: the engine waits forever.
-    let stuck = submit(dev, COMPUTE, &[], d, |cb| {
+    let stuck = submit(dev, QueueId::COMPUTE, &[], d, |cb| {
         cb.push(&Command::WaitMem {
             addr: b,
             reference: 0xFEED,
@@ -687,7 +690,7 @@ fn hang_recovery<B: Backend, const C: usize>(
             wide: true,
         })
     })?;
-    let behind = submit(dev, COMPUTE, &[], d, |cb| cb.write_data(b + 64, &[1]))?;
+    let behind = submit(dev, QueueId::COMPUTE, &[], d, |cb| cb.write_data(b + 64, &[1]))?;
     match dev.wait(behind, GUARD_NS) {
         Err(WaitError::Failed(FenceError::DeviceHung)) => {}
         other => fail!(d, "expected the hang to fail the fence, got {other:?}"),
@@ -698,7 +701,7 @@ fn hang_recovery<B: Backend, const C: usize>(
         "the hung job's fence is not failed"
     );
     let Some(r) = dev.last_hang() else { fail!(d, "no hang report") };
-    check!(d, r.queue == COMPUTE, "hang blamed on {}", r.queue);
+    check!(d, r.queue == QueueId::COMPUTE, "hang blamed on {}", r.queue);
     check!(
         d,
         matches!(r.reason, HangReason::NoProgress { .. } | HangReason::KernelReset),
@@ -707,7 +710,7 @@ fn hang_recovery<B: Backend, const C: usize>(
     );
     check!(d, dev.stats().resets == resets + 1, "expected one reset");
     // The next submission on the reset queue succeeds.
-    let next = submit(dev, COMPUTE, &[], d, |cb| cb.write_data(b + 128, &[0x600D]))?;
+    let next = submit(dev, QueueId::COMPUTE, &[], d, |cb| cb.write_data(b + 128, &[0x600D]))?;
     wait(dev, next, d)?;
     expect_words(dev, buf, 33, d, |i| if i == 32 { 0x600D } else { 0 })?;
     free(dev, buf, d)
@@ -722,7 +725,7 @@ fn pool_exhaustion<B: Backend, const C: usize>(
     let g = gate(dev, d)?;
     // Block GFX on a gate the host releases, then submit jobs that each
     // need most of a chunk until the pool runs dry.
-    let gated = submit(dev, GFX, &[], d, |cb| cb.push(&g.wait()))?;
+    let gated = submit(dev, QueueId::GFX, &[], d, |cb| cb.push(&g.wait()))?;
     dev.set_pool_exhaustion(PoolExhaustion::Error);
     let exhausted = fill_pool(dev, s, d);
     // Whatever happened, release the gate and restore the policy so later
@@ -734,7 +737,7 @@ fn pool_exhaustion<B: Backend, const C: usize>(
     destroy_gate(dev, g, d)?;
     // With the waiting policy the next submission gets a chunk back as soon
     // as the oldest fence signals.
-    let after = submit(dev, GFX, &[], d, |cb| cb.write_data(s + 8, &[0xAB]))?;
+    let after = submit(dev, QueueId::GFX, &[], d, |cb| cb.write_data(s + 8, &[0xAB]))?;
     wait(dev, after, d)?;
     check!(d, dev.query(last) == Ok(FenceStatus::Signalled), "earlier work not done");
     free(dev, sem, d)
@@ -752,7 +755,7 @@ fn fill_pool<B: Backend, const C: usize>(
     // batching two jobs can share a chunk, so 2C + 2 jobs cannot all fit.
     let mut last = None;
     for i in 0..(2 * C + 2) {
-        match dev.submit(GFX, &[], |cb| {
+        match dev.submit(QueueId::GFX, &[], |cb| {
             for _ in 0..3 {
                 cb.write_data(s + 2048, &big)?;
             }
@@ -779,22 +782,22 @@ fn misaligned_fence<B: Backend, const C: usize>(
         Generation::Gen2 => {
             // 8-byte aligned but not 64: the device would drop it silently,
             // so the encoder refuses it and nothing is submitted.
-            let before = dev.last_emitted(GFX);
-            match dev.submit(GFX, &[], |cb| cb.fence(b + 8, 5, false)) {
+            let before = dev.last_emitted(QueueId::GFX);
+            match dev.submit(QueueId::GFX, &[], |cb| cb.fence(b + 8, 5, false)) {
                 Err(SubmitError::Encode(EncodeError::MisalignedFence { align: 64, .. })) => {}
                 other => fail!(d, "expected MisalignedFence(64), got {other:?}"),
             }
-            check!(d, dev.last_emitted(GFX) == before, "a refused submission emitted a fence");
-            let f = submit(dev, GFX, &[], d, |cb| cb.fence(b + 64, 5, false))?;
+            check!(d, dev.last_emitted(QueueId::GFX) == before, "a refused submission emitted a fence");
+            let f = submit(dev, QueueId::GFX, &[], d, |cb| cb.fence(b + 64, 5, false))?;
             wait(dev, f, d)?;
             expect_words(dev, buf, 18, d, |i| if i == 16 { 5 } else { 0 })?;
         }
         Generation::Gen1 => {
             // Gen1 only needs 8-byte alignment: the same fence lands.
-            let f = submit(dev, GFX, &[], d, |cb| cb.fence(b + 8, 5, false))?;
+            let f = submit(dev, QueueId::GFX, &[], d, |cb| cb.fence(b + 8, 5, false))?;
             wait(dev, f, d)?;
             expect_words(dev, buf, 4, d, |i| if i == 2 { 5 } else { 0 })?;
-            match dev.submit(GFX, &[], |cb| cb.fence(b + 4, 5, false)) {
+            match dev.submit(QueueId::GFX, &[], |cb| cb.fence(b + 4, 5, false)) {
                 Err(SubmitError::Encode(EncodeError::MisalignedFence { align: 8, .. })) => {}
                 other => fail!(d, "expected MisalignedFence(8), got {other:?}"),
             }
@@ -813,13 +816,13 @@ fn stress<B: Backend, const C: usize>(
     let (buf, b) = alloc(dev, (JOBS * 4) as u64, d)?;
     let mut rng = Rng(0x5EED_0FC0_FFEE);
     let before = dev.stats();
-    let queues = [GFX, COMPUTE, COPY];
+    let queues = [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY];
     // The last KEEP fences of each queue, to draw waits from.
     let mut recent = [[None::<Fence>; KEEP]; 3];
     let mut count = [0usize; 3];
     for i in 0..JOBS {
         let qi = rng.below(3) as usize;
-        let q = queues.get(qi).copied().unwrap_or(GFX);
+        let q = queues.get(qi).copied().unwrap_or(QueueId::GFX);
         let mut wl: [Option<Fence>; 2] = [None; 2];
         for w in wl.iter_mut() {
             let oq = rng.below(3) as usize;
@@ -829,7 +832,7 @@ fn stress<B: Backend, const C: usize>(
                 *w = recent.get(oq).and_then(|r| r.get(pick % KEEP)).copied().flatten();
             }
         }
-        let mut waits = [dev.last_emitted(GFX).ok_or(Stop::Fail)?; 2];
+        let mut waits = [dev.last_emitted(QueueId::GFX).ok_or(Stop::Fail)?; 2];
         let mut nw = 0;
         for f in wl.iter().flatten() {
             waits[nw] = *f;
@@ -877,7 +880,7 @@ fn free_while_in_flight<B: Backend, const C: usize>(
         // The copy waits for the host's gate, so it is surely in flight
         // while the buffer is freed and its successors are allocated.
         let uses = [BufferUse::read(src), BufferUse::write(out)];
-        let job = Submit::on(COPY).using(if declared { &uses } else { &[] });
+        let job = Submit::on(QueueId::COPY).using(if declared { &uses } else { &[] });
         let recorded = dev.submit_with(&job, |cb| {
             cb.push(&g.wait())?;
             cb.copy(s, o, LEN)
@@ -930,7 +933,7 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     let (src, s) = alloc_with(dev, &BufferDesc::new(LEN).tag("fixed-first"), d)?;
     let (out, o) = alloc(dev, LEN, d)?;
     fill(dev, src, WORDS, |i| pattern(i, 0xF1ED), d)?;
-    let f = submit(dev, COPY, &[], d, |cb| cb.copy(s, o, LEN))?;
+    let f = submit(dev, QueueId::COPY, &[], d, |cb| cb.copy(s, o, LEN))?;
     free(dev, src, d)?;
     // Whether the copy was still running when its range was asked for (so
     // that the wait was exercised here, not only allowed): said in the
@@ -953,7 +956,7 @@ fn fixed_address_reuse<B: Backend, const C: usize>(
     check!(d, dev.va(h) == Ok(s), "asked for {s:#x}, got {:?}", dev.va(h));
     wait(dev, f, d)?;
     expect_words(dev, out, WORDS, d, |i| pattern(i, 0xF1ED))?;
-    let g = submit(dev, COPY, &[], d, |cb| cb.fill(s, LEN, 0x600D_F1ED))?;
+    let g = submit(dev, QueueId::COPY, &[], d, |cb| cb.fill(s, LEN, 0x600D_F1ED))?;
     wait(dev, g, d)?;
     expect_words(dev, h, WORDS, d, |_| 0x600D_F1ED)?;
     let live = dev.alloc_at(&BufferDesc::new(4096), s + 8192);
@@ -997,7 +1000,7 @@ fn many_small_buffers<B: Backend, const C: usize>(
             *slot = Some((h, va, size));
         }
         let seed = done as u32;
-        let f = submit(dev, COPY, &[], d, |cb| {
+        let f = submit(dev, QueueId::COPY, &[], d, |cb| {
             for (k, b) in wave.iter().enumerate() {
                 if let Some((_, va, size)) = b {
                     cb.fill(*va, size & !3, seed ^ k as u32)?;
@@ -1055,14 +1058,15 @@ fn local_memory<B: Backend, const C: usize>(
     // Fill each (its own value), then read each back through system memory.
     for (i, (h, va)) in bufs.iter().enumerate() {
         let uses = [BufferUse::write(*h)];
-        let filled =
-            dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(*va, piece, 0x1000 + i as u32));
+        let filled = dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| {
+            cb.fill(*va, piece, 0x1000 + i as u32)
+        });
         let f = tried!(d, filled, "fill {i}");
         wait(dev, f, d)?;
     }
     for (i, (h, va)) in bufs.iter().enumerate() {
         let uses = [BufferUse::read(*h), BufferUse::write(back)];
-        let copied = dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.copy(*va, bv, piece));
+        let copied = dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.copy(*va, bv, piece));
         let f = tried!(d, copied, "read back {i}");
         wait(dev, f, d)?;
         let want = 0x1000 + i as u32;
@@ -1083,7 +1087,8 @@ fn local_memory<B: Backend, const C: usize>(
     for k in 0..subs as usize {
         let (h, va) = bufs[k % 5];
         let uses = [BufferUse::write(h)];
-        let filled = dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(va, 256, k as u32));
+        let filled =
+            dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.fill(va, 256, k as u32));
         wait(dev, tried!(d, filled, "thrash step {k}"), d)?;
     }
     let s2 = dev.stats();
@@ -1093,7 +1098,7 @@ fn local_memory<B: Backend, const C: usize>(
     check!(d, moves <= bound, "{moves} moves for {subs} cyclic submissions over 5 buffers, bound {bound}");
     // A working set larger than local memory is refused.
     let uses: [BufferUse; 5] = core::array::from_fn(|i| BufferUse::read(bufs[i].0));
-    match dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.fill(bv, 64, 0)) {
+    match dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.fill(bv, 64, 0)) {
         Err(SubmitError::WorkingSetTooLarge { .. }) => {}
         other => fail!(d, "a working set of 5/4 of local memory: {other:?}"),
     }
@@ -1124,12 +1129,12 @@ fn events<B: Backend, const C: usize>(
         fail!(d, "create_timestamp")
     };
     check!(d, dev.event_is_set(ev) == Ok(false), "a new event is set");
-    let producer = submit(dev, COPY, &[], d, |cb| {
+    let producer = submit(dev, QueueId::COPY, &[], d, |cb| {
         cb.push(&t0.write())?;
         cb.fill(s, N, 0x5EED_0001)?;
         cb.push(&ev.set())
     })?;
-    let consumer = submit(dev, COMPUTE, &[], d, |cb| {
+    let consumer = submit(dev, QueueId::COMPUTE, &[], d, |cb| {
         cb.push(&ev.wait())?;
         cb.copy(s, t, N)?;
         cb.push(&t1.write())
@@ -1153,7 +1158,7 @@ fn events<B: Backend, const C: usize>(
     }
     check!(d, dev.reset_event(ev).is_ok() && dev.event_is_set(ev) == Ok(false), "host reset");
     // GPU work waiting for an event the host sets.
-    let gated = submit(dev, GFX, &[], d, |cb| {
+    let gated = submit(dev, QueueId::GFX, &[], d, |cb| {
         cb.push(&host_ev.wait())?;
         cb.write_data(t, &[0xABCD])
     })?;
@@ -1201,7 +1206,7 @@ fn dma_overrun<B: Backend, const C: usize>(
     // The size field says WEIGHTS, but the copy starts 16 bytes in.
     let bad = |cb: &mut Recorder<'_>| cb.copy(w + 16, t, WEIGHTS);
     if dev.set_validation(true).is_ok() {
-        let r = dev.submit(COPY, &[], bad);
+        let r = dev.submit(QueueId::COPY, &[], bad);
         match r {
             Err(SubmitError::Invalid(e)) => {
                 check!(
@@ -1222,11 +1227,11 @@ fn dma_overrun<B: Backend, const C: usize>(
             other => fail!(d, "validation let the overrun through: {other:?}"),
         }
         // A correct copy passes validation.
-        let ok = submit(dev, COPY, &[], d, |cb| cb.copy(w, t, WEIGHTS))?;
+        let ok = submit(dev, QueueId::COPY, &[], d, |cb| cb.copy(w, t, WEIGHTS))?;
         wait(dev, ok, d)?;
     }
     let _ = dev.set_validation(false);
-    let f = submit(dev, COPY, &[], d, bad)?;
+    let f = submit(dev, QueueId::COPY, &[], d, bad)?;
     let r = dev.wait(f, GUARD_NS);
     let _ = dev.set_validation(was_validating);
     match r {
@@ -1263,7 +1268,7 @@ fn failure_propagates<B: Backend, const C: usize>(
     d: &mut Detail,
 ) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
-    let stuck = submit(dev, COMPUTE, &[], d, |cb| {
+    let stuck = submit(dev, QueueId::COMPUTE, &[], d, |cb| {
         cb.push(&Command::WaitMem {
             addr: b,
             reference: 0xDEAD,
@@ -1272,7 +1277,7 @@ fn failure_propagates<B: Backend, const C: usize>(
             wide: true,
         })
     })?;
-    let consumer = submit(dev, COPY, &[stuck], d, |cb| cb.write_data(b + 256, &[0xC0]))?;
+    let consumer = submit(dev, QueueId::COPY, &[stuck], d, |cb| cb.write_data(b + 256, &[0xC0]))?;
     match dev.wait(consumer, GUARD_NS) {
         Err(WaitError::Failed(FenceError::Dependency { producer, cause: Cause::Hung })) => {
             check!(d, producer == stuck.id, "failure names {producer}, expected {}", stuck.id);
@@ -1285,7 +1290,7 @@ fn failure_propagates<B: Backend, const C: usize>(
         "the producer is not failed"
     );
     for (waits_on, what) in [(stuck, "producer"), (consumer, "consumer")] {
-        match dev.submit(GFX, &[waits_on], |cb| cb.write_data(b + 512, &[1])) {
+        match dev.submit(QueueId::GFX, &[waits_on], |cb| cb.write_data(b + 512, &[1])) {
             Err(SubmitError::DependencyFailed { fence, .. }) => {
                 check!(d, fence == waits_on, "refusal names {fence}");
             }
@@ -1293,7 +1298,7 @@ fn failure_propagates<B: Backend, const C: usize>(
         }
     }
     // Every queue works again.
-    for q in [GFX, COMPUTE, COPY] {
+    for q in [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY] {
         let f = submit(dev, q, &[], d, |cb| cb.write_data(b + 1024, &[7]))?;
         wait(dev, f, d)?;
     }
@@ -1313,14 +1318,14 @@ fn history_survives_resets<B: Backend, const C: usize>(
     const RESETS: usize = 40;
     let (dst, t) = alloc(dev, 4096, d)?;
     let fault = |dev: Dev<'_, '_, B, C>, d: &mut Detail| -> Result<Fence, Stop> {
-        let f = submit_unvalidated(dev, COPY, d, |cb| cb.copy(UNMAPPED, t, 64))?;
+        let f = submit_unvalidated(dev, QueueId::COPY, d, |cb| cb.copy(UNMAPPED, t, 64))?;
         match dev.wait(f, GUARD_NS) {
             Err(WaitError::Failed(_)) => Ok(f),
             other => fail!(d, "expected a fault, got {other:?}"),
         }
     };
     let first = fault(dev, d)?;
-    let ok = submit(dev, COPY, &[], d, |cb| cb.write_data(t, &[1]))?;
+    let ok = submit(dev, QueueId::COPY, &[], d, |cb| cb.write_data(t, &[1]))?;
     wait(dev, ok, d)?;
     for _ in 0..RESETS {
         fault(dev, d)?;
@@ -1337,7 +1342,7 @@ fn history_survives_resets<B: Backend, const C: usize>(
         "successful work turned failed: {:?}",
         dev.query(ok)
     );
-    match dev.submit(GFX, &[first], |cb| cb.barrier()) {
+    match dev.submit(QueueId::GFX, &[first], |cb| cb.barrier()) {
         Err(SubmitError::DependencyFailed { .. }) => {}
         other => fail!(d, "a wait on the first cancelled fence: {other:?}"),
     }
@@ -1353,8 +1358,8 @@ fn wait_before_signal<B: Backend, const C: usize>(
 ) -> Result<(), Stop> {
     let (buf, b) = alloc(dev, 4096, d)?;
     let resets = dev.stats().resets;
-    let Some(future) = dev.next_fence(COPY) else { fail!(d, "no COPY queue") };
-    let consumer = submit(dev, COMPUTE, &[future], d, |cb| cb.write_data(b, &[0xAF7E]))?;
+    let Some(future) = dev.next_fence(QueueId::COPY) else { fail!(d, "no COPY queue") };
+    let consumer = submit(dev, QueueId::COMPUTE, &[future], d, |cb| cb.write_data(b, &[0xAF7E]))?;
     // One and a half hang windows of servicing (the wait runs the hang
     // check) with the producer missing.
     let window = dev.hang_config().window_ns;
@@ -1363,7 +1368,7 @@ fn wait_before_signal<B: Backend, const C: usize>(
         other => fail!(d, "the blocked consumer: expected a timeout, got {other:?}"),
     }
     check!(d, dev.stats().resets == resets, "a blocked queue was reset as hung");
-    let producer = submit(dev, COPY, &[], d, |cb| cb.write_data(b + 4, &[0xF00D]))?;
+    let producer = submit(dev, QueueId::COPY, &[], d, |cb| cb.write_data(b + 4, &[0xF00D]))?;
     check!(d, producer == future, "producer fence {producer}, expected {future}");
     wait(dev, consumer, d)?;
     expect_words(dev, buf, 2, d, |i| if i == 0 { 0xAF7E } else { 0xF00D })?;
@@ -1402,7 +1407,7 @@ fn multi_submitter<B: Backend + Sync, const C: usize>(
         let _ = first.compare_exchange(0, m + 1, Ordering::AcqRel, Ordering::Acquire);
     };
     let stop = AtomicBool::new(false);
-    let queues = [GFX, COMPUTE, COPY];
+    let queues = [QueueId::GFX, QueueId::COMPUTE, QueueId::COPY];
     par.run(THREADS + 1, &|t| {
         if t == THREADS {
             // Allocation churn next to the submitters.

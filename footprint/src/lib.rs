@@ -168,7 +168,7 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     };
     let (Ok(a), Ok(b)) = (dev.alloc_buffer(4096), dev.alloc_buffer(4096)) else { return 0 };
     let (Ok(va), Ok(vb)) = (dev.va(a), dev.va(b)) else { return 0 };
-    let ok = match dev.submit(QueueId(2), &[], |cb| cb.copy(va, vb, 4096)) {
+    let ok = match dev.submit(QueueId::COPY, &[], |cb| cb.copy(va, vb, 4096)) {
         Ok(f) => dev.wait(f, 1_000_000_000).is_ok(),
         Err(_) => false,
     };

@@ -36,9 +36,9 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::MoveError;
 use umd_core::engine::{BufferUse, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::mem::{AllocError, BufferDesc, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, FenceError, QueueId};
 
@@ -443,7 +443,7 @@ fn concurrent(first: u8, script: &[u8]) {
             let got = if o.local {
                 let uses = [BufferUse::read(o.h), BufferUse::write(back)];
                 let f = dev
-                    .submit_with(&Submit::on(QueueId(0)).using(&uses), |cb| cb.copy(o.va, back_va, 4))
+                    .submit_with(&Submit::on(QueueId::GFX).using(&uses), |cb| cb.copy(o.va, back_va, 4))
                     .expect("copy-out");
                 dev.wait(f, 60_000_000_000).expect("copy-out signals");
                 dev.read_u32(back, 0).expect("read back")

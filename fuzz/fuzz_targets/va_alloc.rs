@@ -15,7 +15,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode, VaStats, MIN_ALIGN};
+use umd_core::mem::va::{VaAllocator, VaHandle, VaNode, VaPlacement, VaStats, MIN_ALIGN};
 
 fuzz_target!(|data: &[u8]| {
     let (Some(&b0), Some(&b1)) = (data.first(), data.get(1)) else { return };
@@ -36,7 +36,11 @@ fuzz_target!(|data: &[u8]| {
 fn unchanged<const R: bool>(va: &VaAllocator<Box<[VaNode]>, R>, before: VaStats, what: &str) {
     let s = va.stats();
     if R {
-        assert_eq!((s.used, s.allocations, s.high_water), (before.used, before.allocations, before.high_water), "{what}");
+        assert_eq!(
+            (s.used, s.allocations, s.high_water),
+            (before.used, before.allocations, before.high_water),
+            "{what}"
+        );
     } else {
         assert_eq!(s, before, "{what}");
     }
@@ -67,7 +71,7 @@ fn run<const R: bool>(mut va: VaAllocator<Box<[VaNode]>, R>, data: &[u8]) {
                 let Some(w) = word(&mut next) else { break };
                 let sz = (w & 0xFFFF) * (1 + (w >> 20));
                 let align = 1u64 << ((w >> 16) % 24);
-                let placement = if op & 0x80 == 0 { Placement::BottomUp } else { Placement::TopDown };
+                let placement = if op & 0x80 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
                 let r = if op & 0x40 == 0 {
                     va.alloc(sz, align, placement)
                 } else {

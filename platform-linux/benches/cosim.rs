@@ -228,7 +228,7 @@ fn device_round_trips<P: DirectIo>(p: P, use_irq: bool) -> (Stats, P) {
     let mut ns = Vec::with_capacity(ITERS);
     for i in 0..(WARMUP + ITERS) as u32 {
         let t = Instant::now();
-        let f = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[i])).expect("submit");
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[i])).expect("submit");
         dev.wait(f, 10_000_000_000).expect("wait");
         if i as usize >= WARMUP {
             ns.push(t.elapsed().as_nanos() as u64);

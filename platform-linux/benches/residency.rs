@@ -55,7 +55,7 @@ fn main() {
             let uses = [BufferUse::read(a), BufferUse::write(b)];
             let t = Instant::now();
             let f =
-                dev.submit_with(&Submit::on(QueueId(2)).using(&uses), |cb| cb.copy(av, bv, size)).unwrap();
+                dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.copy(av, bv, size)).unwrap();
             dev.wait(f, 5_000_000_000).unwrap();
             cp.push(t.elapsed().as_secs_f64() * 1e6);
         }

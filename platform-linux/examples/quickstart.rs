@@ -24,9 +24,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     dev.write(src, 0, &[0xAB; 65536])?; // cleaned for the GPU by the driver
     let (s, d) = (dev.va(src)?, dev.va(dst)?);
 
-    let copy = dev.submit(QueueId(2), &[], |cb| cb.copy(s, d, 65536))?; // COPY queue
+    let copy = dev.submit(QueueId::COPY, &[], |cb| cb.copy(s, d, 65536))?;
     let (waits, uses) = ([copy], [BufferUse::write(dst)]);
-    let fill = Submit::on(QueueId(1)).after(&waits).using(&uses); // COMPUTE, after the copy
+    let fill = Submit::on(QueueId::COMPUTE).after(&waits).using(&uses); // after the copy
     let done = dev.submit_with(&fill, |cb| cb.fill(d, 256, 0))?;
     dev.free(src)?; // safe at once: reused only after `copy` has signalled
 

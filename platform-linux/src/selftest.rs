@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU64, Ordering};
 
 use umd_core::config::{Config, HangConfig};
 use umd_core::direct::{Device, MmuMode};
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
@@ -19,7 +19,7 @@ pub use conformance::bringup::{copy_fill_write, cross_queue, fences_in_order, Fa
 
 /// Every bring-up check (`conformance::bringup`) on every queue; the first
 /// failure as text.
-pub fn all<B: Backend, const C: usize>(dev: &Engine<'_, B, C>) -> Result<(), String> {
+pub fn all<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>) -> Result<(), String> {
     let mut msg = None;
     if conformance::bringup::all(dev, |name, f| msg = Some(format!("{name}: {f}"))) {
         Ok(())
@@ -123,7 +123,7 @@ fn check_interrupt_wait<P: DirectIo>(
     let _ = wrapped.inner.wait_irq(0);
     let before = irq_wakeups(&wrapped.inner);
     let f = dev
-        .submit(QueueId(2), &[], |cb| {
+        .submit(QueueId::COPY, &[], |cb| {
             cb.wait_seqno(sem_va, 1)?;
             cb.write_data(va, &[77])
         })

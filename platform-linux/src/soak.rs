@@ -17,9 +17,9 @@ use std::collections::VecDeque;
 use std::fmt::{self, Write};
 
 use umd_core::cmd::{Command, CompareOp};
-use umd_core::engine::{Backend, BufferUse, Engine, Submit};
+use umd_core::engine::{Backend, BufferUse, DeviceCore, Submit};
+use umd_core::error::SubmitError;
 use umd_core::mem::BufferHandle;
-use umd_core::queue::SubmitError;
 use umd_core::sync::{Cause, Fence, QueueId};
 
 use conformance::faults::{self, Accounting, FenceOutcome, Rng, Workload, GUARD_NS};
@@ -274,7 +274,7 @@ fn pattern(tag: u32, k: usize) -> u32 {
 
 /// The driver's own live-object statistics: names, fixed bounds from the
 /// workload's shape (`base` is their value before the workload) and values.
-fn driver_stats<B: Backend + Sync, const C: usize>(dev: &Engine<'_, B, C>) -> Vec<(&'static str, u64)> {
+fn driver_stats<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>) -> Vec<(&'static str, u64)> {
     let bs = dev.buffer_stats();
     let ps = dev.pool_stats();
     let mut v = vec![
@@ -294,7 +294,7 @@ fn driver_stats<B: Backend + Sync, const C: usize>(dev: &Engine<'_, B, C>) -> Ve
 
 /// Runs the soak on `dev`, sampling the driver's statistics and `probe`'s.
 pub fn run<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     s: Soak,
     probe: &mut Probe<'_>,
 ) -> SoakReport {
@@ -510,7 +510,7 @@ pub fn run<B: Backend + Sync, const C: usize>(
 
 /// Waits for the oldest submission in flight and counts its outcome.
 fn resolve_oldest<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     inflight: &mut VecDeque<(Fence, Kind)>,
     last: &mut [Option<Fence>],
     rep: &mut SoakReport,
@@ -548,7 +548,7 @@ fn resolve_oldest<B: Backend + Sync, const C: usize>(
 
 /// Words of `b` (all but the first) that no longer hold their pattern.
 fn check_pattern<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     b: &Live,
     bytes: &mut [u8],
 ) -> u64 {
@@ -566,7 +566,7 @@ fn check_pattern<B: Backend + Sync, const C: usize>(
 }
 
 fn sample<B: Backend + Sync, const C: usize>(
-    dev: &Engine<'_, B, C>,
+    dev: &DeviceCore<'_, B, C>,
     rep: &mut SoakReport,
     probe: &mut Probe<'_>,
     at: u64,

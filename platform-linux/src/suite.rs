@@ -3,7 +3,7 @@
 //! in-process, co-simulation and (in the Linux guest) kernel-mode tests.
 
 use conformance::{run_all, Env, Outcome, Parallel, SCENARIO_NAMES};
-use umd_core::engine::{Backend, Engine};
+use umd_core::engine::{Backend, DeviceCore};
 
 /// Threads from `std::thread::scope`.
 #[derive(Clone, Copy, Debug, Default)]
@@ -23,7 +23,7 @@ impl Parallel for StdThreads {
 /// `label`. Returns the failures as text (empty: all passed or skipped with
 /// a reason). Panics if a scenario is missing or skipped without a reason:
 /// a scenario never passes silently.
-pub fn run_suite<B: Backend + Sync, const C: usize>(dev: &Engine<'_, B, C>, label: &str) -> Vec<String> {
+pub fn run_suite<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>, label: &str) -> Vec<String> {
     let env = Env { parallel: Some(&StdThreads) };
     let mut failures = Vec::new();
     let mut seen = Vec::new();

@@ -15,8 +15,8 @@ use refgpu_model::{FaultInjection, ModelConfig};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
+use umd_core::error::WaitError;
 use umd_core::platform::Platform;
-use umd_core::queue::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
@@ -59,10 +59,10 @@ fn two_tasks_on_two_queues_interleave_on_one_thread() {
                 }
                 // "Any of": one fence on this task's queue, one on COMPUTE.
                 let a = dev.submit(q, &[], |cb| cb.write_data(va + 0x800, &[1])).unwrap();
-                let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).unwrap();
+                let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(va + 0x804, &[2])).unwrap();
                 let list = [a, b];
                 let i = dev.wait_any_async(hub, &list).await.unwrap();
-                assert_eq!(dev.query(list[i]), Ok(umd_core::queue::FenceStatus::Signalled));
+                assert_eq!(dev.query(list[i]), Ok(umd_core::error::FenceStatus::Signalled));
             }
         };
         futures::executor::block_on(async {
@@ -82,7 +82,7 @@ fn two_tasks_on_two_queues_interleave_on_one_thread() {
         assert_eq!(words, (0..ROUNDS).collect::<Vec<_>>(), "task {t}'s writes");
     }
     // The blocking API beside it.
-    let f = dev.submit(QueueId(1), &[], |cb| cb.write_data(vas[0] + 0x900, &[7])).unwrap();
+    let f = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(vas[0] + 0x900, &[7])).unwrap();
     dev.wait(f, 1_000_000_000).unwrap();
     // Bad input: nothing to wait for.
     let r = futures::executor::block_on(dev.wait_any_async(&hub, &[]));

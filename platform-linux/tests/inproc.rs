@@ -107,7 +107,7 @@ fn single_fence_wait_with_interrupt() {
     let dev = device(&p, &mut storage, true);
     let buf = dev.alloc_buffer(4096).unwrap();
     let va = dev.va(buf).unwrap();
-    let f = dev.submit(QueueId(1), &[], |cb| cb.write_data(va, &[42])).unwrap();
+    let f = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(va, &[42])).unwrap();
     dev.wait(f, selftest::WAIT_GUARD_NS).unwrap();
     assert_eq!(dev.read_u32(buf, 0), Ok(42));
     dev.free(buf).unwrap();
@@ -226,7 +226,7 @@ fn gpu_spans_land_inside_their_submission_on_the_cpu_timeline() {
     let sync = dev.clock_sync().expect("direct mode reads the device clock");
     let before = p.now_ns();
     let f = dev
-        .submit(QueueId(2), &[], |cb| {
+        .submit(QueueId::COPY, &[], |cb| {
             cb.timestamp(tva)?;
             cb.fill(wva, 1 << 20, 0xA5A5_A5A5)?;
             cb.timestamp(tva + 8)
@@ -279,7 +279,7 @@ fn write_back_cache_keeps_gpu_data_beside_a_partial_line_write() {
         let va = dev.va(h).unwrap();
         let stale: Vec<u32> = (0..1024).map(|i| 0xAAAA_0000 | i).collect();
         dev.write_words(h, 0, &stale).unwrap();
-        let f = dev.submit(QueueId(2), &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
         dev.wait(f, 5_000_000_000).unwrap();
         let mut want = vec![0xB0u8; 4096];
         assert_eq!(dev.read_u32(h, 600), Ok(0xB0B0_B0B0), "{generation:?}: partial read");
@@ -294,7 +294,7 @@ fn write_back_cache_keeps_gpu_data_beside_a_partial_line_write() {
         want[1000..1300].fill(0x44);
         assert_eq!(p.dirty_lines(), 0, "{generation:?}: a CPU write left a dirty line");
         // Another job: its doorbell is where the model evicts.
-        let f = dev.submit(QueueId(2), &[], |cb| cb.timestamp(va + 4096 - 8)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(va + 4096 - 8)).unwrap();
         dev.wait(f, 5_000_000_000).unwrap();
         let mut got = vec![0u8; 4096];
         dev.read(h, 0, &mut got).unwrap();

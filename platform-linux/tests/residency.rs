@@ -12,7 +12,6 @@ use umd_core::mem::BufferDesc;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
-const COPY: QueueId = QueueId(2);
 const T: u64 = 5_000_000_000;
 
 fn model(gen: Generation) -> InProcess {
@@ -35,7 +34,9 @@ fn contents_survive_eviction_and_restore_under_one_address() {
     // The CPU can not touch it.
     assert!(dev.write_words(w, 0, &[1]).is_err());
     let fill = [BufferUse::write(w)];
-    let f = dev.submit_with(&Submit::on(COPY).using(&fill), |cb| cb.fill(wv, 256 << 10, 0xC0FFEE)).unwrap();
+    let f = dev
+        .submit_with(&Submit::on(QueueId::COPY).using(&fill), |cb| cb.fill(wv, 256 << 10, 0xC0FFEE))
+        .unwrap();
     // Busy while its fill is in flight (or already done: then it moves).
     match dev.evict(w) {
         Err(MoveError::Busy) | Ok(()) => {}
@@ -51,7 +52,9 @@ fn contents_survive_eviction_and_restore_under_one_address() {
     assert_eq!(dev.evict(w), Err(MoveError::NotLocal), "already in system memory");
     let read = |dev: &Device<'_, InProcess, 16>| {
         let uses = [BufferUse::read(w), BufferUse::write(back)];
-        let f = dev.submit_with(&Submit::on(COPY).using(&uses), |cb| cb.copy(wv, bv, 256 << 10)).unwrap();
+        let f = dev
+            .submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.copy(wv, bv, 256 << 10))
+            .unwrap();
         dev.wait(f, T).unwrap();
         (dev.read_u32(back, 0).unwrap(), dev.read_u32(back, (64 << 10) - 1).unwrap())
     };
@@ -142,7 +145,7 @@ fn moves_race_declared_work(movers: usize, rounds: u32) {
             let value = 0x5A00_0000 | round;
             let fill = [BufferUse::write(w)];
             let f = dev
-                .submit_with(&Submit::on(QueueId(1)).using(&fill), |cb| cb.fill(wv, BYTES, value))
+                .submit_with(&Submit::on(QueueId::COMPUTE).using(&fill), |cb| cb.fill(wv, BYTES, value))
                 .unwrap();
             if let Err(e) = dev.wait(f, T) {
                 bad.push(format!("round {round}: the fill failed: {e:?}"));
@@ -154,7 +157,7 @@ fn moves_race_declared_work(movers: usize, rounds: u32) {
             std::thread::sleep(std::time::Duration::from_micros(rng % 64));
             let uses = [BufferUse::read(w), BufferUse::write(back)];
             let c =
-                dev.submit_with(&Submit::on(QueueId(0)).using(&uses), |cb| cb.copy(wv, bv, BYTES)).unwrap();
+                dev.submit_with(&Submit::on(QueueId::GFX).using(&uses), |cb| cb.copy(wv, bv, BYTES)).unwrap();
             if let Err(e) = dev.wait(c, T) {
                 bad.push(format!("round {round}: the copy-out failed: {e:?}"));
             }

@@ -10,9 +10,9 @@ use common::*;
 use platform_linux::{selftest, Cosim};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::regs::{self, engine as er};
 use umd_core::platform::{DirectIo, IrqWait, Platform};
-use umd_core::queue::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
@@ -150,7 +150,7 @@ fn second_host_is_refused_while_the_first_runs() {
         Err(platform_linux::CosimError::Closed) => {}
         other => panic!("second host: {other:?}"),
     }
-    selftest::copy_fill_write(&dev, QueueId(2), 7).unwrap();
+    selftest::copy_fill_write(&dev, QueueId::COPY, 7).unwrap();
     dev.shutdown();
 }
 
@@ -162,7 +162,7 @@ fn server_dying_fails_pending_fences_as_device_lost() {
     let dev = device(&p, &mut storage, true);
     let buf = dev.alloc_buffer(4096).unwrap();
     let va = dev.va(buf).unwrap();
-    let f = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[1])).unwrap();
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[1])).unwrap();
     assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
     sim.signal_and_wait(rustix::process::Signal::KILL);
     assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));

@@ -26,7 +26,7 @@ use umd_core::direct::tables::Tables;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
-use umd_core::mem::va::{Placement, VaAllocator, VaNode};
+use umd_core::mem::va::{VaAllocator, VaNode, VaPlacement};
 use umd_core::mem::{BufferDesc, Perms};
 use umd_core::platform::{DmaFlags, Platform};
 use umd_core::storage::DeviceStorage;
@@ -84,7 +84,7 @@ fn old_path(size: u64) -> (f64, u64, u64) {
         let mut live = Vec::with_capacity(BATCH);
         for _ in 0..BATCH {
             let region = fake.dma_alloc(len as usize, DmaFlags::CPU).unwrap();
-            let addr = va.alloc(len, 4096, Placement::BottomUp).unwrap();
+            let addr = va.alloc(len, 4096, VaPlacement::BottomUp).unwrap();
             tables.map(&fake, addr, region.dev_addr(), len, Perms::RW).unwrap();
             pte += len / 4096;
             live.push((region, addr));
@@ -136,7 +136,7 @@ fn gating_cost() -> (f64, f64) {
             let hs: Vec<_> =
                 (0..BATCH).map(|_| dev.alloc(&BufferDesc::new(256).declared()).unwrap()).collect();
             let uses: Vec<BufferUse> = hs.iter().map(|h| BufferUse::read(*h)).collect();
-            let f = dev.submit_with(&Submit::on(QueueId(2)).using(&uses), |cb| cb.barrier()).unwrap();
+            let f = dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), |cb| cb.barrier()).unwrap();
             if !pending {
                 fake.state().run(2);
                 dev.wait(f, 1_000_000_000).unwrap();

@@ -35,7 +35,7 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
-use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
+use umd_core::mem::va::{VaAllocator, VaHandle, VaNode, VaPlacement};
 use umd_core::mem::BufferDesc;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, QueueId};
@@ -151,7 +151,7 @@ fn device(gen: Generation, mmu: MmuMode, ring: usize) -> (&'static Fake, Device<
 
 fn submit_n(dev: &Device<'static, Fake, 32>, packets: u64) -> Fence {
     let data = [1u32, 2, 3, 4];
-    dev.submit(QueueId(0), &[], |cb| {
+    dev.submit(QueueId::GFX, &[], |cb| {
         for i in 0..packets {
             cb.write_data(0x8040_0000 + 16 * (i % 256), &data)?;
         }
@@ -192,7 +192,7 @@ struct DeclaredFixture {
 }
 
 fn submit_declared(dev: &Device<'static, Fake, 32>, uses: &[BufferUse], va: u64) -> Fence {
-    dev.submit_with(&Submit::on(QueueId(0)).using(uses), |cb| cb.write_data(va, &[1, 2, 3, 4]))
+    dev.submit_with(&Submit::on(QueueId::GFX).using(uses), |cb| cb.write_data(va, &[1, 2, 3, 4]))
         .expect("submit")
 }
 
@@ -314,7 +314,7 @@ fn va_fill<const R: bool>(mut va: VaAllocator<Vec<VaNode>, R>, load: VaLoad) -> 
     let handles: Vec<VaHandle> = (0..1000)
         .map(|_| {
             let (s, a) = request(&mut rng);
-            va.alloc_handle(s, a, Placement::BottomUp).expect("fill")
+            va.alloc_handle(s, a, VaPlacement::BottomUp).expect("fill")
         })
         .collect();
     let live = handles.iter().map(|h| h.addr()).collect();
@@ -334,7 +334,7 @@ fn replay_steps<const R: bool>(mut fx: Box<VaFixture<R>>) -> Box<VaFixture<R>> {
     for &(victim, size, align) in &fx.steps {
         let Some(slot) = fx.live.get_mut(victim) else { continue };
         black_box(fx.va.free(*slot)).ok();
-        *slot = fx.va.alloc(size, align, Placement::BottomUp).unwrap_or(0);
+        *slot = fx.va.alloc(size, align, VaPlacement::BottomUp).unwrap_or(0);
     }
     fx
 }
@@ -346,7 +346,7 @@ fn replay_handle_steps<const R: bool>(mut fx: Box<VaFixture<R>>) -> Box<VaFixtur
     for &(victim, size, align) in &fx.steps {
         let Some(slot) = fx.handles.get_mut(victim) else { continue };
         black_box(fx.va.free_handle(*slot)).ok();
-        if let Ok(h) = fx.va.alloc_handle(size, align, Placement::BottomUp) {
+        if let Ok(h) = fx.va.alloc_handle(size, align, VaPlacement::BottomUp) {
             *slot = h;
         }
     }

@@ -50,7 +50,7 @@ fn submit_cost(packets: usize, batching: bool) -> f64 {
         let mut last = None;
         for _ in 0..BATCH {
             last = Some(
-                dev.submit(QueueId(0), &[], |cb| {
+                dev.submit(QueueId::GFX, &[], |cb| {
                     for i in 0..packets as u64 {
                         cb.write_data(0x8040_0000 + 16 * i, &data)?;
                     }
@@ -170,7 +170,7 @@ fn validation_cost(packets: usize) -> (f64, f64) {
             let mut last = None;
             for _ in 0..BATCH {
                 last = Some(
-                    dev.submit(QueueId(0), &[], |cb| {
+                    dev.submit(QueueId::GFX, &[], |cb| {
                         for i in 0..packets as u64 {
                             cb.write_data(va + 16 * (i % 256), &[1, 2, 3, 4])?;
                         }

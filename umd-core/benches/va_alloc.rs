@@ -28,7 +28,7 @@ use std::hint::black_box;
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use umd_core::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
+use umd_core::mem::va::{VaAllocator, VaHandle, VaNode, VaPlacement};
 
 const ARENA: u64 = 1 << 30;
 const LIVE: usize = 10_000;
@@ -79,7 +79,7 @@ impl<const R: bool> RangeAlloc for Ours<R> {
         self.0.size()
     }
     fn alloc(&mut self, size: u64, align: u64) -> Option<u64> {
-        self.0.alloc(size, align, Placement::BottomUp).ok()
+        self.0.alloc(size, align, VaPlacement::BottomUp).ok()
     }
     fn free(&mut self, addr: u64, _size: u64, _align: u64) {
         self.0.free(addr).unwrap();
@@ -103,7 +103,7 @@ impl RangeAlloc for OursHandles {
         "umd-core VaAllocator, recycling, freed by handle (the driver's path)"
     }
     fn alloc(&mut self, size: u64, align: u64) -> Option<VaHandle> {
-        self.0.alloc_handle(size, align, Placement::BottomUp).ok()
+        self.0.alloc_handle(size, align, VaPlacement::BottomUp).ok()
     }
     fn free(&mut self, handle: VaHandle, _size: u64, _align: u64) {
         self.0.free_handle(handle).unwrap();

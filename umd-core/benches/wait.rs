@@ -153,7 +153,7 @@ fn device(irq: Option<Arc<Irq>>) -> Device<'static, RealTime, 8> {
 }
 
 fn slot_of(dev: &Device<'static, RealTime, 8>) -> &'static AtomicU64 {
-    let slot_dev = dev.fence_slot_va(QueueId(0)).unwrap();
+    let slot_dev = dev.fence_slot_va(QueueId::GFX).unwrap();
     let slot_ptr = dev.platform().fake.state().mem_ptr_at(slot_dev - MEM_BASE);
     // SAFETY: the fence slot is an 8-byte-aligned u64 inside the fake's
     // memory, which lives as long as the device (leaked below for the
@@ -194,7 +194,7 @@ fn main() {
         let (mut busy, mut pol, mut int) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..trials {
             // Busy-wait baseline on the polling device's slot.
-            let f = poll.submit(QueueId(0), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+            let f = poll.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
             let (t0, c0) = (Instant::now(), thread_cpu_ns());
             let h = signal_at(poll_slot, f.seqno().0, t0 + delay, None);
             while poll_slot.load(Ordering::Acquire) < f.seqno().0 {
@@ -211,7 +211,7 @@ fn main() {
             for (dev, slot, irq, out) in
                 [(&poll, poll_slot, None, &mut pol), (&intr, intr_slot, Some(irq.clone()), &mut int)]
             {
-                let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+                let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
                 let (t0, c0) = (Instant::now(), thread_cpu_ns());
                 let h = signal_at(slot, f.seqno().0, t0 + delay, irq);
                 dev.wait(f, 1_000_000_000).unwrap();

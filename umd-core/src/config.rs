@@ -8,7 +8,7 @@
 pub enum PoolExhaustion {
     /// Wait for the oldest in-flight fence, reclaim, and go on.
     WaitOldest,
-    /// Fail the recording with [`crate::queue::SubmitError::PoolEmpty`].
+    /// Fail the recording with [`crate::error::SubmitError::PoolEmpty`].
     Error,
 }
 

@@ -29,9 +29,8 @@ use core::fmt;
 
 use lock_api::{Mutex, RawMutex};
 
-use crate::cmd::{Chunk, ChunkSource, CommandBuffer, EncodeError, Finished};
+use crate::cmd::{Chunk, ChunkSource, CommandBuffer};
 use crate::platform::DmaRegion;
-use crate::queue::SubmitError;
 use crate::sync::atomic::{AtomicU32, Ordering};
 use crate::sync::{FenceId, QueueId, Seqno};
 
@@ -753,31 +752,3 @@ impl Drop for Pending<'_> {
 /// The recorder a submission's closure gets: a command buffer over chunks
 /// of the IB pool.
 pub type Recorder<'a> = CommandBuffer<'a, PoolSource<'a>>;
-
-/// Runs `record` over `cb`, a command buffer over a recording from
-/// [`IbPool::recorder`] that nothing was recorded into yet, and closes it:
-/// what to call from the ring. The recording's chunks are then still
-/// pending: the caller takes [`PoolSource::pending`] of `cb`'s source and
-/// commits them once the submission reached the GPU, or aborts (dropping
-/// the [`Pending`] aborts too). On error the chunks are given back here.
-/// The buffer and its source stay where the caller built them (no move of
-/// either, no copy of the recording); shared by every submission mode.
-pub fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, SubmitError>
-where
-    F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
-{
-    let recorded = record(cb);
-    match (recorded, cb.finish_in_place()) {
-        (Ok(()), Ok(f)) => Ok(f),
-        (Err(e), _) | (Ok(()), Err(e)) => {
-            // No reference to a chunk's memory outlives its return.
-            cb.release_chunks();
-            cb.source().pending().abort();
-            Err(match e {
-                EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
-                EncodeError::Empty => SubmitError::Empty,
-                e => SubmitError::Encode(e),
-            })
-        }
-    }
-}

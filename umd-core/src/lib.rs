@@ -13,17 +13,22 @@
 //! - [`mem`]: GPU virtual-address allocator, size-class pools, page tables,
 //!   buffer handles, the buffer manager with fence-gated frees;
 //! - [`platform`]: the traits an integrator implements (memory, time,
-//!   interrupts, locks, and direct register access or kernel submission);
-//! - [`engine`]: the submission engine both modes share (a device);
+//!   interrupts, locks, and direct register access ([`platform::DirectIo`])
+//!   or kernel submission ([`platform::KernelIo`]));
+//! - [`engine`]: the device core both modes share ([`engine::DeviceCore`]);
 //! - [`direct`]: direct mode (rings, fence slots, page tables, hang check);
-//! - [`kernel`]: kernel-mediated mode (a kernel driver does those);
+//! - [`kernel`]: kernel mode, the device over a kernel driver (`kmd/` is
+//!   the driver; [`platform::KernelIo`] the trait it is reached through);
 //! - [`storage`]: the device's large tables, placed by the integrator;
 //! - [`ring`], [`ibpool`]: the direct-mode ring and the IB chunk pool;
 //! - [`sync`]: fences, timelines, failure history, cross-queue dependencies;
 //! - [`ivshmem`]: the shared-memory register binding for ivshmem platforms;
-//! - [`queue`]: submission and wait errors;
+//! - [`error`]: submission and wait errors;
 //! - [`debug`]: hang reports and the event trace;
 //! - [`config`]: every tunable, with documented defaults.
+//!
+//! The modules form layers, and none imports from one above it
+//! (`docs/architecture.md`, "Layers"; `tests/layers.rs` checks it).
 //!
 //! Features: `defmt` (driver logs as defmt frames, for firmware) or `log`
 //! (the `log` facade, for Linux); neither by default (no logging code).
@@ -66,6 +71,7 @@ pub mod decode;
 #[forbid(unsafe_code)]
 pub mod direct;
 pub mod engine;
+pub mod error;
 pub mod hw;
 pub mod ibpool;
 pub mod ivshmem;
@@ -76,7 +82,19 @@ mod log;
 pub mod loom_probe;
 pub mod mem;
 pub mod platform;
-pub mod queue;
+/// The submission and wait errors under their former module name.
+#[deprecated(note = "renamed to `error`")]
+pub mod queue {
+    /// Renamed to [`crate::error::SubmitError`].
+    #[deprecated(note = "renamed to `error::SubmitError`")]
+    pub type SubmitError = crate::error::SubmitError;
+    /// Renamed to [`crate::error::WaitError`].
+    #[deprecated(note = "renamed to `error::WaitError`")]
+    pub type WaitError = crate::error::WaitError;
+    /// Renamed to [`crate::error::FenceStatus`].
+    #[deprecated(note = "renamed to `error::FenceStatus`")]
+    pub type FenceStatus = crate::error::FenceStatus;
+}
 pub mod ring;
 pub mod storage;
 pub mod sync;

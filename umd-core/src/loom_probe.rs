@@ -5,58 +5,12 @@
 
 extern crate std;
 
-use core::cell::UnsafeCell;
-
 use loom::sync::atomic::{AtomicBool, Ordering};
 
 use crate::engine::queue::{Outcome, QueueCore};
 use crate::sync::{FenceError, Seqno};
 
-/// A spin lock on a loom atomic (so loom sees its acquire/release edges),
-/// which yields to loom's scheduler while it waits (also the lock of the
-/// async waits' wake-up hub under loom, `engine::Wakeups`). Loom atomics are not
-/// `const`, so the flag is made on first use: [`ProbeQueue::new`] takes
-/// the lock once before any thread is spawned.
-pub struct LoomLock(UnsafeCell<Option<AtomicBool>>);
-
-// SAFETY: the cell is written once, by the first `lock` on the thread that
-// made the queue before sharing it (`ProbeQueue::new`); afterwards it is
-// only read, and the flag inside is an atomic.
-unsafe impl Sync for LoomLock {}
-// SAFETY: as above.
-unsafe impl Send for LoomLock {}
-
-impl LoomLock {
-    fn flag(&self) -> &AtomicBool {
-        // SAFETY: see the `Sync` impl: the only write happens before the
-        // lock is shared.
-        let slot = unsafe { &mut *self.0.get() };
-        slot.get_or_insert_with(|| AtomicBool::new(false))
-    }
-}
-
-// SAFETY: mutual exclusion by compare-and-swap on the flag (acquire on
-// success, release on unlock); `unlock` only after a successful
-// `lock`/`try_lock` (lock_api's contract).
-unsafe impl lock_api::RawMutex for LoomLock {
-    #[allow(clippy::declare_interior_mutable_const)]
-    const INIT: LoomLock = LoomLock(UnsafeCell::new(None));
-    type GuardMarker = lock_api::GuardSend;
-
-    fn lock(&self) {
-        while !self.try_lock() {
-            loom::thread::yield_now();
-        }
-    }
-
-    fn try_lock(&self) -> bool {
-        self.flag().compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
-    }
-
-    unsafe fn unlock(&self) {
-        self.flag().store(false, Ordering::Release);
-    }
-}
+pub use crate::sync::atomic::LoomLock;
 
 /// Where a fence stands, as the probe reports it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,8 +85,8 @@ impl ProbeQueue {
     }
 }
 
-/// A device's queues and its loss flag: what `Engine::submit` and
-/// `Engine::device_lost` do with them, over the real
+/// A device's queues and its loss flag: what `DeviceCore::submit` and
+/// `DeviceCore::device_lost` do with them, over the real
 /// `QueueCore::fail_pending`.
 pub struct ProbeDevice {
     lost: AtomicBool,
@@ -156,7 +110,7 @@ impl ProbeDevice {
         d
     }
 
-    /// A submission to queue `qi`, as `Engine::submit`'s locked part:
+    /// A submission to queue `qi`, as `DeviceCore::submit`'s locked part:
     /// under the queue's submit lock, refused when the device is lost,
     /// else the next sequence number, published. `None` when refused.
     pub fn submit(&self, qi: usize) -> Option<u64> {
@@ -172,7 +126,7 @@ impl ProbeDevice {
     }
 
     /// A thread that meets the loss holding queue `held`'s submit lock or
-    /// none (`Engine::device_lost_holding`): the first sets the flag and
+    /// none (`DeviceCore::device_lost_holding`): the first sets the flag and
     /// fails every queue's pending range.
     pub fn lose(&self, held: Option<usize>) {
         if self.lost.swap(true, Ordering::AcqRel) {
@@ -208,7 +162,7 @@ impl ProbeDevice {
 }
 
 /// The per-queue record of acknowledged fault interrupts
-/// (`Engine::fault_irqs`): the real type, over loom's atomics.
+/// (`DeviceCore::fault_irqs`): the real type, over loom's atomics.
 pub struct ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs);
 
 impl Default for ProbeFaultIrqs {
@@ -223,7 +177,7 @@ impl ProbeFaultIrqs {
         ProbeFaultIrqs(crate::sync::fault_irqs::FaultIrqs::new())
     }
 
-    /// What `Engine::service` does with the faults it acknowledged.
+    /// What `DeviceCore::service` does with the faults it acknowledged.
     pub fn note(&self, queues: u32) {
         self.0.note(queues)
     }

@@ -17,15 +17,13 @@ use core::mem::MaybeUninit;
 use heapless::Deque;
 
 use crate::debug::trace::TraceStorage;
-use crate::engine::buffers::Backed;
 use crate::mem::buffer::BufferSlot;
 use crate::mem::pool::Slab;
-use crate::mem::va::VaNode;
+use crate::mem::va::{VaHandle, VaNode};
+use crate::platform::DmaRegion;
 use crate::sync::deps::DepGraph;
+pub use crate::sync::deps::PENDING_WAITS;
 use crate::sync::MAX_QUEUES;
-
-/// Submissions with cross-queue waits tracked per queue (deadlock checks).
-pub const PENDING_WAITS: usize = 32;
 
 /// The dependency graph of a device.
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;
@@ -149,4 +147,22 @@ pub(crate) struct StorageParts<'s> {
     pub(crate) deps: &'s mut Deps,
     pub(crate) trace: crate::debug::TraceRing<'s>,
     pub(crate) local: &'s mut [u64],
+}
+
+/// A block of the pools: its memory and, with the MMU on, the VA
+/// allocator's handle for its GPU address, so that releasing the block
+/// frees the address without looking it up ([`VaAllocator::free_handle`](crate::mem::VaAllocator::free_handle)).
+#[derive(Debug)]
+pub(crate) struct Backed {
+    /// The memory.
+    pub(crate) region: DmaRegion,
+    /// Its GPU address range (`None` with the MMU bypassed).
+    pub(crate) va: Option<VaHandle>,
+}
+
+impl core::ops::Deref for Backed {
+    type Target = DmaRegion;
+    fn deref(&self) -> &DmaRegion {
+        &self.region
+    }
 }

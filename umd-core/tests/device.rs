@@ -12,14 +12,10 @@ use umd_core::config::{Config, PoolExhaustion};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, InitError, MmuMode};
 use umd_core::engine::Submit;
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, Fence, FenceError, QueueId};
-
-const GFX: QueueId = QueueId(0);
-const COMPUTE: QueueId = QueueId(1);
-const COPY: QueueId = QueueId(2);
 
 fn small_cfg() -> Config {
     Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
@@ -55,7 +51,7 @@ fn copy_fill_write_land_and_fences_signal() {
         dev.write_words(src, 0, &words).unwrap();
         let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
         let f = dev
-            .submit(COPY, &[], |cb| {
+            .submit(QueueId::COPY, &[], |cb| {
                 cb.copy(s, d, 1024)?;
                 cb.fill(d + 1024, 256, 0xA5A5_A5A5)?;
                 cb.write_data(d + 2048, &[7, 8, 9])
@@ -79,8 +75,9 @@ fn fences_signal_in_order() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let fences: Vec<Fence> =
-        (0..5).map(|i| dev.submit(GFX, &[], |cb| cb.timestamp(0x8010_0000 + 8 * i)).unwrap()).collect();
+    let fences: Vec<Fence> = (0..5)
+        .map(|i| dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000 + 8 * i)).unwrap())
+        .collect();
     for f in &fences {
         assert_eq!(dev.query(*f), Ok(FenceStatus::Pending));
     }
@@ -102,7 +99,7 @@ fn ring_wraps_at_every_offset() {
         let mut seen = std::collections::HashSet::new();
         let mut last = None;
         for i in 0..1200u64 {
-            let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
             seen.insert(dev.platform().state().engines[2].wptr);
             if i % 7 == 0 {
                 dev.wait(f, 1_000_000_000).unwrap();
@@ -122,17 +119,17 @@ fn a_full_ring_behind_a_hung_engine_is_reset_and_the_queue_goes_on() {
     let dev: Device<'_, Fake, 16> = rig_dev.device(Config { batching: true, ..small_cfg() });
     dev.platform().state().mode = Mode::Manual;
     dev.platform().state().engines[0].fault = EngineFault::Stuck;
-    let first = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let first = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     // A 4 KiB ring holds ~110 submissions: the 200th finds it full, the
     // wait for room runs the hang check, and the reset empties the ring.
     for i in 1..200u64 {
-        dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
+        dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))).unwrap();
     }
     assert_eq!(dev.stats().resets, 1);
     assert_eq!(dev.query(first), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
     dev.platform().state().engines[0].fault = EngineFault::None;
     dev.platform().state().run(0);
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.platform().state().run(0);
     dev.wait(f, 1_000_000_000).unwrap();
 }
@@ -143,11 +140,11 @@ fn a_full_ring_behind_a_wait_before_signal_is_an_error_not_a_hang() {
     let dev: Device<'_, Fake, 16> = rig_dev.device(Config { batching: true, ..small_cfg() });
     dev.platform().state().mode = Mode::OnDoorbell;
     // GFX waits for COPY's next fence, which nobody submits yet.
-    let future = dev.next_fence(COPY).unwrap();
-    dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let future = dev.next_fence(QueueId::COPY).unwrap();
+    dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let mut err = None;
     for i in 0..200u64 {
-        if let Err(e) = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
+        if let Err(e) = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * (i % 64))) {
             err = Some(e);
             break;
         }
@@ -156,10 +153,10 @@ fn a_full_ring_behind_a_wait_before_signal_is_an_error_not_a_hang() {
     assert_eq!(dev.stats().resets, 0, "a blocked queue is not hung");
     // The failed submission left nothing behind: once the producer comes,
     // the queue drains and takes work again.
-    let p = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0100)).unwrap();
+    let p = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0100)).unwrap();
     assert_eq!(p, future);
     dev.platform().state().run_all();
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.wait(f, 1_000_000_000).unwrap();
 }
 
@@ -170,15 +167,15 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 2> = rig_dev.device(cfg);
     dev.platform().state().mode = Mode::Manual;
-    let a = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    let _b = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let _b = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
     assert_eq!(dev.pool_stats().in_flight, 2);
-    assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::PoolEmpty));
+    assert_eq!(dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::PoolEmpty));
     // Reclaim after the fences signal.
     dev.platform().state().run(0);
     dev.wait(a, 1_000_000_000).unwrap();
     assert_eq!(dev.pool_stats().free, 2);
-    dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
 
     // WaitOldest: the recording waits for the oldest fence (the fake runs
     // its engines while the driver sleeps).
@@ -187,7 +184,7 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     let dev: Device<'_, Fake, 2> = rig_dev.device(cfg);
     dev.platform().state().mode = Mode::OnDelay;
     for i in 0..10u64 {
-        dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
     }
     assert!(dev.stats().pool_waits > 0);
 }
@@ -198,7 +195,7 @@ fn batching_puts_small_submissions_in_one_chunk() {
     let on: Device<'_, Fake, 4> = rig_on.device(Config { batching: true, ..small_cfg() });
     on.platform().state().mode = Mode::Manual;
     for i in 0..10u64 {
-        on.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        on.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
     }
     let s = on.pool_stats();
     assert_eq!(s.open + s.in_flight, 1, "one chunk holds all ten: {s:?}");
@@ -206,7 +203,7 @@ fn batching_puts_small_submissions_in_one_chunk() {
     let off: Device<'_, Fake, 4> = rig_off.device(Config { batching: false, ..small_cfg() });
     off.platform().state().mode = Mode::OnDoorbell;
     for i in 0..3u64 {
-        let f = off.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        let f = off.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
         off.wait(f, 1_000_000_000).unwrap();
     }
 }
@@ -225,12 +222,12 @@ fn batching_leaves_a_nearly_full_chunk() {
     // aligned; nine of them use 1,008 of the chunk's 1,024 dwords.
     let data = [7u32; 100];
     for _ in 0..9 {
-        dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000, &data)).unwrap();
+        dev.submit(QueueId::GFX, &[], |cb| cb.write_data(0x8030_0000, &data)).unwrap();
     }
     // 16 dwords left: a 4-dword packet would fit, but the chunk is done
     // (the ninth commit is still in the mailbox: reading the pool's stats
     // here would apply it first).
-    dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000, &[1])).unwrap();
+    dev.submit(QueueId::GFX, &[], |cb| cb.write_data(0x8030_0000, &[1])).unwrap();
     // Nothing completed: two chunks in all, the first nine submissions'
     // (in flight) and the tenth's (open).
     let s = dev.pool_stats();
@@ -244,9 +241,9 @@ fn cross_queue_waits_and_out_of_order_completion() {
     dev.platform().state().mode = Mode::Manual;
     let buf = dev.alloc_buffer(4096).unwrap();
     let b = dev.va(buf).unwrap();
-    let copy = dev.submit(COPY, &[], |cb| cb.write_data(b, &[41])).unwrap();
-    let compute = dev.submit(COMPUTE, &[copy], |cb| cb.write_data(b + 4, &[42])).unwrap();
-    let gfx = dev.submit(GFX, &[], |cb| cb.write_data(b + 8, &[43])).unwrap();
+    let copy = dev.submit(QueueId::COPY, &[], |cb| cb.write_data(b, &[41])).unwrap();
+    let compute = dev.submit(QueueId::COMPUTE, &[copy], |cb| cb.write_data(b + 4, &[42])).unwrap();
+    let gfx = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b + 8, &[43])).unwrap();
     // GFX finishes first; COMPUTE is blocked on COPY.
     dev.platform().state().run(0);
     dev.platform().state().run(1);
@@ -266,27 +263,27 @@ fn wait_cycles_are_rejected_before_the_gpu_sees_them() {
     let dev: Device<'_, Fake, 8> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
     // COMPUTE waits for COPY's *next* fence (wait before signal) ...
-    let copy_next = dev.next_fence(COPY).unwrap();
-    let compute = dev.submit(COMPUTE, &[copy_next], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let copy_next = dev.next_fence(QueueId::COPY).unwrap();
+    let compute = dev.submit(QueueId::COMPUTE, &[copy_next], |cb| cb.timestamp(0x8030_0000)).unwrap();
     // ... so COPY's next submission may not wait for that COMPUTE work.
     let before = dev.platform().state().doorbells;
-    let err = dev.submit(COPY, &[compute], |cb| cb.timestamp(0x8030_0008)).unwrap_err();
+    let err = dev.submit(QueueId::COPY, &[compute], |cb| cb.timestamp(0x8030_0008)).unwrap_err();
     let SubmitError::Cycle(c) = err else { panic!("{err:?}") };
     assert_eq!(c.fences().len(), 2, "{c}");
-    assert_eq!(c.fences()[0].queue, COPY);
-    assert_eq!(c.fences()[1].queue, COMPUTE);
+    assert_eq!(c.fences()[0].queue, QueueId::COPY);
+    assert_eq!(c.fences()[1].queue, QueueId::COMPUTE);
     assert!(c.to_string().contains("q2:1 waits for q1:1"), "{c}");
     assert_eq!(dev.platform().state().doorbells, before, "nothing reached the GPU");
     // A three-queue cycle: GFX waits COMPUTE's future, COMPUTE (above) waits COPY's future.
-    let compute_next = dev.next_fence(COMPUTE).unwrap();
-    let gfx = dev.submit(GFX, &[compute_next], |cb| cb.timestamp(0x8030_0010)).unwrap();
-    let compute2 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
+    let compute_next = dev.next_fence(QueueId::COMPUTE).unwrap();
+    let gfx = dev.submit(QueueId::GFX, &[compute_next], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let compute2 = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
     assert_eq!(compute2.seqno().0, 2);
-    let err = dev.submit(COPY, &[gfx], |cb| cb.timestamp(0x8030_0020)).unwrap_err();
+    let err = dev.submit(QueueId::COPY, &[gfx], |cb| cb.timestamp(0x8030_0020)).unwrap_err();
     let SubmitError::Cycle(c) = err else { panic!("{err:?}") };
     assert_eq!(c.fences().len(), 3, "{c}");
     // Without the cycle the same submission is fine, and everything runs.
-    dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0020)).unwrap();
+    dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0020)).unwrap();
     dev.platform().state().run_all();
     dev.wait(gfx, 1_000_000_000).unwrap();
 }
@@ -301,16 +298,16 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
         let buf = dev.alloc_buffer(4096).unwrap();
         let b = dev.va(buf).unwrap();
-        let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
-        let f2 = dev.submit(GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
+        let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+        let f2 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
         // A COMPUTE submission waiting on the hung queue is released by the
         // reset, and fails with it: it ran on input that never arrived.
-        let c = dev.submit(COMPUTE, &[f2], |cb| cb.write_data(b + 8, &[3])).unwrap();
+        let c = dev.submit(QueueId::COMPUTE, &[f2], |cb| cb.write_data(b + 8, &[3])).unwrap();
         let err = dev.wait(f1, 10_000_000_000).unwrap_err();
         assert_eq!(err, WaitError::Failed(FenceError::DeviceHung));
         assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
         let report = dev.last_hang().expect("a hang report");
-        assert_eq!(report.queue, GFX);
+        assert_eq!(report.queue, QueueId::GFX);
         assert!(matches!(report.reason, HangReason::NoProgress { .. }));
         assert_eq!((report.emitted.0, report.completed.0), (2, 0));
         let text = report.to_string();
@@ -328,12 +325,12 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
             }))
         );
         assert_eq!(dev.stats().propagated_failures, 1);
-        let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
+        let f3 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
         dev.wait(f3, 1_000_000_000).unwrap();
         assert_eq!(dev.read_u32(buf, 3), Ok(4));
         // A fence cancelled by the reset can not be waited on by new work.
         assert_eq!(
-            dev.submit(COPY, &[f1], |cb| cb.timestamp(0x8030_0000)),
+            dev.submit(QueueId::COPY, &[f1], |cb| cb.timestamp(0x8030_0000)),
             Err(SubmitError::DependencyFailed { fence: f1, error: FenceError::DeviceHung })
         );
     }
@@ -361,15 +358,15 @@ fn still_stalled_after_reset<P: Scripted>(fake: P) {
     dev.platform().state().stalled[0] = true;
     let buf = dev.alloc_buffer(4096).unwrap();
     let b = dev.va(buf).unwrap();
-    let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+    let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
     // COMPUTE waits for it on the GPU, then runs independent work.
-    let c1 = dev.submit(COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
-    let c2 = dev.submit(COMPUTE, &[], |cb| cb.write_data(b + 8, &[3])).unwrap();
+    let c1 = dev.submit(QueueId::COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
+    let c2 = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(b + 8, &[3])).unwrap();
     assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
     assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
     // The engines see GFX's slot at f1's value, written by the CPU.
-    let slot = dev.fence_slot_va(GFX).unwrap();
+    let slot = dev.fence_slot_va(QueueId::GFX).unwrap();
     assert_eq!(dev.platform().state().fence_slot(slot), f1.id.seqno.0);
     // The reset released COMPUTE's wait although GFX never ran again: its
     // own work signals, COMPUTE is not judged hung.
@@ -391,8 +388,8 @@ fn wait_passed_waits_for_failed_work_that_still_runs() {
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
         let buf = dev.alloc_buffer(4096).unwrap();
         let b = dev.va(buf).unwrap();
-        let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
-        let c = dev.submit(COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
+        let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+        let c = dev.submit(QueueId::COMPUTE, &[f1], |cb| cb.write_data(b + 4, &[2])).unwrap();
         assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
         // The hung queue's reset passed its cancelled fence.
         assert_eq!(dev.wait_passed(f1, 0), Ok(()));
@@ -420,14 +417,14 @@ fn wait_passed_times_out_checks_the_fence_and_reports_loss() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     // Pending work: a timeout, as `wait` gives.
     assert_eq!(dev.wait_passed(f, 2_000_000), Err(WaitError::Timeout));
     assert_eq!(dev.stats().hangs, 0);
     dev.platform().state().run(0);
     assert_eq!(dev.wait_passed(f, 2_000_000), Ok(()));
     // The fence itself is checked as by `wait`.
-    let next = dev.next_fence(GFX).unwrap();
+    let next = dev.next_fence(QueueId::GFX).unwrap();
     assert_eq!(dev.wait_passed(next, 0), Err(WaitError::NotSubmitted(next)));
     let mut other = f;
     other.id.queue = umd_core::sync::QueueId(3);
@@ -435,7 +432,7 @@ fn wait_passed_times_out_checks_the_fence_and_reports_loss() {
     // Device loss: the timeline is forced past everything, but nothing
     // passed on the GPU; every answer is the loss, also for a fence that
     // had passed before.
-    let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    let g = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
     dev.platform().state().lost = true;
     assert_eq!(dev.wait_passed(g, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
     assert!(dev.is_lost());
@@ -449,14 +446,14 @@ fn a_poisoned_fence_keeps_its_reason_when_its_own_queue_is_reset() {
     dev.platform().state().mode = Mode::OnDelay;
     dev.platform().state().engines[0].fault = EngineFault::Stuck;
     dev.platform().state().engines[1].fault = EngineFault::Stuck;
-    let f1 = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    let c1 = dev.submit(COMPUTE, &[f1], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let c1 = dev.submit(QueueId::COMPUTE, &[f1], |cb| cb.timestamp(0x8030_0008)).unwrap();
     assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     let dependency = FenceError::Dependency { producer: f1.id, cause: umd_core::sync::Cause::Hung };
     assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
     // COMPUTE hangs too: its reset cancels c1 again, which keeps the reason
     // it was first answered with.
-    let c2 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let c2 = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
     assert_eq!(dev.wait(c2, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     assert_eq!(dev.stats().resets, 2);
     assert_eq!(dev.query(c1), Ok(FenceStatus::Failed(dependency)));
@@ -467,7 +464,7 @@ fn an_engine_that_faults_while_idle_is_reset_without_blaming_the_next_job() {
     for gen in [Generation::Gen1, Generation::Gen2] {
         let mut rig_dev = rig(gen);
         let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
-        let f0 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let f0 = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
         dev.wait(f0, 1_000_000_000).unwrap();
         // COMPUTE is idle when its engine halts with a fault (no job of
         // ours caused it). The service pass sees the fault interrupt.
@@ -475,13 +472,13 @@ fn an_engine_that_faults_while_idle_is_reset_without_blaming_the_next_job() {
         let report = dev.service().expect("the idle fault is reported");
         assert_eq!(dev.last_hang(), Some(report), "the report returned is the one kept");
         assert_eq!(dev.service(), None, "a pass that fails nothing reports nothing");
-        assert_eq!(report.queue, COMPUTE);
+        assert_eq!(report.queue, QueueId::COMPUTE);
         assert!(matches!(report.reason, HangReason::Fault(_)), "{report}");
         assert_eq!(report.emitted, report.completed, "no fence was pending");
         assert_eq!((dev.stats().faults, dev.stats().resets), (1, 1));
         assert_eq!(dev.query(f0), Ok(FenceStatus::Signalled), "finished work stays signalled");
         // The next job runs.
-        let f1 = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        let f1 = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
         dev.wait(f1, 1_000_000_000).unwrap();
         assert_eq!(dev.stats().resets, 1);
     }
@@ -493,7 +490,7 @@ fn a_loop_that_moves_but_never_signals_is_a_hang() {
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().engines[1].fault = EngineFault::Spinning;
     dev.platform().state().mode = Mode::OnDelay;
-    let f = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     assert_eq!(dev.wait(f, 60_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     assert!(matches!(dev.last_hang().unwrap().reason, HangReason::FenceStalled { .. }));
 }
@@ -503,7 +500,7 @@ fn faults_are_reported_with_address_engine_and_access() {
     let mut rig_dev = rig(Generation::Gen1);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(COPY, &[], |cb| cb.copy(0x1_0000_0000, 0x8030_0000, 64)).unwrap();
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(0x1_0000_0000, 0x8030_0000, 64)).unwrap();
     dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
     let err = dev.wait(f, 1_000_000_000).unwrap_err();
     let WaitError::Failed(FenceError::Fault(info)) = err else { panic!("{err:?}") };
@@ -511,12 +508,12 @@ fn faults_are_reported_with_address_engine_and_access() {
     assert_eq!(info.addr, 0x1_0000_0000);
     assert_eq!(info.access, umd_core::sync::Access::Read);
     let report = dev.last_hang().unwrap();
-    assert_eq!(report.queue, COPY);
+    assert_eq!(report.queue, QueueId::COPY);
     assert!(report.to_string().contains("Translation fault on Read at 0x100000000"), "{report}");
     assert_eq!(dev.stats().faults, 1);
     // Recovered.
     dev.platform().state().mode = Mode::OnDoorbell;
-    let g = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let g = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.wait(g, 1_000_000_000).unwrap();
 }
 
@@ -525,7 +522,7 @@ fn timeouts() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let delays = dev.platform().state().delays;
     // Timeout 0 is a query: no sleeping, no spinning beyond one check.
     assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
@@ -545,7 +542,7 @@ fn wait_schedule_follows_the_config() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let (d0, n0) = {
         let st = dev.platform().state();
         (st.delayed_ns, st.delays)
@@ -571,34 +568,34 @@ fn bad_inputs_get_typed_errors() {
         Err(SubmitError::UnknownQueue(QueueId(3)))
     );
     // Zero-length submission.
-    assert_eq!(dev.submit(GFX, &[], |_| Ok(())), Err(SubmitError::Empty));
+    assert_eq!(dev.submit(QueueId::GFX, &[], |_| Ok(())), Err(SubmitError::Empty));
     // A recording error names the command.
-    let e = dev.submit(GFX, &[], |cb| cb.fence(0x8030_0004, 1, false)).unwrap_err();
+    let e = dev.submit(QueueId::GFX, &[], |cb| cb.fence(0x8030_0004, 1, false)).unwrap_err();
     assert!(matches!(e, SubmitError::Encode(_)), "{e:?}");
     // An IB larger than the generation allows (gen1: 262144 dwords).
     assert_eq!(
-        dev.submit_ib(&Submit::on(GFX), 0x8030_0000, 262_145),
+        dev.submit_ib(&Submit::on(QueueId::GFX), 0x8030_0000, 262_145),
         Err(SubmitError::IbTooLarge { dwords: 262_145, max: 262_144 })
     );
-    assert_eq!(dev.submit_ib(&Submit::on(GFX), 0x8030_0000, 0), Err(SubmitError::Empty));
+    assert_eq!(dev.submit_ib(&Submit::on(QueueId::GFX), 0x8030_0000, 0), Err(SubmitError::Empty));
     // Waiting on a fence from the future.
-    let future = dev.last_emitted(GFX).unwrap().later(7);
+    let future = dev.last_emitted(QueueId::GFX).unwrap().later(7);
     assert_eq!(dev.wait(future, 1_000), Err(WaitError::NotSubmitted(future)));
     let unknown = Fence { id: umd_core::sync::FenceId::new(QueueId(9), 1), ..future };
     assert_eq!(dev.wait(unknown, 1), Err(WaitError::UnknownQueue(QueueId(9))));
     // A queue waiting on its own future.
     assert_eq!(
-        dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)),
+        dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x8030_0000)),
         Err(SubmitError::WaitsOnItself(future))
     );
     // Too many waits.
-    let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     assert_eq!(
-        dev.submit(GFX, &[f; 5], |cb| cb.timestamp(0x8030_0000)),
+        dev.submit(QueueId::GFX, &[f; 5], |cb| cb.timestamp(0x8030_0000)),
         Err(SubmitError::TooManyWaits { given: 5 })
     );
     // None of that consumed a sequence number or touched the GFX ring.
-    assert_eq!(dev.last_emitted(GFX).unwrap().seqno().0, 0);
+    assert_eq!(dev.last_emitted(QueueId::GFX).unwrap().seqno().0, 0);
     assert_eq!(dev.platform().state().engines[0].wptr, 0);
 }
 
@@ -628,7 +625,10 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 2;
     let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
     assert_eq!(dev.queue_count(), 2, "the queue count comes from the chip");
-    assert_eq!(dev.submit(COPY, &[], |cb| cb.barrier()), Err(SubmitError::UnknownQueue(COPY)));
+    assert_eq!(
+        dev.submit(QueueId::COPY, &[], |cb| cb.barrier()),
+        Err(SubmitError::UnknownQueue(QueueId::COPY))
+    );
     drop(dev);
     assert_eq!(fake.state().allocs, 0);
 }
@@ -638,11 +638,11 @@ fn device_loss_fails_pending_fences() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.platform().state().lost = true;
     assert_eq!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
     assert!(dev.is_lost());
-    assert_eq!(dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::DeviceLost));
+    assert_eq!(dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::DeviceLost));
 }
 
 /// The ring's free space comes from the read pointer last read: RING_RPTR
@@ -657,7 +657,9 @@ fn the_read_pointer_is_read_only_when_the_ring_looks_full() {
     let before = dev.platform().state().rptr_reads;
     let mut last = None;
     for i in 0..300u32 {
-        last = Some(dev.submit(GFX, &[], |cb| cb.write_data(va + 4 * u64::from(i % 64), &[i])).unwrap());
+        last = Some(
+            dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va + 4 * u64::from(i % 64), &[i])).unwrap(),
+        );
     }
     let reads = dev.platform().state().rptr_reads - before;
     let wraps = dev.stats().ring_wraps;
@@ -679,9 +681,9 @@ fn a_loss_met_by_a_submission_refuses_it_and_fails_pending_work() {
         let mut rig_dev = rig(Generation::Gen2);
         let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
         dev.platform().state().mode = Mode::Manual;
-        let job = |dev: &Device<'_, Fake, 4>| dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000));
+        let job = |dev: &Device<'_, Fake, 4>| dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000));
         // Work in flight on another queue, whose engine never runs.
-        let pending = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        let pending = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
         job(&dev).unwrap();
         let step = dev.platform().state().engines[0].wptr;
         if refresh {
@@ -719,8 +721,8 @@ fn a_fence_written_before_the_loss_stays_signalled() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     dev.platform().state().mode = Mode::Manual;
-    let done = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-    let pending = dev.submit(COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    let done = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let pending = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
     {
         let mut st = dev.platform().state();
         st.run(0);
@@ -728,7 +730,7 @@ fn a_fence_written_before_the_loss_stays_signalled() {
     }
     // The submission meets the loss (its write pointer); nobody read GFX's
     // fence slot since its engine ran.
-    assert_eq!(dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::DeviceLost));
+    assert_eq!(dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::DeviceLost));
     assert_eq!(dev.query(done), Ok(FenceStatus::Signalled));
     assert_eq!(dev.wait(done, u64::MAX), Ok(()));
     assert_eq!(dev.wait(pending, u64::MAX), Err(WaitError::Failed(FenceError::DeviceLost)));
@@ -746,7 +748,7 @@ fn an_implausible_read_pointer_is_a_lost_device() {
         let mut rig_dev = rig(Generation::Gen2);
         let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
         dev.platform().state().mode = Mode::Manual;
-        let job = |dev: &Device<'_, Fake, 4>| dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000));
+        let job = |dev: &Device<'_, Fake, 4>| dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000));
         job(&dev).unwrap();
         let step = dev.platform().state().engines[0].wptr;
         // Fill the ring until the cached free space no longer fits one
@@ -774,7 +776,7 @@ fn trace_exports_chrome_json() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
     for i in 0..3u64 {
-        let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
     }
     let mut json = String::new();
@@ -803,7 +805,7 @@ fn trace_sees_every_staged_submission_once_in_order() {
     dev.platform().state().mode = Mode::Manual;
     const EACH: u64 = 40;
     std::thread::scope(|s| {
-        for q in [GFX, COMPUTE] {
+        for q in [QueueId::GFX, QueueId::COMPUTE] {
             let dev = &dev;
             s.spawn(move || {
                 for i in 0..EACH {
@@ -820,7 +822,7 @@ fn trace_sees_every_staged_submission_once_in_order() {
     });
     let t = dev.trace();
     assert_eq!(t.dropped(), 0);
-    for q in [GFX, COMPUTE] {
+    for q in [QueueId::GFX, QueueId::COMPUTE] {
         for kind in [TraceKind::Encode, TraceKind::Submit, TraceKind::Doorbell] {
             let seqnos: Vec<u64> =
                 t.iter().filter(|e| e.queue == q.0 && e.kind == kind).map(|e| e.seqno).collect();
@@ -842,7 +844,9 @@ fn only_the_recorded_commands_are_cleaned_from_the_cache() {
         let (pool_va, pool_len) = dev.pool_range();
         for round in 0..3u64 {
             dev.platform().state().cleaned.clear();
-            let f = dev.submit(GFX, &[], |cb| cb.write_data(0x8030_0000 + 16 * round, &[1, 2, 3])).unwrap();
+            let f = dev
+                .submit(QueueId::GFX, &[], |cb| cb.write_data(0x8030_0000 + 16 * round, &[1, 2, 3]))
+                .unwrap();
             dev.wait(f, 1_000_000_000).unwrap();
             let ev = |k| {
                 dev.trace()
@@ -885,11 +889,11 @@ fn completions_seen_by_any_path_are_traced_and_reclaimed() {
     let mut rig_dev = rig(Generation::Gen2);
     let dev: Device<'_, Fake, 4> = rig_dev.device(Config { batching: false, ..small_cfg() });
     dev.platform().state().mode = Mode::Manual;
-    let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let copy = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.platform().state().run(2);
     // The COPY fence is first observed while checking this submission's
     // wait list, not by a wait on it.
-    let compute = dev.submit(COMPUTE, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    let compute = dev.submit(QueueId::COMPUTE, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
     dev.platform().state().run(1);
     dev.wait(compute, 1_000_000_000).unwrap();
     let span = dev
@@ -1030,7 +1034,7 @@ fn large_buffers_work_with_the_mmu_bypassed() {
             let words: Vec<u32> = (0..size as u32 / 4).map(|w| w ^ (i as u32) << 28).collect();
             dev.write_words(src, 0, &words).unwrap();
             let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
-            let f = dev.submit(COPY, &[], |cb| cb.copy(s, d, size)).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(s, d, size)).unwrap();
             dev.wait(f, 1_000_000_000).unwrap();
             let mut back = vec![0u8; size as usize];
             dev.read(dst, 0, &mut back).unwrap();
@@ -1118,7 +1122,7 @@ fn a_partial_line_cpu_write_keeps_the_gpus_data_in_the_rest_of_the_line() {
             let va = dev.va(h).unwrap();
             let stale: Vec<u32> = (0..1024).map(|i| 0xAAAA_0000 | i).collect();
             dev.write_words(h, 0, &stale).unwrap();
-            let f = dev.submit(COPY, &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.fill(va, 4096, 0xB0B0_B0B0)).unwrap();
             dev.wait(f, 1_000_000_000).unwrap();
             let mut want = vec![0xB0u8; 4096];
             // A partial read first: the GPU's word, nothing left dirty.
@@ -1171,7 +1175,7 @@ fn a_map_guard_merges_its_writes_with_the_gpus_data() {
             let n = size as usize / 4;
             let stale: Vec<u32> = (0..n as u32).map(|i| 0xAAAA_0000 | i).collect();
             dev.write_words(h, 0, &stale).unwrap();
-            let f = dev.submit(COPY, &[], |cb| cb.fill(va, size, 0xB0B0_B0B0)).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.fill(va, size, 0xB0B0_B0B0)).unwrap();
             dev.wait(f, 1_000_000_000).unwrap();
             {
                 let mut m = dev.map(h).unwrap();
@@ -1207,7 +1211,7 @@ fn separate_failures_never_change_an_answer_and_a_full_history_is_acknowledged()
     let mut refused = None;
     for i in 0..200u64 {
         dev.platform().state().mode = Mode::OnDoorbell;
-        let ok = match dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)) {
+        let ok = match dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)) {
             Ok(f) => f,
             Err(e) => {
                 refused = Some((i, e));
@@ -1218,7 +1222,7 @@ fn separate_failures_never_change_an_answer_and_a_full_history_is_acknowledged()
         answers.push((ok, FenceStatus::Signalled));
         dev.platform().state().mode = Mode::Manual;
         let addr = 0x1_0000_0000 + i * 0x1000;
-        let bad = match dev.submit(COPY, &[], |cb| cb.copy(addr, 0x8030_0000, 64)) {
+        let bad = match dev.submit(QueueId::COPY, &[], |cb| cb.copy(addr, 0x8030_0000, 64)) {
             Ok(f) => f,
             Err(e) => {
                 refused = Some((i, e));
@@ -1238,20 +1242,23 @@ fn separate_failures_never_change_an_answer_and_a_full_history_is_acknowledged()
         if i == 9 {
             // Work that waits on the first success is accepted and runs.
             dev.platform().state().mode = Mode::OnDoorbell;
-            let dep = dev.submit(GFX, &[answers[0].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
+            let dep = dev.submit(QueueId::GFX, &[answers[0].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
             dev.wait(dep, 1_000_000_000).unwrap();
         }
     }
     assert_eq!(dev.stats().history_merges, 0);
     let (faults, err) = refused.expect("the history fills up");
-    assert_eq!(err, SubmitError::HistoryFull(COPY));
+    assert_eq!(err, SubmitError::HistoryFull(QueueId::COPY));
     assert!(faults >= 60, "refused after only {faults} failures");
     let submissions = dev.stats().submissions;
     dev.platform().state().mode = Mode::OnDoorbell;
-    assert_eq!(dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)), Err(SubmitError::HistoryFull(COPY)));
+    assert_eq!(
+        dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)),
+        Err(SubmitError::HistoryFull(QueueId::COPY))
+    );
     assert_eq!(dev.stats().submissions, submissions, "a refusal reaches nothing");
     // Other queues are not concerned.
-    let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let g = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap();
     dev.wait(g, 1_000_000_000).unwrap();
     // The application acknowledges the first half of its fences.
     let half = answers.len() / 2;
@@ -1266,15 +1273,15 @@ fn separate_failures_never_change_an_answer_and_a_full_history_is_acknowledged()
         assert_eq!(dev.query(f), Ok(want), "fence {f} after the acknowledgement");
     }
     // The queue takes work again, and work may wait on an acknowledged fence.
-    let next = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let next = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     dev.wait(next, 1_000_000_000).unwrap();
-    let dep = dev.submit(GFX, &[answers[1].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let dep = dev.submit(QueueId::GFX, &[answers[1].0], |cb| cb.timestamp(0x8030_0010)).unwrap();
     dev.wait(dep, 1_000_000_000).unwrap();
     // The acknowledged point never moves back, and pending work is never
     // acknowledged.
     assert_eq!(dev.acknowledge_failures(answers[0].0), Ok(upto));
     dev.platform().state().mode = Mode::Manual;
-    let pending = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let pending = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     assert_eq!(dev.acknowledge_failures(pending), Ok(next));
     assert_eq!(dev.query(pending), Ok(FenceStatus::Pending));
     assert_eq!(dev.acknowledge_failures(pending.later(1)), Err(WaitError::NotSubmitted(pending.later(1))));

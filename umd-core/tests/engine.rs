@@ -14,17 +14,13 @@ use umd_core::config::{Config, HangConfig};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 #[cfg(feature = "mmu")]
 use umd_core::mem::SizeClass;
 use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, Fence, FenceError, FenceId, QueueId};
-
-const GFX: QueueId = QueueId(0);
-const COMPUTE: QueueId = QueueId(1);
-const COPY: QueueId = QueueId(2);
 
 fn cfg() -> Config {
     Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
@@ -50,14 +46,14 @@ fn a_buffer_freed_under_in_flight_work_keeps_its_address_until_the_fence() {
         dev.platform().state().mode = Mode::Manual;
         let a = dev.alloc_buffer(4096).unwrap();
         let va = dev.va(a).unwrap();
-        let f = dev.submit(COPY, &[], |cb| cb.copy(va, va + 2048, 64)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(va, va + 2048, 64)).unwrap();
         dev.free(a).unwrap();
         assert_eq!(dev.buffer_stats().waiting, 1);
         for _ in 0..8 {
             let b = dev.alloc_buffer(4096).unwrap();
             assert_ne!(dev.va(b).unwrap(), va, "reused under the in-flight copy");
         }
-        assert_eq!(dev.frees_waiting_on(COPY), 1);
+        assert_eq!(dev.frees_waiting_on(QueueId::COPY), 1);
         dev.platform().state().run_all();
         dev.wait(f, 1_000_000_000).unwrap();
         assert_eq!(dev.buffer_stats().waiting, 0, "released once the fence signalled");
@@ -72,7 +68,9 @@ fn declared_use_gates_only_on_the_submissions_that_declared_it() {
         let idle = dev.alloc(&BufferDesc::new(256).declared()).unwrap();
         let va = dev.va(busy).unwrap();
         let f = dev
-            .submit_with(&Submit::on(GFX).using(&[BufferUse::write(busy)]), |cb| cb.write_data(va, &[1]))
+            .submit_with(&Submit::on(QueueId::GFX).using(&[BufferUse::write(busy)]), |cb| {
+                cb.write_data(va, &[1])
+            })
             .unwrap();
         // `idle` was never declared: freed at once although GFX is busy.
         dev.free(idle).unwrap();
@@ -85,7 +83,7 @@ fn declared_use_gates_only_on_the_submissions_that_declared_it() {
         // A stale declared buffer refuses the submission before the GPU.
         let doorbells = dev.platform().state().doorbells;
         assert_eq!(
-            dev.submit_with(&Submit::on(GFX).using(&[BufferUse::read(busy)]), |cb| cb.barrier()),
+            dev.submit_with(&Submit::on(QueueId::GFX).using(&[BufferUse::read(busy)]), |cb| cb.barrier()),
             Err(SubmitError::Buffer(BufferError::Stale))
         );
         assert_eq!(dev.platform().state().doorbells, doorbells);
@@ -99,7 +97,7 @@ fn a_free_while_the_queue_is_hung_is_reclaimed_after_the_reset_not_before() {
         let a = dev.alloc(&BufferDesc::new(4096).declared()).unwrap();
         let va = dev.va(a).unwrap();
         let f = dev
-            .submit_with(&Submit::on(COMPUTE).using(&[BufferUse::read(a)]), |cb| cb.copy(va, va, 64))
+            .submit_with(&Submit::on(QueueId::COMPUTE).using(&[BufferUse::read(a)]), |cb| cb.copy(va, va, 64))
             .unwrap();
         dev.free(a).unwrap();
         // Not reclaimed while the queue is stuck (a query does not wait).
@@ -121,7 +119,7 @@ fn device_loss_keeps_freed_memory_until_teardown() {
     fake.state().mode = Mode::Manual;
     let a = dev.alloc_buffer(8192).unwrap();
     let va = dev.va(a).unwrap();
-    let f = dev.submit(COPY, &[], |cb| cb.fill(va, 64, 1)).unwrap();
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.fill(va, 64, 1)).unwrap();
     fake.state().lost = true;
     assert_eq!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceLost)));
     dev.free(a).unwrap();
@@ -147,8 +145,11 @@ fn handles_cannot_dangle_or_cross_devices() {
     assert_eq!(a.buffer_stats().live, 1);
     assert_eq!(b.buffer_stats().live, 1);
     // A fence of another device.
-    let fence_a = a.submit(GFX, &[], |cb| cb.barrier()).unwrap();
-    assert_eq!(b.submit(GFX, &[fence_a], |cb| cb.barrier()), Err(SubmitError::ForeignFence(fence_a)));
+    let fence_a = a.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
+    assert_eq!(
+        b.submit(QueueId::GFX, &[fence_a], |cb| cb.barrier()),
+        Err(SubmitError::ForeignFence(fence_a))
+    );
     assert_eq!(b.wait(fence_a, 0), Err(WaitError::ForeignFence(fence_a)));
     // Forged handles.
     let (dev_id, index, gen) = hb.into_raw();
@@ -211,7 +212,7 @@ fn a_refused_request_leaves_the_buffer_statistics_as_they_were() {
         dev.platform().state().mode = Mode::Manual;
         let h = dev.alloc_buffer(64).unwrap();
         let va = dev.va(h).unwrap();
-        dev.submit(QueueId(0), &[], |cb| cb.write_data(va, &[1])).unwrap();
+        dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va, &[1])).unwrap();
         dev.free(h).unwrap();
         // The fence passes; nothing has looked at it yet.
         dev.platform().state().run_all();
@@ -365,13 +366,13 @@ fn thousands_of_resets_never_turn_a_cancelled_fence_into_success() {
     with_device::<4>(Generation::Gen1, cfg(), MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::Manual;
         let fault = |dev: &Device<'_, Fake, 4>| {
-            let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
             dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
             assert!(matches!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::Fault(_)))));
             f
         };
         let first = fault(dev);
-        let ok = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let ok = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
         dev.platform().state().run(2);
         dev.wait(ok, 1_000_000_000).unwrap();
         let mut cancelled = vec![first];
@@ -390,7 +391,7 @@ fn thousands_of_resets_never_turn_a_cancelled_fence_into_success() {
         }
         assert_eq!(dev.query(ok), Ok(FenceStatus::Signalled), "the success between the resets stays one");
         assert_eq!(
-            dev.submit(GFX, &[first], |cb| cb.barrier()).unwrap_err(),
+            dev.submit(QueueId::GFX, &[first], |cb| cb.barrier()).unwrap_err(),
             SubmitError::DependencyFailed {
                 fence: first,
                 error: dev
@@ -409,10 +410,10 @@ fn thousands_of_resets_never_turn_a_cancelled_fence_into_success() {
 fn failures_propagate_through_chains_of_waits() {
     with_device::<8>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::Manual;
-        let a = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
-        let b = dev.submit(COMPUTE, &[a], |cb| cb.timestamp(0x8030_0008)).unwrap();
-        let c = dev.submit(GFX, &[b], |cb| cb.timestamp(0x8030_0010)).unwrap();
-        let unrelated = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
+        let a = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let b = dev.submit(QueueId::COMPUTE, &[a], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        let c = dev.submit(QueueId::GFX, &[b], |cb| cb.timestamp(0x8030_0010)).unwrap();
+        let unrelated = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0018)).unwrap();
         dev.platform().state().inject_fault(2, 1, 0, 0x1_0000_0000);
         let err = dev.wait(a, 1_000_000_000).unwrap_err();
         let WaitError::Failed(FenceError::Fault(info)) = err else { panic!("{err:?}") };
@@ -434,11 +435,11 @@ fn a_wait_before_signal_is_blocked_not_hung_unless_a_limit_is_set() {
     // Default: no limit. Ten hang windows of virtual time pass.
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::OnDoorbell;
-        let future = dev.next_fence(COPY).unwrap();
-        let f = dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let future = dev.next_fence(QueueId::COPY).unwrap();
+        let f = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
         assert_eq!(dev.wait(f, 10 * dev.hang_config().window_ns), Err(WaitError::Timeout));
         assert_eq!(dev.stats().resets, 0);
-        dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+        dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
         dev.platform().state().run_all();
         dev.wait(f, 1_000_000_000).unwrap();
     });
@@ -446,8 +447,8 @@ fn a_wait_before_signal_is_blocked_not_hung_unless_a_limit_is_set() {
     let hang = HangConfig { unsubmitted_wait_ns: Some(2_000_000_000), ..Config::DEFAULT.hang };
     with_device::<4>(Generation::Gen2, Config { hang, ..cfg() }, MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::OnDoorbell;
-        let future = dev.next_fence(COPY).unwrap();
-        let f = dev.submit(GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let future = dev.next_fence(QueueId::COPY).unwrap();
+        let f = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x8030_0000)).unwrap();
         assert_eq!(
             dev.wait(f, 60_000_000_000),
             Err(WaitError::Failed(FenceError::NeverSignalled { producer: future.id }))
@@ -455,7 +456,7 @@ fn a_wait_before_signal_is_blocked_not_hung_unless_a_limit_is_set() {
         let r = dev.last_hang().unwrap();
         assert_eq!(r.reason, HangReason::NeverSignalled { producer: future.id });
         // The queue works again.
-        let g = dev.submit(GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let g = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
         dev.wait(g, 1_000_000_000).unwrap();
     });
 }
@@ -465,21 +466,21 @@ fn a_full_dependency_table_waits_then_refuses() {
     let c = Config { dep_wait_ns: 5_000_000, ..cfg() };
     with_device::<16>(Generation::Gen1, c, MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::Manual;
-        let copy = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+        let copy = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
         let n = umd_core::engine::PENDING_WAITS;
         for _ in 0..n {
-            dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
+            dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
         }
-        let emitted = dev.last_emitted(GFX).unwrap();
+        let emitted = dev.last_emitted(QueueId::GFX).unwrap();
         assert_eq!(
-            dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)),
-            Err(SubmitError::TooManyPending(GFX))
+            dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0010)),
+            Err(SubmitError::TooManyPending(QueueId::GFX))
         );
-        assert_eq!(dev.last_emitted(GFX), Some(emitted), "nothing emitted");
+        assert_eq!(dev.last_emitted(QueueId::GFX), Some(emitted), "nothing emitted");
         assert!(dev.stats().dep_waits > 0, "it waited for room first");
         // Room comes back as the work completes, and no edge was dropped.
         dev.platform().state().run_all();
-        dev.submit(GFX, &[copy], |cb| cb.timestamp(0x8030_0010)).unwrap();
+        dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0010)).unwrap();
     });
 }
 
@@ -527,9 +528,9 @@ fn four_threads_three_queues_no_lost_fence() {
 #[test]
 fn fences_from_before_and_after_work_are_told_apart() {
     with_device::<4>(Generation::Gen1, cfg(), MmuMode::Bypass, |dev| {
-        let f = dev.submit(GFX, &[], |cb| cb.barrier()).unwrap();
+        let f = dev.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
-        let id = FenceId { queue: GFX, seqno: f.seqno() };
+        let id = FenceId { queue: QueueId::GFX, seqno: f.seqno() };
         assert_eq!(f.id, id);
         assert_eq!(dev.query(f.later(1)), Err(WaitError::NotSubmitted(f.later(1))));
     });
@@ -560,7 +561,7 @@ fn frees_beyond_the_reclaim_budget_come_back_without_another_completion() {
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::Manual;
         let held: Vec<_> = (0..200).map(|_| dev.alloc_buffer(64).unwrap()).collect();
-        let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.barrier()).unwrap();
         for h in held {
             dev.free(h).unwrap();
         }
@@ -571,7 +572,7 @@ fn frees_beyond_the_reclaim_budget_come_back_without_another_completion() {
         assert!(after_completion > 0 && after_completion < 200, "{after_completion} waiting");
         dev.service();
         assert_eq!(dev.buffer_stats().waiting, 0, "a service pass takes back every free whose fence passed");
-        assert_eq!(dev.frees_waiting_on(COPY), 0);
+        assert_eq!(dev.frees_waiting_on(QueueId::COPY), 0);
     });
 }
 
@@ -593,7 +594,7 @@ fn memory_pressure_reclaims_frees_whose_fences_passed() {
         }
         let n = held.len();
         assert!(n > 100, "only {n} buffers fit");
-        let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.barrier()).unwrap();
         for h in held.drain(..) {
             dev.free(h).unwrap();
         }
@@ -623,8 +624,8 @@ fn an_allocation_behind_poisoned_work_waits_for_the_work_instead_of_retrying() {
     with_device::<4>(Generation::Gen2, cfg(), MmuMode::Bypass, |dev| {
         dev.platform().state().mode = Mode::Manual;
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
-        let a = dev.submit(GFX, &[], |cb| cb.barrier()).unwrap();
-        let b = dev.submit(COMPUTE, &[a], |cb| cb.barrier()).unwrap();
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
+        let b = dev.submit(QueueId::COMPUTE, &[a], |cb| cb.barrier()).unwrap();
         let mut held = Vec::new();
         loop {
             match dev.alloc_buffer(1 << 20) {
@@ -722,7 +723,7 @@ fn a_fixed_address_in_a_slab_with_live_slots_is_refused_without_waiting() {
         dev.free(a).unwrap();
         // An unrelated free that waits for work that does not run.
         let other = dev.alloc_buffer(1 << 20).unwrap();
-        let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.barrier()).unwrap();
         dev.free(other).unwrap();
         assert_eq!(dev.buffer_stats().waiting, 1);
         let slept = dev.platform().state().delays;
@@ -754,7 +755,7 @@ fn a_fixed_address_held_by_a_freed_buffer_is_given_out_after_its_fence() {
             let slept = dev.platform().state().delays;
             assert_eq!(dev.alloc_at(&desc, va), Err(AllocError::AddressInUse { at: va }));
             assert_eq!(dev.platform().state().delays, slept, "waited for a live buffer");
-            let f = dev.submit(COPY, &[], |cb| cb.barrier()).unwrap();
+            let f = dev.submit(QueueId::COPY, &[], |cb| cb.barrier()).unwrap();
             dev.free(a).unwrap();
             assert_eq!(dev.buffer_stats().waiting, 1);
             assert_eq!(dev.query(f), Ok(FenceStatus::Pending));
@@ -891,7 +892,8 @@ fn buffer_memory_is_allocated_and_freed_outside_the_engines_locks() {
             // (The fake's engines do not translate: work runs with the MMU
             // bypassed only.)
             let large: Vec<BufferHandle> = (0..20).map(|_| dev.alloc_buffer(128 << 10).unwrap()).collect();
-            let f = (mmu == MmuMode::Bypass).then(|| dev.submit(COPY, &[], |cb| cb.barrier()).unwrap());
+            let f =
+                (mmu == MmuMode::Bypass).then(|| dev.submit(QueueId::COPY, &[], |cb| cb.barrier()).unwrap());
             for h in large {
                 dev.free(h).unwrap();
             }

@@ -30,7 +30,7 @@ fn set_wait_reset_and_timestamps() {
     assert_eq!(dev.event_is_set(ev), Ok(false));
     assert_eq!(dev.timestamp_ns(ts), Ok(None), "0 until written");
     let f = dev
-        .submit(QueueId(2), &[], |cb| {
+        .submit(QueueId::COPY, &[], |cb| {
             cb.push(&ts.write())?;
             cb.push(&ev.set())
         })
@@ -89,11 +89,11 @@ fn handoff<P: Scripted>(fake: P) {
     assert_eq!(on_gpu(), 0, "the host's reset did not reach the GPU");
     // GPU to host: the host sees the GPU's set (its wait and its query)
     // and then the GPU's reset.
-    let set = dev.submit(QueueId(2), &[], |cb| cb.push(&ev.set())).unwrap();
+    let set = dev.submit(QueueId::COPY, &[], |cb| cb.push(&ev.set())).unwrap();
     dev.wait_event(ev, 1_000_000_000).unwrap();
     dev.wait(set, 1_000_000_000).unwrap();
     assert_eq!(dev.event_is_set(ev), Ok(true));
-    let reset = dev.submit(QueueId(2), &[], |cb| cb.push(&ev.reset())).unwrap();
+    let reset = dev.submit(QueueId::COPY, &[], |cb| cb.push(&ev.reset())).unwrap();
     dev.wait(reset, 1_000_000_000).unwrap();
     assert_eq!(dev.event_is_set(ev), Ok(false), "the host did not see the GPU's reset");
 }

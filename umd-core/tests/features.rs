@@ -12,14 +12,11 @@ use umd_core::config::Config;
 use umd_core::debug::hang::WINDOW_DWORDS;
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::Generation;
 use umd_core::mem::BufferDesc;
-use umd_core::queue::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FaultKind, FenceError, QueueId};
-
-const GFX: QueueId = QueueId(0);
-const COPY: QueueId = QueueId(2);
 
 const CAPTURE: bool = cfg!(feature = "hang-capture");
 const TRACE: bool = cfg!(feature = "trace");
@@ -39,13 +36,13 @@ fn a_hang_is_detected_reset_and_recovered_with_or_without_its_capture() {
     dev.platform().state().engines[0].fault = EngineFault::Stuck;
     let buf = dev.alloc_buffer(4096).unwrap();
     let b = dev.va(buf).unwrap();
-    let f1 = dev.submit(GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
-    let f2 = dev.submit(GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
+    let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b, &[1])).unwrap();
+    let f2 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b + 4, &[2])).unwrap();
     assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
     assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
     assert_eq!((dev.stats().hangs, dev.stats().resets), (1, 1));
     let report = dev.last_hang().expect("a hang report, captured or not");
-    assert_eq!(report.queue, GFX);
+    assert_eq!(report.queue, QueueId::GFX);
     assert!(matches!(report.reason, HangReason::NoProgress { .. }));
     assert_eq!((report.emitted.0, report.completed.0), (2, 0));
     let text = report.to_string();
@@ -61,7 +58,7 @@ fn a_hang_is_detected_reset_and_recovered_with_or_without_its_capture() {
     }
     // The queue works again after the reset.
     dev.platform().state().engines[0].fault = EngineFault::None;
-    let f3 = dev.submit(GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
+    let f3 = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(b + 12, &[4])).unwrap();
     dev.wait(f3, 1_000_000_000).unwrap();
     assert_eq!(dev.read_u32(buf, 3), Ok(4));
 }
@@ -75,7 +72,7 @@ fn a_fault_keeps_its_typed_error_and_its_fault_with_or_without_the_capture() {
     let buf = dev.alloc_buffer(4096).unwrap();
     let b = dev.va(buf).unwrap();
     dev.platform().state().mode = Mode::Manual;
-    let f = dev.submit(COPY, &[], |cb| cb.copy(b + 64, b, 64)).unwrap();
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(b + 64, b, 64)).unwrap();
     dev.platform().state().inject_fault(2, 1, 0, b + 64);
     let Err(WaitError::Failed(FenceError::Fault(info))) = dev.wait(f, 1_000_000_000) else {
         panic!("a fault")
@@ -88,7 +85,7 @@ fn a_fault_keeps_its_typed_error_and_its_fault_with_or_without_the_capture() {
     assert_eq!(report.near.is_some(), CAPTURE, "{report:?}");
     assert_eq!(dev.stats().faults, 1);
     dev.platform().state().mode = Mode::OnDoorbell;
-    let g = dev.submit(COPY, &[], |cb| cb.timestamp(b + 128)).unwrap();
+    let g = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(b + 128)).unwrap();
     dev.wait(g, 1_000_000_000).unwrap();
 }
 
@@ -99,7 +96,7 @@ fn the_trace_records_only_when_built_in() {
     let dev: Device<'_, Fake, 4> =
         Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).expect("device comes up");
     for i in 0..3u64 {
-        let f = dev.submit(COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000 + 8 * i)).unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
     }
     let n = dev.trace().iter().count();

@@ -18,6 +18,7 @@ use umd_core::cmd::Command;
 use umd_core::config::{Config, HangConfig};
 use umd_core::decode::Decoder;
 use umd_core::engine::Submit;
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
 use umd_core::mem::BufferDesc;
@@ -25,7 +26,6 @@ use umd_core::platform::{
     ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
     KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, FaultInfo, FenceError, QueueId};
 
@@ -388,7 +388,7 @@ fn submit_wait_and_data_through_the_kernel() {
         let b = dev.va(buf).unwrap();
         assert!((VA_START..VA_END).contains(&b), "the core chose the VA in the kernel's range");
         let f = dev
-            .submit(QueueId(2), &[], |cb| {
+            .submit(QueueId::COPY, &[], |cb| {
                 cb.fill(b, 4096, 0x5555_5555)?;
                 cb.write_data(b + 4096, &[1, 2, 3])
             })
@@ -448,8 +448,8 @@ fn a_range_whose_unbind_failed_is_not_given_out_again() {
 #[test]
 fn waits_become_timeline_points_and_wait_before_signal_is_held() {
     with_kernel(Generation::Gen2, |dev, k| {
-        let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
-        let compute = dev.submit(QueueId(1), &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
+        let copy = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let compute = dev.submit(QueueId::COMPUTE, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
         {
             let st = k.k();
             assert_eq!(st.jobs.len(), 2);
@@ -459,16 +459,16 @@ fn waits_become_timeline_points_and_wait_before_signal_is_held() {
         // Wait before signal: GFX waits for COPY:2, not submitted yet. The
         // kernel would refuse the point, so the core holds the job, and the
         // next GFX job behind it.
-        let future = dev.next_fence(QueueId(2)).unwrap();
-        let gfx = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x10_0010)).unwrap();
-        let gfx2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0018)).unwrap();
+        let future = dev.next_fence(QueueId::COPY).unwrap();
+        let gfx = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x10_0010)).unwrap();
+        let gfx2 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0018)).unwrap();
         assert_eq!(k.k().jobs.len(), 2, "held in the core");
         assert_eq!(dev.sync_point(gfx), Err(WaitError::NotSubmitted(gfx)));
         // COPY waiting for that GFX job closes a cycle.
-        let err = dev.submit(QueueId(2), &[gfx], |cb| cb.timestamp(0x10_0020)).unwrap_err();
+        let err = dev.submit(QueueId::COPY, &[gfx], |cb| cb.timestamp(0x10_0020)).unwrap_err();
         assert!(matches!(err, SubmitError::Cycle(_)), "{err:?}");
         // The producer arrives: both held GFX jobs follow it, in order.
-        let producer = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0020)).unwrap();
+        let producer = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0020)).unwrap();
         assert_eq!(producer, future);
         {
             let st = k.k();
@@ -489,27 +489,27 @@ fn a_wait_before_signal_beyond_the_limit_fails_and_the_queue_goes_on() {
     let mut storage: Box<Storage> = Box::default();
     let hang = HangConfig { unsubmitted_wait_ns: Some(50_000_000), ..Config::DEFAULT.hang };
     let dev = KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, Config { hang, ..cfg() }).unwrap();
-    let future = dev.next_fence(QueueId(2)).unwrap();
-    let held = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
+    let future = dev.next_fence(QueueId::COPY).unwrap();
+    let held = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
     assert_eq!(dev.wait(held, T), Err(WaitError::Failed(FenceError::NeverSignalled { producer: future.id })));
     assert!(k.k().jobs.is_empty(), "the held job never reached the kernel");
-    let next = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+    let next = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
     dev.wait(next, T).unwrap();
 }
 
 #[test]
 fn held_work_the_kernel_refuses_fails_instead_of_waiting_forever() {
     with_kernel(Generation::Gen2, |dev, k| {
-        let future = dev.next_fence(QueueId(2)).unwrap();
-        let held = dev.submit(QueueId(0), &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let future = dev.next_fence(QueueId::COPY).unwrap();
+        let held = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
         // The producer goes in; the held job after it is refused, on every
         // retry.
         k.k().refuse_after = Some(1);
-        let producer = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        let producer = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
         dev.wait(producer, T).unwrap();
         assert_eq!(dev.wait(held, T), Err(WaitError::Failed(FenceError::DeviceHung)));
         k.k().refuse_after = None;
-        let next = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0010)).unwrap();
+        let next = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0010)).unwrap();
         dev.wait(next, T).unwrap();
     });
 }
@@ -517,12 +517,12 @@ fn held_work_the_kernel_refuses_fails_instead_of_waiting_forever() {
 #[test]
 fn a_guilty_context_fails_its_work_and_dependents_and_is_replaced() {
     with_kernel(Generation::Gen1, |dev, k| {
-        let ok = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let ok = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         dev.wait(ok, T).unwrap();
         k.k().fail_next[0] = Some(Guilt::Hang);
-        let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
-        let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
-        let consumer = dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x10_0010)).unwrap();
+        let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let f2 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        let consumer = dev.submit(QueueId::COMPUTE, &[f2], |cb| cb.timestamp(0x10_0010)).unwrap();
         assert_eq!(dev.wait(f1, T), Err(WaitError::Failed(FenceError::DeviceHung)));
         assert_eq!(dev.query(f2), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
         assert_eq!(dev.query(ok), Ok(FenceStatus::Signalled), "work before the culprit completed");
@@ -531,13 +531,13 @@ fn a_guilty_context_fails_its_work_and_dependents_and_is_replaced() {
             Err(WaitError::Failed(FenceError::Dependency { producer: f2.id, cause: Cause::Hung }))
         );
         assert_eq!(
-            dev.submit(QueueId(1), &[f2], |cb| cb.timestamp(0x10_0000)),
+            dev.submit(QueueId::COMPUTE, &[f2], |cb| cb.timestamp(0x10_0000)),
             Err(SubmitError::DependencyFailed { fence: f2, error: FenceError::DeviceHung })
         );
         // A new context; the queue goes on.
-        assert_eq!(dev.context_status(QueueId(0)), Ok(ContextStatus::Ok));
+        assert_eq!(dev.context_status(QueueId::GFX), Ok(ContextStatus::Ok));
         assert_eq!(k.k().live_contexts(), 3);
-        let f3 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0010)).unwrap();
+        let f3 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0010)).unwrap();
         dev.wait(f3, T).unwrap();
         assert_eq!(dev.stats().resets, 1);
     });
@@ -550,17 +550,17 @@ fn a_fault_names_the_fault_and_innocent_contexts_go_on() {
         // (docs/refgpu.md 2.2).
         let status = (1 << 31) | 1 | (1 << 4) | (0x10 << 8);
         k.k().fail_next[2] = Some(Guilt::Fault { status, addr: 0xDEAD_0000 });
-        let f = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         let info = FaultInfo::from_regs(status, 0xDEAD_0000).unwrap();
         assert_eq!(dev.wait(f, T), Err(WaitError::Failed(FenceError::Fault(info))));
         let report = dev.last_hang().expect("a report");
         assert_eq!(report.fault, Some(info));
         // Another context the kernel marks innocent: no failure.
-        let g = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        let g = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
         let ctx = k.k().jobs.last().unwrap().ctx;
         k.k().contexts[ctx as usize].as_mut().unwrap().innocent = true;
         dev.wait(g, T).unwrap();
-        assert_eq!(dev.context_status(QueueId(1)), Ok(ContextStatus::Innocent));
+        assert_eq!(dev.context_status(QueueId::COMPUTE), Ok(ContextStatus::Innocent));
         assert_eq!(dev.stats().resets, 1);
     });
 }
@@ -569,9 +569,9 @@ fn a_fault_names_the_fault_and_innocent_contexts_go_on() {
 fn a_submission_racing_a_reset_is_retried_on_the_new_context() {
     with_kernel(Generation::Gen2, |dev, k| {
         k.k().fail_next[0] = Some(Guilt::Hang);
-        let f1 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         k.k().run(); // the kernel marks the context guilty; the core has not looked yet
-        let f2 = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        let f2 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
         assert_eq!(dev.query(f1), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
         dev.wait(f2, T).unwrap();
         assert_eq!(dev.stats().resets, 1);
@@ -582,7 +582,7 @@ fn a_submission_racing_a_reset_is_retried_on_the_new_context() {
 fn foreign_syncs_reach_the_kernel() {
     with_kernel(Generation::Gen2, |dev, k| {
         let foreign = [ForeignSync(7)];
-        let s = Submit::on(QueueId(1)).after_foreign(&foreign);
+        let s = Submit::on(QueueId::COMPUTE).after_foreign(&foreign);
         let f = dev.submit_with(&s, |cb| cb.timestamp(0x10_0000)).unwrap();
         assert_eq!(k.k().jobs[0].waits, vec![KernelWait::Foreign(ForeignSync(7))]);
         assert_eq!(dev.wait(f, 1_000_000), Err(WaitError::Timeout), "the kernel waits for the foreign sync");
@@ -590,7 +590,7 @@ fn foreign_syncs_reach_the_kernel() {
         dev.wait(f, T).unwrap();
         let five = [ForeignSync(1); 5];
         assert_eq!(
-            dev.submit_with(&Submit::on(QueueId(1)).after_foreign(&five), |cb| cb.timestamp(0x10_0000)),
+            dev.submit_with(&Submit::on(QueueId::COMPUTE).after_foreign(&five), |cb| cb.timestamp(0x10_0000)),
             Err(SubmitError::TooManyWaits { given: 5 })
         );
     });
@@ -599,12 +599,12 @@ fn foreign_syncs_reach_the_kernel() {
 #[test]
 fn device_loss_fails_everything_pending() {
     with_kernel(Generation::Gen2, |dev, k| {
-        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         k.k().jobs.clear();
         k.k().lost = true;
         assert_eq!(dev.wait(f, T), Err(WaitError::Failed(FenceError::DeviceLost)));
         assert!(dev.is_lost());
-        assert_eq!(dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)), Err(SubmitError::DeviceLost));
+        assert_eq!(dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)), Err(SubmitError::DeviceLost));
     });
 }
 
@@ -614,18 +614,18 @@ fn a_full_dependency_table_waits_then_refuses_in_kernel_mode_too() {
     let mut storage: Box<Storage> = Box::default();
     let c = Config { dep_wait_ns: 2_000_000, ..cfg() };
     let dev = KernelDevice::<FakeKernel, 16>::new(&k, &mut storage, c).unwrap();
-    let copy = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+    let copy = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
     for _ in 0..umd_core::engine::PENDING_WAITS {
-        dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
+        dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
     }
     let jobs = k.k().jobs.len();
     assert_eq!(
-        dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x10_0008)),
-        Err(SubmitError::TooManyPending(QueueId(0)))
+        dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)),
+        Err(SubmitError::TooManyPending(QueueId::GFX))
     );
     assert_eq!(k.k().jobs.len(), jobs, "nothing reached the kernel");
     k.k().run();
-    dev.submit(QueueId(0), &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
+    dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
 }
 
 #[test]
@@ -635,12 +635,12 @@ fn bad_inputs() {
             dev.submit(QueueId(5), &[], |cb| cb.timestamp(0)),
             Err(SubmitError::UnknownQueue(QueueId(5)))
         );
-        assert_eq!(dev.submit(QueueId(0), &[], |_| Ok(())), Err(SubmitError::Empty));
-        let future = dev.last_emitted(QueueId(0)).unwrap().later(9);
+        assert_eq!(dev.submit(QueueId::GFX, &[], |_| Ok(())), Err(SubmitError::Empty));
+        let future = dev.last_emitted(QueueId::GFX).unwrap().later(9);
         assert_eq!(dev.wait(future, 1), Err(WaitError::NotSubmitted(future)));
         assert_eq!(dev.sync_point(future), Err(WaitError::NotSubmitted(future)));
         assert_eq!(dev.context_status(QueueId(7)), Err(SubmitError::UnknownQueue(QueueId(7))));
-        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         assert_eq!(dev.wait(f, 0), Err(WaitError::Timeout));
         assert_eq!(k.k().jobs.len(), 1);
     });

@@ -36,10 +36,10 @@ fn bring_up_hang_and_fault_are_logged() {
     let mut storage: Box<DeviceStorage<64, 64, 16, 64>> = Box::default();
     let dev: Device<'_, Fake, 4> = Device::new(&fake, &mut storage, cfg, MmuMode::Bypass).unwrap();
     fake.state().engines[0].fault = EngineFault::Stuck;
-    let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     assert!(dev.wait(f, 10_000_000_000).is_err());
     fake.state().mode = Mode::Manual;
-    let g = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let g = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     fake.state().inject_fault(2, 2, 1, 0xDEAD_0000);
     assert!(dev.wait(g, 1_000_000_000).is_err());
     let lines = LINES.lock().unwrap();

@@ -3,7 +3,7 @@
 //! by an interrupt handler and a polling waiter at the same time, and read
 //! by submitters; loom explores every interleaving of those atomics. One
 //! model races fault-interrupt acknowledgements against the hang checks
-//! that consume them (`Engine::fault_irqs`); the last one races IB-pool
+//! that consume them (`DeviceCore::fault_irqs`); the last one races IB-pool
 //! commits through the queues' mailboxes against the pool's other users, and
 //! one the async waits' wake-up hub against its interrupt side. Two race
 //! submissions publishing their sequence numbers against a device loss
@@ -194,9 +194,9 @@ fn submitters_get_distinct_seqnos() {
     });
 }
 
-/// Fault interrupts racing the service loop (`Engine::service`: read
+/// Fault interrupts racing the service loop (`DeviceCore::service`: read
 /// IRQ_STATUS and write the bits read back to clear them, note the faulting
-/// queues in `Engine::fault_irqs`, then check every queue whose submit lock
+/// queues in `DeviceCore::fault_irqs`, then check every queue whose submit lock
 /// is free, taking its bit). Both engines fault while idle, the case the
 /// record exists for: with no work pending only a noted interrupt makes the
 /// check look at the engine. Two threads service the device while the
@@ -400,7 +400,7 @@ fn on_a_big_stack(body: impl FnOnce() + Send + 'static) {
 }
 
 /// A device loss against a submission publishing its sequence number
-/// (`Engine::device_lost` and the locked part of `Engine::submit`): the
+/// (`DeviceCore::device_lost` and the locked part of `DeviceCore::submit`): the
 /// loss fails each queue's pending range under that queue's submit lock,
 /// and a submitter checks the loss under it. Every sequence number a
 /// submission published ends failed, whichever comes first, and a

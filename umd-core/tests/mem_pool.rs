@@ -10,7 +10,7 @@ use umd_core::mem::manager::{AllocError, Buffers};
 use umd_core::mem::pool::{
     Backing, BackingError, MemKind, Place, Pool, PoolAlloc, PoolError, SizeClass, Slab,
 };
-use umd_core::mem::va::{Placement, VaAllocator, VaError, VaNode};
+use umd_core::mem::va::{VaAllocator, VaError, VaNode, VaPlacement};
 use umd_core::sync::{DeviceId, Seqno, MAX_QUEUES};
 
 const MIB: u64 = 1 << 20;
@@ -40,7 +40,7 @@ impl Backing for VaBacking {
     fn acquire(&mut self, bytes: u64, place: Place, _kind: MemKind) -> Result<(u64, u64), BackingError> {
         assert_eq!(bytes % 4096, 0, "blocks are whole pages");
         let a = match place {
-            Place::Aligned(align) => self.va.alloc(bytes, align, Placement::BottomUp),
+            Place::Aligned(align) => self.va.alloc(bytes, align, VaPlacement::BottomUp),
             Place::At(at) => self.va.alloc_fixed(at, bytes),
         }
         .map_err(BackingError::Va)?;

@@ -1,7 +1,7 @@
 //! VA allocator: behaviour, bad input, and property tests against a shadow model.
 
 use proptest::prelude::*;
-use umd_core::mem::va::{Placement, VaAllocator, VaError, VaNode, VaStats, MIN_ALIGN, RECYCLE_LIMIT};
+use umd_core::mem::va::{VaAllocator, VaError, VaNode, VaPlacement, VaStats, MIN_ALIGN, RECYCLE_LIMIT};
 
 const GIB: u64 = 1 << 30;
 const MIB: u64 = 1 << 20;
@@ -28,11 +28,11 @@ fn baseline<const R: bool>(a: &VaAllocator<Box<[VaNode]>, R>) {
 #[test]
 fn bottom_up_and_top_down() {
     let mut a = arena(64, 0x1_0000_0000, 4 * GIB);
-    let x = a.alloc(4096, 4096, Placement::BottomUp).unwrap();
+    let x = a.alloc(4096, 4096, VaPlacement::BottomUp).unwrap();
     assert_eq!(x, 0x1_0000_0000);
-    let y = a.alloc(4096, 4096, Placement::TopDown).unwrap();
+    let y = a.alloc(4096, 4096, VaPlacement::TopDown).unwrap();
     assert_eq!(y, 0x1_0000_0000 + 4 * GIB - 4096);
-    let z = a.alloc(100, 1, Placement::BottomUp).unwrap();
+    let z = a.alloc(100, 1, VaPlacement::BottomUp).unwrap();
     assert_eq!(z, 0x1_0000_1000);
     assert_eq!(a.lookup(z).unwrap().size, MIN_ALIGN);
     let s = a.stats();
@@ -55,16 +55,16 @@ fn alignment_2m_exact_fit_found() {
     let f1 = a.alloc_fixed(0, 2 * MIB).unwrap();
     let _f2 = a.alloc_fixed(4 * MIB, 4 * MIB).unwrap();
     assert_eq!(f1, 0);
-    let x = a.alloc(2 * MIB, 2 * MIB, Placement::BottomUp).unwrap();
+    let x = a.alloc(2 * MIB, 2 * MIB, VaPlacement::BottomUp).unwrap();
     assert_eq!(x, 2 * MIB);
-    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Err(VaError::NoSpace));
+    assert_eq!(a.alloc(128, 128, VaPlacement::BottomUp), Err(VaError::NoSpace));
     a.validate().unwrap();
 }
 
 #[test]
 fn coalescing_both_sides() {
     let mut a = arena(64, 0, MIB);
-    let p: Vec<u64> = (0..4).map(|_| a.alloc(4096, 4096, Placement::BottomUp).unwrap()).collect();
+    let p: Vec<u64> = (0..4).map(|_| a.alloc(4096, 4096, VaPlacement::BottomUp).unwrap()).collect();
     a.free(p[0]).unwrap();
     a.free(p[2]).unwrap();
     assert_eq!(a.stats().holes, 3);
@@ -94,16 +94,16 @@ fn unchanged<T: std::fmt::Debug>(
 #[test]
 fn bad_input_leaves_state_unchanged() {
     let mut a = arena(5, 0x10_0000, 16 * MIB);
-    let x = a.alloc(4096, 4096, Placement::BottomUp).unwrap();
+    let x = a.alloc(4096, 4096, VaPlacement::BottomUp).unwrap();
     let y = a.alloc_fixed(0x10_0000 + 8 * MIB, MIB).unwrap();
-    unchanged(&mut a, |a| a.alloc(0, 4096, Placement::BottomUp), VaError::ZeroSize);
-    unchanged(&mut a, |a| a.alloc(4096, 3, Placement::BottomUp), VaError::BadAlignment);
-    unchanged(&mut a, |a| a.alloc(4096, 0, Placement::BottomUp), VaError::BadAlignment);
-    unchanged(&mut a, |a| a.alloc(u64::MAX, 128, Placement::BottomUp), VaError::Overflow);
-    unchanged(&mut a, |a| a.alloc(u64::MAX - 100, 128, Placement::TopDown), VaError::Overflow);
-    unchanged(&mut a, |a| a.alloc(64 * MIB, 4096, Placement::BottomUp), VaError::NoSpace);
-    unchanged(&mut a, |a| a.alloc(4096, 1 << 63, Placement::BottomUp), VaError::NoSpace);
-    unchanged(&mut a, |a| a.alloc(MIB, 1 << 63, Placement::TopDown), VaError::NoSpace);
+    unchanged(&mut a, |a| a.alloc(0, 4096, VaPlacement::BottomUp), VaError::ZeroSize);
+    unchanged(&mut a, |a| a.alloc(4096, 3, VaPlacement::BottomUp), VaError::BadAlignment);
+    unchanged(&mut a, |a| a.alloc(4096, 0, VaPlacement::BottomUp), VaError::BadAlignment);
+    unchanged(&mut a, |a| a.alloc(u64::MAX, 128, VaPlacement::BottomUp), VaError::Overflow);
+    unchanged(&mut a, |a| a.alloc(u64::MAX - 100, 128, VaPlacement::TopDown), VaError::Overflow);
+    unchanged(&mut a, |a| a.alloc(64 * MIB, 4096, VaPlacement::BottomUp), VaError::NoSpace);
+    unchanged(&mut a, |a| a.alloc(4096, 1 << 63, VaPlacement::BottomUp), VaError::NoSpace);
+    unchanged(&mut a, |a| a.alloc(MIB, 1 << 63, VaPlacement::TopDown), VaError::NoSpace);
     unchanged(&mut a, |a| a.alloc_fixed(0, 4096), VaError::OutOfRange);
     unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 16 * MIB - 4096, 8192), VaError::OutOfRange);
     unchanged(&mut a, |a| a.alloc_fixed(u64::MAX - 127, 4096), VaError::Overflow);
@@ -117,8 +117,8 @@ fn bad_input_leaves_state_unchanged() {
     a.retire(y).unwrap();
     unchanged(&mut a, |a| a.retire(y), VaError::AlreadyRetired);
     // Node capacity: 5 nodes. Holes: [0,8M) [9M,16M) + alloc y = 3 nodes.
-    let p = a.alloc(4096, 4096, Placement::BottomUp).unwrap(); // splits front: +1 node (4)
-    let q = a.alloc(4096, 4096, Placement::TopDown).unwrap(); // 5 nodes
+    let p = a.alloc(4096, 4096, VaPlacement::BottomUp).unwrap(); // splits front: +1 node (4)
+    let q = a.alloc(4096, 4096, VaPlacement::TopDown).unwrap(); // 5 nodes
     assert_eq!(a.stats().nodes_used, 5);
     // A request that needs one new node fails cleanly.
     unchanged(&mut a, |a| a.alloc_fixed(0x10_0000 + 2 * MIB, 4096), VaError::NodeCapacity);
@@ -141,7 +141,7 @@ fn bad_arena() {
     );
     // A static-array allocator works too (const generic capacity).
     let mut a = VaAllocator::new([VaNode::EMPTY; 8], 0, 1 << 48).unwrap();
-    assert_eq!(a.alloc(1 << 47, 1 << 47, Placement::TopDown), Ok(1 << 47));
+    assert_eq!(a.alloc(1 << 47, 1 << 47, VaPlacement::TopDown), Ok(1 << 47));
 }
 
 #[derive(Clone, Debug)]
@@ -227,7 +227,7 @@ fn sequence<const R: bool>(
         match op {
             Op::Alloc { size: s, align_log2, top } => {
                 let align = 1u64 << align_log2;
-                let pl = if top { Placement::TopDown } else { Placement::BottomUp };
+                let pl = if top { VaPlacement::TopDown } else { VaPlacement::BottomUp };
                 match a.alloc(s, align, pl) {
                     Ok(addr) => {
                         prop_assert_eq!(addr % align.max(MIN_ALIGN), 0);
@@ -313,7 +313,7 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
     for (nodes, size) in [(1 << 12, MIB), (16, MIB)] {
         let mut a =
             VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes].into_boxed_slice(), 0, size).unwrap();
-        let p: Vec<u64> = (0..4).map(|_| a.alloc(300, 8, Placement::BottomUp).unwrap()).collect();
+        let p: Vec<u64> = (0..4).map(|_| a.alloc(300, 8, VaPlacement::BottomUp).unwrap()).collect();
         let holes = a.stats().holes;
         assert_eq!(a.free(p[1]), Ok(384));
         assert_eq!(a.free(p[1]), Err(VaError::NotAllocated), "a recycled range is not freed again");
@@ -327,9 +327,9 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         );
         a.validate().unwrap();
         // Another length does not take it; the same length does.
-        let q = a.alloc(128, 128, Placement::BottomUp).unwrap();
+        let q = a.alloc(128, 128, VaPlacement::BottomUp).unwrap();
         assert_ne!(q, p[1]);
-        assert_eq!(a.alloc(257, 128, Placement::TopDown), Ok(p[1]));
+        assert_eq!(a.alloc(257, 128, VaPlacement::TopDown), Ok(p[1]));
         a.validate().unwrap();
         for x in [p[0], p[1], p[2], p[3], q] {
             a.free(x).unwrap();
@@ -339,7 +339,7 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         // RECYCLE_LIMIT stay recycled, the rest coalesce; then one
         // allocation of the whole arena flushes them and succeeds.
         let mut all = Vec::new();
-        while let Ok(x) = a.alloc(1024, 128, Placement::BottomUp) {
+        while let Ok(x) = a.alloc(1024, 128, VaPlacement::BottomUp) {
             all.push(x);
         }
         // (The first ranges' 1,664 B leave one 1 KiB range less.)
@@ -349,7 +349,7 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         }
         assert!(a.stats().largest_free < size);
         a.validate().unwrap();
-        assert_eq!(a.alloc(size, 128, Placement::BottomUp), Ok(0));
+        assert_eq!(a.alloc(size, 128, VaPlacement::BottomUp), Ok(0));
         a.free(0).unwrap();
         a.flush_recycled();
         baseline(&a);
@@ -358,8 +358,8 @@ fn recycling_reuses_exact_lengths_and_flushes_when_full() {
         // so that the lookup before `size - 128` finds an allocation: a
         // region holding only recycled ranges is not exact without the
         // flush, and then `alloc_fixed` flushes to be sure.)
-        let x = a.alloc(128, 128, Placement::BottomUp).unwrap();
-        let y = a.alloc(128, 128, Placement::BottomUp).unwrap();
+        let x = a.alloc(128, 128, VaPlacement::BottomUp).unwrap();
+        let y = a.alloc(128, 128, VaPlacement::BottomUp).unwrap();
         a.free(x).unwrap();
         assert_eq!(a.stats().holes, 1);
         a.validate().unwrap();
@@ -399,8 +399,8 @@ fn recycling_keeps_up_to_the_limit_of_ranges_of_one_length() {
         let mut a =
             VaAllocator::new_recycling(vec![VaNode::EMPTY; nodes].into_boxed_slice(), 0, size).unwrap();
         // limit + 2 ranges of one granule, then one of two granules.
-        let p: Vec<u64> = (0..limit + 2).map(|_| a.alloc(100, 8, Placement::BottomUp).unwrap()).collect();
-        let two = a.alloc(200, 8, Placement::BottomUp).unwrap();
+        let p: Vec<u64> = (0..limit + 2).map(|_| a.alloc(100, 8, VaPlacement::BottomUp).unwrap()).collect();
+        let two = a.alloc(200, 8, VaPlacement::BottomUp).unwrap();
         let in_holes = |a: &VaAllocator<Box<[VaNode]>, true>| {
             let mut sum = 0;
             a.for_each_hole(|_, l| sum += l);
@@ -421,7 +421,7 @@ fn recycling_keeps_up_to_the_limit_of_ranges_of_one_length() {
         a.validate().unwrap();
         // Every kept range comes back, the most recently freed first.
         for &x in p[..limit].iter().rev() {
-            assert_eq!(a.alloc(128, 128, Placement::TopDown), Ok(x));
+            assert_eq!(a.alloc(128, 128, VaPlacement::TopDown), Ok(x));
         }
         a.validate().unwrap();
         assert_eq!(in_holes(&a), before + 128 + 256);
@@ -430,7 +430,7 @@ fn recycling_keeps_up_to_the_limit_of_ranges_of_one_length() {
             a.free(x).unwrap();
         }
         a.validate().unwrap();
-        assert_eq!(a.alloc(size, 128, Placement::BottomUp), Ok(0));
+        assert_eq!(a.alloc(size, 128, VaPlacement::BottomUp), Ok(0));
         a.free(0).unwrap();
         a.flush_recycled();
         baseline(&a);
@@ -449,9 +449,9 @@ fn recycled_ranges_stay_in_the_list_index() {
     let (base, size) = (1u64 << 32, 512 * 1024);
     let mut a = VaAllocator::new_recycling(vec![VaNode::EMPTY; 1024].into_boxed_slice(), base, size).unwrap();
     // 64 allocations of one granule, then one of four (region 16).
-    let g: Vec<u64> = (0..64).map(|_| a.alloc(100, 8, Placement::BottomUp).unwrap()).collect();
+    let g: Vec<u64> = (0..64).map(|_| a.alloc(100, 8, VaPlacement::BottomUp).unwrap()).collect();
     assert_eq!(g, (0..64).map(|i| base + i * 128).collect::<Vec<_>>());
-    let big = a.alloc(512, 128, Placement::BottomUp).unwrap();
+    let big = a.alloc(512, 128, VaPlacement::BottomUp).unwrap();
     assert_eq!(big, base + 64 * 128);
     a.validate().unwrap();
     let refused = |a: &mut VaAllocator<Box<[VaNode]>, true>, addr: u64| {
@@ -484,8 +484,8 @@ fn recycled_ranges_stay_in_the_list_index() {
         refused(&mut a, *x);
     }
     // Exact-length reuse, last freed first.
-    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Ok(g[1]));
-    assert_eq!(a.alloc(1, 1, Placement::TopDown), Ok(g[3]));
+    assert_eq!(a.alloc(128, 128, VaPlacement::BottomUp), Ok(g[1]));
+    assert_eq!(a.alloc(1, 1, VaPlacement::TopDown), Ok(g[3]));
     a.validate().unwrap();
     // Six more recycled ranges from regions 8 and 9 (eight in all), then
     // ranges of two granules after `big` up to RECYCLE_LIMIT; then free
@@ -495,7 +495,7 @@ fn recycled_ranges_stay_in_the_list_index() {
         a.free(*x).unwrap();
     }
     let fill: Vec<u64> =
-        (0..RECYCLE_LIMIT as usize - 8).map(|_| a.alloc(256, 8, Placement::BottomUp).unwrap()).collect();
+        (0..RECYCLE_LIMIT as usize - 8).map(|_| a.alloc(256, 8, VaPlacement::BottomUp).unwrap()).collect();
     for x in fill {
         a.free(x).unwrap();
     }
@@ -579,7 +579,7 @@ fn many_small_regions() {
         x ^= x << 17;
         if live.len() < 300 || x % 2 == 0 {
             let align = if x % 7 == 0 { 4096 } else { 8 };
-            live.push(a.alloc(4 + x % 2000, align, Placement::BottomUp).unwrap());
+            live.push(a.alloc(4 + x % 2000, align, VaPlacement::BottomUp).unwrap());
         } else {
             let v = live.swap_remove((x % live.len() as u64) as usize);
             a.free(v).unwrap();
@@ -627,16 +627,16 @@ fn hole_of_the_requests_own_class_is_found() {
     // a 17-granule request rounds up past it, and must still find it.
     let mut a = arena(16, 0, MIB);
     a.alloc_fixed(17 * 128, MIB - 17 * 128).unwrap();
-    assert_eq!(a.alloc(17 * 128, 128, Placement::BottomUp), Ok(0));
-    assert_eq!(a.alloc(128, 128, Placement::BottomUp), Err(VaError::NoSpace));
+    assert_eq!(a.alloc(17 * 128, 128, VaPlacement::BottomUp), Ok(0));
+    assert_eq!(a.alloc(128, 128, VaPlacement::BottomUp), Err(VaError::NoSpace));
     a.validate().unwrap();
 }
 
 #[test]
 fn placements_share_a_hole_from_opposite_ends() {
     let mut a = arena(64, 0, 16 * MIB);
-    let lo: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, Placement::BottomUp).unwrap()).collect();
-    let hi: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, Placement::TopDown).unwrap()).collect();
+    let lo: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, VaPlacement::BottomUp).unwrap()).collect();
+    let hi: Vec<u64> = (0..4).map(|_| a.alloc(MIB, 4096, VaPlacement::TopDown).unwrap()).collect();
     assert_eq!(lo, vec![0, MIB, 2 * MIB, 3 * MIB]);
     assert_eq!(hi, vec![15 * MIB, 14 * MIB, 13 * MIB, 12 * MIB]);
     assert_eq!(a.stats().holes, 1);
@@ -651,12 +651,12 @@ fn good_fit_prefers_the_smallest_class() {
     a.alloc_fixed(0, 2 * MIB).unwrap();
     a.alloc_fixed(3 * MIB, 5 * MIB).unwrap();
     a.alloc_fixed(8 * MIB + 64 * 1024, 8 * MIB - 64 * 1024).unwrap();
-    assert_eq!(a.alloc(60 * 1024, 128, Placement::BottomUp), Ok(8 * MIB));
+    assert_eq!(a.alloc(60 * 1024, 128, VaPlacement::BottomUp), Ok(8 * MIB));
     // 4 KiB are left at 8 MiB + 60 KiB: an exact fit beats the 1 MiB hole.
-    assert_eq!(a.alloc(4096, 128, Placement::TopDown), Ok(8 * MIB + 60 * 1024));
-    assert_eq!(a.alloc(4096, 128, Placement::TopDown), Ok(3 * MIB - 4096));
+    assert_eq!(a.alloc(4096, 128, VaPlacement::TopDown), Ok(8 * MIB + 60 * 1024));
+    assert_eq!(a.alloc(4096, 128, VaPlacement::TopDown), Ok(3 * MIB - 4096));
     // Large alignment: the 1 MiB hole is aligned, so it fits exactly.
-    assert_eq!(a.alloc(MIB - 4096, MIB, Placement::BottomUp), Ok(2 * MIB));
+    assert_eq!(a.alloc(MIB - 4096, MIB, VaPlacement::BottomUp), Ok(2 * MIB));
     assert_eq!(a.stats().holes, 0);
     a.validate().unwrap();
 }
@@ -668,7 +668,7 @@ fn sparse_arena_degenerates_to_one_tree_and_stays_correct() {
     let mut a = arena(600, 0, 1 << 47);
     let mut v = Vec::new();
     for i in 0..256u64 {
-        let p = if i % 2 == 0 { Placement::BottomUp } else { Placement::TopDown };
+        let p = if i % 2 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
         v.push(a.alloc(128 * (1 + i % 7), 128 << (i % 5), p).unwrap());
     }
     a.validate().unwrap();
@@ -696,7 +696,7 @@ fn free_handle_matches_free_and_refuses_stale_handles() {
     for (nodes, size) in [list, (64, 1 << 20), (64, 1 << 30)] {
         let mut va = arena(nodes, 0x10_0000, size);
         let h: Vec<_> =
-            (0..20).map(|i| va.alloc_handle(100 + i * 300, 128, Placement::BottomUp).unwrap()).collect();
+            (0..20).map(|i| va.alloc_handle(100 + i * 300, 128, VaPlacement::BottomUp).unwrap()).collect();
         for x in &h {
             assert_eq!(va.lookup(x.addr()).map(|r| r.addr), Some(x.addr()));
         }
@@ -715,7 +715,8 @@ fn free_handle_matches_free_and_refuses_stale_handles() {
         assert_eq!(va.stats(), before);
         // Reuse the freed nodes: a stale handle whose node now records
         // another allocation must not free that one.
-        let fresh: Vec<_> = (0..10).map(|_| va.alloc_handle(128, 128, Placement::TopDown).unwrap()).collect();
+        let fresh: Vec<_> =
+            (0..10).map(|_| va.alloc_handle(128, 128, VaPlacement::TopDown).unwrap()).collect();
         let before = va.stats();
         for x in &freed {
             if fresh.iter().any(|f| f.addr() == x.addr()) {
@@ -771,7 +772,7 @@ fn one_region_tree_through_every_rotation() {
     let mut live = Vec::new();
     // Ascending (bottom-up) and descending (top-down) runs.
     for i in 0..6 * run {
-        let p = if (i / run) % 2 == 0 { Placement::BottomUp } else { Placement::TopDown };
+        let p = if (i / run) % 2 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
         live.push(a.alloc(128, 128, p).unwrap());
         a.validate().unwrap();
     }
@@ -783,7 +784,7 @@ fn one_region_tree_through_every_rotation() {
             let i = (r >> 40) as usize % live.len();
             a.free(live.swap_remove(i)).unwrap();
         } else {
-            let p = if (r >> 20) & 1 == 0 { Placement::BottomUp } else { Placement::TopDown };
+            let p = if (r >> 20) & 1 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
             live.push(a.alloc(128 * (1 + (r >> 50) % 4), 128, p).unwrap());
         }
         a.validate().unwrap();
@@ -814,7 +815,7 @@ fn region_tree_updates_touch_only_their_path() {
     let mut live = Vec::new();
     count.set(0);
     for i in 0..1000u64 {
-        let p = if i % 2 == 0 { Placement::BottomUp } else { Placement::TopDown };
+        let p = if i % 2 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
         live.push(a.alloc(256, 128, p).unwrap());
     }
     let inserts = count.get();
@@ -825,7 +826,7 @@ fn region_tree_updates_touch_only_their_path() {
     let removes = count.get();
     count.set(0);
     for i in 0..500u64 {
-        let p = if i % 2 == 0 { Placement::BottomUp } else { Placement::TopDown };
+        let p = if i % 2 == 0 { VaPlacement::BottomUp } else { VaPlacement::TopDown };
         a.alloc(128, 128, p).unwrap();
     }
     let refills = count.get();
@@ -854,7 +855,7 @@ fn recycled_ranges_stay_in_their_region_tree() {
     let count = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let storage = Counting { nodes: vec![VaNode::EMPTY; 2100], touches: count.clone() };
     let mut a = VaAllocator::new_recycling(storage, 0, 1 << 47).unwrap();
-    let live: Vec<u64> = (0..1000).map(|_| a.alloc(256, 128, Placement::BottomUp).unwrap()).collect();
+    let live: Vec<u64> = (0..1000).map(|_| a.alloc(256, 128, VaPlacement::BottomUp).unwrap()).collect();
     let freed: Vec<u64> = live.iter().copied().step_by(2).collect();
     count.set(0);
     for x in &freed {
@@ -876,7 +877,7 @@ fn recycled_ranges_stay_in_their_region_tree() {
     assert_eq!(a.stats(), before);
     a.validate().unwrap();
     count.set(0);
-    let mut again: Vec<u64> = (0..500).map(|_| a.alloc(256, 128, Placement::BottomUp).unwrap()).collect();
+    let mut again: Vec<u64> = (0..500).map(|_| a.alloc(256, 128, VaPlacement::BottomUp).unwrap()).collect();
     let allocs = count.get();
     a.validate().unwrap();
     again.sort_unstable();

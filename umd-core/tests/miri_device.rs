@@ -14,13 +14,10 @@ mod support;
 use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, HangConfig};
 use umd_core::direct::{Device, MmuMode};
+use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::Generation;
-use umd_core::queue::{FenceStatus, WaitError};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
-
-const GFX: QueueId = QueueId(0);
-const COPY: QueueId = QueueId(2);
 
 /// A small device: few handles, nodes and slabs, one-page rings, and a
 /// short hang window (every poll of a window is interpreted under Miri).
@@ -71,8 +68,8 @@ fn copy_write_and_cross_queue_wait_land() {
             let words: Vec<u32> = (0..64).map(|i| i * 3).collect();
             dev.write_words(src, 0, &words).unwrap();
             let (s, d) = (dev.va(src).unwrap(), dev.va(dst).unwrap());
-            let a = dev.submit(COPY, &[], |cb| cb.copy(s, d, 128)).unwrap();
-            let b = dev.submit(GFX, &[a], |cb| cb.write_data(d + 128, &[7, 8])).unwrap();
+            let a = dev.submit(QueueId::COPY, &[], |cb| cb.copy(s, d, 128)).unwrap();
+            let b = dev.submit(QueueId::GFX, &[a], |cb| cb.write_data(d + 128, &[7, 8])).unwrap();
             dev.free(src).unwrap();
             dev.wait(b, 1_000_000_000).unwrap();
             assert_eq!(dev.query(a), Ok(FenceStatus::Signalled));
@@ -94,8 +91,8 @@ fn a_hung_engine_is_reset_and_its_waiter_fails_with_it() {
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
         let buf = dev.alloc_buffer(64).unwrap();
         let va = dev.va(buf).unwrap();
-        let hung = dev.submit(GFX, &[], |cb| cb.write_data(va, &[1])).unwrap();
-        let waiter = dev.submit(COPY, &[hung], |cb| cb.write_data(va + 4, &[2])).unwrap();
+        let hung = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va, &[1])).unwrap();
+        let waiter = dev.submit(QueueId::COPY, &[hung], |cb| cb.write_data(va + 4, &[2])).unwrap();
         assert_eq!(dev.wait(hung, 1_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
         assert!(matches!(
             dev.wait(waiter, 1_000_000_000),
@@ -103,7 +100,7 @@ fn a_hung_engine_is_reset_and_its_waiter_fails_with_it() {
         ));
         dev.platform().state().engines[0].fault = EngineFault::None;
         dev.platform().state().mode = Mode::OnDoorbell;
-        let after = dev.submit(GFX, &[], |cb| cb.write_data(va + 8, &[3])).unwrap();
+        let after = dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va + 8, &[3])).unwrap();
         dev.wait(after, 1_000_000_000).unwrap();
         assert_eq!(dev.read_u32(buf, 2), Ok(3));
         dev.free(buf).unwrap();
@@ -130,7 +127,8 @@ fn a_device_built_in_its_own_memory_runs_and_gives_everything_back_when_dropped(
             Device::new_in(&mut slot, &fake, &mut first, cfg(), MmuMode::Bypass).expect("device comes up");
         let (a, b) = (dev.alloc_buffer(256).unwrap(), dev.alloc_buffer(256).unwrap());
         dev.write_words(a, 0, &[5, 6, 7]).unwrap();
-        let f = dev.submit(COPY, &[], |cb| cb.copy(dev.va(a).unwrap(), dev.va(b).unwrap(), 12)).unwrap();
+        let f =
+            dev.submit(QueueId::COPY, &[], |cb| cb.copy(dev.va(a).unwrap(), dev.va(b).unwrap(), 12)).unwrap();
         dev.wait(f, 1_000_000_000).unwrap();
         assert_eq!(dev.read_u32(b, 2), Ok(7));
         dev.free(a).unwrap();

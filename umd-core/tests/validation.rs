@@ -32,13 +32,10 @@ mod on {
     use umd_core::cmd::{Command, CompareOp, DispatchOp};
     use umd_core::engine::validate::{Problem, ValidationError};
     use umd_core::engine::{BufferUse, Submit};
+    use umd_core::error::SubmitError;
     use umd_core::hw::{Field, PacketKind};
     use umd_core::mem::BufferDesc;
-    use umd_core::queue::SubmitError;
     use umd_core::sync::QueueId;
-
-    const COPY: QueueId = QueueId(2);
-    const COMPUTE: QueueId = QueueId(1);
 
     fn refused(r: Result<umd_core::sync::Fence, SubmitError>) -> ValidationError {
         match r {
@@ -60,12 +57,12 @@ mod on {
             let gone = dev.alloc(&BufferDesc::new(512).tag("old")).unwrap();
             let gv = dev.va(gone).unwrap();
             // Pin "old" behind an in-flight fence, then free it: freed, not yet recycled.
-            let pin = dev.submit(COPY, &[], |cb| cb.copy(gv, wv, 4)).unwrap();
+            let pin = dev.submit(QueueId::COPY, &[], |cb| cb.copy(gv, wv, 4)).unwrap();
             dev.free(gone).unwrap();
             let doorbells = dev.platform().state().doorbells;
 
             // Overrun: a DMA_COPY longer than its buffer, in the second packet.
-            let e = refused(dev.submit(COPY, &[], |cb| {
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| {
                 cb.fill(wv, 16, 0)?;
                 cb.copy(wv + 16, wv, 1000)
             }));
@@ -78,21 +75,21 @@ mod on {
             }
             assert!(e.to_string().contains("runs 16 bytes past the end of buffer 'weights'"), "{e}");
             // Outside every buffer.
-            let e = refused(dev.submit(COPY, &[], |cb| cb.write_data(0x7_0000_0000, &[1])));
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| cb.write_data(0x7_0000_0000, &[1])));
             assert!(matches!(e.problem, Problem::Outside { .. }), "{e}");
             // Inside a freed buffer.
-            let e = refused(dev.submit(COPY, &[], |cb| cb.fill(gv, 64, 0)));
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| cb.fill(gv, 64, 0)));
             assert!(matches!(e.problem, Problem::Freed { buffer } if buffer.tag == "old"), "{e}");
             // A write to a GPU read-only buffer (reading it is fine).
-            let e = refused(dev.submit(COPY, &[], |cb| cb.copy(wv, rov, 64)));
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| cb.copy(wv, rov, 64)));
             assert_eq!(e.field, Field::Dst);
             assert!(matches!(e.problem, Problem::ReadOnly { buffer } if buffer.tag == "lut"), "{e}");
             // Wrap-around: address + size runs past the top of gen2's 48-bit
             // address space.
-            let e = refused(dev.submit(COPY, &[], |cb| cb.copy((1 << 48) - 64, wv, 128)));
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| cb.copy((1 << 48) - 64, wv, 128)));
             assert_eq!(e.problem, Problem::Wraps, "{e}");
             // DISPATCH operands, WAIT_MEM, FENCE, TIMESTAMP.
-            let e = refused(dev.submit(COMPUTE, &[], |cb| {
+            let e = refused(dev.submit(QueueId::COMPUTE, &[], |cb| {
                 cb.push(&Command::Dispatch {
                     op: DispatchOp::AddU32,
                     a: wv,
@@ -104,7 +101,7 @@ mod on {
             }));
             assert_eq!(e.field, Field::Dst);
             assert!(matches!(e.problem, Problem::Overrun { .. }) && e.overrun() == 200, "{e}");
-            let e = refused(dev.submit(COPY, &[], |cb| {
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| {
                 cb.push(&Command::WaitMem {
                     addr: wv + 1000,
                     reference: 0,
@@ -116,7 +113,7 @@ mod on {
             assert!(matches!(e.problem, Problem::Outside { .. } | Problem::Overrun { .. }), "{e}");
             let st = dev.alloc(&BufferDesc::new(12).tag("stamp")).unwrap();
             let sv = dev.va(st).unwrap();
-            let e = refused(dev.submit(COPY, &[], |cb| cb.timestamp(sv + 8)));
+            let e = refused(dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(sv + 8)));
             assert!(
                 matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "stamp") && e.overrun() == 4,
                 "{e}"
@@ -125,14 +122,14 @@ mod on {
             assert_eq!(dev.platform().state().doorbells, doorbells, "nothing reached the GPU");
             assert_eq!(dev.pool_stats().recording, 0, "refused recordings gave their chunks back");
             // Correct work passes, and the queue runs.
-            let ok = dev.submit(COPY, &[], |cb| cb.copy(wv, wv + 500, 500)).unwrap();
+            let ok = dev.submit(QueueId::COPY, &[], |cb| cb.copy(wv, wv + 500, 500)).unwrap();
             dev.platform().state().run_all();
             dev.wait(pin, 1_000_000_000).unwrap();
             dev.wait(ok, 1_000_000_000).unwrap();
             dev.set_validation(false).unwrap();
             // Off: the same overrun is submitted (the device will deal with it).
             dev.platform().state().mode = Mode::Manual;
-            assert!(dev.submit(COPY, &[], |cb| cb.copy(wv + 16, wv, 1000)).is_ok());
+            assert!(dev.submit(QueueId::COPY, &[], |cb| cb.copy(wv + 16, wv, 1000)).is_ok());
         });
     }
 
@@ -145,25 +142,25 @@ mod on {
             let (av, bv) = (dev.va(a).unwrap(), dev.va(b).unwrap());
             let copy = |cb: &mut umd_core::ibpool::Recorder<'_>| cb.copy(av, bv, 64);
             // Not declared at all.
-            let e = refused(dev.submit(COPY, &[], copy));
+            let e = refused(dev.submit(QueueId::COPY, &[], copy));
             assert!(
                 matches!(e.problem, Problem::Undeclared { buffer, write: false } if buffer.tag == "a"),
                 "{e}"
             );
             // The destination declared for reading only.
             let uses = [BufferUse::read(a), BufferUse::read(b)];
-            let e = refused(dev.submit_with(&Submit::on(COPY).using(&uses), copy));
+            let e = refused(dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), copy));
             assert!(
                 matches!(e.problem, Problem::Undeclared { buffer, write: true } if buffer.tag == "b"),
                 "{e}"
             );
             // Declared as used.
             let uses = [BufferUse::read(a), BufferUse::write(b)];
-            let f = dev.submit_with(&Submit::on(COPY).using(&uses), copy).unwrap();
+            let f = dev.submit_with(&Submit::on(QueueId::COPY).using(&uses), copy).unwrap();
             let r = dev.wait(f, 1_000_000_000);
             assert!(r.is_ok(), "{r:?}: {}", dev.last_hang().map(|h| h.to_string()).unwrap_or_default());
             // A caller-built IB must lie in a live buffer.
-            let e = refused(dev.submit_ib(&Submit::on(COPY), 0x7_0000_0000, 8));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), 0x7_0000_0000, 8));
             assert_eq!(e.opcode, PacketKind::IndirectBuffer);
         });
     }
@@ -219,7 +216,7 @@ mod on {
                     Command::Copy { src: wv + 16, dst: wv, size: 1000 },
                 ],
             );
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::DmaCopy, Field::Src), "{e}");
             assert!(matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "weights"), "{e}");
             assert_eq!(e.overrun(), 16);
@@ -235,7 +232,7 @@ mod on {
                     Command::Chain { addr: second, size_dw: n2 as u32 },
                 ],
             );
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::DmaCopy, Field::Src), "{e}");
             assert_eq!(e.overrun(), 16, "{e}");
             assert_eq!(dev.platform().state().doorbells, doorbells, "nothing reached the GPU");
@@ -251,7 +248,7 @@ mod on {
                     Command::Chain { addr: second, size_dw: n2 as u32 },
                 ],
             );
-            let f = dev.submit_ib(&Submit::on(COPY), at, n).unwrap();
+            let f = dev.submit_ib(&Submit::on(QueueId::COPY), at, n).unwrap();
             dev.platform().state().run_all();
             dev.wait(f, 1_000_000_000).unwrap();
             assert_eq!((dev.read_u32(w, 15), dev.read_u32(w, 16)), (Ok(7), Ok(0x5EED)));
@@ -259,7 +256,7 @@ mod on {
             // Off: the overrunning IB is submitted (the device will fault).
             dev.set_validation(false).unwrap();
             let (at, n) = put_ib(dev, ib, 0, &[Command::Copy { src: wv + 16, dst: wv, size: 1000 }]);
-            assert!(dev.submit_ib(&Submit::on(COPY), at, n).is_ok());
+            assert!(dev.submit_ib(&Submit::on(QueueId::COPY), at, n).is_ok());
         });
     }
 
@@ -285,12 +282,12 @@ mod on {
 
             // A CHAIN outside every buffer, and one running past its end.
             let (at, n) = put_ib(dev, ib, 0, &[chain(0x7_0000_0000, 8)]);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!((e.opcode, e.addr), (PacketKind::Chain, 0x7_0000_0000), "{e}");
             assert!(matches!(e.problem, Problem::Outside { .. }), "{e}");
             let end = iv + MAX_CHAIN_HOPS as u64 * 64 + 4096;
             let (at, n) = put_ib(dev, ib, 0, &[chain(end - 64, 32)]);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!(e.opcode, PacketKind::Chain, "{e}");
             assert!(matches!(e.problem, Problem::Overrun { buffer } if buffer.tag == "ib"), "{e}");
             assert_eq!(e.overrun(), 64, "{e}");
@@ -298,11 +295,11 @@ mod on {
             // A CHAIN to itself; two IBs chaining to each other.
             let (at, n) = put_ib(dev, ib, 0, &[chain(iv, 4)]);
             assert_eq!(n, 4);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!((e.opcode, e.problem), (PacketKind::Chain, Problem::ChainLoop), "{e}");
             put_ib(dev, ib, 64, &[chain(iv, 4)]);
             let (at, n) = put_ib(dev, ib, 0, &[chain(iv + 64, 4)]);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!((e.addr, e.problem), (iv, Problem::ChainLoop), "{e}");
 
             // A chain of MAX_CHAIN_HOPS IBs is walked; one more is refused.
@@ -310,10 +307,10 @@ mod on {
                 put_ib(dev, ib, 64 * i, &[chain(iv + 64 * (i + 1), 4)]);
             }
             put_ib(dev, ib, 64 * MAX_CHAIN_HOPS as u64, &[Command::write_data(wv, &[1])]);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 4));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), iv, 4));
             assert_eq!((e.addr, e.problem), (iv + 64 * MAX_CHAIN_HOPS as u64, Problem::ChainTooLong), "{e}");
             assert_eq!(dev.platform().state().doorbells, doorbells, "nothing refused reached the GPU");
-            let f = dev.submit_ib(&Submit::on(COPY), iv + 64, 4).unwrap();
+            let f = dev.submit_ib(&Submit::on(QueueId::COPY), iv + 64, 4).unwrap();
             dev.platform().state().run_all();
             dev.wait(f, 1_000_000_000).unwrap();
             assert_eq!(dev.read_u32(w, 0), Ok(1));
@@ -321,11 +318,11 @@ mod on {
 
             // Bytes that do not decode.
             dev.write_words(ib, 0, &[0xFFFF_FFFF; 8]).unwrap();
-            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 8));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), iv, 8));
             assert_eq!(e.problem, Problem::Undecodable, "{e}");
             // An INDIRECT_BUFFER inside an IB.
             let (at, n) = put_ib(dev, ib, 0, &[Command::IndirectBuffer { addr: iv + 2048, size_dw: 8 }]);
-            let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
             assert_eq!(
                 (e.opcode, e.problem),
                 (PacketKind::IndirectBuffer, Problem::InvalidPacket { violation: None }),
@@ -338,7 +335,7 @@ mod on {
             let words = encode_ib(iv + 4, 28, &[Command::Fill { dst: wv, size: 64, value: 0 }]);
             dev.write_words(ib, 0, &nop).unwrap();
             dev.write_words(ib, 4, &words).unwrap();
-            let e = refused(dev.submit_ib(&Submit::on(COPY), iv, 1 + words.len() as u64));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), iv, 1 + words.len() as u64));
             assert_eq!(e.opcode, PacketKind::Fill, "{e}");
             assert!(
                 matches!(
@@ -350,13 +347,13 @@ mod on {
 
             // An IB in a device-only buffer, and in a mapped one.
             let hidden = dev.alloc(&BufferDesc::new(4096).device_only().tag("hidden")).unwrap();
-            let e = refused(dev.submit_ib(&Submit::on(COPY), dev.va(hidden).unwrap(), 8));
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), dev.va(hidden).unwrap(), 8));
             assert!(matches!(e.problem, Problem::Unreadable { buffer } if buffer.tag == "hidden"), "{e}");
             assert!(e.to_string().contains("can not be validated"), "{e}");
             let (at, n) = put_ib(dev, ib, 0, &[Command::write_data(wv, &[2])]);
             {
                 let _m = dev.map(ib).unwrap();
-                let e = refused(dev.submit_ib(&Submit::on(COPY), at, n));
+                let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
                 assert!(matches!(e.problem, Problem::Mapped { buffer } if buffer.tag == "ib"), "{e}");
             }
             assert_eq!(dev.platform().state().doorbells, doorbells_ok, "nothing refused reached the GPU");

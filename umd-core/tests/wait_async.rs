@@ -1,4 +1,4 @@
-//! Async fence waits (`Engine::wait_async`, `wait_any_async`, `Wakeups`)
+//! Async fence waits (`DeviceCore::wait_async`, `wait_any_async`, `Wakeups`)
 //! against the scripted fake, polled by hand with a counting waker, so
 //! every step is seen: pending and registered with the adaptive
 //! deadline, woken by a tick or an interrupt, ready once the engine ran;
@@ -17,8 +17,8 @@ use support::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
+use umd_core::error::WaitError;
 use umd_core::hw::Generation;
-use umd_core::queue::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
@@ -53,7 +53,7 @@ fn with_device(f: impl FnOnce(&Device<'_, Fake, 4>)) {
 fn pending_then_woken_by_tick_then_ready() {
     with_device(|dev| {
         let hub: Wakeups<4> = Wakeups::new();
-        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
         let (count, w) = waker();
         let mut cx = Context::from_waker(&w);
         let mut fut = pin!(dev.wait_async(&hub, f));
@@ -88,7 +88,7 @@ fn pending_then_woken_by_tick_then_ready() {
 fn deadlines_follow_the_adaptive_schedule() {
     with_device(|dev| {
         let hub: Wakeups<4> = Wakeups::new();
-        let f = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let f = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
         let (_c, w) = waker();
         let mut cx = Context::from_waker(&w);
         let mut fut = pin!(dev.wait_async(&hub, f));
@@ -107,8 +107,8 @@ fn deadlines_follow_the_adaptive_schedule() {
 fn any_of_reports_the_first_done_and_errors() {
     with_device(|dev| {
         let hub: Wakeups<4> = Wakeups::new();
-        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
-        let b = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
         let (_c, w) = waker();
         let mut cx = Context::from_waker(&w);
         let list = [a, b];
@@ -123,13 +123,13 @@ fn any_of_reports_the_first_done_and_errors() {
         // A fence that was never submitted is refused, with its index.
         let mut future_fence = b;
         for _ in 0..5 {
-            future_fence = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
+            future_fence = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
         }
         dev.platform().state().run(2);
         let other = Fake::new(Generation::Gen2, 4 << 20);
         let mut st2: Box<Storage> = Box::default();
         let dev2: Device<'_, Fake, 4> = Device::new(&other, &mut *st2, cfg(), MmuMode::Bypass).unwrap();
-        let foreign = dev2.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let foreign = dev2.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
         let list = [future_fence, foreign];
         let mut fut = pin!(dev.wait_any_async(&hub, &list));
         assert_eq!(fut.as_mut().poll(&mut cx), Poll::Ready(Ok(0)), "the first in list order wins");
@@ -147,7 +147,7 @@ fn timeout_and_hang_end_the_future() {
     with_device(|dev| {
         let hub: Wakeups<4> = Wakeups::new();
         dev.platform().state().engines[0].fault = EngineFault::Stuck;
-        let f = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let f = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
         let (_c, w) = waker();
         let mut cx = Context::from_waker(&w);
         let mut fut = pin!(dev.wait_async(&hub, f).timeout_ns(50_000));
@@ -175,8 +175,8 @@ fn timeout_and_hang_end_the_future() {
 fn a_full_hub_wakes_the_future_itself() {
     with_device(|dev| {
         let hub: Wakeups<1> = Wakeups::new();
-        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
-        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
         dev.platform().state().now += 5_000;
         let (ca, wa) = waker();
         let (cb, wb) = waker();
@@ -252,9 +252,9 @@ fn tracked() -> (Arc<Tracked>, Waker) {
 fn a_dropped_wait_releases_its_slot_at_once() {
     with_device(|dev| {
         let hub: Wakeups<2> = Wakeups::new();
-        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
-        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
-        let c = dev.submit(QueueId(2), &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let c = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x8010_0200)).unwrap();
         let (live, w_live) = tracked();
         let (dead, w_dead) = tracked();
         let (next, w_next) = tracked();
@@ -318,8 +318,8 @@ fn a_dropped_wait_releases_its_slot_at_once() {
 fn waits_sharing_a_waker_hold_a_slot_each() {
     with_device(|dev| {
         let hub: Wakeups<2> = Wakeups::new();
-        let a = dev.submit(QueueId(0), &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
-        let b = dev.submit(QueueId(1), &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8010_0000)).unwrap();
+        let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.timestamp(0x8010_0100)).unwrap();
         let (task, w) = tracked();
         let mut cx = Context::from_waker(&w);
         let mut fa = Box::pin(dev.wait_async(&hub, a));

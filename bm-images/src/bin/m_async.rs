@@ -128,7 +128,9 @@ fn dropped_wait(dev: &'static Gpu<8>) -> Result<u32, &'static str> {
     let va = dev.va(buf).map_err(|_| "va")?;
     // 64 packets at the model's 20 µs each: still running when dropped.
     let f = dev
-        .submit(QueueId(1), &[], |cb| (0..64u32).try_for_each(|i| cb.write_data(va + 4 * u64::from(i), &[i])))
+        .submit(QueueId::COMPUTE, &[], |cb| {
+            (0..64u32).try_for_each(|i| cb.write_data(va + 4 * u64::from(i), &[i]))
+        })
         .map_err(|_| "submit")?;
     if HUB.waiting() != 0 {
         return Err("a waiter was left in the hub before the drop");
@@ -190,10 +192,10 @@ async fn run(dev: &'static Gpu<8>, q: QueueId) -> Result<(), &'static str> {
     }
     // Any of: this queue's fence and one on COMPUTE.
     let a = dev.submit(q, &[], |cb| cb.write_data(va + 0x800, &[1])).map_err(|_| "submit")?;
-    let b = dev.submit(QueueId(1), &[], |cb| cb.write_data(va + 0x804, &[2])).map_err(|_| "submit")?;
+    let b = dev.submit(QueueId::COMPUTE, &[], |cb| cb.write_data(va + 0x804, &[2])).map_err(|_| "submit")?;
     let list = [a, b];
     let i = dev.wait_any_async(&HUB, &list).timeout_ns(10_000_000_000).await.map_err(|_| "wait_any")?;
-    if dev.query(list[i]) != Ok(umd_core::queue::FenceStatus::Signalled) {
+    if dev.query(list[i]) != Ok(umd_core::error::FenceStatus::Signalled) {
         return Err("wait_any returned a pending fence");
     }
     let mut out = [0u8; 4 * ROUNDS as usize];

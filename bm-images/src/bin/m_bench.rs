@@ -43,8 +43,9 @@ fn submit_cycles(dev: &Gpu<16>, samples: &mut [u64], dwt: bool) -> Option<u64> {
             }
         }
         let (c0, t0) = (cycles::cyccnt(), timer::ticks());
-        let f =
-            dev.submit(QueueId(2), &[], |cb| cb.write_data(va + 4 * (i as u64 % 1024), &[i as u32])).ok()?;
+        let f = dev
+            .submit(QueueId::COPY, &[], |cb| cb.write_data(va + 4 * (i as u64 % 1024), &[i as u32]))
+            .ok()?;
         *s = if dwt {
             u64::from(cycles::cyccnt().wrapping_sub(c0))
         } else {

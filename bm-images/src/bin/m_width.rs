@@ -47,9 +47,9 @@ fn high_va_copy(dev: &Gpu<8>) -> Result<(), &'static str> {
         *b = (i * 7 + (i >> 8)) as u8;
     }
     dev.write(src, 0, buf).map_err(|_| "write")?;
-    let f = dev.submit(QueueId(2), &[], |cb| cb.copy(s, d, LEN as u64)).map_err(|_| "submit copy")?;
+    let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(s, d, LEN as u64)).map_err(|_| "submit copy")?;
     let g = dev
-        .submit(QueueId(1), &[f], |cb| cb.fill(d + 0x100, 0x100, 0xA5A5_A5A5))
+        .submit(QueueId::COMPUTE, &[f], |cb| cb.fill(d + 0x100, 0x100, 0xA5A5_A5A5))
         .map_err(|_| "submit fill")?;
     dev.wait(g, 10_000_000_000).map_err(|_| "wait")?;
     buf.fill(0);

@@ -169,14 +169,14 @@ impl core::error::Error for EncodeError {}
 
 /// Where a command lands: `pad` NOP dwords, then a `packet`-dword packet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Placement {
+pub struct CommandSpan {
     /// Padding dwords in front (0 when already aligned).
     pub pad: usize,
     /// Packet dwords (header included).
     pub packet: usize,
 }
 
-impl Placement {
+impl CommandSpan {
     /// Total dwords.
     pub const fn total(&self) -> usize {
         self.pad.saturating_add(self.packet)
@@ -268,7 +268,7 @@ impl Encoder {
 
     /// Where `cmd` would land if written at GPU address `va`: the padding
     /// the generation requires in front, and the packet size. Validates.
-    pub fn placement(&self, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
+    pub fn placement(&self, cmd: &Command<'_>, va: u64) -> Result<CommandSpan, EncodeError> {
         placement_in(self.desc(), cmd, va)
     }
 
@@ -401,7 +401,7 @@ fn check_in(desc: &'static GenDesc, cmd: &Command<'_>) -> Result<(), EncodeError
 }
 
 #[inline(never)]
-fn placement_in(desc: &'static GenDesc, cmd: &Command<'_>, va: u64) -> Result<Placement, EncodeError> {
+fn placement_in(desc: &'static GenDesc, cmd: &Command<'_>, va: u64) -> Result<CommandSpan, EncodeError> {
     Ok(prepare_dyn(desc, cmd.kind(), cmd)?.placement(desc, va))
 }
 
@@ -732,8 +732,8 @@ struct Prepared<'c> {
 
 impl Prepared<'_> {
     #[inline(always)]
-    fn placement(&self, desc: &GenDesc, va: u64) -> Placement {
-        Placement {
+    fn placement(&self, desc: &GenDesc, va: u64) -> CommandSpan {
+        CommandSpan {
             pad: pad_before(desc, self.p.kind, va),
             packet: GenDesc::packet_dwords(self.ndw) as usize,
         }

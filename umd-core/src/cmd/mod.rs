@@ -8,4 +8,9 @@ mod encode;
 
 pub use buffer::{split_region, Chunk, ChunkSource, CommandBuffer, Finished, SliceChunks};
 pub use command::{Command, CompareOp, DispatchOp, FieldValues, OperandError, Payload, PayloadIter};
-pub use encode::{EncodeError, Encoder, Placement};
+pub use encode::{CommandSpan, EncodeError, Encoder};
+
+/// [`CommandSpan`] under its former name (the VA allocator has a placement
+/// too, [`crate::mem::VaPlacement`]).
+#[deprecated(note = "renamed to `CommandSpan`")]
+pub type Placement = CommandSpan;

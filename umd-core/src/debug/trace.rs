@@ -177,14 +177,14 @@ impl<'s> TraceRing<'s> {
 
     /// Records work that ran on engine `queue` from `start_gpu` to
     /// `end_gpu` on the device clock (two TIMESTAMPs around it), placed on
-    /// the platform clock with `sync` ([`crate::engine::Engine::clock_sync`]).
+    /// the platform clock with `sync` ([`crate::engine::DeviceCore::clock_sync`]).
     /// The exported trace shows it on the GPU engine's own track. A span
     /// that ends before it starts is recorded with length 0.
     pub fn record_gpu_span(
         &mut self,
         queue: u8,
         seqno: u64,
-        sync: &crate::engine::ClockSync,
+        sync: &crate::platform::ClockSync,
         start_gpu: u64,
         end_gpu: u64,
     ) {
@@ -342,13 +342,13 @@ pub(crate) const STAGED_SUBMITS: usize = if ON { 32 } else { 0 };
 /// submission path"). One producer at a time: the holder of the
 /// queue's submit lock ([`TraceStage::push`]); one consumer at a time: a
 /// holder of the trace ring's lock ([`TraceStage::drain`]). The consumers
-/// are a reader of the trace (`Engine::trace`, every queue's stage
+/// are a reader of the trace (`DeviceCore::trace`, every queue's stage
 /// first), the queue's completion processing (before its fence events,
 /// which look up the submit times) and a submitter whose stage is full
 /// (every queue's, then its own submission). So a reader sees every
 /// submission made before it took the lock, each queue's events are in
 /// the ring in the queue's order and before its fence events, and the
-/// `enabled` switch (set only through `Engine::trace`) applies as when the
+/// `enabled` switch (set only through `DeviceCore::trace`) applies as when the
 /// events were recorded directly; relative to other events (waits,
 /// hangs, other queues) a submission's events may enter the ring later
 /// than they happened, with their own timestamps. Both sides only load

@@ -25,14 +25,14 @@ use crate::config::Config;
 use crate::engine::backend::{
     sealed, Acked, Backend, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
-use crate::engine::Engine;
+use crate::engine::DeviceCore;
+use crate::error::SubmitError;
 use crate::hw::regs::{self, engine as er};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::slots::FenceSlots;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
-use crate::queue::SubmitError;
 use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Seqno, MAX_QUEUES};
@@ -51,7 +51,7 @@ pub use crate::platform::slots::FENCE_STRIDE;
 const HANDSHAKE_NS: u64 = 1_000_000_000;
 
 /// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
-pub type Device<'d, P, const CHUNKS: usize = 16> = Engine<'d, Direct<'d, P>, CHUNKS>;
+pub type Device<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Direct<'d, P>, CHUNKS>;
 
 /// How the GPU addresses memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -380,7 +380,7 @@ fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), &'stat
     Ok(())
 }
 
-impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
+impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS> {
     /// Probes the chip through `p`, allocates and maps the rings, fence
     /// slots, page tables and IB pool, and programs the MMU and the
     /// engines. The large tables live in `storage`; the device borrows it
@@ -449,7 +449,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> Engine<'d, Direct<'d, P>, CHUNKS> {
             MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
         };
         let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default() });
-        let mut dev = Engine::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
+        let mut dev = DeviceCore::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
         dev.init_direct(table_pages)?;
         Ok(dev)
     }

@@ -1,6 +1,6 @@
 //! What a submission mode provides to the shared engine.
 //!
-//! The engine ([`super::Engine`]) owns everything both modes share: fences
+//! The engine ([`super::DeviceCore`]) owns everything both modes share: fences
 //! and timelines, the failure history, the dependency graph, recording into
 //! the IB pool, completion processing, buffers and the trace. A backend
 //! owns what differs: how an IB reaches the hardware (a ring write or a
@@ -15,11 +15,11 @@
 
 use crate::config::HangConfig;
 use crate::debug::{HangReason, HangReport};
+use crate::error::SubmitError;
 use crate::hw::ChipId;
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, ForeignSync, Platform};
-use crate::queue::SubmitError;
 use crate::sync::{FenceError, FenceId, QueueId, Seqno};
 
 pub(crate) mod sealed {

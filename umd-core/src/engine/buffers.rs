@@ -3,8 +3,8 @@
 //! caller, and the leak report.
 //!
 //! CPU access never hands out memory that can outlive the buffer: copies
-//! ([`Engine::write`], [`Engine::read`]) check the handle and do the cache
-//! maintenance over the exact range, and a mapping ([`Engine::map`]) is a
+//! ([`DeviceCore::write`], [`DeviceCore::read`]) check the handle and do the cache
+//! maintenance over the exact range, and a mapping ([`DeviceCore::map`]) is a
 //! guard that borrows the device (so the device can not be dropped under
 //! it), keeps the buffer from being freed or mapped twice, invalidates the
 //! CPU cache when created and cleans it when dropped.
@@ -16,12 +16,13 @@ use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, Leak
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind, Place};
-use crate::mem::va::{Placement, VaAllocator, VaHandle, VaNode};
+use crate::mem::va::{VaAllocator, VaNode, VaPlacement};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
+use crate::storage::Backed;
 use crate::sync::QueueId;
 
 use super::backend::Backend;
-use super::{Counters, Engine};
+use super::{Counters, DeviceCore};
 
 /// Most buffers one submission declares.
 pub const MAX_BUFFER_USES: usize = 64;
@@ -249,24 +250,6 @@ impl<'d, B: Backend> VaSlot<'d, B> {
     }
 }
 
-/// A block of the pools: its memory and, with the MMU on, the VA
-/// allocator's handle for its GPU address, so that releasing the block
-/// frees the address without looking it up ([`VaAllocator::free_handle`]).
-#[derive(Debug)]
-pub(crate) struct Backed {
-    /// The memory.
-    pub(crate) region: DmaRegion,
-    /// Its GPU address range (`None` with the MMU bypassed).
-    pub(crate) va: Option<VaHandle>,
-}
-
-impl core::ops::Deref for Backed {
-    type Target = DmaRegion;
-    fn deref(&self) -> &DmaRegion {
-        &self.region
-    }
-}
-
 impl<'d, B: Backend> Backer<'_, 'd, B> {
     /// The memory of a block of `bytes`: local memory when `kind` asks for
     /// it and there is room (else [`BackingError::LocalMemory`] unless
@@ -341,7 +324,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
         // tables can map it with 2 MiB entries.
         let align =
             if bytes >= crate::mem::pool::MAX_ALIGN { align.max(crate::mem::pool::MAX_ALIGN) } else { align };
-        let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, Placement::BottomUp), Ok) {
+        let handle = match fixed.map_or_else(|| va.alloc_handle(bytes, align, VaPlacement::BottomUp), Ok) {
             Ok(h) => h,
             Err(e) => {
                 self.unused(region, kind);
@@ -386,7 +369,7 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Allocates a buffer: small and medium ones are slots of a slab mapped
     /// once (no platform allocation, no page-table update), large ones get
     /// a block of their own. CPU-visible memory comes zeroed. When memory
@@ -397,7 +380,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.alloc_info(desc).map(|(h, _)| h)
     }
 
-    /// [`Engine::alloc`], also returning what was allocated.
+    /// [`DeviceCore::alloc`], also returning what was allocated.
     pub fn alloc_info(&self, desc: &BufferDesc) -> Result<(BufferHandle, BufferInfo), AllocError> {
         if self.is_lost() {
             return Err(AllocError::DeviceLost);
@@ -423,7 +406,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// arena is [`AllocError::AddressOutsideArena`], one a live buffer
     /// holds [`AllocError::AddressInUse`] at once; a range that buffers
     /// freed under in-flight work still hold is waited for as memory is in
-    /// [`Engine::alloc`], so it is never handed out while that work may
+    /// [`DeviceCore::alloc`], so it is never handed out while that work may
     /// use it. A refusal changes nothing.
     pub fn alloc_at(&self, desc: &BufferDesc, va: u64) -> Result<BufferHandle, AllocError> {
         if self.is_lost() {
@@ -474,7 +457,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// One pass of [`Engine::try_alloc`] under the memory lock, with the
+    /// One pass of [`DeviceCore::try_alloc`] under the memory lock, with the
     /// platform memory `off` holds.
     #[inline(always)]
     fn alloc_pass(
@@ -509,7 +492,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// [`Engine::alloc_info`] once the first try failed: make room in local
+    /// [`DeviceCore::alloc_info`] once the first try failed: make room in local
     /// memory or fall back, take back frees whose fences have passed and
     /// the pools' kept empty slabs, wait
     /// for the fence of the oldest waiting free, up to the limit (the
@@ -686,7 +669,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// Copies dwords into the buffer at byte `offset` (little-endian), with
-    /// the cache maintenance of [`Engine::write`].
+    /// the cache maintenance of [`DeviceCore::write`].
     pub fn write_words(&self, h: BufferHandle, offset: u64, words: &[u32]) -> Result<(), BufferError> {
         let len = (words.len() as u64).saturating_mul(4);
         self.with_range(h, offset, len, |p, region, off| {
@@ -863,9 +846,9 @@ fn invalidate_edges<P: Platform>(p: &P, region: &DmaRegion, off: usize, len: usi
     }
 }
 
-/// A buffer mapped for the CPU (see [`Engine::map`]): derefs to its bytes.
+/// A buffer mapped for the CPU (see [`DeviceCore::map`]): derefs to its bytes.
 pub struct Mapped<'e, 'd, B: Backend, const CHUNKS: usize> {
-    dev: &'e Engine<'d, B, CHUNKS>,
+    dev: &'e DeviceCore<'d, B, CHUNKS>,
     h: BufferHandle,
     ptr: *mut u8,
     len: usize,

@@ -16,27 +16,27 @@
 //! depend on it) and Vulkan's: a device-lost result is sticky and nothing
 //! after it is trusted. Submissions that arrive later and wait on a failed
 //! fence are refused before they reach the GPU
-//! ([`crate::queue::SubmitError::DependencyFailed`]).
+//! ([`crate::error::SubmitError::DependencyFailed`]).
 
 use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind};
-use crate::queue::{FenceStatus, WaitError};
+use crate::error::{FenceStatus, WaitError};
 use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
 use super::backend::{Backend, Failure, Gone, Poll, QueueView};
 use super::queue::Outcome;
-use super::{Counters, Engine};
+use super::{Counters, DeviceCore};
 use crate::platform::Platform;
 
 /// Retiring buffers released per queue per completion pass (bounds the
 /// time one wait or query spends); what is left goes back on the next
-/// completion pass or [`Engine::service`] pass (every wait on pending work
+/// completion pass or [`DeviceCore::service`] pass (every wait on pending work
 /// runs one), whichever comes first.
 const RECLAIM_BUDGET: usize = 64;
 /// Trace spans recorded per queue per completion pass.
 const SPANS: u64 = 64;
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Reads queue `qi`'s completion state, advances its timeline, and does
     /// the bookkeeping for newly completed work (trace spans, dependency
     /// entries, retiring buffers). Returns the completed value.
@@ -170,7 +170,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// Reads every queue (see [`Engine::process`]), after handing held
+    /// Reads every queue (see [`DeviceCore::process`]), after handing held
     /// work to the hardware. One shared copy with `size-first` on bare
     /// metal (four callers).
     #[cfg_attr(all(feature = "size-first", target_os = "none"), inline(never))]
@@ -223,7 +223,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// the queue's completed point, if that is earlier: pending work may
     /// still fail). The application has taken note of them and asks about
     /// none of them again: the queue's failure history forgets them, which
-    /// makes room once it is full ([`crate::queue::SubmitError::HistoryFull`]).
+    /// makes room once it is full ([`crate::error::SubmitError::HistoryFull`]).
     /// From then on those fences answer [`WaitError::Acknowledged`] to a
     /// query or a wait, never a different outcome, and count as passed for
     /// a submission that waits on one (the application that acknowledged a
@@ -252,7 +252,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// free whose fences have passed, and checks every
     /// queue with work for faults and hangs. A stuck queue is reset, its
     /// pending fences fail (and the work that waits on them), and its
-    /// report is kept (see [`Engine::last_hang`]) and returned: when the
+    /// report is kept (see [`DeviceCore::last_hang`]) and returned: when the
     /// pass failed a queue, the latest report the device kept (a device
     /// lost in the reset reports that). A queue whose submit lock is busy
     /// is skipped: its holder services it.
@@ -437,12 +437,12 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// The device stopped answering: every pending fence fails with
     /// `DeviceLost`; memory that pending work held is never reused
     /// (released at teardown). The caller holds no submit lock (see
-    /// [`Engine::device_lost_holding`]).
+    /// [`DeviceCore::device_lost_holding`]).
     pub(crate) fn device_lost(&self) {
         self.device_lost_holding(None);
     }
 
-    /// [`Engine::device_lost`] for a caller that holds queue `held`'s
+    /// [`DeviceCore::device_lost`] for a caller that holds queue `held`'s
     /// submit lock (and no other lock).
     ///
     /// The first caller to meet the loss sets the flag, then fails each

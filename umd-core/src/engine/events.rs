@@ -26,9 +26,9 @@ use core::fmt;
 
 use crate::cmd::{Command, CompareOp, Payload};
 use crate::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
-use crate::platform::{IrqWait, Platform};
+use crate::platform::{ClockSync, IrqWait, Platform};
 
-use super::{Backend, Engine};
+use super::{Backend, DeviceCore};
 
 /// An event of one device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -110,7 +110,7 @@ impl From<BufferError> for EventError {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     fn slot(&self, size: u64, tag: &'static str) -> Result<(BufferHandle, u64), AllocError> {
         // The default alignment (128 bytes) keeps each slot on cache lines of
         // its own (CPU writes and invalidates of one never touch another).
@@ -279,31 +279,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 }
 
-/// Longest [`Engine::clock_sync`] waits for the device clock to move.
+/// Longest [`DeviceCore::clock_sync`] waits for the device clock to move.
 pub const CLOCK_SYNC_SPIN_NS: u64 = 2_000_000;
-/// Most device-clock reads [`Engine::clock_sync`] makes.
+/// Most device-clock reads [`DeviceCore::clock_sync`] makes.
 const CLOCK_SYNC_MAX_READS: u32 = 100_000;
-
-/// A device-clock reading paired with the platform clock
-/// ([`Engine::clock_sync`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ClockSync {
-    /// Platform time (ns) of the reading.
-    pub cpu_ns: u64,
-    /// Device clock (ns) at that moment.
-    pub gpu_ns: u64,
-    /// Half the window the device clock was read in (ns).
-    pub uncertainty_ns: u64,
-}
-
-impl ClockSync {
-    /// Platform time of device-clock time `gpu_ns` (both clocks count
-    /// nanoseconds; saturates at 0).
-    pub const fn to_cpu_ns(&self, gpu_ns: u64) -> u64 {
-        if gpu_ns >= self.gpu_ns {
-            self.cpu_ns.saturating_add(gpu_ns.saturating_sub(self.gpu_ns))
-        } else {
-            self.cpu_ns.saturating_sub(self.gpu_ns.saturating_sub(gpu_ns))
-        }
-    }
-}

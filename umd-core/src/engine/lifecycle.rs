@@ -16,14 +16,14 @@ use crate::hw::ProbeError;
 use crate::ibpool::{IbPool, PoolSetupError};
 use crate::mem::manager::Buffers;
 use crate::mem::pagetable::{Perms, PtError};
-use crate::mem::va::{Placement, VaAllocator, VaError};
+use crate::mem::va::{VaAllocator, VaError, VaPlacement};
 use crate::platform::{DmaFlags, DmaRegion, Platform, PlatformError};
 use crate::storage::DeviceStorage;
 use crate::sync::MAX_QUEUES;
 
 use super::backend::Backend;
 use super::queue::QueueCore;
-use super::{next_device_id, Counters, Engine, MemState, Tunables};
+use super::{next_device_id, Counters, DeviceCore, MemState, Tunables};
 
 /// Why a device could not be brought up.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,7 +89,7 @@ pub struct ShutdownReport {
 /// the rest of the program instead.
 pub struct InPlace<'s, T> {
     /// Initialised for as long as `self` lives (only
-    /// [`Engine::assemble_in`] makes one, after writing every field).
+    /// [`DeviceCore::assemble_in`] makes one, after writing every field).
     slot: &'s mut MaybeUninit<T>,
 }
 
@@ -145,9 +145,9 @@ impl<T: fmt::Debug> fmt::Debug for InPlace<'_, T> {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> InPlace<'_, Engine<'d, B, CHUNKS>> {
+impl<'d, B: Backend, const CHUNKS: usize> InPlace<'_, DeviceCore<'d, B, CHUNKS>> {
     /// Stops the device and gives back its memory, as
-    /// [`Engine::shutdown`]; returns the leak report. An associated
+    /// [`DeviceCore::shutdown`]; returns the leak report. An associated
     /// function, as [`InPlace::leak`], so that it is not mistaken for the
     /// device's own method.
     pub fn shutdown(mut this: Self) -> ShutdownReport {
@@ -155,11 +155,11 @@ impl<'d, B: Backend, const CHUNKS: usize> InPlace<'_, Engine<'d, B, CHUNKS>> {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// An engine over `b`, written into `slot`, with the tables of
     /// `storage`, GPU VA arena `va_arena` (None: addresses are the
     /// memory's own), backend mapping state `maps` and per-queue state
-    /// `queues`. The IB pool is set up by [`Engine::init_ib_pool`] once the
+    /// `queues`. The IB pool is set up by [`DeviceCore::init_ib_pool`] once the
     /// backend can map memory. Each field is written where it stays: no
     /// engine-sized value is built on the stack.
     pub(crate) fn assemble_in<
@@ -201,10 +201,10 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let buffers = Buffers::new(id, parts.buffers, parts.slabs, parts.retiring);
         *parts.deps = crate::storage::Deps::new();
         // Every field of the engine, by name and without `..`: a field
-        // added to `Engine` and not written below fails to compile here.
+        // added to `DeviceCore` and not written below fails to compile here.
         let _written = |e: &Self| {
             #[rustfmt::skip]
-            let Engine {
+            let DeviceCore {
                 id: _, b: _, enc: _, cfg: _, tun: _, nq: _, queues: _, ib: _, mem: _, deps: _,
                 trace: _, last_hang: _, stats: _, lost: _, fault_irqs: _, reclaim_backlog: _,
                 #[cfg(feature = "validation")]
@@ -267,7 +267,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             return Ok((region, addr));
         };
         let align = if len >= 2 << 20 { 2 << 20 } else { 4096 };
-        let addr = match va.alloc(len as u64, align, Placement::TopDown) {
+        let addr = match va.alloc(len as u64, align, VaPlacement::TopDown) {
             Ok(a) => a,
             Err(e) => {
                 p.dma_free(region);
@@ -357,7 +357,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Drop for Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> Drop for DeviceCore<'d, B, CHUNKS> {
     fn drop(&mut self) {
         self.teardown();
     }

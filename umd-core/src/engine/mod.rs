@@ -1,6 +1,7 @@
-//! The submission engine both modes share.
+//! The device core both modes share.
 //!
-//! [`Engine`] is a refgpu device: direct mode ([`crate::direct`], the core
+//! [`DeviceCore`] is a whole refgpu device (the hardware's engines are its
+//! queues, [`crate::sync::QueueId`]): direct mode ([`crate::direct`], the core
 //! drives rings and page tables) and kernel mode ([`crate::kernel`], a
 //! kernel driver does) are its two [`Backend`]s, and everything else is
 //! here, once: fences with a failure history that never forgets, failure
@@ -10,7 +11,7 @@
 //!
 //! # Thread model
 //!
-//! Every method takes `&self`; an engine is `Sync` when its platform is,
+//! Every method takes `&self`; a device is `Sync` when its platform is,
 //! so threads or RTOS tasks share it by reference. Each queue has a submit
 //! lock (its ring, its sequence numbers); the memory manager, the
 //! dependency graph, the IB pool's bookkeeping and the trace have one lock
@@ -61,10 +62,11 @@ use crate::storage::Deps;
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 
+pub use crate::platform::ClockSync;
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
-pub use events::{ClockSync, Event, EventError, TimestampQuery};
+pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InPlace, InitError, ShutdownReport};
 pub use residency::{LocalMemory, MoveError, Residency};
 pub use submit::Submit;
@@ -163,7 +165,7 @@ impl Counters {
 
 /// The memory manager's state, behind one lock.
 pub(crate) struct MemState<'d, B: Backend> {
-    pub(crate) buffers: Buffers<'d, buffers::Backed>,
+    pub(crate) buffers: Buffers<'d, crate::storage::Backed>,
     /// GPU VA (empty: MMU bypassed, addresses are the memory's).
     pub(crate) va: buffers::VaSlot<'d, B>,
     pub(crate) maps: B::Maps,
@@ -179,7 +181,7 @@ impl<'d, B: Backend> MemState<'d, B> {
         &'a mut self,
         b: &'a B,
         off: &'a mut buffers::OffLock,
-    ) -> (&'a mut Buffers<'d, buffers::Backed>, buffers::Backer<'a, 'd, B>) {
+    ) -> (&'a mut Buffers<'d, crate::storage::Backed>, buffers::Backer<'a, 'd, B>) {
         let MemState { buffers, va, maps, local } = self;
         (buffers, buffers::Backer { b, va, maps, local, fallback: false, off })
     }
@@ -195,7 +197,7 @@ pub(crate) struct Tunables {
 /// A refgpu device over backend `B` with `CHUNKS` IB chunks (see the
 /// module docs). Use it through [`crate::direct::Device`] or
 /// [`crate::kernel::KernelDevice`].
-pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
+pub struct DeviceCore<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) id: DeviceId,
     pub(crate) b: B,
     pub(crate) enc: Encoder,
@@ -224,9 +226,14 @@ pub struct Engine<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) torn_down: AtomicBool,
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> core::fmt::Debug for Engine<'d, B, CHUNKS> {
+/// The device core under its former name (the hardware's engines are the
+/// queues; the whole device is a [`DeviceCore`]).
+#[deprecated(note = "renamed to `DeviceCore`")]
+pub type Engine<'d, B, const CHUNKS: usize = 16> = DeviceCore<'d, B, CHUNKS>;
+
+impl<'d, B: Backend, const CHUNKS: usize> core::fmt::Debug for DeviceCore<'d, B, CHUNKS> {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Engine")
+        f.debug_struct("DeviceCore")
             .field("id", &self.id)
             .field("chip", &self.b.chip())
             .field("queues", &self.nq)
@@ -242,7 +249,7 @@ pub(crate) fn next_device_id() -> DeviceId {
     DeviceId(NEXT.fetch_add(1, core::sync::atomic::Ordering::Relaxed))
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// The device's identity (stamped on its fences and buffer handles).
     pub fn id(&self) -> DeviceId {
         self.id
@@ -259,7 +266,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 
     /// The configuration given at construction (runtime tunables may have
-    /// changed since; see [`Engine::hang_config`]).
+    /// changed since; see [`DeviceCore::hang_config`]).
     pub fn config(&self) -> &Config {
         &self.cfg
     }

@@ -6,19 +6,8 @@ use lock_api::{Mutex, RawMutex};
 
 use crate::debug::trace::TraceStage;
 use crate::sync::atomic::{AtomicU64, Ordering};
-use crate::sync::history::{Admission, FailureHistory};
+use crate::sync::history::{Admission, FailureHistory, HISTORY};
 use crate::sync::{FenceError, Seqno, Timeline};
-
-/// Failed ranges a queue's history holds: room for everything the pending
-/// work of a queue with a full dependency table can add (`2 PENDING_WAITS +
-/// 1`, see [`FailureHistory`]) plus 15 settled ranges. Submissions are
-/// admitted so that a failure always fits exactly; the bound is in
-/// `docs/reliability.md`.
-pub const HISTORY: usize = 2 * crate::storage::PENDING_WAITS + 16;
-
-// An empty history admits a full dependency table: one range for the
-// window's reset, two for each of `PENDING_WAITS` submissions with waits.
-const _: () = assert!(2 * crate::storage::PENDING_WAITS < HISTORY);
 
 /// Where a fence stands, as its queue knows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,7 +144,7 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
     /// Whether a submission fits however many submissions with waits are
     /// pending (the dependency table's capacity): no need to count them.
     pub(crate) fn admits_any(&self, waits: bool) -> bool {
-        self.admit(crate::storage::PENDING_WAITS, waits) == Admission::Admit
+        self.admit(crate::sync::deps::PENDING_WAITS, waits) == Admission::Admit
     }
 
     /// Acknowledges the outcomes of the queue's fences up to `upto`, or up

@@ -15,7 +15,7 @@
 //! - **Restore**: a submission that declares a local-preferring buffer
 //!   living in system memory brings it back first, evicting others (never
 //!   one of its own working set). A working set larger than local memory
-//!   is refused ([`crate::queue::SubmitError::WorkingSetTooLarge`]); when
+//!   is refused ([`crate::error::SubmitError::WorkingSetTooLarge`]); when
 //!   no victim is idle and old enough the restore is deferred and the work
 //!   uses the system copy. A buffer evicted less than a minimum-residency
 //!   window ago is not brought back either. Together these bound
@@ -24,30 +24,27 @@
 //!
 //! Without local memory (gen1, MMU bypassed, kernel mode, or a build
 //! without the `local-memory` feature) every such buffer lives in system
-//! memory and nothing moves: [`Engine::local_memory`] is `None`, and
-//! [`Engine::evict`] and [`Engine::make_resident`] answer
+//! memory and nothing moves: [`DeviceCore::local_memory`] is `None`, and
+//! [`DeviceCore::evict`] and [`DeviceCore::make_resident`] answer
 //! [`MoveError::NotLocal`].
 
 use crate::cmd::EncodeError;
+use crate::error::{SubmitError, WaitError};
 use crate::ibpool::Recorder;
 use crate::mem::pages::PageBitmap;
 use crate::mem::pagetable::{CachePolicy, Perms};
-use crate::mem::va::Placement;
+use crate::mem::va::VaPlacement;
 use crate::mem::{BufferError, BufferHandle, Tracking};
 use crate::platform::{DmaFlags, DmaRegion, Platform};
-use crate::queue::{SubmitError, WaitError};
 use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;
 use super::submit::Submit;
-use super::{Backend, Counters, Engine};
+use super::{Backend, Counters, DeviceCore};
 
 /// The handle that marks a region as local memory (regions of local
 /// memory are the driver's, not the platform's).
 pub(crate) const LOCAL_HANDLE: u64 = u64::MAX - 1;
-
-/// The COPY engine, which moves buffers.
-const COPY: QueueId = QueueId(2);
 
 const PAGE: u64 = 4096;
 
@@ -201,7 +198,7 @@ impl core::error::Error for MoveError {}
 /// is `buffers[i]`, a mask rather than a copy of up to 64 handles);
 /// unpinned on drop.
 pub(crate) struct Pins<'e, 'd, 's, B: Backend, const C: usize> {
-    dev: &'e Engine<'d, B, C>,
+    dev: &'e DeviceCore<'d, B, C>,
     buffers: &'s [BufferUse],
     pinned: u64,
 }
@@ -247,7 +244,7 @@ struct Subject {
     touched: u64,
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     fn clock(&self) -> u64 {
         self.submissions()
     }
@@ -325,7 +322,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         })
     }
 
-    /// Ends a move that [`Engine::take_subject`] started: unpins the
+    /// Ends a move that [`DeviceCore::take_subject`] started: unpins the
     /// buffer and lets declared work use it again.
     fn end_move(&self, h: BufferHandle) {
         if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
@@ -334,7 +331,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
     }
 
-    /// Ends a restore that [`Engine::prepare_residency`] started (the
+    /// Ends a restore that [`DeviceCore::prepare_residency`] started (the
     /// submission keeps its pin).
     fn end_restore(&self, h: BufferHandle) {
         if let Ok(l) = self.mem.lock().buffers.live_mut(h) {
@@ -374,7 +371,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
             let mut off = super::buffers::OffLock::new();
             let (_, backer) = mem.split(&self.b, &mut off);
             let va = backer.va.get_mut().ok_or(MoveError::NotLocal)?;
-            let handle = va.alloc_handle(s.bytes, PAGE, Placement::TopDown).map_err(|_| MoveError::Memory)?;
+            let handle =
+                va.alloc_handle(s.bytes, PAGE, VaPlacement::TopDown).map_err(|_| MoveError::Memory)?;
             let tmp = handle.addr();
             let rw = Perms { read: true, write: true, cache: CachePolicy::Uncached };
             if self.b.map(backer.maps, tmp, to, rw).is_err() {
@@ -389,7 +387,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let uses = [BufferUse::read(s.h)];
         let r = self
             .submit_internal(
-                &Submit::on(COPY).using(&uses),
+                &Submit::on(QueueId::COPY).using(&uses),
                 |cb: &mut Recorder<'_>| -> Result<(), EncodeError> { cb.copy(s.va, tmp, s.bytes) },
             )
             .map_err(|e| match e {
@@ -428,7 +426,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // The GPU address, and so its VA handle, stays with the buffer.
         let va = l.alloc.block().and_then(|b| b.va);
         l.alloc
-            .replace_block(super::buffers::Backed { region: to, va })
+            .replace_block(crate::storage::Backed { region: to, va })
             .map(|b| b.region)
             .map_err(|b| b.region)
     }
@@ -465,7 +463,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if s.touched != 0 && s.touched.saturating_add(window) > self.clock() {
             Counters::add(&self.stats.thrash_events, 1);
         }
-        self.record_trace(crate::debug::TraceKind::Evict, usize::from(COPY.0), Seqno(0), s.va);
+        self.record_trace(crate::debug::TraceKind::Evict, usize::from(QueueId::COPY.0), Seqno(0), s.va);
         Ok(())
     }
 
@@ -490,13 +488,13 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         }
         Counters::add(&self.stats.restores, 1);
         Counters::add(&self.stats.bytes_moved, s.bytes);
-        self.record_trace(crate::debug::TraceKind::Restore, usize::from(COPY.0), Seqno(0), s.va);
+        self.record_trace(crate::debug::TraceKind::Restore, usize::from(QueueId::COPY.0), Seqno(0), s.va);
         Ok(())
     }
 
     /// Makes room for a local allocation that found none: evicts one idle
     /// buffer, after which the caller tries the allocation again (as
-    /// [`Engine::move_to_local`] does). Counting free bytes would not do:
+    /// [`DeviceCore::move_to_local`] does). Counting free bytes would not do:
     /// free pages may be fragmented, so enough free bytes can still fail
     /// the allocation, and a caller told "room enough" would retry
     /// forever. False when no victim is left (always without local
@@ -514,7 +512,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     /// brings evicted ones back (or defers that), and marks them used now.
     ///
     /// A move and a declared use exclude each other: a move starts only on
-    /// an unpinned, idle buffer ([`Engine::take_subject`]), and a
+    /// an unpinned, idle buffer ([`DeviceCore::take_subject`]), and a
     /// submission pins its buffers only when none of them is moving, in one
     /// section under the memory lock. A submission that finds a move in
     /// progress waits for it (the move's copy is bounded by the hang

@@ -20,11 +20,11 @@
 //! Nothing reaches the hardware after any error, and the queue stays
 //! usable.
 
-use crate::cmd::{Command, CommandBuffer, EncodeError};
+use crate::cmd::{Command, CommandBuffer, EncodeError, Finished};
 use crate::config::PoolExhaustion;
 use crate::debug::trace::SubmitRecord;
-use crate::ibpool::{record_into, Pending, Recorder};
-use crate::queue::{FenceStatus, SubmitError};
+use crate::error::{FenceStatus, SubmitError};
+use crate::ibpool::{Pending, Recorder};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::history::Admission;
@@ -33,7 +33,7 @@ use crate::sync::{Fence, FenceId, QueueId, Seqno};
 use super::backend::{Backend, EmitError, Job};
 use super::buffers::{BufferUse, MAX_BUFFER_USES};
 use super::queue::QueueCore;
-use super::{Counters, Engine, Raw};
+use super::{Counters, DeviceCore, Raw};
 
 /// A queue's state, as the engine keeps it.
 type Queue<B> = QueueCore<Raw<B>, <B as Backend>::Queue>;
@@ -98,7 +98,7 @@ impl Waits {
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Records commands with `record` and submits them to `queue` after
     /// `waits` (fences of other queues, possibly not emitted yet) have
     /// signalled. Returns the submission's fence.
@@ -109,7 +109,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         self.submit_with(&Submit { queue, waits, buffers: &[], foreign: &[] }, record)
     }
 
-    /// [`Engine::submit`] with declared buffers.
+    /// [`DeviceCore::submit`] with declared buffers.
     pub fn submit_with<F>(&self, s: &Submit<'_>, record: F) -> Result<Fence, SubmitError>
     where
         F: FnOnce(&mut Recorder<'_>) -> Result<(), EncodeError>,
@@ -219,7 +219,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         if !s.foreign.is_empty() && B::MODE != super::Mode::Kernel {
             return Err(SubmitError::ForeignSyncUnsupported);
         }
-        if s.foreign.len() > crate::kernel::MAX_FOREIGN {
+        if s.foreign.len() > crate::platform::MAX_FOREIGN {
             return Err(SubmitError::TooManyWaits { given: s.foreign.len() });
         }
         if s.buffers.len() > MAX_BUFFER_USES {
@@ -234,7 +234,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         Ok((qi, q))
     }
 
-    /// The waits of `s` that need a hardware wait ([`Engine::filter_waits`]),
+    /// The waits of `s` that need a hardware wait ([`DeviceCore::filter_waits`]),
     /// noted in `table`; a submission without waits (the usual case)
     /// neither fills a table nor makes the call.
     #[inline(always)]
@@ -272,8 +272,8 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
                 }
                 // An acknowledged fence passed; the application that
                 // acknowledged it answers for what depends on it.
-                Ok(FenceStatus::Signalled) | Err(crate::queue::WaitError::Acknowledged(_)) => continue,
-                Ok(FenceStatus::Pending) | Err(crate::queue::WaitError::NotSubmitted(_)) => {}
+                Ok(FenceStatus::Signalled) | Err(crate::error::WaitError::Acknowledged(_)) => continue,
+                Ok(FenceStatus::Pending) | Err(crate::error::WaitError::NotSubmitted(_)) => {}
                 Err(_) => return Err(SubmitError::UnknownQueue(f.id.queue)),
             }
             if same {
@@ -301,7 +301,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         // passed.
         matches!(
             self.wait_done(fence, limit),
-            Ok(()) | Err(crate::queue::WaitError::Failed(_) | crate::queue::WaitError::Acknowledged(_))
+            Ok(()) | Err(crate::error::WaitError::Failed(_) | crate::error::WaitError::Acknowledged(_))
         )
     }
 
@@ -493,6 +493,36 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
         let r = SubmitRecord { ts_ns, seqno: seqno.0, dwords, ib_va, wptr };
         if !q.trace_stage.push(&r) {
             self.trace_locked().record_submit(qi, &r);
+        }
+    }
+}
+
+/// Runs `record` over `cb`, a command buffer over a recording from
+/// [`IbPool::recorder`](crate::ibpool::IbPool::recorder) that nothing was
+/// recorded into yet, and closes it: what to call from the ring. The
+/// recording's chunks are then still pending: the caller takes
+/// [`PoolSource::pending`](crate::ibpool::PoolSource::pending) of `cb`'s
+/// source and commits them once the submission reached the GPU, or aborts
+/// (dropping the [`Pending`] aborts too). On error the chunks are given
+/// back here, and the recording's error becomes the submission's. The
+/// buffer and its source stay where the caller built them (no move of
+/// either, no copy of the recording); shared by every submission mode.
+fn record_into<'a, F>(cb: &mut Recorder<'a>, record: F) -> Result<Finished, SubmitError>
+where
+    F: FnOnce(&mut Recorder<'a>) -> Result<(), EncodeError>,
+{
+    let recorded = record(cb);
+    match (recorded, cb.finish_in_place()) {
+        (Ok(()), Ok(f)) => Ok(f),
+        (Err(e), _) | (Ok(()), Err(e)) => {
+            // No reference to a chunk's memory outlives its return.
+            cb.release_chunks();
+            cb.source().pending().abort();
+            Err(match e {
+                EncodeError::ChunkUnavailable => SubmitError::PoolEmpty,
+                EncodeError::Empty => SubmitError::Empty,
+                e => SubmitError::Encode(e),
+            })
         }
     }
 }

@@ -4,20 +4,20 @@
 //! fence signals, fails, or the timeout passes. A wait holds no lock, so
 //! submissions go on while it sleeps.
 //!
-//! [`Engine::wait_passed`] follows the same schedule but waits for the
+//! [`DeviceCore::wait_passed`] follows the same schedule but waits for the
 //! queue's timeline to pass the fence, failed or not: a fence that failed
 //! through a dependency answers at once, while its work may still run on
 //! the GPU and use its memory.
 
 use crate::debug::TraceKind;
+use crate::error::{FenceStatus, WaitError};
 use crate::platform::{IrqWait, Platform};
-use crate::queue::{FenceStatus, WaitError};
 use crate::sync::{Fence, FenceError, Seqno};
 
 use super::backend::{Backend, Block};
-use super::{Counters, Engine};
+use super::{Counters, DeviceCore};
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Waits until `fence` signals, fails, or `timeout_ns` passes (0: just
     /// check). Follows the adaptive schedule of the configuration, with
     /// interrupts when the platform has them, and services the device
@@ -74,15 +74,15 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
 
     /// Waits until `fence`'s queue has passed it on the GPU, whether it
     /// signalled or failed, or `timeout_ns` passes (0: just check), on the
-    /// schedule of [`Engine::wait`], servicing the device meanwhile.
+    /// schedule of [`DeviceCore::wait`], servicing the device meanwhile.
     ///
-    /// Unlike [`Engine::wait`], a failed fence does not answer at once: work
+    /// Unlike [`DeviceCore::wait`], a failed fence does not answer at once: work
     /// that failed through a dependency still runs and uses its memory until
     /// its queue passes it, and a hung queue passes its cancelled fences
     /// when it is reset. After a device loss nothing passes any more (the
     /// device's memory stays in use until teardown): the answer is then
     /// `Failed(DeviceLost)`, also for a fence that had passed. The checks
-    /// and errors of [`Engine::wait`] for the fence itself are the same
+    /// and errors of [`DeviceCore::wait`] for the fence itself are the same
     /// (`ForeignFence`, `UnknownQueue`, `NotSubmitted`).
     ///
     /// Bounded as `wait`: every iteration returns or spins, sleeps or
@@ -162,7 +162,7 @@ impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
     }
 }
 
-/// Which ways of pausing a wait loop may still work (see `Engine::pause`).
+/// Which ways of pausing a wait loop may still work (see `DeviceCore::pause`).
 struct Pause {
     irq_ok: bool,
     block_ok: bool,

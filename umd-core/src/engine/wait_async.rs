@@ -1,5 +1,5 @@
-//! Fence waits for async executors (no_std, no alloc): [`Engine::wait_async`]
-//! and [`Engine::wait_any_async`] return futures that never block. Each
+//! Fence waits for async executors (no_std, no alloc): [`DeviceCore::wait_async`]
+//! and [`DeviceCore::wait_any_async`] return futures that never block. Each
 //! poll checks the fences (and services the device, as the blocking wait
 //! does); when they are still pending the future registers its waker in a
 //! [`Wakeups`] hub with a deadline from the configuration's adaptive
@@ -34,7 +34,7 @@
 //! (as a registration does), so futures are dropped where they are polled,
 //! never in the interrupt handler that drives the hub.
 //!
-//! The blocking [`Engine::wait`] is unchanged.
+//! The blocking [`DeviceCore::wait`] is unchanged.
 
 use core::future::Future;
 use core::pin::Pin;
@@ -42,11 +42,11 @@ use core::task::{Context, Poll, Waker};
 
 use crate::sync::atomic::{AtomicBool, Ordering};
 
-use crate::queue::{FenceStatus, WaitError};
+use crate::error::{FenceStatus, WaitError};
 use crate::sync::Fence;
 
 use super::backend::Backend;
-use super::Engine;
+use super::DeviceCore;
 use crate::platform::Platform;
 
 #[derive(Debug, Default)]
@@ -75,7 +75,7 @@ const EMPTY: Slot = Slot { waker: None, deadline_ns: 0, generation: 0 };
 #[cfg(not(loom))]
 type HubLock = spin::Mutex<()>;
 #[cfg(loom)]
-type HubLock = crate::loom_probe::LoomLock;
+type HubLock = crate::sync::atomic::LoomLock;
 
 /// The wake-up hub of async fence waits: up to `N` waiting futures, each
 /// with the time it wants to be woken at the latest.
@@ -277,7 +277,7 @@ fn store(s: &mut Slot, waker: &Waker, deadline_ns: u64) {
     s.deadline_ns = deadline_ns;
 }
 
-/// Why [`Engine::wait_any_async`] ended without a signalled fence.
+/// Why [`DeviceCore::wait_any_async`] ended without a signalled fence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AnyWaitError {
     /// No fences were given: nothing could ever complete.
@@ -329,7 +329,7 @@ enum Step {
 
 /// The shared state machine of both futures.
 struct Waiter<'a, 'd, B: Backend, const CHUNKS: usize, const N: usize> {
-    dev: &'a Engine<'d, B, CHUNKS>,
+    dev: &'a DeviceCore<'d, B, CHUNKS>,
     hub: &'a Wakeups<N>,
     fences: Fences<'a>,
     timeout_ns: u64,
@@ -410,8 +410,8 @@ impl<B: Backend, const CHUNKS: usize, const N: usize> Waiter<'_, '_, B, CHUNKS, 
     }
 }
 
-/// The future of [`Engine::wait_async`]: `Ok(())` when the fence
-/// signalled, the same errors as [`Engine::wait`] otherwise.
+/// The future of [`DeviceCore::wait_async`]: `Ok(())` when the fence
+/// signalled, the same errors as [`DeviceCore::wait`] otherwise.
 #[must_use = "futures do nothing unless awaited"]
 pub struct FenceWait<'a, 'd, B: Backend, const CHUNKS: usize, const N: usize>(Waiter<'a, 'd, B, CHUNKS, N>);
 
@@ -437,7 +437,7 @@ impl<B: Backend, const CHUNKS: usize, const N: usize> Future for FenceWait<'_, '
     }
 }
 
-/// The future of [`Engine::wait_any_async`]: the index of the first fence
+/// The future of [`DeviceCore::wait_any_async`]: the index of the first fence
 /// (in list order) found signalled.
 #[must_use = "futures do nothing unless awaited"]
 pub struct AnyFenceWait<'a, 'd, B: Backend, const CHUNKS: usize, const N: usize>(
@@ -469,7 +469,7 @@ impl<B: Backend, const CHUNKS: usize, const N: usize> Future for AnyFenceWait<'_
     }
 }
 
-impl<'d, B: Backend, const CHUNKS: usize> Engine<'d, B, CHUNKS> {
+impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// A future that completes when `fence` signals (or fails), woken
     /// through `hub` (see the module docs: an interrupt handler or a timer
     /// must drive it). No timeout unless [`FenceWait::timeout_ns`] sets one.

@@ -1,11 +1,16 @@
-//! Kernel-mediated mode: a kernel driver owns the rings, the page tables and
-//! hang recovery; the core chooses GPU addresses (as libdrm's VA manager
-//! does), records IBs into its pool, checks dependencies, and hands each IB
-//! to the kernel with the timeline points it waits for and signals
-//! ([`crate::platform::KernelIo`]).
+//! Kernel mode: the device whose work goes through a kernel driver
+//! ([`KernelDevice`], the [`Kernel`] backend of the device core). Not the
+//! kernel driver itself (`kmd/`), nor the platform trait the device
+//! submits through ([`crate::platform::KernelIo`]).
 //!
-//! Everything but the kernel calls is the shared engine's
-//! ([`crate::engine`]); [`KernelDevice`] is the engine over this backend.
+//! The kernel driver owns the rings, the page tables and hang recovery;
+//! the core chooses GPU addresses (as libdrm's VA manager does), records
+//! IBs into its pool, checks dependencies, and hands each IB to the kernel
+//! with the timeline points it waits for and signals.
+//!
+//! Everything but the kernel calls is the shared device core's
+//! ([`crate::engine`]); [`KernelDevice`] is the device core over this
+//! backend.
 //! What this backend adds:
 //!
 //! - **One context per queue.** Queue `q`'s submissions go to a kernel
@@ -37,7 +42,8 @@ use crate::debug::HangReason;
 use crate::engine::backend::{
     sealed, Acked, Backend, Block, EmitError, EmitInfo, Failure, Gone, Job, Poll, QueueView,
 };
-use crate::engine::{Engine, InPlace, InitError};
+use crate::engine::{DeviceCore, InPlace, InitError};
+use crate::error::{SubmitError, WaitError};
 use crate::hw::{probe, ChipId};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
@@ -45,16 +51,14 @@ use crate::platform::{
     ContextId, ContextStatus, DmaRegion, ForeignSync, Guilt, KernelIo, KernelSubmitError, KernelSync,
     KernelWait, PlatformError,
 };
-use crate::queue::{SubmitError, WaitError};
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{FaultInfo, Fence, FenceError, QueueId, Seqno, MAX_QUEUES};
 
 /// A refgpu driven through a kernel driver, with `CHUNKS` IB chunks.
-pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = Engine<'d, Kernel<'d, P>, CHUNKS>;
+pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Kernel<'d, P>, CHUNKS>;
 
-/// Foreign syncs one submission may wait for.
-pub const MAX_FOREIGN: usize = 4;
+pub use crate::platform::MAX_FOREIGN;
 
 /// Submissions a queue may hold back (wait before signal) before further
 /// submissions to it wait, as for a full ring.
@@ -84,7 +88,7 @@ pub struct KernelQueue {
     /// The context the queue submits to (None only during bring-up or
     /// after teardown).
     ctx: Option<ContextId>,
-    /// Engine sequence number = `base` + the context's own.
+    /// The core's sequence number = `base` + the context's own.
     base: u64,
     /// Submissions held back, oldest first.
     held: Deque<Held, HELD_JOBS>,
@@ -431,7 +435,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     }
 }
 
-impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
+impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS> {
     /// Brings the device up through the kernel: reads its info, creates a
     /// context per queue and sets up the IB pool in the kernel's VA range.
     /// The large tables live in `storage`; the device borrows it and the
@@ -476,7 +480,7 @@ impl<'d, P: KernelIo, const CHUNKS: usize> Engine<'d, Kernel<'d, P>, CHUNKS> {
         }
         let mut slot = MaybeUninit::uninit();
         let mut dev =
-            Engine::assemble_in(&mut slot, k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
+            DeviceCore::assemble_in(&mut slot, k, storage, cfg, Some((info.va_start, va_size)), (), queues)?;
         dev.init_ib_pool()?;
         Ok(InPlace::into_inner(dev))
     }

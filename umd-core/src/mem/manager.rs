@@ -94,7 +94,7 @@ pub enum AllocError {
     /// eviction; a buffer that prefers local memory falls back to system
     /// memory rather than fail with this).
     LocalMemory,
-    /// The fixed address ([`crate::engine::Engine::alloc_at`]) is not a
+    /// The fixed address ([`crate::engine::DeviceCore::alloc_at`]) is not a
     /// multiple of 4 KiB (one GPU page) and of the buffer's alignment.
     AddressUnaligned {
         /// Address asked.
@@ -334,7 +334,7 @@ impl<'s, B> Buffers<'s, B> {
     }
 
     /// [`Buffers::alloc_info`] at exactly GPU address `at` (see
-    /// [`crate::engine::Engine::alloc_at`]): a large block of its own.
+    /// [`crate::engine::DeviceCore::alloc_at`]): a large block of its own.
     /// A range the backing holds is [`AllocError::AddressInUse`].
     pub fn alloc_at<K: Backing<Block = B>>(
         &mut self,

@@ -35,4 +35,8 @@ pub use pool::{
     Backing, BackingError, ClassStats, MemKind, Place, Pool, PoolAlloc, PoolError, PoolStats, SizeClass,
 };
 pub use stats::VaStats;
-pub use va::{Placement, VaAllocator, VaError, VaHandle, VaNode, VaRange, MIN_ALIGN};
+pub use va::{VaAllocator, VaError, VaHandle, VaNode, VaPlacement, VaRange, MIN_ALIGN};
+
+/// [`VaPlacement`] under its former name.
+#[deprecated(note = "renamed to `VaPlacement`")]
+pub type Placement = VaPlacement;

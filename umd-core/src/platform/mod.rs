@@ -350,11 +350,35 @@ pub unsafe trait Platform {
     }
 }
 
-mod kernel;
+/// A device-clock reading paired with the platform clock
+/// ([`DeviceCore::clock_sync`](crate::engine::DeviceCore::clock_sync)).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ClockSync {
+    /// Platform time (ns) of the reading.
+    pub cpu_ns: u64,
+    /// Device clock (ns) at that moment.
+    pub gpu_ns: u64,
+    /// Half the window the device clock was read in (ns).
+    pub uncertainty_ns: u64,
+}
+
+impl ClockSync {
+    /// Platform time of device-clock time `gpu_ns` (both clocks count
+    /// nanoseconds; saturates at 0).
+    pub const fn to_cpu_ns(&self, gpu_ns: u64) -> u64 {
+        if gpu_ns >= self.gpu_ns {
+            self.cpu_ns.saturating_add(gpu_ns.saturating_sub(self.gpu_ns))
+        } else {
+            self.cpu_ns.saturating_sub(self.gpu_ns.saturating_sub(gpu_ns))
+        }
+    }
+}
+
+mod kernel_io;
 pub(crate) mod slots;
-pub use kernel::{
+pub use kernel_io::{
     ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
-    KernelWait,
+    KernelWait, MAX_FOREIGN,
 };
 
 /// The spin lock the project's bare-metal platforms use

@@ -198,3 +198,60 @@ pub(crate) fn spin_hint() {
     #[cfg(not(loom))]
     core::hint::spin_loop();
 }
+
+/// The lock the loom models run the real lock-holding types over
+/// (`crate::loom_probe`, and the async waits' wake-up hub under loom).
+#[cfg(loom)]
+mod loom_lock {
+    use core::cell::UnsafeCell;
+
+    use loom::sync::atomic::{AtomicBool, Ordering};
+
+    /// A spin lock on a loom atomic (so loom sees its acquire/release edges),
+    /// which yields to loom's scheduler while it waits (also the lock of the
+    /// async waits' wake-up hub under loom, `engine::Wakeups`). Loom atomics are not
+    /// `const`, so the flag is made on first use: [`ProbeQueue::new`] takes
+    /// the lock once before any thread is spawned.
+    pub struct LoomLock(UnsafeCell<Option<AtomicBool>>);
+
+    // SAFETY: the cell is written once, by the first `lock` on the thread that
+    // made the queue before sharing it (`ProbeQueue::new`); afterwards it is
+    // only read, and the flag inside is an atomic.
+    unsafe impl Sync for LoomLock {}
+    // SAFETY: as above.
+    unsafe impl Send for LoomLock {}
+
+    impl LoomLock {
+        fn flag(&self) -> &AtomicBool {
+            // SAFETY: see the `Sync` impl: the only write happens before the
+            // lock is shared.
+            let slot = unsafe { &mut *self.0.get() };
+            slot.get_or_insert_with(|| AtomicBool::new(false))
+        }
+    }
+
+    // SAFETY: mutual exclusion by compare-and-swap on the flag (acquire on
+    // success, release on unlock); `unlock` only after a successful
+    // `lock`/`try_lock` (lock_api's contract).
+    unsafe impl lock_api::RawMutex for LoomLock {
+        #[allow(clippy::declare_interior_mutable_const)]
+        const INIT: LoomLock = LoomLock(UnsafeCell::new(None));
+        type GuardMarker = lock_api::GuardSend;
+
+        fn lock(&self) {
+            while !self.try_lock() {
+                loom::thread::yield_now();
+            }
+        }
+
+        fn try_lock(&self) -> bool {
+            self.flag().compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).is_ok()
+        }
+
+        unsafe fn unlock(&self) {
+            self.flag().store(false, Ordering::Release);
+        }
+    }
+}
+#[cfg(loom)]
+pub use loom_lock::LoomLock;

@@ -20,6 +20,10 @@ use super::seqno::{FenceId, QueueId, Seqno};
 
 /// Most waits one submission can carry.
 pub const MAX_WAITS: usize = 4;
+
+/// Submissions with cross-queue waits tracked per queue (deadlock checks):
+/// the depth of a device's dependency graph.
+pub const PENDING_WAITS: usize = 32;
 /// Submissions a reported cycle names (a cycle through refgpu's three
 /// queues has at most three; longer ones, with more queues, are detected
 /// all the same and named by their first four).

@@ -36,8 +36,20 @@
 //! `merges` (`DeviceStats::history_merges`, 0 unless that bound is wrong).
 //! `docs/architecture.md` ("Failure history") explains the choice.
 
+use super::deps::PENDING_WAITS;
 use super::fence::{Access, Cause, FaultInfo, FaultKind, FenceError};
 use super::seqno::{FenceId, QueueId, Seqno};
+
+/// Failed ranges a queue's history holds: room for everything the pending
+/// work of a queue with a full dependency table can add (`2 PENDING_WAITS +
+/// 1`, see [`FailureHistory`]) plus 15 settled ranges. Submissions are
+/// admitted so that a failure always fits exactly; the bound is in
+/// `docs/reliability.md`.
+pub const HISTORY: usize = 2 * PENDING_WAITS + 16;
+
+// An empty history admits a full dependency table: one range for the
+// window's reset, two for each of `PENDING_WAITS` submissions with waits.
+const _: () = assert!(2 * PENDING_WAITS < HISTORY);
 
 /// One failed range `(after, upto]`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -503,7 +515,7 @@ mod tests {
     #[test]
     fn poisoned_fences_are_single_ranges_with_their_producer() {
         let mut h = FailureHistory::<4>::new();
-        let producer = FenceId::new(QueueId(2), 7);
+        let producer = FenceId::new(QueueId::COPY, 7);
         let e = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
         h.record(Seqno(4), Seqno(5), e);
         assert_eq!(h.lookup(Seqno(5)), Some(e));
@@ -518,7 +530,7 @@ mod tests {
     #[test]
     fn a_failed_fence_keeps_its_first_reason() {
         let mut h = FailureHistory::<8>::new();
-        let producer = FenceId::new(QueueId(2), 7);
+        let producer = FenceId::new(QueueId::COPY, 7);
         let dep = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
         // Two poisoned fences, then a reset cancelling the range around them.
         h.record(Seqno(11), Seqno(12), dep);
@@ -542,7 +554,7 @@ mod tests {
     #[test]
     fn a_range_grown_to_touch_another_reason_does_not_swallow_it() {
         let mut h = FailureHistory::<8>::new();
-        let producer = FenceId::new(QueueId(0), 7);
+        let producer = FenceId::new(QueueId::GFX, 7);
         let dep = FenceError::Dependency { producer, cause: crate::sync::fence::Cause::Hung };
         h.record(Seqno(0), Seqno(2), HUNG);
         h.record(Seqno(5), Seqno(6), dep);
@@ -606,7 +618,7 @@ mod tests {
     /// from the clock; printed, so a failure can be replayed).
     #[test]
     fn a_random_schedule_never_changes_an_answer() {
-        const N: usize = crate::engine::queue::HISTORY;
+        const N: usize = HISTORY;
         let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
         let steps = env("UMD_HISTORY_STEPS").unwrap_or(1_000_000);
         let seed = env("UMD_HISTORY_SEED").unwrap_or_else(|| {
@@ -632,7 +644,7 @@ mod tests {
                 addr: rng.below(4) * 0x1000,
                 opcode: 3,
             }),
-            2 => FenceError::NeverSignalled { producer: FenceId::new(QueueId(1), rng.below(8)) },
+            2 => FenceError::NeverSignalled { producer: FenceId::new(QueueId::COMPUTE, rng.below(8)) },
             _ => FenceError::DeviceLost,
         };
         let complete = |n: u64, emitted: u64, completed: &mut u64, shadow: &mut std::vec::Vec<Shadow>| {
@@ -704,7 +716,7 @@ mod tests {
                         .collect();
                     if !pending.is_empty() {
                         let s = pending[rng.below(pending.len() as u64) as usize];
-                        let producer = FenceId::new(QueueId(2), rng.below(16));
+                        let producer = FenceId::new(QueueId::COPY, rng.below(16));
                         let e = FenceError::Dependency { producer, cause: cause(&mut rng).cause() };
                         h.record(Seqno(s - 1), Seqno(s), e);
                         shadow[s as usize] = Shadow::Failed(e);

@@ -65,9 +65,21 @@ impl fmt::Display for Seqno {
     }
 }
 
-/// Identifies a hardware queue (engine): 0 GFX, 1 COMPUTE, 2 COPY on refgpu.
+/// Identifies a hardware queue (an engine of the GPU): [`QueueId::GFX`],
+/// [`QueueId::COMPUTE`], [`QueueId::COPY`] on refgpu (the uAPI's engine
+/// numbers, `refgpu_uapi::engine`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
 pub struct QueueId(pub u8);
+
+impl QueueId {
+    /// The graphics queue (engine 0).
+    pub const GFX: QueueId = QueueId(0);
+    /// The compute queue (engine 1), the only one that runs DISPATCH.
+    pub const COMPUTE: QueueId = QueueId(1);
+    /// The copy queue (engine 2): the device's moves between local and
+    /// system memory run on it.
+    pub const COPY: QueueId = QueueId(2);
+}
 
 impl fmt::Display for QueueId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -7,8 +7,8 @@
 
 use std::time::{Duration, Instant};
 
-use umd_core::engine::{Backend, Engine};
-use umd_core::queue::{FenceStatus, SubmitError, WaitError};
+use umd_core::engine::{Backend, DeviceCore};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::sync::{Fence, FenceError, QueueId};
 
 /// Threads of one run, and the submissions each makes.
@@ -97,7 +97,7 @@ fn loss_answer(r: &Result<(), WaitError>) -> bool {
 /// queue, one time in three) a timestamp to `addr` and waits for its
 /// fence, and one time in two for the other queue's last fence, until a
 /// submission is refused; then checks that the next one is refused too.
-fn thread<B: Backend>(dev: &Engine<'_, B, 4>, t: usize, seed: u64, addr: u64) -> Result<Seen, String> {
+fn thread<B: Backend>(dev: &DeviceCore<'_, B, 4>, t: usize, seed: u64, addr: u64) -> Result<Seen, String> {
     let mut rng = Rng::new(seed ^ ((t as u64 + 1) << 40));
     let queue = QueueId((t % 3) as u8);
     let other = QueueId(((t + 1) % 3) as u8);
@@ -148,7 +148,7 @@ fn thread<B: Backend>(dev: &Engine<'_, B, 4>, t: usize, seed: u64, addr: u64) ->
 /// signalled or failed `DeviceLost`, and a lost device refuses a
 /// submission.
 fn check<B: Backend>(
-    dev: &Engine<'_, B, 4>,
+    dev: &DeviceCore<'_, B, 4>,
     seen: &[(Fence, Result<(), WaitError>)],
     addr: u64,
 ) -> Result<Figures, String> {
@@ -182,7 +182,7 @@ fn check<B: Backend>(
     }
     if dev.is_lost() {
         fig.losses = 1;
-        let r = dev.submit(QueueId(0), &[], |cb| cb.timestamp(addr));
+        let r = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(addr));
         if r != Err(SubmitError::DeviceLost) {
             return Err(format!("a submission after the loss answered {r:?}"));
         }
@@ -196,10 +196,10 @@ fn check<B: Backend>(
 /// the racing threads (timestamps to `addr` and after it), then the
 /// checks, on another thread too; all under the watchdog. Fails the test
 /// with the seed on any violation.
-pub fn run<B>(dev: &'static Engine<'static, B, 4>, seed: u64, lost_at: &str, addr: u64) -> Figures
+pub fn run<B>(dev: &'static DeviceCore<'static, B, 4>, seed: u64, lost_at: &str, addr: u64) -> Figures
 where
     B: Backend + 'static,
-    Engine<'static, B, 4>: Sync,
+    DeviceCore<'static, B, 4>: Sync,
 {
     let deadline = Instant::now() + WATCHDOG;
     let stuck = format!(

@@ -9,10 +9,10 @@ use std::time::Instant;
 use conformance::{run_all, Env, Outcome, SCENARIO_NAMES, SUITE_CHUNKS, SUITE_CONFIG};
 use platform_linux::suite::StdThreads;
 use platform_linux::Drm;
-use umd_core::engine::{Backend, Engine, Submit};
+use umd_core::engine::{Backend, DeviceCore, Submit};
+use umd_core::error::WaitError;
 use umd_core::kernel::KernelDevice;
 use umd_core::platform::ContextStatus;
-use umd_core::queue::WaitError;
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
@@ -55,13 +55,15 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
     let dev = KernelDevice::<Drm, 4>::new(&drm, &mut storage, SUITE_CONFIG).map_err(|e| e.to_string())?;
     let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
     let va = dev.va(buf).map_err(|e| e.to_string())?;
-    let a = dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[0x1234])).map_err(|e| e.to_string())?;
+    let a = dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[0x1234])).map_err(|e| e.to_string())?;
     let point = dev.sync_point(a).map_err(|e| e.to_string())?;
     let file = drm.export_sync_file(point).map_err(|e| format!("export: {e}"))?;
     let foreign = drm.import_sync_file(file.as_fd()).map_err(|e| format!("import: {e}"))?;
     let waits = [foreign];
     let b = dev
-        .submit_with(&Submit::on(QueueId(1)).after_foreign(&waits), |cb| cb.write_data(va + 4, &[0x5678]))
+        .submit_with(&Submit::on(QueueId::COMPUTE).after_foreign(&waits), |cb| {
+            cb.write_data(va + 4, &[0x5678])
+        })
         .map_err(|e| e.to_string())?;
     dev.wait(b, 5_000_000_000).map_err(|e| e.to_string())?;
     ensure!(dev.read_u32(buf, 0) == Ok(0x1234), "the exported fence's work");
@@ -70,7 +72,7 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
     // A hang: the kernel times the job out and marks its context guilty;
     // the core fails the fence and replaces the context.
     let hang = dev
-        .submit(QueueId(0), &[], |cb| {
+        .submit(QueueId::GFX, &[], |cb| {
             cb.push(&umd_core::cmd::Command::WaitMem {
                 addr: va + 8,
                 reference: 1,
@@ -84,8 +86,9 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
         Err(WaitError::Failed(FenceError::DeviceHung)) => {}
         r => return Err(format!("the hang's fence: {r:?}")),
     }
-    ensure!(dev.context_status(QueueId(0)) == Ok(ContextStatus::Ok), "a new context after the reset");
-    let after = dev.submit(QueueId(0), &[], |cb| cb.write_data(va + 12, &[9])).map_err(|e| e.to_string())?;
+    ensure!(dev.context_status(QueueId::GFX) == Ok(ContextStatus::Ok), "a new context after the reset");
+    let after =
+        dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va + 12, &[9])).map_err(|e| e.to_string())?;
     dev.wait(after, 5_000_000_000).map_err(|e| e.to_string())?;
     ensure!(dev.read_u32(buf, 3) == Ok(9), "the queue after the reset");
     dev.free(buf).map_err(|e| e.to_string())?;
@@ -103,7 +106,7 @@ const BATCH: usize = 100;
 /// Nanoseconds spent in `N` submissions of one WRITE_DATA each on `dev`
 /// (in batches of `BATCH`, waiting for each batch's last fence untimed);
 /// checks the last write landed.
-fn time_submits<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, what: &str) -> Result<f64, String> {
+fn time_submits<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, what: &str) -> Result<f64, String> {
     let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
     let va = dev.va(buf).map_err(|e| e.to_string())?;
     let mut ns = 0f64;
@@ -112,8 +115,9 @@ fn time_submits<B: Backend, const C: usize>(dev: &Engine<'_, B, C>, what: &str) 
         let mut last = None;
         for i in 0..BATCH {
             let v = (b * BATCH + i) as u32;
-            last =
-                Some(dev.submit(QueueId(2), &[], |cb| cb.write_data(va, &[v])).map_err(|e| e.to_string())?);
+            last = Some(
+                dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[v])).map_err(|e| e.to_string())?,
+            );
         }
         ns += t0.elapsed().as_nanos() as f64;
         if let Some(f) = last {

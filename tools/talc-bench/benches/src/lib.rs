@@ -345,8 +345,8 @@ unsafe impl Sync for UmdVa {}
 // and is not handed out again until freed: the allocator's own contract.
 unsafe impl GlobalAlloc for UmdVa {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        use umd_core::mem::va::Placement;
-        match self.va.lock().alloc(layout.size() as u64, layout.align() as u64, Placement::BottomUp) {
+        use umd_core::mem::va::VaPlacement;
+        match self.va.lock().alloc(layout.size() as u64, layout.align() as u64, VaPlacement::BottomUp) {
             Ok(addr) => self.base.wrapping_add((addr - self.base as u64) as usize),
             Err(_) => std::ptr::null_mut(),
         }

@@ -3,20 +3,20 @@
 //! documentation, "Placement").
 
 use super::classes::{class_at_least, class_of};
-use super::{Placement, State, VaAllocator, VaError, VaNode, EXACT_PROBES, GRANULE_SHIFT, MIN_ALIGN, NIL};
+use super::{VaPlacement, State, VaAllocator, VaError, VaNode, EXACT_PROBES, GRANULE_SHIFT, MIN_ALIGN, NIL};
 
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, RECYCLE> {
     /// Address at which `[size]` aligned to `align` fits in hole `h`.
     #[inline]
-    pub(super) fn fit(&self, h: u32, size: u64, align: u64, placement: Placement) -> Option<u64> {
+    pub(super) fn fit(&self, h: u32, size: u64, align: u64, placement: VaPlacement) -> Option<u64> {
         let v = self.node(h)?;
         let end = v.start.wrapping_add(v.len);
         match placement {
-            Placement::BottomUp => {
+            VaPlacement::BottomUp => {
                 let a = align_up(v.start, align)?;
                 (a.checked_add(size)? <= end).then_some(a)
             }
-            Placement::TopDown => {
+            VaPlacement::TopDown => {
                 let a = end.checked_sub(size)? & !(align.wrapping_sub(1));
                 (a >= v.start).then_some(a)
             }
@@ -27,7 +27,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         &self,
         size: u64,
         align: u64,
-        placement: Placement,
+        placement: VaPlacement,
     ) -> Result<(u32, u64), VaError> {
         let g = size >> GRANULE_SHIFT;
         // 1. Good fit: first hole of the smallest class whose every hole

@@ -61,8 +61,8 @@
 //!
 //! Requests are *good fit*: the hole comes from the smallest non-empty size
 //! class whose every hole is large enough (so at most ~6 % larger than the
-//! request's class). [`Placement::BottomUp`] takes the low end of that hole,
-//! [`Placement::TopDown`] the high end, so two populations that use opposite
+//! request's class). [`VaPlacement::BottomUp`] takes the low end of that hole,
+//! [`VaPlacement::TopDown`] the high end, so two populations that use opposite
 //! placements share holes from opposite ends. This is not address-ordered:
 //! holes anywhere in the arena are used.
 //!
@@ -341,7 +341,7 @@ impl core::error::Error for VaError {}
 
 /// Where a non-fixed allocation goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Placement {
+pub enum VaPlacement {
     /// The low end of the good-fit hole (not address-ordered: see the
     /// module documentation, "Placement").
     #[default]
@@ -544,20 +544,20 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// below [`MIN_ALIGN`] are raised to it). The size is rounded up to
     /// [`MIN_ALIGN`]. Good fit; see the module documentation for placement.
     /// O(1) plus one region-tree insertion (O(log n) worst case).
-    pub fn alloc(&mut self, size: u64, align: u64, placement: Placement) -> Result<u64, VaError> {
+    pub fn alloc(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<u64, VaError> {
         self.alloc_node(size, align, placement).map(|(_, addr)| addr)
     }
 
     /// [`VaAllocator::alloc`], returning a [`VaHandle`] (the address and
     /// the node that records it) for [`VaAllocator::free_handle`]. Same
     /// placement, cost and errors.
-    pub fn alloc_handle(&mut self, size: u64, align: u64, placement: Placement) -> Result<VaHandle, VaError> {
+    pub fn alloc_handle(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<VaHandle, VaError> {
         self.alloc_node(size, align, placement).map(|(node, addr)| VaHandle { addr, node })
     }
 
     /// `alloc` and `alloc_handle`: the allocation's node and address.
     #[inline(always)]
-    fn alloc_node(&mut self, size: u64, align: u64, placement: Placement) -> Result<(u32, u64), VaError> {
+    fn alloc_node(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<(u32, u64), VaError> {
         let (size, align) = normalize(size, align)?;
         if size > self.size {
             return Err(VaError::NoSpace);

@@ -3,7 +3,7 @@
 //! handed to the next request of that length.
 
 use super::{
-    Placement, State, VaAllocator, VaError, VaHandle, VaNode, GRANULE_SHIFT, NIL, RECYCLE_CLASSES,
+    State, VaPlacement, VaAllocator, VaError, VaHandle, VaNode, GRANULE_SHIFT, NIL, RECYCLE_CLASSES,
     RECYCLE_LIMIT,
 };
 
@@ -69,7 +69,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         &mut self,
         size: u64,
         align: u64,
-        placement: Placement,
+        placement: VaPlacement,
     ) -> Result<(u32, u64), VaError> {
         self.flush_recycled();
         let (hole, addr) = self.find_fit(size, align, placement)?;

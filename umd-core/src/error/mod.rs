@@ -3,6 +3,8 @@
 
 use core::fmt;
 
+pub mod validation;
+
 use crate::cmd::EncodeError;
 use crate::mem::buffer::BufferError;
 use crate::platform::PlatformError;
@@ -76,7 +78,7 @@ pub enum SubmitError {
     QueueRecovering(QueueId),
     /// The validation mode found a packet that would reach memory it must
     /// not (see [`crate::engine::validate`]); nothing was executed.
-    Invalid(crate::engine::validate::ValidationError),
+    Invalid(validation::ValidationError),
     /// The local-memory buffers the submission declares do not fit in local
     /// memory together.
     WorkingSetTooLarge {

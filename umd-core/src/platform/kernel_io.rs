@@ -1,4 +1,6 @@
-//! Kernel-mediated mode: what the core needs from a kernel driver's uAPI.
+//! The kernel-mode platform trait, [`KernelIo`]: what the core needs from a
+//! kernel driver's uAPI (the device that submits through it is
+//! [`crate::kernel::KernelDevice`]; the driver itself is `kmd/`).
 //!
 //! The shape is a DRM render node's (the refgpu driver of `kmd/`, and the
 //! same concepts in amdgpu, panthor, msm, xe): buffer objects the platform
@@ -49,6 +51,9 @@ pub struct KernelSync {
 /// sync_file, a syncobj fd): an opaque platform handle.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ForeignSync(pub u64);
+
+/// Foreign syncs one submission may wait for.
+pub const MAX_FOREIGN: usize = 4;
 
 /// What a kernel submission waits for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
