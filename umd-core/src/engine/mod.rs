@@ -28,11 +28,20 @@
 //! the failure histories are leaves. `docs/architecture.md` has the full
 //! picture.
 //!
-//! The modules: [`submit`] (the submission path), [`complete`] (completion
-//! processing, the service loop, failure handling), [`wait`] (waits), [`wait_async`]
-//! (the same waits as futures for async executors),
-//! [`buffers`] (buffer allocation, freeing and CPU access), `queue` (one
-//! queue), [`backend`] (what a mode provides).
+//! The modules:
+//! - [`backend`]: what a mode provides (sealed);
+//! - `queue`: one queue (timeline, emitted and processed marks, failure
+//!   history, submit lock);
+//! - [`submit`]: the submission path; [`validate`]: the validation mode's
+//!   checks of a submission;
+//! - [`complete`]: completion processing, the service loop, failure
+//!   handling, resets and device loss;
+//! - [`wait`]: waits; [`wait_async`]: the same waits as futures for async
+//!   executors;
+//! - [`buffers`]: buffer allocation, freeing and CPU access;
+//!   [`residency`]: local memory and the moves to and from it;
+//! - [`events`]: events and timestamp queries;
+//! - [`lifecycle`]: bring-up of the shared parts, teardown, leak report.
 
 pub mod backend;
 pub mod buffers;
