@@ -73,6 +73,7 @@ pub fn all() -> Vec<Test> {
         ("module_reload", crate::unplug::module_reload),
         ("lost_device_keeps_memory", crate::unplug::lost_device_keeps_memory),
         ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
+        ("surprise_removal", crate::unplug::surprise_removal),
         ("kmsg_clean", kmsg_clean),
     ]
 }
