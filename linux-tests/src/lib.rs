@@ -16,11 +16,15 @@
 //! 5. starts `refgpu-sim --gen N` on a shared guest-RAM file and boots
 //!    `qemu-system-x86_64 -M q35` under TCG with that file as
 //!    `memory-backend-file,share=on`, an `ivshmem-doorbell` device with 4
-//!    vectors on the model's socket and `isa-debug-exit`;
+//!    vectors on the model's socket behind a PCIe root port (so that it can
+//!    be hot-unplugged: [`DEVICE_DEL`]), `isa-debug-exit`, and QEMU's
+//!    monitor (QMP) on a socket in the boot's temporary directory;
 //! 6. collects the serial console: the guest prints `@@ TEST <name>
 //!    PASS|FAIL <why>` per test, `@@ BENCH <name> <text>` per benchmark and
 //!    `N passed, N failed` at the end, then exits QEMU through
-//!    `isa-debug-exit` (status `(code << 1) | 1`).
+//!    `isa-debug-exit` (status `(code << 1) | 1`). The guest's requests
+//!    on the console are carried out meanwhile: freeze or resume the model
+//!    ([`MODEL_STOP`]), remove the GPU ([`DEVICE_DEL`]).
 //!
 //! The stock kernel's own checks run on every boot ([`KERNEL_CHECKS`]:
 //! SLUB red zones and poisoning, KFENCE on every allocation it can take,
@@ -76,6 +80,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "vm_bind_unmap_split",
     "vm_bind_frees_page_tables",
     "vm_bind_table_limit",
+    "vm_bind_charges_page_tables",
     "ctx_errors",
     "submit_errors",
     "syncobj_errors",

@@ -37,6 +37,7 @@ pub fn all() -> Vec<Test> {
         ("vm_bind_unmap_split", vm_bind_unmap_split),
         ("vm_bind_frees_page_tables", crate::vm_tables::vm_bind_frees_page_tables),
         ("vm_bind_table_limit", crate::vm_tables::vm_bind_table_limit),
+        ("vm_bind_charges_page_tables", crate::vm_tables::vm_bind_charges_page_tables),
         ("ctx_errors", ctx_errors),
         ("submit_errors", submit_errors),
         ("syncobj_errors", syncobj_errors),
