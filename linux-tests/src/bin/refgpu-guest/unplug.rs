@@ -32,7 +32,8 @@ fn bound_device() -> Result<String, String> {
     let entries = std::fs::read_dir(DRIVER).map_err(|e| format!("{DRIVER}: {e}"))?;
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        // Devices are links named by their address (0000:00:03.0).
+        // Devices are links named by their address (0000:01:00.0 behind
+        // the harness's root port).
         if name.matches(':').count() == 2 && e.path().join("vendor").exists() {
             return Ok(name);
         }
@@ -189,7 +190,6 @@ pub fn unbind_with_open_file() -> R {
     let bdf = bound_device()?;
     let mut fx = Fx::new()?;
     let h = fx.ctx(u::engine::GFX)?;
-    let j = fx.ctx(u::engine::GFX)?;
     let j = fx.ctx(u::engine::GFX)?;
     let q = fx.ctx(u::engine::COPY)?;
     // A WAIT_MEM nobody satisfies.
