@@ -680,10 +680,11 @@ fn guest_requests(console: &Lines, seen: usize, sim: &ChildGuard, qmp: &Path) ->
             Ok(a) => format!("@@ HOST device_del {GPU_ID}: {a}"),
             Err(e) => format!("@@ HOST device_del {GPU_ID} failed: {e}"),
         };
+        // Scanned again next time (lines may have come in meanwhile): it
+        // holds no request.
         if let Ok(mut lines) = console.lock() {
             lines.push(line);
         }
-        return n + 1;
     }
     n
 }

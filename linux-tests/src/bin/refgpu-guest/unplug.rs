@@ -1,8 +1,9 @@
 //! The device going away: lost (the model frozen while the driver waits
 //! for it), unbound (sysfs) while a client keeps it open with work in its
 //! rings and queues, then bound again; the module unloaded and loaded
-//! again. docs/linux.md, "Unplug and module unload" and "Hangs, faults and
-//! reset".
+//! again; hot-unplugged by the host (QMP `device_del`) under two
+//! processes' open files, for good. docs/linux.md, "Unplug and module
+//! unload" and "Hangs, faults and reset".
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
