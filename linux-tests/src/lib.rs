@@ -16,11 +16,15 @@
 //! 5. starts `refgpu-sim --gen N` on a shared guest-RAM file and boots
 //!    `qemu-system-x86_64 -M q35` under TCG with that file as
 //!    `memory-backend-file,share=on`, an `ivshmem-doorbell` device with 4
-//!    vectors on the model's socket and `isa-debug-exit`;
+//!    vectors on the model's socket behind a PCIe root port (so that it can
+//!    be hot-unplugged: [`DEVICE_DEL`]), `isa-debug-exit`, and QEMU's
+//!    monitor (QMP) on a socket in the boot's temporary directory;
 //! 6. collects the serial console: the guest prints `@@ TEST <name>
 //!    PASS|FAIL <why>` per test, `@@ BENCH <name> <text>` per benchmark and
 //!    `N passed, N failed` at the end, then exits QEMU through
-//!    `isa-debug-exit` (status `(code << 1) | 1`).
+//!    `isa-debug-exit` (status `(code << 1) | 1`). The guest's requests
+//!    on the console are carried out meanwhile: freeze or resume the model
+//!    ([`MODEL_STOP`]), remove the GPU ([`DEVICE_DEL`]).
 //!
 //! The stock kernel's own checks run on every boot ([`KERNEL_CHECKS`]:
 //! SLUB red zones and poisoning, KFENCE on every allocation it can take,
@@ -76,6 +80,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "vm_bind_unmap_split",
     "vm_bind_frees_page_tables",
     "vm_bind_table_limit",
+    "vm_bind_charges_page_tables",
     "ctx_errors",
     "submit_errors",
     "syncobj_errors",
@@ -109,6 +114,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "module_reload",
     "lost_device_keeps_memory",
     "unbind_with_open_file",
+    "surprise_removal",
     "kmsg_clean",
 ];
 
@@ -504,6 +510,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
         .map_err(|e| HarnessError::Setup(format!("temp dir: {e}")))?;
     let sock = dir.path().join("ivshmem.sock");
     let ram = dir.path().join("guest-ram");
+    let qmp = dir.path().join("qmp.sock");
 
     let model_lines: Lines = Arc::default();
     let mut sim = ChildGuard::new(
@@ -546,7 +553,12 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
             .arg(format!("memory-backend-file,id=mem,size={RAM},mem-path={},share=on", ram.display()))
             .arg("-chardev")
             .arg(format!("socket,path={},id=ivs", sock.display()))
-            .args(["-device", "ivshmem-doorbell,chardev=ivs,vectors=4"])
+            // Behind a PCIe root port: q35's root bus cannot hot-unplug
+            // (DEVICE_DEL); QEMU signals the removal through ACPI.
+            .args(["-device", "pcie-root-port,id=rp0,chassis=1"])
+            .args(["-device", &format!("ivshmem-doorbell,chardev=ivs,vectors=4,id={GPU_ID},bus=rp0")])
+            .arg("-qmp")
+            .arg(format!("unix:{},server=on,wait=off", qmp.display()))
             .args(["-device", "isa-debug-exit,iobase=0xf4,iosize=4"])
             .args(["-nographic", "-nic", "none", "-no-reboot", "-monitor", "none", "-serial", "stdio"])
             .arg("-kernel")
@@ -573,7 +585,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     let mut timed_out = false;
     let mut seen = 0;
     loop {
-        seen = model_requests(&console, seen, &sim);
+        seen = guest_requests(&console, seen, &sim, &qmp);
         match qemu.child.try_wait() {
             Ok(Some(s)) => {
                 status = Some(s);
@@ -616,18 +628,84 @@ pub const MODEL_STOP: &str = "@@ MODEL STOP";
 /// See [`MODEL_STOP`].
 pub const MODEL_CONT: &str = "@@ MODEL CONT";
 
-/// Carries out the [`MODEL_STOP`] and [`MODEL_CONT`] lines of the console
-/// after its first `seen` lines; returns how many lines it has seen.
-fn model_requests(console: &Lines, seen: usize, sim: &ChildGuard) -> usize {
-    let Ok(lines) = console.lock() else { return seen };
-    for l in lines.iter().skip(seen) {
-        if l.contains(MODEL_STOP) {
-            signal_model(sim, libc::SIGSTOP);
-        } else if l.contains(MODEL_CONT) {
-            signal_model(sim, libc::SIGCONT);
+/// The guest asks for its GPU to be hot-unplugged with this line: the
+/// harness sends QEMU's monitor (QMP) `device_del` for the device
+/// [`GPU_ID`], and QEMU asks the guest to eject it (ACPI hotplug of the
+/// PCIe root port the device sits behind). The guest sees the device go
+/// from sysfs; the harness adds a `@@ HOST` line with QEMU's answer to the
+/// console.
+pub const DEVICE_DEL: &str = "@@ DEVICE DEL";
+
+/// QEMU's id of the GPU (the `ivshmem-doorbell` device).
+pub const GPU_ID: &str = "gpu";
+
+/// Failure guard for one exchange with QEMU's monitor.
+const QMP_LIMIT: Duration = Duration::from_secs(10);
+
+/// Carries out the [`MODEL_STOP`], [`MODEL_CONT`] and [`DEVICE_DEL`] lines
+/// of the console after its first `seen` lines (`qmp`: QEMU's monitor
+/// socket); returns how many lines it has seen.
+fn guest_requests(console: &Lines, seen: usize, sim: &ChildGuard, qmp: &Path) -> usize {
+    let mut unplug = false;
+    let n = {
+        let Ok(lines) = console.lock() else { return seen };
+        for l in lines.iter().skip(seen) {
+            if l.contains(MODEL_STOP) {
+                signal_model(sim, libc::SIGSTOP);
+            } else if l.contains(MODEL_CONT) {
+                signal_model(sim, libc::SIGCONT);
+            } else if l.contains(DEVICE_DEL) {
+                unplug = true;
+            }
+        }
+        lines.len().max(seen)
+    };
+    if unplug {
+        let answer =
+            qmp_command(qmp, &format!(r#"{{"execute": "device_del", "arguments": {{"id": "{GPU_ID}"}}}}"#));
+        let line = match answer {
+            Ok(a) => format!("@@ HOST device_del {GPU_ID}: {a}"),
+            Err(e) => format!("@@ HOST device_del {GPU_ID} failed: {e}"),
+        };
+        // Scanned again next time (lines may have come in meanwhile): it
+        // holds no request.
+        if let Ok(mut lines) = console.lock() {
+            lines.push(line);
         }
     }
-    lines.len().max(seen)
+    n
+}
+
+/// Sends `command` (one JSON object) to QEMU's monitor at `socket` after
+/// the capabilities negotiation; returns QEMU's answer (its `return` or
+/// `error` line; the greeting and events are skipped).
+fn qmp_command(socket: &Path, command: &str) -> Result<String, String> {
+    use std::io::{BufRead, BufReader, Write};
+    let s =
+        std::os::unix::net::UnixStream::connect(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    s.set_read_timeout(Some(QMP_LIMIT)).map_err(|e| e.to_string())?;
+    let mut w = s.try_clone().map_err(|e| e.to_string())?;
+    let mut r = BufReader::new(s);
+    let mut answer = || -> Result<String, String> {
+        loop {
+            let mut l = String::new();
+            match r.read_line(&mut l) {
+                Ok(0) => return Err("QEMU closed the monitor".into()),
+                Ok(_) if l.contains(r#""return""#) || l.contains(r#""error""#) => return Ok(l.trim().into()),
+                Ok(_) => {}
+                Err(e) => return Err(format!("reading the monitor: {e}")),
+            }
+        }
+    };
+    let mut send = |c: &str| -> Result<String, String> {
+        writeln!(w, "{c}").map_err(|e| format!("writing to the monitor: {e}"))?;
+        answer()
+    };
+    let a = send(r#"{"execute": "qmp_capabilities"}"#)?;
+    if a.contains(r#""error""#) {
+        return Err(format!("qmp_capabilities: {a}"));
+    }
+    send(command)
 }
 
 fn signal_model(sim: &ChildGuard, sig: i32) {

@@ -1,6 +1,6 @@
 //! Test fixtures: an open device with an IB buffer, a data buffer and a
 //! timeline syncobj; buffers; IB encoding with `umd_core::cmd::Encoder`;
-//! debugfs counts; devcoredumps.
+//! debugfs counts; devcoredumps; a closure run in a child process.
 
 use std::sync::OnceLock;
 
@@ -219,5 +219,50 @@ pub fn clear_devcoredumps() -> Result<(), String> {
             return Err(format!("devcoredumps not dismissed: {d:?}"));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// Runs `f` in a child process (fork(2)) and returns its result: the
+/// child's error comes back through a pipe; a child that dies otherwise
+/// (a signal) fails with its wait status.
+pub fn in_child(f: impl FnOnce() -> Result<(), String>) -> Result<(), String> {
+    use std::io::{Read, Write};
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2(2) fills two descriptors.
+    let r = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) };
+    if r != 0 {
+        return Err(format!("pipe2: errno {}", crate::drm::errno()));
+    }
+    // SAFETY: both were just created and are owned by nobody else.
+    let (mut rd, mut wr) =
+        unsafe { (std::fs::File::from_raw_fd(fds[0]), std::fs::File::from_raw_fd(fds[1])) };
+    // SAFETY: fork(2); the child runs `f`, writes its error and _exits.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        drop(rd);
+        let code = match f() {
+            Ok(()) => 0,
+            Err(e) => {
+                let _ = wr.write_all(e.as_bytes());
+                1
+            }
+        };
+        // SAFETY: _exit in the child; no destructors of the parent's state.
+        unsafe { libc::_exit(code) };
+    }
+    drop(wr);
+    if pid < 0 {
+        return Err(format!("fork: errno {}", crate::drm::errno()));
+    }
+    let mut msg = String::new();
+    let _ = rd.read_to_string(&mut msg);
+    let mut st = 0;
+    // SAFETY: waiting for our own child.
+    unsafe { libc::waitpid(pid, &mut st, 0) };
+    match (libc::WIFEXITED(st) && libc::WEXITSTATUS(st) == 0, msg.is_empty()) {
+        (true, _) => Ok(()),
+        (false, false) => Err(msg),
+        (false, true) => Err(format!("the child process ended with wait status {st:#x}")),
     }
 }

@@ -141,6 +141,11 @@ fn no_leak(before: Result<[i64; 4], String>) -> R {
     }
 }
 
+/// Tests after which the device is gone, with its counts: they wait for
+/// its release (`device released`, which warns on a leak) themselves, and
+/// no test after them has live objects to compare.
+const REMOVES_DEVICE: &[&str] = &["surprise_removal"];
+
 fn main() {
     // Panics are test failures: keep their message on one line.
     std::panic::set_hook(Box::new(|info| {
@@ -156,6 +161,7 @@ fn main() {
     let list = tests::all();
     let names: Vec<&str> = list.iter().map(|(n, _)| *n).collect();
     let (mut passed, mut failed) = (0, 0);
+    let mut removed = false;
     if names != linux_tests::GUEST_TESTS {
         println!("@@ TEST suite_list FAIL the guest's tests differ from linux_tests::GUEST_TESTS");
         failed += 1;
@@ -169,7 +175,8 @@ fn main() {
         let ms = t0.elapsed().as_millis();
         // Every test closes what it opened: the driver's live objects
         // (freed asynchronously after the last job) return to where they were.
-        if r.is_ok() {
+        removed |= REMOVES_DEVICE.contains(&name);
+        if r.is_ok() && !removed {
             r = no_leak(before);
         }
         match r {

@@ -37,6 +37,7 @@ pub fn all() -> Vec<Test> {
         ("vm_bind_unmap_split", vm_bind_unmap_split),
         ("vm_bind_frees_page_tables", crate::vm_tables::vm_bind_frees_page_tables),
         ("vm_bind_table_limit", crate::vm_tables::vm_bind_table_limit),
+        ("vm_bind_charges_page_tables", crate::vm_tables::vm_bind_charges_page_tables),
         ("ctx_errors", ctx_errors),
         ("submit_errors", submit_errors),
         ("syncobj_errors", syncobj_errors),
@@ -73,6 +74,7 @@ pub fn all() -> Vec<Test> {
         ("module_reload", crate::unplug::module_reload),
         ("lost_device_keeps_memory", crate::unplug::lost_device_keeps_memory),
         ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
+        ("surprise_removal", crate::unplug::surprise_removal),
         ("kmsg_clean", kmsg_clean),
     ]
 }

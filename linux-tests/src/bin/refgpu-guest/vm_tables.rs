@@ -1,5 +1,6 @@
-//! VM page tables: freed once empty, and bounded per VM (`vm_max_pt_pages`).
-//! The table count is each VM's `pt_pages` in debugfs `vms`.
+//! VM page tables: freed once empty, bounded per VM (`vm_max_pt_pages`),
+//! and charged to the binding process's memory cgroup. The table count is
+//! each VM's `pt_pages` in debugfs `vms`.
 
 use std::collections::BTreeMap;
 
@@ -149,5 +150,67 @@ pub fn vm_bind_table_limit() -> R {
     drop(limit);
     ok(fx.dev.unmap(y, 4096), "unmap")?;
     ensure!(pt_pages(&vm)? == base, "at the end: {} tables, {base} before", pt_pages(&vm)?);
+    Ok(())
+}
+
+/// The memory cgroup `vm_bind_charges_page_tables` binds in.
+const CGROUP: &str = "/sys/fs/cgroup/refgpu-test";
+
+/// Page tables a process makes with VM_BIND are charged to its memory
+/// cgroup: the process binds one page in 2,000 2 MiB regions (a table
+/// each) from a cgroup of its own, whose `memory.current` grows by at
+/// least those tables' pages (other allocations only add to it), less the
+/// charge batches taken before (64 pages per CPU at most).
+pub fn vm_bind_charges_page_tables() -> R {
+    if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
+        crate::mount("cgroup2", "/sys/fs/cgroup", "cgroup2");
+    }
+    let ctl = "/sys/fs/cgroup/cgroup.subtree_control";
+    std::fs::write(ctl, "+memory").map_err(|e| format!("{ctl}: {e}"))?;
+    if !std::path::Path::new(CGROUP).exists() {
+        std::fs::create_dir(CGROUP).map_err(|e| format!("{CGROUP}: {e}"))?;
+    }
+    let r = fixture::in_child(charged_child);
+    let rm = std::fs::remove_dir(CGROUP).map_err(|e| format!("rmdir {CGROUP}: {e}"));
+    r.and(rm)
+}
+
+/// The cgroup's `memory.current`.
+fn memory_current() -> Result<u64, String> {
+    let p = format!("{CGROUP}/memory.current");
+    let s = std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))?;
+    s.trim().parse().map_err(|e| format!("{p}: {s:?}: {e}"))
+}
+
+/// `vm_bind_charges_page_tables`' process, in the cgroup.
+fn charged_child() -> R {
+    let procs = format!("{CGROUP}/cgroup.procs");
+    std::fs::write(&procs, "0").map_err(|e| format!("{procs}: {e}"))?;
+    let (d, vm) = new_vm(|| Dev::open().map_err(|e| format!("open: errno {e}")))?;
+    let h = ok(d.bo_create(4096, 0), "BO_CREATE")?;
+    // The buffer's page is allocated before the count starts.
+    ok(d.map(h, 0, 4u64 << 30, 4096, 0), "first map")?;
+    let n = 2000u64;
+    let va = |i: u64| (4u64 << 30) + (i + 1) * (2 << 20) + (i / 64) * (1 << 30);
+    let (mem0, pt0) = (memory_current()?, pt_pages(&vm)?);
+    let maps: Vec<u::VmBindOp> = (0..n).map(|i| map_op(h, 0, va(i), 4096, 0)).collect();
+    for chunk in maps.chunks(250) {
+        ok(d.vm_bind(chunk), "map")?;
+    }
+    let (mem1, pt1) = (memory_current()?, pt_pages(&vm)?);
+    ensure!(pt1 >= pt0 + n, "{n} regions mapped: {pt1} page tables, {pt0} before");
+    let tables = (pt1 - pt0) * 4096;
+    // Charges are taken from the counter in batches of 64 pages per CPU
+    // (MEMCG_CHARGE_BATCH): a batch taken before the first reading may
+    // pay for some of the tables.
+    // SAFETY: sysconf(3) has no memory arguments.
+    let cpus = u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).unwrap_or(1).max(1);
+    let batches = 64 * 4096 * cpus;
+    ensure!(
+        mem1 + batches >= mem0 + tables,
+        "{} new page tables ({tables} bytes) but the cgroup's memory.current grew by {} bytes",
+        pt1 - pt0,
+        mem1.saturating_sub(mem0)
+    );
     Ok(())
 }
