@@ -198,10 +198,10 @@ fn job_max_ms_run() -> R {
     fx.wait(job.point)?;
     let took = t0.elapsed();
     ensure!(job.status()? == -libc::ETIMEDOUT, "status {} after {took:?} and {s} steps", job.status()?);
-    ensure!(
-        took >= Duration::from_millis(2500) && took < Duration::from_secs(6),
-        "stopped after {took:?}, job_max_ms 2500"
-    );
+    // Not before the bound; and while the test was still moving it on (a
+    // count of steps, not a time: the bound ended a job that progressed).
+    ensure!(took >= Duration::from_millis(2500), "stopped after {took:?}, before job_max_ms 2500");
+    ensure!(s < steps, "the job ran all {steps} steps ({took:?}): job_max_ms did not end it");
     let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
     ensure!(q.state == u::ctx_state::GUILTY && q.guilty_seqno == job.seqno, "context {q:?}");
     let dump = fixture::take_devcoredump()?;

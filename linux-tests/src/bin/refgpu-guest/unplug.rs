@@ -213,7 +213,7 @@ pub fn unbind_with_open_file() -> R {
         .map_err(|e| format!("SUBMIT Q: {e}"))?;
     let sq = SyncFile::new(sq.out_fence_fd)?;
     // H and J are in GFX's ring (H waits on the flag), Q waits for H in
-    // its queue. The job timeout is module_reload's 30 s: no reset.
+    // its queue. The job timeout is module_reload's [`RELOAD_TIMEOUT_MS`].
     engine_reaches(u::engine::GFX, 2, "H and J")?;
     ensure!(drm::sync_file_status(sq.0.as_raw_fd()) == Ok(0), "Q ended before the unbind");
 
