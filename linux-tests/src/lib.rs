@@ -121,6 +121,8 @@ pub const GUEST_TESTS: &[&str] = &[
 /// Every test of the adversarial suite, in the order the guest runs them.
 pub const ADVERSARIAL_TESTS: &[&str] = &[
     "ioctl_fuzz",
+    "faults_in_a_row",
+    "hang_with_submissions_trickling",
     "threads_race_one_fd",
     "unmap_under_running_job",
     "gem_close_under_running_job",

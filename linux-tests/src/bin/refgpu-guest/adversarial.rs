@@ -30,6 +30,8 @@ use crate::R;
 pub fn all() -> Vec<Test> {
     vec![
         ("ioctl_fuzz", crate::fuzz::ioctl_fuzz),
+        ("faults_in_a_row", faults_in_a_row),
+        ("hang_with_submissions_trickling", hang_with_submissions_trickling),
         ("threads_race_one_fd", threads_race_one_fd),
         ("unmap_under_running_job", unmap_under_running_job),
         ("gem_close_under_running_job", gem_close_under_running_job),
@@ -121,6 +123,119 @@ fn pacer(map: &Map, off: usize, hold: &AtomicBool) {
         }
     }
     map.w32(off, STEPS);
+}
+
+// ----- faults behind faults
+
+/// Faulting jobs in [`faults_in_a_row`], each on its own context.
+const FAULTS: u32 = 48;
+/// Nothing is mapped here.
+const UNMAPPED: u64 = 0x7000_0000;
+
+/// 48 jobs of 48 contexts on GFX, each faulting at once, then an innocent
+/// job: a fault is handled as it happens (docs/linux.md, "Hangs, faults
+/// and reset"), also when it happens while the handler recovers from
+/// the one before (it writes the next faulting job back into the ring,
+/// which faults before the handler has returned). Every faulting job
+/// fails with -EIO and makes its own context guilty, the innocent job
+/// succeeds, and all of it ends within 20 job_timeout_ms windows (a
+/// failure guard: the timeout path alone, a window per fault, needs 47).
+/// Against the handler that let such a fault wait for the next timeout,
+/// the ioctl fuzzer's jobs drained at one fault per window.
+fn faults_in_a_row() -> R {
+    let mut fx = Fx::new()?;
+    fixture::clear_devcoredumps()?;
+    let window = fx.dev.param(u::param::JOB_TIMEOUT_MS).map_err(|e| format!("GET_PARAM: errno {e}"))?;
+    let bad = [Command::WriteData { dst: UNMAPPED, data: Payload::Words(&[1]) }];
+    let mut jobs = Vec::new();
+    let t0 = Instant::now();
+    for _ in 0..FAULTS {
+        let c = fx.ctx(u::engine::GFX)?;
+        jobs.push((c, submit(&mut fx, c, &bad, &[])?));
+    }
+    let i = fx.ctx(u::engine::GFX)?;
+    let innocent = submit(
+        &mut fx,
+        i,
+        &[Command::WriteData { dst: DATA_VA + 0xD00, data: Payload::Words(&[0x600D]) }],
+        &[],
+    )?;
+    fx.dev
+        .wait_point(fx.sync, innocent.point, 60_000_000_000)
+        .map_err(|e| format!("the innocent job (60 s guard): errno {e}"))?;
+    let took = t0.elapsed();
+    for (n, (c, j)) in jobs.iter().enumerate() {
+        ensure!(end_status(j.fd)? == -libc::EIO, "faulting job {n}: status {}", j.status()?);
+        let q = fx.dev.ctx_query(*c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
+        ensure!(
+            q.state == u::ctx_state::GUILTY && q.guilty_seqno == j.seqno,
+            "faulting job {n}'s context: {q:?}"
+        );
+    }
+    ensure!(
+        innocent.status()? == 1 && fx.data.map.r32(0xD00) == 0x600D,
+        "the innocent job: {}",
+        innocent.status()?
+    );
+    let q = fx.dev.ctx_query(i).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
+    ensure!(q.state != u::ctx_state::GUILTY, "the innocent context is guilty");
+    println!("guest: faults_in_a_row: {FAULTS} faults handled in {} ms", took.as_millis());
+    ensure!(
+        took < Duration::from_millis(20 * window),
+        "{FAULTS} faults took {took:?}: faults waited for the timeout ({window} ms windows)"
+    );
+    for (c, _) in &jobs {
+        fx.dev.ctx_destroy(*c).map_err(|e| format!("CTX_DESTROY: errno {e}"))?;
+    }
+    fixture::clear_devcoredumps()
+}
+
+/// A job hangs on GFX (a WAIT_MEM nobody satisfies) while another
+/// context of the same client submits a small job behind it every half
+/// window, as long as the hung job's fence has not signalled (at most 24:
+/// each goes into the ring at once, well within the 64 credits). The hang
+/// is detected as promised, one to two windows after the job stopped,
+/// however often jobs arrive (failure guard: 12 windows): the hung job
+/// fails with -ETIMEDOUT, the trickled jobs all succeed. Against the
+/// handler run by 6.12's drm_sched timeout, which every run_job re-armed a
+/// whole window ahead, the hang was not checked until the submissions
+/// stopped.
+fn hang_with_submissions_trickling() -> R {
+    let mut fx = Fx::new()?;
+    fixture::clear_devcoredumps()?;
+    let window = fx.dev.param(u::param::JOB_TIMEOUT_MS).map_err(|e| format!("GET_PARAM: errno {e}"))?;
+    let h = fx.ctx(u::engine::GFX)?;
+    let t = fx.ctx(u::engine::GFX)?;
+    let hung = submit(&mut fx, h, &[crate::tests::wait_eq(DATA_VA + 0xE00, 0xDEAD)], &[])?;
+    let mut trickled = Vec::new();
+    let mut detected = false;
+    for n in 0..24u32 {
+        std::thread::sleep(Duration::from_millis(window / 2));
+        if hung.status()? != 0 {
+            detected = true;
+            break;
+        }
+        let dst = DATA_VA + 0xE40 + 4 * u64::from(n);
+        trickled.push((
+            n,
+            submit(&mut fx, t, &[Command::WriteData { dst, data: Payload::Words(&[n + 1]) }], &[])?,
+        ));
+    }
+    ensure!(
+        detected,
+        "the hung job was not detected in 12 windows of {window} ms while {} jobs arrived behind it",
+        trickled.len()
+    );
+    ensure!(hung.status()? == -libc::ETIMEDOUT, "the hung job's status {}", hung.status()?);
+    for (n, j) in &trickled {
+        ensure!(end_status(j.fd)? == 1, "trickled job {n}: status {}", j.status()?);
+        let v = fx.data.map.r32(0xE40 + 4 * *n as usize);
+        ensure!(v == n + 1, "trickled job {n} wrote {v}");
+    }
+    let q = fx.dev.ctx_query(h).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
+    ensure!(q.state == u::ctx_state::GUILTY && q.guilty_seqno == hung.seqno, "the hung context: {q:?}");
+    println!("guest: hang_with_submissions_trickling: detected after {} jobs behind it", trickled.len());
+    fixture::take_devcoredump().map(|_| ())
 }
 
 // ----- threads racing on one file

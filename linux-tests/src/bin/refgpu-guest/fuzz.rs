@@ -896,7 +896,19 @@ pub fn ioctl_fuzz() -> R {
     // a random IB) at job_max_ms (10 s); the runner's 5 s are too short
     // for the last.
     let t1 = Instant::now();
+    let mut shown = Instant::now();
     while crate::fixture::live()? != base {
+        if shown.elapsed() > Duration::from_secs(2) {
+            shown = Instant::now();
+            let d = crate::fixture::debugfs_dir()?;
+            let e = std::fs::read_to_string(d.join("engines")).unwrap_or_default();
+            println!(
+                "guest: DRAIN {} ms: {:?} {}",
+                t1.elapsed().as_millis(),
+                crate::fixture::live()?,
+                e.replace('\n', " / ")
+            );
+        }
         if t1.elapsed() > Duration::from_secs(60) {
             let d = crate::fixture::debugfs_dir()?;
             let e = std::fs::read_to_string(d.join("engines")).unwrap_or_default();
@@ -910,6 +922,38 @@ pub fn ioctl_fuzz() -> R {
         std::thread::sleep(Duration::from_millis(10));
     }
     println!("guest: ioctl_fuzz: drained in {} ms", t1.elapsed().as_millis());
+    {
+        use std::io::Read;
+        use std::os::unix::fs::OpenOptionsExt;
+        let mut f = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open("/dev/kmsg")
+            .map_err(|e| e.to_string())?;
+        let mut buf = vec![0u8; 8192];
+        let mut tally = std::collections::BTreeMap::<String, u32>::new();
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    for w in [
+                        "faulted, resetting",
+                        "hung, resetting",
+                        "ran past job_max_ms, resetting",
+                        "fault outside",
+                    ] {
+                        if rec.contains(w) {
+                            *tally.entry(w.into()).or_default() += 1;
+                        }
+                    }
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
+                Err(_) => break,
+            }
+        }
+        println!("guest: ioctl_fuzz: engine resets logged since boot: {tally:?}");
+    }
     // What the child's jobs still hold goes once they have ended.
     crate::fixture::clear_devcoredumps()
 }
