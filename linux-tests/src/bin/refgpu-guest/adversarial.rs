@@ -769,13 +769,12 @@ fn ring_saturation() -> R {
         s.spawn(|| pacer(&fx.data.map, gate, &hold));
         let r = (|| {
             // Interleaved over the contexts, as several clients would.
-            for i in 0..SAT_JOBS as usize {
-                for (c, &(ctx, so)) in ctxs.iter().enumerate() {
-                    let (va, dw) = jobs[c][i];
-                    fx.dev
-                        .submit(ctx, va, dw, so, i as u64 + 1)
-                        .map_err(|e| format!("SUBMIT {i} on context {c}: errno {e}"))?;
-                }
+            let order = (0..SAT_JOBS as usize).flat_map(|i| (0..ctxs.len()).map(move |c| (i, c)));
+            for (i, c) in order {
+                let ((ctx, so), (va, dw)) = (ctxs[c], jobs[c][i]);
+                fx.dev
+                    .submit(ctx, va, dw, so, i as u64 + 1)
+                    .map_err(|e| format!("SUBMIT {i} on context {c}: errno {e}"))?;
             }
             let queued = live()?[3] - base;
             ensure!(gate_jobs.iter().all(|j| j.status() == Ok(0)), "a gate ended before it was released");
@@ -938,7 +937,7 @@ fn signal_case(fx: &mut Fx, c: u32, bin: u32, kind: WaitKind, restart: bool) -> 
             // restarts) until the handler ran 5 times; 5 s at most.
             let t0 = Instant::now();
             let hits = || HITS.load(Ordering::SeqCst) - hits0;
-            while !returned.load(Ordering::SeqCst) && !(restarts && hits() >= 5) {
+            while !(returned.load(Ordering::SeqCst) || (restarts && hits() >= 5)) {
                 ensure!(
                     t0.elapsed() < Duration::from_secs(5),
                     "after 5 s of signals the wait still blocks ({} handled)",
