@@ -279,7 +279,7 @@ static int refgpu_ioctl_get_param(struct drm_device *dev, void *data, struct drm
 		args->value = REFGPU_MAX_SYNCS;
 		break;
 	case REFGPU_PARAM_JOB_TIMEOUT_MS:
-		args->value = jiffies_to_msecs(rdev->engines[0].sched.timeout);
+		args->value = jiffies_to_msecs(rdev->engines[0].period);
 		break;
 	default:
 		return -EINVAL;

@@ -124,6 +124,13 @@ struct refgpu_engine {
 
 	/* Latched by the fault interrupt; consumed by the timeout handler. */
 	bool faulted;
+	/*
+	 * Runs the timeout handler once per job_timeout_ms (@period) while
+	 * jobs are in the ring: the scheduler's own timeout is off, as 6.12's
+	 * drm_sched re-arms it a whole window ahead on every run_job.
+	 */
+	struct delayed_work watchdog;
+	unsigned long period;
 	u32 fault_status;
 	u64 fault_addr;
 	u64 resets;

@@ -6,9 +6,10 @@
  * (docs/refgpu.md 6.8, 6.5) into the engine's ring; the FENCE raises the
  * engine's interrupt, and a job is complete once the engine's RPTR has
  * passed its INDIRECT_BUFFER (never from memory user work can write).
- * Hangs (the scheduler's timeout, past which an engine that still makes
- * progress is given more time, up to a hard bound) and faults (the fault
- * interrupt) are recovered only in the timeout handler: it stops the
+ * Hangs (checked once per job_timeout_ms by the engine's watchdog, which
+ * gives an engine that still makes progress more time, up to a hard
+ * bound) and faults (the fault interrupt) are recovered only in the
+ * scheduler's timeout handler: it stops the
  * engine, fails the job whose IB it was executing and marks that job's
  * context guilty, resets the engine and writes the jobs that had not
  * started into the ring again, with the fences they already had. No job
@@ -211,6 +212,40 @@ void refgpu_engine_irq(struct refgpu_engine *eng, u32 status)
 		drm_sched_fault(&eng->sched);
 }
 
+/*
+ * The engine's hang checks: while jobs are in its ring, the scheduler's
+ * timeout handler runs once per job_timeout_ms (drm_sched_fault() queues
+ * it at once). The scheduler's own timeout is not used: 6.12's drm_sched
+ * re-arms it a whole window ahead on every run_job (and at the end of
+ * every timeout handler), so a client that keeps submitting behind a
+ * hung job kept it from ever being checked, and a fault raised while the
+ * handler recovered from the one before waited for the window.
+ */
+static void refgpu_engine_watchdog(struct work_struct *work)
+{
+	struct refgpu_engine *eng = container_of(to_delayed_work(work), struct refgpu_engine,
+						 watchdog);
+	bool busy;
+
+	spin_lock_irq(&eng->lock);
+	busy = !list_empty(&eng->inflight);
+	spin_unlock_irq(&eng->lock);
+	if (!busy)
+		return;
+	drm_sched_fault(&eng->sched);
+	queue_delayed_work(eng->rdev->reset_wq, &eng->watchdog, eng->period);
+}
+
+/*
+ * Arms the watchdog for a job just put in flight; a pending check keeps
+ * its time (an idle engine's watchdog stops once it finds the ring empty,
+ * which it checks after this job was added, or this queues it again).
+ */
+static void refgpu_engine_watch(struct refgpu_engine *eng)
+{
+	queue_delayed_work(eng->rdev->reset_wq, &eng->watchdog, eng->period);
+}
+
 /* ----- the ring */
 
 static u32 refgpu_hdr(struct refgpu_device *rdev, u32 op1, u32 op2, u32 flags, u32 ndw)
@@ -372,6 +407,7 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 
 	if (!err) {
 		refgpu_doorbell(rdev, eng->id);
+		refgpu_engine_watch(eng);
 		dma_fence_put(eng->last_fence);
 		eng->last_fence = dma_fence_get(&fence->base);
 	}
@@ -688,8 +724,10 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		any = true;
 	}
 	spin_unlock_irq(&eng->lock);
-	if (any)
+	if (any) {
 		refgpu_doorbell(rdev, eng->id);
+		refgpu_engine_watch(eng);
+	}
 out_unlock:
 	mutex_unlock(&rdev->hw_lock);
 	eng->watch_seqno = 0;
@@ -714,10 +752,11 @@ static void refgpu_sched_restart(struct refgpu_engine *eng)
 }
 
 /*
- * The one place that recovers an engine: the scheduler's timeout, or a
- * fault (drm_sched_fault() runs it at once). The scheduler is stopped
- * first, so no run_job writes the ring meanwhile. A job that still makes
- * progress is left running: the scheduler checks again one window later.
+ * The one place that recovers an engine: the watchdog's check once per
+ * window, or a fault (drm_sched_fault() runs it at once). The scheduler
+ * is stopped first, so no run_job writes the ring meanwhile. A job that
+ * still makes progress is left running: the watchdog checks again one
+ * window later.
  */
 static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_job)
 {
@@ -734,8 +773,8 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 		 * (ENODEV/EIO), after any run_job in progress (it could add a
 		 * fence), and run_job fails what comes next. The stop puts the
 		 * timed-out job back on the pending list (the scheduler took it
-		 * off) to be freed with the others; the start re-arms the
-		 * timeout.
+		 * off) to be freed with the others; the watchdog stops with the
+		 * ring empty.
 		 */
 		drm_sched_wqueue_stop(&eng->sched);
 		refgpu_engine_fail_inflight(eng, refgpu_gone_error(rdev));
@@ -813,6 +852,7 @@ static void refgpu_engine_release(struct drm_device *drm, void *arg)
 {
 	struct refgpu_engine *eng = arg;
 
+	cancel_delayed_work_sync(&eng->watchdog);
 	drm_sched_fini(&eng->sched);
 	cancel_work_sync(&eng->dump_work);
 	kvfree(eng->dump);
@@ -835,7 +875,6 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 {
 	struct refgpu_engine *eng = &rdev->engines[e];
 	struct device *dev = rdev->drm.dev;
-	long timeout = msecs_to_jiffies(job_timeout_ms);
 	int ret;
 
 	/* A zero timeout would make every job a hang. */
@@ -850,6 +889,8 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 	INIT_LIST_HEAD(&eng->inflight);
 	eng->fence_context = dma_fence_context_alloc(1);
 	INIT_WORK(&eng->dump_work, refgpu_coredump_work);
+	INIT_DELAYED_WORK(&eng->watchdog, refgpu_engine_watchdog);
+	eng->period = msecs_to_jiffies(job_timeout_ms);
 
 	eng->dump = kvzalloc(REFGPU_DUMP_SIZE, GFP_KERNEL);
 	if (!eng->dump)
@@ -871,7 +912,7 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 			.ops = &refgpu_sched_ops,
 			.num_rqs = DRM_SCHED_PRIORITY_COUNT,
 			.credit_limit = REFGPU_JOBS_IN_FLIGHT,
-			.timeout = timeout,
+			.timeout = MAX_SCHEDULE_TIMEOUT,	/* the watchdog's */
 			.timeout_wq = rdev->reset_wq,
 			.name = refgpu_engine_names[e],
 			.dev = dev,
@@ -881,7 +922,7 @@ int refgpu_engine_init(struct refgpu_device *rdev, u32 e)
 	}
 #else
 	ret = drm_sched_init(&eng->sched, &refgpu_sched_ops, NULL, DRM_SCHED_PRIORITY_COUNT,
-			     REFGPU_JOBS_IN_FLIGHT, 0, timeout, rdev->reset_wq, NULL,
+			     REFGPU_JOBS_IN_FLIGHT, 0, MAX_SCHEDULE_TIMEOUT, rdev->reset_wq, NULL,
 			     refgpu_engine_names[e], dev);
 #endif
 	if (ret)

@@ -49,8 +49,14 @@
 //! without root a missing tool fails with the exact command to run
 //! ([`HarnessError`]). Nothing passes silently.
 //!
-//! The guest suite is [`GUEST_TESTS`]: the guest binary runs exactly these
-//! (it checks its own list against this one), so a test the guest did not
+//! A boot runs one [`Suite`]: the main suite [`GUEST_TESTS`], or the
+//! adversarial suite [`ADVERSARIAL_TESTS`] (ioctl fuzzing, races, fork,
+//! signals, saturation: docs/linux.md, "The adversarial suite"), chosen by
+//! the kernel command-line word `rgtest.suite=adversarial` that `/init`
+//! reads ([`Suite::cmdline`]); the adversarial boot also passes the fuzz
+//! seed of the environment variable `RGTEST_SEED`, if set, as
+//! `rgtest.seed=N`. The guest binary runs exactly the chosen list (it
+//! checks its own list against this one), so a test the guest did not
 //! report is a failure on the host.
 
 pub mod cpio;
@@ -118,6 +124,53 @@ pub const GUEST_TESTS: &[&str] = &[
     "kmsg_clean",
 ];
 
+/// Every test of the adversarial suite, in the order the guest runs them.
+pub const ADVERSARIAL_TESTS: &[&str] = &[
+    "ioctl_fuzz",
+    "faults_in_a_row",
+    "hang_with_submissions_trickling",
+    "threads_race_one_fd",
+    "unmap_under_running_job",
+    "gem_close_under_running_job",
+    "fork_inherited_fd",
+    "ring_saturation",
+    "signals_during_waits",
+    "kmsg_clean",
+];
+
+/// Which list of guest tests a boot runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Suite {
+    /// [`GUEST_TESTS`].
+    Main,
+    /// [`ADVERSARIAL_TESTS`].
+    Adversarial,
+}
+
+impl Suite {
+    /// The suite's tests, in order.
+    pub fn tests(self) -> &'static [&'static str] {
+        match self {
+            Suite::Main => GUEST_TESTS,
+            Suite::Adversarial => ADVERSARIAL_TESTS,
+        }
+    }
+
+    /// The kernel command-line words that select the suite in the guest
+    /// (none for the main suite), with the fuzz seed of `RGTEST_SEED`.
+    pub fn cmdline(self) -> String {
+        match self {
+            Suite::Main => String::new(),
+            Suite::Adversarial => match std::env::var("RGTEST_SEED") {
+                Ok(seed) if seed.trim().parse::<u64>().is_ok() => {
+                    format!(" rgtest.suite=adversarial rgtest.seed={}", seed.trim())
+                }
+                _ => " rgtest.suite=adversarial".into(),
+            },
+        }
+    }
+}
+
 /// The stock kernel's checks, on every boot's command line: SLUB debugging
 /// (sanity checks, red zones, poisoning, user tracking), KFENCE sampling
 /// every millisecond, freed memory zeroed, and a panic on any WARN or soft
@@ -177,6 +230,8 @@ pub use vm_harness::Status;
 /// What one boot produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The suite the boot ran.
+    pub suite: Suite,
     /// QEMU's exit code, the console and model lines, the `@@ TEST`
     /// results in order, and whether the boot hit [`RUN_TIMEOUT`] (or
     /// [`INIT_TIMEOUT`]).
@@ -230,7 +285,7 @@ impl Outcome {
                 cause.as_deref().map_or("not in the console".into(), |c| format!("`{c}`"))
             ));
         }
-        for t in GUEST_TESTS {
+        for t in self.suite.tests() {
             match self.status(t) {
                 Some(Status::Pass) => {}
                 Some(Status::Fail(why) | Status::Skip(why)) => f.push(format!("{t}: {why}")),
@@ -238,8 +293,8 @@ impl Outcome {
             }
         }
         for (n, _) in &self.boot.results {
-            if !GUEST_TESTS.contains(&n.as_str()) {
-                f.push(format!("{n}: reported but not in GUEST_TESTS"));
+            if !self.suite.tests().contains(&n.as_str()) {
+                f.push(format!("{n}: reported but not in the {:?} suite's list", self.suite));
             }
         }
         if self.boot.timed_out {
@@ -483,11 +538,11 @@ pub fn artifacts() -> Result<Artifacts, String> {
         .clone()
 }
 
-/// Boots the guest suite on GPU generation `gen`; once more if the
+/// Boots `suite` on GPU generation `gen`; once more if the
 /// kernel did not reach `/init` (at most one retry, counted in
 /// [`Outcome::kernel_stalls`]).
-pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
-    let first = boot_once(gen)?;
+pub fn boot(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
+    let first = boot_once(gen, suite)?;
     if !first.init_timeout {
         return Ok(first);
     }
@@ -496,13 +551,13 @@ pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
         INIT_TIMEOUT.as_secs(),
         first.tail(20)
     );
-    let mut again = boot_once(gen)?;
+    let mut again = boot_once(gen, suite)?;
     again.kernel_stalls = 1;
     Ok(again)
 }
 
-/// One boot of the guest suite on generation `gen`.
-fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
+/// One boot of `suite` on generation `gen`.
+fn boot_once(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
     let art = artifacts().map_err(HarnessError::Build)?;
     let dir = tempfile::Builder::new()
         .prefix("linux-tests-")
@@ -567,7 +622,8 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
             .arg(&art.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
+                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}",
+                suite.cmdline()
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -618,6 +674,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     let mut out =
         parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
     out.init_timeout = init_timeout;
+    out.suite = suite;
     Ok(out)
 }
 
@@ -740,6 +797,7 @@ pub fn parse(
     wall: Duration,
 ) -> Outcome {
     let mut out = Outcome {
+        suite: Suite::Main,
         boot: vm_harness::Outcome { exit_code, console, model_log, results: Vec::new(), timed_out },
         benches: Vec::new(),
         summary: None,
@@ -792,22 +850,29 @@ pub fn parse(
     out
 }
 
-/// Boots each generation once per test process and shares the outcome.
-pub fn outcome(gen: u8) -> Arc<Result<Outcome, String>> {
+/// Boots each generation and suite once per test process and shares the
+/// outcome.
+pub fn outcome(gen: u8, suite: Suite) -> Arc<Result<Outcome, String>> {
     type Cell = Arc<OnceLock<Arc<Result<Outcome, String>>>>;
-    static RUNS: OnceLock<Mutex<HashMap<u8, Cell>>> = OnceLock::new();
+    static RUNS: OnceLock<Mutex<HashMap<(u8, Suite), Cell>>> = OnceLock::new();
     let cell = {
         let map = RUNS.get_or_init(Mutex::default);
         let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
-        m.entry(gen).or_default().clone()
+        m.entry((gen, suite)).or_default().clone()
     };
-    cell.get_or_init(|| Arc::new(boot(gen).map_err(|e| e.to_string()))).clone()
+    cell.get_or_init(|| Arc::new(boot(gen, suite).map_err(|e| e.to_string()))).clone()
 }
 
-/// Test body: the whole suite of generation `gen` passed; otherwise a
+/// Test body: the main suite of generation `gen` passed; otherwise a
 /// panic listing every failure with the console's tail.
 pub fn check_generation(gen: u8) {
-    let out = outcome(gen);
+    check_suite(gen, Suite::Main);
+}
+
+/// Test body: `suite` on generation `gen` passed; otherwise a panic
+/// listing every failure with the console's tail.
+pub fn check_suite(gen: u8, suite: Suite) {
+    let out = outcome(gen, suite);
     let out = match out.as_ref() {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
@@ -815,7 +880,13 @@ pub fn check_generation(gen: u8) {
     for (name, text) in &out.benches {
         println!("gen{gen} bench {name}: {text}");
     }
-    println!("gen{gen}: {} guest tests, boot {:.1} s", out.boot.results.len(), out.wall.as_secs_f64());
+    // The adversarial suite's seed and tallies.
+    if suite == Suite::Adversarial {
+        for l in out.boot.console.iter().filter_map(|l| l.find("guest: ").map(|i| &l[i..])) {
+            println!("gen{gen} {}", l.trim_end());
+        }
+    }
+    println!("gen{gen} {suite:?}: {} guest tests, boot {:.1} s", out.boot.results.len(), out.wall.as_secs_f64());
     if out.kernel_stalls > 0 {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }

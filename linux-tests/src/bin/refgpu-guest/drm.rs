@@ -88,6 +88,18 @@ struct SyncobjTimelineWait {
 
 #[repr(C)]
 #[derive(Default)]
+struct SyncobjWait {
+    handles: u64,
+    timeout_nsec: i64,
+    count_handles: u32,
+    flags: u32,
+    first_signaled: u32,
+    pad: u32,
+    deadline_nsec: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
 struct SyncobjTimelineArray {
     handles: u64,
     points: u64,
@@ -102,6 +114,7 @@ const DRM_IOCTL_PRIME_HANDLE_TO_FD: u32 = drm_iowr::<PrimeHandle>(0x2d);
 const DRM_IOCTL_PRIME_FD_TO_HANDLE: u32 = drm_iowr::<PrimeHandle>(0x2e);
 const DRM_IOCTL_SYNCOBJ_CREATE: u32 = drm_iowr::<SyncobjCreate>(0xBF);
 const DRM_IOCTL_SYNCOBJ_DESTROY: u32 = drm_iowr::<SyncobjDestroy>(0xC0);
+const DRM_IOCTL_SYNCOBJ_WAIT: u32 = drm_iowr::<SyncobjWait>(0xC3);
 const DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT: u32 = drm_iowr::<SyncobjTimelineWait>(0xCA);
 const DRM_IOCTL_SYNCOBJ_QUERY: u32 = drm_iowr::<SyncobjTimelineArray>(0xCB);
 /// `DRM_SYNCOBJ_WAIT_FLAGS_WAIT_ALL`.
@@ -132,19 +145,25 @@ pub fn errno() -> Errno {
 /// `ioctl(fd, req, arg)`, retried on EINTR/EAGAIN as libdrm does.
 pub fn ioctl<T>(fd: RawFd, req: u32, arg: &mut T) -> Result<(), Errno> {
     loop {
-        // SAFETY: `arg` is a live, exclusively borrowed #[repr(C)] value of
-        // the size encoded in `req`; the kernel reads and writes at most
-        // that many bytes. Pointers inside it are the caller's business
-        // (the tests pass valid buffers, or invalid ones on purpose: the
-        // kernel checks them with copy_from_user).
-        let r = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
-        if r == 0 {
-            return Ok(());
+        match ioctl_once(fd, req, arg) {
+            Err(e) if e == libc::EINTR || e == libc::EAGAIN => {}
+            r => return r,
         }
-        let e = errno();
-        if e != libc::EINTR && e != libc::EAGAIN {
-            return Err(e);
-        }
+    }
+}
+
+/// `ioctl(fd, req, arg)` once: EINTR is returned, not retried.
+pub fn ioctl_once<T>(fd: RawFd, req: u32, arg: &mut T) -> Result<(), Errno> {
+    // SAFETY: `arg` is a live, exclusively borrowed #[repr(C)] value of
+    // the size encoded in `req`; the kernel reads and writes at most
+    // that many bytes. Pointers inside it are the caller's business
+    // (the tests pass valid buffers, or invalid ones on purpose: the
+    // kernel checks them with copy_from_user).
+    let r = unsafe { libc::ioctl(fd, req as _, arg as *mut T) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
     }
 }
 
@@ -358,6 +377,41 @@ impl Dev {
             ..Default::default()
         };
         self.ioctl(DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut a)
+    }
+
+    /// SYNCOBJ_TIMELINE_WAIT as [`Dev::wait_point`], once: a signal
+    /// returns EINTR unless the kernel restarts the ioctl (SA_RESTART).
+    pub fn wait_point_once(&self, handle: u32, point: u64, timeout_ns: i64) -> Result<(), Errno> {
+        let handles = [handle];
+        let points = [point];
+        let mut a = SyncobjTimelineWait {
+            handles: handles.as_ptr() as u64,
+            points: points.as_ptr() as u64,
+            timeout_nsec: now_ns().saturating_add(timeout_ns),
+            count_handles: 1,
+            flags: WAIT_ALL | WAIT_FOR_SUBMIT,
+            ..Default::default()
+        };
+        ioctl_once(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut a)
+    }
+
+    /// SYNCOBJ_WAIT (binary) for one syncobj, `timeout_ns` from now, once.
+    pub fn wait_binary_once(&self, handle: u32, timeout_ns: i64) -> Result<(), Errno> {
+        let handles = [handle];
+        let mut a = SyncobjWait {
+            handles: handles.as_ptr() as u64,
+            timeout_nsec: now_ns().saturating_add(timeout_ns),
+            count_handles: 1,
+            flags: WAIT_ALL,
+            ..Default::default()
+        };
+        ioctl_once(self.fd(), DRM_IOCTL_SYNCOBJ_WAIT, &mut a)
+    }
+
+    /// Gives up the file descriptor: the caller closes it.
+    pub fn into_raw_fd(self) -> RawFd {
+        use std::os::fd::IntoRawFd;
+        self.fd.into_raw_fd()
     }
 
     /// SYNCOBJ_QUERY: the timeline's last signalled point.

@@ -172,6 +172,17 @@ fn victim(
         q.state,
         q.guilty_seqno
     );
+    // Untouched: its job was never in the ring at the hostile job's reset
+    // (it waited for the engine to leave A's VM), so no reset counts for
+    // it and it carries no fault of A's.
+    ensure!(
+        q.reset_count == 0 && q.fault_status == 0 && q.fault_addr == 0 && q.guilty_seqno == 0,
+        "the victim's context after A's reset: {q:?}"
+    );
+    ensure!(
+        b.dev.query_point(b.sync).map_err(|e| format!("SYNCOBJ_QUERY: errno {e}"))? == p,
+        "the victim's timeline is not at its job's point {p}"
+    );
     ensure!(b.data.map.r32(0x40) == 0x600D, "the victim's job did not run");
     Ok(())
 }
@@ -238,6 +249,7 @@ fn hostile_job(then: Then, a: &mut Fx, to_b: RawFd) -> R {
     ensure!(want.contains(&status), "its fence status {status}, expected one of {want:?}");
     ensure!(q.state == u::ctx_state::GUILTY, "its context state {}, expected GUILTY", q.state);
     ensure!(q.guilty_seqno == s.seqno, "guilty_seqno {} is not its job's {}", q.guilty_seqno, s.seqno);
+    ensure!(q.reset_count == 1, "its context counts {} resets, expected 1", q.reset_count);
     Ok(())
 }
 

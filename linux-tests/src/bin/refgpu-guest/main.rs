@@ -3,15 +3,19 @@
 //! Mounts proc, sysfs, devtmpfs and debugfs, loads the DRM modules and
 //! `refgpu.ko` (the order is in `/lib/modules/order`; `refgpu.*` kernel
 //! command-line parameters are passed to it, as modprobe would), runs the
-//! suite (`linux_tests::GUEST_TESTS`, one `@@ TEST <name> PASS|FAIL <why>`
-//! line each, `@@ BENCH` lines, then `N passed, N failed`) and leaves QEMU
+//! suite (`linux_tests::GUEST_TESTS`, or `linux_tests::ADVERSARIAL_TESTS`
+//! when the kernel command line says `rgtest.suite=adversarial`; one
+//! `@@ TEST <name> PASS|FAIL <why>` line each, `@@ BENCH` lines, then
+//! `N passed, N failed`) and leaves QEMU
 //! through `isa-debug-exit` with 0 when everything passed, 1 otherwise.
 //! `@@ PHASE init` (first), `@@ PHASE ready` (modules loaded) and
 //! `@@ RUN <name>` (before each test) tell the harness where a boot that
 //! timed out was.
 
+mod adversarial;
 mod drm;
 mod fixture;
+mod fuzz;
 mod hostile;
 mod kernel_mode;
 mod recovery;
@@ -77,6 +81,16 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
     cmdline.split_whitespace().find_map(|w| w.strip_prefix("rgtest.gen=")).and_then(|g| g.parse().ok())
 }
 
+/// The suite the harness chose (`rgtest.suite=adversarial`, else the
+/// main one): its tests and the host's list of their names.
+fn suite(cmdline: &str) -> (Vec<tests::Test>, &'static [&'static str]) {
+    if cmdline.split_whitespace().any(|w| w == "rgtest.suite=adversarial") {
+        (adversarial::all(), linux_tests::ADVERSARIAL_TESTS)
+    } else {
+        (tests::all(), linux_tests::GUEST_TESTS)
+    }
+}
+
 fn exit_qemu(code: u8) -> ! {
     let _ = std::io::stdout().flush();
     // The serial console transmits asynchronously: let it drain, or QEMU
@@ -120,7 +134,7 @@ fn setup() -> Result<(), String> {
 
 /// Waits (up to 5 s) for the live BO, VM, context and job counts to return
 /// to `before`.
-fn no_leak(before: Result<[i64; 4], String>) -> R {
+pub fn no_leak(before: Result<[i64; 4], String>) -> R {
     let before = before?;
     let t0 = Instant::now();
     loop {
@@ -158,12 +172,13 @@ fn main() {
         exit_qemu(1);
     }
     println!("@@ PHASE ready");
-    let list = tests::all();
+    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    let (list, expected) = suite(&cmdline);
     let names: Vec<&str> = list.iter().map(|(n, _)| *n).collect();
     let (mut passed, mut failed) = (0, 0);
     let mut removed = false;
-    if names != linux_tests::GUEST_TESTS {
-        println!("@@ TEST suite_list FAIL the guest's tests differ from linux_tests::GUEST_TESTS");
+    if names != expected {
+        println!("@@ TEST suite_list FAIL the guest's tests differ from the host's list");
         failed += 1;
     }
     for (name, f) in list {

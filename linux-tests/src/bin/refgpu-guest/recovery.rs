@@ -60,7 +60,7 @@ fn increment(counter: u64, one: u64) -> Command<'static> {
 }
 
 /// WAIT_MEM until the 32-bit step counter at `addr` is at least `step`.
-fn wait_step(addr: u64, step: u32) -> Command<'static> {
+pub fn wait_step(addr: u64, step: u32) -> Command<'static> {
     Command::WaitMem { addr, reference: u64::from(step), mask: 0xFFFF_FFFF, op: CompareOp::Ge, wide: false }
 }
 
