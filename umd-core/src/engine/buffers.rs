@@ -13,6 +13,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry};
+use crate::mem::local::Residency;
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind, Place};
@@ -279,13 +280,10 @@ impl<'d, B: Backend> Backer<'_, 'd, B> {
     /// Gives back memory [`Backer::memory`] returned that the block did not
     /// keep: local memory at once, the platform's after the lock.
     fn unused(&mut self, region: DmaRegion, kind: MemKind) {
-        match region.into_local() {
-            Ok(pages) => self.local.free(pages),
-            Err(region) => {
-                if let Err(r) = self.off.unused(region, flags_of(kind)) {
-                    self.b.platform().dma_free(r);
-                }
-            }
+        if region.residency() == Residency::Local {
+            self.local.free(region.into_local_pages());
+        } else if let Err(r) = self.off.unused(region, flags_of(kind)) {
+            self.b.platform().dma_free(r);
         }
     }
 }
@@ -364,16 +362,14 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
                 };
             }
         }
-        match block.region.into_local() {
-            Ok(pages) => self.local.free(pages),
-            Err(block) => {
-                if let Err(block) = self.off.bury(block) {
-                    // No room to keep it until the lock is dropped: only where no
-                    // lock is held (teardown) or a caller released more than it
-                    // checked for (`can_release`).
-                    self.b.platform().dma_free(block);
-                }
-            }
+        let block = block.region;
+        if block.residency() == Residency::Local {
+            self.local.free(block.into_local_pages());
+        } else if let Err(block) = self.off.bury(block) {
+            // No room to keep it until the lock is dropped: only where no
+            // lock is held (teardown) or a caller released more than it
+            // checked for (`can_release`).
+            self.b.platform().dma_free(block);
         }
     }
 }

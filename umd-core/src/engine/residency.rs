@@ -342,10 +342,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         match self.remap(s, to.keep()) {
             Ok(old) => {
                 let mut mem = self.mem.lock();
-                // (Always local memory: the buffer was in it.)
-                if let Ok(pages) = old.into_local() {
-                    mem.local.free(pages);
-                }
+                // Local memory: the buffer was in it (`take_subject`), and
+                // stayed pinned there.
+                mem.local.free(old.into_local_pages());
                 if let Ok(l) = mem.buffers.live_mut(s.h) {
                     l.evicted = self.clock().max(1);
                 }
@@ -363,14 +362,6 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         Ok(())
     }
 
-    /// Gives `r`, from [`DmaRegion::local`], back to local memory (a
-    /// region of the platform's memory is not local memory's to take).
-    fn free_local(&self, r: DmaRegion) {
-        if let Ok(pages) = r.into_local() {
-            self.mem.lock().local.free(pages);
-        }
-    }
-
     /// Moves a pinned buffer, marked moving, from system into local memory,
     /// evicting idle buffers for room. The caller ends the move.
     fn move_to_local(&self, s: Subject) -> Result<(), MoveError> {
@@ -383,12 +374,12 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             }
         };
         if let Err(e) = self.copy_out(s, &to) {
-            self.free_local(to);
+            self.mem.lock().local.free(to.into_local_pages());
             return Err(e);
         }
         match self.remap(s, to) {
             Ok(old) => self.b.platform().dma_free(old),
-            Err(to) => self.free_local(to),
+            Err(to) => self.mem.lock().local.free(to.into_local_pages()),
         }
         Counters::add(&self.stats.restores, 1);
         Counters::add(&self.stats.bytes_moved, s.bytes);

@@ -129,7 +129,7 @@ impl DmaRegion {
     const LOCAL: u64 = u64::MAX - 1;
 
     /// Wraps pages of the device's local memory (no CPU mapping, no
-    /// platform name); [`DmaRegion::into_local`] gives them back.
+    /// platform name); [`DmaRegion::into_local_pages`] gives them back.
     pub(crate) fn local(p: LocalPages) -> DmaRegion {
         // The pages are this region's alone: `LocalPages` comes from the
         // allocator, which gives a page out once until it is freed.
@@ -146,14 +146,12 @@ impl DmaRegion {
         }
     }
 
-    /// The local pages of a region from [`DmaRegion::local`], for the
-    /// local-memory allocator; `Err(self)` for the platform's memory
-    /// (which goes back through [`Platform::dma_free`]).
-    pub(crate) fn into_local(self) -> Result<LocalPages, DmaRegion> {
-        match self.residency() {
-            Residency::Local => Ok(LocalPages { addr: self.dev_addr, len: self.len }),
-            Residency::System => Err(self),
-        }
+    /// The pages of a region from [`DmaRegion::local`], for the
+    /// local-memory allocator to take back. The caller knows the region
+    /// is local ([`DmaRegion::residency`]): the platform's memory goes
+    /// back through [`Platform::dma_free`] instead.
+    pub(crate) fn into_local_pages(self) -> LocalPages {
+        LocalPages { addr: self.dev_addr, len: self.len }
     }
 
     /// A region of no memory (a placeholder before allocation, or after
@@ -330,21 +328,20 @@ impl DmaRegion {
 /// calls").
 pub(crate) struct DmaGuard<'p, P: Platform + ?Sized> {
     p: &'p P,
-    region: DmaRegion,
-    /// Taken by [`DmaGuard::keep`]: not freed.
-    kept: bool,
+    /// The region (`None` once kept).
+    region: Option<DmaRegion>,
 }
 
 impl<'p, P: Platform + ?Sized> DmaGuard<'p, P> {
     /// Guards `region`, which `p` allocated.
     pub(crate) fn new(p: &'p P, region: DmaRegion) -> Self {
-        DmaGuard { p, region, kept: false }
+        DmaGuard { p, region: Some(region) }
     }
 
     /// The region, no longer freed on drop.
     pub(crate) fn keep(mut self) -> DmaRegion {
-        self.kept = true;
-        core::mem::replace(&mut self.region, DmaRegion::empty())
+        // (Always `Some`: only `keep`, which consumes the guard, takes it.)
+        self.region.take().unwrap_or(DmaRegion::empty())
     }
 }
 
@@ -352,14 +349,16 @@ impl<P: Platform + ?Sized> core::ops::Deref for DmaGuard<'_, P> {
     type Target = DmaRegion;
 
     fn deref(&self) -> &DmaRegion {
-        &self.region
+        // (Always `Some`, as in `keep`.)
+        const EMPTY: &DmaRegion = &DmaRegion::empty();
+        self.region.as_ref().unwrap_or(EMPTY)
     }
 }
 
 impl<P: Platform + ?Sized> Drop for DmaGuard<'_, P> {
     fn drop(&mut self) {
-        if !self.kept {
-            self.p.dma_free(core::mem::replace(&mut self.region, DmaRegion::empty()));
+        if let Some(r) = self.region.take() {
+            self.p.dma_free(r);
         }
     }
 }
