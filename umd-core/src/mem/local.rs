@@ -1,12 +1,12 @@
 //! The device's local memory: where a buffer's memory is ([`Residency`])
-//! and the page allocator over local memory ([`LocalMem`]).
+//! and the page allocator over local memory (`LocalMem`).
 //!
 //! Local memory is the driver's to manage, not the platform's
 //! (`docs/memory.md`, "Local memory and eviction"): a bitmap over caller
 //! storage hands out runs of 4 KiB pages of it. The device core wraps a
-//! run in a region ([`crate::platform::DmaRegion::local`]) that says it is
-//! local ([`crate::platform::DmaRegion::residency`]), so it goes back here
-//! and never to the platform.
+//! run in a [`crate::platform::DmaRegion`] that says it is local (its
+//! residency), so it goes back here and never to the platform's
+//! `dma_free`.
 //!
 //! Without the `local-memory` feature nothing is managed: every check
 //! folds to a constant and every request falls back to system memory.
