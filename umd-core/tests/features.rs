@@ -122,10 +122,13 @@ fn a_failed_eviction_frees_the_memory_it_took() {
     fake.state().mode = Mode::OnDoorbell;
     let mut storage: Box<Storage> = Box::default();
     let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 30, table_pages: 16 };
-    let Ok(dev) = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu) else {
-        assert!(!umd_core::direct::MMU, "the device comes up with the MMU built in");
+    let r = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu);
+    if !umd_core::direct::MMU {
+        // Built without the `mmu` feature: refused, and so no local memory.
+        assert!(matches!(r.err(), Some(umd_core::engine::InitError::BadConfig(_))));
         return;
-    };
+    }
+    let dev = r.expect("the device comes up with the MMU");
     if dev.local_memory().is_none() {
         // Built without the `local-memory` feature: nothing moves.
         return;
