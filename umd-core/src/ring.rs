@@ -16,6 +16,7 @@
 use core::fmt;
 
 use crate::cmd::{Command, EncodeError, Encoder};
+use crate::hw::IbRef;
 use crate::platform::DmaRegion;
 
 /// Why packets could not be placed in the ring.
@@ -255,7 +256,7 @@ impl Ring {
 
     /// [`Ring::write`] of a submission's own two packets, the ring
     /// packets of a submission that waits for nothing: INDIRECT_BUFFER
-    /// (`ib`: GPU address and dwords), then FENCE (`fence`: address and
+    /// (`ib`), then FENCE (`fence`: address and
     /// value) with its interrupt. The same dwords, write pointer and
     /// errors as [`Ring::write`] of that two-entry list, encoded through
     /// the two per-kind entry points without the list and the dispatch
@@ -263,14 +264,14 @@ impl Ring {
     pub fn write_ib_fence(
         &mut self,
         enc: &Encoder,
-        ib: (u64, u32),
+        ib: IbRef,
         fence: (u64, u64),
         rptr: usize,
     ) -> Result<Written, RingError> {
         // Read only where the stage is not taken (never for these two
         // packets, which fit it).
         let cmds = [
-            Command::IndirectBuffer { addr: ib.0, size_dw: ib.1 },
+            Command::IndirectBuffer { addr: ib.va.get(), size_dw: ib.dwords },
             Command::Fence { addr: fence.0, value: fence.1, irq: true },
         ];
         self.rptr = rptr;
@@ -281,7 +282,7 @@ impl Ring {
             let gpu_va = self.gpu_va;
             self.write_staged_by(enc, &cmds, rptr, |at, stage| {
                 let base = gpu_va.wrapping_add(at as u64);
-                let two = enc.encode_indirect_buffer(ib.0, ib.1, stage, 0, base).and_then(|n| {
+                let two = enc.encode_indirect_buffer(ib.va.get(), ib.dwords, stage, 0, base).and_then(|n| {
                     let m = enc.encode_fence(fence.0, fence.1, true, stage, n, base)?;
                     Ok(n.saturating_add(m))
                 });
@@ -509,7 +510,7 @@ mod tests {
                     Command::Fence { addr: fence.0, value: fence.1, irq: true },
                 ];
                 let (ra, rb) = (a.wptr(), b.wptr());
-                let wa = a.write_ib_fence(&enc, ib, fence, ra);
+                let wa = a.write_ib_fence(&enc, IbRef::new(ib.0, ib.1), fence, ra);
                 let wb = b.write(&enc, &list, rb);
                 assert_eq!(wa, wb, "{generation:?}, write {i}");
                 assert_eq!(a.region_words(), b.region_words(), "{generation:?}, write {i}");
@@ -530,7 +531,7 @@ mod tests {
                 ];
                 let before: Vec<u32> = a.region_words().to_vec();
                 let (wptr, rptr) = (a.wptr(), a.wptr());
-                let wa = a.write_ib_fence(&enc, ib, fence, rptr);
+                let wa = a.write_ib_fence(&enc, IbRef::new(ib.0, ib.1), fence, rptr);
                 let wb = b.write(&enc, &list, rptr);
                 assert_eq!(wa, wb, "{generation:?}: {ib:x?} {fence:x?}");
                 assert_eq!(a.region_words(), b.region_words(), "{generation:?}: {ib:x?} {fence:x?}");
@@ -543,11 +544,11 @@ mod tests {
             assert!(refused >= 3, "{generation:?}: {refused} refused");
             // Full: the engine has consumed nothing.
             let rptr = a.wptr();
-            while a.write_ib_fence(&enc, (0x8000, 8), (0x2000, 1), rptr).is_ok() {}
+            while a.write_ib_fence(&enc, IbRef::new(0x8000, 8), (0x2000, 1), rptr).is_ok() {}
             let full: Vec<u32> = a.region_words().to_vec();
             let wptr = a.wptr();
             assert!(matches!(
-                a.write_ib_fence(&enc, (0x8000, 8), (0x2000, 1), rptr),
+                a.write_ib_fence(&enc, IbRef::new(0x8000, 8), (0x2000, 1), rptr),
                 Err(RingError::Full { .. })
             ));
             assert_eq!((a.region_words(), a.wptr()), (&full[..], wptr));

@@ -616,6 +616,17 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     let e = Device::<Fake, 64>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
     assert!(matches!(e, InitError::Platform(_)));
     assert_eq!(fake.state().allocs, 0);
+    // With the MMU: no GPU address for a block (a VA arena too small), or
+    // no page table to map it (too few table pages): the block is freed.
+    if umd_core::direct::MMU {
+        for (va_size, table_pages) in [(16 << 10, 16), (1 << 30, 1)] {
+            let fake = Fake::new(Generation::Gen2, 1 << 20);
+            let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size, table_pages };
+            let e = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu).err().unwrap();
+            assert!(matches!(e, InitError::Va(_) | InitError::Map), "{e:?}");
+            assert_eq!(fake.state().allocs, 0, "{e:?}");
+        }
+    }
     // A chip with no engines, and one with more than the build drives.
     let fake = Fake::new(Generation::Gen2, 1 << 20);
     fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 0;

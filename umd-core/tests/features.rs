@@ -113,6 +113,35 @@ fn the_trace_records_only_when_built_in() {
     assert_eq!(dev.stats().submissions, 3);
 }
 
+/// An eviction whose copy fails (the device is lost) gives the system
+/// memory it took for the copy back to the platform, and the buffer stays
+/// in local memory.
+#[test]
+fn a_failed_eviction_frees_the_memory_it_took() {
+    let fake = Fake::with_local_memory(Generation::Gen2, 4 << 20, 1 << 20);
+    fake.state().mode = Mode::OnDoorbell;
+    let mut storage: Box<Storage> = Box::default();
+    let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 30, table_pages: 16 };
+    let r = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu);
+    if !umd_core::direct::MMU {
+        // Built without the `mmu` feature: refused, and so no local memory.
+        assert!(matches!(r.err(), Some(umd_core::engine::InitError::BadConfig(_))));
+        return;
+    }
+    let dev = r.expect("the device comes up with the MMU");
+    if dev.local_memory().is_none() {
+        // Built without the `local-memory` feature: nothing moves.
+        return;
+    }
+    let h = dev.alloc(&BufferDesc::new(4096).local()).unwrap();
+    assert_eq!(dev.residency(h), Ok(umd_core::engine::Residency::Local));
+    let regions = fake.state().allocs;
+    fake.state().lost = true;
+    assert!(dev.evict(h).is_err());
+    assert_eq!(fake.state().allocs, regions, "the copy's destination went back");
+    assert_eq!(dev.residency(h), Ok(umd_core::engine::Residency::Local));
+}
+
 #[test]
 fn a_local_preferring_buffer_works_without_local_memory() {
     // The fake has no local memory: such a buffer lives in system memory

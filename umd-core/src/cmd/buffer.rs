@@ -15,7 +15,7 @@
 
 use super::command::{Command, CompareOp, DispatchOp};
 use super::encode::{EncodeError, Encoder};
-use crate::hw::Generation;
+use crate::hw::{Generation, IbRef};
 
 /// A piece of GPU-visible memory the builder may fill with packets.
 #[derive(Debug)]
@@ -86,6 +86,14 @@ pub struct Finished {
     pub total_dwords: u64,
 }
 
+impl Finished {
+    /// The first chunk as the IB the ring calls.
+    #[inline(always)]
+    pub fn ib(&self) -> IbRef {
+        IbRef::new(self.gpu_va, self.size_dw)
+    }
+}
+
 /// Dwords of a CHAIN packet (header + 3), the same in every generation.
 const CHAIN_DWORDS: usize = 4;
 
@@ -96,7 +104,7 @@ pub struct CommandBuffer<'a, S: ChunkSource<'a>> {
     source: S,
     cur: Option<Chunk<'a>>,
     pos: usize,
-    first: Option<(u64, u32)>,
+    first: Option<IbRef>,
     /// CHAIN dwords in the previous chunk, waiting for this chunk's size.
     pending_chain: Option<&'a mut [u32]>,
     error: Option<EncodeError>,
@@ -259,7 +267,7 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         // Checked in place, not moved through a `Result` of its own.
         let chunk = self.source.next_chunk().ok_or(EncodeError::ChunkUnavailable)?;
         self.accept(&chunk)?;
-        self.first = Some((chunk.gpu_va, 0));
+        self.first = Some(IbRef::new(chunk.gpu_va, 0));
         self.cur = Some(chunk);
         self.pos = 0;
         Ok(())
@@ -304,9 +312,9 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         self.source.close_chunk(va, size_dw as usize);
         if let Some(slot) = self.pending_chain.take() {
             let _ = self.enc.encode(&Command::Chain { addr: va, size_dw }, slot, 0, 0);
-        } else if let Some((first_va, size)) = self.first.as_mut() {
-            if *first_va == va {
-                *size = size_dw;
+        } else if let Some(first) = self.first.as_mut() {
+            if first.va.get() == va {
+                first.dwords = size_dw;
             }
         }
     }
@@ -357,8 +365,14 @@ impl<'a, S: ChunkSource<'a>> CommandBuffer<'a, S> {
         };
         let size = u32::try_from(self.pos).map_err(|_| EncodeError::Empty)?;
         self.close_chunk(cur.gpu_va, size);
-        let (gpu_va, size_dw) = self.first.ok_or(EncodeError::Empty)?;
-        Ok(Finished { gpu_va, size_dw, chunks: self.chunks, packets: self.packets, total_dwords: self.total })
+        let first = self.first.ok_or(EncodeError::Empty)?;
+        Ok(Finished {
+            gpu_va: first.va.get(),
+            size_dw: first.dwords,
+            chunks: self.chunks,
+            packets: self.packets,
+            total_dwords: self.total,
+        })
     }
 
     /// The common case of appending `cmd`, through `encode` (one of the

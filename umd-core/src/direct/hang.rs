@@ -19,6 +19,8 @@ use crate::debug::Window;
 use crate::debug::{HangReason, HangReport};
 use crate::engine::backend::{Failure, Gone, QueueView};
 use crate::hw::regs::{self, engine as er};
+#[cfg(feature = "hang-capture")]
+use crate::hw::IbRef;
 use crate::platform::DirectIo;
 #[cfg(feature = "hang-capture")]
 use crate::sync::QueueId;
@@ -218,7 +220,7 @@ fn capture<P: DirectIo>(
         }
         None => (Window::EMPTY, 0),
     };
-    let ib = capture_ib(d, v, ib_base, ib_size, cur_addr);
+    let ib = capture_ib(d, v, IbRef::new(ib_base, ib_size), cur_addr);
     Ok(HangReport {
         queue: QueueId(v.queue as u8),
         reason,
@@ -251,19 +253,15 @@ fn capture<P: DirectIo>(
     Ok(v.uncaptured_report(d, reason))
 }
 
-/// Copies the IB around `cur` if it lies in the IB pool, starting a few
+/// Copies the IB around `cur` (`ib`: the engine's IB registers) if it
+/// lies in the IB pool, starting a few
 /// packets before it (found by walking packet lengths from the IB start),
 /// with atomic (acquire) reads (other chunks of the pool may be being
 /// recorded).
 #[cfg(feature = "hang-capture")]
-fn capture_ib<P: DirectIo>(
-    d: &Direct<'_, P>,
-    v: &QueueView<'_>,
-    ib_base: u64,
-    ib_size: u32,
-    cur: u64,
-) -> Window {
-    let (pool_va, region) = v.ib;
+fn capture_ib<P: DirectIo>(d: &Direct<'_, P>, v: &QueueView<'_>, ib: IbRef, cur: u64) -> Window {
+    let (ib_base, ib_size) = (ib.va.get(), ib.dwords);
+    let (pool_va, region) = (v.ib.0.get(), v.ib.1);
     let pool_len = region.len() as u64;
     let Some(off) = ib_base.checked_sub(pool_va).filter(|o| *o < pool_len) else {
         return Window::EMPTY;

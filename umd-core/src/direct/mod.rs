@@ -231,7 +231,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let cmds: &[Command<'_>] = if plain {
             &[]
         } else {
-            let ib = Command::IndirectBuffer { addr: job.ib.0, size_dw: job.ib.1 };
+            let ib = Command::IndirectBuffer { addr: job.ib.va.get(), size_dw: job.ib.dwords };
             let fence = Command::Fence { addr: fence_va, value: job.seqno.0, irq: true };
             listed = [Command::Nop { dwords: 0 }; MAX_WAITS + 2];
             let mut n = 0usize;

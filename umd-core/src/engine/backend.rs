@@ -16,7 +16,7 @@
 use crate::config::HangConfig;
 use crate::debug::{HangReason, HangReport};
 use crate::error::SubmitError;
-use crate::hw::ChipId;
+use crate::hw::{ChipId, GpuVa, IbRef};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{DmaRegion, ForeignSync, Platform};
@@ -42,8 +42,8 @@ pub struct Job<'a> {
     pub waits: &'a [FenceId],
     /// Foreign syncs to wait for first (kernel mode only).
     pub foreign: &'a [ForeignSync],
-    /// The IB: GPU address and dwords.
-    pub ib: (u64, u32),
+    /// The IB.
+    pub ib: IbRef,
 }
 
 /// Why a backend did not take a job. Nothing reached the hardware.
@@ -87,7 +87,7 @@ pub struct QueueView<'a> {
     /// The hang-check parameters in force.
     pub hang: HangConfig,
     /// The IB pool's GPU address and memory (for captures).
-    pub ib: (u64, &'a DmaRegion),
+    pub ib: (GpuVa, &'a DmaRegion),
     /// The queue's engine raised a fault interrupt since the last check.
     pub fault_irq: bool,
 }

@@ -13,6 +13,7 @@ use core::fmt;
 use core::marker::PhantomData;
 
 use crate::mem::buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry};
+use crate::mem::local::Residency;
 use crate::mem::manager::AllocError;
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::pool::{Backing, BackingError, MemKind, Place};
@@ -69,7 +70,7 @@ pub(crate) struct Backer<'a, 'd, B: Backend> {
     pub(crate) b: &'a B,
     pub(crate) va: &'a mut VaSlot<'d, B>,
     pub(crate) maps: &'a mut B::Maps,
-    pub(crate) local: &'a mut super::residency::LocalMem<'d>,
+    pub(crate) local: &'a mut crate::mem::local::LocalMem<'d>,
     /// A local-memory block that finds no room comes from system memory
     /// instead (after eviction failed to make room).
     pub(crate) fallback: bool,
@@ -262,7 +263,11 @@ impl<'d, B: Backend> Backer<'_, 'd, B> {
     /// allocating it with the lock dropped and trying again.
     fn memory(&mut self, bytes: u64, kind: MemKind) -> Result<DmaRegion, BackingError> {
         let len = usize::try_from(bytes).map_err(|_| BackingError::PlatformMemory { len: usize::MAX })?;
-        let local = if kind.local && self.va.is_some() { self.local.alloc(bytes) } else { None };
+        let local = if kind.local && self.va.is_some() {
+            self.local.alloc(bytes).map(DmaRegion::local)
+        } else {
+            None
+        };
         match local {
             Some(r) => Ok(r),
             None if kind.local && self.local.is_active() && self.va.is_some() && !self.fallback => {
@@ -275,8 +280,8 @@ impl<'d, B: Backend> Backer<'_, 'd, B> {
     /// Gives back memory [`Backer::memory`] returned that the block did not
     /// keep: local memory at once, the platform's after the lock.
     fn unused(&mut self, region: DmaRegion, kind: MemKind) {
-        if super::residency::is_local(&region) {
-            self.local.free(region);
+        if region.residency() == Residency::Local {
+            self.local.free(region.into_local_pages());
         } else if let Err(r) = self.off.unused(region, flags_of(kind)) {
             self.b.platform().dma_free(r);
         }
@@ -358,8 +363,8 @@ impl<'d, B: Backend> Backing for Backer<'_, 'd, B> {
             }
         }
         let block = block.region;
-        if super::residency::is_local(&block) {
-            self.local.free(block);
+        if block.residency() == Residency::Local {
+            self.local.free(block.into_local_pages());
         } else if let Err(block) = self.off.bury(block) {
             // No room to keep it until the lock is dropped: only where no
             // lock is held (teardown) or a caller released more than it

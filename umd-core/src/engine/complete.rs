@@ -20,6 +20,7 @@
 
 use crate::debug::{HangReason, HangReport, TraceEvent, TraceKind};
 use crate::error::{FenceStatus, WaitError};
+use crate::hw::GpuVa;
 use crate::sync::atomic::Ordering;
 use crate::sync::{Fence, FenceError, FenceId, QueueId, Seqno, MAX_QUEUES};
 
@@ -307,7 +308,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             completed: q.completed(),
             blocked_on: self.blocked_on(qi),
             hang: self.tun.lock().hang,
-            ib: (self.ib.range().0, self.ib.region()),
+            ib: (GpuVa::new(self.ib.range().0), self.ib.region()),
             fault_irq: self.fault_irqs.take(qi),
         };
         let Some(failure) = self.b.check(qs, &view)? else { return Ok(false) };

@@ -17,7 +17,7 @@ use crate::ibpool::{IbPool, PoolSetupError};
 use crate::mem::manager::Buffers;
 use crate::mem::pagetable::{Perms, PtError};
 use crate::mem::va::{VaAllocator, VaError, VaPlacement};
-use crate::platform::{DmaFlags, DmaRegion, Platform, PlatformError};
+use crate::platform::{DmaFlags, DmaGuard, DmaRegion, Platform, PlatformError};
 use crate::storage::DeviceStorage;
 use crate::sync::MAX_QUEUES;
 
@@ -238,7 +238,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                 buffers,
                 va: super::buffers::VaSlot::new(va),
                 maps,
-                local: super::residency::LocalMem::new(parts.local),
+                local: crate::mem::local::LocalMem::new(parts.local),
             }));
             addr_of_mut!((*e).deps).write(Mutex::new(parts.deps));
             addr_of_mut!((*e).trace).write(Mutex::new(parts.trace));
@@ -260,26 +260,20 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     pub(crate) fn alloc_mapped(&mut self, len: usize, perms: Perms) -> Result<(DmaRegion, u64), InitError> {
         let len = len.max(1).checked_next_multiple_of(4096).ok_or(InitError::BadConfig("size"))?;
         let p = self.b.platform();
-        let region = p.dma_alloc(len, DmaFlags::CPU).map_err(InitError::Platform)?;
+        // Freed on every error below (no lock is held: `&mut self`).
+        let region = DmaGuard::new(p, p.dma_alloc(len, DmaFlags::CPU).map_err(InitError::Platform)?);
         let mem = self.mem.get_mut();
         let Some(va) = mem.va.get_mut() else {
             let addr = region.dev_addr();
-            return Ok((region, addr));
+            return Ok((region.keep(), addr));
         };
         let align = if len >= 2 << 20 { 2 << 20 } else { 4096 };
-        let addr = match va.alloc(len as u64, align, VaPlacement::TopDown) {
-            Ok(a) => a,
-            Err(e) => {
-                p.dma_free(region);
-                return Err(InitError::Va(e));
-            }
-        };
+        let addr = va.alloc(len as u64, align, VaPlacement::TopDown).map_err(InitError::Va)?;
         if self.b.map(&mut mem.maps, addr, &region, perms).is_err() {
             let _ = va.free(addr);
-            p.dma_free(region);
             return Err(InitError::Map);
         }
-        Ok((region, addr))
+        Ok((region.keep(), addr))
     }
 
     /// Allocates and maps the IB pool (read-only for the GPU).

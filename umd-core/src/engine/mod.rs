@@ -179,7 +179,7 @@ pub(crate) struct MemState<'d, B: Backend> {
     pub(crate) va: buffers::VaSlot<'d, B>,
     pub(crate) maps: B::Maps,
     /// The device's local memory, if it has any.
-    pub(crate) local: residency::LocalMem<'d>,
+    pub(crate) local: crate::mem::local::LocalMem<'d>,
 }
 
 impl<'d, B: Backend> MemState<'d, B> {

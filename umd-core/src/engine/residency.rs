@@ -31,125 +31,17 @@
 use crate::cmd::EncodeError;
 use crate::error::{SubmitError, WaitError};
 use crate::ibpool::Recorder;
-use crate::mem::pages::PageBitmap;
+use crate::mem::local::{ON, PAGE};
 use crate::mem::pagetable::{CachePolicy, Perms};
 use crate::mem::va::VaPlacement;
+pub use crate::mem::Residency;
 use crate::mem::{BufferError, BufferHandle, Tracking};
-use crate::platform::{DmaFlags, DmaRegion, Platform};
+use crate::platform::{DmaFlags, DmaGuard, DmaRegion, Platform};
 use crate::sync::{QueueId, Seqno};
 
 use super::buffers::BufferUse;
 use super::submit::Submit;
 use super::{Backend, Counters, DeviceCore};
-
-/// The handle that marks a region as local memory (regions of local
-/// memory are the driver's, not the platform's).
-pub(crate) const LOCAL_HANDLE: u64 = u64::MAX - 1;
-
-const PAGE: u64 = 4096;
-
-/// Whether local memory is used at all (the `local-memory` feature). The
-/// checks below fold to constants without it, and with them every move.
-const ON: bool = cfg!(feature = "local-memory");
-
-/// Whether `r` is local memory.
-pub(crate) fn is_local(r: &DmaRegion) -> bool {
-    r.handle() == LOCAL_HANDLE && r.cpu_ptr().is_none()
-}
-
-/// The local-memory page allocator (a bitmap over caller storage).
-pub(crate) enum LocalMem<'d> {
-    /// No local memory (yet): the storage waits.
-    Unset(&'d mut [u64]),
-    /// Local memory `[base, base + pages * 4 KiB)`.
-    Active { base: u64, pages: PageBitmap<&'d mut [u64]> },
-    /// Moved out (transient).
-    Gone,
-}
-
-impl<'d> LocalMem<'d> {
-    /// No local memory, with `words` of bitmap storage for later.
-    pub(crate) fn new(words: &'d mut [u64]) -> Self {
-        LocalMem::Unset(words)
-    }
-
-    /// Uses `[base, base + size)` (as much of it as the storage covers).
-    /// Returns the bytes managed.
-    /// Without the `local-memory` feature: nothing (0).
-    pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
-        if !ON {
-            return 0;
-        }
-        let LocalMem::Unset(words) = self else { return 0 };
-        let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
-        if pages == 0 {
-            return 0;
-        }
-        let LocalMem::Unset(words) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
-        match PageBitmap::new(words, pages) {
-            Ok(p) => {
-                *self = LocalMem::Active { base, pages: p };
-                (pages as u64).saturating_mul(PAGE)
-            }
-            Err(_) => 0,
-        }
-    }
-
-    /// Whether there is local memory.
-    pub(crate) fn is_active(&self) -> bool {
-        ON && matches!(self, LocalMem::Active { .. })
-    }
-
-    /// Bytes managed and bytes in use.
-    pub(crate) fn usage(&self) -> (u64, u64) {
-        if !ON {
-            return (0, 0);
-        }
-        match self {
-            LocalMem::Active { pages, .. } => (
-                (pages.pages() as u64).saturating_mul(PAGE),
-                (pages.used_pages() as u64).saturating_mul(PAGE),
-            ),
-            _ => (0, 0),
-        }
-    }
-
-    /// A region of `bytes` (rounded to pages) of local memory, if there is
-    /// room.
-    pub(crate) fn alloc(&mut self, bytes: u64) -> Option<DmaRegion> {
-        if !ON {
-            return None;
-        }
-        let LocalMem::Active { base, pages } = self else { return None };
-        let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
-        let first = pages.alloc(n).ok()?;
-        let addr = base.checked_add((first as u64).checked_mul(PAGE)?)?;
-        let len = n.checked_mul(PAGE as usize)?;
-        // SAFETY: no CPU pointer; the pages `[first, first + n)` were just
-        // taken from the bitmap, so the range belongs to this region alone
-        // until `free` gives it back.
-        Some(unsafe { DmaRegion::with_handle(None, addr, len, LOCAL_HANDLE) })
-    }
-
-    /// Gives a region from [`LocalMem::alloc`] back.
-    pub(crate) fn free(&mut self, r: DmaRegion) {
-        if !ON {
-            return;
-        }
-        let LocalMem::Active { base, pages } = self else { return };
-        let Some(off) = r.dev_addr().checked_sub(*base) else { return };
-        let _ = pages.free((off / PAGE) as usize, r.len().div_ceil(PAGE as usize));
-    }
-}
-
-/// Where a buffer's memory is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Residency {
-    /// In local memory.
-    Local,
-    /// In system memory.
-    System,
-}
 
 /// The device's local memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -270,7 +162,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let mem = self.mem.lock();
         let l = mem.buffers.live(h)?;
         Ok(match l.alloc.block() {
-            Some(r) if is_local(r) => Residency::Local,
+            Some(r) => r.residency(),
             _ => Residency::System,
         })
     }
@@ -300,7 +192,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             return Err(MoveError::NotLocal);
         }
         let here = match l.alloc.block() {
-            Some(r) if is_local(r) => Residency::Local,
+            Some(r) => r.residency(),
             _ => Residency::System,
         };
         if here != from {
@@ -347,7 +239,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let h = {
             let mem = self.mem.lock();
             mem.buffers.min_live(|l| {
-                let local = l.alloc.block().is_some_and(|b| is_local(b));
+                let local = l.alloc.block().is_some_and(|b| b.residency() == Residency::Local);
                 let old = l.touched.saturating_add(min) <= now || l.touched == 0;
                 let idle = l.pinned == 0 && !l.moving && !self.busy(&l.last_use, l.used);
                 (local && idle && old).then_some(l.touched)
@@ -435,21 +327,24 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let p = self.b.platform();
         let len = usize::try_from(s.bytes).map_err(|_| MoveError::Memory)?;
         let to = match p.dma_alloc(len, DmaFlags::DEVICE_ONLY) {
-            Ok(r) => r,
+            Ok(r) => DmaGuard::new(p, r),
             Err(_) => {
                 self.end_move(s.h);
                 return Err(MoveError::Memory);
             }
         };
         if let Err(e) = self.copy_out(s, &to) {
-            p.dma_free(to);
+            // Freed before the memory lock is taken again.
+            drop(to);
             self.end_move(s.h);
             return Err(e);
         }
-        match self.remap(s, to) {
+        match self.remap(s, to.keep()) {
             Ok(old) => {
                 let mut mem = self.mem.lock();
-                mem.local.free(old);
+                // Local memory: the buffer was in it (`take_subject`), and
+                // stayed pinned there.
+                mem.local.free(old.into_local_pages());
                 if let Ok(l) = mem.buffers.live_mut(s.h) {
                     l.evicted = self.clock().max(1);
                 }
@@ -471,20 +366,20 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// evicting idle buffers for room. The caller ends the move.
     fn move_to_local(&self, s: Subject) -> Result<(), MoveError> {
         let to = loop {
-            if let Some(r) = self.mem.lock().local.alloc(s.bytes) {
-                break r;
+            if let Some(pages) = self.mem.lock().local.alloc(s.bytes) {
+                break DmaRegion::local(pages);
             }
             if !self.evict_one() {
                 return Err(MoveError::NoRoom);
             }
         };
         if let Err(e) = self.copy_out(s, &to) {
-            self.mem.lock().local.free(to);
+            self.mem.lock().local.free(to.into_local_pages());
             return Err(e);
         }
         match self.remap(s, to) {
             Ok(old) => self.b.platform().dma_free(old),
-            Err(to) => self.mem.lock().local.free(to),
+            Err(to) => self.mem.lock().local.free(to.into_local_pages()),
         }
         Counters::add(&self.stats.restores, 1);
         Counters::add(&self.stats.bytes_moved, s.bytes);
@@ -572,7 +467,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let min = u64::from(self.cfg.local_min_residency);
         for (slot, h) in restore.iter_mut().zip(pins.handles()) {
             let Ok(l) = mem.buffers.live_mut(h) else { continue };
-            if l.alloc.block().is_some_and(|b| is_local(b)) {
+            if l.alloc.block().is_some_and(|b| b.residency() == Residency::Local) {
                 continue;
             }
             let recently_evicted = l.evicted != 0 && l.evicted.saturating_add(min) > self.clock();
@@ -623,33 +518,3 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
 /// How long a submission sleeps between looks at a declared buffer that
 /// is being moved.
 const MOVE_POLL_NS: u64 = 20_000;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// With the `local-memory` feature the page allocator takes the
-    /// device's local memory and hands out pages of it; without, it takes
-    /// none and every request falls back to system memory.
-    #[test]
-    fn local_memory_is_used_only_when_built_in() {
-        let mut words = [0u64; 2];
-        let mut local = LocalMem::new(&mut words);
-        let managed = local.activate(0x4000_0000, 64 * PAGE);
-        let r = local.alloc(2 * PAGE);
-        if ON {
-            assert_eq!(managed, 64 * PAGE);
-            assert!(local.is_active());
-            let r = r.expect("two local pages");
-            assert!(is_local(&r));
-            assert_eq!(local.usage(), (64 * PAGE, 2 * PAGE));
-            local.free(r);
-            assert_eq!(local.usage(), (64 * PAGE, 0));
-        } else {
-            assert_eq!(managed, 0);
-            assert!(!local.is_active());
-            assert!(r.is_none());
-            assert_eq!(local.usage(), (0, 0));
-        }
-    }
-}

@@ -24,6 +24,7 @@ use crate::cmd::{Command, CommandBuffer, EncodeError, Finished};
 use crate::config::PoolExhaustion;
 use crate::debug::trace::SubmitRecord;
 use crate::error::{FenceStatus, SubmitError};
+use crate::hw::{GpuVa, IbRef};
 use crate::ibpool::{Pending, Recorder};
 use crate::sync::atomic::Ordering;
 use crate::sync::deps::MAX_WAITS;
@@ -159,20 +160,13 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // Dropping `pending` on a refusal gives its chunks back.
         #[cfg(feature = "validation")]
         if !internal && self.validation() {
-            self.validate_ib((finished.gpu_va, finished.size_dw), s.buffers)?;
+            self.validate_ib(finished.ib(), s.buffers)?;
         }
         // The commands must be visible to the device before the ring points
         // at them (a no-op on coherent platforms).
         let p = self.b.platform();
         pending.dirty(|off, len| p.cache_clean(self.ib.region(), off, len));
-        self.commit(
-            s,
-            (qi, q),
-            waits,
-            (finished.gpu_va, finished.size_dw),
-            finished.total_dwords,
-            Some(pending),
-        )
+        self.commit(s, (qi, q), waits, finished.ib(), finished.total_dwords, Some(pending))
     }
 
     /// Submits an IB the caller built and placed in GPU memory itself
@@ -198,11 +192,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // packets (CHAINs followed) are checked as a recorded IB's are.
         #[cfg(feature = "validation")]
         if self.validation() {
-            self.validate_caller_ib((ib_va, size_dw as u32), s.buffers)?;
+            self.validate_caller_ib(IbRef::new(ib_va, size_dw as u32), s.buffers)?;
         }
         let mut table = None;
         let waits = self.needed_waits(s, qi, &mut table)?;
-        self.commit(s, (qi, q), waits, (ib_va, size_dw as u32), size_dw, None)
+        self.commit(s, (qi, q), waits, IbRef::new(ib_va, size_dw as u32), size_dw, None)
     }
 
     /// The submission's checks before recording: its queue (index and
@@ -349,7 +343,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         s: &Submit<'_>,
         (qi, q): (usize, &Queue<B>),
         waits: &[FenceId],
-        ib: (u64, u32),
+        ib: IbRef,
         dwords: u64,
         pending: Option<Pending<'_>>,
     ) -> Result<Fence, SubmitError> {
@@ -440,7 +434,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     }
                     // Under the submit lock too: the queue's trace stage
                     // has one writer at a time.
-                    self.trace_submit((qi, q), seqno, dwords, ib.0, info.wptr);
+                    self.trace_submit((qi, q), seqno, dwords, ib.va, info.wptr);
                     drop(qs);
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);
@@ -485,12 +479,12 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// [`TraceStage`](crate::debug::trace::TraceStage), without the trace's
     /// lock; when the stage is full, recorded under that lock after the
     /// staged ones. The caller holds `q`'s submit lock.
-    fn trace_submit(&self, (qi, q): (usize, &Queue<B>), seqno: Seqno, dwords: u64, ib_va: u64, wptr: u64) {
+    fn trace_submit(&self, (qi, q): (usize, &Queue<B>), seqno: Seqno, dwords: u64, ib_va: GpuVa, wptr: u64) {
         if !cfg!(feature = "trace") {
             return;
         }
         let ts_ns = self.b.platform().now_ns();
-        let r = SubmitRecord { ts_ns, seqno: seqno.0, dwords, ib_va, wptr };
+        let r = SubmitRecord { ts_ns, seqno: seqno.0, dwords, ib_va: ib_va.get(), wptr };
         if !q.trace_stage.push(&r) {
             self.trace_locked().record_submit(qi, &r);
         }

@@ -94,7 +94,7 @@ mod check {
     use crate::decode::Decoder;
     use crate::engine::buffers::{BufferAccess, BufferUse};
     use crate::engine::{Backend, DeviceCore};
-    use crate::hw::{Field, PacketKind};
+    use crate::hw::{Field, IbRef, PacketKind};
     use crate::mem::buffer::{BufferInfo, Tracking};
     use crate::mem::manager::Buffers;
     use crate::platform::Platform;
@@ -150,11 +150,7 @@ mod check {
     impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         /// Checks every packet of the IB at `ib` (in the IB pool), following
         /// CHAINs, against the device's buffers and `declared`.
-        pub(crate) fn validate_ib(
-            &self,
-            ib: (u64, u32),
-            declared: &[BufferUse],
-        ) -> Result<(), ValidationError> {
+        pub(crate) fn validate_ib(&self, ib: IbRef, declared: &[BufferUse]) -> Result<(), ValidationError> {
             let gen = self.enc.desc().generation;
             let (pool_va, pool_len) = self.ib.range();
             let bytes = self.ib.region().bytes();
@@ -164,7 +160,8 @@ mod check {
             let mut index = 0u32;
             // Each chunk is visited once; a CHAIN loop would be a recorder bug.
             let mut hops = 0usize;
-            while let Some((va, dw)) = next.take() {
+            while let Some(IbRef { va, dwords: dw }) = next.take() {
+                let va = va.get();
                 hops = hops.saturating_add(1);
                 let undecodable = ValidationError {
                     packet: index,
@@ -182,7 +179,7 @@ mod check {
                 for item in Decoder::new(gen, seg, va) {
                     let p = item.result.map_err(|_| ValidationError { packet: index, ..undecodable })?;
                     if let Command::Chain { addr, size_dw } = p.command {
-                        next = Some((addr, size_dw));
+                        next = Some(IbRef::new(addr, size_dw));
                         continue;
                     }
                     if let Command::Nop { .. } = p.command {
@@ -209,7 +206,7 @@ mod check {
             Ok(())
         }
 
-        /// Checks an IB the caller built (`ib`: address and dwords) and
+        /// Checks an IB the caller built (`ib`) and
         /// every IB its CHAINs name, packet by packet as [`DeviceCore::validate_ib`]
         /// does, reading them through the CPU's view of the buffers they lie
         /// in. Each IB must lie whole in one live, CPU-readable, unmapped
@@ -218,7 +215,7 @@ mod check {
         /// walked.
         pub(crate) fn validate_caller_ib(
             &self,
-            ib: (u64, u32),
+            ib: IbRef,
             declared: &[BufferUse],
         ) -> Result<(), ValidationError> {
             let gen = self.enc.desc().generation;
@@ -229,7 +226,8 @@ mod check {
             let mut hops = 0usize;
             let mut next = Some((ib, PacketKind::IndirectBuffer));
             let mut index = 0u32;
-            while let Some(((va, dw), opcode)) = next.take() {
+            while let Some((IbRef { va, dwords: dw }, opcode)) = next.take() {
+                let va = va.get();
                 let len = u64::from(dw).saturating_mul(4);
                 let refuse = move |problem| ValidationError {
                     packet: index,
@@ -272,7 +270,7 @@ mod check {
                     match p.command {
                         // What follows a CHAIN in its IB is never run.
                         Command::Chain { addr, size_dw } => {
-                            next = Some(((addr, size_dw), PacketKind::Chain));
+                            next = Some((IbRef::new(addr, size_dw), PacketKind::Chain));
                             break;
                         }
                         Command::Nop { .. } => continue,

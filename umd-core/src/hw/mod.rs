@@ -12,6 +12,7 @@
 #[cfg(not(any(feature = "gen1", feature = "gen2")))]
 compile_error!("umd-core needs at least one generation: enable feature `gen1` or `gen2`");
 
+pub mod addr;
 #[cfg(feature = "gen1")]
 pub mod gen1;
 #[cfg(feature = "gen2")]
@@ -20,6 +21,8 @@ pub mod mmu;
 pub mod regs;
 
 use core::fmt;
+
+pub use addr::{GpuVa, IbRef};
 
 /// A refgpu hardware generation: one variant per generation this build
 /// drives (cargo features `gen1`, `gen2`; both by default).

@@ -44,7 +44,7 @@ use crate::engine::backend::{
 };
 use crate::engine::{DeviceCore, InPlace, InitError};
 use crate::error::{SubmitError, WaitError};
-use crate::hw::{probe, ChipId};
+use crate::hw::{probe, ChipId, IbRef};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{
@@ -73,7 +73,7 @@ struct Held {
     seqno: Seqno,
     waits: [KernelWait; MAX_WAITS + MAX_FOREIGN],
     n: usize,
-    ib: (u64, u32),
+    ib: IbRef,
 }
 
 impl Held {
@@ -156,7 +156,7 @@ impl<'d, P: KernelIo> Kernel<'d, P> {
     fn give(&self, qs: &KernelQueue, q: usize, h: &Held) -> Result<(), KernelSubmitError> {
         let ctx = qs.ctx.ok_or(KernelSubmitError::DeviceLost)?;
         let signal = KernelSync { queue: q as u32, point: h.seqno.0 };
-        let seq = self.p.submit(ctx, h.ib.0, h.ib.1, h.waits(), signal)?;
+        let seq = self.p.submit(ctx, h.ib.va.get(), h.ib.dwords, h.waits(), signal)?;
         // The context numbers its jobs from 1; ours continue from `base`.
         if qs.base.wrapping_add(seq) != h.seqno.0 {
             crate::log::log_error!(

@@ -11,6 +11,8 @@
 //! - [`buffer`]: generation-counted, device-stamped buffer handles;
 //! - [`manager`]: the device's buffers: handles over the pools, frees gated
 //!   on fences, the leak report;
+//! - [`local`]: the device's local memory (the page allocator over it,
+//!   and [`Residency`]);
 //! - [`stats`]: statistics types, all O(1) to read.
 //!
 //! `docs/memory.md` explains the design.
@@ -19,6 +21,7 @@
 //! a caller-provided bitmap, under a `dma_alloc` that carves a fixed window.
 
 pub mod buffer;
+pub mod local;
 pub mod manager;
 pub mod pages;
 pub mod pagetable;
@@ -27,6 +30,7 @@ pub mod stats;
 pub mod va;
 
 pub use buffer::{BufferDesc, BufferError, BufferHandle, BufferInfo, LeakEntry, Tracking};
+pub use local::Residency;
 pub use manager::{AllocError, BufferStats, Buffers};
 pub use pagetable::{
     ArrayPageSource, CachePolicy, NoTlb, PageSource, PageTable, Perms, PtError, TlbInvalidate,

@@ -14,6 +14,8 @@
 
 use core::fmt;
 use core::ptr::NonNull;
+
+use crate::mem::local::{LocalPages, Residency};
 #[cfg(target_has_atomic = "64")]
 use core::sync::atomic::AtomicU64;
 use core::sync::atomic::{AtomicU32, Ordering};
@@ -117,6 +119,39 @@ impl DmaRegion {
     /// `dev_addr` (or named by `handle`) must belong to this region alone.
     pub unsafe fn with_handle(cpu: Option<NonNull<u8>>, dev_addr: u64, len: usize, handle: u64) -> DmaRegion {
         DmaRegion { cpu: cpu.map(NonNull::cast), dev_addr, len, handle }
+    }
+
+    /// The name a region of local memory carries in place of a
+    /// platform's (with no CPU mapping, which a local region never has).
+    /// Local memory is the driver's, not the platform's; the name is
+    /// kept in the `handle` field rather than a field of its own so that a
+    /// region, which every buffer holds, stays four words.
+    const LOCAL: u64 = u64::MAX - 1;
+
+    /// Wraps pages of the device's local memory (no CPU mapping, no
+    /// platform name); [`DmaRegion::into_local_pages`] gives them back.
+    pub(crate) fn local(p: LocalPages) -> DmaRegion {
+        // The pages are this region's alone: `LocalPages` comes from the
+        // allocator, which gives a page out once until it is freed.
+        DmaRegion { cpu: None, dev_addr: p.addr, len: p.len, handle: DmaRegion::LOCAL }
+    }
+
+    /// Where the memory is: local memory (a region from
+    /// [`DmaRegion::local`]) or the platform's.
+    pub(crate) fn residency(&self) -> Residency {
+        if self.handle == DmaRegion::LOCAL && self.cpu.is_none() {
+            Residency::Local
+        } else {
+            Residency::System
+        }
+    }
+
+    /// The pages of a region from [`DmaRegion::local`], for the
+    /// local-memory allocator to take back. The caller knows the region
+    /// is local ([`DmaRegion::residency`]): the platform's memory goes
+    /// back through [`Platform::dma_free`] instead.
+    pub(crate) fn into_local_pages(self) -> LocalPages {
+        LocalPages { addr: self.dev_addr, len: self.len }
     }
 
     /// A region of no memory (a placeholder before allocation, or after
@@ -278,6 +313,52 @@ impl DmaRegion {
                 true
             }
             None => false,
+        }
+    }
+}
+
+/// A region from [`Platform::dma_alloc`] that goes back to the platform
+/// ([`Platform::dma_free`]) when the guard is dropped, unless the step
+/// that needed it succeeded and took it ([`DmaGuard::keep`]): the error
+/// paths of a set-up step return without freeing by hand.
+///
+/// The free runs where the guard is dropped: a guard is never held under
+/// a lock that rules out the platform's memory calls
+/// (`docs/architecture.md`, "The memory lock and the platform's memory
+/// calls").
+pub(crate) struct DmaGuard<'p, P: Platform + ?Sized> {
+    p: &'p P,
+    /// The region (`None` once kept).
+    region: Option<DmaRegion>,
+}
+
+impl<'p, P: Platform + ?Sized> DmaGuard<'p, P> {
+    /// Guards `region`, which `p` allocated.
+    pub(crate) fn new(p: &'p P, region: DmaRegion) -> Self {
+        DmaGuard { p, region: Some(region) }
+    }
+
+    /// The region, no longer freed on drop.
+    pub(crate) fn keep(mut self) -> DmaRegion {
+        // (Always `Some`: only `keep`, which consumes the guard, takes it.)
+        self.region.take().unwrap_or(DmaRegion::empty())
+    }
+}
+
+impl<P: Platform + ?Sized> core::ops::Deref for DmaGuard<'_, P> {
+    type Target = DmaRegion;
+
+    fn deref(&self) -> &DmaRegion {
+        // (Always `Some`, as in `keep`.)
+        const EMPTY: &DmaRegion = &DmaRegion::empty();
+        self.region.as_ref().unwrap_or(EMPTY)
+    }
+}
+
+impl<P: Platform + ?Sized> Drop for DmaGuard<'_, P> {
+    fn drop(&mut self) {
+        if let Some(r) = self.region.take() {
+            self.p.dma_free(r);
         }
     }
 }

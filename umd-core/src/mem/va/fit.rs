@@ -3,7 +3,7 @@
 //! documentation, "Placement").
 
 use super::classes::{class_at_least, class_of};
-use super::{VaPlacement, State, VaAllocator, VaError, VaNode, EXACT_PROBES, GRANULE_SHIFT, MIN_ALIGN, NIL};
+use super::{State, VaAllocator, VaError, VaNode, VaPlacement, EXACT_PROBES, GRANULE_SHIFT, MIN_ALIGN, NIL};
 
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, RECYCLE> {
     /// Address at which `[size]` aligned to `align` fits in hole `h`.

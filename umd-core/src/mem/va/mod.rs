@@ -551,7 +551,12 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// [`VaAllocator::alloc`], returning a [`VaHandle`] (the address and
     /// the node that records it) for [`VaAllocator::free_handle`]. Same
     /// placement, cost and errors.
-    pub fn alloc_handle(&mut self, size: u64, align: u64, placement: VaPlacement) -> Result<VaHandle, VaError> {
+    pub fn alloc_handle(
+        &mut self,
+        size: u64,
+        align: u64,
+        placement: VaPlacement,
+    ) -> Result<VaHandle, VaError> {
         self.alloc_node(size, align, placement).map(|(node, addr)| VaHandle { addr, node })
     }
 

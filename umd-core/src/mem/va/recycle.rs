@@ -3,7 +3,7 @@
 //! handed to the next request of that length.
 
 use super::{
-    State, VaPlacement, VaAllocator, VaError, VaHandle, VaNode, GRANULE_SHIFT, NIL, RECYCLE_CLASSES,
+    State, VaAllocator, VaError, VaHandle, VaNode, VaPlacement, GRANULE_SHIFT, NIL, RECYCLE_CLASSES,
     RECYCLE_LIMIT,
 };
 

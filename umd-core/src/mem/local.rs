@@ -1,0 +1,151 @@
+//! The device's local memory: where a buffer's memory is ([`Residency`])
+//! and the page allocator over local memory (`LocalMem`).
+//!
+//! Local memory is the driver's to manage, not the platform's
+//! (`docs/memory.md`, "Local memory and eviction"): a bitmap over caller
+//! storage hands out runs of 4 KiB pages of it. The device core wraps a
+//! run in a [`crate::platform::DmaRegion`] that says it is local (its
+//! residency), so it goes back here and never to the platform's
+//! `dma_free`.
+//!
+//! Without the `local-memory` feature nothing is managed: every check
+//! folds to a constant and every request falls back to system memory.
+
+use super::pages::PageBitmap;
+
+/// Where a buffer's (or a region's) memory is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Residency {
+    /// In local memory.
+    Local,
+    /// In system memory.
+    System,
+}
+
+/// Bytes of a local-memory page.
+pub(crate) const PAGE: u64 = 4096;
+
+/// Whether local memory is used at all (the `local-memory` feature). The
+/// checks on it fold to constants without it, and with them every move.
+pub(crate) const ON: bool = cfg!(feature = "local-memory");
+
+/// Pages of local memory from [`LocalMem::alloc`]: `len` bytes at the
+/// device address `addr`, until [`LocalMem::free`] gives them back.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct LocalPages {
+    /// The device address of the first byte.
+    pub(crate) addr: u64,
+    /// Length in bytes (whole pages).
+    pub(crate) len: usize,
+}
+
+/// The local-memory page allocator (a bitmap over caller storage).
+pub(crate) enum LocalMem<'d> {
+    /// No local memory (yet): the storage waits.
+    Unset(&'d mut [u64]),
+    /// Local memory `[base, base + pages * 4 KiB)`.
+    Active { base: u64, pages: PageBitmap<&'d mut [u64]> },
+    /// Moved out (transient).
+    Gone,
+}
+
+impl<'d> LocalMem<'d> {
+    /// No local memory, with `words` of bitmap storage for later.
+    pub(crate) fn new(words: &'d mut [u64]) -> Self {
+        LocalMem::Unset(words)
+    }
+
+    /// Uses `[base, base + size)` (as much of it as the storage covers).
+    /// Returns the bytes managed.
+    /// Without the `local-memory` feature: nothing (0).
+    pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
+        if !ON {
+            return 0;
+        }
+        let LocalMem::Unset(words) = self else { return 0 };
+        let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
+        if pages == 0 {
+            return 0;
+        }
+        let LocalMem::Unset(words) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
+        match PageBitmap::new(words, pages) {
+            Ok(p) => {
+                *self = LocalMem::Active { base, pages: p };
+                (pages as u64).saturating_mul(PAGE)
+            }
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether there is local memory.
+    pub(crate) fn is_active(&self) -> bool {
+        ON && matches!(self, LocalMem::Active { .. })
+    }
+
+    /// Bytes managed and bytes in use.
+    pub(crate) fn usage(&self) -> (u64, u64) {
+        if !ON {
+            return (0, 0);
+        }
+        match self {
+            LocalMem::Active { pages, .. } => (
+                (pages.pages() as u64).saturating_mul(PAGE),
+                (pages.used_pages() as u64).saturating_mul(PAGE),
+            ),
+            _ => (0, 0),
+        }
+    }
+
+    /// `bytes` (rounded to pages) of local memory, if there is room.
+    pub(crate) fn alloc(&mut self, bytes: u64) -> Option<LocalPages> {
+        if !ON {
+            return None;
+        }
+        let LocalMem::Active { base, pages } = self else { return None };
+        let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
+        let first = pages.alloc(n).ok()?;
+        let addr = base.checked_add((first as u64).checked_mul(PAGE)?)?;
+        let len = n.checked_mul(PAGE as usize)?;
+        Some(LocalPages { addr, len })
+    }
+
+    /// Gives pages from [`LocalMem::alloc`] back.
+    pub(crate) fn free(&mut self, p: LocalPages) {
+        if !ON {
+            return;
+        }
+        let LocalMem::Active { base, pages } = self else { return };
+        let Some(off) = p.addr.checked_sub(*base) else { return };
+        let _ = pages.free((off / PAGE) as usize, p.len.div_ceil(PAGE as usize));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// With the `local-memory` feature the page allocator takes the
+    /// device's local memory and hands out pages of it; without, it takes
+    /// none and every request falls back to system memory.
+    #[test]
+    fn local_memory_is_used_only_when_built_in() {
+        let mut words = [0u64; 2];
+        let mut local = LocalMem::new(&mut words);
+        let managed = local.activate(0x4000_0000, 64 * PAGE);
+        let r = local.alloc(2 * PAGE);
+        if ON {
+            assert_eq!(managed, 64 * PAGE);
+            assert!(local.is_active());
+            let r = r.expect("two local pages");
+            assert_eq!(r, LocalPages { addr: 0x4000_0000, len: 2 * PAGE as usize });
+            assert_eq!(local.usage(), (64 * PAGE, 2 * PAGE));
+            local.free(r);
+            assert_eq!(local.usage(), (64 * PAGE, 0));
+        } else {
+            assert_eq!(managed, 0);
+            assert!(!local.is_active());
+            assert!(r.is_none());
+            assert_eq!(local.usage(), (0, 0));
+        }
+    }
+}
