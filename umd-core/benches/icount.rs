@@ -19,9 +19,6 @@
 // gungraun's macros generate modules without docs.
 #![allow(missing_docs)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 #[path = "common/store.rs"]
 mod store_limit;
 use store_limit::store;
@@ -29,7 +26,6 @@ use store_limit::store;
 use std::hint::black_box;
 
 use gungraun::prelude::*;
-use support::{Fake, Mode};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
@@ -37,6 +33,7 @@ use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::va::{VaAllocator, VaHandle, VaNode, VaPlacement};
 use umd_core::mem::BufferDesc;
+use umd_core::platform::fake::{Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, QueueId};
 
