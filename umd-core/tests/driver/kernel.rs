@@ -682,7 +682,7 @@ fn loss_race(seed: u64, calls: u64) -> race::Figures {
     fig
 }
 
-/// The loss race of `umd-core/tests/device.rs` in kernel mode: the fake
+/// The loss race of `recovery.rs` in kernel mode: the fake
 /// kernel is lost at a call a seed chooses (submissions, timeline and
 /// context reads, waits), and an accepted submission yields the thread
 /// between the kernel's answer and the publication of its sequence number.
