@@ -9,9 +9,14 @@ use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
-use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle, SizeClass};
+#[cfg(feature = "mmu")]
+use umd_core::mem::SizeClass;
+use umd_core::mem::{AllocError, BufferDesc, BufferError, BufferHandle};
 use umd_core::platform::fake;
-use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted, MEM_BASE};
+#[cfg(feature = "mmu")]
+use umd_core::platform::fake::MEM_BASE;
+use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
+#[cfg(feature = "mmu")]
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
