@@ -21,6 +21,8 @@ use umd_core::hw::Generation;
 use umd_core::platform::fake::Fake;
 use umd_core::storage::DeviceStorage;
 
+/// A 4 KiB ring and 4 KiB IB chunks, polling: small enough that the tests
+/// reach the ring's and the pool's limits in a few submissions.
 fn small_cfg() -> Config {
     Config { ring_bytes: 4096, ib_chunk_bytes: 4096, use_irq: false, ..Config::DEFAULT }
 }
@@ -40,10 +42,13 @@ impl Rig {
     }
 }
 
+/// A rig on a coherent fake of generation `gen` with 4 MiB of memory.
 fn rig(gen: Generation) -> Rig {
     Rig { fake: Fake::new(gen, 4 << 20), storage: Box::default() }
 }
 
+/// Runs `f` on a device of generation `gen` (`C` queues) on a coherent
+/// fake with 8 MiB of memory.
 fn with_device<const C: usize>(
     gen: Generation,
     cfg: Config,

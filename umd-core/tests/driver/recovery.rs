@@ -15,6 +15,7 @@ use umd_core::hw::Generation;
 use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 use umd_core::sync::{Cause, FaultKind, Fence, FenceError, QueueId};
 
+/// Whether this build captures hang reports (feature `hang-capture`).
 const CAPTURE: bool = cfg!(feature = "hang-capture");
 
 // Needs feature `hang-capture` (reads the captured ring and IB windows).

@@ -278,6 +278,7 @@ fn fences_from_before_and_after_work_are_told_apart() {
     });
 }
 
+/// Whether this build records the trace (feature `trace`).
 const TRACE: bool = cfg!(feature = "trace");
 
 // Needs feature `trace` (the trace ring).

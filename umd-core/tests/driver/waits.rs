@@ -250,6 +250,7 @@ fn a_full_dependency_table_waits_then_refuses() {
     });
 }
 
+/// The storage of the events tests' devices.
 type SmallStorage = DeviceStorage<64, 128, 32, 64>;
 
 #[test]
