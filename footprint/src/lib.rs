@@ -99,7 +99,10 @@ mod board {
         fn board_delay_ns(ns: u64);
     }
 
-    /// The probe's platform.
+    /// The probe's platform: calls into the board's C functions, as a
+    /// firmware's would. Not `umd_core::platform::fake`: the probe is
+    /// `no_std` with no allocator on the embedded targets, and measures the
+    /// driver's code alone, so its platform must add none of its own.
     pub struct Board;
 
     // SAFETY: the board's allocator hands out exclusive, 4 KiB-aligned,

@@ -1,5 +1,5 @@
 //! The driver (direct mode) on the scripted fake platform of the device
-//! tests (`umd-core/tests/support`: virtual time, engines that run only
+//! tests (`umd_core::platform::fake`: virtual time, engines that run only
 //! when told), driven by operation sequences from the fuzzer's bytes:
 //! alloc, free (also of buffers in flight, and stale handles), submit on
 //! any queue (writing a live buffer, declared or not, optionally after
@@ -24,14 +24,10 @@
 //! and, on gen2, local memory, so residency moves race declared work.
 #![no_main]
 
-#[allow(dead_code, unused_imports)]
-#[path = "../../umd-core/tests/support/mod.rs"]
-mod support;
-
 use libfuzzer_sys::fuzz_target;
 use std::collections::HashMap;
 use std::sync::Mutex;
-use support::{EngineFault, Fake, Mode};
+use umd_core::platform::fake::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::MoveError;

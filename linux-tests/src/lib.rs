@@ -886,7 +886,11 @@ pub fn check_suite(gen: u8, suite: Suite) {
             println!("gen{gen} {}", l.trim_end());
         }
     }
-    println!("gen{gen} {suite:?}: {} guest tests, boot {:.1} s", out.boot.results.len(), out.wall.as_secs_f64());
+    println!(
+        "gen{gen} {suite:?}: {} guest tests, boot {:.1} s",
+        out.boot.results.len(),
+        out.wall.as_secs_f64()
+    );
     if out.kernel_stalls > 0 {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }

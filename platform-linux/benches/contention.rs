@@ -28,7 +28,10 @@ use umd_core::mem::BufferDesc;
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError, SpinLock};
 use umd_core::storage::DeviceStorage;
 
-/// The in-process platform with the core's locks of type `L`.
+/// The in-process platform with the core's locks of type `L`. Not the
+/// scripted fake (`umd_core::platform::fake`): this bench measures the
+/// Linux platforms' lock and allocator under contention, so it runs on the
+/// in-process platform, only its lock type swapped.
 struct WithLock<L>(InProcess, PhantomData<fn() -> L>);
 
 // SAFETY: every call goes to the in-process platform, which upholds the

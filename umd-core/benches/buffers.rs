@@ -14,13 +14,9 @@
 //!
 //! Run: `cargo bench -p umd-core --bench buffers`
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::hint::black_box;
 use std::time::Instant;
 
-use support::{Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::tables::Tables;
 use umd_core::direct::{Device, MmuMode};
@@ -28,6 +24,7 @@ use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::va::{VaAllocator, VaNode, VaPlacement};
 use umd_core::mem::{BufferDesc, Perms};
+use umd_core::platform::fake::{Fake, Mode};
 use umd_core::platform::{DmaFlags, Platform};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;

@@ -19,17 +19,18 @@
 // gungraun's macros generate modules without docs.
 #![allow(missing_docs)]
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
+// The fake compiled into this crate, as the baseline was measured
+// (common/fake.rs says why).
+#[path = "common/fake.rs"]
+mod fake;
 #[path = "common/store.rs"]
 mod store_limit;
 use store_limit::store;
 
 use std::hint::black_box;
 
+use fake::{Fake, Mode};
 use gungraun::prelude::*;
-use support::{Fake, Mode};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};

@@ -1,5 +1,5 @@
 //! CPU cost of one submission in direct mode, against the scripted fake
-//! device (tests/support), for 1, 10 and 100 packets per submission, with
+//! device (`umd_core::platform::fake`), for 1, 10 and 100 packets per submission, with
 //! batching on and off. Baseline, in the same run: encoding the same
 //! packets into a plain buffer with `Encoder` (what a submission costs
 //! beyond encoding is the ring, the IB pool, fences and bookkeeping).
@@ -9,17 +9,14 @@
 //! Run: `cargo bench -p umd-core --bench submit`; `tools/bench-against.sh
 //! REV` runs it at another revision too and prints the ratios.
 
-#[path = "../tests/support/mod.rs"]
-mod support;
-
 use std::hint::black_box;
 use std::time::Instant;
 
-use support::{Fake, Mode};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
+use umd_core::platform::fake::{Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 

@@ -2,14 +2,12 @@
 //! resets through the `log` facade (run: `cargo test -p umd-core --features
 //! log --test logging`).
 
-mod support;
-
 use std::sync::Mutex;
 
-use support::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
+use umd_core::platform::fake::{EngineFault, Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 

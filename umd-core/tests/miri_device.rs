@@ -9,13 +9,11 @@
 //! hardware edge (DMA regions, fence slots, page tables, the fake's
 //! memory) against the aliasing and provenance rules while they run.
 
-mod support;
-
-use support::{EngineFault, Fake, Mode};
 use umd_core::config::{Config, HangConfig};
 use umd_core::direct::{Device, MmuMode};
 use umd_core::error::{FenceStatus, WaitError};
 use umd_core::hw::Generation;
+use umd_core::platform::fake::{EngineFault, Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 

@@ -4,12 +4,10 @@
 //! off by default. Without the feature, switching it on is refused (the
 //! last test, compiled either way).
 
-mod support;
-
-use support::Fake;
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
+use umd_core::platform::fake::Fake;
 use umd_core::storage::DeviceStorage;
 
 type Storage = DeviceStorage<256, 256, 64, 256>;
@@ -27,7 +25,6 @@ fn with_device(f: impl FnOnce(&Device<'_, Fake, 4>)) {
 
 #[cfg(feature = "validation")]
 mod on {
-    use super::support::Mode;
     use super::with_device;
     use umd_core::cmd::{Command, CompareOp, DispatchOp};
     use umd_core::engine::validate::{Problem, ValidationError};
@@ -35,6 +32,7 @@ mod on {
     use umd_core::error::SubmitError;
     use umd_core::hw::{Field, PacketKind};
     use umd_core::mem::BufferDesc;
+    use umd_core::platform::fake::Mode;
     use umd_core::sync::QueueId;
 
     fn refused(r: Result<umd_core::sync::Fence, SubmitError>) -> ValidationError {

@@ -5,20 +5,18 @@
 //! the any-of future's index, its errors and bad input; a full hub. (The same futures under a real executor
 //! with the in-process model: `platform-linux/tests/async_wait.rs`.)
 
-mod support;
-
 use std::future::Future;
 use std::pin::pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll, Wake, Waker};
 
-use support::{EngineFault, Fake, Mode};
 use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{AnyWaitError, Wakeups};
 use umd_core::error::WaitError;
 use umd_core::hw::Generation;
+use umd_core::platform::fake::{EngineFault, Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 

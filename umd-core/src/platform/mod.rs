@@ -455,6 +455,8 @@ impl ClockSync {
     }
 }
 
+#[cfg(any(test, feature = "fake"))]
+pub mod fake;
 mod kernel_io;
 pub(crate) mod slots;
 pub use kernel_io::{

@@ -1,5 +1,7 @@
 // A platform that is never run: the files here only have to type-check
-// (or fail to, at the line their `.stderr` names).
+// (or fail to, at the line their `.stderr` names). Not the scripted fake
+// (`umd_core::platform::fake`): nothing here runs, so no device need be
+// behind the platform, and the expected compiler output names this type.
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, Platform, PlatformError};
 
 pub struct Board;

@@ -6,14 +6,10 @@
 //! wait/signal points, holds wait-before-signal work back, replaces guilty
 //! contexts, and turns a kernel reset into failed fences.
 
-mod support;
-
-use support::race;
-
 use std::collections::HashSet;
 use std::sync::{Mutex, MutexGuard};
 
-use support::FakeState;
+use crate::race;
 use umd_core::cmd::Command;
 use umd_core::config::{Config, HangConfig};
 use umd_core::decode::Decoder;
@@ -22,6 +18,7 @@ use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::{ChipId, Generation};
 use umd_core::kernel::KernelDevice;
 use umd_core::mem::BufferDesc;
+use umd_core::platform::fake::FakeState;
 use umd_core::platform::{
     ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
     KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
@@ -654,7 +651,7 @@ struct RaceRig {
     storage: Storage,
 }
 
-/// One run of the loss race (`support::race`) on a fresh kernel-mode
+/// One run of the loss race (`crate::race`) on a fresh kernel-mode
 /// device whose fake kernel is lost at the call `seed` chose, below
 /// `calls`; accepted submissions yield.
 fn loss_race(seed: u64, calls: u64) -> race::Figures {
@@ -685,7 +682,7 @@ fn loss_race(seed: u64, calls: u64) -> race::Figures {
     fig
 }
 
-/// The loss race of `umd-core/tests/device.rs` in kernel mode: the fake
+/// The loss race of `recovery.rs` in kernel mode: the fake
 /// kernel is lost at a call a seed chooses (submissions, timeline and
 /// context reads, waits), and an accepted submission yields the thread
 /// between the kernel's answer and the publication of its sequence number.

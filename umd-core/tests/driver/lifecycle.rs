@@ -1,0 +1,156 @@
+//! Lifecycle: bring-up (bad configurations refused with nothing leaked,
+//! the memory plan, the MMU when not built in), handles that can not
+//! dangle or cross devices, and the leak report at shutdown.
+
+use super::{small_cfg, Storage};
+use umd_core::config::Config;
+use umd_core::direct::{Device, InitError, MmuMode};
+use umd_core::error::{SubmitError, WaitError};
+use umd_core::hw::Generation;
+use umd_core::mem::{BufferDesc, BufferError, BufferHandle};
+use umd_core::platform::fake::Fake;
+use umd_core::sync::QueueId;
+
+#[test]
+fn init_rejects_bad_config_and_frees_what_it_allocated() {
+    let mut storage: Box<Storage> = Box::default();
+    let bad = Config { ring_bytes: 3000, ..Config::DEFAULT };
+    let fake = Fake::new(Generation::Gen1, 1 << 20);
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::BadConfig(_)));
+    assert_eq!(fake.state().allocs, 0);
+    let fake = Fake::new(Generation::Gen1, 1 << 20);
+    fake.state().regs[0] = 0x1234_0100;
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::Probe(_)));
+    // Out of memory half-way: everything allocated so far is freed.
+    let fake = Fake::new(Generation::Gen1, 256 << 10);
+    let e = Device::<Fake, 64>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::Platform(_)));
+    assert_eq!(fake.state().allocs, 0);
+    // With the MMU: no GPU address for a block (a VA arena too small), or
+    // no page table to map it (too few table pages): the block is freed.
+    if umd_core::direct::MMU {
+        for (va_size, table_pages) in [(16 << 10, 16), (1 << 30, 1)] {
+            let fake = Fake::new(Generation::Gen2, 1 << 20);
+            let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size, table_pages };
+            let e = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu).err().unwrap();
+            assert!(matches!(e, InitError::Va(_) | InitError::Map), "{e:?}");
+            assert_eq!(fake.state().allocs, 0, "{e:?}");
+        }
+    }
+    // A chip with no engines, and one with more than the build drives.
+    let fake = Fake::new(Generation::Gen2, 1 << 20);
+    fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 0;
+    let e = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).err().unwrap();
+    assert!(matches!(e, InitError::BadConfig(_)));
+    let fake = Fake::new(Generation::Gen2, 1 << 20);
+    fake.state().regs[(umd_core::hw::regs::ENGINE_COUNT / 4) as usize] = 2;
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    assert_eq!(dev.queue_count(), 2, "the queue count comes from the chip");
+    assert_eq!(
+        dev.submit(QueueId::COPY, &[], |cb| cb.barrier()),
+        Err(SubmitError::UnknownQueue(QueueId::COPY))
+    );
+    drop(dev);
+    assert_eq!(fake.state().allocs, 0);
+}
+
+#[test]
+fn the_mmu_is_refused_with_a_typed_error_when_not_built_in() {
+    let fake = Fake::new(Generation::Gen2, 4 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let mmu = MmuMode::Enabled { va_base: 1 << 32, va_size: 1 << 30, table_pages: 16 };
+    let r = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), mmu);
+    if umd_core::direct::MMU {
+        let dev = r.expect("device comes up with the MMU");
+        let h = dev.alloc_buffer(4096).unwrap();
+        assert!(dev.va(h).unwrap() >= 1 << 32);
+        drop(dev);
+    } else {
+        assert!(matches!(r.err(), Some(umd_core::engine::InitError::BadConfig(_))));
+    }
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
+}
+
+/// `MemoryPlan` is exactly what `Device::new` takes: a fake with that many
+/// bytes is enough, one page less is not, and the plan names the pool
+/// that did not fit (the IB pool, allocated last).
+// Needs feature `mmu` (brings a device up with the MMU on).
+#[cfg(feature = "mmu")]
+#[test]
+fn memory_plan_is_what_device_new_takes() {
+    use umd_core::direct::MemoryPlan;
+    for (cfg, mmu) in [(small_cfg(), MmuMode::DEFAULT), (Config::DEFAULT, MmuMode::Bypass)] {
+        let plan = MemoryPlan::new(&cfg, mmu, 8, 3);
+        let fake = Fake::new(Generation::Gen1, plan.total());
+        let mut storage: Box<Storage> = Box::default();
+        let dev = Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).unwrap();
+        assert_eq!(fake.state().bytes_in_use(), plan.total());
+        drop(dev);
+        assert_eq!(fake.state().bytes_in_use(), 0);
+        let short = plan.total() - 4096;
+        let fake = Fake::new(Generation::Gen1, short);
+        let mut storage: Box<Storage> = Box::default();
+        assert!(Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).is_err());
+        assert_eq!(fake.state().bytes_in_use(), 0, "a failed Device::new gives everything back");
+        assert_eq!(plan.check(short).unwrap_err().what, "IB pool");
+    }
+}
+
+#[test]
+fn handles_cannot_dangle_or_cross_devices() {
+    let (fa, fb) = (Fake::new(Generation::Gen1, 8 << 20), Fake::new(Generation::Gen1, 8 << 20));
+    let (mut sa, mut sb): (Box<Storage>, Box<Storage>) = (Box::default(), Box::default());
+    let a = Device::<Fake, 4>::new(&fa, &mut sa, small_cfg(), MmuMode::Bypass).unwrap();
+    let b = Device::<Fake, 4>::new(&fb, &mut sb, small_cfg(), MmuMode::Bypass).unwrap();
+    assert_ne!(a.id(), b.id());
+    let ha = a.alloc_buffer(256).unwrap();
+    let hb = b.alloc_buffer(256).unwrap();
+    // A handle of another device: refused, nothing changes on either.
+    assert_eq!(b.free(ha), Err(BufferError::ForeignDevice { handle: a.id(), device: b.id() }));
+    assert!(matches!(b.read_u32(ha, 0), Err(BufferError::ForeignDevice { .. })));
+    assert_eq!(a.buffer_stats().live, 1);
+    assert_eq!(b.buffer_stats().live, 1);
+    // A fence of another device.
+    let fence_a = a.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
+    assert_eq!(
+        b.submit(QueueId::GFX, &[fence_a], |cb| cb.barrier()),
+        Err(SubmitError::ForeignFence(fence_a))
+    );
+    assert_eq!(b.wait(fence_a, 0), Err(WaitError::ForeignFence(fence_a)));
+    // Forged handles.
+    let (dev_id, index, gen) = hb.into_raw();
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index + 100, 1)), Err(BufferError::Unknown));
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index, gen + 2)), Err(BufferError::Unknown));
+    assert_eq!(b.free(BufferHandle::from_raw(dev_id, index, 0)), Err(BufferError::Unknown));
+    // Use after free and double free.
+    b.free(hb).unwrap();
+    assert_eq!(b.free(hb), Err(BufferError::Stale));
+    assert_eq!(b.read_u32(hb, 0), Err(BufferError::Stale));
+    assert_eq!(b.write(hb, 0, &[1]), Err(BufferError::Stale));
+    assert!(matches!(b.map(hb), Err(BufferError::Stale)));
+    // The slot is reused by a new buffer; the old handle still can not
+    // reach it.
+    let hb2 = b.alloc_buffer(256).unwrap();
+    assert_eq!(hb2.into_raw().1, index);
+    assert_eq!(b.read_u32(hb, 0), Err(BufferError::Stale));
+    b.free(hb2).unwrap();
+    a.free(ha).unwrap();
+}
+
+#[test]
+fn shutdown_reports_leaks_with_tags() {
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<Storage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    let a = dev.alloc(&BufferDesc::new(100).tag("vertices")).unwrap();
+    let _b = dev.alloc(&BufferDesc::new(70_000).tag("texture")).unwrap();
+    dev.free(a).unwrap();
+    let mut leaks = Vec::new();
+    dev.leak_report(|l| leaks.push((l.info.tag, l.info.size, l.info.serial)));
+    assert_eq!(leaks, vec![("texture", 70_000, 2)]);
+    let r = dev.shutdown();
+    assert_eq!((r.leaked_buffers, r.leaked_bytes), (1, 70_000));
+    assert_eq!(fake.state().allocs, 0, "leaked memory is given back at teardown");
+}
