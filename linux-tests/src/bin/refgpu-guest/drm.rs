@@ -366,22 +366,24 @@ impl Dev {
     /// SYNCOBJ_TIMELINE_WAIT for one point, `timeout_ns` from now (waits
     /// for the point's fence to be submitted too).
     pub fn wait_point(&self, handle: u32, point: u64, timeout_ns: i64) -> Result<(), Errno> {
-        let handles = [handle];
-        let points = [point];
-        let mut a = SyncobjTimelineWait {
-            handles: handles.as_ptr() as u64,
-            points: points.as_ptr() as u64,
-            timeout_nsec: now_ns().saturating_add(timeout_ns),
-            count_handles: 1,
-            flags: WAIT_ALL | WAIT_FOR_SUBMIT,
-            ..Default::default()
-        };
-        self.ioctl(DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut a)
+        self.timeline_wait(handle, point, timeout_ns, ioctl)
     }
 
     /// SYNCOBJ_TIMELINE_WAIT as [`Dev::wait_point`], once: a signal
     /// returns EINTR unless the kernel restarts the ioctl (SA_RESTART).
     pub fn wait_point_once(&self, handle: u32, point: u64, timeout_ns: i64) -> Result<(), Errno> {
+        self.timeline_wait(handle, point, timeout_ns, ioctl_once)
+    }
+
+    /// SYNCOBJ_TIMELINE_WAIT for one point through `call` ([`ioctl`] or
+    /// [`ioctl_once`]); the deadline is absolute, so a retry keeps it.
+    fn timeline_wait(
+        &self,
+        handle: u32,
+        point: u64,
+        timeout_ns: i64,
+        call: fn(RawFd, u32, &mut SyncobjTimelineWait) -> Result<(), Errno>,
+    ) -> Result<(), Errno> {
         let handles = [handle];
         let points = [point];
         let mut a = SyncobjTimelineWait {
@@ -392,7 +394,7 @@ impl Dev {
             flags: WAIT_ALL | WAIT_FOR_SUBMIT,
             ..Default::default()
         };
-        ioctl_once(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut a)
+        call(self.fd(), DRM_IOCTL_SYNCOBJ_TIMELINE_WAIT, &mut a)
     }
 
     /// SYNCOBJ_WAIT (binary) for one syncobj, `timeout_ns` from now, once.

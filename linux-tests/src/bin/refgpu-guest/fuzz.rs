@@ -30,27 +30,24 @@ pub const DEFAULT_SEED: u64 = 0x005E_ED0F_2EF6_0001;
 /// seed always makes the same calls.
 pub const ITERATIONS: u32 = 12_000;
 
-/// splitmix64.
-pub struct Rng(u64);
+/// The workloads' splitmix64 (`conformance::faults::Rng`), with the
+/// fuzzer's choices on top.
+pub struct Rng(conformance::faults::Rng);
 
 impl Rng {
     /// A generator from `seed`.
     pub fn new(seed: u64) -> Rng {
-        Rng(seed)
+        Rng(conformance::faults::Rng(seed))
     }
 
     /// The next 64 random bits.
     pub fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// Uniform in `0..n` (`n` > 0).
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.0.below(n)
     }
 
     /// True with probability `num / den`.
