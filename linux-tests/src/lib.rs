@@ -112,6 +112,51 @@ pub const GUEST_TESTS: &[&str] = &[
     "kmsg_clean",
 ];
 
+/// The tests only the debug kernel runs ([`KernelKind::Debug`]), in
+/// order, just before the suite's last test (`kmsg_clean`): failslab over
+/// every driver ioctl, then a kmemleak scan. See docs/reliability.md, "The
+/// debug kernel".
+pub const DEBUG_KERNEL_TESTS: &[&str] = &["failslab_ioctls", "kmemleak_clean"];
+
+/// Which kernel a boot runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// Debian's stock 6.12 kernel (`tools/fetch-linux-kernel.sh`).
+    Stock,
+    /// The debug kernel built from Debian's 6.12 source with lockdep,
+    /// KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging and failslab
+    /// (`tools/build-debug-kernel.sh`).
+    Debug,
+}
+
+impl KernelKind {
+    /// The kernel command-line word that tells the guest which kernel it
+    /// runs on, if any.
+    pub const DEBUG_WORD: &'static str = "rgtest.debug=1";
+
+    /// How many times slower than the stock kernel's guards this kernel's
+    /// boot may be ([`RUN_TIMEOUT`], [`INIT_TIMEOUT`]): KASAN, lockdep
+    /// and kmemleak under TCG. Failure guards only.
+    pub fn guard_factor(self) -> u32 {
+        match self {
+            KernelKind::Stock => 1,
+            KernelKind::Debug => 4,
+        }
+    }
+}
+
+/// The guest suite a kernel runs, in order: [`GUEST_TESTS`], with
+/// [`DEBUG_KERNEL_TESTS`] before the last test on the debug kernel.
+pub fn guest_tests(kind: KernelKind) -> Vec<&'static str> {
+    let mut v = GUEST_TESTS.to_vec();
+    if kind == KernelKind::Debug {
+        let last = v.pop();
+        v.extend_from_slice(DEBUG_KERNEL_TESTS);
+        v.extend(last);
+    }
+    v
+}
+
 /// The stock kernel's checks, on every boot's command line: SLUB debugging
 /// (sanity checks, red zones, poisoning, user tracking), KFENCE sampling
 /// every millisecond, freed memory zeroed, and a panic on any WARN or soft
@@ -120,6 +165,12 @@ pub const GUEST_TESTS: &[&str] = &[
 /// console log level hides it while the guest runs.
 pub const KERNEL_CHECKS: &str =
     "slub_debug=FZPU kfence.sample_interval=1 init_on_free=1 panic_on_warn=1 softlockup_panic=1 panic_print=0x20";
+
+/// The debug kernel's checks, added to [`KERNEL_CHECKS`] on its command
+/// line: a KASAN report panics (`panic_on_warn` already makes the first
+/// one panic; this says so whatever the other words). Lockdep reports,
+/// which do not WARN, are found in the log by the guest's `kmsg_clean`.
+pub const DEBUG_KERNEL_CHECKS: &str = "kasan.fault=panic";
 
 /// Failure guard for one boot (the whole suite of one generation).
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -178,6 +229,8 @@ pub enum Status {
 /// What one boot produced.
 #[derive(Clone, Debug)]
 pub struct Outcome {
+    /// The kernel booted.
+    pub kind: KernelKind,
     /// QEMU's exit code; None if killed.
     pub exit_code: Option<i32>,
     /// Every console line.
@@ -237,7 +290,8 @@ impl Outcome {
                 cause.as_deref().map_or("not in the console".into(), |c| format!("`{c}`"))
             ));
         }
-        for t in GUEST_TESTS {
+        let tests = guest_tests(self.kind);
+        for t in &tests {
             match self.status(t) {
                 Some(Status::Pass) => {}
                 Some(Status::Fail(why)) => f.push(format!("{t}: {why}")),
@@ -245,8 +299,8 @@ impl Outcome {
             }
         }
         for (n, _) in &self.results {
-            if !GUEST_TESTS.contains(&n.as_str()) {
-                f.push(format!("{n}: reported but not in GUEST_TESTS"));
+            if !tests.contains(&n.as_str()) {
+                f.push(format!("{n}: reported but not in the {:?} kernel's suite", self.kind));
             }
         }
         if self.timed_out {
@@ -293,24 +347,41 @@ pub fn harness_dir() -> PathBuf {
     target_base().join("linux-tests")
 }
 
-/// The extracted kernel: version and directory.
+/// A kernel to boot: kind, version and directory.
 #[derive(Clone, Debug)]
 pub struct Kernel {
+    /// Stock or debug.
+    pub kind: KernelKind,
     /// e.g. `6.12.117+deb12-amd64`.
     pub version: String,
-    /// `target/linux-kernel/<version>`.
+    /// `target/linux-kernel/<version>` (stock) or the debug kernel's cache
+    /// directory ([`debug_kernel_cache`]).
     pub dir: PathBuf,
 }
 
 impl Kernel {
     /// The bzImage.
     pub fn image(&self) -> PathBuf {
-        self.dir.join("root/boot").join(format!("vmlinuz-{}", self.version))
+        match self.kind {
+            KernelKind::Stock => self.dir.join("root/boot").join(format!("vmlinuz-{}", self.version)),
+            KernelKind::Debug => self.dir.join("bzImage"),
+        }
     }
 
-    /// The headers tree to build modules against.
+    /// The tree to build modules against.
     pub fn headers(&self) -> PathBuf {
-        self.dir.join("root/usr/src").join(format!("linux-headers-{}", self.version))
+        match self.kind {
+            KernelKind::Stock => {
+                self.dir.join("root/usr/src").join(format!("linux-headers-{}", self.version))
+            }
+            KernelKind::Debug => self.dir.join("build"),
+        }
+    }
+
+    /// The kernel modules the guest loads before ours (`order` lists them,
+    /// dependencies first; empty when the kernel has them built in).
+    pub fn modules(&self) -> PathBuf {
+        self.dir.join("modules")
     }
 }
 
@@ -318,7 +389,60 @@ fn find_kernel() -> Option<Kernel> {
     let base = target_base().join("linux-kernel");
     let version = std::fs::read_to_string(base.join("current")).ok()?.trim().to_string();
     let dir = base.join(&version);
-    dir.join("ok").exists().then_some(Kernel { version, dir })
+    dir.join("ok").exists().then_some(Kernel { kind: KernelKind::Stock, version, dir })
+}
+
+/// Where `tools/build-debug-kernel.sh` caches the debug kernel:
+/// `$REFGPU_DEBUG_KERNEL_CACHE`, else `~/.cache/refgpu/debug-kernel`
+/// (outside the clone, so a fresh clone reuses it).
+pub fn debug_kernel_cache() -> PathBuf {
+    if let Some(d) = std::env::var_os("REFGPU_DEBUG_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/refgpu/debug-kernel")
+}
+
+/// What building the debug kernel needs beyond [`TOOLS`].
+const DEBUG_KERNEL_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
+const DEBUG_TOOLS: [(&str, &str); 3] = [("flex", "--version"), ("bison", "--version"), ("bc", "--version")];
+
+/// The debug kernel, built by `tools/build-debug-kernel.sh` (which returns
+/// at once when the cache holds this source version and configuration;
+/// a cold build takes tens of minutes, see docs/reliability.md).
+fn debug_kernel() -> Result<Kernel, HarnessError> {
+    let present =
+        || Path::new(DEBUG_KERNEL_SOURCE).exists() && DEBUG_TOOLS.iter().all(|(c, a)| tool_runs(c, a));
+    vm_harness::setup::ensure_installed(
+        "the debug kernel's source (linux-source-6.12) and build tools (flex, bison, bc, libelf-dev, libssl-dev)",
+        ".ci/install-debug-kernel.sh",
+        present,
+    )
+    .map_err(HarnessError::Setup)?;
+    let cache = debug_kernel_cache();
+    let script = workspace_root().join("tools/build-debug-kernel.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&cache)
+        .output()
+        .map_err(|e| HarnessError::Setup(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stdout);
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        return Err(HarnessError::Build(format!(
+            "the debug kernel ({} failed: {}):\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )));
+    }
+    let read = |p: PathBuf| std::fs::read_to_string(&p).map(|s| s.trim().to_string());
+    let name = read(cache.join("current"))
+        .map_err(|e| HarnessError::Setup(format!("the debug kernel's cache has no `current`: {e}")))?;
+    let dir = cache.join(name);
+    let version = read(dir.join("kver"))
+        .map_err(|e| HarnessError::Setup(format!("{}: no kver: {e}", dir.display())))?;
+    Ok(Kernel { kind: KernelKind::Debug, version, dir })
 }
 
 /// The kernel tree, fetched with `tools/fetch-linux-kernel.sh` if missing.
@@ -372,7 +496,7 @@ fn tools_present() -> bool {
 /// (once, under the set-up lock shared by every test binary); without root
 /// a missing tool is an error naming it and the exact command. A missing
 /// kernel alone is fetched without root ([`kernel`]).
-fn ensure_setup() -> Result<Kernel, HarnessError> {
+fn ensure_setup(kind: KernelKind) -> Result<Kernel, HarnessError> {
     if vm_harness::setup::is_root() {
         vm_harness::setup::ensure_installed(
             "the Linux guest's tools (qemu-system-x86_64, make, gcc-12, pahole, xz) and kernel packages",
@@ -384,19 +508,24 @@ fn ensure_setup() -> Result<Kernel, HarnessError> {
     if let Some((cmd, _)) = TOOLS.iter().find(|(cmd, arg)| !tool_runs(cmd, arg)) {
         return Err(HarnessError::Missing((*cmd).into()));
     }
-    kernel()
+    match kind {
+        KernelKind::Stock => kernel(),
+        KernelKind::Debug => debug_kernel(),
+    }
 }
 
 fn build_module(k: &Kernel) -> Result<PathBuf, HarnessError> {
     let src = workspace_root().join("kmd");
-    let dst = harness_dir().join("kmd");
+    let dst = harness_dir().join(flavored("kmd", k.kind));
     copy_tree(&src, &dst).map_err(|e| HarnessError::Setup(format!("copying kmd/: {e}")))?;
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(&dst)
-        .arg(format!("KDIR={}", k.headers().display()))
-        .output()
-        .map_err(|e| HarnessError::Build(format!("running make: {e}")))?;
+    let mut make = Command::new("make");
+    make.arg("-C").arg(&dst).arg(format!("KDIR={}", k.headers().display()));
+    if k.kind == KernelKind::Debug {
+        // The compiler the debug kernel was built with, by name (kbuild
+        // warns when the version text differs).
+        make.arg("CC=gcc-12");
+    }
+    let out = make.output().map_err(|e| HarnessError::Build(format!("running make: {e}")))?;
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         return Err(HarnessError::Build(format!("the kernel module:\n{log}")));
@@ -426,6 +555,15 @@ fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `name` for the stock kernel, `name-debug` for the debug kernel: the
+/// kinds' build products do not overwrite each other.
+fn flavored(name: &str, kind: KernelKind) -> String {
+    match kind {
+        KernelKind::Stock => name.to_string(),
+        KernelKind::Debug => format!("{name}-debug"),
+    }
+}
+
 fn cargo(args: &[&str]) -> Result<(), HarnessError> {
     vm_harness::cargo(args, &[], &harness_dir().join("cargo")).map_err(HarnessError::Build)
 }
@@ -435,9 +573,9 @@ pub const GUEST_TARGET: &str = "x86_64-unknown-linux-musl";
 
 fn build_initramfs(k: &Kernel, module: &Path, guest: &Path) -> Result<PathBuf, HarnessError> {
     let setup = |e: std::io::Error| HarnessError::Setup(format!("writing the initramfs: {e}"));
-    let mods = k.dir.join("modules");
+    let mods = k.modules();
     let order = std::fs::read_to_string(mods.join("order")).map_err(setup)?;
-    let path = harness_dir().join("initramfs.cpio");
+    let path = harness_dir().join(flavored("initramfs", k.kind) + ".cpio");
     let file = std::fs::File::create(&path).map_err(setup)?;
     let mut c = cpio::Cpio::new(std::io::BufWriter::new(file));
     for d in ["dev", "proc", "sys", "tmp", "lib", "lib/modules"] {
@@ -459,13 +597,18 @@ fn build_initramfs(k: &Kernel, module: &Path, guest: &Path) -> Result<PathBuf, H
     Ok(path)
 }
 
-/// Builds everything once per test process.
+/// Builds everything for the stock kernel once per test process.
 pub fn artifacts() -> Result<Artifacts, String> {
-    static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT
+    artifacts_for(KernelKind::Stock)
+}
+
+/// Builds everything for `kind` once per test process.
+pub fn artifacts_for(kind: KernelKind) -> Result<Artifacts, String> {
+    static BUILT: [OnceLock<Result<Artifacts, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    BUILT[kind as usize]
         .get_or_init(|| {
             let go = || -> Result<Artifacts, HarnessError> {
-                let kernel = ensure_setup()?;
+                let kernel = ensure_setup(kind)?;
                 let module = build_module(&kernel)?;
                 cargo(&[
                     "build",
@@ -490,27 +633,33 @@ pub fn artifacts() -> Result<Artifacts, String> {
         .clone()
 }
 
-/// Boots the guest suite on GPU generation `gen`; once more if the
-/// kernel did not reach `/init` (at most one retry, counted in
-/// [`Outcome::kernel_stalls`]).
+/// Boots the guest suite on GPU generation `gen` on the stock kernel
+/// ([`boot_on`]).
 pub fn boot(gen: u8) -> Result<Outcome, HarnessError> {
-    let first = boot_once(gen)?;
+    boot_on(gen, KernelKind::Stock)
+}
+
+/// Boots the guest suite on GPU generation `gen` on kernel `kind`; once
+/// more if the kernel did not reach `/init` (at most one retry, counted in
+/// [`Outcome::kernel_stalls`]).
+pub fn boot_on(gen: u8, kind: KernelKind) -> Result<Outcome, HarnessError> {
+    let first = boot_once(gen, kind)?;
     if !first.init_timeout {
         return Ok(first);
     }
     eprintln!(
         "gen{gen}: the kernel did not start /init within {} s; booting again. Console:\n{}",
-        INIT_TIMEOUT.as_secs(),
+        (INIT_TIMEOUT * kind.guard_factor()).as_secs(),
         first.tail(20)
     );
-    let mut again = boot_once(gen)?;
+    let mut again = boot_once(gen, kind)?;
     again.kernel_stalls = 1;
     Ok(again)
 }
 
-/// One boot of the guest suite on generation `gen`.
-fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
-    let art = artifacts().map_err(HarnessError::Build)?;
+/// One boot of the guest suite on generation `gen` and kernel `kind`.
+fn boot_once(gen: u8, kind: KernelKind) -> Result<Outcome, HarnessError> {
+    let art = artifacts_for(kind).map_err(HarnessError::Build)?;
     let dir = tempfile::Builder::new()
         .prefix("linux-tests-")
         .tempdir()
@@ -568,7 +717,11 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
             .arg(&art.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}"
+                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}",
+                match kind {
+                    KernelKind::Stock => String::new(),
+                    KernelKind::Debug => format!(" {DEBUG_KERNEL_CHECKS} {}", KernelKind::DEBUG_WORD),
+                }
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -579,8 +732,8 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     );
     collect_output(&mut qemu, &console, &mut readers);
 
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let init_deadline = Instant::now() + INIT_TIMEOUT;
+    let deadline = Instant::now() + RUN_TIMEOUT * kind.guard_factor();
+    let init_deadline = Instant::now() + INIT_TIMEOUT * kind.guard_factor();
     let (mut reached_init, mut init_timeout) = (false, false);
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
@@ -619,6 +772,7 @@ fn boot_once(gen: u8) -> Result<Outcome, HarnessError> {
     let mut out =
         parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
     out.init_timeout = init_timeout;
+    out.kind = kind;
     Ok(out)
 }
 
@@ -675,6 +829,7 @@ pub fn parse(
     wall: Duration,
 ) -> Outcome {
     let mut out = Outcome {
+        kind: KernelKind::Stock,
         exit_code,
         console,
         model_log,
@@ -731,22 +886,36 @@ pub fn parse(
     out
 }
 
-/// Boots each generation once per test process and shares the outcome.
+/// Boots each generation once per test process on the stock kernel and
+/// shares the outcome.
 pub fn outcome(gen: u8) -> Arc<Result<Outcome, String>> {
+    outcome_on(gen, KernelKind::Stock)
+}
+
+/// Boots each generation once per test process and kernel and shares the
+/// outcome.
+pub fn outcome_on(gen: u8, kind: KernelKind) -> Arc<Result<Outcome, String>> {
     type Cell = Arc<OnceLock<Arc<Result<Outcome, String>>>>;
-    static RUNS: OnceLock<Mutex<HashMap<u8, Cell>>> = OnceLock::new();
+    static RUNS: OnceLock<Mutex<HashMap<(u8, KernelKind), Cell>>> = OnceLock::new();
     let cell = {
         let map = RUNS.get_or_init(Mutex::default);
         let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
-        m.entry(gen).or_default().clone()
+        m.entry((gen, kind)).or_default().clone()
     };
-    cell.get_or_init(|| Arc::new(boot(gen).map_err(|e| e.to_string()))).clone()
+    cell.get_or_init(|| Arc::new(boot_on(gen, kind).map_err(|e| e.to_string()))).clone()
 }
 
-/// Test body: the whole suite of generation `gen` passed; otherwise a
-/// panic listing every failure with the console's tail.
+/// Test body: the whole suite of generation `gen` passed on the stock
+/// kernel ([`check_generation_on`]).
 pub fn check_generation(gen: u8) {
-    let out = outcome(gen);
+    check_generation_on(gen, KernelKind::Stock);
+}
+
+/// Test body: the whole suite of generation `gen` passed on kernel
+/// `kind`; otherwise a panic listing every failure with the console's
+/// tail.
+pub fn check_generation_on(gen: u8, kind: KernelKind) {
+    let out = outcome_on(gen, kind);
     let out = match out.as_ref() {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
@@ -754,7 +923,11 @@ pub fn check_generation(gen: u8) {
     for (name, text) in &out.benches {
         println!("gen{gen} bench {name}: {text}");
     }
-    println!("gen{gen}: {} guest tests, boot {:.1} s", out.results.len(), out.wall.as_secs_f64());
+    println!(
+        "gen{gen}: {} guest tests on the {kind:?} kernel, boot {:.1} s",
+        out.results.len(),
+        out.wall.as_secs_f64()
+    );
     if out.kernel_stalls > 0 {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }

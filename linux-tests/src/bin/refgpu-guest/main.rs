@@ -3,13 +3,14 @@
 //! Mounts proc, sysfs, devtmpfs and debugfs, loads the DRM modules and
 //! `refgpu.ko` (the order is in `/lib/modules/order`; `refgpu.*` kernel
 //! command-line parameters are passed to it, as modprobe would), runs the
-//! suite (`linux_tests::GUEST_TESTS`, one `@@ TEST <name> PASS|FAIL <why>`
+//! suite (`linux_tests::guest_tests`, one `@@ TEST <name> PASS|FAIL <why>`
 //! line each, `@@ BENCH` lines, then `N passed, N failed`) and leaves QEMU
 //! through `isa-debug-exit` with 0 when everything passed, 1 otherwise.
 //! `@@ PHASE init` (first), `@@ PHASE ready` (modules loaded) and
 //! `@@ RUN <name>` (before each test) tell the harness where a boot that
 //! timed out was.
 
+mod debug_kernel;
 mod drm;
 mod fixture;
 mod hostile;
@@ -77,6 +78,16 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
     cmdline.split_whitespace().find_map(|w| w.strip_prefix("rgtest.gen=")).and_then(|g| g.parse().ok())
 }
 
+/// The kernel the harness booted: the debug kernel says so on its command
+/// line.
+fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
+    if cmdline.split_whitespace().any(|w| w == linux_tests::KernelKind::DEBUG_WORD) {
+        linux_tests::KernelKind::Debug
+    } else {
+        linux_tests::KernelKind::Stock
+    }
+}
+
 fn exit_qemu(code: u8) -> ! {
     let _ = std::io::stdout().flush();
     // The serial console transmits asynchronously: let it drain, or QEMU
@@ -103,6 +114,9 @@ fn setup() -> Result<(), String> {
     mount("debugfs", "/sys/kernel/debug", "debugfs");
     tests::kmsg_start();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if kernel_kind(&cmdline) == linux_tests::KernelKind::Debug {
+        debug_kernel::kmemleak_clear()?;
+    }
     let order = std::fs::read_to_string("/lib/modules/order").map_err(|e| format!("module order: {e}"))?;
     for m in order.lines().filter(|l| !l.is_empty()) {
         load_module(&format!("/lib/modules/{m}.ko"), &module_params(&cmdline, m))?;
@@ -153,11 +167,12 @@ fn main() {
         exit_qemu(1);
     }
     println!("@@ PHASE ready");
-    let list = tests::all();
+    let kind = kernel_kind(&std::fs::read_to_string("/proc/cmdline").unwrap_or_default());
+    let list = tests::all(kind);
     let names: Vec<&str> = list.iter().map(|(n, _)| *n).collect();
     let (mut passed, mut failed) = (0, 0);
-    if names != linux_tests::GUEST_TESTS {
-        println!("@@ TEST suite_list FAIL the guest's tests differ from linux_tests::GUEST_TESTS");
+    if names != linux_tests::guest_tests(kind) {
+        println!("@@ TEST suite_list FAIL the guest's tests differ from linux_tests::guest_tests({kind:?})");
         failed += 1;
     }
     for (name, f) in list {
