@@ -9,8 +9,8 @@
 #   ~/.cache/refgpu/debug-kernel (outside the clone: a second clone or a
 #   fresh target/ reuses the build).
 #
-# Result, under CACHE/<source version>-<hash of this script and the
-# fragment>/:
+# Result, under CACHE/<source version>-<hash of the fragment and this
+# script's commands>/:
 #   build/                the configured, built source tree (the KDIR the
 #                         module is built against; object files removed)
 #   bzImage               the kernel
@@ -40,7 +40,9 @@ if [ ! -f "$TARBALL" ]; then
     exit 1
 fi
 VERSION=$(dpkg-query -W -f='${Version}' linux-source-6.12)
-HASH=$(cat "$0" "$FRAGMENT" | sha256sum | cut -c1-12)
+# The cache key: the fragment and this script without its comment lines
+# (a comment edit does not rebuild).
+HASH=$({ grep -v '^[[:space:]]*#' "$0"; cat "$FRAGMENT"; } | sha256sum | cut -c1-12)
 NAME="${VERSION//[^A-Za-z0-9.+-]/_}-$HASH"
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)

@@ -158,7 +158,11 @@ pub fn failslab_ioctls() -> R {
         Ok(())
     };
 
-    run("open", each_failure(&fs, "open", Dev::open, |d| Ok(drop(d))))?;
+    // The open(2) alone (finding the node reads sysfs); the device closes
+    // when the undo drops it.
+    let node = crate::drm::render_node().ok_or("no render node")?;
+    let node = std::ffi::CString::new(node).map_err(|_| "render node path")?;
+    run("open", each_failure(&fs, "open", || Dev::open_node(&node), |_: Dev| Ok(())))?;
     run("GET_PARAM", each_failure(&fs, "GET_PARAM", || fx.dev.param(u::param::CHIP_ID), |_| Ok(())))?;
     let dev = &fx.dev;
     let close = |h: u32| dev.gem_close(h).map_err(|e| format!("GEM_CLOSE: errno {e}"));
