@@ -172,6 +172,11 @@ pub const KERNEL_CHECKS: &str =
 /// which do not WARN, are found in the log by the guest's `kmsg_clean`.
 pub const DEBUG_KERNEL_CHECKS: &str = "kasan.fault=panic";
 
+/// An environment variable whose words are appended to the guest kernel's
+/// command line (to investigate: e.g. `dma_debug=off` on the debug kernel
+/// to see past a DMA-API report).
+pub const EXTRA_CMDLINE: &str = "REFGPU_GUEST_CMDLINE";
+
 /// Failure guard for one boot (the whole suite of one generation).
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -717,11 +722,12 @@ fn boot_once(gen: u8, kind: KernelKind) -> Result<Outcome, HarnessError> {
             .arg(&art.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}",
+                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}{}",
                 match kind {
                     KernelKind::Stock => String::new(),
                     KernelKind::Debug => format!(" {DEBUG_KERNEL_CHECKS} {}", KernelKind::DEBUG_WORD),
-                }
+                },
+                std::env::var(EXTRA_CMDLINE).map(|w| format!(" {w}")).unwrap_or_default()
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -773,6 +779,9 @@ fn boot_once(gen: u8, kind: KernelKind) -> Result<Outcome, HarnessError> {
         parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
     out.init_timeout = init_timeout;
     out.kind = kind;
+    // The whole console, for what the failure's tail does not show.
+    let log = harness_dir().join(flavored(&format!("console-gen{gen}"), kind) + ".log");
+    let _ = std::fs::write(&log, out.console.join("\n"));
     Ok(out)
 }
 
@@ -932,7 +941,15 @@ pub fn check_generation_on(gen: u8, kind: KernelKind) {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }
     let f = out.failures();
-    assert!(f.is_empty(), "gen{gen}: {} failures:\n  {}\n{}", f.len(), f.join("\n  "), out.tail(60));
+    let log = harness_dir().join(flavored(&format!("console-gen{gen}"), kind) + ".log");
+    assert!(
+        f.is_empty(),
+        "gen{gen}: {} failures:\n  {}\n{}\n(the whole console: {})",
+        f.len(),
+        f.join("\n  "),
+        out.tail(60),
+        log.display()
+    );
 }
 
 #[cfg(test)]
