@@ -48,6 +48,15 @@
 //! The guest suite is [`GUEST_TESTS`]: the guest binary runs exactly these
 //! (it checks its own list against this one), so a test the guest did not
 //! report is a failure on the host.
+//!
+//! The same suite boots on a debug kernel ([`KernelKind::Debug`]:
+//! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
+//! built from Debian's 6.12 source by `tools/build-debug-kernel.sh` and
+//! cached outside the clone ([`debug_kernel_cache`]), with
+//! [`DEBUG_KERNEL_TESTS`] added ([`guest_tests`]); `tests/debug_kernel.rs`
+//! runs it (ignored by default). See docs/reliability.md, "The debug
+//! kernel". Each boot's whole console is kept in
+//! `target/linux-tests/console-gen<N>[-debug].log`.
 
 pub mod cpio;
 
