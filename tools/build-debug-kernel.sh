@@ -12,7 +12,8 @@
 # Result, under CACHE/<source version>-<hash of the fragment and this
 # script's commands>/:
 #   build/                the configured, built source tree (the KDIR the
-#                         module is built against; object files removed)
+#                         module is built against; object files and unused
+#                         sources removed)
 #   bzImage               the kernel
 #   modules/order         empty: the DRM helpers are built in
 #   kver                  the kernel release (uname -r)
@@ -99,9 +100,12 @@ start=$(date +%s)
 "${MAKE[@]}" -s kernelrelease >"$OUT/kver"
 cp "$B/arch/x86/boot/bzImage" "$OUT/bzImage"
 : >"$OUT/modules/order"
-# External modules need the configured tree, its tools and Module.symvers,
-# not the objects.
+# External modules need the configured tree, its tools and Module.symvers:
+# not the objects, nor the sources of what is not built (the Kconfig
+# files they hold are read only when configuring).
 find "$B" -name '*.o' -delete
+rm -rf "$B"/Documentation "$B"/sound "$B"/drivers/gpu/drm/amd "$B"/drivers/net "$B"/drivers/media
+find "$B/arch" -mindepth 1 -maxdepth 1 -type d ! -name x86 -exec rm -rf {} +
 echo "built in $(($(date +%s) - start)) s (wall user sys: $(cat "$OUT/time")); load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/build.log"
 touch "$OUT/ok"
 echo "$NAME" >"$CACHE/current"
