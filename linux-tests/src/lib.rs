@@ -991,6 +991,33 @@ mod tests {
     }
 
     #[test]
+    fn the_debug_kernel_adds_its_tests_before_the_last() {
+        assert_eq!(guest_tests(KernelKind::Stock), GUEST_TESTS);
+        let d = guest_tests(KernelKind::Debug);
+        assert_eq!(d.len(), GUEST_TESTS.len() + DEBUG_KERNEL_TESTS.len());
+        assert_eq!(d.last(), GUEST_TESTS.last());
+        assert_eq!(&d[GUEST_TESTS.len() - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
+        // A debug-kernel boot that did not report them fails; a stock boot
+        // that reported them fails too.
+        let mut lines: Vec<String> = vec!["@@ PHASE init".into(), "@@ PHASE ready".into()];
+        lines.extend(GUEST_TESTS.iter().map(|t| format!("@@ TEST {t} PASS (1 ms)")));
+        lines.push(format!("{} passed, 0 failed", GUEST_TESTS.len()));
+        let mut o = parse(lines.clone(), Vec::new(), Some(1), false, Duration::ZERO);
+        assert!(o.failures().is_empty(), "{:?}", o.failures());
+        o.kind = KernelKind::Debug;
+        let f = o.failures();
+        assert!(f.iter().any(|f| f == "failslab_ioctls: not reported"), "{f:?}");
+        assert!(f.iter().any(|f| f == "kmemleak_clean: not reported"), "{f:?}");
+        lines.insert(3, "@@ TEST failslab_ioctls PASS (1 ms)".into());
+        let o = parse(lines, Vec::new(), Some(1), false, Duration::ZERO);
+        assert!(
+            o.failures().iter().any(|f| f.contains("failslab_ioctls: reported but not in")),
+            "{:?}",
+            o.failures()
+        );
+    }
+
+    #[test]
     fn a_panic_is_named_with_its_cause() {
         let o = phase_of(
             &[
