@@ -554,6 +554,12 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	ret = dma_set_mask_and_coherent(dev, DMA_BIT_MASK(48));
 	if (ret)
 		return ret;
+	/*
+	 * The MMU maps page by page (for_each_sgtable_dma_page()): any
+	 * segment length will do, and the shmem helper's tables coalesce
+	 * contiguous pages past the 64 KiB default.
+	 */
+	dma_set_max_seg_size(dev, UINT_MAX);
 	if (pci_resource_len(pdev, 2) < 2 * SZ_4K) {
 		dev_err(dev, "BAR2 too small for the register and info pages\n");
 		return -ENODEV;

@@ -58,6 +58,15 @@
 //! `rgtest.seed=N`. The guest binary runs exactly the chosen list (it
 //! checks its own list against this one), so a test the guest did not
 //! report is a failure on the host.
+//!
+//! The same suite boots on a debug kernel ([`KernelKind::Debug`]:
+//! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
+//! built from Debian's 6.12 source by `tools/build-debug-kernel.sh` and
+//! cached outside the clone ([`debug_kernel_cache`]), with
+//! [`DEBUG_KERNEL_TESTS`] added ([`guest_tests`]); `tests/debug_kernel.rs`
+//! runs it (ignored by default). See docs/reliability.md, "The debug
+//! kernel". Each boot's whole console is kept in
+//! `target/linux-tests/console-gen<N>[-debug].log`.
 
 pub mod cpio;
 
@@ -148,11 +157,20 @@ pub enum Suite {
 }
 
 impl Suite {
-    /// The suite's tests, in order.
-    pub fn tests(self) -> &'static [&'static str] {
+    /// The suite's tests on kernel `kind`, in order (the main suite adds
+    /// [`DEBUG_KERNEL_TESTS`] on the debug kernel: [`guest_tests`]).
+    pub fn tests(self, kind: KernelKind) -> Vec<&'static str> {
         match self {
-            Suite::Main => GUEST_TESTS,
-            Suite::Adversarial => ADVERSARIAL_TESTS,
+            Suite::Main => guest_tests(kind),
+            Suite::Adversarial => ADVERSARIAL_TESTS.to_vec(),
+        }
+    }
+
+    /// What the suite adds to a boot's file names (the kept console).
+    fn file_suffix(self) -> &'static str {
+        match self {
+            Suite::Main => "",
+            Suite::Adversarial => "-adversarial",
         }
     }
 
@@ -171,6 +189,51 @@ impl Suite {
     }
 }
 
+/// The tests only the debug kernel runs ([`KernelKind::Debug`]), in
+/// order, just before the suite's last test (`kmsg_clean`): failslab over
+/// every driver ioctl, then a kmemleak scan. See docs/reliability.md, "The
+/// debug kernel".
+pub const DEBUG_KERNEL_TESTS: &[&str] = &["failslab_ioctls", "kmemleak_clean"];
+
+/// Which kernel a boot runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KernelKind {
+    /// Debian's stock 6.12 kernel (`tools/fetch-linux-kernel.sh`).
+    Stock,
+    /// The debug kernel built from Debian's 6.12 source with lockdep,
+    /// KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging and failslab
+    /// (`tools/build-debug-kernel.sh`).
+    Debug,
+}
+
+impl KernelKind {
+    /// The kernel command-line word that tells the guest which kernel it
+    /// runs on, if any.
+    pub const DEBUG_WORD: &'static str = "rgtest.debug=1";
+
+    /// How many times slower than the stock kernel's guards this kernel's
+    /// boot may be ([`RUN_TIMEOUT`], [`INIT_TIMEOUT`]): KASAN, lockdep
+    /// and kmemleak under TCG. Failure guards only.
+    pub fn guard_factor(self) -> u32 {
+        match self {
+            KernelKind::Stock => 1,
+            KernelKind::Debug => 4,
+        }
+    }
+}
+
+/// The guest suite a kernel runs, in order: [`GUEST_TESTS`], with
+/// [`DEBUG_KERNEL_TESTS`] before the last test on the debug kernel.
+pub fn guest_tests(kind: KernelKind) -> Vec<&'static str> {
+    let mut v = GUEST_TESTS.to_vec();
+    if kind == KernelKind::Debug {
+        let last = v.pop();
+        v.extend_from_slice(DEBUG_KERNEL_TESTS);
+        v.extend(last);
+    }
+    v
+}
+
 /// The stock kernel's checks, on every boot's command line: SLUB debugging
 /// (sanity checks, red zones, poisoning, user tracking), KFENCE sampling
 /// every millisecond, freed memory zeroed, and a panic on any WARN or soft
@@ -179,6 +242,17 @@ impl Suite {
 /// console log level hides it while the guest runs.
 pub const KERNEL_CHECKS: &str =
     "slub_debug=FZPU kfence.sample_interval=1 init_on_free=1 panic_on_warn=1 softlockup_panic=1 panic_print=0x20";
+
+/// The debug kernel's checks, added to [`KERNEL_CHECKS`] on its command
+/// line: a KASAN report panics (`panic_on_warn` already makes the first
+/// one panic; this says so whatever the other words). Lockdep reports,
+/// which do not WARN, are found in the log by the guest's `kmsg_clean`.
+pub const DEBUG_KERNEL_CHECKS: &str = "kasan.fault=panic";
+
+/// An environment variable whose words are appended to the guest kernel's
+/// command line (to investigate: e.g. `dma_debug=off` on the debug kernel
+/// to see past a DMA-API report).
+pub const EXTRA_CMDLINE: &str = "REFGPU_GUEST_CMDLINE";
 
 /// Failure guard for one boot (the whole suite of one generation).
 pub const RUN_TIMEOUT: Duration = Duration::from_secs(600);
@@ -232,6 +306,8 @@ pub use vm_harness::Status;
 pub struct Outcome {
     /// The suite the boot ran.
     pub suite: Suite,
+    /// The kernel booted.
+    pub kind: KernelKind,
     /// QEMU's exit code, the console and model lines, the `@@ TEST`
     /// results in order, and whether the boot hit [`RUN_TIMEOUT`] (or
     /// [`INIT_TIMEOUT`]).
@@ -285,7 +361,8 @@ impl Outcome {
                 cause.as_deref().map_or("not in the console".into(), |c| format!("`{c}`"))
             ));
         }
-        for t in self.suite.tests() {
+        let tests = self.suite.tests(self.kind);
+        for t in &tests {
             match self.status(t) {
                 Some(Status::Pass) => {}
                 Some(Status::Fail(why) | Status::Skip(why)) => f.push(format!("{t}: {why}")),
@@ -293,8 +370,11 @@ impl Outcome {
             }
         }
         for (n, _) in &self.boot.results {
-            if !self.suite.tests().contains(&n.as_str()) {
-                f.push(format!("{n}: reported but not in the {:?} suite's list", self.suite));
+            if !tests.contains(&n.as_str()) {
+                f.push(format!(
+                    "{n}: reported but not in the {:?} suite's list on the {:?} kernel",
+                    self.suite, self.kind
+                ));
             }
         }
         if self.boot.timed_out {
@@ -341,24 +421,41 @@ pub fn harness_dir() -> PathBuf {
     target_base().join("linux-tests")
 }
 
-/// The extracted kernel: version and directory.
+/// A kernel to boot: kind, version and directory.
 #[derive(Clone, Debug)]
 pub struct Kernel {
+    /// Stock or debug.
+    pub kind: KernelKind,
     /// e.g. `6.12.117+deb12-amd64`.
     pub version: String,
-    /// `target/linux-kernel/<version>`.
+    /// `target/linux-kernel/<version>` (stock) or the debug kernel's cache
+    /// directory ([`debug_kernel_cache`]).
     pub dir: PathBuf,
 }
 
 impl Kernel {
     /// The bzImage.
     pub fn image(&self) -> PathBuf {
-        self.dir.join("root/boot").join(format!("vmlinuz-{}", self.version))
+        match self.kind {
+            KernelKind::Stock => self.dir.join("root/boot").join(format!("vmlinuz-{}", self.version)),
+            KernelKind::Debug => self.dir.join("bzImage"),
+        }
     }
 
-    /// The headers tree to build modules against.
+    /// The tree to build modules against.
     pub fn headers(&self) -> PathBuf {
-        self.dir.join("root/usr/src").join(format!("linux-headers-{}", self.version))
+        match self.kind {
+            KernelKind::Stock => {
+                self.dir.join("root/usr/src").join(format!("linux-headers-{}", self.version))
+            }
+            KernelKind::Debug => self.dir.join("build"),
+        }
+    }
+
+    /// The kernel modules the guest loads before ours (`order` lists them,
+    /// dependencies first; empty when the kernel has them built in).
+    pub fn modules(&self) -> PathBuf {
+        self.dir.join("modules")
     }
 }
 
@@ -366,7 +463,60 @@ fn find_kernel() -> Option<Kernel> {
     let base = target_base().join("linux-kernel");
     let version = std::fs::read_to_string(base.join("current")).ok()?.trim().to_string();
     let dir = base.join(&version);
-    dir.join("ok").exists().then_some(Kernel { version, dir })
+    dir.join("ok").exists().then_some(Kernel { kind: KernelKind::Stock, version, dir })
+}
+
+/// Where `tools/build-debug-kernel.sh` caches the debug kernel:
+/// `$REFGPU_DEBUG_KERNEL_CACHE`, else `~/.cache/refgpu/debug-kernel`
+/// (outside the clone, so a fresh clone reuses it).
+pub fn debug_kernel_cache() -> PathBuf {
+    if let Some(d) = std::env::var_os("REFGPU_DEBUG_KERNEL_CACHE") {
+        return PathBuf::from(d);
+    }
+    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("/root"), PathBuf::from);
+    home.join(".cache/refgpu/debug-kernel")
+}
+
+/// What building the debug kernel needs beyond [`TOOLS`].
+const DEBUG_KERNEL_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
+const DEBUG_TOOLS: [(&str, &str); 3] = [("flex", "--version"), ("bison", "--version"), ("bc", "--version")];
+
+/// The debug kernel, built by `tools/build-debug-kernel.sh` (which returns
+/// at once when the cache holds this source version and configuration;
+/// a cold build takes tens of minutes, see docs/reliability.md).
+fn debug_kernel() -> Result<Kernel, HarnessError> {
+    let present =
+        || Path::new(DEBUG_KERNEL_SOURCE).exists() && DEBUG_TOOLS.iter().all(|(c, a)| tool_runs(c, a));
+    vm_harness::setup::ensure_installed(
+        "the debug kernel's source (linux-source-6.12) and build tools (flex, bison, bc, libelf-dev, libssl-dev)",
+        ".ci/install-debug-kernel.sh",
+        present,
+    )
+    .map_err(HarnessError::Setup)?;
+    let cache = debug_kernel_cache();
+    let script = workspace_root().join("tools/build-debug-kernel.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg(&cache)
+        .output()
+        .map_err(|e| HarnessError::Setup(format!("running {}: {e}", script.display())))?;
+    if !out.status.success() {
+        let log = String::from_utf8_lossy(&out.stdout);
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        return Err(HarnessError::Build(format!(
+            "the debug kernel ({} failed: {}):\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stderr).trim(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        )));
+    }
+    let read = |p: PathBuf| std::fs::read_to_string(&p).map(|s| s.trim().to_string());
+    let name = read(cache.join("current"))
+        .map_err(|e| HarnessError::Setup(format!("the debug kernel's cache has no `current`: {e}")))?;
+    let dir = cache.join(name);
+    let version = read(dir.join("kver"))
+        .map_err(|e| HarnessError::Setup(format!("{}: no kver: {e}", dir.display())))?;
+    Ok(Kernel { kind: KernelKind::Debug, version, dir })
 }
 
 /// The kernel tree, fetched with `tools/fetch-linux-kernel.sh` if missing.
@@ -420,7 +570,7 @@ fn tools_present() -> bool {
 /// (once, under the set-up lock shared by every test binary); without root
 /// a missing tool is an error naming it and the exact command. A missing
 /// kernel alone is fetched without root ([`kernel`]).
-fn ensure_setup() -> Result<Kernel, HarnessError> {
+fn ensure_setup(kind: KernelKind) -> Result<Kernel, HarnessError> {
     if vm_harness::setup::is_root() {
         vm_harness::setup::ensure_installed(
             "the Linux guest's tools (qemu-system-x86_64, make, gcc-12, pahole, xz) and kernel packages",
@@ -432,19 +582,24 @@ fn ensure_setup() -> Result<Kernel, HarnessError> {
     if let Some((cmd, _)) = TOOLS.iter().find(|(cmd, arg)| !tool_runs(cmd, arg)) {
         return Err(HarnessError::Missing((*cmd).into()));
     }
-    kernel()
+    match kind {
+        KernelKind::Stock => kernel(),
+        KernelKind::Debug => debug_kernel(),
+    }
 }
 
 fn build_module(k: &Kernel) -> Result<PathBuf, HarnessError> {
     let src = workspace_root().join("kmd");
-    let dst = harness_dir().join("kmd");
+    let dst = harness_dir().join(flavored("kmd", k.kind));
     copy_tree(&src, &dst).map_err(|e| HarnessError::Setup(format!("copying kmd/: {e}")))?;
-    let out = Command::new("make")
-        .arg("-C")
-        .arg(&dst)
-        .arg(format!("KDIR={}", k.headers().display()))
-        .output()
-        .map_err(|e| HarnessError::Build(format!("running make: {e}")))?;
+    let mut make = Command::new("make");
+    make.arg("-C").arg(&dst).arg(format!("KDIR={}", k.headers().display()));
+    if k.kind == KernelKind::Debug {
+        // The compiler the debug kernel was built with, by name (kbuild
+        // warns when the version text differs).
+        make.arg("CC=gcc-12");
+    }
+    let out = make.output().map_err(|e| HarnessError::Build(format!("running make: {e}")))?;
     let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     if !out.status.success() {
         return Err(HarnessError::Build(format!("the kernel module:\n{log}")));
@@ -474,6 +629,15 @@ fn copy_tree(src: &Path, dst: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
+/// `name` for the stock kernel, `name-debug` for the debug kernel: the
+/// kinds' build products do not overwrite each other.
+fn flavored(name: &str, kind: KernelKind) -> String {
+    match kind {
+        KernelKind::Stock => name.to_string(),
+        KernelKind::Debug => format!("{name}-debug"),
+    }
+}
+
 fn cargo(args: &[&str]) -> Result<(), HarnessError> {
     vm_harness::cargo(args, &[], &harness_dir().join("cargo")).map_err(HarnessError::Build)
 }
@@ -483,9 +647,9 @@ pub const GUEST_TARGET: &str = "x86_64-unknown-linux-musl";
 
 fn build_initramfs(k: &Kernel, module: &Path, guest: &Path) -> Result<PathBuf, HarnessError> {
     let setup = |e: std::io::Error| HarnessError::Setup(format!("writing the initramfs: {e}"));
-    let mods = k.dir.join("modules");
+    let mods = k.modules();
     let order = std::fs::read_to_string(mods.join("order")).map_err(setup)?;
-    let path = harness_dir().join("initramfs.cpio");
+    let path = harness_dir().join(flavored("initramfs", k.kind) + ".cpio");
     let file = std::fs::File::create(&path).map_err(setup)?;
     let mut c = cpio::Cpio::new(std::io::BufWriter::new(file));
     for d in ["dev", "proc", "sys", "tmp", "lib", "lib/modules"] {
@@ -507,13 +671,18 @@ fn build_initramfs(k: &Kernel, module: &Path, guest: &Path) -> Result<PathBuf, H
     Ok(path)
 }
 
-/// Builds everything once per test process.
+/// Builds everything for the stock kernel once per test process.
 pub fn artifacts() -> Result<Artifacts, String> {
-    static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT
+    artifacts_for(KernelKind::Stock)
+}
+
+/// Builds everything for `kind` once per test process.
+pub fn artifacts_for(kind: KernelKind) -> Result<Artifacts, String> {
+    static BUILT: [OnceLock<Result<Artifacts, String>>; 2] = [OnceLock::new(), OnceLock::new()];
+    BUILT[kind as usize]
         .get_or_init(|| {
             let go = || -> Result<Artifacts, HarnessError> {
-                let kernel = ensure_setup()?;
+                let kernel = ensure_setup(kind)?;
                 let module = build_module(&kernel)?;
                 cargo(&[
                     "build",
@@ -538,27 +707,33 @@ pub fn artifacts() -> Result<Artifacts, String> {
         .clone()
 }
 
-/// Boots `suite` on GPU generation `gen`; once more if the
-/// kernel did not reach `/init` (at most one retry, counted in
-/// [`Outcome::kernel_stalls`]).
+/// Boots `suite` on GPU generation `gen` on the stock kernel
+/// ([`boot_on`]).
 pub fn boot(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
-    let first = boot_once(gen, suite)?;
+    boot_on(gen, suite, KernelKind::Stock)
+}
+
+/// Boots `suite` on GPU generation `gen` on kernel `kind`; once more if
+/// the kernel did not reach `/init` (at most one retry, counted in
+/// [`Outcome::kernel_stalls`]).
+pub fn boot_on(gen: u8, suite: Suite, kind: KernelKind) -> Result<Outcome, HarnessError> {
+    let first = boot_once(gen, suite, kind)?;
     if !first.init_timeout {
         return Ok(first);
     }
     eprintln!(
         "gen{gen}: the kernel did not start /init within {} s; booting again. Console:\n{}",
-        INIT_TIMEOUT.as_secs(),
+        (INIT_TIMEOUT * kind.guard_factor()).as_secs(),
         first.tail(20)
     );
-    let mut again = boot_once(gen, suite)?;
+    let mut again = boot_once(gen, suite, kind)?;
     again.kernel_stalls = 1;
     Ok(again)
 }
 
-/// One boot of `suite` on generation `gen`.
-fn boot_once(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
-    let art = artifacts().map_err(HarnessError::Build)?;
+/// One boot of `suite` on generation `gen` and kernel `kind`.
+fn boot_once(gen: u8, suite: Suite, kind: KernelKind) -> Result<Outcome, HarnessError> {
+    let art = artifacts_for(kind).map_err(HarnessError::Build)?;
     let dir = tempfile::Builder::new()
         .prefix("linux-tests-")
         .tempdir()
@@ -622,8 +797,13 @@ fn boot_once(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
             .arg(&art.initramfs)
             .arg("-append")
             .arg(format!(
-                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}",
-                suite.cmdline()
+                "console=ttyS0 quiet loglevel=3 panic=-1 {KERNEL_CHECKS} refgpu.job_timeout_ms=1000 rgtest.gen={gen}{}{}{}",
+                suite.cmdline(),
+                match kind {
+                    KernelKind::Stock => String::new(),
+                    KernelKind::Debug => format!(" {DEBUG_KERNEL_CHECKS} {}", KernelKind::DEBUG_WORD),
+                },
+                std::env::var(EXTRA_CMDLINE).map(|w| format!(" {w}")).unwrap_or_default()
             ))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -634,8 +814,8 @@ fn boot_once(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
     );
     collect_output(&mut qemu, &console, &mut readers);
 
-    let deadline = Instant::now() + RUN_TIMEOUT;
-    let init_deadline = Instant::now() + INIT_TIMEOUT;
+    let deadline = Instant::now() + RUN_TIMEOUT * kind.guard_factor();
+    let init_deadline = Instant::now() + INIT_TIMEOUT * kind.guard_factor();
     let (mut reached_init, mut init_timeout) = (false, false);
     let mut status: Option<ExitStatus> = None;
     let mut timed_out = false;
@@ -675,6 +855,11 @@ fn boot_once(gen: u8, suite: Suite) -> Result<Outcome, HarnessError> {
         parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
     out.init_timeout = init_timeout;
     out.suite = suite;
+    out.kind = kind;
+    // The whole console, for what the failure's tail does not show.
+    let log =
+        harness_dir().join(flavored(&format!("console-gen{gen}{}", suite.file_suffix()), kind) + ".log");
+    let _ = std::fs::write(&log, out.boot.console.join("\n"));
     Ok(out)
 }
 
@@ -798,6 +983,7 @@ pub fn parse(
 ) -> Outcome {
     let mut out = Outcome {
         suite: Suite::Main,
+        kind: KernelKind::Stock,
         boot: vm_harness::Outcome { exit_code, console, model_log, results: Vec::new(), timed_out },
         benches: Vec::new(),
         summary: None,
@@ -850,29 +1036,46 @@ pub fn parse(
     out
 }
 
-/// Boots each generation and suite once per test process and shares the
-/// outcome.
+/// Boots each generation and suite once per test process on the stock
+/// kernel and shares the outcome.
 pub fn outcome(gen: u8, suite: Suite) -> Arc<Result<Outcome, String>> {
+    outcome_on(gen, suite, KernelKind::Stock)
+}
+
+/// Boots each generation, suite and kernel once per test process and
+/// shares the outcome.
+pub fn outcome_on(gen: u8, suite: Suite, kind: KernelKind) -> Arc<Result<Outcome, String>> {
     type Cell = Arc<OnceLock<Arc<Result<Outcome, String>>>>;
-    static RUNS: OnceLock<Mutex<HashMap<(u8, Suite), Cell>>> = OnceLock::new();
+    type Boots = HashMap<(u8, Suite, KernelKind), Cell>;
+    static RUNS: OnceLock<Mutex<Boots>> = OnceLock::new();
     let cell = {
         let map = RUNS.get_or_init(Mutex::default);
         let mut m = map.lock().unwrap_or_else(|p| p.into_inner());
-        m.entry((gen, suite)).or_default().clone()
+        m.entry((gen, suite, kind)).or_default().clone()
     };
-    cell.get_or_init(|| Arc::new(boot(gen, suite).map_err(|e| e.to_string()))).clone()
+    cell.get_or_init(|| Arc::new(boot_on(gen, suite, kind).map_err(|e| e.to_string()))).clone()
 }
 
-/// Test body: the main suite of generation `gen` passed; otherwise a
-/// panic listing every failure with the console's tail.
+/// Test body: the main suite of generation `gen` passed on the stock
+/// kernel; otherwise a panic listing every failure with the console's tail.
 pub fn check_generation(gen: u8) {
-    check_suite(gen, Suite::Main);
+    check_suite_on(gen, Suite::Main, KernelKind::Stock);
 }
 
-/// Test body: `suite` on generation `gen` passed; otherwise a panic
-/// listing every failure with the console's tail.
+/// Test body: the main suite of generation `gen` passed on kernel `kind`.
+pub fn check_generation_on(gen: u8, kind: KernelKind) {
+    check_suite_on(gen, Suite::Main, kind);
+}
+
+/// Test body: `suite` on generation `gen` passed on the stock kernel.
 pub fn check_suite(gen: u8, suite: Suite) {
-    let out = outcome(gen, suite);
+    check_suite_on(gen, suite, KernelKind::Stock);
+}
+
+/// Test body: `suite` on generation `gen` passed on kernel `kind`;
+/// otherwise a panic listing every failure with the console's tail.
+pub fn check_suite_on(gen: u8, suite: Suite, kind: KernelKind) {
+    let out = outcome_on(gen, suite, kind);
     let out = match out.as_ref() {
         Ok(o) => o,
         Err(e) => panic!("{e}"),
@@ -887,7 +1090,7 @@ pub fn check_suite(gen: u8, suite: Suite) {
         }
     }
     println!(
-        "gen{gen} {suite:?}: {} guest tests, boot {:.1} s",
+        "gen{gen} {suite:?}: {} guest tests on the {kind:?} kernel, boot {:.1} s",
         out.boot.results.len(),
         out.wall.as_secs_f64()
     );
@@ -895,7 +1098,15 @@ pub fn check_suite(gen: u8, suite: Suite) {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }
     let f = out.failures();
-    assert!(f.is_empty(), "gen{gen}: {} failures:\n  {}\n{}", f.len(), f.join("\n  "), out.tail(60));
+    let log = harness_dir().join(flavored(&format!("console-gen{gen}"), kind) + ".log");
+    assert!(
+        f.is_empty(),
+        "gen{gen}: {} failures:\n  {}\n{}\n(the whole console: {})",
+        f.len(),
+        f.join("\n  "),
+        out.tail(60),
+        log.display()
+    );
 }
 
 #[cfg(test)]
@@ -925,6 +1136,33 @@ mod tests {
         assert_eq!(o.status("get_param"), Some(&Status::Pass));
         let o = phase_of(&["@@ PHASE init", "guest: setup failed: x", "0 passed, 1 failed"], false);
         assert!(o.failures().iter().any(|f| f.contains("ended in /init's setup")), "{:?}", o.failures());
+    }
+
+    #[test]
+    fn the_debug_kernel_adds_its_tests_before_the_last() {
+        assert_eq!(guest_tests(KernelKind::Stock), GUEST_TESTS);
+        let d = guest_tests(KernelKind::Debug);
+        assert_eq!(d.len(), GUEST_TESTS.len() + DEBUG_KERNEL_TESTS.len());
+        assert_eq!(d.last(), GUEST_TESTS.last());
+        assert_eq!(&d[GUEST_TESTS.len() - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
+        // A debug-kernel boot that did not report them fails; a stock boot
+        // that reported them fails too.
+        let mut lines: Vec<String> = vec!["@@ PHASE init".into(), "@@ PHASE ready".into()];
+        lines.extend(GUEST_TESTS.iter().map(|t| format!("@@ TEST {t} PASS (1 ms)")));
+        lines.push(format!("{} passed, 0 failed", GUEST_TESTS.len()));
+        let mut o = parse(lines.clone(), Vec::new(), Some(1), false, Duration::ZERO);
+        assert!(o.failures().is_empty(), "{:?}", o.failures());
+        o.kind = KernelKind::Debug;
+        let f = o.failures();
+        assert!(f.iter().any(|f| f == "failslab_ioctls: not reported"), "{f:?}");
+        assert!(f.iter().any(|f| f == "kmemleak_clean: not reported"), "{f:?}");
+        lines.insert(3, "@@ TEST failslab_ioctls PASS (1 ms)".into());
+        let o = parse(lines, Vec::new(), Some(1), false, Duration::ZERO);
+        assert!(
+            o.failures().iter().any(|f| f.contains("failslab_ioctls: reported but not in")),
+            "{:?}",
+            o.failures()
+        );
     }
 
     #[test]

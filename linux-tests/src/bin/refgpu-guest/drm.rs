@@ -196,8 +196,13 @@ impl Dev {
     pub fn open() -> Result<Dev, Errno> {
         let node = render_node().ok_or(libc::ENOENT)?;
         let p = CString::new(node).map_err(|_| libc::EINVAL)?;
+        Dev::open_node(&p)
+    }
+
+    /// Opens the render node `node` (the open(2) alone).
+    pub fn open_node(node: &std::ffi::CStr) -> Result<Dev, Errno> {
         // SAFETY: open(2) on a NUL-terminated path.
-        let fd = unsafe { libc::open(p.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        let fd = unsafe { libc::open(node.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
         if fd < 0 {
             return Err(errno());
         }

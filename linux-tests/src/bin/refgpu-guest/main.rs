@@ -3,16 +3,17 @@
 //! Mounts proc, sysfs, devtmpfs and debugfs, loads the DRM modules and
 //! `refgpu.ko` (the order is in `/lib/modules/order`; `refgpu.*` kernel
 //! command-line parameters are passed to it, as modprobe would), runs the
-//! suite (`linux_tests::GUEST_TESTS`, or `linux_tests::ADVERSARIAL_TESTS`
-//! when the kernel command line says `rgtest.suite=adversarial`; one
-//! `@@ TEST <name> PASS|FAIL <why>` line each, `@@ BENCH` lines, then
-//! `N passed, N failed`) and leaves QEMU
+//! suite (`linux_tests::guest_tests` for the kernel it runs on, or
+//! `linux_tests::ADVERSARIAL_TESTS` when the kernel command line says
+//! `rgtest.suite=adversarial`; one `@@ TEST <name> PASS|FAIL <why>` line
+//! each, `@@ BENCH` lines, then `N passed, N failed`) and leaves QEMU
 //! through `isa-debug-exit` with 0 when everything passed, 1 otherwise.
 //! `@@ PHASE init` (first), `@@ PHASE ready` (modules loaded) and
 //! `@@ RUN <name>` (before each test) tell the harness where a boot that
 //! timed out was.
 
 mod adversarial;
+mod debug_kernel;
 mod drm;
 mod fixture;
 mod fuzz;
@@ -81,13 +82,25 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
     cmdline.split_whitespace().find_map(|w| w.strip_prefix("rgtest.gen=")).and_then(|g| g.parse().ok())
 }
 
-/// The suite the harness chose (`rgtest.suite=adversarial`, else the
-/// main one): its tests and the host's list of their names.
-fn suite(cmdline: &str) -> (Vec<tests::Test>, &'static [&'static str]) {
-    if cmdline.split_whitespace().any(|w| w == "rgtest.suite=adversarial") {
-        (adversarial::all(), linux_tests::ADVERSARIAL_TESTS)
+/// The kernel the harness booted: the debug kernel says so on its command
+/// line.
+fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
+    if cmdline.split_whitespace().any(|w| w == linux_tests::KernelKind::DEBUG_WORD) {
+        linux_tests::KernelKind::Debug
     } else {
-        (tests::all(), linux_tests::GUEST_TESTS)
+        linux_tests::KernelKind::Stock
+    }
+}
+
+/// The suite the harness chose (`rgtest.suite=adversarial`, else the
+/// main one) on the kernel it booted: its tests and the host's list of
+/// their names.
+fn suite(cmdline: &str) -> (Vec<tests::Test>, Vec<&'static str>) {
+    let kind = kernel_kind(cmdline);
+    if cmdline.split_whitespace().any(|w| w == "rgtest.suite=adversarial") {
+        (adversarial::all(), linux_tests::Suite::Adversarial.tests(kind))
+    } else {
+        (tests::all(kind), linux_tests::Suite::Main.tests(kind))
     }
 }
 
@@ -117,6 +130,9 @@ fn setup() -> Result<(), String> {
     mount("debugfs", "/sys/kernel/debug", "debugfs");
     tests::kmsg_start();
     let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
+    if kernel_kind(&cmdline) == linux_tests::KernelKind::Debug {
+        debug_kernel::kmemleak_clear()?;
+    }
     let order = std::fs::read_to_string("/lib/modules/order").map_err(|e| format!("module order: {e}"))?;
     for m in order.lines().filter(|l| !l.is_empty()) {
         load_module(&format!("/lib/modules/{m}.ko"), &module_params(&cmdline, m))?;

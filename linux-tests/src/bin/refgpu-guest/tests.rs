@@ -1,5 +1,5 @@
 //! The guest suite. Each test returns `Err(reason)` on failure; the order
-//! is `linux_tests::GUEST_TESTS`.
+//! is `linux_tests::guest_tests`.
 
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -20,9 +20,10 @@ const ENOENT: i32 = libc::ENOENT;
 /// A named test.
 pub type Test = (&'static str, fn() -> R);
 
-/// The suite, in order.
-pub fn all() -> Vec<Test> {
-    vec![
+/// The suite for kernel `kind`, in order: on the debug kernel,
+/// `linux_tests::DEBUG_KERNEL_TESTS` before the last test.
+pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
+    let mut v: Vec<Test> = vec![
         ("get_param", get_param),
         ("version_ioctl", version_ioctl),
         ("unknown_ioctl", unknown_ioctl),
@@ -76,7 +77,14 @@ pub fn all() -> Vec<Test> {
         ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
         ("surprise_removal", crate::unplug::surprise_removal),
         ("kmsg_clean", kmsg_clean),
-    ]
+    ];
+    if kind == linux_tests::KernelKind::Debug {
+        let last = v.pop();
+        v.push(("failslab_ioctls", crate::debug_kernel::failslab_ioctls));
+        v.push(("kmemleak_clean", crate::debug_kernel::kmemleak_clean));
+        v.extend(last);
+    }
+    v
 }
 
 fn open() -> Result<Dev, String> {
@@ -87,7 +95,8 @@ fn ok<T>(r: Result<T, i32>, what: &str) -> Result<T, String> {
     r.map_err(|e| format!("{what}: errno {e}"))
 }
 
-fn write_data(dst: u64, data: &[u32]) -> Command<'_> {
+/// A WRITE_DATA command of `data` at `dst`.
+pub fn write_data(dst: u64, data: &[u32]) -> Command<'_> {
     Command::WriteData { dst, data: Payload::Words(data) }
 }
 
@@ -1282,6 +1291,23 @@ const EXPECTED: &[&str] = &[
     "module verification failed",
 ];
 
+/// The debug kernel's report markers (lockdep, KASAN, kmemleak,
+/// DEBUG_OBJECTS, DMA-API debugging, fault injection, lockdep switching
+/// itself off): unexpected at any log level. Lockdep prints its reports
+/// without a WARN, some at KERN_INFO ("INFO: lockdep is turned off").
+const DEBUG_MARKERS: &[&str] = &[
+    "BUG:",
+    "WARNING:",
+    "INFO:",
+    "lockdep",
+    "locking correctness validator",
+    "KASAN",
+    "kmemleak",
+    "ODEBUG",
+    "DMA-API",
+    "FAULT_INJECTION",
+];
+
 /// The kernel logged nothing alarming since the modules were loaded but
 /// what the suite provokes on purpose (resets), and did log resets.
 pub fn kmsg_clean() -> R {
@@ -1295,7 +1321,8 @@ pub fn kmsg_clean() -> R {
                 ["BUG", "WARNING:", "Oops", "Call Trace", "general protection", "refgpu", "drm", "sched"]
                     .iter()
                     .any(|w| m.contains(w));
-            (*lvl <= 3 || (alarming && *lvl <= 4)) && !EXPECTED.iter().any(|e| m.contains(e))
+            let report = DEBUG_MARKERS.iter().any(|w| m.contains(w));
+            (*lvl <= 3 || (alarming && *lvl <= 4) || report) && !EXPECTED.iter().any(|e| m.contains(e))
         })
         .map(|(l, m)| format!("<{l}> {m}"))
         .collect();
