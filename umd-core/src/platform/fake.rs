@@ -388,7 +388,10 @@ impl FakeState {
                 break;
             }
             let at = base + u64::from(eng.rptr);
-            let avail = (size - eng.rptr) as usize;
+            // What the driver has published: up to the write pointer, or
+            // to the ring's end when it wrapped (never the bytes past the
+            // write pointer, where the next submission is being written).
+            let avail = if eng.wptr > eng.rptr { eng.wptr - eng.rptr } else { size - eng.rptr } as usize;
             let Some(o) = self.offset(at, avail) else { return };
             let bytes = self.bytes()[o..o + avail].to_vec();
             let item = Decoder::new(self.gen(), &bytes, at).next().unwrap();
