@@ -543,6 +543,7 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	pci_set_drvdata(pdev, rdev);
 	mutex_init(&rdev->hw_lock);
 	mutex_init(&rdev->vms_lock);
+	mutex_init(&rdev->dump_lock);
 	INIT_LIST_HEAD(&rdev->vms);
 	INIT_LIST_HEAD(&rdev->kept_vas);
 	INIT_LIST_HEAD(&rdev->kept_pts);

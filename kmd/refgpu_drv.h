@@ -183,6 +183,12 @@ struct refgpu_device {
 
 	struct refgpu_engine engines[REFGPU_ENGINES];
 	struct workqueue_struct *reset_wq;
+	/*
+	 * Serialises the engines' devcoredump hand-overs: the devcoredump
+	 * core's "one dump per device" check and its sysfs link are not atomic,
+	 * so two engines' workers publishing at once collide on the link.
+	 */
+	struct mutex dump_lock;
 
 	struct mutex vms_lock;		/* protects @vms, @kept_vas, @kept_pts, @stopped */
 	struct list_head vms;

@@ -457,7 +457,9 @@ static void refgpu_coredump_work(struct work_struct *work)
 		vfree(buf);
 		return;
 	}
+	mutex_lock(&rdev->dump_lock);
 	dev_coredumpv(rdev->drm.dev, buf, len, GFP_KERNEL);
+	mutex_unlock(&rdev->dump_lock);
 	drm_dev_exit(idx);
 }
 
