@@ -72,12 +72,15 @@ pub mod cpio;
 
 use std::collections::HashMap;
 use std::fmt;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread;
 use std::time::{Duration, Instant};
-use vm_harness::{collect_output, snapshot, target_base, tool_runs, workspace_root, ChildGuard, Lines};
+use vm_harness::{
+    collect_output, snapshot, target_base, tool_runs, wait_for_exit, wait_for_model, workspace_root,
+    ChildGuard, Exit, Lines,
+};
 
 /// Every test of the guest suite, in the order the guest runs them.
 pub const GUEST_TESTS: &[&str] = &[
@@ -402,28 +405,15 @@ impl Outcome {
     }
 }
 
-/// Why a boot could not be made.
-#[derive(Debug)]
-pub enum HarnessError {
-    /// A tool is missing.
-    Missing(String),
-    /// Building the module, the guest or the model failed.
-    Build(String),
-    /// Starting a process or preparing files failed.
-    Setup(String),
-}
+/// Why a boot could not be made: a tool missing
+/// ([`HarnessError::Missing`] with [`INSTALL_HINT`]), a build or the
+/// set-up failed.
+pub use vm_harness::HarnessError;
 
-impl fmt::Display for HarnessError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HarnessError::Missing(what) => write!(f, "{what} not found: {INSTALL_HINT}"),
-            HarnessError::Build(s) => write!(f, "build failed: {s}"),
-            HarnessError::Setup(s) => write!(f, "setup failed: {s}"),
-        }
-    }
+/// A missing tool or package, `what`, with the install hint.
+fn missing(what: String) -> HarnessError {
+    HarnessError::Missing { what: format!("{what} not found"), hint: INSTALL_HINT }
 }
-
-impl std::error::Error for HarnessError {}
 
 /// The harness's own directory (`target/linux-tests`).
 pub fn harness_dir() -> PathBuf {
@@ -540,7 +530,7 @@ pub fn kernel() -> Result<Kernel, HarnessError> {
         .output()
         .map_err(|e| HarnessError::Setup(format!("running {}: {e}", script.display())))?;
     if !out.status.success() {
-        return Err(HarnessError::Missing(format!(
+        return Err(missing(format!(
             "the kernel packages ({} failed: {})",
             script.display(),
             String::from_utf8_lossy(&out.stderr).trim()
@@ -589,7 +579,7 @@ fn ensure_setup(kind: KernelKind) -> Result<Kernel, HarnessError> {
         .map_err(HarnessError::Setup)?;
     }
     if let Some((cmd, _)) = TOOLS.iter().find(|(cmd, arg)| !tool_runs(cmd, arg)) {
-        return Err(HarnessError::Missing((*cmd).into()));
+        return Err(missing((*cmd).into()));
     }
     match kind {
         KernelKind::Stock => kernel(),
@@ -768,19 +758,7 @@ fn boot_once(gen: u8, suite: Suite, kind: KernelKind) -> Result<Outcome, Harness
     );
     let mut readers = Vec::new();
     collect_output(&mut sim, &model_lines, &mut readers);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !sock.exists() {
-        if let Ok(Some(st)) = sim.child.try_wait() {
-            return Err(HarnessError::Setup(format!(
-                "refgpu-sim exited ({st}) before listening:\n{}",
-                snapshot(&model_lines).join("\n")
-            )));
-        }
-        if Instant::now() > deadline {
-            return Err(HarnessError::Setup("refgpu-sim did not create its socket".into()));
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_model(&mut sim, &model_lines, &mut readers, "listening", || sock.exists())?;
 
     let console: Lines = Arc::default();
     let start = Instant::now();
@@ -825,33 +803,21 @@ fn boot_once(gen: u8, suite: Suite, kind: KernelKind) -> Result<Outcome, Harness
 
     let deadline = Instant::now() + RUN_TIMEOUT * kind.guard_factor();
     let init_deadline = Instant::now() + INIT_TIMEOUT * kind.guard_factor();
-    let (mut reached_init, mut init_timeout) = (false, false);
-    let mut status: Option<ExitStatus> = None;
-    let mut timed_out = false;
+    let mut reached_init = false;
     let mut seen = 0;
-    loop {
+    // Stopped early (Exit::Stopped) only when the kernel did not reach
+    // `/init` in time.
+    let end = wait_for_exit(&mut qemu, deadline, Duration::from_millis(20), || {
         seen = guest_requests(&console, seen, &sim, &qmp);
-        match qemu.child.try_wait() {
-            Ok(Some(s)) => {
-                status = Some(s);
-                break;
-            }
-            Ok(None) => {}
-            Err(_) => break,
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
-        }
         if !reached_init {
             reached_init = console.lock().map(|c| c.iter().any(|l| l.contains(INIT_LINE))).unwrap_or(false);
             if !reached_init && Instant::now() > init_deadline {
-                (timed_out, init_timeout) = (true, true);
-                break;
+                return ControlFlow::Break(());
             }
         }
-        thread::sleep(Duration::from_millis(20));
-    }
+        ControlFlow::Continue(())
+    });
+    let init_timeout = end == Exit::Stopped;
     let wall = start.elapsed();
     qemu.stop();
     signal_model(&sim, libc::SIGCONT);
@@ -860,8 +826,8 @@ fn boot_once(gen: u8, suite: Suite, kind: KernelKind) -> Result<Outcome, Harness
         let _ = r.join();
     }
     drop(dir);
-    let mut out =
-        parse(snapshot(&console), snapshot(&model_lines), status.and_then(|s| s.code()), timed_out, wall);
+    let timed_out = matches!(end, Exit::TimedOut | Exit::Stopped);
+    let mut out = parse(snapshot(&console), snapshot(&model_lines), end.code(), timed_out, wall);
     out.init_timeout = init_timeout;
     out.suite = suite;
     out.kind = kind;

@@ -47,14 +47,14 @@
 //! fail loudly instead of passing silently.
 
 use std::collections::HashMap;
-use std::fmt;
+use std::ops::ControlFlow;
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::thread;
 use std::time::{Duration, Instant};
 use vm_harness::{
-    collect, collect_output, snapshot, target_base, tool_runs, workspace_root, ChildGuard, Lines,
+    collect, collect_output, snapshot, target_base, tool_runs, wait_for_exit, wait_for_model, workspace_root,
+    ChildGuard, Exit, Lines,
 };
 
 pub mod defmt_log;
@@ -229,28 +229,9 @@ impl Outcome {
     }
 }
 
-/// Why a run could not be made.
-#[derive(Debug)]
-pub enum HarnessError {
-    /// QEMU is not installed and could not be installed (the reason).
-    NoQemu(String),
-    /// Building the images or the model failed.
-    Build(String),
-    /// Starting a process or preparing files failed.
-    Setup(String),
-}
-
-impl fmt::Display for HarnessError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            HarnessError::NoQemu(why) => write!(f, "{why}\n{INSTALL_HINT}"),
-            HarnessError::Build(s) => write!(f, "build failed: {s}"),
-            HarnessError::Setup(s) => write!(f, "setup failed: {s}"),
-        }
-    }
-}
-
-impl std::error::Error for HarnessError {}
+/// Why a run could not be made: QEMU missing ([`HarnessError::Missing`]
+/// with [`INSTALL_HINT`]), a build or the set-up failed.
+pub use vm_harness::HarnessError;
 
 fn target_dir() -> PathBuf {
     target_base().join("qemu-tests")
@@ -269,7 +250,7 @@ pub fn ensure_qemu() -> Result<(), HarnessError> {
         ".ci/install-qemu.sh",
         qemu_available,
     )
-    .map_err(HarnessError::NoQemu)
+    .map_err(|what| HarnessError::Missing { what, hint: INSTALL_HINT })
 }
 
 /// Paths of the built artifacts.
@@ -415,27 +396,11 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     collect_output(&mut sim, &model_lines, &mut readers);
     // The model creates the RAM file and then listens; wait for the socket
     // (ivshmem) or for its "attached" line (shared RAM).
-    let deadline = Instant::now() + Duration::from_secs(30);
     let ready = || match run.board {
         Board::Virt => sock.exists(),
         Board::Mps2An386 => run.no_model || snapshot(&model_lines).iter().any(|l| l.contains("attached to")),
     };
-    while !ready() {
-        if let Ok(Some(st)) = sim.child.try_wait() {
-            // Its pipes are at EOF: let the readers take everything it said.
-            for r in readers.drain(..) {
-                let _ = r.join();
-            }
-            return Err(HarnessError::Setup(format!(
-                "refgpu-sim exited ({st}) before listening or attaching:\n{}",
-                snapshot(&model_lines).join("\n")
-            )));
-        }
-        if Instant::now() > deadline {
-            return Err(HarnessError::Setup("refgpu-sim did not create its socket or attach".into()));
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
+    wait_for_model(&mut sim, &model_lines, &mut readers, "listening or attached", ready)?;
 
     let console: Lines = Arc::default();
     let mut qemu_cmd = Command::new(qemu);
@@ -496,8 +461,6 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     collect_output(&mut qemu, &console, &mut readers);
 
     let deadline = Instant::now() + RUN_TIMEOUT;
-    let mut status: Option<ExitStatus> = None;
-    let mut timed_out = false;
     let (mut seen, mut logs_seen) = (0, 0);
     let mut model_killed = false;
     let mut pump = |model_killed: &mut bool, sim: &mut ChildGuard| {
@@ -521,22 +484,10 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
             on_line(Output::Log(l));
         }
     };
-    loop {
+    let end = wait_for_exit(&mut qemu, deadline, Duration::from_millis(10), || {
         pump(&mut model_killed, &mut sim);
-        match qemu.child.try_wait() {
-            Ok(Some(s)) => {
-                status = Some(s);
-                break;
-            }
-            Ok(None) => {}
-            Err(_) => break,
-        }
-        if Instant::now() > deadline {
-            timed_out = true;
-            break;
-        }
-        thread::sleep(Duration::from_millis(10));
-    }
+        ControlFlow::Continue(())
+    });
     qemu.stop();
     sim.stop();
     for r in readers {
@@ -548,11 +499,11 @@ pub fn boot_with(run: &Run, mut on_line: impl FnMut(Output<'_>)) -> Result<Outco
     let console = snapshot(&console);
     let mut out = Outcome {
         boot: vm_harness::Outcome {
-            exit_code: status.and_then(|s| s.code()),
+            exit_code: end.code(),
             console,
             model_log: snapshot(&model_lines),
             results: Vec::new(),
-            timed_out,
+            timed_out: end == Exit::TimedOut,
         },
         device_gen: None,
         msis: None,

@@ -19,17 +19,12 @@
 // gungraun's macros generate modules without docs.
 #![allow(missing_docs)]
 
-// The fake compiled into this crate, as the baseline was measured
-// (common/fake.rs says why).
-#[path = "common/fake.rs"]
-mod fake;
 #[path = "common/store.rs"]
 mod store_limit;
 use store_limit::store;
 
 use std::hint::black_box;
 
-use fake::{Fake, Mode};
 use gungraun::prelude::*;
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
@@ -38,6 +33,7 @@ use umd_core::engine::{BufferUse, Submit};
 use umd_core::hw::Generation;
 use umd_core::mem::va::{VaAllocator, VaHandle, VaNode, VaPlacement};
 use umd_core::mem::BufferDesc;
+use umd_core::platform::fake::{Fake, Mode};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Fence, QueueId};
 

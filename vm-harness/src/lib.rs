@@ -9,18 +9,24 @@
 //! which stops and reaps it on every path, a panicking test included.
 //! [`setup`] installs what a fresh machine lacks (Rust targets, QEMU, the
 //! guest's tools), once, under a file lock. [`Outcome`] and [`Status`] are
-//! what both read from a boot's console.
+//! what both read from a boot's console, [`HarnessError`] why a boot could
+//! not be made. A boot starts the model and waits for it
+//! ([`wait_for_model`]), then starts QEMU and polls it until it exits or
+//! the harness's failure guard passes ([`wait_for_exit`]).
 
 use std::io::{BufRead, BufReader, Read};
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
 
+mod error;
 mod outcome;
 pub mod setup;
 
+pub use error::HarnessError;
 pub use outcome::{Outcome, Status};
 
 /// How long a polite stop waits for the child after SIGTERM before SIGKILL.
@@ -103,6 +109,96 @@ pub fn collect_output(guard: &mut ChildGuard, lines: &Lines, readers: &mut Vec<t
 /// holding the lock).
 pub fn snapshot<T: Clone>(lines: &Mutex<Vec<T>>) -> Vec<T> {
     lines.lock().map(|v| v.clone()).unwrap_or_default()
+}
+
+/// Failure guard for the model server's start ([`wait_for_model`]).
+pub const MODEL_START_LIMIT: Duration = Duration::from_secs(30);
+
+/// Waits until `ready()` says the model server `sim` is up (its socket
+/// exists, or it printed that it attached). `lines` and `readers`: where
+/// [`collect_output`] collects its output. `awaited` names what `ready`
+/// looks for in the errors (e.g. "listening"). A model that exits first is
+/// an error holding everything it printed (its readers joined: its pipes
+/// are at end of file); one not ready within [`MODEL_START_LIMIT`] is an
+/// error too.
+pub fn wait_for_model(
+    sim: &mut ChildGuard,
+    lines: &Lines,
+    readers: &mut Vec<thread::JoinHandle<()>>,
+    awaited: &str,
+    mut ready: impl FnMut() -> bool,
+) -> Result<(), HarnessError> {
+    let deadline = Instant::now() + MODEL_START_LIMIT;
+    while !ready() {
+        if let Ok(Some(st)) = sim.child.try_wait() {
+            for r in readers.drain(..) {
+                let _ = r.join();
+            }
+            return Err(HarnessError::Setup(format!(
+                "refgpu-sim exited ({st}) before {awaited}:\n{}",
+                snapshot(lines).join("\n")
+            )));
+        }
+        if Instant::now() > deadline {
+            return Err(HarnessError::Setup(format!(
+                "refgpu-sim was not {awaited} after {} s",
+                MODEL_START_LIMIT.as_secs()
+            )));
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+    Ok(())
+}
+
+/// How [`wait_for_exit`] ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Exit {
+    /// The child exited with this status.
+    Exited(ExitStatus),
+    /// Its status could not be read (`try_wait` failed).
+    Unknown,
+    /// The deadline passed first.
+    TimedOut,
+    /// The caller's step stopped the wait.
+    Stopped,
+}
+
+impl Exit {
+    /// The child's exit code, if it exited with one.
+    pub fn code(self) -> Option<i32> {
+        match self {
+            Exit::Exited(s) => s.code(),
+            _ => None,
+        }
+    }
+}
+
+/// Polls `child` every `period` until it exits, `deadline` passes or
+/// `step` breaks (in that order of precedence). `step` runs first in every
+/// round, to act on the output collected so far; a break stops the wait
+/// after that round's checks. The child is left running unless it exited:
+/// the caller stops it ([`ChildGuard::stop`]).
+pub fn wait_for_exit(
+    child: &mut ChildGuard,
+    deadline: Instant,
+    period: Duration,
+    mut step: impl FnMut() -> ControlFlow<()>,
+) -> Exit {
+    loop {
+        let flow = step();
+        match child.child.try_wait() {
+            Ok(Some(s)) => return Exit::Exited(s),
+            Ok(None) => {}
+            Err(_) => return Exit::Unknown,
+        }
+        if Instant::now() > deadline {
+            return Exit::TimedOut;
+        }
+        if flow.is_break() {
+            return Exit::Stopped;
+        }
+        thread::sleep(period);
+    }
 }
 
 /// The workspace's root directory.
@@ -200,6 +296,62 @@ mod tests {
         // SAFETY: kill(2) with signal 0 only checks whether the pid exists.
         let alive = unsafe { libc::kill(pid, 0) } == 0;
         assert!(!alive, "child {pid} still exists after the guard's drop");
+    }
+
+    #[test]
+    fn the_wait_for_an_exit_reports_the_status() {
+        let mut g = spawn("exit 3");
+        let mut steps = 0;
+        let end =
+            wait_for_exit(&mut g, Instant::now() + Duration::from_secs(60), Duration::from_millis(5), || {
+                steps += 1;
+                ControlFlow::Continue(())
+            });
+        assert_eq!(end.code(), Some(3), "{end:?}");
+        assert!(steps >= 1);
+    }
+
+    #[test]
+    fn the_wait_for_an_exit_ends_at_its_deadline_or_a_break() {
+        let mut g = spawn("sleep 30");
+        let end =
+            wait_for_exit(&mut g, Instant::now(), Duration::from_millis(5), || ControlFlow::Continue(()));
+        assert_eq!(end, Exit::TimedOut);
+        assert_eq!(end.code(), None);
+        let mut rounds = 0;
+        let end =
+            wait_for_exit(&mut g, Instant::now() + Duration::from_secs(60), Duration::from_millis(5), || {
+                rounds += 1;
+                if rounds == 3 {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            });
+        assert_eq!((end, rounds), (Exit::Stopped, 3));
+        assert!(g.child.try_wait().unwrap().is_none(), "the child is left running");
+    }
+
+    #[test]
+    fn the_model_is_awaited_until_ready() {
+        let mut g = spawn("echo attached to ram; sleep 30");
+        let lines = Lines::default();
+        let mut readers = Vec::new();
+        collect_output(&mut g, &lines, &mut readers);
+        let ready = || snapshot(&lines).iter().any(|l| l.contains("attached to"));
+        wait_for_model(&mut g, &lines, &mut readers, "attached", ready).unwrap();
+    }
+
+    #[test]
+    fn a_model_that_exits_first_is_an_error_with_its_output() {
+        let mut g = spawn("echo bad RAM file >&2; exit 1");
+        let lines = Lines::default();
+        let mut readers = Vec::new();
+        collect_output(&mut g, &lines, &mut readers);
+        let e = wait_for_model(&mut g, &lines, &mut readers, "listening", || false).unwrap_err().to_string();
+        assert!(e.contains("refgpu-sim exited (exit status: 1) before listening"), "{e}");
+        assert!(e.ends_with("bad RAM file"), "{e}");
+        assert!(readers.is_empty(), "the readers are joined");
     }
 
     #[test]
