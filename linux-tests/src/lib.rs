@@ -222,20 +222,12 @@ impl KernelKind {
     }
 }
 
-/// The main suite's tests the debug kernel does not run: its small
-/// configuration has no memory cgroups (`vm_bind_charges_page_tables`
-/// charges page tables to one) and no ACPI PCI hotplug
-/// (`surprise_removal` ejects the GPU through it). The stock kernel runs
-/// both on every boot.
-pub const NOT_ON_DEBUG_KERNEL: &[&str] = &["vm_bind_charges_page_tables", "surprise_removal"];
-
 /// The guest suite a kernel runs, in order: [`GUEST_TESTS`], with
-/// [`DEBUG_KERNEL_TESTS`] before the last test and without
-/// [`NOT_ON_DEBUG_KERNEL`] on the debug kernel.
+/// [`DEBUG_KERNEL_TESTS`] before the last test on the debug kernel (which
+/// runs every test of the main suite).
 pub fn guest_tests(kind: KernelKind) -> Vec<&'static str> {
     let mut v = GUEST_TESTS.to_vec();
     if kind == KernelKind::Debug {
-        v.retain(|t| !NOT_ON_DEBUG_KERNEL.contains(t));
         let last = v.pop();
         v.extend_from_slice(DEBUG_KERNEL_TESTS);
         v.extend(last);
@@ -1151,11 +1143,12 @@ mod tests {
     fn the_debug_kernel_adds_its_tests_before_the_last() {
         assert_eq!(guest_tests(KernelKind::Stock), GUEST_TESTS);
         let d = guest_tests(KernelKind::Debug);
-        let kept = GUEST_TESTS.len() - NOT_ON_DEBUG_KERNEL.len();
-        assert_eq!(d.len(), kept + DEBUG_KERNEL_TESTS.len());
+        let main = GUEST_TESTS.len();
+        assert_eq!(d.len(), main + DEBUG_KERNEL_TESTS.len());
         assert_eq!(d.last(), GUEST_TESTS.last());
-        assert_eq!(&d[kept - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
-        assert!(NOT_ON_DEBUG_KERNEL.iter().all(|t| GUEST_TESTS.contains(t) && !d.contains(t)));
+        assert_eq!(&d[main - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
+        // Every test of the main suite runs on the debug kernel too.
+        assert_eq!(&d[..main - 1], &GUEST_TESTS[..main - 1]);
         // A debug-kernel boot that did not report them fails; a stock boot
         // that reported them fails too.
         let mut lines: Vec<String> = vec!["@@ PHASE init".into(), "@@ PHASE ready".into()];

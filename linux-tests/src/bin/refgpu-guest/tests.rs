@@ -79,7 +79,6 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
         ("kmsg_clean", kmsg_clean),
     ];
     if kind == linux_tests::KernelKind::Debug {
-        v.retain(|(name, _)| !linux_tests::NOT_ON_DEBUG_KERNEL.contains(name));
         let last = v.pop();
         v.push(("failslab_ioctls", crate::debug_kernel::failslab_ioctls));
         v.push(("kmemleak_clean", crate::debug_kernel::kmemleak_clean));
