@@ -190,10 +190,15 @@ impl Suite {
 }
 
 /// The tests only the debug kernel runs ([`KernelKind::Debug`]), in
-/// order, just before the suite's last test (`kmsg_clean`): failslab over
-/// every driver ioctl, then a kmemleak scan. See docs/reliability.md, "The
-/// debug kernel".
-pub const DEBUG_KERNEL_TESTS: &[&str] = &["failslab_ioctls", "kmemleak_clean"];
+/// order: failslab over every driver ioctl, just before [`REMOVES_GPU`]
+/// (it needs the GPU), then a kmemleak scan, just before the suite's last
+/// test (`kmsg_clean`; the scan covers the removal too). See
+/// docs/reliability.md, "The debug kernel".
+pub const DEBUG_KERNEL_TESTS: [&str; 2] = ["failslab_ioctls", "kmemleak_clean"];
+
+/// The main suite's test that unplugs the GPU: no device is left for the
+/// tests after it (only `kmsg_clean`, and the debug kernel's kmemleak scan).
+pub const REMOVES_GPU: &str = "surprise_removal";
 
 /// Which kernel a boot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -223,13 +228,16 @@ impl KernelKind {
 }
 
 /// The guest suite a kernel runs, in order: [`GUEST_TESTS`], with
-/// [`DEBUG_KERNEL_TESTS`] before the last test on the debug kernel (which
-/// runs every test of the main suite).
+/// [`DEBUG_KERNEL_TESTS`] added on the debug kernel (which runs every test
+/// of the main suite) where that constant says.
 pub fn guest_tests(kind: KernelKind) -> Vec<&'static str> {
     let mut v = GUEST_TESTS.to_vec();
     if kind == KernelKind::Debug {
+        let [with_gpu, scan] = DEBUG_KERNEL_TESTS;
+        let removal = v.iter().position(|t| *t == REMOVES_GPU).unwrap_or(v.len());
+        v.insert(removal, with_gpu);
         let last = v.pop();
-        v.extend_from_slice(DEBUG_KERNEL_TESTS);
+        v.push(scan);
         v.extend(last);
     }
     v
@@ -1140,15 +1148,18 @@ mod tests {
     }
 
     #[test]
-    fn the_debug_kernel_adds_its_tests_before_the_last() {
+    fn the_debug_kernel_runs_the_main_suite_and_its_tests() {
         assert_eq!(guest_tests(KernelKind::Stock), GUEST_TESTS);
         let d = guest_tests(KernelKind::Debug);
-        let main = GUEST_TESTS.len();
-        assert_eq!(d.len(), main + DEBUG_KERNEL_TESTS.len());
-        assert_eq!(d.last(), GUEST_TESTS.last());
-        assert_eq!(&d[main - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
-        // Every test of the main suite runs on the debug kernel too.
-        assert_eq!(&d[..main - 1], &GUEST_TESTS[..main - 1]);
+        // Every test of the main suite runs on the debug kernel too, in
+        // its order; failslab right before the GPU's removal, the kmemleak
+        // scan after it, before the last test.
+        let main: Vec<_> = d.iter().filter(|t| !DEBUG_KERNEL_TESTS.contains(t)).copied().collect();
+        assert_eq!(main, GUEST_TESTS);
+        assert_eq!(d.len(), GUEST_TESTS.len() + DEBUG_KERNEL_TESTS.len());
+        let at = |name| d.iter().position(|t| *t == name).unwrap();
+        assert_eq!(at(DEBUG_KERNEL_TESTS[0]) + 1, at(REMOVES_GPU));
+        assert_eq!(&d[d.len() - 2..], [DEBUG_KERNEL_TESTS[1], GUEST_TESTS[GUEST_TESTS.len() - 1]]);
         // A debug-kernel boot that did not report them fails; a stock boot
         // that reported them fails too.
         let mut lines: Vec<String> = vec!["@@ PHASE init".into(), "@@ PHASE ready".into()];
