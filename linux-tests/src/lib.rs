@@ -193,10 +193,15 @@ impl Suite {
 }
 
 /// The tests only the debug kernel runs ([`KernelKind::Debug`]), in
-/// order, just before the suite's last test (`kmsg_clean`): failslab over
-/// every driver ioctl, then a kmemleak scan. See docs/reliability.md, "The
-/// debug kernel".
-pub const DEBUG_KERNEL_TESTS: &[&str] = &["failslab_ioctls", "kmemleak_clean"];
+/// order: failslab over every driver ioctl, just before [`REMOVES_GPU`]
+/// (it needs the GPU), then a kmemleak scan, just before the suite's last
+/// test (`kmsg_clean`; the scan covers the removal too). See
+/// docs/reliability.md, "The debug kernel".
+pub const DEBUG_KERNEL_TESTS: [&str; 2] = ["failslab_ioctls", "kmemleak_clean"];
+
+/// The main suite's test that unplugs the GPU: no device is left for the
+/// tests after it (only `kmsg_clean`, and the debug kernel's kmemleak scan).
+pub const REMOVES_GPU: &str = "surprise_removal";
 
 /// Which kernel a boot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -225,22 +230,17 @@ impl KernelKind {
     }
 }
 
-/// The main suite's tests the debug kernel does not run: its small
-/// configuration has no memory cgroups (`vm_bind_charges_page_tables`
-/// charges page tables to one) and no ACPI PCI hotplug
-/// (`surprise_removal` ejects the GPU through it). The stock kernel runs
-/// both on every boot.
-pub const NOT_ON_DEBUG_KERNEL: &[&str] = &["vm_bind_charges_page_tables", "surprise_removal"];
-
 /// The guest suite a kernel runs, in order: [`GUEST_TESTS`], with
-/// [`DEBUG_KERNEL_TESTS`] before the last test and without
-/// [`NOT_ON_DEBUG_KERNEL`] on the debug kernel.
+/// [`DEBUG_KERNEL_TESTS`] added on the debug kernel (which runs every test
+/// of the main suite) where that constant says.
 pub fn guest_tests(kind: KernelKind) -> Vec<&'static str> {
     let mut v = GUEST_TESTS.to_vec();
     if kind == KernelKind::Debug {
-        v.retain(|t| !NOT_ON_DEBUG_KERNEL.contains(t));
+        let [with_gpu, scan] = DEBUG_KERNEL_TESTS;
+        let removal = v.iter().position(|t| *t == REMOVES_GPU).unwrap_or(v.len());
+        v.insert(removal, with_gpu);
         let last = v.pop();
-        v.extend_from_slice(DEBUG_KERNEL_TESTS);
+        v.push(scan);
         v.extend(last);
     }
     v
@@ -1114,14 +1114,18 @@ mod tests {
     }
 
     #[test]
-    fn the_debug_kernel_adds_its_tests_before_the_last() {
+    fn the_debug_kernel_runs_the_main_suite_and_its_tests() {
         assert_eq!(guest_tests(KernelKind::Stock), GUEST_TESTS);
         let d = guest_tests(KernelKind::Debug);
-        let kept = GUEST_TESTS.len() - NOT_ON_DEBUG_KERNEL.len();
-        assert_eq!(d.len(), kept + DEBUG_KERNEL_TESTS.len());
-        assert_eq!(d.last(), GUEST_TESTS.last());
-        assert_eq!(&d[kept - 1..d.len() - 1], DEBUG_KERNEL_TESTS);
-        assert!(NOT_ON_DEBUG_KERNEL.iter().all(|t| GUEST_TESTS.contains(t) && !d.contains(t)));
+        // Every test of the main suite runs on the debug kernel too, in
+        // its order; failslab right before the GPU's removal, the kmemleak
+        // scan after it, before the last test.
+        let main: Vec<_> = d.iter().filter(|t| !DEBUG_KERNEL_TESTS.contains(t)).copied().collect();
+        assert_eq!(main, GUEST_TESTS);
+        assert_eq!(d.len(), GUEST_TESTS.len() + DEBUG_KERNEL_TESTS.len());
+        let at = |name| d.iter().position(|t| *t == name).unwrap();
+        assert_eq!(at(DEBUG_KERNEL_TESTS[0]) + 1, at(REMOVES_GPU));
+        assert_eq!(&d[d.len() - 2..], [DEBUG_KERNEL_TESTS[1], GUEST_TESTS[GUEST_TESTS.len() - 1]]);
         // A debug-kernel boot that did not report them fails; a stock boot
         // that reported them fails too.
         let mut lines: Vec<String> = vec!["@@ PHASE init".into(), "@@ PHASE ready".into()];

@@ -20,8 +20,9 @@ const ENOENT: i32 = libc::ENOENT;
 /// A named test.
 pub type Test = (&'static str, fn() -> R);
 
-/// The suite for kernel `kind`, in order: on the debug kernel,
-/// `linux_tests::DEBUG_KERNEL_TESTS` before the last test.
+/// The suite for kernel `kind`, in order (`linux_tests::guest_tests`): on
+/// the debug kernel, `failslab_ioctls` before the GPU's removal
+/// (`linux_tests::REMOVES_GPU`) and `kmemleak_clean` before the last test.
 pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
     let mut v: Vec<Test> = vec![
         ("get_param", get_param),
@@ -79,9 +80,9 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
         ("kmsg_clean", kmsg_clean),
     ];
     if kind == linux_tests::KernelKind::Debug {
-        v.retain(|(name, _)| !linux_tests::NOT_ON_DEBUG_KERNEL.contains(name));
+        let removal = v.iter().position(|(name, _)| *name == linux_tests::REMOVES_GPU).unwrap_or(v.len());
+        v.insert(removal, ("failslab_ioctls", crate::debug_kernel::failslab_ioctls));
         let last = v.pop();
-        v.push(("failslab_ioctls", crate::debug_kernel::failslab_ioctls));
         v.push(("kmemleak_clean", crate::debug_kernel::kmemleak_clean));
         v.extend(last);
     }
