@@ -81,8 +81,8 @@ pub union umd_device_storage {
     pub align: u64,
 }
 
-/// A device, as C holds it (a pointer into its storage).
-#[repr(C)]
+/// A device, as C holds it (a pointer into its storage): an incomplete
+/// type in C.
 pub struct umd_device {
     _opaque: [u8; 0],
 }
