@@ -526,9 +526,10 @@ typedef struct umd_command {
  */
 typedef struct umd_dma {
   /**
-   * The CPU's pointer to the first byte: 4096-byte aligned, valid for
-   * reads and writes of `len` bytes; NULL only for memory allocated with
-   * `UMD_DMA_DEVICE_ONLY`.
+   * The CPU's pointer to the first byte: at least 8-byte aligned (the
+   * driver reads 64-bit fence words atomically; 4096 is usual), valid
+   * for reads and writes of `len` bytes; NULL only for memory allocated
+   * with `UMD_DMA_DEVICE_ONLY`.
    */
   void *cpu;
   /**

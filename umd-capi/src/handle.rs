@@ -8,7 +8,7 @@
 //! index and generation of this library's event table; a fence its queue
 //! in bits 46-47 and the low 46 bits of its sequence number (the rest is
 //! the queue's, recovered from the queue's next sequence number: a fence
-//! stays valid for 2^46 submissions on its queue).
+//! names the same submission for 2^45 submissions on its queue).
 
 use umd_core::mem::BufferHandle;
 use umd_core::sync::{DeviceId, Fence, FenceId, QueueId, Seqno};
@@ -93,16 +93,23 @@ pub(crate) fn fence(f: Fence) -> umd_fence {
 }
 
 /// The core's fence of a C fence handle on device `id`, whose queue's next
-/// sequence number `next` gives the bits the handle does not hold (the
-/// latest value at or below `next` with the handle's low bits).
-pub(crate) fn to_fence(h: umd_fence, id: DeviceId, next: impl FnOnce(QueueId) -> Option<u64>) -> Result<Fence, umd_status> {
+/// sequence number `next` gives the bits the handle does not hold: the
+/// sequence number nearest to `next` with the handle's low bits (a fence
+/// up to 2^45 submissions back or ahead, for a wait before signal).
+pub(crate) fn to_fence(
+    h: umd_fence,
+    id: DeviceId,
+    next: impl FnOnce(QueueId) -> Option<u64>,
+) -> Result<Fence, umd_status> {
     let rest = open(h, Kind::Fence, id)?;
     let queue = QueueId(((rest >> QUEUE_SHIFT) & 3) as u8);
-    let low = rest & SEQ_MASK;
     let next = next(queue).ok_or(umd_status::UMD_ERR_UNKNOWN_QUEUE)?;
-    let mut seq = (next & !SEQ_MASK) | low;
-    if seq > next {
-        seq = seq.saturating_sub(1 << SEQ_BITS);
-    }
+    let ahead = (rest & SEQ_MASK).wrapping_sub(next) & SEQ_MASK;
+    let seq = if ahead < 1 << (SEQ_BITS - 1) {
+        next.checked_add(ahead)
+    } else {
+        next.checked_sub((1 << SEQ_BITS) - ahead)
+    };
+    let seq = seq.ok_or(umd_status::UMD_ERR_BAD_HANDLE)?;
     Ok(Fence { id: FenceId { queue, seqno: Seqno(seq) }, device: id })
 }

@@ -13,9 +13,10 @@ use crate::status::umd_status;
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
 pub struct umd_dma {
-    /// The CPU's pointer to the first byte: 4096-byte aligned, valid for
-    /// reads and writes of `len` bytes; NULL only for memory allocated with
-    /// `UMD_DMA_DEVICE_ONLY`.
+    /// The CPU's pointer to the first byte: at least 8-byte aligned (the
+    /// driver reads 64-bit fence words atomically; 4096 is usual), valid
+    /// for reads and writes of `len` bytes; NULL only for memory allocated
+    /// with `UMD_DMA_DEVICE_ONLY`.
     pub cpu: *mut c_void,
     /// The address the GPU uses for the first byte (a physical address in
     /// direct mode), 4096-byte aligned.
@@ -179,14 +180,15 @@ unsafe impl Platform for CPlatform {
         // SAFETY: the callback's contract (`umd_platform`); `out` is valid.
         result(unsafe { (self.dma_alloc)(self.c.ctx, len, f, &mut out) })?;
         let cpu = NonNull::new(out.cpu.cast::<u8>());
-        let aligned = out.dev_addr % 4096 == 0 && (out.cpu as usize) % 4096 == 0;
+        let aligned = out.dev_addr % 4096 == 0 && (out.cpu as usize) % 8 == 0;
         if out.len < len || !aligned || (cpu.is_none() && !flags.device_only) {
             // SAFETY: `out` is the block the platform just returned.
             unsafe { (self.dma_free)(self.c.ctx, &out) };
             return Err(PlatformError::Os(BAD_REGION));
         }
-        // SAFETY: checked above: long enough, 4 KiB aligned on both sides,
-        // a CPU pointer unless device-only; the rest (valid, zeroed, ours
+        // SAFETY: checked above: long enough, 4 KiB aligned on the device
+        // side and 8-byte aligned on the CPU side (the core's widest atomic
+        // access), a CPU pointer unless device-only; the rest (valid, zeroed, ours
         // alone, the same bytes at `dev_addr`) is the C contract.
         Ok(unsafe { DmaRegion::with_handle(cpu, out.dev_addr, out.len, out.handle) })
     }
