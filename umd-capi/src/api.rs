@@ -1,7 +1,6 @@
 //! Buffers, command submission, waits and events.
 
 use core::ffi::c_void;
-use core::mem::align_of;
 
 use umd_core::cmd::{Command, CompareOp, DispatchOp, EncodeError, Payload};
 use umd_core::engine::{BufferAccess, BufferUse, Event, Submit};
@@ -25,7 +24,7 @@ fn done(r: Result<(), umd_status>) -> umd_status {
 fn out_ptr<T>(p: *mut T) -> Result<(), umd_status> {
     if p.is_null() {
         Err(UMD_ERR_NULL)
-    } else if (p as usize) % align_of::<T>() != 0 {
+    } else if !p.is_aligned() {
         Err(UMD_ERR_MISALIGNED)
     } else {
         Ok(())
@@ -43,7 +42,7 @@ unsafe fn slice<'a, T>(p: *const T, len: usize) -> Result<&'a [T], umd_status> {
     if p.is_null() {
         return Err(UMD_ERR_NULL);
     }
-    if (p as usize) % align_of::<T>() != 0 {
+    if !p.is_aligned() {
         return Err(UMD_ERR_MISALIGNED);
     }
     // SAFETY: non-NULL, aligned, valid for `len` elements (the caller).
@@ -60,7 +59,8 @@ pub const UMD_BUFFER_DEVICE_ONLY: u32 = 2;
 pub const UMD_BUFFER_DECLARED: u32 = 4;
 /// `umd_buffer_alloc` flag: prefer the device's local memory.
 pub const UMD_BUFFER_LOCAL: u32 = 8;
-const BUFFER_FLAGS: u32 = UMD_BUFFER_GPU_READ_ONLY | UMD_BUFFER_DEVICE_ONLY | UMD_BUFFER_DECLARED | UMD_BUFFER_LOCAL;
+const BUFFER_FLAGS: u32 =
+    UMD_BUFFER_GPU_READ_ONLY | UMD_BUFFER_DEVICE_ONLY | UMD_BUFFER_DECLARED | UMD_BUFFER_LOCAL;
 
 /// Allocates a buffer of `size` bytes (zeroed), aligned to `align` bytes
 /// on the GPU (0: the default, 128; else a power of two), with `flags`
@@ -176,7 +176,11 @@ pub unsafe extern "C" fn umd_buffer_read(
 /// # Safety
 /// `dev` as for every call; `va` NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn umd_buffer_va(dev: *const umd_device, buffer: umd_buffer, va: *mut u64) -> umd_status {
+pub unsafe extern "C" fn umd_buffer_va(
+    dev: *const umd_device,
+    buffer: umd_buffer,
+    va: *mut u64,
+) -> umd_status {
     // SAFETY: the precondition.
     done(unsafe { live(dev) }.and_then(|(d, _)| {
         out_ptr(va)?;
@@ -284,7 +288,9 @@ fn event(d: &Dev, events: &Events, e: umd_event) -> Result<Event, umd_status> {
     let slot = t.get(index as usize).ok_or(UMD_ERR_BAD_HANDLE)?;
     match slot.event {
         Some(ev) if slot.gen == gen => Ok(ev),
-        _ if gen < slot.gen || (slot.event.is_none() && gen == slot.gen && gen != 0) => Err(UMD_ERR_STALE_HANDLE),
+        _ if gen < slot.gen || (slot.event.is_none() && gen == slot.gen && gen != 0) => {
+            Err(UMD_ERR_STALE_HANDLE)
+        }
         _ => Err(UMD_ERR_BAD_HANDLE),
     }
 }
@@ -321,7 +327,9 @@ fn command<'a>(d: &Dev, events: &Events, c: &'a umd_command) -> Result<Command<'
             reference: c.value,
             mask: c.mask,
             op: match c.op {
-                UMD_CMP_EQ..=UMD_CMP_LT => CompareOp::from_bits(u64::from(c.op)).ok_or(UMD_ERR_INVALID_ARGUMENT)?,
+                UMD_CMP_EQ..=UMD_CMP_LT => {
+                    CompareOp::from_bits(u64::from(c.op)).ok_or(UMD_ERR_INVALID_ARGUMENT)?
+                }
                 _ => return Err(UMD_ERR_INVALID_ARGUMENT),
             },
             wide: match c.size {
@@ -420,7 +428,7 @@ pub unsafe extern "C" fn umd_submit(
         if info.is_null() {
             return Err(UMD_ERR_NULL);
         }
-        if (info as usize) % align_of::<umd_submit_info>() != 0 {
+        if !info.is_aligned() {
             return Err(UMD_ERR_MISALIGNED);
         }
         // SAFETY: non-NULL, aligned, valid (the precondition).
@@ -519,7 +527,11 @@ pub const UMD_FENCE_FAILED: u32 = 2;
 /// # Safety
 /// `dev` as for every call; `state` NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn umd_fence_state(dev: *const umd_device, fence: umd_fence, state: *mut u32) -> umd_status {
+pub unsafe extern "C" fn umd_fence_state(
+    dev: *const umd_device,
+    fence: umd_fence,
+    state: *mut u32,
+) -> umd_status {
     use umd_core::error::FenceStatus;
     // SAFETY: the precondition.
     done(unsafe { live(dev) }.and_then(|(d, _)| {
@@ -600,7 +612,11 @@ pub unsafe extern "C" fn umd_event_reset(dev: *const umd_device, ev: umd_event) 
 /// # Safety
 /// `dev` as for every call; `set` NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn umd_event_is_set(dev: *const umd_device, ev: umd_event, set: *mut u32) -> umd_status {
+pub unsafe extern "C" fn umd_event_is_set(
+    dev: *const umd_device,
+    ev: umd_event,
+    set: *mut u32,
+) -> umd_status {
     // SAFETY: the precondition.
     done(unsafe { live(dev) }.and_then(|(d, events)| {
         out_ptr(set)?;
@@ -619,7 +635,11 @@ pub unsafe extern "C" fn umd_event_is_set(dev: *const umd_device, ev: umd_event,
 /// # Safety
 /// `dev` as for every call.
 #[no_mangle]
-pub unsafe extern "C" fn umd_event_wait(dev: *const umd_device, ev: umd_event, timeout_ns: u64) -> umd_status {
+pub unsafe extern "C" fn umd_event_wait(
+    dev: *const umd_device,
+    ev: umd_event,
+    timeout_ns: u64,
+) -> umd_status {
     // SAFETY: the precondition.
     done(unsafe { live(dev) }.and_then(|(d, events)| Ok(d.wait_event(event(d, events, ev)?, timeout_ns)?)))
 }

@@ -69,6 +69,8 @@ pub const UMD_DEVICE_STORAGE_ALIGN: usize = 8;
 // core that adds a field does not break the check).
 const _: () = assert!(size_of::<Slot>() <= UMD_DEVICE_STORAGE_SIZE);
 const _: () = assert!(align_of::<Slot>() <= UMD_DEVICE_STORAGE_ALIGN);
+// (`umd_device_init` checks the storage's alignment as a `u64`'s.)
+const _: () = assert!(UMD_DEVICE_STORAGE_ALIGN == align_of::<u64>());
 
 /// Storage for one device with the size and alignment the library needs:
 /// `static union umd_device_storage storage;` (zero-initialised or not:
@@ -102,7 +104,7 @@ pub(crate) unsafe fn live<'a>(d: *const umd_device) -> Result<(&'a Dev, &'a Even
     if d.is_null() {
         return Err(UMD_ERR_NULL);
     }
-    if (d as usize) % align_of::<Slot>() != 0 {
+    if !d.cast::<Slot>().is_aligned() {
         return Err(UMD_ERR_MISALIGNED);
     }
     let s = d.cast::<Slot>();
@@ -146,10 +148,10 @@ pub unsafe extern "C" fn umd_device_init(
     if storage.is_null() || platform.is_null() || out.is_null() {
         return UMD_ERR_NULL;
     }
-    if (storage as usize) % UMD_DEVICE_STORAGE_ALIGN != 0 || (out as usize) % align_of::<*mut umd_device>() != 0 {
+    if !storage.cast::<u64>().is_aligned() || !out.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
-    if (platform as usize) % align_of::<umd_platform>() != 0 {
+    if !platform.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     if storage_len < size_of::<Slot>() {
@@ -185,8 +187,9 @@ pub unsafe extern "C" fn umd_device_init(
     // SAFETY: initialised above; the storage is the caller's until
     // shutdown (the precondition), so the borrows live as long as the
     // device, which shutdown ends before the storage is given back.
-    let (platform, tables, mem) =
-        unsafe { (&*addr_of!((*s).platform), &mut *addr_of_mut!((*s).storage), &mut *addr_of_mut!((*s).dev_mem)) };
+    let (platform, tables, mem) = unsafe {
+        (&*addr_of!((*s).platform), &mut *addr_of_mut!((*s).storage), &mut *addr_of_mut!((*s).dev_mem))
+    };
     match Dev::new_in(mem, platform, tables, Config::DEFAULT, mmu) {
         Ok(dev) => {
             // SAFETY: as above; nothing else reaches `dev` yet.
@@ -224,8 +227,11 @@ pub struct umd_shutdown_report {
 /// `dev` is NULL or points to at least `UMD_DEVICE_STORAGE_SIZE` readable
 /// bytes; `report` is NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn umd_device_shutdown(dev: *mut umd_device, report: *mut umd_shutdown_report) -> umd_status {
-    if !report.is_null() && (report as usize) % align_of::<umd_shutdown_report>() != 0 {
+pub unsafe extern "C" fn umd_device_shutdown(
+    dev: *mut umd_device,
+    report: *mut umd_shutdown_report,
+) -> umd_status {
+    if !report.is_null() && !report.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     // SAFETY: the precondition.
@@ -295,7 +301,7 @@ pub unsafe extern "C" fn umd_device_stats(dev: *const umd_device, out: *mut umd_
     if out.is_null() {
         return UMD_ERR_NULL;
     }
-    if (out as usize) % align_of::<umd_stats>() != 0 {
+    if !out.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     let s = d.stats();
@@ -350,7 +356,12 @@ impl fmt::Write for Text<'_> {
 /// `dev` as for every call; `buf` NULL or valid for writes of `cap`
 /// bytes; `len` NULL or valid for a write.
 #[no_mangle]
-pub unsafe extern "C" fn umd_last_hang(dev: *const umd_device, buf: *mut c_char, cap: usize, len: *mut usize) -> umd_status {
+pub unsafe extern "C" fn umd_last_hang(
+    dev: *const umd_device,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> umd_status {
     // SAFETY: the precondition.
     let d = match unsafe { live(dev) } {
         Ok((d, _)) => d,
@@ -362,7 +373,7 @@ pub unsafe extern "C" fn umd_last_hang(dev: *const umd_device, buf: *mut c_char,
     if cap == 0 {
         return UMD_ERR_TOO_SMALL;
     }
-    if !len.is_null() && (len as usize) % align_of::<usize>() != 0 {
+    if !len.is_null() && !len.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     let Some(report) = d.last_hang() else {

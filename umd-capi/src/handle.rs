@@ -108,7 +108,7 @@ pub(crate) fn to_fence(
     let seq = if ahead < 1 << (SEQ_BITS - 1) {
         next.checked_add(ahead)
     } else {
-        next.checked_sub((1 << SEQ_BITS) - ahead)
+        next.checked_sub((1u64 << SEQ_BITS).wrapping_sub(ahead))
     };
     let seq = seq.ok_or(umd_status::UMD_ERR_BAD_HANDLE)?;
     Ok(Fence { id: FenceId { queue, seqno: Seqno(seq) }, device: id })

@@ -3,7 +3,6 @@
 //! Linux run the same API as firmware.
 
 use core::ffi::c_void;
-use core::mem::align_of;
 use core::ptr::NonNull;
 
 use platform_linux::InProcess;
@@ -134,7 +133,7 @@ pub unsafe extern "C" fn umd_host_inprocess_open(generation: u32, out: *mut umd_
     if out.is_null() {
         return UMD_ERR_NULL;
     }
-    if (out as usize) % align_of::<umd_platform>() != 0 {
+    if !out.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     let generation = match generation {
@@ -177,7 +176,7 @@ pub unsafe extern "C" fn umd_host_inprocess_close(p: *mut umd_platform) -> umd_s
     if p.is_null() {
         return UMD_ERR_NULL;
     }
-    if (p as usize) % align_of::<umd_platform>() != 0 {
+    if !p.is_aligned() {
         return UMD_ERR_MISALIGNED;
     }
     // SAFETY: checked non-NULL and aligned; filled by `open` (the

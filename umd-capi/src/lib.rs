@@ -45,7 +45,6 @@ pub mod host;
 pub mod platform;
 pub mod status;
 
-
 /// Called by the library if a Rust panic ever happened (none can: the
 /// build's link-time check proves that no panic path survives). The
 /// integrator defines it (log, reset the board); it must not return, and

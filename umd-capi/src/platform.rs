@@ -68,7 +68,8 @@ pub struct umd_platform {
     pub ctx: *mut c_void,
     /// Required. Allocates `len` bytes (a multiple of 4096) of zeroed
     /// GPU-visible memory into `*out` (flags: `UMD_DMA_DEVICE_ONLY`).
-    pub dma_alloc: Option<unsafe extern "C" fn(ctx: *mut c_void, len: usize, flags: u32, out: *mut umd_dma) -> i32>,
+    pub dma_alloc:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, len: usize, flags: u32, out: *mut umd_dma) -> i32>,
     /// Required. Gives back a block `dma_alloc` returned (the same four
     /// fields).
     pub dma_free: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const umd_dma)>,
@@ -89,7 +90,8 @@ pub struct umd_platform {
     pub delay_ns: Option<unsafe extern "C" fn(ctx: *mut c_void, ns: u64)>,
     /// Optional (NULL: coherent). Makes CPU writes to
     /// `region[offset, offset + len)` visible to the GPU.
-    pub cache_clean: Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const umd_dma, offset: usize, len: usize)>,
+    pub cache_clean:
+        Option<unsafe extern "C" fn(ctx: *mut c_void, region: *const umd_dma, offset: usize, len: usize)>,
     /// Optional (NULL: coherent). Makes GPU writes to
     /// `region[offset, offset + len)` visible to the CPU.
     pub cache_invalidate:
@@ -180,7 +182,7 @@ unsafe impl Platform for CPlatform {
         // SAFETY: the callback's contract (`umd_platform`); `out` is valid.
         result(unsafe { (self.dma_alloc)(self.c.ctx, len, f, &mut out) })?;
         let cpu = NonNull::new(out.cpu.cast::<u8>());
-        let aligned = out.dev_addr % 4096 == 0 && (out.cpu as usize) % 8 == 0;
+        let aligned = out.dev_addr & 0xFFF == 0 && out.cpu.cast::<u64>().is_aligned();
         if out.len < len || !aligned || (cpu.is_none() && !flags.device_only) {
             // SAFETY: `out` is the block the platform just returned.
             unsafe { (self.dma_free)(self.c.ctx, &out) };

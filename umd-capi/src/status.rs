@@ -3,11 +3,11 @@
 
 use core::ffi::c_char;
 
+use umd_core::direct::InitError;
 use umd_core::engine::events::EventError;
 use umd_core::error::{SubmitError, WaitError};
 use umd_core::mem::{AllocError, BufferError};
 use umd_core::platform::PlatformError;
-use umd_core::direct::InitError;
 
 /// What a call did. `UMD_OK` is 0; every error is negative, and after one
 /// nothing changed (no buffer, fence, event or device state).
@@ -164,7 +164,9 @@ impl From<SubmitError> for umd_status {
         match e {
             SubmitError::UnknownQueue(_) => UMD_ERR_UNKNOWN_QUEUE,
             SubmitError::Empty => UMD_ERR_INVALID_ARGUMENT,
-            SubmitError::Encode(_) | SubmitError::IbTooLarge { .. } | SubmitError::Invalid(_) => UMD_ERR_ENCODE,
+            SubmitError::Encode(_) | SubmitError::IbTooLarge { .. } | SubmitError::Invalid(_) => {
+                UMD_ERR_ENCODE
+            }
             SubmitError::PoolEmpty | SubmitError::RingFull(_) => UMD_ERR_OUT_OF_MEMORY,
             SubmitError::TooManyWaits { .. }
             | SubmitError::TooManyPending(_)

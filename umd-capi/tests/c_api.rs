@@ -40,7 +40,8 @@ fn prefix() -> &'static Result<PathBuf, String> {
 /// file (the test needs no pkg-config binary): the Cflags, Libs and
 /// Libs.private lines with the file's variables expanded.
 fn pkg_config_flags(prefix: &Path) -> Vec<String> {
-    let pc = std::fs::read_to_string(prefix.join("lib/pkgconfig/umd-capi.pc")).expect("umd-capi.pc installed");
+    let pc =
+        std::fs::read_to_string(prefix.join("lib/pkgconfig/umd-capi.pc")).expect("umd-capi.pc installed");
     let mut vars: Vec<(String, String)> = Vec::new();
     let mut flags = Vec::new();
     for line in pc.lines() {
@@ -75,7 +76,12 @@ fn build_and_run(source: &Path, args: &[&str]) -> String {
         .args(pkg_config_flags(prefix))
         .output()
         .expect("running cc");
-    assert!(out.status.success(), "cc {} failed:\n{}", source.display(), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "cc {} failed:\n{}",
+        source.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
     let run = Command::new(&exe).args(args).output().expect("running the program");
     let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
     assert!(

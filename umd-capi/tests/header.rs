@@ -40,7 +40,8 @@ fn header_is_up_to_date() {
 /// Compiles a file that includes the header with `compiler` and `args`.
 fn compiles(compiler: &str, args: &[&str], dir: &Path) {
     let src = dir.join("umd-include.c");
-    std::fs::write(&src, "#include \"umd.h\"\nint umd_header_probe(void) { return (int)UMD_OK; }\n").expect("write");
+    std::fs::write(&src, "#include \"umd.h\"\nint umd_header_probe(void) { return (int)UMD_OK; }\n")
+        .expect("write");
     let out = Command::new(compiler)
         .args(args)
         .arg("-I")
