@@ -1,6 +1,7 @@
 //! The C API from C on the host: `tools/install-capi.sh` builds the host
 //! library (feature `host`) and installs it with its header and pkg-config
-//! file; the system `cc` builds `examples/host.c` and `tests/c/bad_input.c`
+//! file; the system `cc` builds `examples/host.c` (with the example
+//! workload, `examples/workload.c`) and `tests/c/bad_input.c`
 //! with the flags of that pkg-config file, and both run against the
 //! in-process model.
 
@@ -60,9 +61,10 @@ fn pkg_config_flags(prefix: &Path) -> Vec<String> {
     flags
 }
 
-/// Builds `source` against the installed library and runs it with `args`;
-/// its stdout, or why it failed.
-fn build_and_run(source: &Path, args: &[&str]) -> String {
+/// Builds `sources` against the installed library and runs the program
+/// with `args`; its stdout, or why it failed.
+fn build_and_run(sources: &[PathBuf], args: &[&str]) -> String {
+    let source = sources.first().expect("a source");
     let prefix = match prefix() {
         Ok(p) => p,
         Err(e) => panic!("{e}"),
@@ -72,7 +74,7 @@ fn build_and_run(source: &Path, args: &[&str]) -> String {
     let out = Command::new("cc")
         .args(["-std=c99", "-Wall", "-Wextra", "-Wpedantic", "-Werror", "-o"])
         .arg(&exe)
-        .arg(source)
+        .args(sources)
         .args(pkg_config_flags(prefix))
         .output()
         .expect("running cc");
@@ -97,7 +99,8 @@ fn build_and_run(source: &Path, args: &[&str]) -> String {
 #[test]
 fn host_example_runs_on_both_generations() {
     for gen in ["1", "2"] {
-        let out = build_and_run(&crate_dir().join("examples/host.c"), &[gen]);
+        let examples = crate_dir().join("examples");
+        let out = build_and_run(&[examples.join("host.c"), examples.join("workload.c")], &[gen]);
         for line in [
             "copy and fill: 65536 bytes checked",
             "dispatch after a cross-queue wait: 1024 words checked",
@@ -112,7 +115,7 @@ fn host_example_runs_on_both_generations() {
 
 #[test]
 fn bad_input_from_c_gets_typed_statuses_and_changes_nothing() {
-    let out = build_and_run(&crate_dir().join("tests/c/bad_input.c"), &[]);
+    let out = build_and_run(&[crate_dir().join("tests/c/bad_input.c")], &[]);
     let checks = out.lines().filter(|l| l.starts_with("bad-input ") && l.ends_with(": ok")).count();
     assert_eq!(checks, 16, "checks that passed:\n{out}");
 }
