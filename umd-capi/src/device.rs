@@ -175,9 +175,10 @@ pub unsafe extern "C" fn umd_device_init(
         return UMD_ERR_BUSY;
     }
     // SAFETY: as above; every field is written before it is read, through
-    // raw pointers. The storage's tables are all zeros (`DeviceStorage::new`
-    // is, so that a `static` one lands in `.bss`): the constant is written
-    // as a fill, not built on the stack.
+    // raw pointers. (The storage's tables are a constant of all zeros,
+    // `DeviceStorage::new` being so for `.bss`; an optimised build writes
+    // it as a fill rather than building it on the stack, which the C
+    // firmware's 64 KiB stack relies on.)
     unsafe {
         addr_of_mut!((*s).storage).write(const { DeviceStorage::new() });
         addr_of_mut!((*s).platform).write(p);
