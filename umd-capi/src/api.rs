@@ -66,8 +66,10 @@ const BUFFER_FLAGS: u32 =
 /// on the GPU (0: the default, 128; else a power of two), with `flags`
 /// (`UMD_BUFFER_*`), and sets `*out` to its handle.
 ///
-/// Blocks: no (platform memory is asked for with `dma_alloc`, which must
-/// not block for long; a full pool is not waited for: `UMD_ERR_OUT_OF_MEMORY`).
+/// Blocks: only when memory or handles ran out while freed buffers still
+/// wait for their fences: it then waits (servicing the device) for the
+/// oldest of those, at most the hang check's limit (2.5 s with the
+/// default configuration), before `UMD_ERR_OUT_OF_MEMORY`.
 ///
 /// # Safety
 /// `dev` NULL or pointing to at least `UMD_DEVICE_STORAGE_SIZE` readable
@@ -406,9 +408,10 @@ fn fence_of(d: &Dev, f: umd_fence) -> Result<Fence, umd_status> {
 /// submission's fence. A refused submission (a bad command, handle or
 /// queue; an encoder refusal) submits nothing.
 ///
-/// Blocks: only while the IB pool or the ring is full, until earlier work
-/// on the queue completes; a hang ends that wait (the hang check's window,
-/// 1 s by default, twice at most).
+/// Blocks: only while the IB pool, the ring or the queue's dependency
+/// table is full, until earlier work completes: at most the hang check's
+/// limit (2.5 s with the default configuration) for an IB chunk or ring
+/// room, 500 ms for dependency-table room (then `UMD_ERR_TOO_MANY`).
 ///
 /// # Safety
 /// `dev` as for every call; `info` NULL or valid; `cmds` NULL or valid for
@@ -547,7 +550,8 @@ pub unsafe extern "C" fn umd_fence_state(
     }))
 }
 
-/// Creates an event (reset) and sets `*out` to it. Never blocks.
+/// Creates an event (reset) and sets `*out` to it. Blocks as
+/// `umd_buffer_alloc` does (an event is a small buffer).
 ///
 /// # Safety
 /// `dev` as for every call; `out` NULL or valid for a write.
