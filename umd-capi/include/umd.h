@@ -84,7 +84,7 @@
 
 /**
  * Command kind: block until `(*src & mask) op (value & mask)`; `op` a
- * `UMD_CMP_*`; `size` 8 for a 64-bit compare, else 32-bit.
+ * `UMD_CMP_*`; `size` 8 for a 64-bit compare, 4 for a 32-bit one.
  */
 #define UMD_CMD_WAIT_MEM 5
 
@@ -150,6 +150,12 @@
  * Compare op: less (unsigned).
  */
 #define UMD_CMP_LT 5
+
+/**
+ * Compare op: sequence-number order, `(mem - value)` as signed `>= 0`
+ * (a wait for a fence value that survives wrapping).
+ */
+#define UMD_CMP_SEQ_GE 6
 
 /**
  * Dispatch op: 32-bit wrapping add.

@@ -213,7 +213,7 @@ pub const UMD_CMD_FILL: u32 = 3;
 /// engine's fence interrupt).
 pub const UMD_CMD_FENCE: u32 = 4;
 /// Command kind: block until `(*src & mask) op (value & mask)`; `op` a
-/// `UMD_CMP_*`; `size` 8 for a 64-bit compare, else 32-bit.
+/// `UMD_CMP_*`; `size` 8 for a 64-bit compare, 4 for a 32-bit one.
 pub const UMD_CMD_WAIT_MEM: u32 = 5;
 /// Command kind: write the device clock (ns) at `dst` (8-byte aligned).
 pub const UMD_CMD_TIMESTAMP: u32 = 6;
@@ -243,6 +243,9 @@ pub const UMD_CMP_GT: u32 = 3;
 pub const UMD_CMP_LE: u32 = 4;
 /// Compare op: less (unsigned).
 pub const UMD_CMP_LT: u32 = 5;
+/// Compare op: sequence-number order, `(mem - value)` as signed `>= 0`
+/// (a wait for a fence value that survives wrapping).
+pub const UMD_CMP_SEQ_GE: u32 = 6;
 
 /// Dispatch op: 32-bit wrapping add.
 pub const UMD_DISPATCH_ADD_U32: u32 = 0;
@@ -329,7 +332,7 @@ fn command<'a>(d: &Dev, events: &Events, c: &'a umd_command) -> Result<Command<'
             reference: c.value,
             mask: c.mask,
             op: match c.op {
-                UMD_CMP_EQ..=UMD_CMP_LT => {
+                UMD_CMP_EQ..=UMD_CMP_SEQ_GE => {
                     CompareOp::from_bits(u64::from(c.op)).ok_or(UMD_ERR_INVALID_ARGUMENT)?
                 }
                 _ => return Err(UMD_ERR_INVALID_ARGUMENT),

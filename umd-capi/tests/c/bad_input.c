@@ -164,7 +164,7 @@ int main(void)
     IS(umd_submit(dev, &info, cmds, 2, &f), UMD_ERR_INVALID_ARGUMENT);
     cmds[1] = fill;
     cmds[1].kind = UMD_CMD_WAIT_MEM;
-    cmds[1].op = 17;
+    cmds[1].op = 7; /* one past UMD_CMP_SEQ_GE */
     cmds[1].size = 4;
     IS(umd_submit(dev, &info, cmds, 2, &f), UMD_ERR_INVALID_ARGUMENT);
     cmds[1].op = UMD_CMP_EQ;
