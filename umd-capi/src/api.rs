@@ -563,12 +563,26 @@ pub unsafe extern "C" fn umd_event_create(dev: *const umd_device, out: *mut umd_
     // SAFETY: the precondition.
     done(unsafe { live(dev) }.and_then(|(d, events)| {
         out_ptr(out)?;
+        // A free entry is reserved under the table's lock, the event
+        // allocated without it (an allocation may wait for memory), then
+        // the entry filled or given back.
+        let index = {
+            let mut t = events.lock();
+            let (index, slot) = t
+                .iter_mut()
+                .enumerate()
+                .find(|(_, s)| s.event.is_none() && !s.reserved)
+                .ok_or(UMD_ERR_OUT_OF_MEMORY)?;
+            slot.reserved = true;
+            index
+        };
+        let created = d.create_event();
         let mut t = events.lock();
-        let (index, slot) =
-            t.iter_mut().enumerate().find(|(_, s)| s.event.is_none()).ok_or(UMD_ERR_OUT_OF_MEMORY)?;
-        let e = d.create_event()?;
+        let slot = t.get_mut(index).ok_or(UMD_ERR_OUT_OF_MEMORY)?;
+        slot.reserved = false;
+        let e = created?;
         let gen = slot.gen.wrapping_add(1).max(1);
-        *slot = EventSlot { event: Some(e), gen };
+        *slot = EventSlot { event: Some(e), gen, reserved: false };
         // SAFETY: checked non-NULL and aligned; valid by the precondition.
         unsafe { out.write(handle::make(Kind::Event, d.id(), index as u32, gen)) };
         Ok(())

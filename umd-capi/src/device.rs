@@ -31,6 +31,9 @@ pub(crate) type Dev = Device<'static, CPlatform, 16>;
 pub(crate) struct EventSlot {
     pub(crate) event: Option<Event>,
     pub(crate) gen: u32,
+    /// Taken by an `umd_event_create` that is allocating the event (with
+    /// the table's lock dropped: the allocation may wait).
+    pub(crate) reserved: bool,
 }
 
 /// A live device's bookkeeping beside the core's: the events, kept here
@@ -182,7 +185,8 @@ pub unsafe extern "C" fn umd_device_init(
     unsafe {
         addr_of_mut!((*s).storage).write(const { DeviceStorage::new() });
         addr_of_mut!((*s).platform).write(p);
-        addr_of_mut!((*s).events).write(spin::Mutex::new([EventSlot { event: None, gen: 0 }; EVENTS]));
+        addr_of_mut!((*s).events)
+            .write(spin::Mutex::new([EventSlot { event: None, gen: 0, reserved: false }; EVENTS]));
         addr_of_mut!((*s).dev).write(None);
     }
     // SAFETY: initialised above; the storage is the caller's until
