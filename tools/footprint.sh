@@ -29,13 +29,16 @@ own_sizes() {
 # Code of ours (umd_core, the probe's entry points) that branches to a
 # panic routine means a panic path survived optimisation. The conformance
 # suite is test code and is not held to this.
+# The third argument, if given, is the pattern of section names checked
+# instead (the C API's library: umd-core, umd-capi and its entry points).
 panic_paths() {
     local offenders
-    offenders=$(llvm-objdump -r "$1" 2>/dev/null | awk '
+    local pattern=${3:-umd_core|umd_fp_device|umd_fp_encode|umd_fp_decode|umd_fp_check}
+    offenders=$(llvm-objdump -r "$1" 2>/dev/null | awk -v pat="$pattern" '
         /^RELOCATION RECORDS FOR/ { sec = $4; next }
-        sec ~ /^\[\.text\..*(umd_core|umd_fp_device|umd_fp_encode|umd_fp_decode|umd_fp_check)/ && $3 ~ /4core/ && $3 ~ /panicking|_fail|panic_/ { print sec " -> " $3 }' | sort -u)
+        sec ~ ("^\\[\\.text\\..*(" pat ")") && $3 ~ /4core/ && $3 ~ /panicking|_fail|panic_/ { print sec " -> " $3 }' | sort -u)
     if [ -n "$offenders" ]; then
-        echo "$2: panic paths survive in umd-core:" >&2
+        echo "$2: panic paths survive (code of ours that calls a core::panicking routine):" >&2
         echo "$offenders" >&2
         return 1
     fi
@@ -126,6 +129,18 @@ for build in driver driver+conformance; do
             status=1
         fi
     done
+done
+# The C API's static library (umd-capi, `docs/c-api.md`): no panic path in
+# its own code (the `umd_*` entry points, `umd_capi::`) nor in the core's
+# as the library links it; its `#[panic_handler]` calls the C hook
+# `umd_panic_hook`, which this proves unreachable.
+for t in thumbv7em-none-eabihf aarch64-unknown-none; do
+    cargo build -q -p umd-capi --profile footprint --target "$t"
+    if panic_paths "target/$t/footprint/libumd_capi.a" "$t (umd-capi)" 'umd_'; then
+        printf '%-40s %-24s ok\n' "C API: no panic path" "$t"
+    else
+        status=1
+    fi
 done
 # The driver without the MMU (every other optional part on): no VA
 # allocator code.

@@ -116,7 +116,7 @@ pub const PSRAM_BYTES: u64 = 16 << 20;
 pub struct Run {
     /// The machine.
     pub board: Board,
-    /// Image (binary of `bm-images`).
+    /// Image (binary of `bm-images`, or an absolute path: the C firmware).
     pub image: &'static str,
     /// GPU generation the model runs (`refgpu-sim --gen`).
     pub generation: u8,
@@ -298,6 +298,51 @@ fn build(target: &str, features: &str) -> Result<Artifacts, String> {
         .map_err(|e| e.to_string())?;
     let t = target_dir();
     Ok(Artifacts { image_dir: t.join(target).join("release"), sim: t.join("release").join("refgpu-sim") })
+}
+
+/// Whether Debian's bare-metal Arm C toolchain and picolibc are installed
+/// (what the C firmware is built with).
+pub fn arm_c_available() -> bool {
+    tool_runs("arm-none-eabi-gcc", "--version")
+        && std::path::Path::new("/usr/lib/picolibc/arm-none-eabi/picolibc.specs").exists()
+        && tool_runs("make", "--version")
+}
+
+/// Builds the C API's Cortex-M4 firmware (`umd-capi/firmware/m4`, C, with
+/// `gcc-arm-none-eabi` and picolibc, installed by `.ci/install-arm-c.sh`
+/// when missing) against `libumd_capi.a` for `thumbv7em-none-eabihf`, once
+/// per process; the ELF's path.
+pub fn c_firmware() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            vm_harness::setup::ensure_installed(
+                "gcc-arm-none-eabi and picolibc-arm-none-eabi",
+                ".ci/install-arm-c.sh",
+                arm_c_available,
+            )?;
+            let target = "thumbv7em-none-eabihf";
+            cargo(&["build", "--release", "--target", target, "-p", "umd-capi"], &[])
+                .map_err(|e| e.to_string())?;
+            let lib = target_dir().join(target).join("release").join("libumd_capi.a");
+            let out_dir = target_dir().join("c-firmware");
+            let out = Command::new("make")
+                .arg("-C")
+                .arg(workspace_root().join("umd-capi/firmware/m4"))
+                .arg(format!("UMD_LIB={}", lib.display()))
+                .arg(format!("OUT={}", out_dir.display()))
+                .output()
+                .map_err(|e| format!("running make: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "building the C firmware failed:\n{}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            Ok(out_dir.join("m-c-firmware"))
+        })
+        .clone()
 }
 
 /// The defmt log level the images are built with (`DEFMT_LOG`).

@@ -1,0 +1,405 @@
+//! The device in caller-placed storage: bring-up, shutdown, statistics
+//! and the hang report.
+
+use core::ffi::{c_char, c_void};
+use core::fmt::{self, Write as _};
+use core::mem::{align_of, size_of, MaybeUninit};
+use core::ptr::{addr_of, addr_of_mut};
+use core::sync::atomic::{AtomicU32, Ordering};
+
+use umd_core::config::Config;
+use umd_core::direct::{Device, InPlace, MmuMode};
+use umd_core::engine::Event;
+use umd_core::storage::DeviceStorage;
+
+use crate::platform::{umd_platform, CPlatform};
+use crate::status::umd_status::{self, *};
+
+/// Buffers a device can hold at once (the storage's table).
+pub const UMD_MAX_BUFFERS: u32 = 1024;
+/// Events a device can hold at once.
+pub const UMD_MAX_EVENTS: u32 = 64;
+
+pub(crate) const BUFFERS: usize = UMD_MAX_BUFFERS as usize;
+const EVENTS: usize = UMD_MAX_EVENTS as usize;
+
+/// The device type behind the C API: direct mode, 16 IB chunks.
+pub(crate) type Dev = Device<'static, CPlatform, 16>;
+
+/// One entry of the event table.
+#[derive(Clone, Copy)]
+pub(crate) struct EventSlot {
+    pub(crate) event: Option<Event>,
+    pub(crate) gen: u32,
+    /// Taken by an `umd_event_create` that is allocating the event (with
+    /// the table's lock dropped: the allocation may wait).
+    pub(crate) reserved: bool,
+}
+
+/// A live device's bookkeeping beside the core's: the events, kept here
+/// so that their buffers never reach C as buffer handles (the core
+/// accesses an event's word with atomics only).
+pub(crate) type Events = spin::Mutex<[EventSlot; EVENTS]>;
+
+/// What `umd_device_init` writes into the caller's storage. Only ever
+/// reached through raw pointers to its fields: the device holds the
+/// storage and the platform by reference for its whole life.
+#[repr(C)]
+pub(crate) struct Slot {
+    magic: AtomicU32,
+    platform: CPlatform,
+    pub(crate) events: Events,
+    dev: Option<InPlace<'static, Dev>>,
+    dev_mem: MaybeUninit<Dev>,
+    storage: DeviceStorage<BUFFERS>,
+}
+
+/// The value of `magic` while a device lives in the slot.
+const LIVE: u32 = 0x554D_4431;
+
+/// Bytes of storage `umd_device_init` needs (for a 64-bit target).
+#[cfg(target_pointer_width = "64")]
+pub const UMD_DEVICE_STORAGE_SIZE: usize = 344_064;
+/// Bytes of storage `umd_device_init` needs (for a 32-bit target).
+#[cfg(target_pointer_width = "32")]
+pub const UMD_DEVICE_STORAGE_SIZE: usize = 327_680;
+/// The alignment `umd_device_init` needs of its storage (a `union
+/// umd_device_storage` has it).
+pub const UMD_DEVICE_STORAGE_ALIGN: usize = 8;
+
+// The header's figures hold for this build (checked at compile time;
+// the sizes are the slot's rounded up to 4 KiB, so that a feature of the
+// core that adds a field does not break the check).
+const _: () = assert!(size_of::<Slot>() <= UMD_DEVICE_STORAGE_SIZE);
+const _: () = assert!(align_of::<Slot>() <= UMD_DEVICE_STORAGE_ALIGN);
+// (`umd_device_init` checks the storage's alignment as a `u64`'s.)
+const _: () = assert!(UMD_DEVICE_STORAGE_ALIGN == align_of::<u64>());
+
+/// Storage for one device with the size and alignment the library needs:
+/// `static union umd_device_storage storage;` (zero-initialised or not:
+/// `umd_device_init` writes all of it).
+#[repr(C)]
+pub union umd_device_storage {
+    /// The bytes.
+    pub bytes: [u8; UMD_DEVICE_STORAGE_SIZE],
+    /// Gives the union its alignment.
+    pub align: u64,
+}
+
+/// A device, as C holds it (a pointer into its storage): an incomplete
+/// type in C.
+pub struct umd_device {
+    _opaque: [u8; 0],
+}
+
+/// `umd_device_init` MMU mode: on, 4 GiB of GPU virtual addresses from
+/// 4 GiB up.
+pub const UMD_MMU_ENABLED: u32 = 0;
+/// `umd_device_init` MMU mode: off, GPU addresses are device addresses.
+pub const UMD_MMU_BYPASS: u32 = 1;
+
+/// The live device at `d`.
+///
+/// # Safety
+/// `d` is NULL or points to at least `UMD_DEVICE_STORAGE_SIZE` readable
+/// bytes (the C precondition of every call taking a device).
+pub(crate) unsafe fn live<'a>(d: *const umd_device) -> Result<(&'a Dev, &'a Events), umd_status> {
+    if d.is_null() {
+        return Err(UMD_ERR_NULL);
+    }
+    if !d.cast::<Slot>().is_aligned() {
+        return Err(UMD_ERR_MISALIGNED);
+    }
+    let s = d.cast::<Slot>();
+    // SAFETY: aligned and readable (the precondition); `magic` is an
+    // atomic that `umd_device_init` writes last and shutdown clears first.
+    let magic = unsafe { &*addr_of!((*s).magic) };
+    if magic.load(Ordering::Acquire) != LIVE {
+        return Err(UMD_ERR_NOT_A_DEVICE);
+    }
+    // SAFETY: a live slot's `dev` and `events` are initialised and only
+    // written again by shutdown, which the caller does not run at the same
+    // time (`docs/c-api.md`, "Threads and reentrancy").
+    let dev = unsafe { &*addr_of!((*s).dev) };
+    // SAFETY: as above.
+    let events = unsafe { &*addr_of!((*s).events) };
+    dev.as_deref().map(|d| (d, events)).ok_or(UMD_ERR_NOT_A_DEVICE)
+}
+
+/// Brings a device up in `storage` (`storage_len` bytes, at least
+/// `UMD_DEVICE_STORAGE_SIZE`, aligned to `UMD_DEVICE_STORAGE_ALIGN`) over
+/// `platform` (copied; its callbacks must stay valid until shutdown) with
+/// MMU mode `mmu` (`UMD_MMU_ENABLED` or `UMD_MMU_BYPASS`), and sets
+/// `*out` to it (a pointer to `storage`).
+///
+/// Blocks: yes, for the device's reset and MMU handshakes, at most about
+/// 1 s each (a device that does not answer fails with `UMD_ERR_INIT`).
+/// Not to be called on the same storage from two threads at once.
+///
+/// # Safety
+/// `storage` is NULL or valid for writes of `storage_len` bytes and is not
+/// moved, reused or freed until `umd_device_shutdown` returns; `platform`
+/// and `out` are NULL or valid.
+#[no_mangle]
+pub unsafe extern "C" fn umd_device_init(
+    storage: *mut c_void,
+    storage_len: usize,
+    platform: *const umd_platform,
+    mmu: u32,
+    out: *mut *mut umd_device,
+) -> umd_status {
+    if storage.is_null() || platform.is_null() || out.is_null() {
+        return UMD_ERR_NULL;
+    }
+    if !storage.cast::<u64>().is_aligned() || !out.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    if !platform.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    if storage_len < size_of::<Slot>() {
+        return UMD_ERR_TOO_SMALL;
+    }
+    let mmu = match mmu {
+        UMD_MMU_ENABLED => MmuMode::DEFAULT,
+        UMD_MMU_BYPASS => MmuMode::Bypass,
+        _ => return UMD_ERR_INVALID_ARGUMENT,
+    };
+    // SAFETY: checked non-NULL and aligned; valid by the precondition.
+    let Some(p) = CPlatform::new(unsafe { *platform }) else {
+        return UMD_ERR_NULL;
+    };
+    let s = storage.cast::<Slot>();
+    // SAFETY: `storage` is valid for `size_of::<Slot>()` bytes (checked
+    // above) and aligned (checked; `Slot`'s alignment is at most
+    // `UMD_DEVICE_STORAGE_ALIGN`, asserted at compile time).
+    let magic = unsafe { &*addr_of!((*s).magic) };
+    if magic.load(Ordering::Acquire) == LIVE {
+        return UMD_ERR_BUSY;
+    }
+    // SAFETY: as above; every field is written before it is read, through
+    // raw pointers. (The storage's tables are a constant of all zeros,
+    // `DeviceStorage::new` being so for `.bss`; an optimised build writes
+    // it as a fill rather than building it on the stack, which the C
+    // firmware's 64 KiB stack relies on.)
+    unsafe {
+        addr_of_mut!((*s).storage).write(const { DeviceStorage::new() });
+        addr_of_mut!((*s).platform).write(p);
+        addr_of_mut!((*s).events)
+            .write(spin::Mutex::new([EventSlot { event: None, gen: 0, reserved: false }; EVENTS]));
+        addr_of_mut!((*s).dev).write(None);
+    }
+    // SAFETY: initialised above; the storage is the caller's until
+    // shutdown (the precondition), so the borrows live as long as the
+    // device, which shutdown ends before the storage is given back.
+    let (platform, tables, mem) = unsafe {
+        (&*addr_of!((*s).platform), &mut *addr_of_mut!((*s).storage), &mut *addr_of_mut!((*s).dev_mem))
+    };
+    match Dev::new_in(mem, platform, tables, Config::DEFAULT, mmu) {
+        Ok(dev) => {
+            // SAFETY: as above; nothing else reaches `dev` yet.
+            unsafe { addr_of_mut!((*s).dev).write(Some(dev)) };
+            magic.store(LIVE, Ordering::Release);
+            // SAFETY: checked non-NULL and aligned.
+            unsafe { *out = s.cast() };
+            UMD_OK
+        }
+        Err(e) => e.into(),
+    }
+}
+
+/// What was still allocated when a device was shut down.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct umd_shutdown_report {
+    /// Buffers (and events) never freed.
+    pub leaked_buffers: u64,
+    /// Their requested bytes.
+    pub leaked_bytes: u64,
+    /// Freed buffers whose fences never came (device lost or hung),
+    /// released now.
+    pub released_waiting: u64,
+}
+
+/// Stops the device, gives its memory back to the platform and writes the
+/// leak report to `*report` (which may be NULL). The storage is the
+/// caller's again afterwards.
+///
+/// Blocks: yes, for the engines' reset handshakes, at most about 1 s each.
+/// No other call on this device may run at the same time or afterwards.
+///
+/// # Safety
+/// `dev` is NULL or points to at least `UMD_DEVICE_STORAGE_SIZE` readable
+/// bytes; `report` is NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn umd_device_shutdown(
+    dev: *mut umd_device,
+    report: *mut umd_shutdown_report,
+) -> umd_status {
+    if !report.is_null() && !report.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    // SAFETY: the precondition.
+    if let Err(e) = unsafe { live(dev) } {
+        return e;
+    }
+    let s = dev.cast::<Slot>();
+    // SAFETY: a live slot (checked); no other call runs (the precondition).
+    let taken = unsafe {
+        (*addr_of!((*s).magic)).store(0, Ordering::Release);
+        (*addr_of_mut!((*s).dev)).take()
+    };
+    let Some(d) = taken else {
+        return UMD_ERR_NOT_A_DEVICE;
+    };
+    let r = InPlace::shutdown(d);
+    if !report.is_null() {
+        let out = umd_shutdown_report {
+            leaked_buffers: r.leaked_buffers,
+            leaked_bytes: r.leaked_bytes,
+            released_waiting: r.released_waiting,
+        };
+        // SAFETY: checked non-NULL and aligned; valid by the precondition.
+        unsafe { report.write(out) };
+    }
+    UMD_OK
+}
+
+/// Counters of a device's life.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct umd_stats {
+    /// Submissions that reached the hardware.
+    pub submissions: u64,
+    /// Fences observed signalled.
+    pub fences_signalled: u64,
+    /// Hangs detected.
+    pub hangs: u64,
+    /// Faults reported.
+    pub faults: u64,
+    /// Queue resets performed.
+    pub resets: u64,
+    /// Fences failed because work they waited on failed.
+    pub propagated_failures: u64,
+    /// Interrupts acknowledged.
+    pub interrupts: u64,
+    /// Total ns spent waiting.
+    pub wait_ns: u64,
+    /// Live buffers (events included).
+    pub live_buffers: u64,
+    /// Their requested bytes.
+    pub live_bytes: u64,
+}
+
+/// Writes the device's counters to `*out`. Never blocks (takes the
+/// driver's memory lock for a bounded copy).
+///
+/// # Safety
+/// `dev` as for every call; `out` NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn umd_device_stats(dev: *const umd_device, out: *mut umd_stats) -> umd_status {
+    // SAFETY: the precondition.
+    let d = match unsafe { live(dev) } {
+        Ok((d, _)) => d,
+        Err(e) => return e,
+    };
+    if out.is_null() {
+        return UMD_ERR_NULL;
+    }
+    if !out.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    let s = d.stats();
+    let b = d.buffer_stats();
+    let v = umd_stats {
+        submissions: s.submissions,
+        fences_signalled: s.fences_signalled,
+        hangs: s.hangs,
+        faults: s.faults,
+        resets: s.resets,
+        propagated_failures: s.propagated_failures,
+        interrupts: s.interrupts,
+        wait_ns: s.wait_ns,
+        live_buffers: b.live,
+        live_bytes: b.live_bytes,
+    };
+    // SAFETY: checked non-NULL and aligned; valid by the precondition.
+    unsafe { out.write(v) };
+    UMD_OK
+}
+
+/// Text into a caller's buffer: what fits, NUL-terminated, and the full
+/// length counted.
+struct Text<'a> {
+    buf: &'a mut [u8],
+    len: usize,
+}
+
+impl fmt::Write for Text<'_> {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        for &b in s.as_bytes() {
+            // The last byte is kept for the NUL.
+            if self.len.saturating_add(1) < self.buf.len() {
+                if let Some(slot) = self.buf.get_mut(self.len) {
+                    *slot = b;
+                }
+            }
+            self.len = self.len.saturating_add(1);
+        }
+        Ok(())
+    }
+}
+
+/// Writes the last hang report (the queue, the reason, the engine's
+/// registers and the decoded commands around the read pointer) as text
+/// into `buf` (`cap` bytes, NUL-terminated) and its full length (without
+/// the NUL) to `*len` (which may be NULL). `UMD_ERR_NOT_FOUND` when no hang
+/// was seen; `UMD_ERR_TRUNCATED` when the text did not fit (`buf` holds its
+/// beginning). Never blocks.
+///
+/// # Safety
+/// `dev` as for every call; `buf` NULL or valid for writes of `cap`
+/// bytes; `len` NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn umd_last_hang(
+    dev: *const umd_device,
+    buf: *mut c_char,
+    cap: usize,
+    len: *mut usize,
+) -> umd_status {
+    // SAFETY: the precondition.
+    let d = match unsafe { live(dev) } {
+        Ok((d, _)) => d,
+        Err(e) => return e,
+    };
+    if buf.is_null() {
+        return UMD_ERR_NULL;
+    }
+    if cap == 0 {
+        return UMD_ERR_TOO_SMALL;
+    }
+    if !len.is_null() && !len.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    let Some(report) = d.last_hang() else {
+        return UMD_ERR_NOT_FOUND;
+    };
+    // SAFETY: non-NULL, valid for `cap` bytes (the precondition).
+    let out = unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), cap) };
+    let mut t = Text { buf: out, len: 0 };
+    let _ = write!(t, "{report}");
+    let n = t.len;
+    let end = n.min(cap.saturating_sub(1));
+    if let Some(b) = t.buf.get_mut(end) {
+        *b = 0;
+    }
+    if !len.is_null() {
+        // SAFETY: checked non-NULL and aligned; valid by the precondition.
+        unsafe { len.write(n) };
+    }
+    if n >= cap {
+        UMD_ERR_TRUNCATED
+    } else {
+        UMD_OK
+    }
+}
