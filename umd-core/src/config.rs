@@ -362,7 +362,7 @@ impl Config {
         let mut before: Option<u64> = None;
         for (i, s) in self.wait_steps.iter().enumerate() {
             let n = i as u8;
-            let last = i + 1 == self.wait_steps.len();
+            let last = i.saturating_add(1) == self.wait_steps.len();
             let ordered = before.is_none_or(|b| s.until_ns > b);
             if !ordered || (last && s.until_ns != u64::MAX) || (!last && s.until_ns > HOUR_NS) {
                 // The last step's end is fixed; a disorder shows on the
