@@ -43,11 +43,11 @@ pub mod boot;
 #[cfg(all(target_arch = "arm", target_os = "none"))]
 pub mod boot_m;
 pub mod demo;
-pub mod knobs;
 #[cfg(target_os = "none")]
 pub mod device_loss;
 #[cfg(target_os = "none")]
 pub mod fault_matrix;
+pub mod knobs;
 #[cfg(target_os = "none")]
 pub mod suite;
 /// The bring-up checks the smoke image runs (shared with the Linux

@@ -13,7 +13,7 @@ use umd_core::sync::QueueId;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let platform = InProcess::new(ModelConfig::default())?; // UMD_* read here
-    // The device's tables: caller-placed (a `static` in firmware), never moved.
+                                                            // The device's tables: caller-placed (a `static` in firmware), never moved.
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev: Device<'_, InProcess, 16> =
         Device::new(&platform, &mut storage, platform.config(), MmuMode::DEFAULT)?;

@@ -132,7 +132,11 @@ pub fn from_lookup(
         let v = value.trim();
         // A value is one token: a separator would smuggle in another entry.
         if v.is_empty() || v.contains(|ch: char| ch.is_whitespace() || matches!(ch, ';' | '#' | '=')) {
-            return Err(ConfigError::Var { var: var.clone(), value: value.clone(), kind: ParseErrorKind::Malformed });
+            return Err(ConfigError::Var {
+                var: var.clone(),
+                value: value.clone(),
+                kind: ParseErrorKind::Malformed,
+            });
         }
         let key = var.strip_prefix("UMD_").unwrap_or(var).to_ascii_lowercase();
         text.push_str(&format!("{key}={v}\n"));
@@ -141,7 +145,9 @@ pub fn from_lookup(
         // The line's variable; for a range error in a value no variable
         // set, the one whose value was checked against it (or the first).
         let at = e.line.checked_sub(1).and_then(|i| vars.get(i));
-        let at = at.or_else(|| vars.iter().find(|(k, _, _)| matches!(e.kind, ParseErrorKind::OutOfRange(r) if r == *k)));
+        let at = at.or_else(|| {
+            vars.iter().find(|(k, _, _)| matches!(e.kind, ParseErrorKind::OutOfRange(r) if r == *k))
+        });
         let (var, value) = match at.or(vars.first()) {
             Some((_, var, value)) => (var.clone(), value.clone()),
             None => (e.key.to_owned(), String::new()),
@@ -211,10 +217,16 @@ mod tests {
             "UMD_RING_BYTES=\"12288\": out of range: expected a power of two from 4 KiB to 4 MiB"
         );
         let e = with(&[("UMD_USE_IRQ", "2")]).unwrap_err();
-        assert_eq!(e.to_string(), "UMD_USE_IRQ=\"2\": malformed value, expected a boolean (1/0, true/false, yes/no, on/off)");
+        assert_eq!(
+            e.to_string(),
+            "UMD_USE_IRQ=\"2\": malformed value, expected a boolean (1/0, true/false, yes/no, on/off)"
+        );
         // One token per variable.
         let e = with(&[("UMD_RING_BYTES", "8192 batching=off")]).unwrap_err();
-        assert!(matches!(&e, ConfigError::Var { var, kind: ParseErrorKind::Malformed, .. } if var == "UMD_RING_BYTES"), "{e}");
+        assert!(
+            matches!(&e, ConfigError::Var { var, kind: ParseErrorKind::Malformed, .. } if var == "UMD_RING_BYTES"),
+            "{e}"
+        );
         // Checked against another tunable: the step that ends too early.
         let e = with(&[("UMD_WAIT_STEP0_UNTIL_NS", "500000")]).unwrap_err();
         assert_eq!(
@@ -233,7 +245,8 @@ mod tests {
         let file = "# bring-up board\nring_bytes=8K\nhang_window_ns=2000000000\n";
         let c = with_file(&[("UMD_CONFIG", "/etc/umd.conf"), ("UMD_RING_BYTES", "32K")], Some(file)).unwrap();
         assert_eq!((c.ring_bytes, c.hang.window_ns), (32 << 10, 2_000_000_000), "the variable wins");
-        let e = with_file(&[("UMD_CONFIG", "/etc/umd.conf")], Some("ring_bytes=8K\nring_size=4K")).unwrap_err();
+        let e =
+            with_file(&[("UMD_CONFIG", "/etc/umd.conf")], Some("ring_bytes=8K\nring_size=4K")).unwrap_err();
         assert_eq!(e.to_string(), "/etc/umd.conf (UMD_CONFIG) line 2: `ring_size`: unknown key `ring_size`");
         let e = with_file(&[("UMD_CONFIG", "/nonexistent")], None).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }), "{e}");

@@ -38,7 +38,11 @@ fn the_environment_configures_every_platform_made_after_it() {
     std::env::remove_var("UMD_CONFIG");
     std::fs::remove_file(&file).unwrap();
     let cfg = p.config();
-    assert_eq!((cfg.ring_bytes, cfg.hang.window_ns), (8 << 10, 2_000_000_000), "the variable wins over the file");
+    assert_eq!(
+        (cfg.ring_bytes, cfg.hang.window_ns),
+        (8 << 10, 2_000_000_000),
+        "the variable wins over the file"
+    );
 
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev: Device<'_, InProcess, 4> = Device::new(&p, &mut storage, cfg, MmuMode::DEFAULT).unwrap();

@@ -3,7 +3,10 @@
 //! per-kind entry points, and the store limit: hand-written stores of the
 //! same dwords), a direct-mode submission on the scripted
 //! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
-//! allocator steps and buffer alloc/free through the device.
+//! allocator steps and buffer alloc/free through the device. Built with
+//! the `validation` feature it runs only the validation mode's cost
+//! instead (`submit_validation`: the same submission with validation off
+//! and on; `docs/perf.md`, "Validation mode"), which the gate does not.
 //!
 //! Counts are exact and repeat run to run on a loaded machine, so
 //! `tools/perf-gate.sh` compares them against the committed baseline

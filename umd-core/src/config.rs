@@ -483,7 +483,9 @@ impl fmt::Display for ConfigText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let c = self.0;
         let onoff = |b: bool| if b { "on" } else { "off" };
-        let step = |n: u8| c.wait_steps.get(usize::from(n)).copied().unwrap_or(WaitStep { until_ns: 0, interval_ns: 0 });
+        let step = |n: u8| {
+            c.wait_steps.get(usize::from(n)).copied().unwrap_or(WaitStep { until_ns: 0, interval_ns: 0 })
+        };
         for (i, k) in Key::ALL.into_iter().enumerate() {
             if i > 0 {
                 f.write_str(" ")?;

@@ -63,22 +63,41 @@ fn bad_entries_are_typed_errors_naming_the_key_and_nothing_changes() {
     assert_eq!(kind("batching=maybe"), ("batching".into(), 1, ParseErrorKind::Malformed));
     assert_eq!(kind("pool_exhaustion=panic"), ("pool_exhaustion".into(), 1, ParseErrorKind::Malformed));
     assert_eq!(kind("dep_wait_ns=-5"), ("dep_wait_ns".into(), 1, ParseErrorKind::Malformed));
-    assert_eq!(kind("dep_wait_ns=5K"), ("dep_wait_ns".into(), 1, ParseErrorKind::Malformed), "no suffix on times");
+    assert_eq!(
+        kind("dep_wait_ns=5K"),
+        ("dep_wait_ns".into(), 1, ParseErrorKind::Malformed),
+        "no suffix on times"
+    );
     assert_eq!(kind("use_irq"), ("use_irq".into(), 1, ParseErrorKind::Malformed));
     let range = |k: Key| ParseErrorKind::OutOfRange(k);
     assert_eq!(kind("ring_bytes=12288"), ("ring_bytes".into(), 1, range(Key::RingBytes)));
     assert_eq!(kind("ib_chunk_bytes=1000"), ("ib_chunk_bytes".into(), 1, range(Key::IbChunkBytes)));
     assert_eq!(kind("hang_window_ns=0"), ("hang_window_ns".into(), 1, range(Key::HangWindowNs)));
-    assert_eq!(kind("hang_max_windows=4294967296"), ("hang_max_windows".into(), 1, range(Key::HangMaxWindows)));
-    assert_eq!(kind("local_min_residency=5000"), ("local_min_residency".into(), 1, range(Key::LocalMinResidency)));
+    assert_eq!(
+        kind("hang_max_windows=4294967296"),
+        ("hang_max_windows".into(), 1, range(Key::HangMaxWindows))
+    );
+    assert_eq!(
+        kind("local_min_residency=5000"),
+        ("local_min_residency".into(), 1, range(Key::LocalMinResidency))
+    );
     assert_eq!(
         kind("hang_unsubmitted_wait_ns=5"),
         ("hang_unsubmitted_wait_ns".into(), 1, range(Key::HangUnsubmittedWaitNs))
     );
-    assert_eq!(kind("wait_step3_interval_ns=2000000000"), ("wait_step3_interval_ns".into(), 1, range(Key::WaitStepInterval(3))));
+    assert_eq!(
+        kind("wait_step3_interval_ns=2000000000"),
+        ("wait_step3_interval_ns".into(), 1, range(Key::WaitStepInterval(3)))
+    );
     // The steps out of order: step 1 ends before step 0.
-    assert_eq!(kind("\nwait_step0_until_ns=200000"), ("wait_step1_until_ns".into(), 0, range(Key::WaitStepUntil(1))));
-    assert_eq!(kind("wait_step1_until_ns=1000"), ("wait_step1_until_ns".into(), 1, range(Key::WaitStepUntil(1))));
+    assert_eq!(
+        kind("\nwait_step0_until_ns=200000"),
+        ("wait_step1_until_ns".into(), 0, range(Key::WaitStepUntil(1)))
+    );
+    assert_eq!(
+        kind("wait_step1_until_ns=1000"),
+        ("wait_step1_until_ns".into(), 1, range(Key::WaitStepUntil(1)))
+    );
     assert_eq!(
         kind("ring_bytes=99999999999999999999"),
         ("ring_bytes".into(), 1, ParseErrorKind::Malformed),
@@ -89,7 +108,10 @@ fn bad_entries_are_typed_errors_naming_the_key_and_nothing_changes() {
     assert_eq!(base.ring_bytes, 8192);
     // The messages name the key and the expected values.
     let e = base.with_text("ring_bytes=12288").unwrap_err();
-    assert_eq!(e.to_string(), "line 1: `ring_bytes` out of range: expected a power of two from 4 KiB to 4 MiB");
+    assert_eq!(
+        e.to_string(),
+        "line 1: `ring_bytes` out of range: expected a power of two from 4 KiB to 4 MiB"
+    );
     let e = base.with_text("a=1\nfoo=2").unwrap_err();
     assert_eq!(e.to_string(), "line 1: unknown key `a`");
 }

@@ -203,8 +203,14 @@ mod on {
             dev.platform().state().mode = Mode::Manual;
             let w = dev.alloc(&BufferDesc::new(4096).tag("data")).unwrap();
             let wv = dev.va(w).unwrap();
-            let dispatch =
-                Command::Dispatch { op: DispatchOp::AddU32, a: wv, b: wv + 256, dst: wv + 512, count: 64, scalar_bits: 0 };
+            let dispatch = Command::Dispatch {
+                op: DispatchOp::AddU32,
+                a: wv,
+                b: wv + 256,
+                dst: wv + 512,
+                count: 64,
+                scalar_bits: 0,
+            };
             let doorbells = dev.platform().state().doorbells;
             for q in [QueueId::GFX, QueueId::COPY] {
                 let e = refused(dev.submit(q, &[], |cb| {
@@ -214,7 +220,10 @@ mod on {
                 assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::Dispatch, Field::Op), "{e}");
                 assert_eq!(e.problem, Problem::WrongEngine { queue: q }, "{e}");
                 let text = e.to_string();
-                assert!(text.contains("packet 1 (DISPATCH)") && text.contains(&format!("queue {q}")), "{text}");
+                assert!(
+                    text.contains("packet 1 (DISPATCH)") && text.contains(&format!("queue {q}")),
+                    "{text}"
+                );
             }
             // A caller-built IB holding DISPATCH, for the COPY queue.
             let ib = dev.alloc(&BufferDesc::new(4096).tag("ib")).unwrap();

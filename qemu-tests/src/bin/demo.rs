@@ -26,8 +26,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use umd_core::config::Config;
 use qemu_tests::{boot_with, ensure_qemu, Mode, Output, Run};
+use umd_core::config::Config;
 use vm_harness::target_base;
 
 /// The command line (help text from these comments).
@@ -125,11 +125,7 @@ fn main() -> ExitCode {
     let mut image_args: Vec<&'static str> =
         vec![Box::leak(frames.into_boxed_str()), Box::leak(depth.into_boxed_str())];
     image_args.extend(knobs.into_iter().map(|k| &*Box::leak(k.into_boxed_str())));
-    let run = Run {
-        args: image_args,
-        sim_args,
-        ..Run::new("demo", args.generation, mode)
-    };
+    let run = Run { args: image_args, sim_args, ..Run::new("demo", args.generation, mode) };
     eprintln!(
         "demo: starting refgpu-sim --gen {} and booting the demo image in qemu-system-aarch64 ({} waits)\n",
         args.generation,
