@@ -15,7 +15,9 @@
 //! a buffer asked for again at its fixed address while a copy reads it;
 //! failure propagation, a failure history that survives many resets, a wait
 //! before signal that is not a hang, several submitting threads; a DMA
-//! overrun caught, events across queues, and local memory under eviction.
+//! overrun caught, events across queues, local memory under eviction, and
+//! DISPATCH on a queue whose engine does not run it (refused by the
+//! validation mode, a fault without it).
 //!
 //! Run them with [`run_all`] on a device made with [`SUITE_CONFIG`] and
 //! [`SUITE_MMU`]; every wait has a generous failure guard ([`GUARD_NS`]),

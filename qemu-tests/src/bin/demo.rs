@@ -99,6 +99,14 @@ fn main() -> ExitCode {
     let mode = if args.polling { Mode::Polling } else { Mode::Msi };
     let gpu_bound = args.gpu_bound.map(|ns| ns.unwrap_or(GPU_BOUND_NS_PER_KIB));
     let trace = args.trace.unwrap_or_else(|| target_base().join("demo-trace.json"));
+    // A bad UMD_* value stops the demo before anything is built.
+    let knobs = match knob_args(bm_images::demo::CONFIG) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = ensure_qemu() {
         eprintln!("demo: {e}");
         return ExitCode::from(2);
@@ -108,13 +116,6 @@ fn main() -> ExitCode {
         eprintln!("demo: {e}");
         return ExitCode::from(2);
     }
-    let knobs = match knob_args(bm_images::demo::CONFIG) {
-        Ok(k) => k,
-        Err(e) => {
-            eprintln!("demo: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let frames = format!("frames={}", args.frames);
     // GPU-bound mode: slower model memory, three frames in flight.
     let depth = format!("depth={}", args.depth.unwrap_or(if gpu_bound.is_some() { 3 } else { 2 }));
