@@ -68,7 +68,7 @@ if [ "${1:-}" = table ]; then
     printf '| generations, encoder, entry points | hang capture | trace | local memory | MMU | .text | .rodata |\n'
     printf '| --- | :-: | :-: | :-: | :-: | ---: | ---: |\n'
     for f in \
-        gen1,gen2,codec,$all gen1,gen2,$all gen1,$all gen2,$all \
+        gen1,gen2,codec,$all gen1,gen2,$all gen1,gen2,validation,$all gen1,$all gen2,$all \
         gen1,gen2,trace,local-memory,mmu gen1,gen2,hang-capture,local-memory,mmu \
         gen1,gen2,hang-capture,trace,mmu gen1,gen2,hang-capture,trace,local-memory gen1,gen2 \
         gen2,trace,local-memory,mmu gen2,hang-capture,local-memory,mmu \

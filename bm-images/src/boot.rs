@@ -1,6 +1,8 @@
-//! What every image does first: read the mode from the semihosting command
-//! line, bring the board up, make the `Device`, and print the `@@ BOOT` and
-//! `@@ DEVICE` lines (bare-metal target only).
+//! What every image does first: read the mode and the driver
+//! configuration (`umd.<key>=<value>`, [`crate::knobs`]) from the
+//! semihosting command line, bring the board up, make the `Device`, and
+//! print the `@@ BOOT`, `@@ DEVICE` and `@@ CONFIG` lines (bare-metal
+//! target only).
 //!
 //! The transport and the device's storage are `static`s (the storage's
 //! tables are placed by the loader, never moved on the stack); the device
@@ -41,6 +43,16 @@ pub fn with_args<R>(f: impl FnOnce(core::str::SplitWhitespace<'_>) -> R) -> R {
     let mut buf = [0u8; 256];
     let cmd = exit::cmdline(&mut buf);
     f(cmd.split_whitespace())
+}
+
+/// `cfg` with the command line's `umd.` entries applied
+/// ([`crate::knobs`]); a refused entry prints `@@ CONFIG_ERROR`.
+pub fn config_from_args(cfg: Config) -> Config {
+    with_args(|words| {
+        crate::knobs::apply(cfg, words, |e| {
+            println!("@@ CONFIG_ERROR {e}: the image's configuration stays in effect")
+        })
+    })
 }
 
 /// Whether `word` is on the semihosting command line.
@@ -87,7 +99,8 @@ pub fn transport(image: &str) -> (IvshmemGpu<VirtHal>, IrqMode) {
     }
 }
 
-/// Makes a device on `io` in `slot`, or exits with status 2.
+/// Makes a device on `io` in `slot` with `cfg` and the command line's
+/// `umd.` entries applied ([`crate::knobs`]), or exits with status 2.
 pub fn device_on<const C: usize>(
     slot: &'static Slot<C>,
     io: IvshmemGpu<VirtHal>,
@@ -109,6 +122,7 @@ pub fn device_on<const C: usize>(
         exit::exit(2)
     };
     let slot = spin::mutex::MutexGuard::leak(slot);
+    let cfg = config_from_args(cfg);
     match Device::new_in(slot, io, storage, cfg, mmu) {
         Ok(d) => {
             let chip = d.chip();
@@ -120,6 +134,7 @@ pub fn device_on<const C: usize>(
                 cfg.ib_chunk_bytes
             );
             println!("@@ DEVICE gen={} rev={}", chip.generation.number(), chip.revision);
+            println!("@@ CONFIG {}", d.config().text());
             d
         }
         Err(e) => {

@@ -1,5 +1,6 @@
 //! What every Cortex-M image does first (`mps2-an386`): read the command
-//! line, check that the device's pools fit the GPU carve-out, wait for the
+//! line (the driver configuration's `umd.<key>=<value>` entries,
+//! [`crate::knobs`], included), check that the device's pools fit the GPU carve-out, wait for the
 //! model on the shared RAM, make the `Device`, and print the `@@ BOOT` and
 //! `@@ DEVICE` lines. Bring-up failures print `@@ FATAL` and exit 2.
 //!
@@ -47,6 +48,16 @@ pub fn with_args<R>(f: impl FnOnce(core::str::SplitWhitespace<'_>) -> R) -> R {
     let mut buf = [0u8; 256];
     let cmd = exit::cmdline(&mut buf);
     f(cmd.split_whitespace())
+}
+
+/// `cfg` with the command line's `umd.` entries applied
+/// ([`crate::knobs`]); a refused entry prints `@@ CONFIG_ERROR`.
+pub fn config_from_args(cfg: Config) -> Config {
+    with_args(|words| {
+        crate::knobs::apply(cfg, words, |e| {
+            println!("@@ CONFIG_ERROR {e}: the image's configuration stays in effect")
+        })
+    })
 }
 
 /// Whether `word` is on the semihosting command line.
@@ -115,16 +126,19 @@ pub fn device_in<const C: usize>(
     };
     let chip = dev.chip();
     println!("@@ DEVICE gen={} rev={}", chip.generation.number(), chip.revision);
+    println!("@@ CONFIG {}", dev.config().text());
     dev
 }
 
-/// [`transport`] with [`CARVEOUT_BYTES`], then [`device_in`].
+/// The command line's `umd.` entries applied to `cfg` ([`crate::knobs`]),
+/// then [`transport`] with [`CARVEOUT_BYTES`] and [`device_in`].
 pub fn device<const C: usize>(
     image: &str,
     slot: &'static Slot<C>,
     cfg: Config,
     mmu: MmuMode,
 ) -> &'static Gpu<C> {
+    let cfg = config_from_args(cfg);
     let io = transport(image, CARVEOUT_BYTES, &cfg, mmu, C);
     device_in(slot, io, cfg, mmu)
 }

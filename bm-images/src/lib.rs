@@ -6,7 +6,7 @@
 //! The aarch64 binaries (`src/bin/*.rs`) need the `image` feature and build
 //! only for `aarch64-unknown-none`; `qemu-tests` builds them with
 //! `cargo build --release --target aarch64-unknown-none --features
-//! image,defmt -p bm-images` (the `m-*` ones with `cortex-m-image,defmt`
+//! image,defmt,validation -p bm-images` (the `m-*` ones with `cortex-m-image,defmt,validation`
 //! for `thumbv7em-none-eabihf`) and boots them. On the host only this
 //! library builds.
 //!
@@ -15,6 +15,9 @@
 //!
 //! - `@@ BOOT <image> mode=<polling|msi>`
 //! - `@@ DEVICE gen=<n> rev=<n>`
+//! - `@@ CONFIG <key=value ...>`: the driver configuration in effect, after
+//!   the `umd.<key>=<value>` words of the command line ([`knobs`]);
+//!   `@@ CONFIG_ERROR <why>` before it when they were refused
 //! - `@@ RESULT <scenario> PASS` / `@@ RESULT <scenario> FAIL <why>` /
 //!   `@@ RESULT <scenario> SKIP <why>`; a scenario's decoded report between
 //!   `@@ REPORT <scenario> BEGIN` and `@@ REPORT END`
@@ -44,6 +47,7 @@ pub mod demo;
 pub mod device_loss;
 #[cfg(target_os = "none")]
 pub mod fault_matrix;
+pub mod knobs;
 #[cfg(target_os = "none")]
 pub mod suite;
 /// The bring-up checks the smoke image runs (shared with the Linux

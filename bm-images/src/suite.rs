@@ -46,6 +46,17 @@ pub fn run<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>, env: &
     n
 }
 
+/// Switches the validation mode on when `on` (the command line said
+/// `validation`) and prints `@@ VALIDATION on|off`; exits with status 2
+/// (after `@@ FATAL`) when it is asked for and not compiled in.
+pub fn validation_from_args<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, on: bool) {
+    if on && dev.set_validation(true).is_err() {
+        println!("@@ FATAL validation asked for; the image was built without the validation feature");
+        platform_baremetal::arch::exit::exit(2)
+    }
+    println!("@@ VALIDATION {}", if dev.validation() { "on" } else { "off" });
+}
+
 /// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.
 pub fn report_line(r: &ScenarioResult) {
     let tag = match r.outcome {

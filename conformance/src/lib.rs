@@ -15,7 +15,9 @@
 //! a buffer asked for again at its fixed address while a copy reads it;
 //! failure propagation, a failure history that survives many resets, a wait
 //! before signal that is not a hang, several submitting threads; a DMA
-//! overrun caught, events across queues, and local memory under eviction.
+//! overrun caught, events across queues, local memory under eviction, and
+//! DISPATCH on a queue whose engine does not run it (refused by the
+//! validation mode, a fault without it).
 //!
 //! Run them with [`run_all`] on a device made with [`SUITE_CONFIG`] and
 //! [`SUITE_MMU`]; every wait has a generous failure guard ([`GUARD_NS`]),
@@ -225,7 +227,7 @@ impl<B: Backend + Sync, const C: usize> Scenario<B, C> {
 }
 
 /// Number of scenarios.
-pub const SCENARIOS: usize = 21;
+pub const SCENARIOS: usize = 22;
 
 /// Every scenario, in a fixed order.
 pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENARIOS] {
@@ -251,6 +253,7 @@ pub fn scenarios<B: Backend + Sync, const C: usize>() -> [Scenario<B, C>; SCENAR
         Scenario { name: "dma_overrun_caught", body: dma_overrun },
         Scenario { name: "events_across_queues", body: events },
         Scenario { name: "local_memory_eviction", body: local_memory },
+        Scenario { name: "dispatch_on_wrong_queue", body: dispatch_on_wrong_queue },
     ]
 }
 
@@ -277,6 +280,7 @@ pub const SCENARIO_NAMES: [&str; SCENARIOS] = [
     "dma_overrun_caught",
     "events_across_queues",
     "local_memory_eviction",
+    "dispatch_on_wrong_queue",
 ];
 
 /// Runs every scenario on `dev`, handing each result to `out`.
@@ -1177,6 +1181,74 @@ fn events<B: Backend, const C: usize>(
     let _ = (dev.destroy_timestamp(t0), dev.destroy_timestamp(t1));
     free(dev, src, d)?;
     free(dev, dst, d)
+}
+
+/// DISPATCH on the GFX queue, whose engine does not run it
+/// (`docs/refgpu.md` sections 1 and 4.4). With the validation mode (where
+/// compiled in) the submission is refused before it reaches the GPU,
+/// naming the packet and the queue; with it off it is submitted, the
+/// engine stops on it with INVALID_PACKET, its fence fails with that
+/// fault (in kernel mode: fails; the details are in the devcoredump), the
+/// destination is untouched and the queue runs again afterwards.
+fn dispatch_on_wrong_queue<B: Backend, const C: usize>(
+    dev: Dev<'_, '_, B, C>,
+    _: &Env<'_>,
+    d: &mut Detail,
+) -> Result<(), Stop> {
+    const N: u32 = 64;
+    let (buf, v) = alloc(dev, 4096, d)?;
+    fill(dev, buf, 3 * N as usize, |i| i as u32, d)?;
+    let dispatch = Command::Dispatch {
+        op: DispatchOp::AddU32,
+        a: v,
+        b: v + 4 * u64::from(N),
+        dst: v + 8 * u64::from(N),
+        count: N,
+        scalar_bits: 0,
+    };
+    let was_validating = dev.validation();
+    if dev.set_validation(true).is_ok() {
+        let r = dev.submit(QueueId::GFX, &[], |cb| cb.push(&dispatch));
+        let _ = dev.set_validation(was_validating);
+        match r {
+            Err(SubmitError::Invalid(e)) => {
+                check!(
+                    d,
+                    e.packet == 0 && e.opcode == umd_core::hw::PacketKind::Dispatch,
+                    "refused at packet {} ({})",
+                    e.packet,
+                    e.opcode.name()
+                );
+                check!(
+                    d,
+                    e.problem == umd_core::engine::validate::Problem::WrongEngine { queue: QueueId::GFX },
+                    "validation found {:?}, expected the wrong engine",
+                    e.problem
+                );
+            }
+            other => fail!(d, "validation let DISPATCH on GFX through: {other:?}"),
+        }
+    }
+    let f = submit_unvalidated(dev, QueueId::GFX, d, |cb| cb.push(&dispatch))?;
+    match dev.wait(f, GUARD_NS) {
+        Err(WaitError::Failed(FenceError::Fault(info))) => {
+            check!(d, info.kind == FaultKind::InvalidPacket, "fault kind {:?}", info.kind);
+            let Some(r) = dev.last_hang() else { fail!(d, "no fault report") };
+            check!(d, r.queue == QueueId::GFX, "fault reported on {}", r.queue);
+        }
+        Err(WaitError::Failed(_)) if dev.mode() == Mode::Kernel => {}
+        other => fail!(d, "expected an INVALID_PACKET fault, got {other:?}"),
+    }
+    // The engine stopped before the packet had any effect: A, B and DST
+    // hold what was written.
+    let bad = tried!(d, first_mismatch(dev, buf, 3 * N as usize, |i| i as u32), "read {buf}");
+    if let Some((i, got, want)) = bad {
+        fail!(d, "DISPATCH on GFX changed dword {i}: {got:#x}, was {want:#x}");
+    }
+    // The queue works again.
+    let g = submit(dev, QueueId::GFX, &[], d, |cb| cb.fill(v, 64, 7))?;
+    wait(dev, g, d)?;
+    free(dev, buf, d)
 }
 
 /// An overrun that becomes a hang (`docs/architecture.md`, "Validation,

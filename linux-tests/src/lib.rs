@@ -124,6 +124,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "teardown_killed_process",
     "submit_racing_ctx_destroy",
     "conformance_kernel_mode",
+    "conformance_kernel_mode_validation",
     "kernel_mode_sync_files_and_reset_status",
     "bench_submit_vs_null_ioctl",
     "bench_wait_syncobj_vs_poll",

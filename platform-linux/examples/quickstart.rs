@@ -5,7 +5,6 @@
 
 use platform_linux::InProcess;
 use refgpu_model::ModelConfig;
-use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::mem::BufferDesc;
@@ -13,11 +12,11 @@ use umd_core::storage::DeviceStorage;
 use umd_core::sync::QueueId;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let platform = InProcess::new(ModelConfig::default())?;
-    // The device's tables: caller-placed (a `static` in firmware), never moved.
+    let platform = InProcess::new(ModelConfig::default())?; // UMD_* read here
+                                                            // The device's tables: caller-placed (a `static` in firmware), never moved.
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev: Device<'_, InProcess, 16> =
-        Device::new(&platform, &mut storage, Config::DEFAULT, MmuMode::DEFAULT)?;
+        Device::new(&platform, &mut storage, platform.config(), MmuMode::DEFAULT)?;
 
     let src = dev.alloc(&BufferDesc::new(65536).tag("src"))?;
     let dst = dev.alloc(&BufferDesc::new(65536).tag("dst"))?;

@@ -40,6 +40,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{poll, PollFd, PollFlags, Timespec};
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
+use umd_core::config::Config;
 use umd_core::hw::regs;
 use umd_core::ivshmem::{Binding, SharedPage, Written};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
@@ -95,6 +96,8 @@ pub enum CosimError {
     Protocol(String),
     /// No info page and no [`CosimOptions::mem`].
     NoMemWindow,
+    /// A bad `UMD_*` variable or `UMD_CONFIG` file ([`crate::config`]).
+    Config(crate::config::ConfigError),
 }
 
 impl fmt::Display for CosimError {
@@ -106,6 +109,7 @@ impl fmt::Display for CosimError {
             }
             CosimError::Protocol(s) => write!(f, "ivshmem protocol error: {s}"),
             CosimError::NoMemWindow => write!(f, "the server has no info page; give CosimOptions::mem"),
+            CosimError::Config(e) => write!(f, "configuration from the environment: {e}"),
         }
     }
 }
@@ -166,6 +170,7 @@ pub struct Cosim {
     binding: Binding,
     lost: AtomicBool,
     irq_wakeups: AtomicU64,
+    config: Config,
 }
 
 impl Cosim {
@@ -175,7 +180,10 @@ impl Cosim {
     }
 
     /// Connects, receives the setup messages and maps both memories.
+    /// The `UMD_*` environment is read first ([`Cosim::config`]); a bad
+    /// value is [`CosimError::Config`] and nothing is connected.
     pub fn connect_with(socket: impl AsRef<Path>, opts: &CosimOptions) -> Result<Self, CosimError> {
+        let config = crate::config::from_env().map_err(CosimError::Config)?;
         let stream = UnixStream::connect(socket).map_err(io_err("connecting to refgpu-sim"))?;
         stream.set_read_timeout(Some(opts.setup_timeout)).map_err(io_err("socket timeout"))?;
         let (v, fd) = recv_msg(&stream)?;
@@ -261,7 +269,15 @@ impl Cosim {
             binding: Binding::new(),
             lost: AtomicBool::new(false),
             irq_wakeups: AtomicU64::new(0),
+            config,
         })
+    }
+
+    /// The driver configuration for devices on this platform: the
+    /// defaults with the `UMD_*` environment and `UMD_CONFIG` file applied
+    /// (read when the platform was made, [`crate::config`]).
+    pub fn config(&self) -> Config {
+        self.config
     }
 
     /// Our ivshmem peer id.

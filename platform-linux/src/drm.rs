@@ -51,6 +51,8 @@ pub enum DrmError {
     NotRefgpu(PathBuf, String),
     /// An ioctl failed during bring-up.
     Ioctl(&'static str, Errno),
+    /// A bad `UMD_*` variable or `UMD_CONFIG` file ([`crate::config`]).
+    Config(crate::config::ConfigError),
 }
 
 impl fmt::Display for DrmError {
@@ -60,6 +62,7 @@ impl fmt::Display for DrmError {
             DrmError::NotFound => write!(f, "no refgpu render node under /dev/dri"),
             DrmError::NotRefgpu(p, name) => write!(f, "{} is driven by {name:?}, not refgpu", p.display()),
             DrmError::Ioctl(what, e) => write!(f, "{what}: {e}"),
+            DrmError::Config(e) => write!(f, "configuration from the environment: {e}"),
         }
     }
 }
@@ -117,6 +120,8 @@ pub struct Drm {
     timelines: Vec<u32>,
     /// Binary syncobjs holding imported foreign syncs.
     foreign: Mutex<Vec<u32>>,
+    /// The configuration the environment gives ([`Drm::config`]).
+    config: umd_core::config::Config,
 }
 
 impl Drm {
@@ -138,8 +143,11 @@ impl Drm {
     }
 
     /// Opens the render node at `path`: checks the driver, reads its
-    /// parameters and creates a timeline per queue.
+    /// parameters and creates a timeline per queue. The `UMD_*`
+    /// environment is read first ([`Drm::config`]); a bad value is
+    /// [`DrmError::Config`] and nothing is opened.
     pub fn open(path: &Path) -> Result<Drm, DrmError> {
+        let config = crate::config::from_env().map_err(DrmError::Config)?;
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -172,7 +180,14 @@ impl Drm {
                 }
             }
         }
-        Ok(Drm { fd, info, generation, timelines, foreign: Mutex::new(Vec::new()) })
+        Ok(Drm { fd, info, generation, timelines, foreign: Mutex::new(Vec::new()), config })
+    }
+
+    /// The driver configuration for devices on this node: the defaults
+    /// with the `UMD_*` environment and `UMD_CONFIG` file applied (read
+    /// when the node was opened, [`crate::config`]).
+    pub fn config(&self) -> umd_core::config::Config {
+        self.config
     }
 
     /// The DRM file descriptor.

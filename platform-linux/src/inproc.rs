@@ -32,6 +32,7 @@ use std::time::{Duration, Instant};
 use refgpu_model::{regs as mregs, IrqSink, Model, ModelConfig, ModelError};
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use umd_core::config::Config;
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 
 use crate::cache::{Cache, CacheControlError, CacheStats, WriteBackCache};
@@ -50,6 +51,32 @@ impl IrqSink for IrqLatch {
     fn raise(&self, _vector: u32) {
         *self.pending.lock().unwrap_or_else(|p| p.into_inner()) += 1;
         self.cv.notify_all();
+    }
+}
+
+/// Why the in-process platform could not be made.
+#[derive(Debug)]
+pub enum InProcessError {
+    /// The model refused its configuration.
+    Model(ModelError),
+    /// A bad `UMD_*` variable or `UMD_CONFIG` file ([`crate::config`]).
+    Config(crate::config::ConfigError),
+}
+
+impl std::fmt::Display for InProcessError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InProcessError::Model(e) => write!(f, "model: {e}"),
+            InProcessError::Config(e) => write!(f, "configuration from the environment: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for InProcessError {}
+
+impl From<ModelError> for InProcessError {
+    fn from(e: ModelError) -> Self {
+        InProcessError::Model(e)
     }
 }
 
@@ -72,6 +99,8 @@ pub struct InProcess {
     /// The write-back cache (None when coherent). Lock order: `heap`
     /// before `cache`.
     cache: Option<Mutex<WriteBackCache>>,
+    /// The configuration the environment gives ([`InProcess::config`]).
+    config: Config,
 }
 
 impl std::fmt::Debug for InProcess {
@@ -95,14 +124,17 @@ unsafe impl Sync for InProcess {}
 impl InProcess {
     /// A coherent model with `cfg` (its memory window must be 4 KiB
     /// aligned); the same as [`InProcess::with_options`] with the defaults.
-    pub fn new(cfg: ModelConfig) -> Result<Self, ModelError> {
+    pub fn new(cfg: ModelConfig) -> Result<Self, InProcessError> {
         Self::with_options(cfg, InProcessOptions::default())
     }
 
-    /// A model with `cfg` and the given cache mode.
-    pub fn with_options(cfg: ModelConfig, opts: InProcessOptions) -> Result<Self, ModelError> {
+    /// A model with `cfg` and the given cache mode. The `UMD_*`
+    /// environment is read first ([`InProcess::config`]); a bad value is
+    /// [`InProcessError::Config`] and no model is started.
+    pub fn with_options(cfg: ModelConfig, opts: InProcessOptions) -> Result<Self, InProcessError> {
+        let config = crate::config::from_env().map_err(InProcessError::Config)?;
         if cfg.mem_base % PAGE as u64 != 0 || cfg.mem_size % PAGE as u64 != 0 {
-            return Err(ModelError::Config("the in-process platform needs a 4 KiB aligned window"));
+            return Err(ModelError::Config("the in-process platform needs a 4 KiB aligned window").into());
         }
         let irq = Arc::new(IrqLatch::default());
         let sink: Arc<dyn IrqSink> = irq.clone();
@@ -122,7 +154,15 @@ impl InProcess {
                     Some(Mutex::new(WriteBackCache::new(seed, evict_per_mille)))
                 }
             },
+            config,
         })
+    }
+
+    /// The driver configuration for devices on this platform: the
+    /// defaults with the `UMD_*` environment and `UMD_CONFIG` file applied
+    /// (read when the platform was made, [`crate::config`]).
+    pub fn config(&self) -> Config {
+        self.config
     }
 
     /// The cache mode the platform was built with.

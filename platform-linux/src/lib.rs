@@ -5,8 +5,10 @@
 //!   and eventfds, system memory from a shared file);
 //! - [`inproc`]: the functional model in this process (host tests),
 //!   coherent or behind a modelled write-back CPU cache ([`cache`]);
-//! - [`config`]: [`umd_core::config::Config`] overridden by `UMD_*`
-//!   environment variables, with typed parse errors;
+//! - [`config`]: [`umd_core::config::Config`] from the environment
+//!   (`UMD_<KEY>` variables and a `UMD_CONFIG` file, through umd-core's
+//!   one `key=value` parser), with typed errors naming the variable; every
+//!   platform constructor reads it (`config()`);
 //! - [`selftest`]: bring-up checks for any direct-mode platform;
 //! - [`suite`]: the conformance suite on a host (threads, result checks);
 //! - [`soak`]: the soak's workload (long run, injected hangs and faults,
@@ -48,7 +50,7 @@ pub use cosim::{Cosim, CosimError, CosimOptions, MemWindow};
 #[cfg(feature = "drm")]
 pub use drm::{Drm, DrmError};
 #[cfg(feature = "model")]
-pub use inproc::{InProcess, InProcessOptions};
+pub use inproc::{InProcess, InProcessError, InProcessOptions};
 pub use lock::FairLock;
 
 /// DMA pages of a model's memory window: `umd_core`'s bitmap page

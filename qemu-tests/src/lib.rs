@@ -3,8 +3,10 @@
 //! For one run ([`Run`]) it:
 //!
 //! 1. builds the images once per test process (`cargo build --release
-//!    --target aarch64-unknown-none --features image,defmt -p bm-images`;
-//!    the Cortex-M images with `cortex-m-image,defmt`) and
+//!    --target aarch64-unknown-none --features image,defmt,validation -p
+//!    bm-images`; the Cortex-M images with
+//!    `cortex-m-image,defmt,validation`: umd-core's validation mode
+//!    compiled in, off unless an image's command line says `validation`) and
 //!    `refgpu-sim`, in their own target directory
 //!    (`$CARGO_TARGET_DIR/qemu-tests` or `target/qemu-tests`) so the nested
 //!    cargo never waits on the outer one's lock;
@@ -269,7 +271,7 @@ fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), HarnessError> {
 /// Builds the aarch64 images and the model once per process.
 pub fn artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
-    BUILT.get_or_init(|| build("aarch64-unknown-none", "image,defmt")).clone()
+    BUILT.get_or_init(|| build("aarch64-unknown-none", "image,defmt,validation")).clone()
 }
 
 /// Builds the Cortex-M images (`m-*`) and the model once per process,
@@ -280,7 +282,7 @@ pub fn m_artifacts() -> Result<Artifacts, String> {
     static BUILT: OnceLock<Result<Artifacts, String>> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let mut features = String::from("cortex-m-image,defmt");
+            let mut features = String::from("cortex-m-image,defmt,validation");
             if let Some(extra) = std::env::var("QEMU_TESTS_M_FEATURES").ok().filter(|e| !e.is_empty()) {
                 features.push(',');
                 features.push_str(&extra);

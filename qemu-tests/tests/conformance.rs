@@ -3,7 +3,9 @@
 //! (a FAIL or SKIP fails it, and so does a scenario that was never
 //! reported), one per configuration for the exit status and the complete
 //! listing, and the page-fault scenario's decoded report printed over the
-//! UART.
+//! UART. Once more (one boot, gen2, polling) with umd-core's validation
+//! mode on: every scenario passes, the ones that check validation
+//! (`dma_overrun_caught`, `dispatch_on_wrong_queue`) see it refuse.
 
 use qemu_tests::{check_run, check_scenario, outcome, Mode, Run, Status};
 
@@ -104,7 +106,8 @@ macro_rules! suite {
                 failure_history_survives_resets,
                 wait_before_signal_is_not_a_hang,
                 dma_overrun_caught,
-                events_across_queues
+                events_across_queues,
+                dispatch_on_wrong_queue
             );
             #[test]
             fn local_memory_eviction() {
@@ -142,6 +145,36 @@ macro_rules! scenarios {
             }
         )*
     };
+}
+
+/// The validation run: gen2, polling, `validation` on the command line.
+fn validation_run() -> Run {
+    Run { args: vec!["validation"], ..run(2, Mode::Polling) }
+}
+
+/// The suite with the validation mode on: the image says it is on, exits
+/// 0, and every scenario is reported and passes (correct work is never
+/// refused; the scenarios that fault on purpose switch it off around that
+/// submission).
+#[test]
+fn validation_mode_every_scenario_passes() {
+    let r = validation_run();
+    let out = outcome(&r);
+    let Ok(out) = out.as_ref() else { return };
+    assert!(
+        out.boot.console.iter().any(|l| l.trim() == "@@ VALIDATION on"),
+        "the image did not switch validation on\n{}",
+        out.tail(30)
+    );
+    check_run(&r);
+    every_scenario_reported(&r);
+}
+
+#[test]
+fn validation_mode_refuses_the_overrun_and_the_wrong_engine() {
+    for s in ["dma_overrun_caught", "dispatch_on_wrong_queue"] {
+        check_scenario(&validation_run(), s);
+    }
 }
 
 suite!(gen1_polling, 1, Mode::Polling);

@@ -1,6 +1,7 @@
 //! The Cortex-M4 under QEMU `mps2-an386`, the GPU in the board's shared
 //! PSRAM (`docs/cortex-m.md`): the whole conformance suite on both
-//! generations (one boot each), the fault image (model killed, CPU fault,
+//! generations (one boot each) and once more with umd-core's validation
+//! mode on (gen2, one boot), the fault image (model killed, CPU fault,
 //! a doorbell for an engine that does not exist, a carve-out too small for
 //! the pools), no model running, and a RAM file of the wrong size.
 
@@ -22,7 +23,12 @@ fn suite(generation: u8) -> Run {
 /// Every scenario reported once, in order; the only skips are the ones
 /// this board cannot run, each with its reason printed.
 fn every_scenario_reported(generation: u8) {
-    let r = suite(generation);
+    every_scenario_reported_on(suite(generation));
+}
+
+/// [`every_scenario_reported`] for the run `r`.
+fn every_scenario_reported_on(r: Run) {
+    let generation = r.generation;
     let out = outcome(&r);
     let Ok(out) = out.as_ref() else { return };
     for (n, s) in &out.boot.results {
@@ -97,6 +103,27 @@ macro_rules! gen_suite {
             }
         }
     };
+}
+
+/// The suite with the validation mode on (gen2): the image says so,
+/// exits 0, every scenario passes, and the scenarios that check
+/// validation see it refuse (`dma_overrun_caught`,
+/// `dispatch_on_wrong_queue`).
+#[test]
+fn gen2_validation_mode_every_scenario_passes() {
+    let r = Run { args: vec!["validation"], ..suite(2) };
+    let out = outcome(&r);
+    let Ok(out) = out.as_ref() else { return };
+    assert!(
+        out.boot.console.iter().any(|l| l.trim() == "@@ VALIDATION on"),
+        "the image did not switch validation on\n{}",
+        out.tail(30)
+    );
+    check_run(&r);
+    every_scenario_reported_on(r.clone());
+    for s in ["dma_overrun_caught", "dispatch_on_wrong_queue"] {
+        check_scenario(&r, s);
+    }
 }
 
 gen_suite!(gen1, 1);

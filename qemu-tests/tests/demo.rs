@@ -98,3 +98,24 @@ fn demo_help_and_argument_errors_come_from_clap() {
         assert!(err.starts_with("error: ") && err.contains(want), "{args:?}: {err}");
     }
 }
+
+/// The driver configuration from the environment: a bad `UMD_*` value (or
+/// an unreadable `UMD_CONFIG` file) stops the demo, naming the variable,
+/// before anything is built or booted.
+#[test]
+fn demo_refuses_a_bad_environment_naming_the_variable() {
+    let run = |var: &str, value: &str| {
+        let o =
+            Command::new(env!("CARGO_BIN_EXE_demo")).env(var, value).output().expect("the demo binary runs");
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    let (code, err) = run("UMD_RING_BYTES", "12288");
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(
+        err.trim_end(),
+        "demo: UMD_RING_BYTES=\"12288\": out of range: expected a power of two from 4 KiB to 4 MiB"
+    );
+    let (code, err) = run("UMD_CONFIG", "/nonexistent/umd.conf");
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.starts_with("demo: /nonexistent/umd.conf (UMD_CONFIG): "), "{err}");
+}

@@ -112,3 +112,50 @@ mod defmt_logs {
         check(1, Mode::Polling);
     }
 }
+
+/// The `@@ CONFIG` line of a run: the configuration the device runs with.
+fn config_line(out: &qemu_tests::Outcome) -> String {
+    out.boot
+        .console
+        .iter()
+        .find_map(|l| l.trim().strip_prefix("@@ CONFIG ").map(str::to_owned))
+        .unwrap_or_else(|| panic!("no @@ CONFIG line\n{}", out.tail(30)))
+}
+
+/// The driver's configuration on the QEMU command line
+/// (`-semihosting-config ...,arg=umd.<key>=<value>`): the device comes up
+/// with it, reports it, and the smoke checks pass with the smaller ring.
+#[test]
+fn config_entries_on_the_command_line_configure_the_device() {
+    let r = Run {
+        args: vec!["umd.ring_bytes=8K", "umd.hang_window_ns=250000000", "umd.batching=off"],
+        ..run(2, Mode::Polling)
+    };
+    check_run(&r);
+    let out = qemu_tests::outcome(&r);
+    let Ok(out) = out.as_ref() else { return };
+    let cfg = config_line(out);
+    for want in ["ring_bytes=8192 ", "hang_window_ns=250000000 ", "batching=off "] {
+        assert!(cfg.contains(want), "{want:?} not in effect: {cfg}");
+    }
+    assert!(!out.boot.console.iter().any(|l| l.contains("@@ CONFIG_ERROR")), "{}", out.tail(30));
+}
+
+/// A bad entry (an unknown key) is refused naming the key, and none of the
+/// entries applies: the image's own configuration stays in effect.
+#[test]
+fn a_bad_config_entry_is_named_and_the_defaults_stay() {
+    let r = Run { args: vec!["umd.ring_bytes=8K", "umd.ring_size=4K"], ..run(2, Mode::Polling) };
+    check_run(&r);
+    let out = qemu_tests::outcome(&r);
+    let Ok(out) = out.as_ref() else { return };
+    let err = out
+        .boot
+        .console
+        .iter()
+        .find(|l| l.contains("@@ CONFIG_ERROR"))
+        .unwrap_or_else(|| panic!("no @@ CONFIG_ERROR\n{}", out.tail(30)));
+    assert!(err.contains("unknown key `ring_size`"), "{err}");
+    let cfg = config_line(out);
+    assert!(cfg.contains("ring_bytes=65536 "), "the good entry applied without the bad one: {cfg}");
+}

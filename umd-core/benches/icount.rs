@@ -3,7 +3,10 @@
 //! per-kind entry points, and the store limit: hand-written stores of the
 //! same dwords), a direct-mode submission on the scripted
 //! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
-//! allocator steps and buffer alloc/free through the device.
+//! allocator steps and buffer alloc/free through the device. Built with
+//! the `validation` feature it runs only the validation mode's cost
+//! instead (`submit_validation`: the same submission with validation off
+//! and on; `docs/perf.md`, "Validation mode"), which the gate does not.
 //!
 //! Counts are exact and repeat run to run on a loaded machine, so
 //! `tools/perf-gate.sh` compares them against the committed baseline
@@ -436,4 +439,63 @@ library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_
 library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
 library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, va_recycling_steps, va_recycling_handle_steps, buffer_alloc_free);
 
+/// A gen2 device (MMU bypassed) with validation switched on or off, 16
+/// live buffers, and the packet count; WRITE_DATA(4) packets go into the
+/// last buffer allocated.
+#[cfg(feature = "validation")]
+struct ValidationFixture {
+    fx: Box<SubmitFixture>,
+    va: u64,
+}
+
+#[cfg(feature = "validation")]
+fn validation_setup(on: bool, packets: u64) -> Box<ValidationFixture> {
+    let (fake, dev) = device(Generation::Gen2, MmuMode::Bypass, 64 << 10);
+    let mut va = 0;
+    for _ in 0..16 {
+        let h = dev.alloc(&BufferDesc::new(4096)).expect("alloc");
+        va = dev.va(h).expect("va");
+    }
+    dev.set_validation(on).expect("validation compiled in");
+    let fx = Box::new(SubmitFixture { fake, dev, packets });
+    let f = submit_into(&fx, va);
+    fake.state().run(0);
+    fx.dev.wait(f, 1_000_000_000).expect("warm-up wait");
+    fake.state().cleaned.reserve(64);
+    Box::new(ValidationFixture { fx, va })
+}
+
+#[cfg(feature = "validation")]
+fn submit_into(fx: &SubmitFixture, va: u64) -> Fence {
+    let data = [1u32, 2, 3, 4];
+    fx.dev
+        .submit(QueueId::GFX, &[], |cb| {
+            for i in 0..fx.packets {
+                cb.write_data(va + 16 * (i % 256), &data)?;
+            }
+            Ok(())
+        })
+        .expect("submit")
+}
+
+// One submission of N WRITE_DATA(4) packets into a live buffer, with the
+// validation mode off and on (feature `validation`; docs/perf.md,
+// "Validation mode"): the difference is the walk.
+#[cfg(feature = "validation")]
+#[library_benchmark]
+#[bench::off_p1(args = (false, 1), setup = validation_setup)]
+#[bench::on_p1(args = (true, 1), setup = validation_setup)]
+#[bench::off_p100(args = (false, 100), setup = validation_setup)]
+#[bench::on_p100(args = (true, 100), setup = validation_setup)]
+fn submit_validation(vx: Box<ValidationFixture>) -> Box<ValidationFixture> {
+    black_box(submit_into(&vx.fx, vx.va));
+    vx
+}
+
+#[cfg(feature = "validation")]
+library_benchmark_group!(name = validation; benchmarks = submit_validation);
+
+#[cfg(not(feature = "validation"))]
 main!(library_benchmark_groups = encode, submission, memory);
+#[cfg(feature = "validation")]
+main!(library_benchmark_groups = validation);

@@ -191,6 +191,56 @@ mod on {
         (at, words.len() as u64)
     }
 
+    /// The engine rule: DISPATCH recorded for the GFX or COPY queue (whose
+    /// engines do not run it, `docs/refgpu.md` section 1) is refused before
+    /// submission, naming the packet and the queue, in a recorded IB and in
+    /// a caller-built one; on COMPUTE it passes. Off, it is submitted (the
+    /// engine would stop on it with INVALID_PACKET).
+    #[test]
+    fn dispatch_off_the_compute_queue_is_refused_naming_packet_and_queue() {
+        with_device(|dev| {
+            dev.set_validation(true).unwrap();
+            dev.platform().state().mode = Mode::Manual;
+            let w = dev.alloc(&BufferDesc::new(4096).tag("data")).unwrap();
+            let wv = dev.va(w).unwrap();
+            let dispatch = Command::Dispatch {
+                op: DispatchOp::AddU32,
+                a: wv,
+                b: wv + 256,
+                dst: wv + 512,
+                count: 64,
+                scalar_bits: 0,
+            };
+            let doorbells = dev.platform().state().doorbells;
+            for q in [QueueId::GFX, QueueId::COPY] {
+                let e = refused(dev.submit(q, &[], |cb| {
+                    cb.fill(wv, 16, 0)?;
+                    cb.push(&dispatch)
+                }));
+                assert_eq!((e.packet, e.opcode, e.field), (1, PacketKind::Dispatch, Field::Op), "{e}");
+                assert_eq!(e.problem, Problem::WrongEngine { queue: q }, "{e}");
+                let text = e.to_string();
+                assert!(
+                    text.contains("packet 1 (DISPATCH)") && text.contains(&format!("queue {q}")),
+                    "{text}"
+                );
+            }
+            // A caller-built IB holding DISPATCH, for the COPY queue.
+            let ib = dev.alloc(&BufferDesc::new(4096).tag("ib")).unwrap();
+            let (at, n) = put_ib(dev, ib, 0, &[dispatch]);
+            let e = refused(dev.submit_ib(&Submit::on(QueueId::COPY), at, n));
+            assert_eq!((e.packet, e.problem), (0, Problem::WrongEngine { queue: QueueId::COPY }), "{e}");
+            assert_eq!(dev.platform().state().doorbells, doorbells, "nothing refused reached the GPU");
+            assert_eq!(dev.pool_stats().recording, 0, "refused recordings gave their chunks back");
+            // On COMPUTE the same packet passes, recorded or caller-built.
+            assert!(dev.submit(QueueId::COMPUTE, &[], |cb| cb.push(&dispatch)).is_ok());
+            assert!(dev.submit_ib(&Submit::on(QueueId::COMPUTE), at, n).is_ok());
+            // Off: submitted as the caller asked.
+            dev.set_validation(false).unwrap();
+            assert!(dev.submit(QueueId::GFX, &[], |cb| cb.push(&dispatch)).is_ok());
+        });
+    }
+
     /// A caller-built IB (`submit_ib`) is walked as a recorded one: an
     /// overrunning DMA in it, in the first IB or behind a CHAIN, is refused
     /// with the packet named (counted across the chain) and nothing reaches

@@ -3,7 +3,10 @@
 //! `@@ REPORT <scenario> BEGIN` / `@@ REPORT END`, then exits through
 //! semihosting: 0 when nothing failed, 1 otherwise.
 //!
-//! Semihosting command line: `polling` (default) or `msi`.
+//! Semihosting command line: `polling` (default) or `msi`; `validation`
+//! runs the suite with umd-core's validation mode on (the image must be
+//! built with the `validation` feature: otherwise `@@ FATAL`, exit 2);
+//! `umd.<key>=<value>` entries configure the driver (`bm_images::knobs`).
 #![no_std]
 #![no_main]
 
@@ -19,6 +22,7 @@ static DEVICE: boot::Slot<SUITE_CHUNKS> = boot::slot();
 
 fn main() -> ! {
     let (dev, mode) = boot::device("conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);
+    suite::validation_from_args(&dev, boot::has_arg("validation"));
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
     let n = suite::run(&dev, &env);

@@ -5,6 +5,11 @@
 //! `@@ REPORT END`, then exits through semihosting: 0 when nothing
 //! failed, 1 otherwise. Scenarios that cannot run here (no threads; gen1
 //! has no local memory) are skipped with the reason printed.
+//!
+//! Semihosting command line: `validation` runs the suite with umd-core's
+//! validation mode on (the image must be built with the `validation`
+//! feature: otherwise `@@ FATAL`, exit 2); `umd.<key>=<value>` entries
+//! configure the driver (`bm_images::knobs`).
 #![no_std]
 #![no_main]
 
@@ -20,6 +25,7 @@ static DEVICE: boot_m::Slot<SUITE_CHUNKS> = boot_m::slot();
 
 fn main() -> ! {
     let dev = boot_m::device("m-conformance", &DEVICE, SUITE_CONFIG, SUITE_MMU);
+    suite::validation_from_args(dev, boot_m::has_arg("validation"));
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
     let n = suite::run(dev, &env);

@@ -9,6 +9,14 @@
 //! cargo run -p qemu-tests --bin demo -- --gen 1 --polling --frames 16 --trace /tmp/t.json
 //! ```
 //!
+//! The driver's configuration comes from the environment as on every
+//! Linux platform (`UMD_<KEY>` variables, a `UMD_CONFIG` file:
+//! `platform_linux::config`), applied over the demo image's own
+//! (`bm_images::demo::CONFIG`): a bad value stops the demo with an error
+//! naming the variable; the entries that change something are handed to
+//! the image as `umd.<key>=<value>` boot arguments, and the image prints
+//! the configuration in effect (`@@ CONFIG`).
+//!
 //! On a machine without QEMU it runs `.ci/install-qemu.sh` when root (else
 //! it says what to install); a missing `aarch64-unknown-none` target is
 //! added with rustup (`vm_harness::setup`). Exit status: the image's (0 =
@@ -19,6 +27,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use qemu_tests::{boot_with, ensure_qemu, Mode, Output, Run};
+use umd_core::config::Config;
 use vm_harness::target_base;
 
 /// The command line (help text from these comments).
@@ -61,6 +70,23 @@ struct Args {
     trace: Option<PathBuf>,
 }
 
+/// The `UMD_*` environment over the image's configuration `base`, as the
+/// `umd.<key>=<value>` boot arguments of the entries that differ from it.
+fn knob_args(base: Config) -> Result<Vec<String>, String> {
+    let cfg = platform_linux::config::from_env_over(base).map_err(|e| e.to_string())?;
+    let (theirs, ours) = (base.text().to_string(), cfg.text().to_string());
+    let args: Vec<String> = ours
+        .split(' ')
+        .zip(theirs.split(' '))
+        .filter(|(o, t)| o != t)
+        .map(|(o, _)| format!("{}{o}", bm_images::knobs::PREFIX))
+        .collect();
+    if !args.is_empty() {
+        eprintln!("demo: configuration from the environment: {}", args.join(" "));
+    }
+    Ok(args)
+}
+
 /// `--gpu-bound`'s default model memory speed: 20 us per KiB, so that a
 /// frame's GPU work (~100 KiB moved per engine) outweighs the guest CPU's
 /// per-frame work under TCG (~1.5 ms) and the engines, not the CPU, set
@@ -73,6 +99,14 @@ fn main() -> ExitCode {
     let mode = if args.polling { Mode::Polling } else { Mode::Msi };
     let gpu_bound = args.gpu_bound.map(|ns| ns.unwrap_or(GPU_BOUND_NS_PER_KIB));
     let trace = args.trace.unwrap_or_else(|| target_base().join("demo-trace.json"));
+    // A bad UMD_* value stops the demo before anything is built.
+    let knobs = match knob_args(bm_images::demo::CONFIG) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("demo: {e}");
+            return ExitCode::from(2);
+        }
+    };
     if let Err(e) = ensure_qemu() {
         eprintln!("demo: {e}");
         return ExitCode::from(2);
@@ -89,11 +123,10 @@ fn main() -> ExitCode {
         Some(ns) => vec!["--sys-ns-per-kib".to_string(), ns.to_string()],
         None => Vec::new(),
     };
-    let run = Run {
-        args: vec![Box::leak(frames.into_boxed_str()), Box::leak(depth.into_boxed_str())],
-        sim_args,
-        ..Run::new("demo", args.generation, mode)
-    };
+    let mut image_args: Vec<&'static str> =
+        vec![Box::leak(frames.into_boxed_str()), Box::leak(depth.into_boxed_str())];
+    image_args.extend(knobs.into_iter().map(|k| &*Box::leak(k.into_boxed_str())));
+    let run = Run { args: image_args, sim_args, ..Run::new("demo", args.generation, mode) };
     eprintln!(
         "demo: starting refgpu-sim --gen {} and booting the demo image in qemu-system-aarch64 ({} waits)\n",
         args.generation,

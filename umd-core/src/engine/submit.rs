@@ -160,7 +160,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // Dropping `pending` on a refusal gives its chunks back.
         #[cfg(feature = "validation")]
         if !internal && self.validation() {
-            self.validate_ib(finished.ib(), s.buffers)?;
+            self.validate_ib(s.queue, finished.ib(), s.buffers)?;
         }
         // The commands must be visible to the device before the ring points
         // at them (a no-op on coherent platforms).
@@ -192,7 +192,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // packets (CHAINs followed) are checked as a recorded IB's are.
         #[cfg(feature = "validation")]
         if self.validation() {
-            self.validate_caller_ib(IbRef::new(ib_va, size_dw as u32), s.buffers)?;
+            self.validate_caller_ib(s.queue, IbRef::new(ib_va, size_dw as u32), s.buffers)?;
         }
         let mut table = None;
         let waits = self.needed_waits(s, qi, &mut table)?;

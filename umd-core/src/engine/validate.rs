@@ -26,6 +26,17 @@
 //!   write targets one declared for writing (otherwise its free would not
 //!   wait for this work).
 //!
+//! And for every packet, whatever its operands: the queue's engine
+//! executes it (`docs/refgpu.md` sections 1 and 4.4: DISPATCH runs on the
+//! COMPUTE engine only; GFX and COPY run every other packet). A DISPATCH
+//! recorded for the GFX or COPY queue is refused with
+//! [`Problem::WrongEngine`], naming the packet and the queue. Without the
+//! validation mode the submission is accepted, as the hardware's contract
+//! lets it be: the engine stops on the packet with an INVALID_PACKET fault,
+//! the fence fails with [`FenceError::Fault`](crate::sync::FenceError::Fault)
+//! and the queue is reset (conformance scenario `dispatch_on_wrong_queue`
+//! checks both sides on every platform).
+//!
 //! An IB the caller built ([`DeviceCore::submit_ib`](super::DeviceCore::submit_ib))
 //! is walked the same way, through the CPU's view of the buffers it lies
 //! in (CHAINs included, each target checked as a read of a live buffer
@@ -98,6 +109,13 @@ mod check {
     use crate::mem::buffer::{BufferInfo, Tracking};
     use crate::mem::manager::Buffers;
     use crate::platform::Platform;
+    use crate::sync::QueueId;
+
+    /// Whether the engine of `queue` executes packets of `kind`
+    /// (`docs/refgpu.md` section 1: DISPATCH on COMPUTE only).
+    fn engine_executes(queue: QueueId, kind: PacketKind) -> bool {
+        kind != PacketKind::Dispatch || queue == QueueId::COMPUTE
+    }
 
     /// One memory operand of a packet.
     #[derive(Clone, Copy)]
@@ -149,8 +167,14 @@ mod check {
 
     impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         /// Checks every packet of the IB at `ib` (in the IB pool), following
-        /// CHAINs, against the device's buffers and `declared`.
-        pub(crate) fn validate_ib(&self, ib: IbRef, declared: &[BufferUse]) -> Result<(), ValidationError> {
+        /// CHAINs, against `queue`'s engine, the device's buffers and
+        /// `declared`.
+        pub(crate) fn validate_ib(
+            &self,
+            queue: QueueId,
+            ib: IbRef,
+            declared: &[BufferUse],
+        ) -> Result<(), ValidationError> {
             let gen = self.enc.desc().generation;
             let (pool_va, pool_len) = self.ib.range();
             let bytes = self.ib.region().bytes();
@@ -186,6 +210,16 @@ mod check {
                         // Padding the encoder inserted is not counted.
                         continue;
                     }
+                    if !engine_executes(queue, p.desc.kind) {
+                        return Err(ValidationError {
+                            packet: index,
+                            opcode: p.desc.kind,
+                            field: Field::Op,
+                            addr: item.va,
+                            len: item.raw.len() as u64,
+                            problem: Problem::WrongEngine { queue },
+                        });
+                    }
                     {
                         for o in operands(&p.command).into_iter().flatten() {
                             self.check_operand(&mem.buffers, o, declared).map_err(|problem| {
@@ -206,7 +240,7 @@ mod check {
             Ok(())
         }
 
-        /// Checks an IB the caller built (`ib`) and
+        /// Checks an IB the caller built (`ib`, for `queue`) and
         /// every IB its CHAINs name, packet by packet as [`DeviceCore::validate_ib`]
         /// does, reading them through the CPU's view of the buffers they lie
         /// in. Each IB must lie whole in one live, CPU-readable, unmapped
@@ -215,6 +249,7 @@ mod check {
         /// walked.
         pub(crate) fn validate_caller_ib(
             &self,
+            queue: QueueId,
             ib: IbRef,
             declared: &[BufferUse],
         ) -> Result<(), ValidationError> {
@@ -275,6 +310,16 @@ mod check {
                         }
                         Command::Nop { .. } => continue,
                         _ => {}
+                    }
+                    if !engine_executes(queue, p.desc.kind) {
+                        return Err(ValidationError {
+                            packet: index,
+                            opcode: p.desc.kind,
+                            field: Field::Op,
+                            addr: item.va,
+                            len: item.raw.len() as u64,
+                            problem: Problem::WrongEngine { queue },
+                        });
                     }
                     for o in operands(&p.command).into_iter().flatten() {
                         self.check_operand(&mem.buffers, o, declared).map_err(|problem| ValidationError {

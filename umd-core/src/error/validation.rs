@@ -9,6 +9,7 @@ use core::fmt;
 
 use crate::decode::Violation;
 use crate::hw::{Field, PacketKind};
+use crate::sync::QueueId;
 
 use super::SubmitError;
 
@@ -73,6 +74,14 @@ pub enum Problem {
     InvalidPacket {
         /// The rule it breaks.
         violation: Option<Violation>,
+    },
+    /// A packet the queue's engine does not execute (`docs/refgpu.md`
+    /// sections 1 and 4.4: DISPATCH runs on the COMPUTE engine only); the
+    /// engine would stop on it with INVALID_PACKET. The error's field is
+    /// `OP`, its address and length the packet's own.
+    WrongEngine {
+        /// The queue the packet was submitted to.
+        queue: QueueId,
     },
     /// A caller-built IB (or a CHAIN target) lies in a buffer the CPU can
     /// not read (device-only): its packets can not be validated, so it is
@@ -165,6 +174,11 @@ impl fmt::Display for ValidationError {
             Problem::InvalidPacket { violation: None } => {
                 write!(f, "INDIRECT_BUFFER is allowed only in the ring, not in an IB")
             }
+            Problem::WrongEngine { queue } => write!(
+                f,
+                "{} is not executed by queue {queue}'s engine (the GPU would stop on it with INVALID_PACKET; DISPATCH runs on the COMPUTE queue only)",
+                self.opcode.name()
+            ),
             Problem::Unreadable { buffer } => {
                 write!(f, "the IB lies in {buffer}, which the CPU can not read: it can not be validated")
             }

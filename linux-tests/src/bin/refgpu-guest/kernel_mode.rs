@@ -24,14 +24,29 @@ fn drm() -> Result<Drm, String> {
 
 /// Every conformance scenario in kernel mode; one `@@ SCENARIO` line each.
 pub fn conformance_kernel_mode() -> R {
+    conformance_in_kernel_mode(false)
+}
+
+/// The same with umd-core's validation mode on: no scenario's correct
+/// work is refused, and `dma_overrun_caught` and `dispatch_on_wrong_queue`
+/// see the refusals (the same boot: no guest boot of its own).
+pub fn conformance_kernel_mode_validation() -> R {
+    conformance_in_kernel_mode(true)
+}
+
+fn conformance_in_kernel_mode(validation: bool) -> R {
     let drm = drm()?;
     let mut storage: Box<DeviceStorage> = Box::default();
     let dev = KernelDevice::<Drm, SUITE_CHUNKS>::new(&drm, &mut storage, SUITE_CONFIG)
         .map_err(|e| format!("kernel-mode device: {e}"))?;
+    if validation {
+        dev.set_validation(true).map_err(|e| e.to_string())?;
+    }
+    let label = if validation { "kernel-mode-validation" } else { "kernel-mode" };
     let env = Env { parallel: Some(&StdThreads) };
     let (mut failed, mut seen) = (Vec::new(), Vec::new());
     run_all(&dev, &env, |r| {
-        println!("@@ SCENARIO kernel-mode {r}");
+        println!("@@ SCENARIO {label} {r}");
         seen.push(r.name);
         match r.outcome {
             Outcome::Pass => {}
@@ -40,7 +55,8 @@ pub fn conformance_kernel_mode() -> R {
         }
     });
     ensure!(seen == SCENARIO_NAMES, "scenarios reported: {seen:?}");
-    ensure!(failed.is_empty(), "kernel mode failed: {}", failed.join(", "));
+    ensure!(failed.is_empty(), "{label} failed: {}", failed.join(", "));
+    ensure!(dev.validation() == validation, "the suite left validation {}", dev.validation());
     let report = dev.shutdown();
     ensure!(report.leaked_buffers == 0, "the suite leaked {} buffers", report.leaked_buffers);
     Ok(())

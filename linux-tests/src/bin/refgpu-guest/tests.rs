@@ -65,6 +65,7 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
         ("teardown_killed_process", teardown_killed_process),
         ("submit_racing_ctx_destroy", submit_racing_ctx_destroy),
         ("conformance_kernel_mode", crate::kernel_mode::conformance_kernel_mode),
+        ("conformance_kernel_mode_validation", crate::kernel_mode::conformance_kernel_mode_validation),
         (
             "kernel_mode_sync_files_and_reset_status",
             crate::kernel_mode::kernel_mode_sync_files_and_reset_status,
