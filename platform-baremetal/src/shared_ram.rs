@@ -14,23 +14,23 @@
 //!
 //! Liveness: ATTACH must read "RGSR" at bring-up ([`SharedRamGpu::attach`]
 //! waits for it a bounded time, then reports that no model is running).
-//! Afterwards, in the core's wait loop (`delay_ns`), ATTACH cleared (the
-//! model shut down) or CLOCK frozen for [`SharedRamGpu::loss_window_ns`]
-//! (the model was killed) marks the device lost: every register call then
-//! fails with [`PlatformError::DeviceLost`].
+//! Afterwards, in the core's wait loop (`delay_ns`), the core's
+//! [`Liveness`] check: ATTACH cleared (the model shut down) or CLOCK frozen
+//! for [`SharedRamGpu::loss_window_ns`] (the model was killed) marks the
+//! device lost: every register call then fails with
+//! [`PlatformError::DeviceLost`].
 //!
-//! No 64-bit atomics: the heartbeat state is under a spin lock, so the
-//! type builds for `thumbv7em` (which has 32-bit atomics only).
+//! No 64-bit atomics: [`Liveness`] keeps its state under a spin lock, so
+//! the type builds for `thumbv7em` (which has 32-bit atomics only).
 //!
 //! The type is portable (a [`Hal`] and a raw pointer): host tests drive it
 //! over an ordinary 16 MiB buffer.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use embedded_hal::delay::DelayNs;
-use umd_core::hw::regs;
-use umd_core::ivshmem::{Binding, SharedPage};
+use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage};
 use umd_core::platform::{IrqWait, Platform, PlatformError};
 
 use crate::carveout::{CarveOut, DmaPages};
@@ -100,15 +100,8 @@ impl core::fmt::Display for AttachError {
 
 impl core::error::Error for AttachError {}
 
-/// Default for [`SharedRamGpu::loss_window_ns`]: 2 s (a failure guard).
-pub const LOSS_WINDOW_NS: u64 = 2_000_000_000;
-
-/// Heartbeat state: the last CLOCK value and when it last moved.
-#[derive(Clone, Copy, Debug, Default)]
-struct Heartbeat {
-    clock: u64,
-    seen_ns: u64,
-}
+/// Default for [`SharedRamGpu::loss_window_ns`]: the spec's loss window.
+pub use umd_core::ivshmem::LOSS_WINDOW_NS;
 
 /// The refgpu in a shared RAM region.
 pub struct SharedRamGpu<H: Hal> {
@@ -116,8 +109,7 @@ pub struct SharedRamGpu<H: Hal> {
     carve: DmaPages,
     hal: H,
     binding: Binding,
-    lost: AtomicBool,
-    beat: spin::Mutex<Heartbeat>,
+    lost: Liveness,
     rung: AtomicU32,
     /// How long CLOCK may stay frozen before the device counts as lost.
     pub loss_window_ns: u64,
@@ -148,8 +140,7 @@ impl<H: Hal> SharedRamGpu<H> {
             carve: unsafe { DmaPages::new(carve) },
             hal,
             binding: Binding::new(),
-            lost: AtomicBool::new(false),
-            beat: spin::Mutex::new(Heartbeat::default()),
+            lost: Liveness::new(0, 0),
             rung: AtomicU32::new(0),
             loss_window_ns: LOSS_WINDOW_NS,
         };
@@ -174,8 +165,8 @@ impl<H: Hal> SharedRamGpu<H> {
             s if s as usize == layout::MEM_SIZE => {}
             s => return Err(AttachError::MemSize(s)),
         }
-        *g.beat.lock() = Heartbeat { clock: g.raw_clock(), seen_ns: g.hal.now_ns() };
-        Ok(g)
+        let lost = Liveness::new(device_clock(&g.reg_page()).unwrap_or(0), g.hal.now_ns());
+        Ok(SharedRamGpu { lost, ..g })
     }
 
     fn word_at(&self, byte_off: usize) -> Option<&AtomicU32> {
@@ -191,15 +182,9 @@ impl<H: Hal> SharedRamGpu<H> {
         self.word_at(layout::BELLS_OFFSET + off).map_or(0, |w| w.load(Ordering::Acquire))
     }
 
-    fn raw_clock(&self) -> u64 {
-        let r =
-            |o: u32| self.word_at(layout::REGS_OFFSET + o as usize).map_or(0, |w| w.load(Ordering::Acquire));
-        (u64::from(r(regs::CLOCK_HI)) << 32) | u64::from(r(regs::CLOCK_LO))
-    }
-
     /// Whether the device was found lost.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.is_lost()
     }
 
     /// Doorbells rung so far (engine and control).
@@ -217,31 +202,28 @@ impl<H: Hal> SharedRamGpu<H> {
         self.carve.used_pages()
     }
 
-    /// Checks that the model is still there: ATTACH set and CLOCK moving
-    /// within the loss window. Marks the device lost otherwise.
+    /// Checks that the model is still there ([`Liveness::check`]: ATTACH
+    /// set and CLOCK moving within the loss window). Marks the device lost
+    /// otherwise.
     pub fn check_heartbeat(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
-            return false;
+        let attached = self.bell_word(layout::ATTACH_OFF) == layout::ATTACH_MAGIC;
+        let clock = device_clock(&self.reg_page()).unwrap_or(0);
+        match self.lost.check(attached, clock, self.hal.now_ns(), self.loss_window_ns) {
+            Health::Alive => true,
+            Health::Detached => {
+                crate::warn!("shared RAM: the model detached (ATTACH cleared): device lost");
+                false
+            }
+            Health::Frozen { clock, for_ns } => {
+                crate::warn!(
+                    "shared RAM: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
+                    clock,
+                    for_ns / 1_000_000
+                );
+                false
+            }
+            Health::Lost => false,
         }
-        if self.bell_word(layout::ATTACH_OFF) != layout::ATTACH_MAGIC {
-            self.lost.store(true, Ordering::Release);
-            crate::warn!("shared RAM: the model detached (ATTACH cleared): device lost");
-            return false;
-        }
-        let now = self.hal.now_ns();
-        let c = self.raw_clock();
-        let mut b = self.beat.lock();
-        if c != b.clock {
-            *b = Heartbeat { clock: c, seen_ns: now };
-        } else if now.saturating_sub(b.seen_ns) > self.loss_window_ns {
-            self.lost.store(true, Ordering::Release);
-            crate::warn!(
-                "shared RAM: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
-                c,
-                now.saturating_sub(b.seen_ns) / 1_000_000
-            );
-        }
-        !self.lost.load(Ordering::Acquire)
     }
 
     /// The register page, as the binding sees it.
@@ -250,7 +232,7 @@ impl<H: Hal> SharedRamGpu<H> {
     }
 
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
+        if self.lost.is_lost() {
             return Err(PlatformError::DeviceLost);
         }
         let w = self
@@ -269,7 +251,8 @@ impl<H: Hal> SharedRamGpu<H> {
 // (`attach`'s contract) and not tied to a thread.
 unsafe impl<H: Hal + Send> Send for SharedRamGpu<H> {}
 // SAFETY: through `&self` the region is touched only with 32-bit atomics,
-// the carve-out and heartbeat under their locks; the HAL must be `Sync`.
+// the carve-out and the liveness state under their locks; the HAL must be
+// `Sync`.
 unsafe impl<H: Hal + Sync> Sync for SharedRamGpu<H> {}
 
 // SAFETY: every region comes from the carve-out, which never hands a page
@@ -307,7 +290,7 @@ mod tests {
     use super::*;
     use std::vec;
     use std::vec::Vec;
-    use umd_core::hw::regs::engine as er;
+    use umd_core::hw::regs::{self, engine as er};
     use umd_core::platform::{DirectIo, DmaFlags};
 
     struct FakeHal {
