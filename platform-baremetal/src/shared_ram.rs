@@ -59,6 +59,9 @@ pub mod layout {
     pub const VERSION: u32 = 1;
     /// +0x08: system memory size.
     pub const MEM_SIZE_OFF: usize = 0x08;
+    /// +0x10: MEM_BASE bits 31:0 (the device address of the region's first
+    /// byte); bits 63:32 at +0x14.
+    pub const MEM_BASE_OFF: usize = 0x10;
     /// +0x40 + 4 * v: DOORBELL(v).
     pub const DOORBELL_OFF: usize = 0x40;
     /// Doorbell words (three engines, control).
@@ -80,6 +83,18 @@ pub enum AttachError {
     /// The model's system memory is not the size this layout has (another
     /// region size?).
     MemSize(u32),
+    /// The carve-out's device address does not follow from the model's
+    /// MEM_BASE (`docs/refgpu.md` 2.3, "Device addresses"): the model runs
+    /// with another `--mem-base` than the one the carve-out assumes.
+    MemBase {
+        /// MEM_BASE the model published.
+        model: u64,
+        /// The carve-out's device address.
+        carve: u64,
+        /// The device address the carve-out's first page has under the
+        /// model's MEM_BASE.
+        expected: u64,
+    },
 }
 
 impl core::fmt::Display for AttachError {
@@ -94,6 +109,11 @@ impl core::fmt::Display for AttachError {
             AttachError::MemSize(s) => {
                 write!(f, "model system memory is {s:#x} bytes, the layout has {:#x}", layout::MEM_SIZE)
             }
+            AttachError::MemBase { model, carve, expected } => write!(
+                f,
+                "the model's MEM_BASE is {model:#x}: the carve-out's first page is at device address \
+                 {expected:#x}, not {carve:#x} (start refgpu-sim with the --mem-base the board uses)"
+            ),
         }
     }
 }
@@ -164,6 +184,14 @@ impl<H: Hal> SharedRamGpu<H> {
         match g.bell_word(layout::MEM_SIZE_OFF) {
             s if s as usize == layout::MEM_SIZE => {}
             s => return Err(AttachError::MemSize(s)),
+        }
+        let model = u64::from(g.bell_word(layout::MEM_BASE_OFF))
+            | (u64::from(g.bell_word(layout::MEM_BASE_OFF + 4)) << 32);
+        let (carve_cpu, carve) = g.carve.bases();
+        let offset = carve_cpu.wrapping_sub(region.as_ptr() as usize) as u64;
+        let expected = model.wrapping_add(offset);
+        if expected != carve {
+            return Err(AttachError::MemBase { model, carve, expected });
         }
         let lost = Liveness::new(device_clock(&g.reg_page()).unwrap_or(0), g.hal.now_ns());
         Ok(SharedRamGpu { lost, ..g })
@@ -331,6 +359,15 @@ mod tests {
         *w(r, layout::BELLS_OFFSET + layout::ATTACH_OFF) = layout::ATTACH_MAGIC;
         *w(r, layout::BELLS_OFFSET + layout::VERSION_OFF) = 1;
         *w(r, layout::BELLS_OFFSET + layout::MEM_SIZE_OFF) = layout::MEM_SIZE as u32;
+        *w(r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF) = carve_dev(r) as u32;
+        *w(r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF + 4) = 0;
+    }
+
+    /// The model's MEM_BASE under which the test carve-out (at the first
+    /// page boundary of the buffer, device address REGION_BASE) is right.
+    fn carve_dev(r: &[u32]) -> u64 {
+        let base = r.as_ptr() as usize;
+        layout::REGION_BASE as u64 - (base.next_multiple_of(4096) - base) as u64
     }
 
     fn attach(r: &mut [u32], wait_ns: u64) -> Result<SharedRamGpu<FakeHal>, AttachError> {
@@ -361,7 +398,10 @@ mod tests {
             (layout::ATTACH_OFF, layout::ATTACH_MAGIC, layout::VERSION_OFF, layout::VERSION),
             (m::ATTACH_OFF, m::ATTACH_MAGIC, m::VERSION_OFF, m::VERSION)
         );
-        assert_eq!((layout::MEM_SIZE_OFF, layout::DOORBELL_OFF), (m::MEM_SIZE_OFF, m::DOORBELL_OFF));
+        assert_eq!(
+            (layout::MEM_SIZE_OFF, layout::MEM_BASE_OFF, layout::DOORBELL_OFF),
+            (m::MEM_SIZE_OFF, m::MEM_BASE_OFF, m::DOORBELL_OFF)
+        );
         assert_eq!(layout::DOORBELLS as usize, m::DOORBELLS);
     }
 
@@ -378,6 +418,19 @@ mod tests {
         attached(&mut r);
         *w(&mut r, layout::BELLS_OFFSET + layout::MEM_SIZE_OFF) = 0x1000;
         assert_eq!(attach(&mut r, 0).err(), Some(AttachError::MemSize(0x1000)));
+        attached(&mut r);
+        let right = carve_dev(&r);
+        *w(&mut r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF) = 0x6000_0000;
+        let e = attach(&mut r, 0).err();
+        assert_eq!(
+            e,
+            Some(AttachError::MemBase {
+                model: 0x6000_0000,
+                carve: layout::REGION_BASE as u64,
+                expected: 0x6000_0000 + (layout::REGION_BASE as u64 - right),
+            })
+        );
+        assert!(std::format!("{}", e.unwrap()).contains("MEM_BASE is 0x60000000"));
     }
 
     #[test]
