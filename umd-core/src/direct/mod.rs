@@ -463,7 +463,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
             let region = p
                 .dma_alloc(table_pages.saturating_mul(4096), crate::platform::DmaFlags::CPU)
-                .map_err(InitError::Platform)?;
+                .map_err(|e| crate::engine::lifecycle::init_alloc_error("page tables", e))?;
             let tables = Tables::new(region).map_err(|(e, r)| {
                 p.dma_free(r);
                 InitError::Vm(e)
@@ -488,10 +488,10 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
         }
         // Fence slots, then a ring per queue.
-        let (region, va) = self.alloc_mapped(4096, Perms::RW)?;
+        let (region, va) = self.alloc_mapped("fence slots", 4096, Perms::RW)?;
         self.b.slots = FenceSlots::new(region, va);
         for qi in 0..self.nq {
-            let (region, va) = self.alloc_mapped(self.cfg.ring_bytes, Perms::RO)?;
+            let (region, va) = self.alloc_mapped("ring", self.cfg.ring_bytes, Perms::RO)?;
             let ring = Ring::new(region, va, self.cfg.ring_bytes).map_err(|(_, r)| {
                 p.dma_free(r);
                 InitError::BadConfig("ring")

@@ -26,7 +26,8 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     // Out of memory half-way: everything allocated so far is freed.
     let fake = Fake::new(Generation::Gen1, 256 << 10);
     let e = Device::<Fake, 64>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
-    assert!(matches!(e, InitError::Platform(_)));
+    assert_eq!(e, InitError::OutOfMemory { what: "IB pool", len: 64 * 65536 }, "names the pool");
+    assert!(e.to_string().contains("for the IB pool (4194304 bytes)"), "{e}");
     assert_eq!(fake.state().allocs, 0);
     // With the MMU: no GPU address for a block (a VA arena too small), or
     // no page table to map it (too few table pages): the block is freed.
@@ -92,10 +93,21 @@ fn memory_plan_is_what_device_new_takes() {
         let short = plan.total() - 4096;
         let fake = Fake::new(Generation::Gen1, short);
         let mut storage: Box<Storage> = Box::default();
-        assert!(Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).is_err());
+        let e = Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).err().unwrap();
         assert_eq!(fake.state().bytes_in_use(), 0, "a failed Device::new gives everything back");
         assert_eq!(plan.check(short).unwrap_err().what, "IB pool");
+        assert_eq!(e, InitError::OutOfMemory { what: "IB pool", len: plan.ib_pool });
     }
+    // A 64-page carve-out with the default MMU layout: the 64 table pages
+    // take it all, and both the plan and bring-up name the fence slots.
+    let plan = MemoryPlan::new(&Config::DEFAULT, MmuMode::DEFAULT, 16, 3);
+    assert_eq!(plan.check(64 * 4096).unwrap_err().what, "fence slots");
+    let fake = Fake::new(Generation::Gen2, 64 * 4096);
+    let mut storage: Box<Storage> = Box::default();
+    let e =
+        Device::<'_, Fake, 16>::new(&fake, &mut *storage, Config::DEFAULT, MmuMode::DEFAULT).err().unwrap();
+    assert_eq!(e, InitError::OutOfMemory { what: "fence slots", len: 4096 });
+    assert_eq!(fake.state().bytes_in_use(), 0);
 }
 
 #[test]
