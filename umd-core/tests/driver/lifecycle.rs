@@ -166,3 +166,51 @@ fn shutdown_reports_leaks_with_tags() {
     assert_eq!((r.leaked_buffers, r.leaked_bytes), (1, 70_000));
     assert_eq!(fake.state().allocs, 0, "leaked memory is given back at teardown");
 }
+
+/// The sizes the guide and the rustdoc quote are the real ones (to the
+/// KiB, on a 64-bit host with the default features), and so are
+/// `docs/perf.md`'s table rows (to 2 %): a change of the device's or the
+/// storage's layout that moves them fails here until the text follows.
+#[cfg(all(
+    target_pointer_width = "64",
+    feature = "trace",
+    feature = "hang-capture",
+    feature = "local-memory",
+    feature = "mmu",
+    not(feature = "validation")
+))]
+#[test]
+fn the_documented_sizes_are_the_real_ones() {
+    use std::mem::size_of;
+    use umd_core::storage::DeviceStorage;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let read = |f: &str| std::fs::read_to_string(format!("{root}/{f}")).unwrap();
+    let (guide, src, perf) =
+        (read("docs/porting.md"), read("umd-core/src/direct/mod.rs"), read("docs/perf.md"));
+    let kib = |n: usize| (n + 512) / 1024;
+    let dev = size_of::<Device<'_, Fake, 16>>();
+    let storage = size_of::<DeviceStorage<64, 128, 32, 64>>();
+    let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (guide, src) = (flat(&guide), flat(&src));
+    assert!(
+        guide.contains(&format!("about {} KiB on a 64-bit host", kib(dev))),
+        "porting.md: device is {dev} B"
+    );
+    assert!(
+        src.contains(&format!("{} KiB on 64-bit hosts", kib(dev))),
+        "Device::new's rustdoc: device is {dev} B"
+    );
+    assert!(
+        guide.contains(&format!("64 trace events: about {} KiB", kib(storage))),
+        "porting.md: DeviceStorage<64, 128, 32, 64> is {storage} B"
+    );
+    // docs/perf.md: "| `Device<Fake, 16>` | 16,168 |".
+    let row = |name: &str| -> usize {
+        let line = perf.lines().find(|l| l.starts_with(&format!("| `{name}`"))).unwrap();
+        line.rsplit('|').nth(1).unwrap().trim().replace(',', "").parse().unwrap()
+    };
+    for (name, real) in [("Device<Fake, 16>", dev), ("DeviceStorage<64, 128, 32, 64>", storage)] {
+        let doc = row(name);
+        assert!(doc.abs_diff(real) * 50 <= real, "docs/perf.md says {doc} B for {name}, it is {real} B");
+    }
+}
