@@ -50,6 +50,14 @@ pub use crate::platform::slots::FENCE_STRIDE;
 /// in the kernel driver.
 const HANDSHAKE_NS: u64 = 1_000_000_000;
 
+/// The fence slot of the bring-up round trip's scratch word: the last of
+/// the fence page, past every queue's.
+const SCRATCH_SLOT: usize = 4096 / FENCE_STRIDE - 1;
+
+/// The bring-up round trip's token ("RG" and the queue in the low bits):
+/// not 0, the value the scratch word is cleared to.
+const ROUND_TRIP_TOKEN: u64 = 0x5247_0000;
+
 /// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
 pub type Device<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Direct<'d, P>, CHUNKS>;
 
@@ -502,7 +510,66 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
         }
         self.init_ib_pool()?;
-        self.program()
+        self.program()?;
+        self.round_trip()
+    }
+
+    /// The bring-up fence round trip: on each engine, a FENCE writing a
+    /// token to the scratch word of the fence-slot page, which the CPU
+    /// must then read back. It proves the device fetches the ring and
+    /// writes the fence page at the device addresses the platform gave
+    /// (through the page tables, with the MMU). Afterwards the scratch
+    /// word is 0 again and the engine reset, its ring empty: the device
+    /// is in the state `program` left it in.
+    fn round_trip(&mut self) -> Result<(), InitError> {
+        let p = self.b.p;
+        let pf = InitError::Platform;
+        let scratch_va = self.b.slots.va(SCRATCH_SLOT);
+        for qi in 0..self.nq {
+            let e = qi as u32;
+            let token = Seqno(ROUND_TRIP_TOKEN | qi as u64);
+            let fence = [Command::Fence { addr: scratch_va, value: token.0, irq: false }];
+            let Some(ring) = self.queues.get_mut(qi).and_then(|q| q.submit.get_mut().ring.as_mut()) else {
+                return Err(InitError::BadConfig("ring"));
+            };
+            let w = ring.write(&self.b.enc, &fence, 0).map_err(|_| InitError::BadConfig("ring"))?;
+            p.cache_clean(ring.region(), w.start, w.bytes);
+            mem_fence(Ordering::Release);
+            p.write_reg(regs::engine_reg(e, er::RING_WPTR), w.wptr as u32).map_err(pf)?;
+            p.doorbell(e).map_err(pf)?;
+            let start = p.now_ns();
+            while self.b.slots.read(p, SCRATCH_SLOT) != Some(token) {
+                if p.now_ns().saturating_sub(start) > HANDSHAKE_NS {
+                    let reg = |r: u32| p.read_reg(regs::engine_reg(e, r)).map_err(pf);
+                    let status = reg(er::FAULT_STATUS)?;
+                    let addr = u64::from(reg(er::FAULT_ADDR_LO)?) | u64::from(reg(er::FAULT_ADDR_HI)?) << 32;
+                    let (phys, fences) = self.b.slots.dev_addr(SCRATCH_SLOT);
+                    let window = self
+                        .queues
+                        .iter()
+                        .filter_map(|q| {
+                            q.submit.try_lock()?.ring.as_ref().map(|r| {
+                                let base = r.region().dev_addr();
+                                (base, base.wrapping_add(r.region().len() as u64))
+                            })
+                        })
+                        .fold(fences, |(lo, hi), (b, end)| (lo.min(b), hi.max(end)));
+                    return Err(InitError::RoundTrip {
+                        queue: qi as u8,
+                        phys,
+                        window,
+                        fault: crate::sync::FaultInfo::from_regs(status, addr),
+                    });
+                }
+                p.delay_ns(1_000);
+            }
+            self.b.slots.force(p, SCRATCH_SLOT, Seqno(0));
+            if !reset_engine(p, e, true).map_err(pf)? {
+                return Err(InitError::Handshake("engine reset"));
+            }
+            ring.reset();
+        }
+        Ok(())
     }
 
     /// Programs MMU, engines and interrupts.

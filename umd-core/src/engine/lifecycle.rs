@@ -19,7 +19,7 @@ use crate::mem::pagetable::{Perms, PtError};
 use crate::mem::va::{VaAllocator, VaError, VaPlacement};
 use crate::platform::{DmaFlags, DmaGuard, DmaRegion, Platform, PlatformError};
 use crate::storage::DeviceStorage;
-use crate::sync::MAX_QUEUES;
+use crate::sync::{FaultInfo, MAX_QUEUES};
 
 use super::backend::Backend;
 use super::queue::QueueCore;
@@ -55,6 +55,23 @@ pub enum InitError {
         /// Its size in bytes.
         len: usize,
     },
+    /// The bring-up fence round trip failed (direct mode): a FENCE packet
+    /// on `queue`'s engine, writing a scratch word of the fence-slot page,
+    /// did not come back to the CPU. The device does not reach the
+    /// platform's DMA memory at the device addresses it was given: a wrong
+    /// memory base, or memory outside the device's window
+    /// (`docs/porting.md`, "Device addresses").
+    RoundTrip {
+        /// The queue whose engine ran the fence.
+        queue: u8,
+        /// The scratch word's device (physical) address.
+        phys: u64,
+        /// The device addresses of the driver's fence page and rings,
+        /// `[lowest, end)`.
+        window: (u64, u64),
+        /// The fault the engine reported, if it did.
+        fault: Option<FaultInfo>,
+    },
 }
 
 impl fmt::Display for InitError {
@@ -68,6 +85,22 @@ impl fmt::Display for InitError {
             InitError::Vm(e) => write!(f, "page tables: {e}"),
             InitError::Map => write!(f, "mapping the driver's memory failed"),
             InitError::Handshake(what) => write!(f, "device did not complete {what}"),
+            InitError::RoundTrip { queue, phys, window, fault } => {
+                write!(
+                    f,
+                    "bring-up fence round trip on queue q{queue}: the fence to physical address {phys:#x} "
+                )?;
+                match fault {
+                    Some(info) => write!(f, "faulted ({info})")?,
+                    None => write!(f, "never reached the CPU")?,
+                }
+                write!(
+                    f,
+                    "; the driver's memory is at device addresses [{:#x}, {:#x}): is that inside the \
+                     device's memory window, at the CPU's bytes? (a wrong memory base?)",
+                    window.0, window.1
+                )
+            }
             InitError::OutOfMemory { what, len } => write!(
                 f,
                 "out of GPU-visible memory for the {what} ({len} bytes): the platform's DMA memory is \

@@ -214,3 +214,95 @@ fn the_documented_sizes_are_the_real_ones() {
         assert!(doc.abs_diff(real) * 50 <= real, "docs/perf.md says {doc} B for {name}, it is {real} B");
     }
 }
+
+/// The fake behind a platform that gives the device wrong addresses: every
+/// region's device address is `skew` bytes off (a wrong memory base).
+struct WrongBase<'a> {
+    fake: &'a Fake,
+    skew: u64,
+}
+
+// SAFETY: for the test's purpose the device addresses are wrong (that is
+// what bring-up must catch); the CPU side is the fake's, valid and owned
+// as the fake's `dma_alloc` promises, and given back to it unchanged.
+unsafe impl umd_core::platform::Platform for WrongBase<'_> {
+    type RawMutex = umd_core::platform::SpinLock;
+    fn dma_alloc(
+        &self,
+        len: usize,
+        flags: umd_core::platform::DmaFlags,
+    ) -> Result<umd_core::platform::DmaRegion, umd_core::platform::PlatformError> {
+        let r = self.fake.dma_alloc(len, flags)?;
+        let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
+        std::mem::forget(r);
+        // SAFETY: the fake's region, re-labelled (see the impl comment).
+        Ok(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_add(self.skew), len) })
+    }
+    fn dma_free(&self, r: umd_core::platform::DmaRegion) {
+        let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
+        std::mem::forget(r);
+        // SAFETY: the region the fake handed out, with its own address.
+        self.fake
+            .dma_free(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_sub(self.skew), len) });
+    }
+    fn now_ns(&self) -> u64 {
+        self.fake.now_ns()
+    }
+    fn delay_ns(&self, ns: u64) {
+        self.fake.delay_ns(ns)
+    }
+}
+
+impl umd_core::platform::DirectIo for WrongBase<'_> {
+    fn read_reg(&self, off: u32) -> Result<u32, umd_core::platform::PlatformError> {
+        self.fake.read_reg(off)
+    }
+    fn write_reg(&self, off: u32, v: u32) -> Result<(), umd_core::platform::PlatformError> {
+        self.fake.write_reg(off, v)
+    }
+    fn doorbell(&self, e: u32) -> Result<(), umd_core::platform::PlatformError> {
+        self.fake.doorbell(e)
+    }
+}
+
+/// Bring-up's fence round trip catches memory the device does not reach at
+/// the addresses it was given (a wrong memory base), with the MMU on and
+/// bypassed: `InitError::RoundTrip` names the scratch word's physical
+/// address and the driver's memory window, and everything is given back.
+/// With the right addresses the same device comes up and the round trip
+/// leaves nothing behind (the ring empty, the scratch word 0).
+#[test]
+fn a_wrong_memory_base_fails_bring_up_with_the_address_and_the_window() {
+    use umd_core::platform::DirectIo;
+    for mmu in [MmuMode::DEFAULT, MmuMode::Bypass] {
+        let fake = Fake::new(Generation::Gen2, 4 << 20);
+        let skew = 0x4000_0000;
+        let wrong = WrongBase { fake: &fake, skew };
+        let mut storage: Box<Storage> = Box::default();
+        let e = Device::<'_, _, 4>::new(&wrong, &mut *storage, small_cfg(), mmu).err().expect("refused");
+        let InitError::RoundTrip { queue, phys, window, fault } = e else { panic!("{e:?}") };
+        assert_eq!(queue, 0);
+        assert!(window.0 >= 0x8000_0000 + skew && phys >= window.0 && phys < window.1, "{e}");
+        assert_eq!(fault, None, "the fake drops what it cannot reach");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("physical address {phys:#x}")) && text.contains("never reached the CPU"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("[{:#x}, {:#x})", window.0, window.1)), "{text}");
+        assert_eq!(fake.state().bytes_in_use(), 0, "a failed bring-up gives everything back");
+
+        let fake = Fake::new(Generation::Gen2, 4 << 20);
+        let right = WrongBase { fake: &fake, skew: 0 };
+        let dev = Device::<'_, _, 4>::new(&right, &mut *storage, small_cfg(), mmu).expect("comes up");
+        assert_eq!(fake.state().doorbells, 3, "one round trip per engine");
+        for e in 0..3 {
+            let rptr =
+                right.read_reg(umd_core::hw::regs::engine_reg(e, umd_core::hw::regs::engine::RING_RPTR));
+            assert_eq!(rptr, Ok(0), "engine {e} reset after the round trip");
+        }
+        let g = dev.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
+        dev.wait(g, 1_000_000_000).unwrap();
+        drop(dev);
+    }
+}
