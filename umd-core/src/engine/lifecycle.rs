@@ -57,7 +57,8 @@ pub enum InitError {
     },
     /// The bring-up fence round trip failed (direct mode): a FENCE packet
     /// on `queue`'s engine, writing a scratch word of the fence-slot page,
-    /// did not come back to the CPU. The device does not reach the
+    /// faulted, or no engine's came back to the CPU (an engine that only
+    /// stays silent is left to the hang check). The device does not reach the
     /// platform's DMA memory at the device addresses it was given: a wrong
     /// memory base, or memory outside the device's window
     /// (`docs/porting.md`, "Device addresses").
