@@ -234,13 +234,11 @@ unsafe impl umd_core::platform::Platform for WrongBase<'_> {
     ) -> Result<umd_core::platform::DmaRegion, umd_core::platform::PlatformError> {
         let r = self.fake.dma_alloc(len, flags)?;
         let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
-        std::mem::forget(r);
         // SAFETY: the fake's region, re-labelled (see the impl comment).
         Ok(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_add(self.skew), len) })
     }
     fn dma_free(&self, r: umd_core::platform::DmaRegion) {
         let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
-        std::mem::forget(r);
         // SAFETY: the region the fake handed out, with its own address.
         self.fake
             .dma_free(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_sub(self.skew), len) });
@@ -279,7 +277,9 @@ fn a_wrong_memory_base_fails_bring_up_with_the_address_and_the_window() {
         let skew = 0x4000_0000;
         let wrong = WrongBase { fake: &fake, skew };
         let mut storage: Box<Storage> = Box::default();
-        let e = Device::<'_, _, 4>::new(&wrong, &mut *storage, small_cfg(), mmu).err().expect("refused");
+        let Err(e) = Device::<'_, _, 4>::new(&wrong, &mut *storage, small_cfg(), mmu) else {
+            panic!("refused")
+        };
         let InitError::RoundTrip { queue, phys, window, fault } = e else { panic!("{e:?}") };
         assert_eq!(queue, 0);
         assert!(window.0 >= 0x8000_0000 + skew && phys >= window.0 && phys < window.1, "{e}");
