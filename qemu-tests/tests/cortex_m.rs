@@ -2,7 +2,8 @@
 //! PSRAM (`docs/cortex-m.md`): the whole conformance suite on both
 //! generations (one boot each), the fault image (model killed, CPU fault,
 //! a doorbell for an engine that does not exist, a carve-out too small for
-//! the pools), no model running, and a RAM file of the wrong size.
+//! the pools), no model running, a RAM file of the wrong size, and the
+//! porting guide's board (`m-myboard`) running the suite.
 
 use conformance::faults::KNOBS;
 use qemu_tests::fault_matrix::cell;
@@ -22,8 +23,12 @@ fn suite(generation: u8) -> Run {
 /// Every scenario reported once, in order; the only skips are the ones
 /// this board cannot run, each with its reason printed.
 fn every_scenario_reported(generation: u8) {
-    let r = suite(generation);
-    let out = outcome(&r);
+    every_scenario_reported_on(&suite(generation), generation);
+}
+
+/// [`every_scenario_reported`] for the run `r` of any suite image.
+fn every_scenario_reported_on(r: &Run, generation: u8) {
+    let out = outcome(r);
     let Ok(out) = out.as_ref() else { return };
     for (n, s) in &out.boot.results {
         eprintln!("cortex-m gen{generation} {n}: {s:?}");
@@ -101,6 +106,20 @@ macro_rules! gen_suite {
 
 gen_suite!(gen1, 1);
 gen_suite!(gen2, 2);
+
+/// The porting guide's board (`docs/porting.md` section 2,
+/// `footprint/src/board.rs`: an MMIO-style platform behind `extern "C"`
+/// board functions) compiled into the `m-myboard` image, which provides
+/// those functions over the shared RAM, brings the device up and passes
+/// the whole suite on both generations.
+#[test]
+fn the_guides_board_passes_the_suite() {
+    for generation in [1, 2] {
+        let r = Run::cortex_m("m-myboard", generation);
+        check_run(&r);
+        every_scenario_reported_on(&r, generation);
+    }
+}
 
 #[test]
 fn gen2_runs_local_memory_eviction() {
