@@ -403,6 +403,19 @@ mod tests {
             (m::MEM_SIZE_OFF, m::MEM_BASE_OFF, m::DOORBELL_OFF)
         );
         assert_eq!(layout::DOORBELLS as usize, m::DOORBELLS);
+        // The core's description of the layout is the model's too.
+        use umd_core::ivshmem::shared_ram as c;
+        assert_eq!(c::regs_offset(layout::REGION_SIZE), layout::REGS_OFFSET);
+        assert_eq!(c::doorbell_page_offset(layout::REGION_SIZE), layout::BELLS_OFFSET);
+        assert_eq!(
+            [c::ATTACH_OFF, c::VERSION_OFF, c::MEM_SIZE_OFF, c::MEM_BASE_OFF, c::DOORBELL_OFF]
+                .map(|o| o as usize),
+            [m::ATTACH_OFF, m::VERSION_OFF, m::MEM_SIZE_OFF, m::MEM_BASE_OFF, m::DOORBELL_OFF]
+        );
+        assert_eq!(
+            (c::ATTACH_MAGIC, c::VERSION, c::DOORBELLS as usize),
+            (m::ATTACH_MAGIC, m::VERSION, m::DOORBELLS)
+        );
     }
 
     #[test]

@@ -25,20 +25,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use umd_core::hw::regs;
+use umd_core::ivshmem::shared_ram::{self, ATTACH_MAGIC, DOORBELL_OFF};
 use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage, Written, LOSS_WINDOW_NS};
 use umd_core::mem::pages::{PageBitmap, PAGE};
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, Platform, PlatformError, SpinLock};
 
-// The binding's layout (docs/refgpu.md 2.3, "shared RAM").
+// The binding's layout (docs/refgpu.md 2.3, "shared RAM"): the region is
+// QEMU mps2-an386's 16 MiB PSRAM, as `refgpu-sim --shared-ram` maps it.
 const REGION: usize = 16 << 20;
-const REGS: usize = REGION - 0x2000; // register page
-const BELLS: usize = REGION - 0x1000; // doorbell page
-const ATTACH: usize = BELLS; // "RGSR" while a model is attached
-const VERSION: usize = BELLS + 0x04;
-const MEM_SIZE: usize = BELLS + 0x08;
-const MEM_BASE: usize = BELLS + 0x10; // LO, then HI at +0x14
-const DOORBELL: usize = BELLS + 0x40; // + 4 * vector
-const RGSR: u32 = u32::from_le_bytes(*b"RGSR");
+const REGS: usize = shared_ram::regs_offset(REGION); // register page
+const BELLS: usize = shared_ram::doorbell_page_offset(REGION); // doorbell page
 /// System memory pages the bitmap can manage (16 MiB).
 const MAX_PAGES: usize = REGION / PAGE;
 
@@ -107,22 +103,22 @@ impl SharedRamBoard {
             live: Liveness::new(0, 0),
             t0: Instant::now(),
         };
-        while b.word(ATTACH).load(Ordering::Acquire) != RGSR {
-            if b.t0.elapsed() > wait {
-                return Err(AttachError::NoModel);
+        let published = loop {
+            match shared_ram::published(&Bells(&b)) {
+                Some(p) if p.attached => break p,
+                _ if b.t0.elapsed() > wait => return Err(AttachError::NoModel),
+                _ => std::thread::sleep(Duration::from_millis(1)),
             }
-            std::thread::sleep(Duration::from_millis(1));
+        };
+        if published.version != shared_ram::VERSION {
+            return Err(AttachError::Layout("version", published.version));
         }
-        let word = |off| b.word(off).load(Ordering::Acquire);
-        if word(VERSION) != 1 {
-            return Err(AttachError::Layout("version", word(VERSION)));
-        }
-        let mem_size = word(MEM_SIZE) as usize;
+        let mem_size = published.mem_size as usize;
         if mem_size != REGS {
-            return Err(AttachError::Layout("MEM_SIZE", mem_size as u32));
+            return Err(AttachError::Layout("MEM_SIZE", published.mem_size));
         }
         // Device addresses come from the model, never from a constant here.
-        b.mem_base = u64::from(word(MEM_BASE)) | u64::from(word(MEM_BASE + 4)) << 32;
+        b.mem_base = published.mem_base;
         b.pages = Mutex::new(
             PageBitmap::new([0; MAX_PAGES / 64], mem_size / PAGE)
                 .map_err(|_| AttachError::Layout("pages", 0))?,
@@ -145,13 +141,13 @@ impl SharedRamBoard {
         if self.live.is_lost() {
             return Err(PlatformError::DeviceLost);
         }
-        self.word(DOORBELL + 4 * v as usize).fetch_add(1, Ordering::AcqRel);
+        self.word(BELLS + (DOORBELL_OFF + 4 * v) as usize).fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
     /// The liveness check of the spec: ATTACH set, CLOCK moving.
     fn check_alive(&self) {
-        let attached = self.word(ATTACH).load(Ordering::Acquire) == RGSR;
+        let attached = self.word(BELLS).load(Ordering::Acquire) == ATTACH_MAGIC;
         let clock = device_clock(&Regs(self)).unwrap_or(0);
         match self.live.check(attached, clock, self.now_ns(), LOSS_WINDOW_NS) {
             Health::Detached => eprintln!("model detached: device lost"),
@@ -178,6 +174,15 @@ struct Regs<'a>(&'a SharedRamBoard);
 impl SharedPage for Regs<'_> {
     fn word(&self, off: u32) -> Option<&AtomicU32> {
         (off < 4096 && off % 4 == 0).then(|| self.0.word(REGS + off as usize))
+    }
+}
+
+/// The doorbell page, for `shared_ram::published`.
+struct Bells<'a>(&'a SharedRamBoard);
+
+impl SharedPage for Bells<'_> {
+    fn word(&self, off: u32) -> Option<&AtomicU32> {
+        (off < 4096 && off % 4 == 0).then(|| self.0.word(BELLS + off as usize))
     }
 }
 

@@ -25,6 +25,10 @@
 //! waiting for a doorbell that never comes: bring-up then fails with
 //! "device did not complete MMU invalidate".
 //!
+//! [`shared_ram`] is the shared-RAM binding's layout and what the model
+//! publishes in its doorbell page (MEM_BASE among it: the device address
+//! of the region's first byte).
+//!
 //! [`Liveness`] is the loss check the spec asks of a host on these
 //! transports: ATTACH cleared, or CLOCK frozen for longer than
 //! [`LOSS_WINDOW_NS`], marks the device lost. `docs/porting.md`,
@@ -261,6 +265,72 @@ impl Liveness {
     }
 }
 
+/// The shared-RAM binding's layout (`docs/refgpu.md` 2.3, "shared RAM"):
+/// a RAM region both sides map, system memory first, the register page
+/// and the doorbell page in its last 8 KiB. Offsets in the doorbell page
+/// are bytes from its start; [`published`](shared_ram::published) reads
+/// what the model wrote there.
+pub mod shared_ram {
+    use core::sync::atomic::Ordering;
+
+    use super::SharedPage;
+
+    /// Offset of the register page from the start of a region of
+    /// `region` bytes (at least 8 KiB).
+    pub const fn regs_offset(region: usize) -> usize {
+        region.saturating_sub(0x2000)
+    }
+    /// Offset of the doorbell page.
+    pub const fn doorbell_page_offset(region: usize) -> usize {
+        region.saturating_sub(0x1000)
+    }
+    /// ATTACH: [`ATTACH_MAGIC`] while a model is attached.
+    pub const ATTACH_OFF: u32 = 0x00;
+    /// ATTACH's value while a model is attached: the bytes "RGSR".
+    pub const ATTACH_MAGIC: u32 = u32::from_le_bytes(*b"RGSR");
+    /// The layout version.
+    pub const VERSION_OFF: u32 = 0x04;
+    /// The version described here.
+    pub const VERSION: u32 = 1;
+    /// MEM_SIZE: bytes of system memory (the region minus 8 KiB).
+    pub const MEM_SIZE_OFF: u32 = 0x08;
+    /// MEM_BASE bits 31:0, the device address of the region's first byte
+    /// (bits 63:32 at +0x14).
+    pub const MEM_BASE_OFF: u32 = 0x10;
+    /// DOORBELL(v) at `DOORBELL_OFF + 4 * v`: a counter the host rings
+    /// by one atomic add of 1.
+    pub const DOORBELL_OFF: u32 = 0x40;
+    /// Doorbell words: the three engines and the control doorbell.
+    pub const DOORBELLS: u32 = 4;
+
+    /// What the model publishes in the doorbell page.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Published {
+        /// ATTACH reads [`ATTACH_MAGIC`].
+        pub attached: bool,
+        /// The layout version.
+        pub version: u32,
+        /// MEM_SIZE.
+        pub mem_size: u32,
+        /// MEM_BASE: the device address of the region's first byte; the
+        /// device address of any byte of system memory is this plus its
+        /// offset in the region.
+        pub mem_base: u64,
+    }
+
+    /// Reads the doorbell page `bells` (offsets from its start); None when
+    /// the page lacks one of the words.
+    pub fn published(bells: &impl SharedPage) -> Option<Published> {
+        let w = |off: u32| bells.word(off).map(|w| w.load(Ordering::Acquire));
+        Some(Published {
+            attached: w(ATTACH_OFF)? == ATTACH_MAGIC,
+            version: w(VERSION_OFF)?,
+            mem_size: w(MEM_SIZE_OFF)?,
+            mem_base: u64::from(w(MEM_BASE_OFF)?) | u64::from(w(MEM_BASE_OFF.wrapping_add(4))?) << 32,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +408,21 @@ mod tests {
         let l = Liveness::new(0, 0);
         l.mark_lost();
         assert_eq!(l.check(true, 1, 1, w), Health::Lost);
+    }
+
+    #[test]
+    fn the_doorbell_page_publishes_attach_version_size_and_base() {
+        use shared_ram as sr;
+        let p = page();
+        assert_eq!(sr::published(&p).map(|b| b.attached), Some(false));
+        p.0[0].store(sr::ATTACH_MAGIC, Ordering::Relaxed);
+        p.0[1].store(1, Ordering::Relaxed);
+        p.0[2].store(0xFF_E000, Ordering::Relaxed);
+        p.0[4].store(0x2100_0000, Ordering::Relaxed);
+        p.0[5].store(0x1, Ordering::Relaxed);
+        let b = sr::Published { attached: true, version: 1, mem_size: 0xFF_E000, mem_base: 0x1_2100_0000 };
+        assert_eq!(sr::published(&p), Some(b));
+        assert_eq!((sr::regs_offset(16 << 20), sr::doorbell_page_offset(16 << 20)), (0xFF_E000, 0xFF_F000));
     }
 
     #[test]
