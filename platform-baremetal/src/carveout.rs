@@ -39,6 +39,16 @@ impl CarveOut {
         Some(CarveOut { cpu_base, dev_base, pages })
     }
 
+    /// The CPU address of the first page.
+    pub fn cpu_base(&self) -> usize {
+        self.cpu_base
+    }
+
+    /// The device address of the first page.
+    pub fn dev_base(&self) -> u64 {
+        self.dev_base
+    }
+
     /// Pages managed.
     pub fn pages(&self) -> usize {
         self.pages.pages()
@@ -84,6 +94,12 @@ impl DmaPages {
     /// life.
     pub(crate) unsafe fn new(carve: CarveOut) -> DmaPages {
         DmaPages(spin::Mutex::new(carve))
+    }
+
+    /// The CPU and device addresses of the carve-out's first page.
+    pub(crate) fn bases(&self) -> (usize, u64) {
+        let c = self.0.lock();
+        (c.cpu_base(), c.dev_base())
     }
 
     /// A region of at least `len` bytes (whole pages), zeroed, then cleaned

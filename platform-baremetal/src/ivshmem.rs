@@ -13,7 +13,8 @@
 //!
 //! Device loss: the model publishes CLOCK every 100 µs while it lives. When
 //! the core sits in `delay_ns` or `wait_irq` (its wait loop), the transport
-//! checks that CLOCK moved; a CLOCK frozen for [`IvshmemGpu::loss_window_ns`]
+//! runs the core's [`Liveness`] check (ivshmem has no attach word: only
+//! CLOCK counts); a CLOCK frozen for [`IvshmemGpu::loss_window_ns`]
 //! marks the device lost, and every register call from then on fails with
 //! [`PlatformError::DeviceLost`] (the core turns that into failed fences).
 //!
@@ -21,14 +22,14 @@
 //! pointers, so host tests drive it over an ordinary page.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use embedded_hal::delay::DelayNs;
 use safe_mmio::fields::{ReadPure, ReadWrite, WriteOnly};
 use safe_mmio::{field, UniqueMmioPointer};
 
 use umd_core::hw::regs;
-use umd_core::ivshmem::{Binding, SharedPage};
+use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage};
 use umd_core::platform::{DirectIo, IrqWait, Platform, PlatformError};
 
 use crate::carveout::{CarveOut, DmaPages};
@@ -81,15 +82,13 @@ pub struct IvshmemGpu<H: Hal> {
     carve: DmaPages,
     hal: H,
     binding: Binding,
-    lost: AtomicBool,
-    last_clock: AtomicU64,
-    last_clock_seen_ns: AtomicU64,
+    lost: Liveness,
     /// How long CLOCK may stay frozen before the device counts as lost.
     pub loss_window_ns: u64,
 }
 
-/// Default for [`IvshmemGpu::loss_window_ns`]: 2 s (a failure guard).
-pub const LOSS_WINDOW_NS: u64 = 2_000_000_000;
+/// Default for [`IvshmemGpu::loss_window_ns`]: the spec's loss window.
+pub use umd_core::ivshmem::LOSS_WINDOW_NS;
 
 /// How long [`IvshmemGpu::wait_link`] waits for an answer before it rings
 /// the control doorbell again.
@@ -123,15 +122,13 @@ impl<H: Hal> IvshmemGpu<H> {
             carve: unsafe { DmaPages::new(carve) },
             hal,
             binding: Binding::new(),
-            lost: AtomicBool::new(false),
-            last_clock: AtomicU64::new(0),
-            last_clock_seen_ns: AtomicU64::new(0),
+            lost: Liveness::new(0, 0),
             loss_window_ns: LOSS_WINDOW_NS,
         };
         if g.shm_word(info::OFFSET) == info::MAGIC {
             g.model_peer = g.shm_word(info::OFFSET + info::MODEL_ID_OFF) & 0xffff;
         }
-        g.last_clock_seen_ns.store(g.hal.now_ns(), Ordering::Relaxed);
+        g.lost = Liveness::new(0, g.hal.now_ns());
         g
     }
 
@@ -166,7 +163,7 @@ impl<H: Hal> IvshmemGpu<H> {
 
     /// Whether the device was found lost.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.is_lost()
     }
 
     /// The hardware half.
@@ -185,7 +182,7 @@ impl<H: Hal> IvshmemGpu<H> {
     }
 
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
+        if self.lost.is_lost() {
             return Err(PlatformError::DeviceLost);
         }
         // Make the register-page and ring writes visible before the model
@@ -239,31 +236,23 @@ impl<H: Hal> IvshmemGpu<H> {
         }
     }
 
-    fn raw_clock(&self) -> u64 {
-        let (hi, lo) = (self.shm_word(regs::CLOCK_HI as usize), self.shm_word(regs::CLOCK_LO as usize));
-        (u64::from(hi) << 32) | u64::from(lo)
-    }
-
-    /// Checks the model's heartbeat (CLOCK moving); marks the device lost
-    /// when it stood still for longer than the loss window.
+    /// Checks the model's heartbeat ([`Liveness::check`]: CLOCK moving);
+    /// marks the device lost when it stood still for longer than the loss
+    /// window.
     pub fn check_heartbeat(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
-            return false;
+        let clock = device_clock(&self.reg_page()).unwrap_or(0);
+        match self.lost.check(true, clock, self.hal.now_ns(), self.loss_window_ns) {
+            Health::Alive => true,
+            Health::Frozen { clock, for_ns } => {
+                crate::warn!(
+                    "ivshmem: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
+                    clock,
+                    for_ns / 1_000_000
+                );
+                false
+            }
+            Health::Detached | Health::Lost => false,
         }
-        let now = self.hal.now_ns();
-        let c = self.raw_clock();
-        let seen = self.last_clock_seen_ns.load(Ordering::Relaxed);
-        if self.last_clock.swap(c, Ordering::Relaxed) != c {
-            self.last_clock_seen_ns.store(now, Ordering::Relaxed);
-        } else if now.saturating_sub(seen) > self.loss_window_ns {
-            self.lost.store(true, Ordering::Release);
-            crate::warn!(
-                "ivshmem: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
-                c,
-                now.saturating_sub(seen) / 1_000_000
-            );
-        }
-        !self.lost.load(Ordering::Acquire)
     }
 }
 

@@ -46,8 +46,8 @@
 pub mod carveout;
 pub mod esr;
 pub mod hal;
-// Its heartbeat state uses 64-bit atomics: the aarch64 transport (and the
-// host's tests), not built for thumbv7em.
+// The aarch64 transport (and the host's tests); not built for thumbv7em,
+// whose board has no PCI (it reaches the model through `shared_ram`).
 #[cfg(target_has_atomic = "64")]
 pub mod ivshmem;
 pub mod log;

@@ -14,23 +14,23 @@
 //!
 //! Liveness: ATTACH must read "RGSR" at bring-up ([`SharedRamGpu::attach`]
 //! waits for it a bounded time, then reports that no model is running).
-//! Afterwards, in the core's wait loop (`delay_ns`), ATTACH cleared (the
-//! model shut down) or CLOCK frozen for [`SharedRamGpu::loss_window_ns`]
-//! (the model was killed) marks the device lost: every register call then
-//! fails with [`PlatformError::DeviceLost`].
+//! Afterwards, in the core's wait loop (`delay_ns`), the core's
+//! [`Liveness`] check: ATTACH cleared (the model shut down) or CLOCK frozen
+//! for [`SharedRamGpu::loss_window_ns`] (the model was killed) marks the
+//! device lost: every register call then fails with
+//! [`PlatformError::DeviceLost`].
 //!
-//! No 64-bit atomics: the heartbeat state is under a spin lock, so the
-//! type builds for `thumbv7em` (which has 32-bit atomics only).
+//! No 64-bit atomics: [`Liveness`] keeps its state under a spin lock, so
+//! the type builds for `thumbv7em` (which has 32-bit atomics only).
 //!
 //! The type is portable (a [`Hal`] and a raw pointer): host tests drive it
 //! over an ordinary 16 MiB buffer.
 
 use core::ptr::NonNull;
-use core::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use core::sync::atomic::{AtomicU32, Ordering};
 
 use embedded_hal::delay::DelayNs;
-use umd_core::hw::regs;
-use umd_core::ivshmem::{Binding, SharedPage};
+use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage};
 use umd_core::platform::{IrqWait, Platform, PlatformError};
 
 use crate::carveout::{CarveOut, DmaPages};
@@ -59,6 +59,9 @@ pub mod layout {
     pub const VERSION: u32 = 1;
     /// +0x08: system memory size.
     pub const MEM_SIZE_OFF: usize = 0x08;
+    /// +0x10: MEM_BASE bits 31:0 (the device address of the region's first
+    /// byte); bits 63:32 at +0x14.
+    pub const MEM_BASE_OFF: usize = 0x10;
     /// +0x40 + 4 * v: DOORBELL(v).
     pub const DOORBELL_OFF: usize = 0x40;
     /// Doorbell words (three engines, control).
@@ -80,6 +83,18 @@ pub enum AttachError {
     /// The model's system memory is not the size this layout has (another
     /// region size?).
     MemSize(u32),
+    /// The carve-out's device address does not follow from the model's
+    /// MEM_BASE (`docs/refgpu.md` 2.3, "Device addresses"): the model runs
+    /// with another `--mem-base` than the one the carve-out assumes.
+    MemBase {
+        /// MEM_BASE the model published.
+        model: u64,
+        /// The carve-out's device address.
+        carve: u64,
+        /// The device address the carve-out's first page has under the
+        /// model's MEM_BASE.
+        expected: u64,
+    },
 }
 
 impl core::fmt::Display for AttachError {
@@ -94,21 +109,19 @@ impl core::fmt::Display for AttachError {
             AttachError::MemSize(s) => {
                 write!(f, "model system memory is {s:#x} bytes, the layout has {:#x}", layout::MEM_SIZE)
             }
+            AttachError::MemBase { model, carve, expected } => write!(
+                f,
+                "the model's MEM_BASE is {model:#x}: the carve-out's first page is at device address \
+                 {expected:#x}, not {carve:#x} (start refgpu-sim with the --mem-base the board uses)"
+            ),
         }
     }
 }
 
 impl core::error::Error for AttachError {}
 
-/// Default for [`SharedRamGpu::loss_window_ns`]: 2 s (a failure guard).
-pub const LOSS_WINDOW_NS: u64 = 2_000_000_000;
-
-/// Heartbeat state: the last CLOCK value and when it last moved.
-#[derive(Clone, Copy, Debug, Default)]
-struct Heartbeat {
-    clock: u64,
-    seen_ns: u64,
-}
+/// Default for [`SharedRamGpu::loss_window_ns`]: the spec's loss window.
+pub use umd_core::ivshmem::LOSS_WINDOW_NS;
 
 /// The refgpu in a shared RAM region.
 pub struct SharedRamGpu<H: Hal> {
@@ -116,8 +129,7 @@ pub struct SharedRamGpu<H: Hal> {
     carve: DmaPages,
     hal: H,
     binding: Binding,
-    lost: AtomicBool,
-    beat: spin::Mutex<Heartbeat>,
+    lost: Liveness,
     rung: AtomicU32,
     /// How long CLOCK may stay frozen before the device counts as lost.
     pub loss_window_ns: u64,
@@ -148,8 +160,7 @@ impl<H: Hal> SharedRamGpu<H> {
             carve: unsafe { DmaPages::new(carve) },
             hal,
             binding: Binding::new(),
-            lost: AtomicBool::new(false),
-            beat: spin::Mutex::new(Heartbeat::default()),
+            lost: Liveness::new(0, 0),
             rung: AtomicU32::new(0),
             loss_window_ns: LOSS_WINDOW_NS,
         };
@@ -174,8 +185,16 @@ impl<H: Hal> SharedRamGpu<H> {
             s if s as usize == layout::MEM_SIZE => {}
             s => return Err(AttachError::MemSize(s)),
         }
-        *g.beat.lock() = Heartbeat { clock: g.raw_clock(), seen_ns: g.hal.now_ns() };
-        Ok(g)
+        let model = u64::from(g.bell_word(layout::MEM_BASE_OFF))
+            | (u64::from(g.bell_word(layout::MEM_BASE_OFF + 4)) << 32);
+        let (carve_cpu, carve) = g.carve.bases();
+        let offset = carve_cpu.wrapping_sub(region.as_ptr() as usize) as u64;
+        let expected = model.wrapping_add(offset);
+        if expected != carve {
+            return Err(AttachError::MemBase { model, carve, expected });
+        }
+        let lost = Liveness::new(device_clock(&g.reg_page()).unwrap_or(0), g.hal.now_ns());
+        Ok(SharedRamGpu { lost, ..g })
     }
 
     fn word_at(&self, byte_off: usize) -> Option<&AtomicU32> {
@@ -191,15 +210,9 @@ impl<H: Hal> SharedRamGpu<H> {
         self.word_at(layout::BELLS_OFFSET + off).map_or(0, |w| w.load(Ordering::Acquire))
     }
 
-    fn raw_clock(&self) -> u64 {
-        let r =
-            |o: u32| self.word_at(layout::REGS_OFFSET + o as usize).map_or(0, |w| w.load(Ordering::Acquire));
-        (u64::from(r(regs::CLOCK_HI)) << 32) | u64::from(r(regs::CLOCK_LO))
-    }
-
     /// Whether the device was found lost.
     pub fn is_lost(&self) -> bool {
-        self.lost.load(Ordering::Acquire)
+        self.lost.is_lost()
     }
 
     /// Doorbells rung so far (engine and control).
@@ -217,31 +230,28 @@ impl<H: Hal> SharedRamGpu<H> {
         self.carve.used_pages()
     }
 
-    /// Checks that the model is still there: ATTACH set and CLOCK moving
-    /// within the loss window. Marks the device lost otherwise.
+    /// Checks that the model is still there ([`Liveness::check`]: ATTACH
+    /// set and CLOCK moving within the loss window). Marks the device lost
+    /// otherwise.
     pub fn check_heartbeat(&self) -> bool {
-        if self.lost.load(Ordering::Acquire) {
-            return false;
+        let attached = self.bell_word(layout::ATTACH_OFF) == layout::ATTACH_MAGIC;
+        let clock = device_clock(&self.reg_page()).unwrap_or(0);
+        match self.lost.check(attached, clock, self.hal.now_ns(), self.loss_window_ns) {
+            Health::Alive => true,
+            Health::Detached => {
+                crate::warn!("shared RAM: the model detached (ATTACH cleared): device lost");
+                false
+            }
+            Health::Frozen { clock, for_ns } => {
+                crate::warn!(
+                    "shared RAM: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
+                    clock,
+                    for_ns / 1_000_000
+                );
+                false
+            }
+            Health::Lost => false,
         }
-        if self.bell_word(layout::ATTACH_OFF) != layout::ATTACH_MAGIC {
-            self.lost.store(true, Ordering::Release);
-            crate::warn!("shared RAM: the model detached (ATTACH cleared): device lost");
-            return false;
-        }
-        let now = self.hal.now_ns();
-        let c = self.raw_clock();
-        let mut b = self.beat.lock();
-        if c != b.clock {
-            *b = Heartbeat { clock: c, seen_ns: now };
-        } else if now.saturating_sub(b.seen_ns) > self.loss_window_ns {
-            self.lost.store(true, Ordering::Release);
-            crate::warn!(
-                "shared RAM: model heartbeat (CLOCK {:#x}) frozen for {} ms: device lost",
-                c,
-                now.saturating_sub(b.seen_ns) / 1_000_000
-            );
-        }
-        !self.lost.load(Ordering::Acquire)
     }
 
     /// The register page, as the binding sees it.
@@ -250,7 +260,7 @@ impl<H: Hal> SharedRamGpu<H> {
     }
 
     fn ring(&self, vector: u32) -> Result<(), PlatformError> {
-        if self.lost.load(Ordering::Acquire) {
+        if self.lost.is_lost() {
             return Err(PlatformError::DeviceLost);
         }
         let w = self
@@ -269,7 +279,8 @@ impl<H: Hal> SharedRamGpu<H> {
 // (`attach`'s contract) and not tied to a thread.
 unsafe impl<H: Hal + Send> Send for SharedRamGpu<H> {}
 // SAFETY: through `&self` the region is touched only with 32-bit atomics,
-// the carve-out and heartbeat under their locks; the HAL must be `Sync`.
+// the carve-out and the liveness state under their locks; the HAL must be
+// `Sync`.
 unsafe impl<H: Hal + Sync> Sync for SharedRamGpu<H> {}
 
 // SAFETY: every region comes from the carve-out, which never hands a page
@@ -307,7 +318,7 @@ mod tests {
     use super::*;
     use std::vec;
     use std::vec::Vec;
-    use umd_core::hw::regs::engine as er;
+    use umd_core::hw::regs::{self, engine as er};
     use umd_core::platform::{DirectIo, DmaFlags};
 
     struct FakeHal {
@@ -348,6 +359,15 @@ mod tests {
         *w(r, layout::BELLS_OFFSET + layout::ATTACH_OFF) = layout::ATTACH_MAGIC;
         *w(r, layout::BELLS_OFFSET + layout::VERSION_OFF) = 1;
         *w(r, layout::BELLS_OFFSET + layout::MEM_SIZE_OFF) = layout::MEM_SIZE as u32;
+        *w(r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF) = carve_dev(r) as u32;
+        *w(r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF + 4) = 0;
+    }
+
+    /// The model's MEM_BASE under which the test carve-out (at the first
+    /// page boundary of the buffer, device address REGION_BASE) is right.
+    fn carve_dev(r: &[u32]) -> u64 {
+        let base = r.as_ptr() as usize;
+        layout::REGION_BASE as u64 - (base.next_multiple_of(4096) - base) as u64
     }
 
     fn attach(r: &mut [u32], wait_ns: u64) -> Result<SharedRamGpu<FakeHal>, AttachError> {
@@ -378,8 +398,24 @@ mod tests {
             (layout::ATTACH_OFF, layout::ATTACH_MAGIC, layout::VERSION_OFF, layout::VERSION),
             (m::ATTACH_OFF, m::ATTACH_MAGIC, m::VERSION_OFF, m::VERSION)
         );
-        assert_eq!((layout::MEM_SIZE_OFF, layout::DOORBELL_OFF), (m::MEM_SIZE_OFF, m::DOORBELL_OFF));
+        assert_eq!(
+            (layout::MEM_SIZE_OFF, layout::MEM_BASE_OFF, layout::DOORBELL_OFF),
+            (m::MEM_SIZE_OFF, m::MEM_BASE_OFF, m::DOORBELL_OFF)
+        );
         assert_eq!(layout::DOORBELLS as usize, m::DOORBELLS);
+        // The core's description of the layout is the model's too.
+        use umd_core::ivshmem::shared_ram as c;
+        assert_eq!(c::regs_offset(layout::REGION_SIZE), layout::REGS_OFFSET);
+        assert_eq!(c::doorbell_page_offset(layout::REGION_SIZE), layout::BELLS_OFFSET);
+        assert_eq!(
+            [c::ATTACH_OFF, c::VERSION_OFF, c::MEM_SIZE_OFF, c::MEM_BASE_OFF, c::DOORBELL_OFF]
+                .map(|o| o as usize),
+            [m::ATTACH_OFF, m::VERSION_OFF, m::MEM_SIZE_OFF, m::MEM_BASE_OFF, m::DOORBELL_OFF]
+        );
+        assert_eq!(
+            (c::ATTACH_MAGIC, c::VERSION, c::DOORBELLS as usize),
+            (m::ATTACH_MAGIC, m::VERSION, m::DOORBELLS)
+        );
     }
 
     #[test]
@@ -395,6 +431,19 @@ mod tests {
         attached(&mut r);
         *w(&mut r, layout::BELLS_OFFSET + layout::MEM_SIZE_OFF) = 0x1000;
         assert_eq!(attach(&mut r, 0).err(), Some(AttachError::MemSize(0x1000)));
+        attached(&mut r);
+        let right = carve_dev(&r);
+        *w(&mut r, layout::BELLS_OFFSET + layout::MEM_BASE_OFF) = 0x6000_0000;
+        let e = attach(&mut r, 0).err();
+        assert_eq!(
+            e,
+            Some(AttachError::MemBase {
+                model: 0x6000_0000,
+                carve: layout::REGION_BASE as u64,
+                expected: 0x6000_0000 + (layout::REGION_BASE as u64 - right),
+            })
+        );
+        assert!(std::format!("{}", e.unwrap()).contains("MEM_BASE is 0x60000000"));
     }
 
     #[test]

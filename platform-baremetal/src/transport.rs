@@ -67,7 +67,7 @@ macro_rules! carve_out_platform_methods {
 pub(crate) use carve_out_platform_methods;
 
 /// `impl<H: Hal> DirectIo for $transport<H>`, for a transport with fields
-/// `lost: AtomicBool` and `binding: Binding` and methods
+/// `lost: Liveness` and `binding: Binding` and methods
 /// `reg_page(&self) -> impl SharedPage` (its register page) and
 /// `ring(&self, vector: u32) -> Result<(), PlatformError>` (rings a
 /// doorbell vector of the model):
@@ -84,14 +84,14 @@ macro_rules! binding_direct_io {
     ($transport:ident) => {
         impl<H: $crate::hal::Hal> ::umd_core::platform::DirectIo for $transport<H> {
             fn read_reg(&self, offset: u32) -> Result<u32, ::umd_core::platform::PlatformError> {
-                if self.lost.load(::core::sync::atomic::Ordering::Acquire) {
+                if self.lost.is_lost() {
                     return Err(::umd_core::platform::PlatformError::DeviceLost);
                 }
                 self.binding.read(&self.reg_page(), offset)
             }
 
             fn write_reg(&self, offset: u32, value: u32) -> Result<(), ::umd_core::platform::PlatformError> {
-                if self.lost.load(::core::sync::atomic::Ordering::Acquire) {
+                if self.lost.is_lost() {
                     return Err(::umd_core::platform::PlatformError::DeviceLost);
                 }
                 match self.binding.write(&self.reg_page(), offset, value)? {

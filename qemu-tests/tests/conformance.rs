@@ -51,7 +51,7 @@ fn page_fault_report_printed(r: &Run) {
     };
     let text = lines.join("\n");
     for want in [
-        "queue q2 stuck at",
+        "queue q2 faulted (platform clock ",
         "Translation fault on Read at 0x1c0000040",
         "fault: Translation fault on Read at 0x1c0000040",
         "ring from the read pointer:",

@@ -3,7 +3,8 @@
 //! generations (one boot each) and once more with umd-core's validation
 //! mode on (gen2, one boot), the fault image (model killed, CPU fault,
 //! a doorbell for an engine that does not exist, a carve-out too small for
-//! the pools), no model running, and a RAM file of the wrong size.
+//! the pools), no model running, a RAM file of the wrong size, and the
+//! porting guide's board (`m-myboard`) running the suite.
 
 use conformance::faults::KNOBS;
 use qemu_tests::fault_matrix::cell;
@@ -23,13 +24,12 @@ fn suite(generation: u8) -> Run {
 /// Every scenario reported once, in order; the only skips are the ones
 /// this board cannot run, each with its reason printed.
 fn every_scenario_reported(generation: u8) {
-    every_scenario_reported_on(suite(generation));
+    every_scenario_reported_on(&suite(generation), generation);
 }
 
-/// [`every_scenario_reported`] for the run `r`.
-fn every_scenario_reported_on(r: Run) {
-    let generation = r.generation;
-    let out = outcome(&r);
+/// [`every_scenario_reported`] for the run `r` of any suite image.
+fn every_scenario_reported_on(r: &Run, generation: u8) {
+    let out = outcome(r);
     let Ok(out) = out.as_ref() else { return };
     for (n, s) in &out.boot.results {
         eprintln!("cortex-m gen{generation} {n}: {s:?}");
@@ -120,7 +120,7 @@ fn gen2_validation_mode_every_scenario_passes() {
         out.tail(30)
     );
     check_run(&r);
-    every_scenario_reported_on(r.clone());
+    every_scenario_reported_on(&r, 2);
     for s in ["dma_overrun_caught", "dispatch_on_wrong_queue"] {
         check_scenario(&r, s);
     }
@@ -128,6 +128,20 @@ fn gen2_validation_mode_every_scenario_passes() {
 
 gen_suite!(gen1, 1);
 gen_suite!(gen2, 2);
+
+/// The porting guide's board (`docs/porting.md` section 2,
+/// `footprint/src/board.rs`: an MMIO-style platform behind `extern "C"`
+/// board functions) compiled into the `m-myboard` image, which provides
+/// those functions over the shared RAM, brings the device up and passes
+/// the whole suite on both generations.
+#[test]
+fn the_guides_board_passes_the_suite() {
+    for generation in [1, 2] {
+        let r = Run::cortex_m("m-myboard", generation);
+        check_run(&r);
+        every_scenario_reported_on(&r, generation);
+    }
+}
 
 #[test]
 fn gen2_runs_local_memory_eviction() {

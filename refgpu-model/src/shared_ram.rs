@@ -32,6 +32,9 @@ pub const VERSION_OFF: usize = 0x04;
 pub const VERSION: u32 = 1;
 /// u32 at +0x08: bytes of system memory.
 pub const MEM_SIZE_OFF: usize = 0x08;
+/// u32 at +0x10: MEM_BASE bits 31:0 (the device address of the region's
+/// first byte); bits 63:32 at +0x14.
+pub const MEM_BASE_OFF: usize = 0x10;
 /// u32 at +0x40 + 4 * v: DOORBELL(v), a counter the host increments.
 pub const DOORBELL_OFF: usize = 0x40;
 /// Doorbell words: three engines and the control doorbell.

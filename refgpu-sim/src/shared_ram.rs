@@ -126,6 +126,8 @@ impl SharedRamServer {
         s.seen = s.bells();
         s.store(layout::VERSION_OFF, layout::VERSION);
         s.store(layout::MEM_SIZE_OFF, layout::mem_size(layout::REGION_SIZE) as u32);
+        s.store(layout::MEM_BASE_OFF, opts.mem_base as u32);
+        s.store(layout::MEM_BASE_OFF + 4, (opts.mem_base >> 32) as u32);
         s.store(layout::ATTACH_OFF, layout::ATTACH_MAGIC);
         log(format_args!(
             "attached to {} (shared RAM, gen {}, system memory {:#x}+{:#x}, register page at {:#x}, \

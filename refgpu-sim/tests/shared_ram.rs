@@ -148,6 +148,8 @@ fn attach_job_polled_and_clean_shutdown() {
     assert_eq!(sim.reg(regs::ENGINE_COUNT).load(SeqCst), 3);
     assert_eq!(sim.bell_page(layout::VERSION_OFF).load(SeqCst), 1);
     assert_eq!(sim.bell_page(layout::MEM_SIZE_OFF).load(SeqCst), 0xFF_E000);
+    assert_eq!(sim.bell_page(layout::MEM_BASE_OFF).load(SeqCst), BASE, "MEM_BASE published");
+    assert_eq!(sim.bell_page(layout::MEM_BASE_OFF + 4).load(SeqCst), 0);
     // The server logs its attach line after it sets ATTACH (which is all
     // `Sim::start` waits for): wait for the line, then check it.
     sim.until("the attach line in the log", || sim.log_text().contains("polling only)"));

@@ -146,7 +146,8 @@ pub struct HangReport {
     pub queue: QueueId,
     /// Why.
     pub reason: HangReason,
-    /// When (platform ns).
+    /// When, on the platform's clock (`Platform::now_ns`, not the
+    /// device's CLOCK).
     pub at_ns: u64,
     /// The generation (for decoding the windows).
     pub generation: Generation,
@@ -247,7 +248,10 @@ impl HangReport {
 
 impl fmt::Display for HangReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "queue {} stuck at {} ns: {}", self.queue, self.at_ns, self.reason)?;
+        // A fault is not a hang; and the time is the platform's clock
+        // (`Platform::now_ns`), not the device's CLOCK.
+        let what = if self.fault.is_some() { "faulted" } else { "stuck" };
+        writeln!(f, "queue {} {} (platform clock {} ns): {}", self.queue, what, self.at_ns, self.reason)?;
         writeln!(
             f,
             "  rptr {:#x} wptr {:#x} status {:#x} fences emitted {} completed {} ({} pending)",

@@ -50,6 +50,14 @@ pub use crate::platform::slots::FENCE_STRIDE;
 /// in the kernel driver.
 const HANDSHAKE_NS: u64 = 1_000_000_000;
 
+/// The fence slot of the bring-up round trip's scratch word: the last of
+/// the fence page, past every queue's.
+const SCRATCH_SLOT: usize = 4096 / FENCE_STRIDE - 1;
+
+/// The bring-up round trip's token ("RG" and the queue in the low bits):
+/// not 0, the value the scratch word is cleared to.
+const ROUND_TRIP_TOKEN: u64 = 0x5247_0000;
+
 /// A refgpu driven in direct mode, with `CHUNKS` IB chunks.
 pub type Device<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Direct<'d, P>, CHUNKS>;
 
@@ -386,7 +394,8 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
     /// engines. The large tables live in `storage`; the device borrows it
     /// and the platform for its lifetime. On error everything allocated is
     /// freed again. The device is built in place and then moved out
-    /// (about 9 KB on Cortex-M4, 12 KB on 64-bit hosts): firmware that
+    /// (about 29 KiB on 64-bit hosts, less with 32-bit pointers; `docs/perf.md`,
+    /// "Size of the device per configuration"): firmware that
     /// counts stack bytes gives it its memory with [`Device::new_in`].
     pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize>(
         p: &'d P,
@@ -463,7 +472,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
             let region = p
                 .dma_alloc(table_pages.saturating_mul(4096), crate::platform::DmaFlags::CPU)
-                .map_err(InitError::Platform)?;
+                .map_err(|e| crate::engine::lifecycle::init_alloc_error("page tables", e))?;
             let tables = Tables::new(region).map_err(|(e, r)| {
                 p.dma_free(r);
                 InitError::Vm(e)
@@ -488,10 +497,10 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
         }
         // Fence slots, then a ring per queue.
-        let (region, va) = self.alloc_mapped(4096, Perms::RW)?;
+        let (region, va) = self.alloc_mapped("fence slots", 4096, Perms::RW)?;
         self.b.slots = FenceSlots::new(region, va);
         for qi in 0..self.nq {
-            let (region, va) = self.alloc_mapped(self.cfg.ring_bytes, Perms::RO)?;
+            let (region, va) = self.alloc_mapped("ring", self.cfg.ring_bytes, Perms::RO)?;
             let ring = Ring::new(region, va, self.cfg.ring_bytes).map_err(|(_, r)| {
                 p.dma_free(r);
                 InitError::BadConfig("ring")
@@ -501,7 +510,75 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             }
         }
         self.init_ib_pool()?;
-        self.program()
+        self.program()?;
+        self.round_trip()
+    }
+
+    /// The bring-up fence round trip: on each engine, a FENCE writing a
+    /// token to the scratch word of the fence-slot page, which the CPU
+    /// must then read back. It proves the device fetches the ring and
+    /// writes the fence page at the device addresses the platform gave
+    /// (through the page tables, with the MMU). An engine that reports a
+    /// fault fails bring-up; one that stays silent (stalled) is left to
+    /// the hang check, unless no engine answers at all. Afterwards the
+    /// scratch word is 0 again and each engine reset, its ring empty: the
+    /// device is in the state `program` left it in.
+    fn round_trip(&mut self) -> Result<(), InitError> {
+        let p = self.b.p;
+        let pf = InitError::Platform;
+        let scratch_va = self.b.slots.va(SCRATCH_SLOT);
+        let (phys, fences) = self.b.slots.dev_addr(SCRATCH_SLOT);
+        let window = self
+            .queues
+            .iter_mut()
+            .filter_map(|q| {
+                q.submit.get_mut().ring.as_ref().map(|r| (r.region().dev_addr(), r.region().len()))
+            })
+            .fold(fences, |(lo, hi), (b, len)| (lo.min(b), hi.max(b.wrapping_add(len as u64))));
+        let (mut answered, mut silent) = (0usize, None);
+        for qi in 0..self.nq {
+            let e = qi as u32;
+            let token = Seqno(ROUND_TRIP_TOKEN | qi as u64);
+            let fence = [Command::Fence { addr: scratch_va, value: token.0, irq: false }];
+            let Some(ring) = self.queues.get_mut(qi).and_then(|q| q.submit.get_mut().ring.as_mut()) else {
+                return Err(InitError::BadConfig("ring"));
+            };
+            let w = ring.write(&self.b.enc, &fence, 0).map_err(|_| InitError::BadConfig("ring"))?;
+            p.cache_clean(ring.region(), w.start, w.bytes);
+            mem_fence(Ordering::Release);
+            p.write_reg(regs::engine_reg(e, er::RING_WPTR), w.wptr as u32).map_err(pf)?;
+            p.doorbell(e).map_err(pf)?;
+            let start = p.now_ns();
+            while self.b.slots.read(p, SCRATCH_SLOT) != Some(token) {
+                if p.now_ns().saturating_sub(start) > HANDSHAKE_NS {
+                    break;
+                }
+                p.delay_ns(1_000);
+            }
+            if self.b.slots.read(p, SCRATCH_SLOT) == Some(token) {
+                answered = answered.saturating_add(1);
+            } else {
+                let reg = |r: u32| p.read_reg(regs::engine_reg(e, r)).map_err(pf);
+                let status = reg(er::FAULT_STATUS)?;
+                let addr = u64::from(reg(er::FAULT_ADDR_LO)?) | u64::from(reg(er::FAULT_ADDR_HI)?) << 32;
+                let fault = crate::sync::FaultInfo::from_regs(status, addr);
+                let failed = InitError::RoundTrip { queue: qi as u8, phys, window, fault };
+                if fault.is_some() {
+                    return Err(failed);
+                }
+                crate::log::log_warn!("engine {} did not answer the bring-up fence round trip: stalled?", e);
+                silent = silent.or(Some(failed));
+            }
+            self.b.slots.force(p, SCRATCH_SLOT, Seqno(0));
+            if !reset_engine(p, e, true).map_err(pf)? {
+                return Err(InitError::Handshake("engine reset"));
+            }
+            ring.reset();
+        }
+        match silent {
+            Some(failed) if answered == 0 => Err(failed),
+            _ => Ok(()),
+        }
     }
 
     /// Programs MMU, engines and interrupts.

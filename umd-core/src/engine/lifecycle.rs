@@ -19,7 +19,7 @@ use crate::mem::pagetable::{Perms, PtError};
 use crate::mem::va::{VaAllocator, VaError, VaPlacement};
 use crate::platform::{DmaFlags, DmaGuard, DmaRegion, Platform, PlatformError};
 use crate::storage::DeviceStorage;
-use crate::sync::MAX_QUEUES;
+use crate::sync::{FaultInfo, MAX_QUEUES};
 
 use super::backend::Backend;
 use super::queue::QueueCore;
@@ -45,6 +45,34 @@ pub enum InitError {
     Map,
     /// The engine did not finish a reset or invalidate handshake.
     Handshake(&'static str),
+    /// The platform had no GPU-visible memory left for one of the device's
+    /// fixed pools (`what`: `"page tables"`, `"fence slots"`, `"ring"` or
+    /// `"IB pool"`, the names of `direct::MemoryPlan`, whose `check` says
+    /// before bring-up which pool a carve-out cannot hold).
+    OutOfMemory {
+        /// The pool that did not fit.
+        what: &'static str,
+        /// Its size in bytes.
+        len: usize,
+    },
+    /// The bring-up fence round trip failed (direct mode): a FENCE packet
+    /// on `queue`'s engine, writing a scratch word of the fence-slot page,
+    /// faulted, or no engine's came back to the CPU (an engine that only
+    /// stays silent is left to the hang check). The device does not reach the
+    /// platform's DMA memory at the device addresses it was given: a wrong
+    /// memory base, or memory outside the device's window
+    /// (`docs/porting.md`, "Device addresses").
+    RoundTrip {
+        /// The queue whose engine ran the fence.
+        queue: u8,
+        /// The scratch word's device (physical) address.
+        phys: u64,
+        /// The device addresses of the driver's fence page and rings,
+        /// `[lowest, end)`.
+        window: (u64, u64),
+        /// The fault the engine reported, if it did.
+        fault: Option<FaultInfo>,
+    },
 }
 
 impl fmt::Display for InitError {
@@ -58,11 +86,42 @@ impl fmt::Display for InitError {
             InitError::Vm(e) => write!(f, "page tables: {e}"),
             InitError::Map => write!(f, "mapping the driver's memory failed"),
             InitError::Handshake(what) => write!(f, "device did not complete {what}"),
+            InitError::RoundTrip { queue, phys, window, fault } => {
+                write!(
+                    f,
+                    "bring-up fence round trip on queue q{queue}: the fence to physical address {phys:#x} "
+                )?;
+                match fault {
+                    Some(info) => write!(f, "faulted ({info})")?,
+                    None => write!(f, "never reached the CPU")?,
+                }
+                write!(
+                    f,
+                    "; the driver's memory is at device addresses [{:#x}, {:#x}): is that inside the \
+                     device's memory window, at the CPU's bytes? (a wrong memory base?)",
+                    window.0, window.1
+                )
+            }
+            InitError::OutOfMemory { what, len } => write!(
+                f,
+                "out of GPU-visible memory for the {what} ({len} bytes): the platform's DMA memory is \
+                 smaller than the device's fixed pools (MemoryPlan::check says what fits)"
+            ),
         }
     }
 }
 
 impl core::error::Error for InitError {}
+
+/// The bring-up error for a failed allocation of the pool `what`:
+/// [`InitError::OutOfMemory`] naming it when the platform ran out of
+/// memory, the platform's error otherwise.
+pub(crate) fn init_alloc_error(what: &'static str, e: PlatformError) -> InitError {
+    match e {
+        PlatformError::OutOfMemory { len } => InitError::OutOfMemory { what, len },
+        e => InitError::Platform(e),
+    }
+}
 
 /// What was still allocated when a device went down.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -257,11 +316,17 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Allocates `len` bytes (rounded to 4 KiB) of CPU-visible memory and
     /// maps it for the GPU at a VA the core chooses (or its own address with
     /// the MMU bypassed).
-    pub(crate) fn alloc_mapped(&mut self, len: usize, perms: Perms) -> Result<(DmaRegion, u64), InitError> {
+    pub(crate) fn alloc_mapped(
+        &mut self,
+        what: &'static str,
+        len: usize,
+        perms: Perms,
+    ) -> Result<(DmaRegion, u64), InitError> {
         let len = len.max(1).checked_next_multiple_of(4096).ok_or(InitError::BadConfig("size"))?;
         let p = self.b.platform();
         // Freed on every error below (no lock is held: `&mut self`).
-        let region = DmaGuard::new(p, p.dma_alloc(len, DmaFlags::CPU).map_err(InitError::Platform)?);
+        let region =
+            DmaGuard::new(p, p.dma_alloc(len, DmaFlags::CPU).map_err(|e| init_alloc_error(what, e))?);
         let mem = self.mem.get_mut();
         let Some(va) = mem.va.get_mut() else {
             let addr = region.dev_addr();
@@ -279,7 +344,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Allocates and maps the IB pool (read-only for the GPU).
     pub(crate) fn init_ib_pool(&mut self) -> Result<(), InitError> {
         let len = self.cfg.ib_chunk_bytes.saturating_mul(CHUNKS).next_multiple_of(4096);
-        let (region, va) = self.alloc_mapped(len, Perms::RO)?;
+        let (region, va) = self.alloc_mapped("IB pool", len, Perms::RO)?;
         match IbPool::new(region, va, self.cfg.ib_chunk_bytes) {
             Ok(pool) => {
                 self.ib = pool;

@@ -116,7 +116,10 @@ pub struct DeviceStats {
     pub pool_waits: u64,
     /// Times a submission waited for room in the dependency table.
     pub dep_waits: u64,
-    /// Interrupts acknowledged.
+    /// Service passes that found IRQ_STATUS bits set and cleared them.
+    /// The device sets IRQ_STATUS on fences and faults whether or not the
+    /// platform waits for interrupts, so a polling-only platform counts
+    /// here too: this is not the number of interrupts delivered.
     pub interrupts: u64,
     /// Total ns spent in `wait`.
     pub wait_ns: u64,

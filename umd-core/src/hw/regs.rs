@@ -33,6 +33,18 @@ pub const CLOCK_LO: u32 = 0x030;
 /// Device clock (ns), high half.
 pub const CLOCK_HI: u32 = 0x034;
 
+/// Engine `e`'s own address-space root, bits 31:12 (spec 2.1, section
+/// 3.4; RW): the register of engine `e` (0..2).
+pub const fn engine_root_lo(e: u32) -> u32 {
+    ENGINE_ROOT_BASE.wrapping_add(e.wrapping_mul(8))
+}
+/// Bits 47:32 of engine `e`'s address-space root (RW).
+pub const fn engine_root_hi(e: u32) -> u32 {
+    engine_root_lo(e).wrapping_add(4)
+}
+/// ENGINE_ROOT_LO(0); engine `e`'s pair is 8 bytes further per engine.
+pub const ENGINE_ROOT_BASE: u32 = 0x040;
+
 /// Number of engines on every refgpu.
 pub const ENGINES: u32 = 3;
 /// Offset of engine 0's register block.

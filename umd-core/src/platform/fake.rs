@@ -8,10 +8,10 @@
 //! sleeps), using the decoder to walk the ring and the IBs, so tests decide
 //! exactly when fences land. Time is virtual: `delay_ns` advances the clock,
 //! so hang windows pass instantly and deterministically. MMU: engines use
-//! GPU addresses as device addresses (bypass), unless the fake was made
-//! with [`Fake::with_local_memory`]: then, once the driver enables the MMU,
-//! they walk its page tables, and gen2 has local memory (spec 3.5) right
-//! after the system memory, which the CPU never touches.
+//! GPU addresses as device addresses until the driver enables the MMU, then
+//! they walk its page tables (as the bring-up fence round trip needs); a
+//! fake made with [`Fake::with_local_memory`] on gen2 has local memory
+//! (spec 3.5) right after the system memory, which the CPU never touches.
 //!
 //! A device loss is injected by setting [`FakeState::lost`] (every register
 //! access fails from then on, and the engines stop) or [`FakeState::lose_at`]
@@ -145,10 +145,7 @@ pub struct FakeState {
     /// `dma_alloc` and `dma_free` calls made while the calling thread held
     /// one of the engine's locks (`HeldLock`).
     pub dma_calls_under_lock: u64,
-    /// Engines translate GPU addresses through the driver's page tables
-    /// when `MMU_CTRL` enables them (`Fake::with_local_memory`).
-    pub translates: bool,
-    /// Engine accesses that met no valid translation (with `translates`):
+    /// Engine accesses that met no valid translation (MMU on):
     /// the fake drops such a write, reads 0 and runs no such command
     /// stream, and counts them here.
     pub translation_faults: std::sync::atomic::AtomicU64,
@@ -182,7 +179,6 @@ impl FakeState {
             lose_at: None,
             doorbell_yields: false,
             dma_calls_under_lock: 0,
-            translates: false,
             translation_faults: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -193,7 +189,6 @@ impl FakeState {
     /// `mem_bytes` of system memory that `dma_alloc` hands out.
     pub fn with_local_memory(gen: Generation, mem_bytes: usize, local_bytes: usize) -> FakeState {
         let mut st = FakeState::new(gen, mem_bytes);
-        st.translates = true;
         // By number: a build without gen2 has no `Generation::Gen2`.
         if gen.number() == 2 && local_bytes > 0 {
             st.mem = vec![0u64; (mem_bytes + local_bytes) / 8];
@@ -250,9 +245,9 @@ impl FakeState {
         (off + len <= self.mem.len() * 8).then_some(off)
     }
 
-    /// Whether engines translate now (`translates` and `MMU_CTRL` on).
+    /// Whether engines translate now (`MMU_CTRL` on).
     fn mmu_on(&self) -> bool {
-        self.translates && self.reg(regs::MMU_CTRL) & 1 != 0
+        self.reg(regs::MMU_CTRL) & 1 != 0
     }
 
     /// The device address of GPU address `va`, walking the page tables as

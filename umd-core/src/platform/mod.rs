@@ -107,6 +107,15 @@ impl DmaRegion {
     /// returned through [`Platform::dma_free`], and the device must reach
     /// the same bytes at `dev_addr` (after cache maintenance, on a
     /// non-coherent system).
+    ///
+    /// "Anything else on the CPU side" is other code of the host: another
+    /// allocation, another driver, another thread writing through its own
+    /// pointer. The device is not, and neither is whatever implements it
+    /// (a model in another process that maps the same memory, as
+    /// `refgpu-sim` does on the shared-memory transports): its accesses are
+    /// DMA, which the contract expects. The mapping behind `cpu` must stay
+    /// valid until the region is freed: unmap it only after the device has
+    /// been shut down.
     pub unsafe fn new(cpu: NonNull<u8>, dev_addr: u64, len: usize) -> DmaRegion {
         DmaRegion { cpu: Some(cpu.cast()), dev_addr, len, handle: 0 }
     }
@@ -550,12 +559,22 @@ pub trait DirectIo: Platform {
 
     /// Rings engine `engine`'s doorbell, after the core published its
     /// write pointer (MMIO: the engine's DOORBELL register; ivshmem: the
-    /// doorbell vector, `docs/refgpu.md` section 2.3).
+    /// doorbell vector; shared RAM: one atomic add of 1 to the vector's
+    /// doorbell word, `docs/refgpu.md` section 2.3).
+    ///
+    /// The core rings only engines the chip reports (below
+    /// `ENGINE_COUNT`, 3 on refgpu). For any other `engine` return
+    /// [`PlatformError::Unsupported`] and touch nothing: on the
+    /// shared-memory transports vector 3 is the control doorbell and the
+    /// words after it are reserved.
     fn doorbell(&self, engine: u32) -> Result<(), PlatformError>;
 
-    /// Applies control-register writes (CTRL, IRQ_MASK, MMU_*). MMIO
-    /// platforms apply them on the write and need nothing here; ivshmem
-    /// rings the control doorbell.
+    /// Applies control-register writes (CTRL, IRQ_MASK, MMU_*,
+    /// ENGINE_ROOT). MMIO platforms apply them on the write and need
+    /// nothing here; the shared-memory transports (ivshmem, shared RAM)
+    /// ring the control doorbell, vector 3: without it the model never
+    /// sees the writes, and bring-up fails with "device did not complete
+    /// MMU invalidate" (`umd_core::ivshmem`).
     fn control_doorbell(&self) -> Result<(), PlatformError> {
         Ok(())
     }

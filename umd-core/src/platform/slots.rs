@@ -62,6 +62,14 @@ impl FenceSlots {
         core::mem::replace(&mut self.region, DmaRegion::empty())
     }
 
+    /// Device (physical) address of slot `q`, and the device address
+    /// range of the whole region.
+    pub(crate) fn dev_addr(&self, q: usize) -> (u64, (u64, u64)) {
+        let base = self.region.dev_addr();
+        let end = base.wrapping_add(self.region.len() as u64);
+        (base.wrapping_add((q as u64).wrapping_mul(FENCE_STRIDE as u64)), (base, end))
+    }
+
     /// GPU address of queue `q`'s slot (for FENCE and WAIT_MEM packets).
     pub(crate) fn va(&self, q: usize) -> u64 {
         self.va.wrapping_add((q as u64).wrapping_mul(FENCE_STRIDE as u64))

@@ -26,7 +26,8 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     // Out of memory half-way: everything allocated so far is freed.
     let fake = Fake::new(Generation::Gen1, 256 << 10);
     let e = Device::<Fake, 64>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();
-    assert!(matches!(e, InitError::Platform(_)));
+    assert_eq!(e, InitError::OutOfMemory { what: "IB pool", len: 64 * 65536 }, "names the pool");
+    assert!(e.to_string().contains("for the IB pool (4194304 bytes)"), "{e}");
     assert_eq!(fake.state().allocs, 0);
     // With the MMU: no GPU address for a block (a VA arena too small), or
     // no page table to map it (too few table pages): the block is freed.
@@ -92,10 +93,21 @@ fn memory_plan_is_what_device_new_takes() {
         let short = plan.total() - 4096;
         let fake = Fake::new(Generation::Gen1, short);
         let mut storage: Box<Storage> = Box::default();
-        assert!(Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).is_err());
+        let e = Device::<'_, Fake, 8>::new(&fake, &mut *storage, cfg, mmu).err().unwrap();
         assert_eq!(fake.state().bytes_in_use(), 0, "a failed Device::new gives everything back");
         assert_eq!(plan.check(short).unwrap_err().what, "IB pool");
+        assert_eq!(e, InitError::OutOfMemory { what: "IB pool", len: plan.ib_pool });
     }
+    // A 64-page carve-out with the default MMU layout: the 64 table pages
+    // take it all, and both the plan and bring-up name the fence slots.
+    let plan = MemoryPlan::new(&Config::DEFAULT, MmuMode::DEFAULT, 16, 3);
+    assert_eq!(plan.check(64 * 4096).unwrap_err().what, "fence slots");
+    let fake = Fake::new(Generation::Gen2, 64 * 4096);
+    let mut storage: Box<Storage> = Box::default();
+    let e =
+        Device::<'_, Fake, 16>::new(&fake, &mut *storage, Config::DEFAULT, MmuMode::DEFAULT).err().unwrap();
+    assert_eq!(e, InitError::OutOfMemory { what: "fence slots", len: 4096 });
+    assert_eq!(fake.state().bytes_in_use(), 0);
 }
 
 #[test]
@@ -153,4 +165,148 @@ fn shutdown_reports_leaks_with_tags() {
     let r = dev.shutdown();
     assert_eq!((r.leaked_buffers, r.leaked_bytes), (1, 70_000));
     assert_eq!(fake.state().allocs, 0, "leaked memory is given back at teardown");
+}
+
+/// The sizes the guide and the rustdoc quote are the real ones (to the
+/// KiB, on a 64-bit host with the default features and neither
+/// `validation` nor `size-first`), and so are
+/// `docs/perf.md`'s table rows (to 2 %): a change of the device's or the
+/// storage's layout that moves them fails here until the text follows.
+#[cfg(all(
+    target_pointer_width = "64",
+    feature = "trace",
+    feature = "hang-capture",
+    feature = "local-memory",
+    feature = "mmu",
+    not(feature = "validation"),
+    not(feature = "size-first")
+))]
+#[test]
+fn the_documented_sizes_are_the_real_ones() {
+    use std::mem::size_of;
+    use umd_core::storage::DeviceStorage;
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let read = |f: &str| std::fs::read_to_string(format!("{root}/{f}")).unwrap();
+    let (guide, src, perf) =
+        (read("docs/porting.md"), read("umd-core/src/direct/mod.rs"), read("docs/perf.md"));
+    let kib = |n: usize| (n + 512) / 1024;
+    let dev = size_of::<Device<'_, Fake, 16>>();
+    let storage = size_of::<DeviceStorage<64, 128, 32, 64>>();
+    let flat = |t: &str| t.split_whitespace().collect::<Vec<_>>().join(" ");
+    let (guide, src) = (flat(&guide), flat(&src));
+    assert!(
+        guide.contains(&format!("about {} KiB on a 64-bit host", kib(dev))),
+        "porting.md: device is {dev} B"
+    );
+    assert!(
+        src.contains(&format!("{} KiB on 64-bit hosts", kib(dev))),
+        "Device::new's rustdoc: device is {dev} B"
+    );
+    assert!(
+        guide.contains(&format!("64 trace events: about {} KiB", kib(storage))),
+        "porting.md: DeviceStorage<64, 128, 32, 64> is {storage} B"
+    );
+    // docs/perf.md: "| `Device<Fake, 16>` | 16,168 |".
+    let row = |name: &str| -> usize {
+        let line = perf.lines().find(|l| l.starts_with(&format!("| `{name}`"))).unwrap();
+        line.rsplit('|').nth(1).unwrap().trim().replace(',', "").parse().unwrap()
+    };
+    for (name, real) in [("Device<Fake, 16>", dev), ("DeviceStorage<64, 128, 32, 64>", storage)] {
+        let doc = row(name);
+        assert!(doc.abs_diff(real) * 50 <= real, "docs/perf.md says {doc} B for {name}, it is {real} B");
+    }
+}
+
+/// The fake behind a platform that gives the device wrong addresses: every
+/// region's device address is `skew` bytes off (a wrong memory base).
+struct WrongBase<'a> {
+    fake: &'a Fake,
+    skew: u64,
+}
+
+// SAFETY: for the test's purpose the device addresses are wrong (that is
+// what bring-up must catch); the CPU side is the fake's, valid and owned
+// as the fake's `dma_alloc` promises, and given back to it unchanged.
+unsafe impl umd_core::platform::Platform for WrongBase<'_> {
+    type RawMutex = umd_core::platform::SpinLock;
+    fn dma_alloc(
+        &self,
+        len: usize,
+        flags: umd_core::platform::DmaFlags,
+    ) -> Result<umd_core::platform::DmaRegion, umd_core::platform::PlatformError> {
+        let r = self.fake.dma_alloc(len, flags)?;
+        let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
+        // SAFETY: the fake's region, re-labelled (see the impl comment).
+        Ok(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_add(self.skew), len) })
+    }
+    fn dma_free(&self, r: umd_core::platform::DmaRegion) {
+        let (cpu, dev, len) = (r.cpu_ptr().unwrap(), r.dev_addr(), r.len());
+        // SAFETY: the region the fake handed out, with its own address.
+        self.fake
+            .dma_free(unsafe { umd_core::platform::DmaRegion::new(cpu, dev.wrapping_sub(self.skew), len) });
+    }
+    fn now_ns(&self) -> u64 {
+        self.fake.now_ns()
+    }
+    fn delay_ns(&self, ns: u64) {
+        self.fake.delay_ns(ns)
+    }
+}
+
+impl umd_core::platform::DirectIo for WrongBase<'_> {
+    fn read_reg(&self, off: u32) -> Result<u32, umd_core::platform::PlatformError> {
+        self.fake.read_reg(off)
+    }
+    fn write_reg(&self, off: u32, v: u32) -> Result<(), umd_core::platform::PlatformError> {
+        self.fake.write_reg(off, v)
+    }
+    fn doorbell(&self, e: u32) -> Result<(), umd_core::platform::PlatformError> {
+        self.fake.doorbell(e)
+    }
+}
+
+/// Bring-up's fence round trip catches memory the device does not reach at
+/// the addresses it was given (a wrong memory base), with the MMU on and
+/// bypassed: `InitError::RoundTrip` names the scratch word's physical
+/// address and the driver's memory window, and everything is given back.
+/// With the right addresses the same device comes up and the round trip
+/// leaves nothing behind (the ring empty, the scratch word 0).
+#[test]
+fn a_wrong_memory_base_fails_bring_up_with_the_address_and_the_window() {
+    use umd_core::platform::DirectIo;
+    let modes: &[MmuMode] =
+        if umd_core::direct::MMU { &[MmuMode::DEFAULT, MmuMode::Bypass] } else { &[MmuMode::Bypass] };
+    for &mmu in modes {
+        let fake = Fake::new(Generation::Gen2, 4 << 20);
+        let skew = 0x4000_0000;
+        let wrong = WrongBase { fake: &fake, skew };
+        let mut storage: Box<Storage> = Box::default();
+        let Err(e) = Device::<'_, _, 4>::new(&wrong, &mut *storage, small_cfg(), mmu) else {
+            panic!("refused")
+        };
+        let InitError::RoundTrip { queue, phys, window, fault } = e else { panic!("{e:?}") };
+        assert_eq!(queue, 0);
+        assert!(window.0 >= 0x8000_0000 + skew && phys >= window.0 && phys < window.1, "{e}");
+        assert_eq!(fault, None, "the fake drops what it cannot reach");
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("physical address {phys:#x}")) && text.contains("never reached the CPU"),
+            "{text}"
+        );
+        assert!(text.contains(&format!("[{:#x}, {:#x})", window.0, window.1)), "{text}");
+        assert_eq!(fake.state().bytes_in_use(), 0, "a failed bring-up gives everything back");
+
+        let fake = Fake::new(Generation::Gen2, 4 << 20);
+        let right = WrongBase { fake: &fake, skew: 0 };
+        let dev = Device::<'_, _, 4>::new(&right, &mut *storage, small_cfg(), mmu).expect("comes up");
+        assert_eq!(fake.state().doorbells, 3, "one round trip per engine");
+        for e in 0..3 {
+            let rptr =
+                right.read_reg(umd_core::hw::regs::engine_reg(e, umd_core::hw::regs::engine::RING_RPTR));
+            assert_eq!(rptr, Ok(0), "engine {e} reset after the round trip");
+        }
+        let g = dev.submit(QueueId::GFX, &[], |cb| cb.barrier()).unwrap();
+        dev.wait(g, 1_000_000_000).unwrap();
+        drop(dev);
+    }
 }

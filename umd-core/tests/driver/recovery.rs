@@ -43,6 +43,8 @@ fn hang_is_detected_dumped_reset_and_the_queue_recovers() {
         let text = report.to_string();
         assert!(text.contains("INDIRECT_BUFFER") && text.contains("FENCE"), "{text}");
         assert!(text.contains("no progress"), "{text}");
+        let first = format!("queue q0 stuck (platform clock {} ns): ", report.at_ns);
+        assert!(text.starts_with(&first), "a hang is stuck, at the platform's time: {text}");
         assert_eq!(dev.stats().resets, 1);
         // The engine is usable again; the waiting COMPUTE work ran but
         // reports the producer's failure.
@@ -211,6 +213,8 @@ fn faults_are_reported_with_address_engine_and_access() {
     let report = dev.last_hang().unwrap();
     assert_eq!(report.queue, QueueId::COPY);
     assert!(report.to_string().contains("Translation fault on Read at 0x100000000"), "{report}");
+    let first = format!("queue q2 faulted (platform clock {} ns): ", report.at_ns);
+    assert!(report.to_string().starts_with(&first), "a fault is not called stuck: {report}");
     assert_eq!(dev.stats().faults, 1);
     // Recovered.
     dev.platform().state().mode = Mode::OnDoorbell;
