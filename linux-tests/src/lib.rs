@@ -59,12 +59,13 @@
 //! checks its own list against this one), so a test the guest did not
 //! report is a failure on the host.
 //!
-//! The same suite boots on a debug kernel ([`KernelKind::Debug`]:
+//! Both suites boot on a debug kernel too ([`KernelKind::Debug`]:
 //! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
 //! built from Debian's 6.12 source by `tools/build-debug-kernel.sh` and
-//! cached outside the clone ([`debug_kernel_cache`]), with
-//! [`DEBUG_KERNEL_TESTS`] added ([`guest_tests`]); `tests/debug_kernel.rs`
-//! runs it (ignored by default). See docs/reliability.md, "The debug
+//! cached outside the clone ([`debug_kernel_cache`]; the script names the
+//! directory of the build it made or found on its last line of output),
+//! with [`DEBUG_KERNEL_TESTS`] added ([`Suite::tests`]);
+//! `tests/debug_kernel.rs` runs them (ignored by default). See docs/reliability.md, "The debug
 //! kernel". Each boot's whole console is kept in
 //! `target/linux-tests/console-gen<N>[-debug].log`.
 
@@ -272,8 +273,8 @@ pub const KERNEL_CHECKS: &str =
 pub const DEBUG_KERNEL_CHECKS: &str = "kasan.fault=panic";
 
 /// An environment variable whose words are appended to the guest kernel's
-/// command line (to investigate: e.g. `dma_debug=off` on the debug kernel
-/// to see past a DMA-API report).
+/// command line (to investigate: e.g. `refgpu.job_timeout_ms=5000`, which
+/// `/init` passes to the module, or `ignore_loglevel`).
 pub const EXTRA_CMDLINE: &str = "REFGPU_GUEST_CMDLINE";
 
 /// Failure guard for one boot (the whole suite of one generation).
