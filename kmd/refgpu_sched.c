@@ -44,13 +44,14 @@ MODULE_PARM_DESC(job_max_ms, "a job running longer is a hang, progress or not (d
 
 /*
  * Jobs one open file may have (queued, in a ring, or ended and not yet
- * freed): a SUBMIT past it fails with -EAGAIN. ring_saturation queues
- * 2,403 in one file.
+ * freed): a SUBMIT past it fails with -EBUSY (not -EAGAIN, which libdrm's
+ * drmIoctl() retries at once: a client would spin in the ioctl).
+ * ring_saturation queues 2,403 in one file.
  */
 static unsigned int file_max_jobs = 4096;
 module_param(file_max_jobs, uint, 0644);
 MODULE_PARM_DESC(file_max_jobs,
-		 "jobs one open file may have queued or running, SUBMIT fails with EAGAIN past it (default 4096)");
+		 "jobs one open file may have queued or running, SUBMIT fails with EBUSY past it (default 4096)");
 
 static const char * const refgpu_engine_names[REFGPU_ENGINES] = { "gfx", "compute", "copy" };
 
@@ -1157,7 +1158,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 
 	/* The file's jobs are bounded: a queue is the caller's memory too. */
 	if (!refgpu_vm_job_charge(ctx->vm, READ_ONCE(file_max_jobs))) {
-		ret = -EAGAIN;
+		ret = -EBUSY;
 		goto out_put_ctx;
 	}
 	/* Charged to the caller's memory cgroup, as its page tables are. */

@@ -840,6 +840,8 @@ fn big_ib(
 
 /// The driver's bound on one file's jobs (module parameter).
 const FILE_MAX_JOBS: &str = "/sys/module/refgpu/parameters/file_max_jobs";
+/// The driver's bound on one job's run time (module parameter).
+const JOB_MAX_MS: &str = "/sys/module/refgpu/parameters/job_max_ms";
 /// The bound [`submit_flood`] sets for its run: below the default (4096),
 /// so that the flood is queued well within the gate's pace.
 const FLOOD_LIMIT: i64 = 2048;
@@ -850,34 +852,38 @@ const FLOOD_CGROUP: &str = "/sys/fs/cgroup/refgpu-flood";
 /// one) and the scheduler's fence (not charged).
 const JOB_BYTES: u64 = 512;
 
-/// Sets `file_max_jobs` for a test; the old value is written back on drop.
-struct JobLimit(String);
+/// A module parameter set for a test; the old value is written back on
+/// drop.
+struct Param(&'static str, String);
 
-impl JobLimit {
-    fn set(n: i64) -> Result<JobLimit, String> {
-        let old = std::fs::read_to_string(FILE_MAX_JOBS).map_err(|e| format!("{FILE_MAX_JOBS}: {e}"))?;
-        std::fs::write(FILE_MAX_JOBS, n.to_string()).map_err(|e| format!("{FILE_MAX_JOBS}: {e}"))?;
-        Ok(JobLimit(old.trim().to_string()))
+impl Param {
+    fn set(path: &'static str, v: i64) -> Result<Param, String> {
+        let old = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(path, v.to_string()).map_err(|e| format!("{path}: {e}"))?;
+        Ok(Param(path, old.trim().to_string()))
     }
 }
 
-impl Drop for JobLimit {
+impl Drop for Param {
     fn drop(&mut self) {
-        let _ = std::fs::write(FILE_MAX_JOBS, &self.0);
+        let _ = std::fs::write(self.0, &self.1);
     }
 }
 
 /// One file floods SUBMIT on GFX behind a paced gate job of its own, from
-/// a memory cgroup of its own, with `file_max_jobs` at [`FLOOD_LIMIT`]:
+/// a memory cgroup of its own, with `file_max_jobs` at [`FLOOD_LIMIT`]
+/// (and `job_max_ms` off: the gate, which keeps moving, must outlast the
+/// flood on a slow kernel):
 /// SUBMIT takes jobs until the file has that many (the gate included) and
-/// then fails with EAGAIN, on that context and on another of the file,
+/// then fails with EBUSY, on that context and on another of the file,
 /// queuing nothing; the cgroup's `memory.current` grew by at least
 /// [`JOB_BYTES`] a job (less the charge batches). Meanwhile another file
 /// runs a job on COMPUTE to its end and queues one on GFX (its own
 /// budget). Once the gate is released every job completes, no context
 /// is reset, and the flooding file submits again (docs/linux.md, SUBMIT).
 fn submit_flood() -> R {
-    let _limit = JobLimit::set(FLOOD_LIMIT)?;
+    let _limit = Param::set(FILE_MAX_JOBS, FLOOD_LIMIT)?;
+    let _unbounded = Param::set(JOB_MAX_MS, 0)?;
     crate::vm_tables::in_memory_cgroup(FLOOD_CGROUP, flood_child)
 }
 
@@ -896,30 +902,37 @@ fn flood_child() -> R {
     let (ib, dw) = fx.ib(&[Command::WriteData { dst: DATA_VA + 0xA00, data: Payload::Words(&[1]) }])?;
     let base = live()?[3];
     let mem0 = memory_current(FLOOD_CGROUP)?;
-    let (dev, sync, first) = (&fx.dev, fx.sync, fx.point);
+    let dev = &fx.dev;
     let hold = AtomicBool::new(true);
-    let (accepted, last, other_point) = std::thread::scope(|s| {
+    let other_point = std::thread::scope(|s| {
         s.spawn(|| pacer(&fx.data.map, gate, &hold));
-        let r = (|| -> Result<(i64, u64, u64), String> {
+        let r = (|| -> Result<u64, String> {
             let mut accepted = 0i64;
+            let t0 = Instant::now();
+
             let refused = loop {
-                match dev.submit(flood, ib, dw, sync, first + accepted as u64 + 1) {
-                    Ok(()) => accepted += 1,
+                match dev.submit_full(flood, ib, dw, &[], &[], 0) {
+                    Ok(_) => accepted += 1,
                     Err(e) => break e,
                 }
+
                 ensure!(
                     accepted < FLOOD_LIMIT,
-                    "{accepted} jobs accepted besides the gate, the limit is {FLOOD_LIMIT}"
+                    "{accepted} jobs accepted besides the gate, the limit is {FLOOD_LIMIT} ({FILE_MAX_JOBS}: {:?}, gate status {:?}, {} jobs alive, {base} before, after {:?})",
+                    std::fs::read_to_string(FILE_MAX_JOBS).map(|s| s.trim().to_string()),
+                    gate_job.status(),
+                    live()?[3],
+                    t0.elapsed()
                 );
             };
-            ensure!(refused == libc::EAGAIN, "SUBMIT {}: errno {refused}, not EAGAIN", accepted + 1);
+            ensure!(refused == libc::EBUSY, "SUBMIT {}: errno {refused}, not EBUSY", accepted + 1);
             ensure!(
                 accepted + 1 == FLOOD_LIMIT,
-                "{accepted} jobs accepted besides the gate before EAGAIN, the limit is {FLOOD_LIMIT}"
+                "{accepted} jobs accepted besides the gate before EBUSY, the limit is {FLOOD_LIMIT}"
             );
             let again = dev.submit_full(second, ib, dw, &[], &[], 0);
             ensure!(
-                again.is_err_and(|e| e == libc::EAGAIN),
+                again.is_err_and(|e| e == libc::EBUSY),
                 "SUBMIT on another context of the file: {again:?}"
             );
             let now = live()?[3];
@@ -942,36 +955,33 @@ fn flood_child() -> R {
             let q = other
                 .run(other_gfx, &[Command::WriteData { dst: DATA_VA + 4, data: Payload::Words(&[9]) }])?;
             ensure!(gate_job.status()? == 0, "the gate ended before it was released");
-            Ok((accepted, first + accepted as u64, q))
+            println!("guest: submit_flood: {accepted} SUBMITs in {:?}, then EBUSY", t0.elapsed());
+            Ok(q)
         })();
         hold.store(false, Ordering::SeqCst);
         r
     })?;
-    fx.point = last;
-    fx.dev
-        .wait_point(fx.sync, last, 60_000_000_000)
-        .map_err(|e| format!("the flood's last job: errno {e}"))?;
     ensure!(end_status(gate_job.fd)? == 1, "the gate job: status {}", gate_job.status()?);
     other.wait(other_point)?;
     ensure!(other.data.map.r32(4) == 9, "the other file's GFX job did not write");
-    for c in [flood, gate_ctx] {
-        let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
-        ensure!(q.state == u::ctx_state::OK && q.reset_count == 0, "context {c}: {q:?}");
-    }
-    // The budget comes back as the jobs are freed (after their fences).
+    // Every job ends and is freed (the budget comes back with the frees).
     let t0 = Instant::now();
     while live()?[3] >= base {
         ensure!(
-            t0.elapsed() < Duration::from_secs(10),
-            "{} jobs alive 10 s after the flood ended",
+            t0.elapsed() < Duration::from_secs(60),
+            "{} jobs alive 60 s after the gate ended",
             live()?[3]
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+    for c in [flood, gate_ctx] {
+        let q = fx.dev.ctx_query(c).map_err(|e| format!("CTX_QUERY: errno {e}"))?;
+        ensure!(q.state == u::ctx_state::OK && q.reset_count == 0, "context {c}: {q:?}");
+    }
+    // The flood's context runs its jobs in order: this one runs last.
     let p = fx.run(flood, &[Command::WriteData { dst: DATA_VA + 0xA04, data: Payload::Words(&[3]) }])?;
     fx.wait(p)?;
     ensure!(fx.data.map.r32(0xA04) == 3, "the job after the flood did not write");
-    println!("guest: submit_flood: {accepted} jobs and the gate queued, then EAGAIN");
     Ok(())
 }
 
