@@ -955,7 +955,11 @@ fn flood_child() -> R {
             let q = other
                 .run(other_gfx, &[Command::WriteData { dst: DATA_VA + 4, data: Payload::Words(&[9]) }])?;
             ensure!(gate_job.status()? == 0, "the gate ended before it was released");
-            println!("guest: submit_flood: {accepted} SUBMITs in {:?}, then EBUSY", t0.elapsed());
+            println!(
+                "guest: submit_flood: {accepted} SUBMITs in {:?}, then EBUSY; the cgroup's memory.current grew by {} bytes",
+                t0.elapsed(),
+                mem1.saturating_sub(mem0)
+            );
             Ok(q)
         })();
         hold.store(false, Ordering::SeqCst);
