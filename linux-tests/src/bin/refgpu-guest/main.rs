@@ -84,7 +84,7 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
 
 /// The kernel the harness booted: the debug kernel says so on its command
 /// line.
-fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
+pub fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
     if cmdline.split_whitespace().any(|w| w == linux_tests::KernelKind::DEBUG_WORD) {
         linux_tests::KernelKind::Debug
     } else {
