@@ -287,25 +287,37 @@ static int refgpu_ioctl_get_param(struct drm_device *dev, void *data, struct drm
 	return 0;
 }
 
+/*
+ * The VM's page tables and fence page are DMA memory of the device: made
+ * in a drm_dev_enter() section, so that an open racing remove either
+ * fails or has its VM on the device's list before remove frees the VMs'
+ * DMA memory (refgpu_vm_release_dma()).
+ */
 static int refgpu_open(struct drm_device *dev, struct drm_file *file)
 {
 	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_file *rfile;
+	int ret = 0, idx;
 
+	if (!drm_dev_enter(dev, &idx))
+		return -ENODEV;
 	rfile = kzalloc(sizeof(*rfile), GFP_KERNEL);
-	if (!rfile)
-		return -ENOMEM;
+	if (!rfile) {
+		ret = -ENOMEM;
+		goto out_exit;
+	}
 	rfile->rdev = rdev;
 	xa_init_flags(&rfile->ctxs, XA_FLAGS_ALLOC1);
 	rfile->vm = refgpu_vm_create(rdev);
 	if (IS_ERR(rfile->vm)) {
-		int ret = PTR_ERR(rfile->vm);
-
+		ret = PTR_ERR(rfile->vm);
 		kfree(rfile);
-		return ret;
+		goto out_exit;
 	}
 	file->driver_priv = rfile;
-	return 0;
+out_exit:
+	drm_dev_exit(idx);
+	return ret;
 }
 
 static void refgpu_postclose(struct drm_device *dev, struct drm_file *file)
@@ -544,6 +556,8 @@ static int refgpu_probe(struct pci_dev *pdev, const struct pci_device_id *id)
 	mutex_init(&rdev->hw_lock);
 	mutex_init(&rdev->vms_lock);
 	mutex_init(&rdev->dump_lock);
+	mutex_init(&rdev->bos_lock);
+	INIT_LIST_HEAD(&rdev->mapped_bos);
 	INIT_LIST_HEAD(&rdev->vms);
 	INIT_LIST_HEAD(&rdev->kept_vas);
 	INIT_LIST_HEAD(&rdev->kept_pts);
@@ -644,12 +658,15 @@ err_hw_fini:
 
 /*
  * Clients may keep the device open: drm_dev_unplug() makes their ioctls
- * fail with ENODEV and waits for every refgpu_hw_enter() section, so the
+ * fail with ENODEV and waits for every drm_dev_enter() section, so the
  * device can be stopped and its BARs unmapped (devres, after this returns)
  * under them. What the rings held fails with ENODEV; jobs still queued
  * fail the same way when the scheduler runs them (run_job is refused its
- * section). What a running device could still reach is freed once it is
- * stopped; the rest goes with the last close (the drmm actions of probe).
+ * section). Once the device is stopped, every DMA allocation and mapping
+ * made for it goes: what a running device could still reach, the rings,
+ * the null root, the open files' page tables and fence pages, and the
+ * mappings of their objects' pages (made and used only in sections). The
+ * software state goes with the last close (the drmm actions of probe).
  */
 static void refgpu_remove(struct pci_dev *pdev)
 {
@@ -677,6 +694,8 @@ static void refgpu_remove(struct pci_dev *pdev)
 		refgpu_engine_free_ring(&rdev->engines[e]);
 	refgpu_pt_free(rdev, rdev->null_root, 0);
 	rdev->null_root = NULL;
+	refgpu_vm_release_dma(rdev);
+	refgpu_gem_release_dma(rdev);
 }
 
 static const struct pci_device_id refgpu_pci_ids[] = {

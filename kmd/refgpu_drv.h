@@ -203,6 +203,14 @@ struct refgpu_device {
 	struct list_head kept_pts;
 	bool stopped;			/* remove stopped it: nothing to keep */
 
+	/*
+	 * Objects whose pages are DMA-mapped for the device (a GPU mapping
+	 * asked for them): remove unmaps them, the clients may keep the
+	 * objects (refgpu_gem_release_dma()).
+	 */
+	struct mutex bos_lock;		/* protects @mapped_bos */
+	struct list_head mapped_bos;
+
 	atomic_t bo_count;
 	atomic_t vm_count;
 	atomic_t ctx_count;
@@ -228,6 +236,7 @@ struct refgpu_bo {
 	struct drm_gem_shmem_object base;
 	u32 flags;			/* REFGPU_BO_* */
 	struct mutex gpuva_lock;	/* the object's gpuva list */
+	struct list_head mapped;	/* in &refgpu_device.mapped_bos */
 };
 
 static inline struct refgpu_bo *to_refgpu_bo(struct drm_gem_object *obj)
@@ -355,6 +364,8 @@ struct drm_gem_object *refgpu_gem_prime_import_sg_table(struct drm_device *dev,
 							struct sg_table *sgt);
 int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_bo_mmap_offset(struct drm_device *dev, void *data, struct drm_file *file);
+struct sg_table *refgpu_gem_get_pages_sgt(struct refgpu_bo *bo);
+void refgpu_gem_release_dma(struct refgpu_device *rdev);
 
 /* refgpu_vm.c */
 struct refgpu_pt *refgpu_pt_alloc(struct refgpu_device *rdev, int level);
@@ -370,6 +381,9 @@ dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 void refgpu_vm_release_kept(struct refgpu_device *rdev);
+void refgpu_vm_release_dma(struct refgpu_device *rdev);
+bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int max);
+void refgpu_vm_job_uncharge(struct refgpu_vm *vm);
 void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas, u32 *pts);
 int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 

@@ -2,6 +2,9 @@
 /* Copyright the refgpu authors */
 /* Buffer objects: GEM shmem with two creation flags. */
 
+#include <linux/dma-mapping.h>
+#include <linux/scatterlist.h>
+
 #include <drm/drm_file.h>
 #include <drm/drm_gem.h>
 #include <drm/drm_gem_shmem_helper.h>
@@ -14,6 +17,9 @@ static void refgpu_gem_free(struct drm_gem_object *obj)
 	struct refgpu_bo *bo = to_refgpu_bo(obj);
 	struct refgpu_device *rdev = to_refgpu_device(obj->dev);
 
+	mutex_lock(&rdev->bos_lock);
+	list_del(&bo->mapped);
+	mutex_unlock(&rdev->bos_lock);
 	mutex_destroy(&bo->gpuva_lock);
 	drm_gem_shmem_free(&bo->base);
 	atomic_dec(&rdev->bo_count);
@@ -66,6 +72,7 @@ struct drm_gem_object *refgpu_gem_create_object(struct drm_device *dev, size_t s
 		return ERR_PTR(-ENOMEM);
 	bo->base.base.funcs = &refgpu_gem_funcs;
 	mutex_init(&bo->gpuva_lock);
+	INIT_LIST_HEAD(&bo->mapped);
 	drm_gem_gpuva_set_lock(&bo->base.base, &bo->gpuva_lock);
 	return &bo->base.base;
 }
@@ -95,6 +102,65 @@ struct drm_gem_object *refgpu_gem_prime_import_sg_table(struct drm_device *dev,
 	if (!IS_ERR(obj))
 		refgpu_gem_counted(obj);
 	return obj;
+}
+
+/**
+ * refgpu_gem_get_pages_sgt() - the object's pages, DMA-mapped for the device
+ * @bo: the object
+ *
+ * The shmem helper pins and maps the pages on the first call and keeps
+ * them until the object is freed, or until remove unmaps them
+ * (refgpu_gem_release_dma()). Caller is in a drm_dev_enter() section, so
+ * remove has not unmapped the device's objects yet and waits for the
+ * caller to stop using the table.
+ *
+ * Return: the table or an ERR_PTR.
+ */
+struct sg_table *refgpu_gem_get_pages_sgt(struct refgpu_bo *bo)
+{
+	struct refgpu_device *rdev = to_refgpu_device(bo->base.base.dev);
+	struct sg_table *sgt = drm_gem_shmem_get_pages_sgt(&bo->base);
+
+	/* An imported object's table is its attachment's (the exporter's). */
+	if (IS_ERR(sgt) || bo->base.base.import_attach)
+		return sgt;
+	mutex_lock(&rdev->bos_lock);
+	if (list_empty(&bo->mapped))
+		list_add_tail(&bo->mapped, &rdev->mapped_bos);
+	mutex_unlock(&rdev->bos_lock);
+	return sgt;
+}
+
+/**
+ * refgpu_gem_release_dma() - unmap every object's pages from a removed device
+ * @rdev: the device, unplugged and stopped (it reaches no memory any more)
+ *
+ * The DMA mappings belong to the device, the objects to their clients,
+ * who may keep them (and their CPU mappings) after remove: the tables are
+ * unmapped and freed and their page references dropped now, as
+ * drm_gem_shmem_free() would; the pages stay in the object (its shmem
+ * file), so the contents and the CPU mappings are kept.
+ */
+void refgpu_gem_release_dma(struct refgpu_device *rdev)
+{
+	struct refgpu_bo *bo, *tmp;
+
+	mutex_lock(&rdev->bos_lock);
+	list_for_each_entry_safe(bo, tmp, &rdev->mapped_bos, mapped) {
+		struct drm_gem_shmem_object *shmem = &bo->base;
+
+		list_del_init(&bo->mapped);
+		dma_resv_lock(shmem->base.resv, NULL);
+		if (shmem->sgt) {
+			dma_unmap_sgtable(rdev->drm.dev, shmem->sgt, DMA_BIDIRECTIONAL, 0);
+			sg_free_table(shmem->sgt);
+			kfree(shmem->sgt);
+			shmem->sgt = NULL;
+			drm_gem_shmem_put_pages(shmem);
+		}
+		dma_resv_unlock(shmem->base.resv);
+	}
+	mutex_unlock(&rdev->bos_lock);
 }
 
 int refgpu_ioctl_bo_create(struct drm_device *dev, void *data, struct drm_file *file)

@@ -42,6 +42,17 @@ static unsigned int job_max_ms = 10000;
 module_param(job_max_ms, uint, 0644);
 MODULE_PARM_DESC(job_max_ms, "a job running longer is a hang, progress or not (default 10000; 0: no bound)");
 
+/*
+ * Jobs one open file may have (queued, in a ring, or ended and not yet
+ * freed): a SUBMIT past it fails with -EBUSY (not -EAGAIN, which libdrm's
+ * drmIoctl() retries at once: a client would spin in the ioctl).
+ * ring_saturation queues 2,403 in one file.
+ */
+static unsigned int file_max_jobs = 4096;
+module_param(file_max_jobs, uint, 0644);
+MODULE_PARM_DESC(file_max_jobs,
+		 "jobs one open file may have queued or running, SUBMIT fails with EBUSY past it (default 4096)");
+
 static const char * const refgpu_engine_names[REFGPU_ENGINES] = { "gfx", "compute", "copy" };
 
 /* ----- hardware fences */
@@ -805,6 +816,7 @@ static void refgpu_job_put_work(struct work_struct *work)
 	struct refgpu_vm *vm = job->vm;
 
 	atomic_dec(&ctx->rdev->job_count);
+	refgpu_vm_job_uncharge(vm);
 	kfree(job);
 	/* The device's last reference may go with these (refgpu_put_wq). */
 	refgpu_ctx_put(ctx);
@@ -1144,17 +1156,23 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		goto out_put_ctx;
 	}
 
-	job = kzalloc(sizeof(*job), GFP_KERNEL);
-	if (!job) {
-		ret = -ENOMEM;
+	/* The file's jobs are bounded: a queue is the caller's memory too. */
+	if (!refgpu_vm_job_charge(ctx->vm, READ_ONCE(file_max_jobs))) {
+		ret = -EBUSY;
 		goto out_put_ctx;
 	}
+	/* Charged to the caller's memory cgroup, as its page tables are. */
+	job = kzalloc(sizeof(*job), GFP_KERNEL_ACCOUNT);
+	if (!job) {
+		ret = -ENOMEM;
+		goto out_uncharge;
+	}
 	/* run_job and a reset signal it: neither may allocate. */
-	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL);
+	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL_ACCOUNT);
 	if (!job->hw_fence) {
 		kfree(job);
 		ret = -ENOMEM;
-		goto out_put_ctx;
+		goto out_uncharge;
 	}
 	job->ib_va = args->ib_va;
 	job->ib_dw = args->ib_size_dw;
@@ -1166,7 +1184,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	if (ret) {
 		kfree(job->hw_fence);
 		kfree(job);
-		goto out_put_ctx;
+		goto out_uncharge;
 	}
 	/* From here the job owns the context reference. */
 	job->ctx = ctx;
@@ -1242,6 +1260,8 @@ out_put_job:
 	kfree(job->hw_fence);
 	kfree(job);
 	atomic_dec(&rdev->job_count);
+out_uncharge:
+	refgpu_vm_job_uncharge(ctx->vm);
 out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:

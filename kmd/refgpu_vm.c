@@ -91,8 +91,14 @@ struct refgpu_pt {
  * @kept: released while an engine may still walk it on a device that may
  *	run on (lost, or removed and not yet stopped): kept whole, under
  *	&refgpu_device.vms_lock, until remove has stopped the device
+ * @jobs: jobs of the file's contexts not yet freed (SUBMIT's limit,
+ *	refgpu_vm_job_charge())
  * @pid: the process that opened the file
  * @comm: its command name
+ *
+ * @root, the tables under it and the fence page are DMA memory of the
+ * device: freed by remove (refgpu_vm_release_dma()) if the VM outlives
+ * the device's binding, else with the VM.
  */
 struct refgpu_vm {
 	struct drm_gpuvm base;
@@ -107,6 +113,7 @@ struct refgpu_vm {
 	struct list_head node;
 	u32 engines;
 	bool kept;
+	atomic_t jobs;
 	pid_t pid;
 	char comm[TASK_COMM_LEN];
 };
@@ -569,13 +576,16 @@ static int refgpu_vm_map_kernel(struct refgpu_vm *vm)
 	return 0;
 }
 
+/* Frees the page tables and the fence page (once: remove may have already). */
 static void refgpu_vm_free_hw(struct refgpu_vm *vm)
 {
 	struct refgpu_device *rdev = vm->rdev;
 
 	refgpu_pt_free(rdev, vm->root, 0);
+	vm->root = NULL;
 	if (vm->fence_cpu)
 		dma_free_coherent(rdev->drm.dev, SZ_4K, vm->fence_cpu, vm->fence_dma);
+	vm->fence_cpu = NULL;
 }
 
 struct refgpu_vm *refgpu_vm_create(struct refgpu_device *rdev)
@@ -799,6 +809,54 @@ void refgpu_vm_release_kept(struct refgpu_device *rdev)
 }
 
 /**
+ * refgpu_vm_release_dma() - free the VMs' DMA memory at remove
+ * @rdev: the device, stopped by remove (refgpu_vm_release_kept() done)
+ *
+ * The VMs of the files still open outlive the device's binding: their
+ * page tables and fence pages (DMA memory of the device) are freed now,
+ * the rest when the last reference goes (refgpu_vm_free_hw() then finds
+ * nothing). Nothing walks or writes the tables any more: the engines are
+ * stopped, and VM_BIND touches them only in a drm_dev_enter() section,
+ * which drm_dev_unplug() waited for and refuses from now on.
+ */
+void refgpu_vm_release_dma(struct refgpu_device *rdev)
+{
+	struct refgpu_vm *vm;
+
+	mutex_lock(&rdev->vms_lock);
+	list_for_each_entry(vm, &rdev->vms, node) {
+		mutex_lock(&vm->lock);
+		refgpu_vm_free_hw(vm);
+		mutex_unlock(&vm->lock);
+	}
+	mutex_unlock(&rdev->vms_lock);
+}
+
+/**
+ * refgpu_vm_job_charge() - count a new job against its file's limit
+ * @vm: the file's VM (one per open file)
+ * @max: the jobs the file may have
+ *
+ * A job counts from SUBMIT until it is freed (its fence signalled and the
+ * scheduler let go of it): queued, in a ring, or just ended.
+ *
+ * Return: false, nothing counted, when the file has @max jobs already.
+ */
+bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int max)
+{
+	return atomic_add_unless(&vm->jobs, 1, max);
+}
+
+/**
+ * refgpu_vm_job_uncharge() - a job counted by refgpu_vm_job_charge() is gone
+ * @vm: its file's VM
+ */
+void refgpu_vm_job_uncharge(struct refgpu_vm *vm)
+{
+	atomic_dec(&vm->jobs);
+}
+
+/**
  * refgpu_vm_count_kept() - what refgpu_vm_release_kept() would free
  * @rdev: the device
  * @vms: kept VMs
@@ -895,7 +953,10 @@ static int refgpu_bind_check_overlaps(struct refgpu_vm *vm, struct refgpu_bind_o
 	return 0;
 }
 
-/* Checks one op's arguments and resolves its BO. */
+/*
+ * Checks one op's arguments and resolves its BO. Caller is in a
+ * drm_dev_enter() section (the BO's pages are mapped for the device).
+ */
 static int refgpu_bind_prepare_op(struct refgpu_device *rdev, struct drm_file *file,
 				  struct refgpu_bind_op *bop)
 {
@@ -932,7 +993,7 @@ static int refgpu_bind_prepare_op(struct refgpu_device *rdev, struct drm_file *f
 	bo = to_refgpu_bo(bop->obj);
 	if ((bo->flags & REFGPU_BO_GPU_READ_ONLY) && !(a->flags & REFGPU_VM_BIND_READ_ONLY))
 		return -EACCES;
-	bop->sgt = drm_gem_shmem_get_pages_sgt(&bo->base);
+	bop->sgt = refgpu_gem_get_pages_sgt(bo);
 	if (IS_ERR(bop->sgt))
 		return PTR_ERR(bop->sgt);
 	return refgpu_check_pages(rdev, bop->sgt, a->bo_offset, a->size);
@@ -953,7 +1014,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	bool invalidated = true, applied;
 	LIST_HEAD(freed);
 	u32 i, nva = 0;
-	int ret;
+	int ret, idx;
 
 	INIT_LIST_HEAD(&ctx.pool);
 	INIT_LIST_HEAD(&ctx.dead);
@@ -977,18 +1038,32 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		ret = -ENOMEM;
 		goto out_free;
 	}
+	/*
+	 * The BOs' pages are mapped for the device, and the page tables
+	 * written, only in drm_dev_enter() sections: remove frees both once
+	 * it has unplugged the device (refgpu_gem_release_dma(),
+	 * refgpu_vm_release_dma()). The in-syncs are waited for between the
+	 * two sections, so that remove never waits for a fence.
+	 */
+	if (!drm_dev_enter(dev, &idx)) {
+		ret = -ENODEV;
+		goto out_free;
+	}
 	for (i = 0; i < args->op_count; i++) {
 		struct drm_refgpu_vm_bind_op __user *u = u64_to_user_ptr(args->ops);
 
 		if (copy_from_user(&ops[i].args, &u[i], sizeof(ops[i].args))) {
 			ret = -EFAULT;
-			goto out_free;
+			break;
 		}
 		ret = refgpu_bind_prepare_op(rdev, file, &ops[i]);
 		if (ret)
-			goto out_free;
+			break;
 		nva += ops[i].args.op == REFGPU_VM_BIND_OP_MAP ? 1 : 2;
 	}
+	drm_dev_exit(idx);
+	if (ret)
+		goto out_free;
 
 	/* Out-syncs resolved (and timeline nodes allocated) before any change. */
 	ret = refgpu_out_syncs_resolve(&out, file);
@@ -1026,6 +1101,11 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		}
 	}
 
+	/* Refused once remove has started: the BOs' tables may be gone. */
+	if (!drm_dev_enter(dev, &idx)) {
+		ret = -ENODEV;
+		goto out_free;
+	}
 	mutex_lock(&vm->lock);
 	ret = refgpu_bind_check_overlaps(vm, ops, args->op_count);
 	for (i = 0; !ret && i < args->op_count; i++)
@@ -1054,13 +1134,13 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	if (refgpu_vm_detach_empty(vm, &freed))
 		ctx.invalidate = true;
 	if (ctx.invalidate) {
-		int idx;
+		int hw_idx;
 
 		mutex_lock(&rdev->hw_lock);
-		invalidated = refgpu_hw_enter(rdev, &idx);
+		invalidated = refgpu_hw_enter(rdev, &hw_idx);
 		if (invalidated) {
 			invalidated = !refgpu_hw_control(rdev);
-			drm_dev_exit(idx);
+			drm_dev_exit(hw_idx);
 		}
 		mutex_unlock(&rdev->hw_lock);
 	}
@@ -1081,6 +1161,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 	}
 	refgpu_bind_release_dead(&ctx.dead);
 	refgpu_vm_free_tables(rdev, &freed);
+	drm_dev_exit(idx);
 	if (!applied)
 		goto out_free;
 

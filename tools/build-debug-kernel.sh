@@ -19,7 +19,10 @@
 #   kver                  the kernel release (uname -r)
 #   build.log, time       the build's log and its wall/user/sys seconds
 #   ok                    written last: the tree is complete
-# and CACHE/current holds the directory's name. The build runs under
+# The last line the script prints on stdout is that directory's path
+# (what linux-tests boots: each run takes the kernel its own fragment and
+# script name, so runs with different configurations do not race on a
+# shared pointer). The build runs under
 # `flock CACHE/.lock` (two test processes do not build it twice), with
 # `nice` and -j$(nproc). Needs the package `linux-source-6.12` and the
 # kernel's build tools (.ci/install-debug-kernel.sh installs them).
@@ -41,9 +44,9 @@ if [ ! -f "$TARBALL" ]; then
     exit 1
 fi
 VERSION=$(dpkg-query -W -f='${Version}' linux-source-6.12)
-# The cache key: the fragment and this script without its comment lines
-# (a comment edit does not rebuild).
-HASH=$({ grep -v '^[[:space:]]*#' "$0"; cat "$FRAGMENT"; } | sha256sum | cut -c1-12)
+# The cache key: the fragment and this script without its comment and
+# echo lines (an edit of what it says does not rebuild).
+HASH=$({ grep -v -e '^[[:space:]]*#' -e '^[[:space:]]*echo ' "$0"; cat "$FRAGMENT"; } | sha256sum | cut -c1-12)
 NAME="${VERSION//[^A-Za-z0-9.+-]/_}-$HASH"
 mkdir -p "$CACHE"
 CACHE=$(cd "$CACHE" && pwd)
@@ -52,8 +55,8 @@ OUT=$CACHE/$NAME
 exec 9>"$CACHE/.lock"
 flock 9
 if [ -f "$OUT/ok" ]; then
-    echo "$NAME" >"$CACHE/current"
-    echo "debug kernel $(cat "$OUT/kver") already in $OUT"
+    echo "debug kernel $(cat "$OUT/kver") already in:"
+    echo "$OUT"
     exit 0
 fi
 
@@ -108,5 +111,5 @@ rm -rf "$B"/Documentation "$B"/sound "$B"/drivers/gpu/drm/amd "$B"/drivers/net "
 find "$B/arch" -mindepth 1 -maxdepth 1 -type d ! -name x86 -exec rm -rf {} +
 echo "built in $(($(date +%s) - start)) s (wall user sys: $(cat "$OUT/time")); load: $(cut -d' ' -f1-3 /proc/loadavg)" | tee -a "$OUT/build.log"
 touch "$OUT/ok"
-echo "$NAME" >"$CACHE/current"
-echo "debug kernel $(cat "$OUT/kver") ready in $OUT ($(du -sh "$OUT" | cut -f1))"
+echo "debug kernel $(cat "$OUT/kver") ready ($(du -sh "$OUT" | cut -f1)) in:"
+echo "$OUT"

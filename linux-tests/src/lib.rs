@@ -59,12 +59,13 @@
 //! checks its own list against this one), so a test the guest did not
 //! report is a failure on the host.
 //!
-//! The same suite boots on a debug kernel ([`KernelKind::Debug`]:
+//! Both suites boot on a debug kernel too ([`KernelKind::Debug`]:
 //! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
 //! built from Debian's 6.12 source by `tools/build-debug-kernel.sh` and
-//! cached outside the clone ([`debug_kernel_cache`]), with
-//! [`DEBUG_KERNEL_TESTS`] added ([`guest_tests`]); `tests/debug_kernel.rs`
-//! runs it (ignored by default). See docs/reliability.md, "The debug
+//! cached outside the clone ([`debug_kernel_cache`]; the script names the
+//! directory of the build it made or found on its last line of output),
+//! with [`DEBUG_KERNEL_TESTS`] added ([`Suite::tests`]);
+//! `tests/debug_kernel.rs` runs them (ignored by default). See docs/reliability.md, "The debug
 //! kernel". Each boot's whole console is kept in
 //! `target/linux-tests/console-gen<N>[-debug].log`.
 
@@ -147,6 +148,7 @@ pub const ADVERSARIAL_TESTS: &[&str] = &[
     "gem_close_under_running_job",
     "fork_inherited_fd",
     "ring_saturation",
+    "submit_flood",
     "signals_during_waits",
     "kmsg_clean",
 ];
@@ -161,12 +163,21 @@ pub enum Suite {
 }
 
 impl Suite {
-    /// The suite's tests on kernel `kind`, in order (the main suite adds
-    /// [`DEBUG_KERNEL_TESTS`] on the debug kernel: [`guest_tests`]).
+    /// The suite's tests on kernel `kind`, in order: on the debug kernel
+    /// the main suite adds [`DEBUG_KERNEL_TESTS`] ([`guest_tests`]), the
+    /// adversarial suite the kmemleak scan before its last test.
     pub fn tests(self, kind: KernelKind) -> Vec<&'static str> {
         match self {
             Suite::Main => guest_tests(kind),
-            Suite::Adversarial => ADVERSARIAL_TESTS.to_vec(),
+            Suite::Adversarial => {
+                let mut v = ADVERSARIAL_TESTS.to_vec();
+                if kind == KernelKind::Debug {
+                    let last = v.pop();
+                    v.push(DEBUG_KERNEL_TESTS[1]);
+                    v.extend(last);
+                }
+                v
+            }
         }
     }
 
@@ -263,8 +274,8 @@ pub const KERNEL_CHECKS: &str =
 pub const DEBUG_KERNEL_CHECKS: &str = "kasan.fault=panic";
 
 /// An environment variable whose words are appended to the guest kernel's
-/// command line (to investigate: e.g. `dma_debug=off` on the debug kernel
-/// to see past a DMA-API report).
+/// command line (to investigate: e.g. `refgpu.job_timeout_ms=5000`, which
+/// `/init` passes to the module, or `ignore_loglevel`).
 pub const EXTRA_CMDLINE: &str = "REFGPU_GUEST_CMDLINE";
 
 /// Failure guard for one boot (the whole suite of one generation).
@@ -481,6 +492,15 @@ pub fn debug_kernel_cache() -> PathBuf {
 const DEBUG_KERNEL_SOURCE: &str = "/usr/src/linux-source-6.12.tar.xz";
 const DEBUG_TOOLS: [(&str, &str); 3] = [("flex", "--version"), ("bison", "--version"), ("bc", "--version")];
 
+/// The kernel directory `tools/build-debug-kernel.sh` names on the last
+/// line of its output `stdout`: the build of this checkout's configuration
+/// (never a shared pointer another run with another configuration may
+/// have moved), if that directory is complete (it holds `ok`).
+fn built_kernel_dir(stdout: &str) -> Option<PathBuf> {
+    let dir = PathBuf::from(stdout.lines().rev().map(str::trim).find(|l| !l.is_empty())?);
+    (dir.is_absolute() && dir.join("ok").is_file()).then_some(dir)
+}
+
 /// The debug kernel, built by `tools/build-debug-kernel.sh` (which returns
 /// at once when the cache holds this source version and configuration;
 /// a cold build takes tens of minutes, see docs/reliability.md).
@@ -510,10 +530,14 @@ fn debug_kernel() -> Result<Kernel, HarnessError> {
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         )));
     }
+    let dir = built_kernel_dir(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
+        HarnessError::Setup(format!(
+            "{} printed no kernel directory (its last line must be one holding `ok`):\n{}",
+            script.display(),
+            String::from_utf8_lossy(&out.stdout).trim()
+        ))
+    })?;
     let read = |p: PathBuf| std::fs::read_to_string(&p).map(|s| s.trim().to_string());
-    let name = read(cache.join("current"))
-        .map_err(|e| HarnessError::Setup(format!("the debug kernel's cache has no `current`: {e}")))?;
-    let dir = cache.join(name);
     let version = read(dir.join("kver"))
         .map_err(|e| HarnessError::Setup(format!("{}: no kver: {e}", dir.display())))?;
     Ok(Kernel { kind: KernelKind::Debug, version, dir })
@@ -1074,7 +1098,8 @@ pub fn check_suite_on(gen: u8, suite: Suite, kind: KernelKind) {
         println!("gen{gen}: booted again after the kernel stalled before /init");
     }
     let f = out.failures();
-    let log = harness_dir().join(flavored(&format!("console-gen{gen}"), kind) + ".log");
+    let log =
+        harness_dir().join(flavored(&format!("console-gen{gen}{}", suite.file_suffix()), kind) + ".log");
     assert!(
         f.is_empty(),
         "gen{gen}: {} failures:\n  {}\n{}\n(the whole console: {})",
@@ -1145,6 +1170,31 @@ mod tests {
             "{:?}",
             o.failures()
         );
+    }
+
+    #[test]
+    fn the_debug_kernel_scans_for_leaks_after_the_adversarial_suite() {
+        assert_eq!(Suite::Adversarial.tests(KernelKind::Stock), ADVERSARIAL_TESTS);
+        let d = Suite::Adversarial.tests(KernelKind::Debug);
+        let mut want = ADVERSARIAL_TESTS.to_vec();
+        want.insert(want.len() - 1, DEBUG_KERNEL_TESTS[1]);
+        assert_eq!(d, want);
+    }
+
+    #[test]
+    fn the_debug_kernel_is_the_one_the_build_script_names() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = dir.path().join("6.12-abc");
+        std::fs::create_dir(&k).unwrap();
+        let out = format!("building\ndebug kernel 6.12 ready in:\n{}\n", k.display());
+        // Not complete yet: no `ok`.
+        assert_eq!(built_kernel_dir(&out), None);
+        std::fs::write(k.join("ok"), "").unwrap();
+        assert_eq!(built_kernel_dir(&out), Some(k.clone()));
+        // Only the last line counts; a relative path is no answer.
+        assert_eq!(built_kernel_dir(&format!("{}\ndone\n", k.display())), None);
+        assert_eq!(built_kernel_dir("6.12-abc\n"), None);
+        assert_eq!(built_kernel_dir(""), None);
     }
 
     #[test]

@@ -215,7 +215,7 @@ mod errs {
     pub const VM_BIND: &[i32] = &[EINVAL, ENOENT, EACCES, EEXIST, EFAULT, ENOSPC, ENOMEM, EINTR];
     pub const CTX_CREATE: &[i32] = &[EINVAL, EBUSY, EFAULT, ENOMEM];
     pub const CTX_DESTROY: &[i32] = &[EINVAL, ENOENT, EFAULT];
-    pub const SUBMIT: &[i32] = &[EINVAL, ENOENT, ECANCELED, EMFILE, ENOMEM, EFAULT];
+    pub const SUBMIT: &[i32] = &[EINVAL, ENOENT, ECANCELED, EBUSY, EMFILE, ENOMEM, EFAULT];
     pub const CTX_QUERY: &[i32] = &[EINVAL, ENOENT, EFAULT];
     pub const GEM_CLOSE: &[i32] = &[EINVAL, EFAULT];
     pub const PRIME_EXPORT: &[i32] = &[EINVAL, ENOENT, EFAULT, ENOMEM, EMFILE];

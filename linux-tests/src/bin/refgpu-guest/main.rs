@@ -3,8 +3,8 @@
 //! Mounts proc, sysfs, devtmpfs and debugfs, loads the DRM modules and
 //! `refgpu.ko` (the order is in `/lib/modules/order`; `refgpu.*` kernel
 //! command-line parameters are passed to it, as modprobe would), runs the
-//! suite (`linux_tests::guest_tests` for the kernel it runs on, or
-//! `linux_tests::ADVERSARIAL_TESTS` when the kernel command line says
+//! suite (`linux_tests::Suite::tests` for the kernel it runs on: the
+//! main suite, or the adversarial one when the kernel command line says
 //! `rgtest.suite=adversarial`; one `@@ TEST <name> PASS|FAIL <why>` line
 //! each, `@@ BENCH` lines, then `N passed, N failed`) and leaves QEMU
 //! through `isa-debug-exit` with 0 when everything passed, 1 otherwise.
@@ -84,7 +84,7 @@ fn expected_gen(cmdline: &str) -> Option<u32> {
 
 /// The kernel the harness booted: the debug kernel says so on its command
 /// line.
-fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
+pub fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
     if cmdline.split_whitespace().any(|w| w == linux_tests::KernelKind::DEBUG_WORD) {
         linux_tests::KernelKind::Debug
     } else {
@@ -98,7 +98,7 @@ fn kernel_kind(cmdline: &str) -> linux_tests::KernelKind {
 fn suite(cmdline: &str) -> (Vec<tests::Test>, Vec<&'static str>) {
     let kind = kernel_kind(cmdline);
     if cmdline.split_whitespace().any(|w| w == "rgtest.suite=adversarial") {
-        (adversarial::all(), linux_tests::Suite::Adversarial.tests(kind))
+        (adversarial::all(kind), linux_tests::Suite::Adversarial.tests(kind))
     } else {
         (tests::all(kind), linux_tests::Suite::Main.tests(kind))
     }

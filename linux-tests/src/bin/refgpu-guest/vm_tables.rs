@@ -156,56 +156,70 @@ pub fn vm_bind_table_limit() -> R {
 /// The memory cgroup `vm_bind_charges_page_tables` binds in.
 const CGROUP: &str = "/sys/fs/cgroup/refgpu-test";
 
-/// Page tables a process makes with VM_BIND are charged to its memory
-/// cgroup: the process binds one page in 2,000 2 MiB regions (a table
-/// each) from a cgroup of its own, whose `memory.current` grows by at
-/// least those tables' pages (other allocations only add to it), less the
-/// charge batches taken before (64 pages per CPU at most).
-pub fn vm_bind_charges_page_tables() -> R {
+/// Runs `f` in a child process in the memory cgroup `cgroup` (a directory
+/// under `/sys/fs/cgroup`, created and removed here; cgroup v2 is mounted
+/// and its memory controller enabled first if needed).
+pub fn in_memory_cgroup(cgroup: &'static str, f: impl FnOnce() -> R) -> R {
     if !std::path::Path::new("/sys/fs/cgroup/cgroup.controllers").exists() {
         crate::mount("cgroup2", "/sys/fs/cgroup", "cgroup2");
     }
     let ctl = "/sys/fs/cgroup/cgroup.subtree_control";
     std::fs::write(ctl, "+memory").map_err(|e| format!("{ctl}: {e}"))?;
-    if !std::path::Path::new(CGROUP).exists() {
-        std::fs::create_dir(CGROUP).map_err(|e| format!("{CGROUP}: {e}"))?;
+    if !std::path::Path::new(cgroup).exists() {
+        std::fs::create_dir(cgroup).map_err(|e| format!("{cgroup}: {e}"))?;
     }
-    let r = fixture::in_child(charged_child);
-    let rm = std::fs::remove_dir(CGROUP).map_err(|e| format!("rmdir {CGROUP}: {e}"));
+    let r = fixture::in_child(|| {
+        let procs = format!("{cgroup}/cgroup.procs");
+        std::fs::write(&procs, "0").map_err(|e| format!("{procs}: {e}"))?;
+        f()
+    });
+    let rm = std::fs::remove_dir(cgroup).map_err(|e| format!("rmdir {cgroup}: {e}"));
     r.and(rm)
 }
 
-/// The cgroup's `memory.current`.
-fn memory_current() -> Result<u64, String> {
-    let p = format!("{CGROUP}/memory.current");
+/// Page tables a process makes with VM_BIND are charged to its memory
+/// cgroup: the process binds one page in 2,000 2 MiB regions (a table
+/// each) from a cgroup of its own, whose `memory.current` grows by at
+/// least those tables' pages (other allocations only add to it), less the
+/// charge batches taken before ([`charge_batches`]).
+pub fn vm_bind_charges_page_tables() -> R {
+    in_memory_cgroup(CGROUP, charged_child)
+}
+
+/// The `memory.current` of `cgroup`.
+pub fn memory_current(cgroup: &str) -> Result<u64, String> {
+    let p = format!("{cgroup}/memory.current");
     let s = std::fs::read_to_string(&p).map_err(|e| format!("{p}: {e}"))?;
     s.trim().parse().map_err(|e| format!("{p}: {s:?}: {e}"))
 }
 
+/// What a cgroup's `memory.current` may lag behind its charges: they are
+/// taken from the counter in batches of 64 pages per CPU
+/// (MEMCG_CHARGE_BATCH), and a batch taken before a first reading may pay
+/// for what is allocated after it.
+pub fn charge_batches() -> u64 {
+    // SAFETY: sysconf(3) has no memory arguments.
+    let cpus = u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).unwrap_or(1).max(1);
+    64 * 4096 * cpus
+}
+
 /// `vm_bind_charges_page_tables`' process, in the cgroup.
 fn charged_child() -> R {
-    let procs = format!("{CGROUP}/cgroup.procs");
-    std::fs::write(&procs, "0").map_err(|e| format!("{procs}: {e}"))?;
     let (d, vm) = new_vm(|| Dev::open().map_err(|e| format!("open: errno {e}")))?;
     let h = ok(d.bo_create(4096, 0), "BO_CREATE")?;
     // The buffer's page is allocated before the count starts.
     ok(d.map(h, 0, 4u64 << 30, 4096, 0), "first map")?;
     let n = 2000u64;
     let va = |i: u64| (4u64 << 30) + (i + 1) * (2 << 20) + (i / 64) * (1 << 30);
-    let (mem0, pt0) = (memory_current()?, pt_pages(&vm)?);
+    let (mem0, pt0) = (memory_current(CGROUP)?, pt_pages(&vm)?);
     let maps: Vec<u::VmBindOp> = (0..n).map(|i| map_op(h, 0, va(i), 4096, 0)).collect();
     for chunk in maps.chunks(250) {
         ok(d.vm_bind(chunk), "map")?;
     }
-    let (mem1, pt1) = (memory_current()?, pt_pages(&vm)?);
+    let (mem1, pt1) = (memory_current(CGROUP)?, pt_pages(&vm)?);
     ensure!(pt1 >= pt0 + n, "{n} regions mapped: {pt1} page tables, {pt0} before");
     let tables = (pt1 - pt0) * 4096;
-    // Charges are taken from the counter in batches of 64 pages per CPU
-    // (MEMCG_CHARGE_BATCH): a batch taken before the first reading may
-    // pay for some of the tables.
-    // SAFETY: sysconf(3) has no memory arguments.
-    let cpus = u64::try_from(unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) }).unwrap_or(1).max(1);
-    let batches = 64 * 4096 * cpus;
+    let batches = charge_batches();
     ensure!(
         mem1 + batches >= mem0 + tables,
         "{} new page tables ({tables} bytes) but the cgroup's memory.current grew by {} bytes",
