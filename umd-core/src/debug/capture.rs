@@ -110,6 +110,22 @@ pub fn file_header(chip: ChipId) -> [u8; crate::decode::STREAM_HEADER_LEN] {
     h
 }
 
+/// The chip and the records of a capture file (a `.rgcs` file of format
+/// version [`CAPTURE_VERSION`]).
+pub fn parse_file(bytes: &[u8]) -> Result<(ChipId, &[u8]), crate::decode::StreamFileError> {
+    use crate::decode::{StreamFileError, STREAM_HEADER_LEN, STREAM_MAGIC};
+    let (head, records) = bytes.split_at_checked(STREAM_HEADER_LEN).ok_or(StreamFileError::TooShort)?;
+    if head.get(..4) != Some(&STREAM_MAGIC[..]) {
+        return Err(StreamFileError::BadMagic);
+    }
+    let version = le64(head, 4) as u32;
+    if version != CAPTURE_VERSION {
+        return Err(StreamFileError::UnsupportedVersion(version));
+    }
+    let chip = crate::hw::probe(le64(head, 8) as u32).map_err(StreamFileError::Probe)?;
+    Ok((chip, records))
+}
+
 /// A loss record: `count` records were dropped or lost before this point.
 pub fn lost_record(count: u64) -> [u8; LOST_BYTES] {
     let mut r = [0u8; LOST_BYTES];
@@ -607,10 +623,9 @@ pub struct Submission<'a> {
 impl<'a> Submission<'a> {
     /// Its waits.
     pub fn waits(&self) -> impl Iterator<Item = FenceId> + 'a {
-        self.waits.chunks_exact(WAIT_BYTES).map(|w| FenceId {
-            queue: QueueId(w.first().copied().unwrap_or(0)),
-            seqno: Seqno(le64(w, 8)),
-        })
+        self.waits
+            .chunks_exact(WAIT_BYTES)
+            .map(|w| FenceId { queue: QueueId(w.first().copied().unwrap_or(0)), seqno: Seqno(le64(w, 8)) })
     }
 
     /// Its IB segments, in execution order: (GPU address, size in dwords,

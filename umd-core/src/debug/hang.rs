@@ -348,7 +348,8 @@ impl<'s> HangLog<'s> {
     /// The kept reports, oldest first.
     pub fn iter(&self) -> impl Iterator<Item = &HangReport> + '_ {
         let n = self.reports.len();
-        let start = if self.total > n as u64 { self.total.checked_rem(n as u64).unwrap_or(0) as usize } else { 0 };
+        let start =
+            if self.total > n as u64 { self.total.checked_rem(n as u64).unwrap_or(0) as usize } else { 0 };
         let (a, b) = self.reports.split_at(start.min(n));
         b.iter().chain(a).flatten()
     }

@@ -399,7 +399,14 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
     /// freed again. The device is built in place and then moved out
     /// (about 9 KB on Cortex-M4, 12 KB on 64-bit hosts): firmware that
     /// counts stack bytes gives it its memory with [`Device::new_in`].
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize, const HG: usize>(
+    pub fn new<
+        const BUF: usize,
+        const VA: usize,
+        const SL: usize,
+        const TR: usize,
+        const LW: usize,
+        const HG: usize,
+    >(
         p: &'d P,
         storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,

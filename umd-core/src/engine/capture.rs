@@ -10,7 +10,8 @@ use crate::debug::capture::{
 use crate::decode::Decoder;
 use crate::hw::IbRef;
 use crate::platform::DmaRegion;
-use crate::sync::{FenceId, QueueId, Seqno};
+use crate::sync::deps::MAX_WAITS;
+use crate::sync::{Fence, FenceId, QueueId, Seqno};
 
 use super::{Backend, DeviceCore};
 
@@ -76,14 +77,21 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         f(self.capture.lock().session.as_ref())
     }
 
-    /// Records submission `seqno` of `queue` (its IB `ib`, its hardware
-    /// waits) into the session, if one runs and takes this queue. Called
+    /// Records submission `seqno` of `queue` (its IB `ib`, the fences it
+    /// was submitted after, signalled or not) into the session, if one runs and takes this queue. Called
     /// under the queue's submit lock once the job reached the hardware; a
     /// sink that fails only counts the loss. `caller`: the IB is the
     /// caller's (not in the IB pool), read through its buffer.
     #[cold]
     #[inline(never)]
-    pub(crate) fn capture_submit(&self, queue: QueueId, seqno: Seqno, waits: &[FenceId], ib: IbRef, caller: bool) {
+    pub(crate) fn capture_submit(
+        &self,
+        queue: QueueId,
+        seqno: Seqno,
+        waits: &[Fence],
+        ib: IbRef,
+        caller: bool,
+    ) {
         let bit = 1u32.checked_shl(u32::from(queue.0)).unwrap_or(0);
         // The memory lock (for a caller's IB) before the capture lock.
         let mem = if caller { Some(self.mem.lock()) } else { None };
@@ -129,7 +137,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             }
         }
         let segs = segs.get(..n).unwrap_or(&[]);
-        let w = RecordWriter::new(queue, seqno, waits);
+        let mut ids = [FenceId { queue: QueueId(0), seqno: Seqno(0) }; MAX_WAITS];
+        for (d, f) in ids.iter_mut().zip(waits) {
+            *d = f.id;
+        }
+        let w = RecordWriter::new(queue, seqno, ids.get(..waits.len()).unwrap_or(&[]));
         let mut ok = true;
         if let Some(r) = c.ring.as_deref_mut() {
             ok &= w.write_flagged(r, segs, flags).is_ok();

@@ -439,7 +439,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     self.trace_submit((qi, q), seqno, dwords, ib.va, info.wptr);
                     // Under the submit lock: a queue's records in order.
                     #[cfg(feature = "capture")]
-                    self.capture_submit(queue, seqno, waits, ib, caller);
+                    self.capture_submit(queue, seqno, s.waits, ib, caller);
                     drop(qs);
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);

@@ -444,7 +444,14 @@ impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS>
     /// context per queue and sets up the IB pool in the kernel's VA range.
     /// The large tables live in `storage`; the device borrows it and the
     /// platform for its lifetime.
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize, const HG: usize>(
+    pub fn new<
+        const BUF: usize,
+        const VA: usize,
+        const SL: usize,
+        const TR: usize,
+        const LW: usize,
+        const HG: usize,
+    >(
         p: &'d P,
         storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,

@@ -537,6 +537,22 @@ fn a_guilty_context_fails_its_work_and_dependents_and_is_replaced() {
         let f3 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0010)).unwrap();
         dev.wait(f3, T).unwrap();
         assert_eq!(dev.stats().resets, 1);
+        // The state dump in kernel mode: no ring, the kernel's reset in
+        // the kept reports, the failed range on the queue.
+        let mut json = String::new();
+        dev.dump_state(&mut json, umd_core::engine::dump::DumpFormat::Json).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
+        assert_eq!(j["device"]["mode"], "kernel", "{json}");
+        let gfx = &j["queues"][0];
+        assert_eq!((gfx["emitted"].as_u64(), gfx["completed"].as_u64()), (Some(4), Some(4)), "{json}");
+        assert_eq!(
+            (gfx["failed"][0]["after"].as_u64(), gfx["failed"][0]["upto"].as_u64()),
+            (Some(1), Some(3))
+        );
+        assert!(gfx["ring"].is_null() && gfx["held"] == 0 && gfx["context"] == true, "{json}");
+        assert_eq!(j["hangs"]["total"], 1, "{json}");
+        assert_eq!(j["hangs"]["reports"][0]["reason"], "reset by the kernel driver", "{json}");
+        assert!(j["va"]["used"].as_u64().is_some_and(|u| u > 0), "{json}");
     });
 }
 
