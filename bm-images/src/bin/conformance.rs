@@ -3,7 +3,8 @@
 //! `@@ REPORT <scenario> BEGIN` / `@@ REPORT END`, then exits through
 //! semihosting: 0 when nothing failed, 1 otherwise.
 //!
-//! Semihosting command line: `polling` (default) or `msi`.
+//! Semihosting command line: `polling` (default) or `msi`; `dump`: the
+//! driver's state dump at the end too (`@@ REPORT state-on-request`).
 #![no_std]
 #![no_main]
 
@@ -22,6 +23,9 @@ fn main() -> ! {
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
     let n = suite::run(&dev, &env);
+    if boot::has_arg("dump") {
+        suite::print_state(&dev, "state-on-", "request");
+    }
     boot::print_irqs(mode);
     println!("stats: {:?}", dev.stats());
     println!("@@ DONE passed={} failed={} skipped={}", n.passed, n.failed, n.skipped);

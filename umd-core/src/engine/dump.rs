@@ -448,3 +448,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         o.close(false)
     }
 }
+
+/// The examples of `docs/capture-and-dump.md`, run as doc tests (they use
+/// the `capture` feature and the scripted fake).
+#[cfg(all(doctest, feature = "capture"))]
+#[doc = include_str!("../../../docs/capture-and-dump.md")]
+struct CaptureAndDumpGuide;
