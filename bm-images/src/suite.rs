@@ -4,9 +4,9 @@
 //! state dump after the fault and after the hang.
 
 use conformance::{Env, Outcome, ScenarioResult};
+use core::fmt::{self, Write};
 use platform_baremetal::arch::timer;
 use platform_baremetal::println;
-use core::fmt::{self, Write};
 
 use umd_core::engine::dump::DumpFormat;
 use umd_core::engine::{Backend, DeviceCore};

@@ -78,7 +78,8 @@ fn state_dumps_printed(r: &Run) {
         None => panic!("no {name} printed\n{}", out.tail(40)),
     };
     let fault = dump("state-after-page_fault_reported");
-    for want in ["mode: direct", "queue q2 stuck at", "Translation fault on Read", "kind: fault", "ib_pool:"] {
+    for want in ["mode: direct", "queue q2 stuck at", "Translation fault on Read", "kind: fault", "ib_pool:"]
+    {
         assert!(fault.contains(want), "state after the fault lacks {want:?}:\n{fault}");
     }
     let hang = dump("state-after-hang_detected_and_recovered");
@@ -95,7 +96,8 @@ fn state_dumps_printed(r: &Run) {
         assert!(hang.contains(want), "state after the hang lacks {want:?}:\n{hang}");
     }
     // Both reports kept: the fault's, then the hang's.
-    let total = hang.lines().find_map(|l| l.trim().strip_prefix("total: ")).and_then(|n| n.parse::<u64>().ok());
+    let total =
+        hang.lines().find_map(|l| l.trim().strip_prefix("total: ")).and_then(|n| n.parse::<u64>().ok());
     assert!(total.is_some_and(|n| n >= 2), "hang log total {total:?}:\n{hang}");
 }
 

@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::debug::capture::{
-    parse_file, Capture, CaptureRing, CaptureSink, HexLines, Record, Records, SinkError, Submission,
-    CAPTURE_VERSION,
+    parse_file, Capture, CaptureRing, CaptureSink, HexLines, Record, Records, RingSink, SinkError,
+    Submission, CAPTURE_VERSION,
 };
 use umd_core::decode::{Decoder, StreamFile, STREAM_HEADER_LEN};
 use umd_core::direct::{Device, MmuMode};
@@ -264,4 +264,18 @@ fn the_flight_recorder_emits_the_last_submissions_with_a_hang() {
     let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
     assert_eq!(j["capture"]["dropped"], 2, "{json}");
     assert_eq!(j["capture"]["ring"][2]["fence"], h2.id.to_string(), "{json}");
+}
+
+#[test]
+fn a_record_larger_than_the_ring_is_lost_and_the_ring_kept() {
+    let dev = device(Generation::Gen1);
+    let ring = leak(CaptureRing::<256, 8>::new());
+    dev.start_capture(Capture::to_ring(ring));
+    dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    // 100 packets: far more than 256 bytes.
+    dev.submit(QueueId::GFX, &[], |cb| (0..100).try_for_each(|i| cb.timestamp(0x8030_0000 + 8 * i))).unwrap();
+    let s = dev.capture_stats();
+    assert_eq!((s.recorded, s.lost, s.dropped), (1, 1, 0), "{s:?}");
+    let kept = dev.with_capture(|c| c.unwrap().ring.as_deref().unwrap().records());
+    assert_eq!(kept, 1, "the small record stays");
 }

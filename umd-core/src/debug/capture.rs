@@ -38,8 +38,6 @@
 
 use core::fmt;
 
-use heapless::Deque;
-
 use crate::hw::ChipId;
 use crate::sync::{FenceId, QueueId, Seqno};
 
@@ -212,11 +210,77 @@ impl<'a> RecordWriter<'a> {
             put(&mut b, 8, &ndw.to_le_bytes());
             put(&mut b, 12, &stored.to_le_bytes());
             sink.write(&b)?;
-            for d in dwords.unwrap_or(&[]) {
-                sink.write(&d.to_le_bytes())?;
+            // 16 dwords a write: a call per dword would cost more than
+            // the copy.
+            for chunk in dwords.unwrap_or(&[]).chunks(16) {
+                let mut b = [0u8; 64];
+                for (o, d) in b.chunks_exact_mut(4).zip(chunk) {
+                    o.copy_from_slice(&d.to_le_bytes());
+                }
+                sink.write(b.get(..chunk.len().saturating_mul(4)).unwrap_or(&[]))?;
             }
         }
         sink.end()
+    }
+}
+
+/// A byte FIFO over a fixed array, written and read in at most two
+/// slice copies.
+struct ByteRing<const N: usize> {
+    buf: [u8; N],
+    start: usize,
+    len: usize,
+}
+
+impl<const N: usize> ByteRing<N> {
+    const fn new() -> Self {
+        ByteRing { buf: [0; N], start: 0, len: 0 }
+    }
+
+    fn len(&self) -> usize {
+        self.len
+    }
+
+    fn clear(&mut self) {
+        self.start = 0;
+        self.len = 0;
+    }
+
+    /// The bytes, oldest first, as two slices.
+    fn as_slices(&self) -> (&[u8], &[u8]) {
+        let end = self.start.saturating_add(self.len);
+        let first = self.buf.get(self.start..end.min(N)).unwrap_or(&[]);
+        let second = self.buf.get(..end.saturating_sub(N)).unwrap_or(&[]);
+        (first, second)
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &u8> + '_ {
+        let (a, b) = self.as_slices();
+        a.iter().chain(b)
+    }
+
+    /// Drops the `n` oldest bytes.
+    fn pop_front(&mut self, n: usize) {
+        let n = n.min(self.len);
+        self.start = self.start.saturating_add(n).checked_rem(N).unwrap_or(0);
+        self.len = self.len.saturating_sub(n);
+    }
+
+    /// Appends `bytes` whole, or nothing when they do not fit.
+    fn push(&mut self, bytes: &[u8]) -> bool {
+        if bytes.len() > N.saturating_sub(self.len) {
+            return false;
+        }
+        let at = self.start.saturating_add(self.len).checked_rem(N).unwrap_or(0);
+        let (a, b) = bytes.split_at(bytes.len().min(N.saturating_sub(at)));
+        if let Some(d) = self.buf.get_mut(at..at.saturating_add(a.len())) {
+            d.copy_from_slice(a);
+        }
+        if let Some(d) = self.buf.get_mut(..b.len()) {
+            d.copy_from_slice(b);
+        }
+        self.len = self.len.saturating_add(bytes.len());
+        true
     }
 }
 
@@ -225,7 +289,7 @@ impl<'a> RecordWriter<'a> {
 /// [`CaptureRing::dropped`]), never waits. A record larger than the whole
 /// ring is refused (counted as lost by the device).
 pub struct CaptureRing<const BYTES: usize = 65536, const RECORDS: usize = 64> {
-    bytes: Deque<u8, BYTES>,
+    bytes: ByteRing<BYTES>,
     records: usize,
     dropped: u64,
     /// The record being written, and whether it was refused.
@@ -235,7 +299,7 @@ pub struct CaptureRing<const BYTES: usize = 65536, const RECORDS: usize = 64> {
 impl<const BYTES: usize, const RECORDS: usize> CaptureRing<BYTES, RECORDS> {
     /// An empty ring (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
-        CaptureRing { bytes: Deque::new(), records: 0, dropped: 0, open: false }
+        CaptureRing { bytes: ByteRing::new(), records: 0, dropped: 0, open: false }
     }
 
     /// Records held.
@@ -269,12 +333,7 @@ impl<const BYTES: usize, const RECORDS: usize> CaptureRing<BYTES, RECORDS> {
                 *d = *b;
             }
         }
-        let n = (u32::from_le_bytes(len) as usize).max(8);
-        for _ in 0..n {
-            if self.bytes.pop_front().is_none() {
-                break;
-            }
-        }
+        self.bytes.pop_front((u32::from_le_bytes(len) as usize).max(8));
         self.records = self.records.saturating_sub(1);
         self.dropped = self.dropped.saturating_add(1);
     }
@@ -361,10 +420,11 @@ impl<const BYTES: usize, const RECORDS: usize> CaptureSink for CaptureRing<BYTES
         if !self.open {
             return Err(SinkError);
         }
-        for b in bytes {
-            self.bytes.push_back(*b).map_err(|_| SinkError)?;
+        if self.bytes.push(bytes) {
+            Ok(())
+        } else {
+            Err(SinkError)
         }
-        Ok(())
     }
 
     fn end(&mut self) -> Result<(), SinkError> {

@@ -8,7 +8,7 @@ use crate::debug::capture::{
     write_whole, Capture, CaptureStats, RecordWriter, Segment, FLAG_CUT, MAX_SEGMENTS,
 };
 use crate::decode::Decoder;
-use crate::hw::IbRef;
+use crate::hw::{Generation, IbRef, PacketKind};
 use crate::platform::DmaRegion;
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Fence, FenceId, QueueId, Seqno};
@@ -32,6 +32,30 @@ fn slice_at(r: &DmaRegion, va: u64, base: u64, off: u64, len: usize) -> Option<(
         return None;
     }
     Some((r.bytes().get(start..end)?, r.words().get(start / 4..end / 4)?))
+}
+
+/// Where the first CHAIN of a segment (`bytes`, the same memory as
+/// `words`, at `va`) hands the engine to: a CHAIN ends what runs of its
+/// segment. Packets are skipped by their headers' length; only the CHAIN
+/// is decoded.
+fn chain_target(generation: Generation, bytes: &[u8], words: &[u32], va: u64) -> Option<(u64, u32)> {
+    let desc = generation.desc();
+    let chain = u32::from(desc.packet(PacketKind::Chain)?.opcode);
+    let mut i = 0usize;
+    while let Some(&h) = words.get(i) {
+        let end = i.checked_add(1)?.checked_add(desc.header.ndw.get(h) as usize)?;
+        if desc.header.opcode.get(h) == chain {
+            let at = i.checked_mul(4)?;
+            let packet = bytes.get(at..end.checked_mul(4)?)?;
+            let item = Decoder::new(generation, packet, va.checked_add(at as u64)?).next()?;
+            return match item.result.ok()?.command {
+                Command::Chain { addr, size_dw } => Some((addr, size_dw)),
+                _ => None,
+            };
+        }
+        i = end;
+    }
+    None
 }
 
 impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
@@ -124,16 +148,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             let mem = lookup(va, ndw);
             *slot = (va, ndw, mem.map(|m| m.1));
             n = n.saturating_add(1);
-            if let Some((bytes, _)) = mem {
-                // A CHAIN hands the engine to the next segment; what
-                // follows it in this one does not run.
-                next = Decoder::new(self.b.chip().generation, bytes, va).find_map(|item| match item.result {
-                    Ok(p) => match p.command {
-                        Command::Chain { addr, size_dw } => Some((addr, size_dw)),
-                        _ => None,
-                    },
-                    Err(_) => None,
-                });
+            if let Some((bytes, words)) = mem {
+                next = chain_target(self.b.chip().generation, bytes, words, va);
             }
         }
         let segs = segs.get(..n).unwrap_or(&[]);

@@ -95,7 +95,8 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
     let mut state = String::new();
     let _ = dev.dump_state(&mut state, umd_core::engine::dump::DumpFormat::Text);
     ensure!(
-        state.contains("reason: reset by the kernel driver") && state.contains("error: queue hung and was reset"),
+        state.contains("reason: reset by the kernel driver")
+            && state.contains("error: queue hung and was reset"),
         "the state dump after the hang:\n{state}"
     );
     dev.free(buf).map_err(|e| e.to_string())?;
