@@ -18,7 +18,7 @@
 //! - [`Records`]: the reader (`umd-dump` prints a capture with it).
 //!
 //! ```
-//! use umd_core::debug::capture::{CaptureRing, CaptureSink, Records, RecordWriter};
+//! use umd_core::debug::capture::{CaptureRing, Record, Records, RecordWriter};
 //! use umd_core::sync::{FenceId, QueueId, Seqno};
 //!
 //! // A ring of 256 bytes keeping at most 2 records.
@@ -32,7 +32,12 @@
 //! assert_eq!(ring.dropped(), 1); // the first one was overwritten
 //! let mut bytes = [0u8; 256];
 //! let n = ring.copy_records(&mut bytes);
-//! let seen: Vec<u64> = Records::new(&bytes[..n]).map(|r| r.unwrap().seqno.0).collect();
+//! let seen: Vec<u64> = Records::new(&bytes[..n])
+//!     .filter_map(|r| match r.unwrap() {
+//!         Record::Submit(s) => Some(s.seqno.0),
+//!         Record::Lost(_) => None,
+//!     })
+//!     .collect();
 //! assert_eq!(seen, [2, 3]);
 //! ```
 
