@@ -9,8 +9,8 @@ use std::sync::{Arc, Mutex};
 use umd_core::cmd::{Command, Encoder};
 use umd_core::config::Config;
 use umd_core::debug::capture::{
-    parse_file, Capture, CaptureRing, CaptureSink, HexLines, Record, Records, RingSink, SinkError,
-    Submission, CAPTURE_VERSION,
+    parse_file, Capture, CaptureRing, CaptureSink, HexLines, Record, Records, SinkError, Submission,
+    CAPTURE_VERSION,
 };
 use umd_core::decode::{Decoder, StreamFile, STREAM_HEADER_LEN};
 use umd_core::direct::{Device, MmuMode};
