@@ -711,3 +711,31 @@ fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait_in_
     // a loss (four threads, 40 rounds each).
     race::seeds("kernel-mode loss race", std::time::Duration::from_secs(6), |seed| loss_race(seed, 3_000));
 }
+
+// Needs feature `capture` (the workspace's tests turn it on through
+// umd-dump's dev-dependency).
+#[cfg(feature = "capture")]
+#[test]
+fn kernel_mode_submissions_are_captured_with_their_waits_and_ib() {
+    use umd_core::debug::capture::{Capture, CaptureRing};
+    with_kernel(Generation::Gen2, |dev, _| {
+        let ring: &'static mut CaptureRing<8192, 8> = Box::leak(Box::default());
+        dev.start_capture(Capture::to_ring(ring));
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let b = dev.submit(QueueId::COPY, &[a], |cb| cb.timestamp(0x10_0100)).unwrap();
+        dev.wait(b, T).unwrap();
+        let mut seen = Vec::new();
+        dev.with_capture(|c| {
+            c.unwrap().ring.as_deref().unwrap().summaries(&mut |s| {
+                seen.push((
+                    s.queue,
+                    s.seqno,
+                    s.waits.get(..usize::from(s.nwaits)).unwrap().to_vec(),
+                    s.flags,
+                ));
+            })
+        });
+        assert_eq!(seen, [(QueueId::GFX, a.id.seqno, vec![], 0), (QueueId::COPY, b.id.seqno, vec![a.id], 0)]);
+        assert_eq!(dev.capture_stats().recorded, 2);
+    });
+}
