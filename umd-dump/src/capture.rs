@@ -90,14 +90,16 @@ pub fn render_text(bytes: &[u8]) -> Result<String, String> {
                 subs += 1;
                 let waits: Vec<String> = s.waits().map(|w| w.to_string()).collect();
                 let dwords: u64 = s.segments().map(|(_, n, _)| u64::from(n)).sum();
+                let n = s.segments().count();
                 let _ = writeln!(
                     out,
-                    "submission {}: fence {} after [{}], {} dwords in {} segments{}",
+                    "submission {}: fence {} after [{}], {} dwords in {} segment{}{}",
                     subs,
                     umd_core::sync::FenceId { queue: s.queue, seqno: s.seqno },
                     waits.join(", "),
                     dwords,
-                    s.segments().count(),
+                    n,
+                    if n == 1 { "" } else { "s" },
                     flags_text(s.flags)
                 );
                 for (va, ndw, seg) in s.segments() {
