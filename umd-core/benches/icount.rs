@@ -468,5 +468,7 @@ library_benchmark_group!(name = capture; benchmarks = submit_captured);
 
 #[cfg(not(feature = "capture"))]
 main!(library_benchmark_groups = encode, submission, memory);
+// With the capture feature: the submissions with it off and on, for the
+// ratio (docs/perf.md, "Capture").
 #[cfg(feature = "capture")]
-main!(library_benchmark_groups = encode, submission, memory, capture);
+main!(library_benchmark_groups = submission, capture);
