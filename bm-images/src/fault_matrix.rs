@@ -10,12 +10,12 @@
 //! once the server is gone), `@@ ACCOUNTING <key>=<n> ...` and
 //! `@@ CHECK ok` or `@@ CHECK FAILED <what broke>`.
 
-use core::fmt;
-
 use conformance::faults::{self, Accounting, Workload};
-use platform_baremetal::arch::{console, timer};
+use platform_baremetal::arch::timer;
 use platform_baremetal::println;
 use umd_core::engine::{Backend, DeviceCore};
+
+use crate::suite::Console;
 
 /// Submissions of a cell (as in the hosted matrices).
 pub const JOBS: usize = 48;
@@ -29,16 +29,6 @@ pub struct Cell {
     pub lasting: u8,
     /// Ask for the server to be killed halfway.
     pub kill: bool,
-}
-
-/// The console as a `fmt::Write`, for the workload's log.
-struct Console;
-
-impl fmt::Write for Console {
-    fn write_str(&mut self, s: &str) -> fmt::Result {
-        console::write_fmt(format_args!("{s}"));
-        Ok(())
-    }
 }
 
 /// Runs the cell on `dev` and prints its accounting and check. `alive`

@@ -1,10 +1,14 @@
 //! The conformance images' run (aarch64 `conformance`, Cortex-M
 //! `m-conformance`): every scenario of the suite with its result line and
-//! guest time, and the page-fault scenario's decoded report.
+//! guest time, the page-fault scenario's decoded report, and the driver's
+//! state dump after the fault and after the hang.
 
 use conformance::{Env, Outcome, ScenarioResult};
+use core::fmt::{self, Write};
 use platform_baremetal::arch::timer;
 use platform_baremetal::println;
+
+use umd_core::engine::dump::DumpFormat;
 use umd_core::engine::{Backend, DeviceCore};
 
 /// Scenario counts of a run.
@@ -21,7 +25,9 @@ pub struct Counts {
 /// Runs every scenario on `dev`: prints `@@ RESULT` ([`report_line`]) and
 /// the guest time of each, and after `page_fault_reported` the device's
 /// last hang report between `@@ REPORT <scenario> BEGIN` and
-/// `@@ REPORT END`.
+/// `@@ REPORT END`; after `page_fault_reported` and
+/// `hang_detected_and_recovered` the state dump ([`print_state`], named
+/// `state-after-<scenario>`).
 pub fn run<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>, env: &Env<'_>) -> Counts {
     let mut n = Counts::default();
     for s in conformance::scenarios() {
@@ -42,6 +48,9 @@ pub fn run<B: Backend + Sync, const C: usize>(dev: &DeviceCore<'_, B, C>, env: &
                 println!("@@ REPORT END");
             }
         }
+        if matches!(r.name, "page_fault_reported" | "hang_detected_and_recovered") {
+            print_state(dev, "state-after-", r.name);
+        }
     }
     n
 }
@@ -55,6 +64,27 @@ pub fn validation_from_args<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, 
         platform_baremetal::arch::exit::exit(2)
     }
     println!("@@ VALIDATION {}", if dev.validation() { "on" } else { "off" });
+}
+
+/// The console as a [`core::fmt::Write`], for output streamed in pieces
+/// (the state dump).
+pub struct Console;
+
+impl Write for Console {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        platform_baremetal::arch::console::write_fmt(format_args!("{s}"));
+        Ok(())
+    }
+}
+
+/// Prints the driver's whole state ([`DeviceCore::dump_state`], text)
+/// between `@@ REPORT <prefix><name> BEGIN` and `@@ REPORT END`.
+pub fn print_state<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, prefix: &str, name: &str) {
+    println!("@@ REPORT {prefix}{name} BEGIN");
+    if dev.dump_state(&mut Console, DumpFormat::Text).is_err() {
+        println!("(state dump cut short)");
+    }
+    println!("@@ REPORT END");
 }
 
 /// Prints a conformance result as `@@ RESULT <name> PASS|FAIL|SKIP <detail>`.

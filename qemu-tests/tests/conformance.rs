@@ -2,9 +2,10 @@
 //! generations, polling and MSI. One test per scenario and configuration
 //! (a FAIL or SKIP fails it, and so does a scenario that was never
 //! reported), one per configuration for the exit status and the complete
-//! listing, and the page-fault scenario's decoded report printed over the
-//! UART. Once more (one boot, gen2, polling) with umd-core's validation
-//! mode on: every scenario passes, the ones that check validation
+//! listing, the page-fault scenario's decoded report printed over the
+//! UART, and the driver's state dump after the fault and after the hang.
+//! Once more (one boot, gen2, polling) with umd-core's validation mode
+//! on: every scenario passes, the ones that check validation
 //! (`dma_overrun_caught`, `dispatch_on_wrong_queue`) see it refuse.
 
 use qemu_tests::{check_run, check_scenario, outcome, Mode, Run, Status};
@@ -69,6 +70,40 @@ fn page_fault_report_printed(r: &Run) {
     );
 }
 
+/// The driver's state dump printed after the fault and after the hang
+/// (`bm_images::suite::print_state`): the failed queue's fences and ring,
+/// and the kept reports.
+fn state_dumps_printed(r: &Run) {
+    let out = outcome(r);
+    let Ok(out) = out.as_ref() else { return };
+    let dump = |name: &str| match out.reports.iter().find(|(n, _)| n == name) {
+        Some((_, lines)) => lines.join("\n"),
+        None => panic!("no {name} printed\n{}", out.tail(40)),
+    };
+    let fault = dump("state-after-page_fault_reported");
+    for want in ["mode: direct", "queue q2 stuck at", "Translation fault on Read", "kind: fault", "ib_pool:"]
+    {
+        assert!(fault.contains(want), "state after the fault lacks {want:?}:\n{fault}");
+    }
+    let hang = dump("state-after-hang_detected_and_recovered");
+    for want in [
+        "queue q1 stuck at",
+        "no progress",
+        "kind: hang",
+        "error: queue hung and was reset",
+        "rptr_seen:",
+        "buffers:",
+        "classes:",
+        "stats:",
+    ] {
+        assert!(hang.contains(want), "state after the hang lacks {want:?}:\n{hang}");
+    }
+    // Both reports kept: the fault's, then the hang's.
+    let total =
+        hang.lines().find_map(|l| l.trim().strip_prefix("total: ")).and_then(|n| n.parse::<u64>().ok());
+    assert!(total.is_some_and(|n| n >= 2), "hang log total {total:?}:\n{hang}");
+}
+
 macro_rules! suite {
     ($m:ident, $gen:expr, $mode:expr) => {
         mod $m {
@@ -85,6 +120,10 @@ macro_rules! suite {
             #[test]
             fn page_fault_report_over_the_uart() {
                 page_fault_report_printed(&run($gen, $mode));
+            }
+            #[test]
+            fn state_dumps_after_the_fault_and_the_hang() {
+                state_dumps_printed(&run($gen, $mode));
             }
             scenarios!(
                 $gen,

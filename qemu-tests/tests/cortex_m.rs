@@ -78,6 +78,22 @@ macro_rules! gen_suite {
                 }
             }
             #[test]
+            fn state_dump_after_the_hang() {
+                let out = outcome(&suite($gen));
+                let Ok(out) = out.as_ref() else { return };
+                let Some((_, lines)) =
+                    out.reports.iter().find(|(n, _)| n == "state-after-hang_detected_and_recovered")
+                else {
+                    panic!("no state dump printed after the hang\n{}", out.tail(40))
+                };
+                let text = lines.join("\n");
+                for want in
+                    ["queue q1 stuck at", "kind: hang", "error: queue hung and was reset", "rptr_seen:"]
+                {
+                    assert!(text.contains(want), "state dump lacks {want:?}:\n{text}");
+                }
+            }
+            #[test]
             fn core_scenarios() {
                 for s in [
                     "copy_fill_write",

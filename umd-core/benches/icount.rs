@@ -182,6 +182,33 @@ fn submit(fx: Box<SubmitFixture>) -> Box<SubmitFixture> {
     fx
 }
 
+/// [`submit_setup`] with a capture into a RAM ring running (the
+/// bare-metal form: every record copied into the ring).
+#[cfg(feature = "capture")]
+fn captured_setup(packets: u64) -> Box<SubmitFixture> {
+    use umd_core::debug::capture::{Capture, CaptureRing};
+    let fx = submit_setup(packets);
+    let ring: &'static mut CaptureRing<{ 256 << 10 }, 64> = Box::leak(Box::default());
+    fx.dev.start_capture(Capture::to_ring(ring));
+    // A record in the ring already: the measured one appends after it.
+    let f = submit_n(&fx.dev, packets);
+    fx.fake.state().run(0);
+    fx.dev.wait(f, 1_000_000_000).expect("warm-up wait");
+    fx
+}
+
+// `submit` with the capture on (feature `capture`, a RAM ring): the
+// submission plus its record (docs/perf.md, "Capture").
+#[cfg(feature = "capture")]
+#[library_benchmark]
+#[bench::p1(args = (1), setup = captured_setup)]
+#[bench::p10(args = (10), setup = captured_setup)]
+#[bench::p100(args = (100), setup = captured_setup)]
+fn submit_captured(fx: Box<SubmitFixture>) -> Box<SubmitFixture> {
+    black_box(submit_n(&fx.dev, fx.packets));
+    fx
+}
+
 /// A submission fixture and `BufferUse`s of live buffers allocated with
 /// declared tracking (their frees wait for the submissions that list
 /// them), plus the GPU address of the first.
@@ -495,7 +522,14 @@ fn submit_validation(vx: Box<ValidationFixture>) -> Box<ValidationFixture> {
 #[cfg(feature = "validation")]
 library_benchmark_group!(name = validation; benchmarks = submit_validation);
 
-#[cfg(not(feature = "validation"))]
+#[cfg(feature = "capture")]
+library_benchmark_group!(name = capture; benchmarks = submit_captured);
+
+#[cfg(not(any(feature = "validation", feature = "capture")))]
 main!(library_benchmark_groups = encode, submission, memory);
-#[cfg(feature = "validation")]
+#[cfg(all(feature = "validation", not(feature = "capture")))]
 main!(library_benchmark_groups = validation);
+// With the capture feature: the submissions with it off and on, for the
+// ratio (docs/perf.md, "Capture").
+#[cfg(feature = "capture")]
+main!(library_benchmark_groups = submission, capture);

@@ -49,6 +49,9 @@
 //! of an inlined attempt and a few small helpers of the allocation and wait
 //! paths out of line), with the same behaviour.
 //! `validation`: the validation mode (see [`engine`]).
+//! `capture`: the command-stream capture ([`debug::capture`],
+//! `DeviceCore::start_capture`); off by default, and without it the submit
+//! path has no capture code (`docs/capture-and-dump.md`).
 #![no_std]
 #![cfg_attr(
     not(test),

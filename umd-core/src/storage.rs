@@ -17,6 +17,7 @@ use core::mem::MaybeUninit;
 use heapless::Deque;
 
 use crate::debug::trace::TraceStorage;
+use crate::debug::{HangLog, HangStorage};
 use crate::mem::buffer::BufferSlot;
 use crate::mem::pool::Slab;
 use crate::mem::va::{VaHandle, VaNode};
@@ -32,13 +33,15 @@ pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;
 /// allocator nodes, `SLABS` slab descriptors, `TRACE` trace events and a
 /// bitmap of `LOCAL_WORDS` words for local-memory pages (64 pages of 4 KiB
 /// per word: the default covers 16 MiB; a larger local memory is used up to
-/// that). `docs/perf.md` lists its size per configuration.
+/// that) and the last `HANGS` hang and fault reports
+/// ([`crate::debug::HangLog`]). `docs/perf.md` lists its size per configuration.
 pub struct DeviceStorage<
     const BUFFERS: usize = 1024,
     const VA_NODES: usize = 1024,
     const SLABS: usize = 256,
     const TRACE: usize = 256,
     const LOCAL_WORDS: usize = 64,
+    const HANGS: usize = { crate::debug::HANG_REPORTS },
 > {
     /// Zeroed, not initialised: an empty slot is not all zeros (the
     /// compiler encodes `Free` in a niche of value 2, and a `repr(u8)` tag
@@ -54,6 +57,7 @@ pub struct DeviceStorage<
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
     pub(crate) local: [u64; LOCAL_WORDS],
+    pub(crate) hangs: HangStorage<HANGS>,
 }
 
 impl<
@@ -62,7 +66,8 @@ impl<
         const SLABS: usize,
         const TRACE: usize,
         const LOCAL_WORDS: usize,
-    > DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
+        const HANGS: usize,
+    > DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
 {
     /// Empty storage (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
@@ -74,6 +79,7 @@ impl<
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
             local: [0; LOCAL_WORDS],
+            hangs: HangStorage::new(),
         }
     }
 
@@ -88,6 +94,7 @@ impl<
             deps: &mut self.deps,
             trace: crate::debug::TraceRing::new(&mut self.trace),
             local: &mut self.local,
+            hangs: HangLog::new(&mut self.hangs),
         }
     }
 }
@@ -113,7 +120,8 @@ impl<
         const SLABS: usize,
         const TRACE: usize,
         const LOCAL_WORDS: usize,
-    > Default for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
+        const HANGS: usize,
+    > Default for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
 {
     fn default() -> Self {
         Self::new()
@@ -126,7 +134,8 @@ impl<
         const SLABS: usize,
         const TRACE: usize,
         const LOCAL_WORDS: usize,
-    > core::fmt::Debug for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS>
+        const HANGS: usize,
+    > core::fmt::Debug for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("DeviceStorage")
@@ -134,6 +143,7 @@ impl<
             .field("va_nodes", &VA_NODES)
             .field("slabs", &SLABS)
             .field("trace", &TRACE)
+            .field("hangs", &HANGS)
             .finish()
     }
 }
@@ -147,6 +157,7 @@ pub(crate) struct StorageParts<'s> {
     pub(crate) deps: &'s mut Deps,
     pub(crate) trace: crate::debug::TraceRing<'s>,
     pub(crate) local: &'s mut [u64],
+    pub(crate) hangs: HangLog<'s>,
 }
 
 /// A block of the pools: its memory and, with the MMU on, the VA

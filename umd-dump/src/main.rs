@@ -2,11 +2,15 @@
 //! packet (or JSON with `--json`).
 //!
 //! ```text
-//! umd-dump [--gen 1|2] [--base ADDR] [--json] FILE|-
+//! umd-dump [--gen 1|2] [--base ADDR] [--json] [--hex] [--out FILE] FILE|-
 //! ```
 //!
 //! A `.rgcs` file (`docs/refgpu.md` section 8) names its generation and base
-//! address; a raw stream needs `--gen` (and `--base`, default 0). `-` reads
+//! address; a raw stream needs `--gen` (and `--base`, default 0). A capture
+//! (`.rgcs` format version 2, section 8.1) prints every submission in order
+//! with its fence and waits, then its packets. `--hex` reads the `rgcs:`
+//! lines of a UART log instead of bytes; `--out FILE` writes the bytes read
+//! (a capture rebuilt from hex lines) instead of printing. `-` reads
 //! standard input.
 
 use std::io::Read;
@@ -34,6 +38,12 @@ struct Args {
     /// JSON instead of one line per packet
     #[arg(long)]
     json: bool,
+    /// The input is text: the `rgcs:` hex lines of a UART log
+    #[arg(long)]
+    hex: bool,
+    /// Write the bytes read to FILE instead of printing (with --hex: the .rgcs capture)
+    #[arg(long, value_name = "FILE")]
+    out: Option<String>,
     /// The stream, `-` for standard input
     #[arg(value_name = "FILE|-")]
     path: String,
@@ -59,6 +69,25 @@ fn run(args: Args) -> Result<(), String> {
         std::io::stdin().read_to_end(&mut bytes).map_err(|e| format!("stdin: {e}"))?;
     } else {
         bytes = std::fs::read(&args.path).map_err(|e| format!("{}: {e}", args.path))?;
+    }
+    if args.hex {
+        let text = String::from_utf8_lossy(&bytes);
+        bytes = umd_dump::capture::from_hex_lines(&text).map_err(|e| format!("{}: {e}", args.path))?;
+    }
+    if let Some(out) = &args.out {
+        std::fs::write(out, &bytes).map_err(|e| format!("{out}: {e}"))?;
+        eprintln!("umd-dump: wrote {} bytes to {out}", bytes.len());
+        return Ok(());
+    }
+    if umd_dump::capture::is_capture(&bytes) {
+        let path = &args.path;
+        if args.json {
+            let doc = umd_dump::capture::render_json(&bytes).map_err(|e| format!("{path}: {e}"))?;
+            println!("{}", serde_json::to_string_pretty(&doc).map_err(|e| e.to_string())?);
+        } else {
+            print!("{}", umd_dump::capture::render_text(&bytes).map_err(|e| format!("{path}: {e}"))?);
+        }
+        return Ok(());
     }
     let (gen, base, packets) = if StreamFile::is_stream_file(&bytes) {
         let f = StreamFile::parse(&bytes).map_err(|e| format!("{}: {e}", args.path))?;

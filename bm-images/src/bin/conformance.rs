@@ -6,7 +6,9 @@
 //! Semihosting command line: `polling` (default) or `msi`; `validation`
 //! runs the suite with umd-core's validation mode on (the image must be
 //! built with the `validation` feature: otherwise `@@ FATAL`, exit 2);
-//! `umd.<key>=<value>` entries configure the driver (`bm_images::knobs`).
+//! `umd.<key>=<value>` entries configure the driver (`bm_images::knobs`);
+//! `dump`: the driver's state dump at the end too
+//! (`@@ REPORT state-on-request`).
 #![no_std]
 #![no_main]
 
@@ -26,6 +28,9 @@ fn main() -> ! {
     // One core, no scheduler: no threads for the multi-submitter scenario.
     let env = Env { parallel: None };
     let n = suite::run(&dev, &env);
+    if boot::has_arg("dump") {
+        suite::print_state(&dev, "state-on-", "request");
+    }
     boot::print_irqs(mode);
     println!("stats: {:?}", dev.stats());
     println!("@@ DONE passed={} failed={} skipped={}", n.passed, n.failed, n.skipped);

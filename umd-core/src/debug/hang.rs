@@ -284,3 +284,77 @@ impl fmt::Display for HangReport {
         Ok(())
     }
 }
+
+/// Hang and fault reports a device keeps by default (the
+/// `HANGS` parameter of [`crate::storage::DeviceStorage`]).
+pub const HANG_REPORTS: usize = 4;
+
+/// Storage for the last `N` hang and fault reports (in the device's
+/// storage; lent to its [`HangLog`]).
+#[derive(Debug)]
+pub struct HangStorage<const N: usize = HANG_REPORTS> {
+    reports: [Option<HangReport>; N],
+}
+
+impl<const N: usize> HangStorage<N> {
+    /// Empty (a `const fn`: usable in a `static`).
+    pub const fn new() -> Self {
+        HangStorage { reports: [None; N] }
+    }
+}
+
+impl<const N: usize> Default for HangStorage<N> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The last hang and fault reports, oldest overwritten first, and how many
+/// there were in all.
+#[derive(Debug)]
+pub struct HangLog<'s> {
+    reports: &'s mut [Option<HangReport>],
+    /// Reports recorded since the device came up.
+    total: u64,
+}
+
+impl<'s> HangLog<'s> {
+    /// A log over `storage`.
+    pub fn new<const N: usize>(storage: &'s mut HangStorage<N>) -> Self {
+        storage.reports.iter_mut().for_each(|r| *r = None);
+        HangLog { reports: &mut storage.reports, total: 0 }
+    }
+
+    /// How many reports it keeps.
+    pub fn capacity(&self) -> usize {
+        self.reports.len()
+    }
+
+    /// Reports recorded in all (kept or overwritten).
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// Records `r`, overwriting the oldest when full.
+    pub fn push(&mut self, r: HangReport) {
+        let n = self.reports.len() as u64;
+        if let Some(slot) = self.total.checked_rem(n).and_then(|i| self.reports.get_mut(i as usize)) {
+            *slot = Some(r);
+        }
+        self.total = self.total.saturating_add(1);
+    }
+
+    /// The newest report.
+    pub fn last(&self) -> Option<HangReport> {
+        self.iter().last().copied()
+    }
+
+    /// The kept reports, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = &HangReport> + '_ {
+        let n = self.reports.len();
+        let start =
+            if self.total > n as u64 { self.total.checked_rem(n as u64).unwrap_or(0) as usize } else { 0 };
+        let (a, b) = self.reports.split_at(start.min(n));
+        b.iter().chain(a).flatten()
+    }
+}

@@ -1,7 +1,9 @@
-//! Bring-up aids: the trace ring of submission events and the hang report.
+//! Bring-up aids: the trace ring of submission events, the hang reports and
+//! the command-stream capture.
 
+pub mod capture;
 pub mod hang;
 pub mod trace;
 
-pub use hang::{HangReason, HangReport, NearBuffer, Window};
+pub use hang::{HangLog, HangReason, HangReport, HangStorage, NearBuffer, Window, HANG_REPORTS};
 pub use trace::{TraceEvent, TraceKind, TraceRing};

@@ -339,6 +339,17 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         hang::resume(self, qs, q, upto)
     }
 
+    fn queue_state(&self, qs: &DirectQueue, q: usize) -> crate::engine::backend::QueueHw {
+        let ring = qs.ring.as_ref().map(|r| crate::engine::backend::RingState {
+            size: r.size(),
+            va: r.gpu_va(),
+            wptr: r.wptr(),
+            rptr_seen: r.rptr_seen(),
+            rptr: self.p.read_reg(regs::engine_reg(q as u32, er::RING_RPTR)).ok(),
+        });
+        crate::engine::backend::QueueHw { ring, held: None }
+    }
+
     fn mapping_counters(&self) -> (u64, u64) {
         (self.pte_writes.load(Ordering::Relaxed), self.tlb_invalidations.load(Ordering::Relaxed))
     }
@@ -397,9 +408,16 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
     /// (about 29 KiB on 64-bit hosts, less with 32-bit pointers; `docs/perf.md`,
     /// "Size of the device per configuration"): firmware that
     /// counts stack bytes gives it its memory with [`Device::new_in`].
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize>(
+    pub fn new<
+        const BUF: usize,
+        const VA: usize,
+        const SL: usize,
+        const TR: usize,
+        const LW: usize,
+        const HG: usize,
+    >(
         p: &'d P,
-        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW>,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,
         mmu: MmuMode,
     ) -> Result<Self, InitError> {
@@ -421,10 +439,11 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
         const SL: usize,
         const TR: usize,
         const LW: usize,
+        const HG: usize,
     >(
         slot: &'s mut MaybeUninit<Self>,
         p: &'d P,
-        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW>,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,
         mmu: MmuMode,
     ) -> Result<InPlace<'s, Self>, InitError> {

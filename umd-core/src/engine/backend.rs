@@ -233,11 +233,45 @@ pub trait Backend: sealed::Sealed + Sized {
         None
     }
 
+    /// What the hardware side of queue `q` looks like now, for the state
+    /// dump (under the queue's submit lock).
+    fn queue_state(&self, qs: &Self::Queue, q: usize) -> QueueHw {
+        let _ = (qs, q);
+        QueueHw::default()
+    }
+
     /// Waits for `seqno` of queue `q` without polling, if the backend can.
     fn block(&self, q: usize, seqno: Seqno, timeout_ns: u64) -> Block {
         let _ = (q, seqno, timeout_ns);
         Block::Unsupported
     }
+}
+
+/// The hardware side of a queue, as the state dump shows it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueHw {
+    /// Direct mode: the ring's size in bytes, the write pointer published,
+    /// the read pointer last seen by the driver, and RING_RPTR as read now
+    /// (`None` when the register could not be read).
+    pub ring: Option<RingState>,
+    /// Kernel mode: submissions held back (waiting for a fence not yet
+    /// handed to the kernel), and whether the queue has a kernel context.
+    pub held: Option<(usize, bool)>,
+}
+
+/// A direct-mode ring's pointers (byte offsets).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RingState {
+    /// Size in bytes.
+    pub size: usize,
+    /// GPU address.
+    pub va: u64,
+    /// The write pointer published.
+    pub wptr: usize,
+    /// The read pointer the driver last saw.
+    pub rptr_seen: usize,
+    /// RING_RPTR read now.
+    pub rptr: Option<u32>,
 }
 
 /// What an emit did, for statistics and the trace.

@@ -285,7 +285,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             let Some(mut qs) = q.submit.try_lock() else { continue };
             match self.check_locked(qi, &mut qs) {
                 // The report fail_locked kept (one copy of it, not two).
-                Ok(true) => report = *self.last_hang.lock(),
+                Ok(true) => report = self.last_hang.lock().last(),
                 Ok(false) => {}
                 Err(Gone) => {
                     drop(qs);
@@ -391,7 +391,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         };
         self.record_trace(kind, qi, upto, failure.report.cur_addr);
         self.record_trace(TraceKind::Reset, qi, upto, n);
-        *self.last_hang.lock() = Some(failure.report);
+        self.note_failure_report(failure.report);
         // Buffers the cancelled work held are free now that the engine is idle.
         self.after_completion(qi, after, upto, true);
         if !resume_ok {
@@ -483,7 +483,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                 self.b.chip().generation,
                 (upto, after),
             );
-            *self.last_hang.lock() = Some(report);
+            self.note_failure_report(report);
         }
     }
 }

@@ -228,10 +228,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         const SL: usize,
         const TR: usize,
         const LW: usize,
+        const HG: usize,
     >(
         slot: &'s mut MaybeUninit<Self>,
         b: B,
-        storage: &'d mut DeviceStorage<BUF, VA, SL, TR, LW>,
+        storage: &'d mut DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,
         va_arena: Option<(u64, u64)>,
         maps: B::Maps,
@@ -266,6 +267,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             let DeviceCore {
                 id: _, b: _, enc: _, cfg: _, tun: _, nq: _, queues: _, ib: _, mem: _, deps: _,
                 trace: _, last_hang: _, stats: _, lost: _, fault_irqs: _, reclaim_backlog: _,
+                #[cfg(feature = "capture")]
+                capture: _,
                 #[cfg(feature = "validation")]
                 validating: _,
                 torn_down: _,
@@ -301,11 +304,13 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             }));
             addr_of_mut!((*e).deps).write(Mutex::new(parts.deps));
             addr_of_mut!((*e).trace).write(Mutex::new(parts.trace));
-            addr_of_mut!((*e).last_hang).write(Mutex::new(None));
+            addr_of_mut!((*e).last_hang).write(Mutex::new(parts.hangs));
             addr_of_mut!((*e).stats).write(Counters::default());
             addr_of_mut!((*e).lost).write(AtomicBool::new(false));
             addr_of_mut!((*e).fault_irqs).write(crate::sync::fault_irqs::FaultIrqs::new());
             addr_of_mut!((*e).reclaim_backlog).write(core::sync::atomic::AtomicU32::new(0));
+            #[cfg(feature = "capture")]
+            addr_of_mut!((*e).capture).write(Mutex::new(super::capture::CaptureState::default()));
             #[cfg(feature = "validation")]
             addr_of_mut!((*e).validating).write(AtomicBool::new(false));
             addr_of_mut!((*e).torn_down).write(AtomicBool::new(false));

@@ -45,7 +45,10 @@
 
 pub mod backend;
 pub mod buffers;
+#[cfg(feature = "capture")]
+pub mod capture;
 pub mod complete;
+pub mod dump;
 pub mod events;
 pub mod lifecycle;
 pub(crate) mod queue;
@@ -61,7 +64,7 @@ use lock_api::{Mutex, MutexGuard};
 
 use crate::cmd::Encoder;
 use crate::config::{Config, HangConfig, PoolExhaustion};
-use crate::debug::{HangReport, TraceEvent, TraceKind, TraceRing};
+use crate::debug::{HangLog, HangReport, TraceEvent, TraceKind, TraceRing};
 use crate::hw::ChipId;
 use crate::ibpool::{IbPool, IbPoolStats};
 use crate::mem::manager::{BufferStats, Buffers};
@@ -221,7 +224,7 @@ pub struct DeviceCore<'d, B: Backend, const CHUNKS: usize = 16> {
     pub(crate) mem: Mutex<Raw<B>, MemState<'d, B>>,
     pub(crate) deps: Mutex<Raw<B>, &'d mut Deps>,
     pub(crate) trace: Mutex<Raw<B>, TraceRing<'d>>,
-    pub(crate) last_hang: Mutex<Raw<B>, Option<HangReport>>,
+    pub(crate) last_hang: Mutex<Raw<B>, HangLog<'d>>,
     pub(crate) stats: Counters,
     pub(crate) lost: AtomicBool,
     /// Queues (bit `q`) whose fault interrupt was acknowledged but not yet
@@ -232,6 +235,9 @@ pub struct DeviceCore<'d, B: Backend, const CHUNKS: usize = 16> {
     /// without waiting for another completion (set and cleared under the
     /// memory lock, read without it as a hint).
     pub(crate) reclaim_backlog: AtomicU32,
+    /// The command-stream capture session (`capture` feature).
+    #[cfg(feature = "capture")]
+    pub(crate) capture: Mutex<Raw<B>, capture::CaptureState<'d>>,
     /// The validation mode is on (`validation` feature).
     #[cfg(feature = "validation")]
     pub(crate) validating: AtomicBool,
@@ -414,7 +420,25 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// fault and the fence counts only ([`HangReport::uncaptured`]: no
     /// registers, no command windows, no nearest buffer).
     pub fn last_hang(&self) -> Option<HangReport> {
-        *self.last_hang.lock()
+        self.last_hang.lock().last()
+    }
+
+    /// The last hang and fault reports (as many as the device's storage
+    /// keeps, [`crate::storage::DeviceStorage`]'s `HANGS`), oldest first,
+    /// passed to `f` one by one under the log's lock; returns how many
+    /// there were in all since the device came up.
+    pub fn hang_reports(&self, mut f: impl FnMut(&HangReport)) -> u64 {
+        let log = self.last_hang.lock();
+        log.iter().for_each(&mut f);
+        log.total()
+    }
+
+    /// Keeps `r` in the hang log (and, with a flight recorder running,
+    /// writes the captured submissions before it into its sink).
+    pub(crate) fn note_failure_report(&self, r: HangReport) {
+        self.last_hang.lock().push(r);
+        #[cfg(feature = "capture")]
+        self.capture_failure();
     }
 
     /// Whether the device was lost.

@@ -167,6 +167,15 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         point
     }
 
+    /// Calls `f` with each failed range the history keeps, oldest first,
+    /// and returns the acknowledged point (0: none).
+    pub(crate) fn failures(&self, f: &mut dyn FnMut(&crate::sync::history::FailedRange)) -> Seqno {
+        if self.failures.load(Ordering::Acquire) != 0 {
+            self.history.lock().ranges().for_each(f);
+        }
+        Seqno(self.floor.load(Ordering::Acquire))
+    }
+
     /// How often the failure history merged ranges to make room (0 unless
     /// the admission bound is broken, see [`FailureHistory`]).
     pub(crate) fn history_merges(&self) -> u64 {

@@ -419,6 +419,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             job.seqno = seqno;
             match self.b.emit(&mut qs, &job) {
                 Ok(info) => {
+                    #[cfg(feature = "capture")]
+                    let caller = pending.is_none();
                     if let Some(m) = mem.as_mut() {
                         for u in s.buffers {
                             m.buffers.note_use(u.buffer, qi, seqno);
@@ -435,6 +437,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     // Under the submit lock too: the queue's trace stage
                     // has one writer at a time.
                     self.trace_submit((qi, q), seqno, dwords, ib.va, info.wptr);
+                    // Under the submit lock: a queue's records in order.
+                    #[cfg(feature = "capture")]
+                    self.capture_submit(queue, seqno, s.waits, ib, caller);
                     drop(qs);
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);

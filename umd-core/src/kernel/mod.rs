@@ -278,6 +278,10 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         Ok(())
     }
 
+    fn queue_state(&self, qs: &KernelQueue, _q: usize) -> crate::engine::backend::QueueHw {
+        crate::engine::backend::QueueHw { ring: None, held: Some((qs.held.len(), qs.ctx.is_some())) }
+    }
+
     fn holds(&self) -> bool {
         true
     }
@@ -440,9 +444,16 @@ impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS>
     /// context per queue and sets up the IB pool in the kernel's VA range.
     /// The large tables live in `storage`; the device borrows it and the
     /// platform for its lifetime.
-    pub fn new<const BUF: usize, const VA: usize, const SL: usize, const TR: usize, const LW: usize>(
+    pub fn new<
+        const BUF: usize,
+        const VA: usize,
+        const SL: usize,
+        const TR: usize,
+        const LW: usize,
+        const HG: usize,
+    >(
         p: &'d P,
-        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW>,
+        storage: &'d mut crate::storage::DeviceStorage<BUF, VA, SL, TR, LW, HG>,
         cfg: Config,
     ) -> Result<Self, InitError> {
         let info = p.info().map_err(InitError::Platform)?;

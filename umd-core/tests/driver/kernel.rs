@@ -537,6 +537,22 @@ fn a_guilty_context_fails_its_work_and_dependents_and_is_replaced() {
         let f3 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0010)).unwrap();
         dev.wait(f3, T).unwrap();
         assert_eq!(dev.stats().resets, 1);
+        // The state dump in kernel mode: no ring, the kernel's reset in
+        // the kept reports, the failed range on the queue.
+        let mut json = String::new();
+        dev.dump_state(&mut json, umd_core::engine::dump::DumpFormat::Json).unwrap();
+        let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
+        assert_eq!(j["device"]["mode"], "kernel", "{json}");
+        let gfx = &j["queues"][0];
+        assert_eq!((gfx["emitted"].as_u64(), gfx["completed"].as_u64()), (Some(4), Some(4)), "{json}");
+        assert_eq!(
+            (gfx["failed"][0]["after"].as_u64(), gfx["failed"][0]["upto"].as_u64()),
+            (Some(1), Some(3))
+        );
+        assert!(gfx["ring"].is_null() && gfx["held"] == 0 && gfx["context"] == true, "{json}");
+        assert_eq!(j["hangs"]["total"], 1, "{json}");
+        assert_eq!(j["hangs"]["reports"][0]["reason"], "reset by the kernel driver", "{json}");
+        assert!(j["va"]["used"].as_u64().is_some_and(|u| u > 0), "{json}");
     });
 }
 
@@ -694,4 +710,32 @@ fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait_in_
     // The range the loss is drawn from: about the calls of one run without
     // a loss (four threads, 40 rounds each).
     race::seeds("kernel-mode loss race", std::time::Duration::from_secs(6), |seed| loss_race(seed, 3_000));
+}
+
+// Needs feature `capture` (the workspace's tests turn it on through
+// umd-dump's dev-dependency).
+#[cfg(feature = "capture")]
+#[test]
+fn kernel_mode_submissions_are_captured_with_their_waits_and_ib() {
+    use umd_core::debug::capture::{Capture, CaptureRing};
+    with_kernel(Generation::Gen2, |dev, _| {
+        let ring: &'static mut CaptureRing<8192, 8> = Box::leak(Box::default());
+        dev.start_capture(Capture::to_ring(ring));
+        let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let b = dev.submit(QueueId::COPY, &[a], |cb| cb.timestamp(0x10_0100)).unwrap();
+        dev.wait(b, T).unwrap();
+        let mut seen = Vec::new();
+        dev.with_capture(|c| {
+            c.unwrap().ring.as_deref().unwrap().summaries(&mut |s| {
+                seen.push((
+                    s.queue,
+                    s.seqno,
+                    s.waits.get(..usize::from(s.nwaits)).unwrap().to_vec(),
+                    s.flags,
+                ));
+            })
+        });
+        assert_eq!(seen, [(QueueId::GFX, a.id.seqno, vec![], 0), (QueueId::COPY, b.id.seqno, vec![a.id], 0)]);
+        assert_eq!(dev.capture_stats().recorded, 2);
+    });
 }

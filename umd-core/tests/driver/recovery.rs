@@ -604,3 +604,78 @@ fn a_loss_racing_submissions_and_waits_fails_every_fence_and_ends_every_wait() {
     // run without a loss (four threads, 40 rounds each).
     race::seeds("direct-mode loss race", std::time::Duration::from_secs(10), |seed| loss_race(seed, 4_000));
 }
+
+#[test]
+fn the_state_dump_after_a_hang_names_the_queue_its_fences_and_the_report() {
+    use umd_core::engine::dump::DumpFormat;
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    dev.platform().state().engines[0].fault = EngineFault::Stuck;
+    let f1 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
+    let f2 = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
+    // A waiter on the hung queue, still pending when the dump is taken.
+    dev.platform().state().mode = Mode::Manual;
+    let c = dev.submit(QueueId::COMPUTE, &[f2], |cb| cb.timestamp(0x8030_0010)).unwrap();
+    let mut before = String::new();
+    dev.dump_state(&mut before, DumpFormat::Json).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&before).expect(&before);
+    assert_eq!(j["waits"][0]["waiter"], c.id.to_string(), "{before}");
+    assert_eq!(j["waits"][0]["on"], f2.id.to_string(), "{before}");
+    assert_eq!(j["waits"][0]["signalled"], false, "{before}");
+    dev.platform().state().mode = Mode::OnDoorbell;
+    assert_eq!(dev.wait(f1, 10_000_000_000), Err(WaitError::Failed(FenceError::DeviceHung)));
+
+    let mut json = String::new();
+    dev.dump_state(&mut json, DumpFormat::Json).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
+    assert_eq!(j["device"]["generation"], 2);
+    assert_eq!(j["device"]["mode"], "direct");
+    let gfx = &j["queues"][0];
+    assert_eq!((gfx["emitted"].as_u64(), gfx["completed"].as_u64()), (Some(2), Some(2)), "{json}");
+    assert_eq!(gfx["failed"][0]["after"], 0, "{json}");
+    assert_eq!(gfx["failed"][0]["upto"], 2, "{json}");
+    assert_eq!(gfx["failed"][0]["error"], FenceError::DeviceHung.to_string(), "{json}");
+    // The ring after the reset: both pointers at its start.
+    assert_eq!(gfx["ring"]["wptr"], gfx["ring"]["rptr"], "{json}");
+    assert_eq!(j["hangs"]["total"], 1, "{json}");
+    let r = &j["hangs"]["reports"][0];
+    assert_eq!((r["queue"].as_u64(), r["kind"].as_str()), (Some(0), Some("hang")), "{json}");
+    assert!(r["reason"].as_str().unwrap().contains("no progress"), "{json}");
+    assert_eq!(j["stats"]["hangs"], 1, "{json}");
+    assert_eq!(j["stats"]["resets"], 1, "{json}");
+    assert_eq!(j["stats"]["submissions"], 3, "{json}");
+    assert!(j["buffers"]["classes"].as_array().is_some_and(|c| c.len() == 3), "{json}");
+    assert!(j["ib_pool"]["chunks"].as_u64().is_some(), "{json}");
+
+    let mut text = String::new();
+    dev.dump_state(&mut text, DumpFormat::Text).unwrap();
+    assert!(text.contains("queue q0 stuck at"), "{text}");
+    assert!(text.contains("emitted: 2\n"), "{text}");
+    assert!(text.contains("upto: 2\n"), "{text}");
+}
+
+#[test]
+fn the_hang_log_keeps_the_last_n_reports_and_counts_them_all() {
+    let fake = Fake::new(Generation::Gen1, 4 << 20);
+    // Two reports kept (the storage's last parameter).
+    let mut storage: Box<umd_core::storage::DeviceStorage<256, 256, 64, 256, 64, 2>> = Box::default();
+    let dev: Device<'_, Fake, 4> = Device::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    let addrs = [0x1_0000_0000u64, 0x2_0000_0000, 0x3_0000_0000];
+    for addr in addrs {
+        dev.platform().state().mode = Mode::Manual;
+        let f = dev.submit(QueueId::COPY, &[], |cb| cb.copy(addr, 0x8030_0000, 64)).unwrap();
+        dev.platform().state().inject_fault(2, 1, 0, addr);
+        assert!(matches!(dev.wait(f, 1_000_000_000), Err(WaitError::Failed(FenceError::Fault(_)))));
+        dev.platform().state().mode = Mode::OnDoorbell;
+    }
+    let mut kept = Vec::new();
+    let total = dev.hang_reports(|r| kept.push(r.fault.map(|f| f.addr)));
+    assert_eq!(total, 3);
+    assert_eq!(kept, [Some(addrs[1]), Some(addrs[2])], "the oldest was overwritten, order kept");
+    assert_eq!(dev.last_hang().and_then(|r| r.fault).map(|f| f.addr), Some(addrs[2]));
+    let mut json = String::new();
+    dev.dump_state(&mut json, umd_core::engine::dump::DumpFormat::Json).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
+    assert_eq!((j["hangs"]["total"].as_u64(), j["hangs"]["kept"].as_u64()), (Some(3), Some(2)), "{json}");
+    assert_eq!(j["hangs"]["reports"][1]["kind"], "fault", "{json}");
+}

@@ -107,6 +107,14 @@ pub fn kernel_mode_sync_files_and_reset_status() -> R {
         dev.submit(QueueId::GFX, &[], |cb| cb.write_data(va + 12, &[9])).map_err(|e| e.to_string())?;
     dev.wait(after, 5_000_000_000).map_err(|e| e.to_string())?;
     ensure!(dev.read_u32(buf, 3) == Ok(9), "the queue after the reset");
+    // The state dump names the kernel's reset and the failed fence.
+    let mut state = String::new();
+    let _ = dev.dump_state(&mut state, umd_core::engine::dump::DumpFormat::Text);
+    ensure!(
+        state.contains("reason: reset by the kernel driver")
+            && state.contains("error: queue hung and was reset"),
+        "the state dump after the hang:\n{state}"
+    );
     dev.free(buf).map_err(|e| e.to_string())?;
     ensure!(dev.shutdown().leaked_buffers == 0, "leaks");
     // The devcoredump the hang produced belongs to this test.
