@@ -231,7 +231,7 @@
 /**
  * Bytes of storage `umd_device_init` needs (for a 64-bit target).
  */
-#define UMD_DEVICE_STORAGE_SIZE 344064
+#define UMD_DEVICE_STORAGE_SIZE 348160
 #endif
 
 #if defined(UMD_PTR32)

@@ -59,7 +59,7 @@ const LIVE: u32 = 0x554D_4431;
 
 /// Bytes of storage `umd_device_init` needs (for a 64-bit target).
 #[cfg(target_pointer_width = "64")]
-pub const UMD_DEVICE_STORAGE_SIZE: usize = 344_064;
+pub const UMD_DEVICE_STORAGE_SIZE: usize = 348_160;
 /// Bytes of storage `umd_device_init` needs (for a 32-bit target).
 #[cfg(target_pointer_width = "32")]
 pub const UMD_DEVICE_STORAGE_SIZE: usize = 327_680;
