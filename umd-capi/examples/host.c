@@ -2,8 +2,9 @@
  * The C API against the in-process model (the host build, feature host):
  * brings a device up, runs the example workload (workload.c: the
  * quickstart in C, a dispatch behind a cross-queue wait, an event, an
- * injected hang reported and recovered, every output word checked) and
- * shuts down with the leak report. The last line is "ok".
+ * injected hang reported and recovered, every output word checked), prints
+ * the state dump after the hang (text, then checks the JSON form's shape)
+ * and shuts down with the leak report. The last line is "ok".
  *
  * Build (docs/c-api.md, "On a Linux host"):
  *   cc -std=c99 examples/host.c examples/workload.c \
@@ -47,6 +48,26 @@ int main(int argc, char **argv)
 
     if (umd_example_workload(dev) != 0)
         return 1;
+
+    /* The state dump after the workload's injected hang: a size query
+     * first, as with snprintf, then the text into a buffer with room to
+     * spare. */
+    static char dump[65536];
+    size_t need = 0, got = 0;
+    EXPECT(umd_device_dump_state(dev, UMD_DUMP_TEXT, NULL, 0, &need) == UMD_ERR_TRUNCATED);
+    EXPECT(need > 0 && need < sizeof dump);
+    CHECK(umd_device_dump_state(dev, UMD_DUMP_TEXT, dump, sizeof dump, &got));
+    EXPECT(got == need && strlen(dump) == got);
+    EXPECT(strstr(dump, "hangs:\n  total: 1\n") != NULL);
+    EXPECT(strstr(dump, "kind: hang\n") != NULL);
+    printf("state dump (text, %u bytes):\n%s", (unsigned)got, dump);
+    CHECK(umd_device_dump_state(dev, UMD_DUMP_JSON, dump, sizeof dump, &got));
+    EXPECT(strlen(dump) == got && got > 2);
+    EXPECT(dump[0] == '{' && strcmp(dump + got - 2, "}\n") == 0);
+    EXPECT(strstr(dump, "\"hangs\":{\"total\":1,") != NULL);
+    EXPECT(strstr(dump, "\"kind\":\"hang\"") != NULL);
+    printf("state dump (JSON, %u bytes): names the hang\n", (unsigned)got);
+
     struct umd_shutdown_report r;
     CHECK(umd_device_shutdown(dev, &r));
     EXPECT(r.leaked_buffers == 1 && r.leaked_bytes == 4096);

@@ -259,6 +259,18 @@
 #define UMD_MMU_BYPASS 1
 
 /**
+ * `umd_device_dump_state` format: indented `key: value` lines, hang
+ * reports with their decoded command windows.
+ */
+#define UMD_DUMP_TEXT 0
+
+/**
+ * `umd_device_dump_state` format: one JSON object (the hang reports'
+ * fields without their command windows).
+ */
+#define UMD_DUMP_JSON 1
+
+/**
  * `dma_alloc` flag: the CPU need not reach the memory (`cpu` may be NULL).
  */
 #define UMD_DMA_DEVICE_ONLY 1
@@ -941,6 +953,45 @@ enum umd_status umd_device_stats(const struct umd_device *dev, struct umd_stats 
  * bytes; `len` NULL or valid for a write.
  */
 enum umd_status umd_last_hang(const struct umd_device *dev, char *buf, size_t cap, size_t *len);
+
+/**
+ * Writes the whole driver state (`docs/capture-and-dump.md`, "The state
+ * dump": the device, each queue with its fences, failed ranges and ring,
+ * pending cross-queue waits, the IB pool, buffers, GPU addresses, the
+ * counters and the kept hang and fault reports) as `format`
+ * (`UMD_DUMP_TEXT` or `UMD_DUMP_JSON`) into `buf`, as `snprintf` does:
+ *
+ * - `*written` (which may be NULL when `len` is not 0) is set to the
+ *   dump's full length in bytes, without the NUL;
+ * - `buf` gets at most `len - 1` bytes of it and a NUL; `UMD_OK` when it
+ *   all fit (`*written < len`), else `UMD_ERR_TRUNCATED` (`buf` holds the
+ *   beginning; a truncated JSON dump does not parse);
+ * - `len` 0 writes nothing to `buf` (which may then be NULL) and only
+ *   sets `*written` (`UMD_ERR_TRUNCATED`; `written` is required): a size
+ *   query. The state can grow between two calls (a hang reported
+ *   meanwhile), so allocate with room to spare or retry on
+ *   `UMD_ERR_TRUNCATED`.
+ *
+ * An unknown `format` gives `UMD_ERR_INVALID_ARGUMENT`, a NULL `buf` with
+ * `len` not 0 (or a NULL `written` with `len` 0) `UMD_ERR_NULL`, a
+ * misaligned `written` `UMD_ERR_MISALIGNED`; these write nothing. The
+ * device is never changed by a dump.
+ *
+ * Never blocks: a queue whose submission lock is held by another thread
+ * is shown `busy` without waiting for it; the driver's other locks
+ * (dependency table, memory, hang log) are taken only for bounded walks
+ * of fixed-size tables, which also bound the call's time (about one
+ * register read per queue and a few KiB of text).
+ *
+ * # Safety
+ * `dev` as for every call; `buf` NULL or valid for writes of `len`
+ * bytes; `written` NULL or valid for a write.
+ */
+enum umd_status umd_device_dump_state(const struct umd_device *dev,
+                                      uint32_t format,
+                                      char *buf,
+                                      size_t len,
+                                      size_t *written);
 
 #if defined(UMD_HOST)
 /**

@@ -1,5 +1,5 @@
-//! The device in caller-placed storage: bring-up, shutdown, statistics
-//! and the hang report.
+//! The device in caller-placed storage: bring-up, shutdown, statistics,
+//! the hang report and the state dump.
 
 use core::ffi::{c_char, c_void};
 use core::fmt::{self, Write as _};
@@ -9,6 +9,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use umd_core::config::Config;
 use umd_core::direct::{Device, InPlace, MmuMode};
+use umd_core::engine::dump::DumpFormat;
 use umd_core::engine::Event;
 use umd_core::storage::DeviceStorage;
 
@@ -398,6 +399,93 @@ pub unsafe extern "C" fn umd_last_hang(
         unsafe { len.write(n) };
     }
     if n >= cap {
+        UMD_ERR_TRUNCATED
+    } else {
+        UMD_OK
+    }
+}
+
+/// `umd_device_dump_state` format: indented `key: value` lines, hang
+/// reports with their decoded command windows.
+pub const UMD_DUMP_TEXT: u32 = 0;
+/// `umd_device_dump_state` format: one JSON object (the hang reports'
+/// fields without their command windows).
+pub const UMD_DUMP_JSON: u32 = 1;
+
+/// Writes the whole driver state (`docs/capture-and-dump.md`, "The state
+/// dump": the device, each queue with its fences, failed ranges and ring,
+/// pending cross-queue waits, the IB pool, buffers, GPU addresses, the
+/// counters and the kept hang and fault reports) as `format`
+/// (`UMD_DUMP_TEXT` or `UMD_DUMP_JSON`) into `buf`, as `snprintf` does:
+///
+/// - `*written` (which may be NULL when `len` is not 0) is set to the
+///   dump's full length in bytes, without the NUL;
+/// - `buf` gets at most `len - 1` bytes of it and a NUL; `UMD_OK` when it
+///   all fit (`*written < len`), else `UMD_ERR_TRUNCATED` (`buf` holds the
+///   beginning; a truncated JSON dump does not parse);
+/// - `len` 0 writes nothing to `buf` (which may then be NULL) and only
+///   sets `*written` (`UMD_ERR_TRUNCATED`; `written` is required): a size
+///   query. The state can grow between two calls (a hang reported
+///   meanwhile), so allocate with room to spare or retry on
+///   `UMD_ERR_TRUNCATED`.
+///
+/// An unknown `format` gives `UMD_ERR_INVALID_ARGUMENT`, a NULL `buf` with
+/// `len` not 0 (or a NULL `written` with `len` 0) `UMD_ERR_NULL`, a
+/// misaligned `written` `UMD_ERR_MISALIGNED`; these write nothing. The
+/// device is never changed by a dump.
+///
+/// Never blocks: a queue whose submission lock is held by another thread
+/// is shown `busy` without waiting for it; the driver's other locks
+/// (dependency table, memory, hang log) are taken only for bounded walks
+/// of fixed-size tables, which also bound the call's time (about one
+/// register read per queue and a few KiB of text).
+///
+/// # Safety
+/// `dev` as for every call; `buf` NULL or valid for writes of `len`
+/// bytes; `written` NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn umd_device_dump_state(
+    dev: *const umd_device,
+    format: u32,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+) -> umd_status {
+    // SAFETY: the precondition.
+    let d = match unsafe { live(dev) } {
+        Ok((d, _)) => d,
+        Err(e) => return e,
+    };
+    let format = match format {
+        UMD_DUMP_TEXT => DumpFormat::Text,
+        UMD_DUMP_JSON => DumpFormat::Json,
+        _ => return UMD_ERR_INVALID_ARGUMENT,
+    };
+    if (len != 0 && buf.is_null()) || (len == 0 && written.is_null()) {
+        return UMD_ERR_NULL;
+    }
+    if !written.is_null() && !written.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    let out: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: non-NULL, valid for `len` bytes (the precondition).
+        unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+    };
+    let mut t = Text { buf: out, len: 0 };
+    // `Text` never refuses a write, so the dump runs to its end and counts
+    // every byte.
+    let _ = d.dump_state(&mut t, format);
+    let n = t.len;
+    if let Some(b) = t.buf.get_mut(n.min(len.saturating_sub(1))) {
+        *b = 0;
+    }
+    if !written.is_null() {
+        // SAFETY: checked non-NULL and aligned; valid by the precondition.
+        unsafe { written.write(n) };
+    }
+    if n >= len {
         UMD_ERR_TRUNCATED
     } else {
         UMD_OK
