@@ -217,6 +217,14 @@
  */
 #define UMD_FENCE_FAILED 2
 
+#if defined(UMD_CAPTURE)
+/**
+ * The smallest buffer `umd_capture_start` takes: the capture file's
+ * header and the loss record kept in reserve.
+ */
+#define UMD_CAPTURE_MIN_BYTES 40
+#endif
+
 /**
  * Buffers a device can hold at once (the storage's table).
  */
@@ -325,7 +333,8 @@ typedef enum umd_status {
    */
   UMD_ERR_NOT_A_DEVICE = -5,
   /**
-   * The storage already holds a live device.
+   * The storage already holds a live device, or a capture already runs
+   * on the device.
    */
   UMD_ERR_BUSY = -6,
   /**
@@ -537,6 +546,28 @@ typedef struct umd_command {
    */
   size_t word_count;
 } umd_command;
+
+#if defined(UMD_CAPTURE)
+/**
+ * What a capture recorded.
+ */
+typedef struct umd_capture_result {
+  /**
+   * Bytes of the capture file at the start of the buffer (write them
+   * to a `.rgcs` file for `umd-dump`).
+   */
+  uint64_t bytes;
+  /**
+   * Submissions recorded.
+   */
+  uint64_t recorded;
+  /**
+   * Submissions that did not fit (counted in a loss record at the end
+   * of the file).
+   */
+  uint64_t lost;
+} umd_capture_result;
+#endif
 
 /**
  * One block of GPU-visible memory, as the C platform hands it out and
@@ -894,6 +925,52 @@ enum umd_status umd_event_is_set(const struct umd_device *dev, umd_event ev, uin
  * `dev` as for every call.
  */
 enum umd_status umd_event_wait(const struct umd_device *dev, umd_event ev, uint64_t timeout_ns);
+
+#if defined(UMD_CAPTURE)
+/**
+ * Starts recording every submission of the queues in `queues` (bit `q`
+ * for queue `q`, `1 << UMD_QUEUE_GFX` ...; at least one, each an existing
+ * queue) once it reached the hardware, into `buf` (`len` bytes, at least
+ * `UMD_CAPTURE_MIN_BYTES`) as a `.rgcs` capture file: its header now,
+ * then one record per submission (its fence, the fences it waited for,
+ * its commands with every CHAIN followed). Records are whole: the first
+ * ones that fit are kept, and once one did not fit every later one is
+ * counted as lost (never blocking or failing a submission).
+ * `umd_capture_stop` ends the capture and gives its length.
+ *
+ * `UMD_ERR_BUSY` when a capture already runs on the device; a NULL `buf`,
+ * a `len` too small or a bad `queues` start nothing.
+ *
+ * Never blocks (takes the device's capture lock, which a submission
+ * holds only while copying its record).
+ *
+ * # Safety
+ * `dev` as for every call; `buf` NULL or valid for writes of `len`
+ * bytes, neither read nor written by the caller, moved or freed until
+ * `umd_capture_stop` or `umd_device_shutdown` returns.
+ */
+enum umd_status umd_capture_start(const struct umd_device *dev,
+                                  void *buf,
+                                  size_t len,
+                                  uint32_t queues);
+#endif
+
+#if defined(UMD_CAPTURE)
+/**
+ * Ends the running capture and writes what it recorded to `*out`: the
+ * buffer given to `umd_capture_start` then holds a complete capture file
+ * of `out->bytes` bytes and is the caller's again.
+ *
+ * `UMD_ERR_NOT_FOUND` when no capture runs; a NULL or misaligned `out`
+ * leaves the capture running.
+ *
+ * Never blocks (as `umd_capture_start`).
+ *
+ * # Safety
+ * `dev` as for every call; `out` NULL or valid for a write.
+ */
+enum umd_status umd_capture_stop(const struct umd_device *dev, struct umd_capture_result *out);
+#endif
 
 /**
  * Brings a device up in `storage` (`storage_len` bytes, at least

@@ -51,6 +51,12 @@ pub(crate) struct Slot {
     platform: CPlatform,
     pub(crate) events: Events,
     dev: Option<InPlace<'static, Dev>>,
+    #[cfg(feature = "capture")]
+    capture: crate::capture::CaptureCtl,
+    /// The running capture's sink (`crate::capture`), written when it
+    /// starts.
+    #[cfg(feature = "capture")]
+    capture_sink: MaybeUninit<crate::capture::BufSink>,
     dev_mem: MaybeUninit<Dev>,
     storage: DeviceStorage<BUFFERS>,
 }
@@ -127,6 +133,27 @@ pub(crate) unsafe fn live<'a>(d: *const umd_device) -> Result<(&'a Dev, &'a Even
     dev.as_deref().map(|d| (d, events)).ok_or(UMD_ERR_NOT_A_DEVICE)
 }
 
+/// The capture state of the live device at `d`: its lock, and its sink's
+/// place (initialised by `umd_capture_start`).
+///
+/// # Safety
+/// `live(d)` succeeded (the slot is initialised).
+#[cfg(feature = "capture")]
+pub(crate) unsafe fn capture_ctl<'a>(
+    d: *const umd_device,
+) -> (&'a crate::capture::CaptureCtl, *mut crate::capture::BufSink) {
+    // The storage is the caller's writable memory (given to
+    // `umd_device_init` as such); the API passes it as `const` only
+    // because most calls do not write it.
+    let s = d.cast::<Slot>().cast_mut();
+    // SAFETY: a live slot's `capture` is initialised (the precondition)
+    // and only written again by the next `umd_device_init`.
+    let ctl = unsafe { &*addr_of!((*s).capture) };
+    // SAFETY: a place in the slot, not read here.
+    let sink = unsafe { addr_of_mut!((*s).capture_sink) };
+    (ctl, sink.cast())
+}
+
 /// Brings a device up in `storage` (`storage_len` bytes, at least
 /// `UMD_DEVICE_STORAGE_SIZE`, aligned to `UMD_DEVICE_STORAGE_ALIGN`) over
 /// `platform` (copied; its callbacks must stay valid until shutdown) with
@@ -189,6 +216,8 @@ pub unsafe extern "C" fn umd_device_init(
         addr_of_mut!((*s).events)
             .write(spin::Mutex::new([EventSlot { event: None, gen: 0, reserved: false }; EVENTS]));
         addr_of_mut!((*s).dev).write(None);
+        #[cfg(feature = "capture")]
+        addr_of_mut!((*s).capture).write(crate::capture::CaptureCtl::new());
     }
     // SAFETY: initialised above; the storage is the caller's until
     // shutdown (the precondition), so the borrows live as long as the

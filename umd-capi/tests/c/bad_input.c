@@ -276,6 +276,28 @@ int main(void)
         line_failed = 1;
     unchanged("state dump arguments (unknown format, NULL, too small)", dev, b, &before);
 
+    /* Capture: refused starts start nothing (a stop finds no capture); a
+     * second start while one runs is refused and leaves the first one
+     * recording; a refused stop leaves it running. */
+    static uint8_t rgcs[4096];
+    struct umd_capture_result cr = {0};
+    IS(umd_capture_start(dev, NULL, sizeof rgcs, 1u), UMD_ERR_NULL);
+    IS(umd_capture_start(dev, rgcs, UMD_CAPTURE_MIN_BYTES - 1, 1u), UMD_ERR_TOO_SMALL);
+    IS(umd_capture_start(dev, rgcs, sizeof rgcs, 0u), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_capture_start(dev, rgcs, sizeof rgcs, 1u << 3), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_capture_start(NULL, rgcs, sizeof rgcs, 1u), UMD_ERR_NULL);
+    IS(umd_capture_stop(dev, &cr), UMD_ERR_NOT_FOUND);
+    OK(umd_capture_start(dev, rgcs, sizeof rgcs, 1u << UMD_QUEUE_GFX));
+    IS(umd_capture_start(dev, rgcs + 2048, 2048, 1u), UMD_ERR_BUSY);
+    IS(umd_capture_stop(dev, NULL), UMD_ERR_NULL);
+    IS(umd_capture_stop(dev, (struct umd_capture_result *)((char *)&cr + 1)), UMD_ERR_MISALIGNED);
+    OK(umd_capture_stop(dev, &cr));
+    if (cr.recorded != 0 || cr.lost != 0 || cr.bytes != UMD_CAPTURE_MIN_BYTES - 16 ||
+        memcmp(rgcs, "RGCS", 4) != 0)
+        line_failed = 1;
+    IS(umd_capture_stop(dev, &cr), UMD_ERR_NOT_FOUND);
+    unchanged("capture arguments (NULL, too small, bad queues, busy, not running)", dev, b, &before);
+
     OK(umd_buffer_free(dev, b));
     OK(umd_buffer_free(dev2, other));
     struct umd_shutdown_report r;
