@@ -37,9 +37,18 @@ impl BufSink {
         let r = lost_record(lost);
         let end = self.len.saturating_add(r.len());
         if let Some(d) = self.buf.get_mut(self.len..end) {
-            d.copy_from_slice(&r);
+            copy(d, &r);
             self.len = end;
         }
+    }
+}
+
+/// Copies `src` into `dst` (of the same length), without
+/// `copy_from_slice`'s length check (a panic path the optimiser can not
+/// always remove).
+fn copy(dst: &mut [u8], src: &[u8]) {
+    for (d, s) in dst.iter_mut().zip(src) {
+        *d = *s;
     }
 }
 
@@ -59,8 +68,7 @@ impl CaptureSink for BufSink {
             return Err(SinkError);
         }
         let end = self.len.saturating_add(bytes.len());
-        let d = self.buf.get_mut(self.len..end).ok_or(SinkError)?;
-        d.copy_from_slice(bytes);
+        copy(self.buf.get_mut(self.len..end).ok_or(SinkError)?, bytes);
         self.len = end;
         Ok(())
     }
@@ -191,7 +199,7 @@ pub unsafe extern "C" fn umd_capture_stop(
         return UMD_ERR_NOT_FOUND;
     }
     // The session (and its borrow of the sink) ends here.
-    drop(d.stop_capture());
+    let _ = d.stop_capture();
     let stats = d.capture_stats();
     // SAFETY: written by `umd_capture_start` (a session ran); its session
     // was just dropped, so nothing else reaches it.
