@@ -74,9 +74,10 @@ impl CaptureSink for BufSink {
     }
 }
 
-/// The per-device state of the C API's capture: whether a session runs,
-/// and its sink (in the device's storage, borrowed by the core while the
-/// session runs).
+/// The per-device state of the C API's capture: whether a session runs.
+/// Its lock is held for the whole of a start and a stop; the session's
+/// sink is the slot's `capture_sink`, borrowed by the core while the
+/// session runs.
 pub(crate) struct CaptureCtl {
     running: spin::Mutex<bool>,
 }
