@@ -3,8 +3,8 @@
 //! `thumbv7em-none-eabihf`) on the Cortex-M4 of QEMU `mps2-an386`, the GPU
 //! in the board's shared RAM through the C transport: buffers, a copy, a
 //! dispatch behind a cross-queue wait, an event, an injected hang reported
-//! and recovered (every output word checked), and shutdown with the leak
-//! report, on both generations.
+//! and recovered (every output word checked), the state dump printed after
+//! that hang, and shutdown with the leak report, on both generations.
 
 use qemu_tests::{boot, c_firmware, Run, Status};
 
@@ -13,13 +13,16 @@ fn runs(generation: u8) {
     let image: &'static str = Box::leak(elf.display().to_string().into_boxed_str());
     let out = boot(&Run::cortex_m(image, generation)).unwrap_or_else(|e| panic!("gen{generation}: {e}"));
     let tail = out.tail(30);
-    for name in ["c_workload", "c_shutdown"] {
+    for name in ["c_workload", "c_dump", "c_shutdown"] {
         assert_eq!(out.boot.status(name), Some(&Status::Pass), "gen{generation}: {name}\n{tail}");
     }
     for line in [
         "dispatch after a cross-queue wait: 1024 words checked",
         "hang reported",
         "recovered: 1024 words checked",
+        "state dump (ok, ",
+        "reason: no progress for ",
+        "kind: hang",
     ] {
         assert!(
             out.boot.console.iter().any(|l| l.contains(line)),

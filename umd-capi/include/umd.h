@@ -217,6 +217,14 @@
  */
 #define UMD_FENCE_FAILED 2
 
+#if defined(UMD_CAPTURE)
+/**
+ * The smallest buffer `umd_capture_start` takes: the capture file's
+ * header and the loss record kept in reserve.
+ */
+#define UMD_CAPTURE_MIN_BYTES 40
+#endif
+
 /**
  * Buffers a device can hold at once (the storage's table).
  */
@@ -257,6 +265,18 @@
  * `umd_device_init` MMU mode: off, GPU addresses are device addresses.
  */
 #define UMD_MMU_BYPASS 1
+
+/**
+ * `umd_device_dump_state` format: indented `key: value` lines, hang
+ * reports with their decoded command windows.
+ */
+#define UMD_DUMP_TEXT 0
+
+/**
+ * `umd_device_dump_state` format: one JSON object (the hang reports'
+ * fields without their command windows).
+ */
+#define UMD_DUMP_JSON 1
 
 /**
  * `dma_alloc` flag: the CPU need not reach the memory (`cpu` may be NULL).
@@ -313,7 +333,8 @@ typedef enum umd_status {
    */
   UMD_ERR_NOT_A_DEVICE = -5,
   /**
-   * The storage already holds a live device.
+   * The storage already holds a live device, or a capture already runs
+   * on the device.
    */
   UMD_ERR_BUSY = -6,
   /**
@@ -525,6 +546,28 @@ typedef struct umd_command {
    */
   size_t word_count;
 } umd_command;
+
+#if defined(UMD_CAPTURE)
+/**
+ * What a capture recorded.
+ */
+typedef struct umd_capture_result {
+  /**
+   * Bytes of the capture file at the start of the buffer (write them
+   * to a `.rgcs` file for `umd-dump`).
+   */
+  uint64_t bytes;
+  /**
+   * Submissions recorded.
+   */
+  uint64_t recorded;
+  /**
+   * Submissions that did not fit (counted in a loss record at the end
+   * of the file).
+   */
+  uint64_t lost;
+} umd_capture_result;
+#endif
 
 /**
  * One block of GPU-visible memory, as the C platform hands it out and
@@ -883,6 +926,52 @@ enum umd_status umd_event_is_set(const struct umd_device *dev, umd_event ev, uin
  */
 enum umd_status umd_event_wait(const struct umd_device *dev, umd_event ev, uint64_t timeout_ns);
 
+#if defined(UMD_CAPTURE)
+/**
+ * Starts recording every submission of the queues in `queues` (bit `q`
+ * for queue `q`, `1 << UMD_QUEUE_GFX` ...; at least one, each an existing
+ * queue) once it reached the hardware, into `buf` (`len` bytes, at least
+ * `UMD_CAPTURE_MIN_BYTES`) as a `.rgcs` capture file: its header now,
+ * then one record per submission (its fence, the fences it waited for,
+ * its commands with every CHAIN followed). Records are whole: the first
+ * ones that fit are kept, and once one did not fit every later one is
+ * counted as lost (never blocking or failing a submission).
+ * `umd_capture_stop` ends the capture and gives its length.
+ *
+ * `UMD_ERR_BUSY` when a capture already runs on the device; a NULL `buf`,
+ * a `len` too small or a bad `queues` start nothing.
+ *
+ * Never blocks (takes the device's capture lock, which a submission
+ * holds only while copying its record).
+ *
+ * # Safety
+ * `dev` as for every call; `buf` NULL or valid for writes of `len`
+ * bytes, neither read nor written by the caller, moved or freed until
+ * `umd_capture_stop` or `umd_device_shutdown` returns.
+ */
+enum umd_status umd_capture_start(const struct umd_device *dev,
+                                  void *buf,
+                                  size_t len,
+                                  uint32_t queues);
+#endif
+
+#if defined(UMD_CAPTURE)
+/**
+ * Ends the running capture and writes what it recorded to `*out`: the
+ * buffer given to `umd_capture_start` then holds a complete capture file
+ * of `out->bytes` bytes and is the caller's again.
+ *
+ * `UMD_ERR_NOT_FOUND` when no capture runs; a NULL or misaligned `out`
+ * leaves the capture running.
+ *
+ * Never blocks (as `umd_capture_start`).
+ *
+ * # Safety
+ * `dev` as for every call; `out` NULL or valid for a write.
+ */
+enum umd_status umd_capture_stop(const struct umd_device *dev, struct umd_capture_result *out);
+#endif
+
 /**
  * Brings a device up in `storage` (`storage_len` bytes, at least
  * `UMD_DEVICE_STORAGE_SIZE`, aligned to `UMD_DEVICE_STORAGE_ALIGN`) over
@@ -941,6 +1030,45 @@ enum umd_status umd_device_stats(const struct umd_device *dev, struct umd_stats 
  * bytes; `len` NULL or valid for a write.
  */
 enum umd_status umd_last_hang(const struct umd_device *dev, char *buf, size_t cap, size_t *len);
+
+/**
+ * Writes the whole driver state (`docs/capture-and-dump.md`, "The state
+ * dump": the device, each queue with its fences, failed ranges and ring,
+ * pending cross-queue waits, the IB pool, buffers, GPU addresses, the
+ * counters and the kept hang and fault reports) as `format`
+ * (`UMD_DUMP_TEXT` or `UMD_DUMP_JSON`) into `buf`, as `snprintf` does:
+ *
+ * - `*written` (which may be NULL when `len` is not 0) is set to the
+ *   dump's full length in bytes, without the NUL;
+ * - `buf` gets at most `len - 1` bytes of it and a NUL; `UMD_OK` when it
+ *   all fit (`*written < len`), else `UMD_ERR_TRUNCATED` (`buf` holds the
+ *   beginning; a truncated JSON dump does not parse);
+ * - `len` 0 writes nothing to `buf` (which may then be NULL) and only
+ *   sets `*written` (`UMD_ERR_TRUNCATED`; `written` is required): a size
+ *   query. The state can grow between two calls (a hang reported
+ *   meanwhile), so allocate with room to spare or retry on
+ *   `UMD_ERR_TRUNCATED`.
+ *
+ * An unknown `format` gives `UMD_ERR_INVALID_ARGUMENT`, a NULL `buf` with
+ * `len` not 0 (or a NULL `written` with `len` 0) `UMD_ERR_NULL`, a
+ * misaligned `written` `UMD_ERR_MISALIGNED`; these write nothing. The
+ * device is never changed by a dump.
+ *
+ * Never blocks: a queue whose submission lock is held by another thread
+ * is shown `busy` without waiting for it; the driver's other locks
+ * (dependency table, memory, hang log) are taken only for bounded walks
+ * of fixed-size tables, which also bound the call's time (about one
+ * register read per queue and a few KiB of text).
+ *
+ * # Safety
+ * `dev` as for every call; `buf` NULL or valid for writes of `len`
+ * bytes; `written` NULL or valid for a write.
+ */
+enum umd_status umd_device_dump_state(const struct umd_device *dev,
+                                      uint32_t format,
+                                      char *buf,
+                                      size_t len,
+                                      size_t *written);
 
 #if defined(UMD_HOST)
 /**

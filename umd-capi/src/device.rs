@@ -1,5 +1,5 @@
-//! The device in caller-placed storage: bring-up, shutdown, statistics
-//! and the hang report.
+//! The device in caller-placed storage: bring-up, shutdown, statistics,
+//! the hang report and the state dump.
 
 use core::ffi::{c_char, c_void};
 use core::fmt::{self, Write as _};
@@ -9,6 +9,7 @@ use core::sync::atomic::{AtomicU32, Ordering};
 
 use umd_core::config::Config;
 use umd_core::direct::{Device, InPlace, MmuMode};
+use umd_core::engine::dump::DumpFormat;
 use umd_core::engine::Event;
 use umd_core::storage::DeviceStorage;
 
@@ -50,6 +51,12 @@ pub(crate) struct Slot {
     platform: CPlatform,
     pub(crate) events: Events,
     dev: Option<InPlace<'static, Dev>>,
+    #[cfg(feature = "capture")]
+    capture: crate::capture::CaptureCtl,
+    /// The running capture's sink (`crate::capture`), written when it
+    /// starts.
+    #[cfg(feature = "capture")]
+    capture_sink: MaybeUninit<crate::capture::BufSink>,
     dev_mem: MaybeUninit<Dev>,
     storage: DeviceStorage<BUFFERS>,
 }
@@ -126,6 +133,27 @@ pub(crate) unsafe fn live<'a>(d: *const umd_device) -> Result<(&'a Dev, &'a Even
     dev.as_deref().map(|d| (d, events)).ok_or(UMD_ERR_NOT_A_DEVICE)
 }
 
+/// The capture state of the live device at `d`: its lock, and its sink's
+/// place (initialised by `umd_capture_start`).
+///
+/// # Safety
+/// `live(d)` succeeded (the slot is initialised).
+#[cfg(feature = "capture")]
+pub(crate) unsafe fn capture_ctl<'a>(
+    d: *const umd_device,
+) -> (&'a crate::capture::CaptureCtl, *mut crate::capture::BufSink) {
+    // The storage is the caller's writable memory (given to
+    // `umd_device_init` as such); the API passes it as `const` only
+    // because most calls do not write it.
+    let s = d.cast::<Slot>().cast_mut();
+    // SAFETY: a live slot's `capture` is initialised (the precondition)
+    // and only written again by the next `umd_device_init`.
+    let ctl = unsafe { &*addr_of!((*s).capture) };
+    // SAFETY: a place in the slot, not read here.
+    let sink = unsafe { addr_of_mut!((*s).capture_sink) };
+    (ctl, sink.cast())
+}
+
 /// Brings a device up in `storage` (`storage_len` bytes, at least
 /// `UMD_DEVICE_STORAGE_SIZE`, aligned to `UMD_DEVICE_STORAGE_ALIGN`) over
 /// `platform` (copied; its callbacks must stay valid until shutdown) with
@@ -188,6 +216,8 @@ pub unsafe extern "C" fn umd_device_init(
         addr_of_mut!((*s).events)
             .write(spin::Mutex::new([EventSlot { event: None, gen: 0, reserved: false }; EVENTS]));
         addr_of_mut!((*s).dev).write(None);
+        #[cfg(feature = "capture")]
+        addr_of_mut!((*s).capture).write(crate::capture::CaptureCtl::new());
     }
     // SAFETY: initialised above; the storage is the caller's until
     // shutdown (the precondition), so the borrows live as long as the
@@ -398,6 +428,93 @@ pub unsafe extern "C" fn umd_last_hang(
         unsafe { len.write(n) };
     }
     if n >= cap {
+        UMD_ERR_TRUNCATED
+    } else {
+        UMD_OK
+    }
+}
+
+/// `umd_device_dump_state` format: indented `key: value` lines, hang
+/// reports with their decoded command windows.
+pub const UMD_DUMP_TEXT: u32 = 0;
+/// `umd_device_dump_state` format: one JSON object (the hang reports'
+/// fields without their command windows).
+pub const UMD_DUMP_JSON: u32 = 1;
+
+/// Writes the whole driver state (`docs/capture-and-dump.md`, "The state
+/// dump": the device, each queue with its fences, failed ranges and ring,
+/// pending cross-queue waits, the IB pool, buffers, GPU addresses, the
+/// counters and the kept hang and fault reports) as `format`
+/// (`UMD_DUMP_TEXT` or `UMD_DUMP_JSON`) into `buf`, as `snprintf` does:
+///
+/// - `*written` (which may be NULL when `len` is not 0) is set to the
+///   dump's full length in bytes, without the NUL;
+/// - `buf` gets at most `len - 1` bytes of it and a NUL; `UMD_OK` when it
+///   all fit (`*written < len`), else `UMD_ERR_TRUNCATED` (`buf` holds the
+///   beginning; a truncated JSON dump does not parse);
+/// - `len` 0 writes nothing to `buf` (which may then be NULL) and only
+///   sets `*written` (`UMD_ERR_TRUNCATED`; `written` is required): a size
+///   query. The state can grow between two calls (a hang reported
+///   meanwhile), so allocate with room to spare or retry on
+///   `UMD_ERR_TRUNCATED`.
+///
+/// An unknown `format` gives `UMD_ERR_INVALID_ARGUMENT`, a NULL `buf` with
+/// `len` not 0 (or a NULL `written` with `len` 0) `UMD_ERR_NULL`, a
+/// misaligned `written` `UMD_ERR_MISALIGNED`; these write nothing. The
+/// device is never changed by a dump.
+///
+/// Never blocks: a queue whose submission lock is held by another thread
+/// is shown `busy` without waiting for it; the driver's other locks
+/// (dependency table, memory, hang log) are taken only for bounded walks
+/// of fixed-size tables, which also bound the call's time (about one
+/// register read per queue and a few KiB of text).
+///
+/// # Safety
+/// `dev` as for every call; `buf` NULL or valid for writes of `len`
+/// bytes; `written` NULL or valid for a write.
+#[no_mangle]
+pub unsafe extern "C" fn umd_device_dump_state(
+    dev: *const umd_device,
+    format: u32,
+    buf: *mut c_char,
+    len: usize,
+    written: *mut usize,
+) -> umd_status {
+    // SAFETY: the precondition.
+    let d = match unsafe { live(dev) } {
+        Ok((d, _)) => d,
+        Err(e) => return e,
+    };
+    let format = match format {
+        UMD_DUMP_TEXT => DumpFormat::Text,
+        UMD_DUMP_JSON => DumpFormat::Json,
+        _ => return UMD_ERR_INVALID_ARGUMENT,
+    };
+    if (len != 0 && buf.is_null()) || (len == 0 && written.is_null()) {
+        return UMD_ERR_NULL;
+    }
+    if !written.is_null() && !written.is_aligned() {
+        return UMD_ERR_MISALIGNED;
+    }
+    let out: &mut [u8] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: non-NULL, valid for `len` bytes (the precondition).
+        unsafe { core::slice::from_raw_parts_mut(buf.cast::<u8>(), len) }
+    };
+    let mut t = Text { buf: out, len: 0 };
+    // `Text` never refuses a write, so the dump runs to its end and counts
+    // every byte.
+    let _ = d.dump_state(&mut t, format);
+    let n = t.len;
+    if let Some(b) = t.buf.get_mut(n.min(len.saturating_sub(1))) {
+        *b = 0;
+    }
+    if !written.is_null() {
+        // SAFETY: checked non-NULL and aligned; valid by the precondition.
+        unsafe { written.write(n) };
+    }
+    if n >= len {
         UMD_ERR_TRUNCATED
     } else {
         UMD_OK

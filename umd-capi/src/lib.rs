@@ -38,6 +38,8 @@
 #![allow(non_camel_case_types)]
 
 pub mod api;
+#[cfg(feature = "capture")]
+pub mod capture;
 pub mod device;
 pub mod handle;
 #[cfg(feature = "host")]

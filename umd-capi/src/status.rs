@@ -31,7 +31,8 @@ pub enum umd_status {
     /// The pointer does not name a live device (never initialised, shut
     /// down, or not a device at all).
     UMD_ERR_NOT_A_DEVICE = -5,
-    /// The storage already holds a live device.
+    /// The storage already holds a live device, or a capture already runs
+    /// on the device.
     UMD_ERR_BUSY = -6,
     /// The handle never named an object of this kind on this device
     /// (forged, or a handle of another kind).
@@ -98,7 +99,7 @@ pub extern "C" fn umd_status_str(status: i32) -> *const c_char {
         -3 => c"a length was too small",
         -4 => c"an argument was outside its documented values",
         -5 => c"not a live device",
-        -6 => c"the storage already holds a live device",
+        -6 => c"the storage already holds a live device, or a capture runs",
         -7 => c"the handle never named such an object on this device",
         -8 => c"the handle's object was freed",
         -9 => c"the handle belongs to another device",

@@ -3,7 +3,8 @@
 //! file; the system `cc` builds `examples/host.c` (with the example
 //! workload, `examples/workload.c`) and `tests/c/bad_input.c`
 //! with the flags of that pkg-config file, and both run against the
-//! in-process model.
+//! in-process model. The captures the host example writes are decoded
+//! with `umd-dump`'s reader.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -100,16 +101,44 @@ fn build_and_run(sources: &[PathBuf], args: &[&str]) -> String {
 fn host_example_runs_on_both_generations() {
     for gen in ["1", "2"] {
         let examples = crate_dir().join("examples");
-        let out = build_and_run(&[examples.join("host.c"), examples.join("workload.c")], &[gen]);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rgcs = dir.path().join("host.rgcs");
+        let out = build_and_run(
+            &[examples.join("host.c"), examples.join("workload.c")],
+            &[gen, rgcs.to_str().expect("UTF-8 path")],
+        );
         for line in [
             "copy and fill: 65536 bytes checked",
             "dispatch after a cross-queue wait: 1024 words checked",
             "event set by the GPU",
             "shutdown: 1 buffer (4096 bytes) leaked",
+            "state dump (text, ",
+            "state dump (JSON, ",
+            "capture into 65536 bytes: 2 submissions recorded, 0 lost",
+            ": 1 submissions recorded, 1 lost",
         ] {
             assert!(out.contains(line), "gen{gen}: no line {line:?} in:\n{out}");
         }
         assert!(out.contains("hang reported"), "gen{gen}: no hang report in:\n{out}");
+
+        // The captures the C program wrote, decoded as `umd-dump` prints
+        // them: a FILL on GFX, then a COPY on COPY after the FILL's fence.
+        let bytes = std::fs::read(&rgcs).expect("the capture was written");
+        let text = umd_dump::capture::render_text(&bytes).unwrap_or_else(|e| panic!("gen{gen}: {e}"));
+        let subs: Vec<&str> = text.lines().filter(|l| l.starts_with("submission ")).collect();
+        assert_eq!(subs.len(), 2, "gen{gen}:\n{text}");
+        assert!(subs[0].starts_with("submission 1: fence q0:") && subs[0].contains("after []"), "{text}");
+        let fill_fence = subs[0].split_whitespace().nth(3).expect("the fence");
+        assert!(subs[1].starts_with("submission 2: fence q2:"), "{text}");
+        assert!(subs[1].contains(&format!("after [{fill_fence}]")), "gen{gen}:\n{text}");
+        assert!(text.contains(" FILL ") && text.contains(" DMA_COPY "), "gen{gen}:\n{text}");
+        assert!(text.contains(&format!("-- gen{gen}: 2 submissions, 0 dropped or lost")), "{text}");
+
+        let small = std::fs::read(dir.path().join("host.rgcs.small")).expect("the small capture");
+        let text = umd_dump::capture::render_text(&small).unwrap_or_else(|e| panic!("gen{gen}: {e}"));
+        assert!(text.contains("submission 1: fence q0:") && text.contains(" FILL "), "{text}");
+        assert!(!text.contains("submission 2") && !text.contains(" DMA_COPY "), "{text}");
+        assert!(text.contains(&format!("-- gen{gen}: 1 submissions, 1 dropped or lost")), "{text}");
     }
 }
 
@@ -117,5 +146,5 @@ fn host_example_runs_on_both_generations() {
 fn bad_input_from_c_gets_typed_statuses_and_changes_nothing() {
     let out = build_and_run(&[crate_dir().join("tests/c/bad_input.c")], &[]);
     let checks = out.lines().filter(|l| l.starts_with("bad-input ") && l.ends_with(": ok")).count();
-    assert_eq!(checks, 16, "checks that passed:\n{out}");
+    assert_eq!(checks, 18, "checks that passed:\n{out}");
 }

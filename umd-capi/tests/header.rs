@@ -1,6 +1,6 @@
 //! `include/umd.h` is what cbindgen generates from the crate now, and it
 //! compiles warning-free as C99 and as C++ (with and without the host
-//! build's declarations) with the system's `cc` and `c++`.
+//! build's and the capture's declarations) with the system's `cc` and `c++`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -70,8 +70,8 @@ fn header_compiles_as_c99_and_cpp_without_warnings() {
         let mut cpp: Vec<&str> = vec!["-x", "c++", "-std=c++11"];
         cpp.extend(strict);
         if host {
-            c.push("-DUMD_HOST");
-            cpp.push("-DUMD_HOST");
+            c.extend(["-DUMD_HOST", "-DUMD_CAPTURE"]);
+            cpp.extend(["-DUMD_HOST", "-DUMD_CAPTURE"]);
         }
         compiles("cc", &c, dir.path());
         compiles("c++", &cpp, dir.path());

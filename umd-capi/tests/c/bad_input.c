@@ -248,6 +248,56 @@ int main(void)
     }
     unchanged("hang report arguments, unknown status values", dev, b, &before);
 
+    /* The state dump: refused arguments write nothing; a buffer too small
+     * gets the dump's beginning, NUL-terminated, and the full length. */
+    char dump[64];
+    size_t need = 7, got = 7;
+    memset(dump, 'x', sizeof dump);
+    IS(umd_device_dump_state(dev, 2, dump, sizeof dump, &got), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_device_dump_state(dev, UINT32_MAX, dump, sizeof dump, &got), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_device_dump_state(NULL, UMD_DUMP_TEXT, dump, sizeof dump, &got), UMD_ERR_NULL);
+    IS(umd_device_dump_state((umd_device *)&forged, UMD_DUMP_TEXT, dump, sizeof dump, &got),
+       UMD_ERR_NOT_A_DEVICE);
+    IS(umd_device_dump_state(dev, UMD_DUMP_TEXT, NULL, sizeof dump, &got), UMD_ERR_NULL);
+    IS(umd_device_dump_state(dev, UMD_DUMP_TEXT, dump, 0, NULL), UMD_ERR_NULL);
+    IS(umd_device_dump_state(dev, UMD_DUMP_JSON, dump, sizeof dump, (size_t *)((char *)va_words + 1)),
+       UMD_ERR_MISALIGNED);
+    for (size_t i = 0; i < sizeof dump; i++)
+        if (dump[i] != 'x')
+            line_failed = 1;
+    if (got != 7)
+        line_failed = 1;
+    IS(umd_device_dump_state(dev, UMD_DUMP_JSON, NULL, 0, &need), UMD_ERR_TRUNCATED);
+    IS(umd_device_dump_state(dev, UMD_DUMP_JSON, dump, sizeof dump, &got), UMD_ERR_TRUNCATED);
+    if (got != need || need < sizeof dump || strlen(dump) != sizeof dump - 1 || dump[0] != '{')
+        line_failed = 1;
+    IS(umd_device_dump_state(dev, UMD_DUMP_TEXT, dump, sizeof dump, NULL), UMD_ERR_TRUNCATED);
+    if (strncmp(dump, "device:\n", 8) != 0 || strlen(dump) != sizeof dump - 1)
+        line_failed = 1;
+    unchanged("state dump arguments (unknown format, NULL, too small)", dev, b, &before);
+
+    /* Capture: refused starts start nothing (a stop finds no capture); a
+     * second start while one runs is refused and leaves the first one
+     * recording; a refused stop leaves it running. */
+    static uint8_t rgcs[4096];
+    struct umd_capture_result cr = {0};
+    IS(umd_capture_start(dev, NULL, sizeof rgcs, 1u), UMD_ERR_NULL);
+    IS(umd_capture_start(dev, rgcs, UMD_CAPTURE_MIN_BYTES - 1, 1u), UMD_ERR_TOO_SMALL);
+    IS(umd_capture_start(dev, rgcs, sizeof rgcs, 0u), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_capture_start(dev, rgcs, sizeof rgcs, 1u << 3), UMD_ERR_INVALID_ARGUMENT);
+    IS(umd_capture_start(NULL, rgcs, sizeof rgcs, 1u), UMD_ERR_NULL);
+    IS(umd_capture_stop(dev, &cr), UMD_ERR_NOT_FOUND);
+    OK(umd_capture_start(dev, rgcs, sizeof rgcs, 1u << UMD_QUEUE_GFX));
+    IS(umd_capture_start(dev, rgcs + 2048, 2048, 1u), UMD_ERR_BUSY);
+    IS(umd_capture_stop(dev, NULL), UMD_ERR_NULL);
+    IS(umd_capture_stop(dev, (struct umd_capture_result *)((char *)&cr + 1)), UMD_ERR_MISALIGNED);
+    OK(umd_capture_stop(dev, &cr));
+    if (cr.recorded != 0 || cr.lost != 0 || cr.bytes != UMD_CAPTURE_MIN_BYTES - 16 ||
+        memcmp(rgcs, "RGCS", 4) != 0)
+        line_failed = 1;
+    IS(umd_capture_stop(dev, &cr), UMD_ERR_NOT_FOUND);
+    unchanged("capture arguments (NULL, too small, bad queues, busy, not running)", dev, b, &before);
+
     OK(umd_buffer_free(dev, b));
     OK(umd_buffer_free(dev2, other));
     struct umd_shutdown_report r;
