@@ -134,13 +134,16 @@ done
 # its own code (the `umd_*` entry points, `umd_capi::`) nor in the core's
 # as the library links it; its `#[panic_handler]` calls the C hook
 # `umd_panic_hook`, which this proves unreachable.
+# Both builds: the default one and the one with the capture.
 for t in thumbv7em-none-eabihf aarch64-unknown-none; do
-    cargo build -q -p umd-capi --profile footprint --target "$t"
-    if panic_paths "target/$t/footprint/libumd_capi.a" "$t (umd-capi)" 'umd_'; then
-        printf '%-40s %-24s ok\n' "C API: no panic path" "$t"
-    else
-        status=1
-    fi
+    for f in "" capture; do
+        cargo build -q -p umd-capi --profile footprint --target "$t" --features "$f"
+        if panic_paths "target/$t/footprint/libumd_capi.a" "$t (umd-capi ${f:-default})" 'umd_'; then
+            printf '%-40s %-24s ok\n' "C API: no panic path (${f:-default})" "$t"
+        else
+            status=1
+        fi
+    done
 done
 # The driver without the MMU (every other optional part on): no VA
 # allocator code.

@@ -107,9 +107,7 @@ pub fn write_whole(sink: &mut dyn CaptureSink, bytes: &[u8]) -> Result<(), SinkE
 /// The header of a capture file for `chip` (a `.rgcs` header of version 2).
 pub fn file_header(chip: ChipId) -> [u8; crate::decode::STREAM_HEADER_LEN] {
     let mut h = crate::decode::StreamFile::header(chip, 0);
-    if let Some(v) = h.get_mut(4..8) {
-        v.copy_from_slice(&CAPTURE_VERSION.to_le_bytes());
-    }
+    put(&mut h, 4, &CAPTURE_VERSION.to_le_bytes());
     h
 }
 
@@ -140,8 +138,10 @@ pub fn lost_record(count: u64) -> [u8; LOST_BYTES] {
 
 /// Copies `bytes` into `buf` at `at` (what does not fit is left out).
 fn put(buf: &mut [u8], at: usize, bytes: &[u8]) {
+    // Byte by byte, as `StreamFile::header` copies: no length check to
+    // panic in a no-panic build.
     if let Some(d) = buf.get_mut(at..at.saturating_add(bytes.len())) {
-        d.copy_from_slice(bytes);
+        d.iter_mut().zip(bytes).for_each(|(d, s)| *d = *s);
     }
 }
 
