@@ -2,7 +2,7 @@
 //! its header `include/umd.h` (generated from this crate by cbindgen;
 //! `tests/header.rs` checks that it is up to date).
 //!
-//! A C program brings a device up over a C platform ([`umd_platform`], a
+//! A C program brings a device up over a C platform ([`platform::umd_platform`], a
 //! struct of function pointers and a context pointer) in storage it places
 //! itself (`UMD_DEVICE_STORAGE_SIZE` bytes, a `static` array in firmware),
 //! then allocates buffers, submits arrays of commands, waits, and shuts the

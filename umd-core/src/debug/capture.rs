@@ -3,7 +3,7 @@
 //! (format version 2, `docs/refgpu.md` section 8.1), into a sink.
 //!
 //! The records are built by the device (`umd-core`'s `capture` feature,
-//! [`crate::engine::DeviceCore::start_capture`]); this module holds the
+//! `DeviceCore::start_capture`); this module holds the
 //! format, the sinks and the reader:
 //!
 //! - [`CaptureSink`]: where records go. A sink that fails (a full disk, a
