@@ -665,7 +665,9 @@ err_hw_fini:
  * section). Once the device is stopped, every DMA allocation and mapping
  * made for it goes: what a running device could still reach, the rings,
  * the null root, the open files' page tables and fence pages, and the
- * mappings of their objects' pages (made and used only in sections). The
+ * mappings of their objects' pages (made and used only in sections).
+ * Imported dma-buf attachments stay mapped by their exporters until the
+ * importing objects are freed (docs/linux.md, Limits and known gaps). The
  * software state goes with the last close (the drmm actions of probe).
  */
 static void refgpu_remove(struct pci_dev *pdev)

@@ -12,16 +12,28 @@
 
 #include "refgpu_drv.h"
 
+/*
+ * The object leaves &refgpu_device.mapped_bos only once its table is
+ * unmapped, under bos_lock: remove (refgpu_gem_release_dma()) either
+ * unmaps it itself or finds it gone, never an object between the two. An
+ * imported object is never on the list (its table is the exporter's), and
+ * freeing it may drop the last reference to an object of another refgpu
+ * device: bos_lock is not held for it.
+ */
 static void refgpu_gem_free(struct drm_gem_object *obj)
 {
 	struct refgpu_bo *bo = to_refgpu_bo(obj);
 	struct refgpu_device *rdev = to_refgpu_device(obj->dev);
 
-	mutex_lock(&rdev->bos_lock);
-	list_del(&bo->mapped);
-	mutex_unlock(&rdev->bos_lock);
 	mutex_destroy(&bo->gpuva_lock);
-	drm_gem_shmem_free(&bo->base);
+	if (obj->import_attach) {
+		drm_gem_shmem_free(&bo->base);
+	} else {
+		mutex_lock(&rdev->bos_lock);
+		list_del(&bo->mapped);
+		drm_gem_shmem_free(&bo->base);
+		mutex_unlock(&rdev->bos_lock);
+	}
 	atomic_dec(&rdev->bo_count);
 }
 

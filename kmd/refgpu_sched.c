@@ -49,9 +49,20 @@ MODULE_PARM_DESC(job_max_ms, "a job running longer is a hang, progress or not (d
  * ring_saturation queues 2,403 in one file.
  */
 static unsigned int file_max_jobs = 4096;
-module_param(file_max_jobs, uint, 0644);
+
+/* A file may always have one job: 0 is refused (-EINVAL), the value kept. */
+static int refgpu_file_max_jobs_set(const char *val, const struct kernel_param *kp)
+{
+	return param_set_uint_minmax(val, kp, 1, UINT_MAX);
+}
+
+static const struct kernel_param_ops refgpu_file_max_jobs_ops = {
+	.set = refgpu_file_max_jobs_set,
+	.get = param_get_uint,
+};
+module_param_cb(file_max_jobs, &refgpu_file_max_jobs_ops, &file_max_jobs, 0644);
 MODULE_PARM_DESC(file_max_jobs,
-		 "jobs one open file may have queued or running, SUBMIT fails with EBUSY past it (default 4096)");
+		 "jobs one open file may have queued or running, SUBMIT fails with EBUSY past it (default 4096, at least 1)");
 
 static const char * const refgpu_engine_names[REFGPU_ENGINES] = { "gfx", "compute", "copy" };
 

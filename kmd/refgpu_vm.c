@@ -652,7 +652,12 @@ struct refgpu_vm *refgpu_vm_get(struct refgpu_vm *vm)
 	return vm;
 }
 
-/* Unmaps everything and frees the VM: no engine can reach it any more. */
+/*
+ * Unmaps everything and frees the VM: no engine can reach it any more.
+ * Its DMA memory is freed before it leaves &refgpu_device.vms, under
+ * vms_lock: remove (refgpu_vm_release_dma()) either frees it itself or
+ * finds it freed, never a VM between the two.
+ */
 static void refgpu_vm_destroy(struct refgpu_vm *vm)
 {
 	struct refgpu_device *rdev = vm->rdev;
@@ -660,18 +665,17 @@ static void refgpu_vm_destroy(struct refgpu_vm *vm)
 	LIST_HEAD(dead);
 
 	mutex_lock(&rdev->vms_lock);
-	list_del(&vm->node);
-	mutex_unlock(&rdev->vms_lock);
-
 	mutex_lock(&vm->lock);
 	drm_gpuvm_for_each_va_safe(va, next, &vm->base) {
 		drm_gpuva_remove(va);
 		list_add_tail(&container_of(va, struct refgpu_va, base)->dead, &dead);
 	}
+	refgpu_vm_free_hw(vm);
 	mutex_unlock(&vm->lock);
+	list_del(&vm->node);
+	mutex_unlock(&rdev->vms_lock);
 	refgpu_bind_release_dead(&dead);
 
-	refgpu_vm_free_hw(vm);
 	mutex_destroy(&vm->lock);
 	atomic_dec(&rdev->vm_count);
 	drm_gpuvm_put(&vm->base);
@@ -840,11 +844,20 @@ void refgpu_vm_release_dma(struct refgpu_device *rdev)
  * A job counts from SUBMIT until it is freed (its fence signalled and the
  * scheduler let go of it): queued, in a ring, or just ended.
  *
- * Return: false, nothing counted, when the file has @max jobs already.
+ * The limit may have been lowered below what the file holds: any count
+ * at or past @max refuses.
+ *
+ * Return: false, nothing counted, when the file has @max jobs or more.
  */
 bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int max)
 {
-	return atomic_add_unless(&vm->jobs, 1, max);
+	int old = atomic_read(&vm->jobs);
+
+	do {
+		if ((unsigned int)old >= max)
+			return false;
+	} while (!atomic_try_cmpxchg(&vm->jobs, &old, old + 1));
+	return true;
 }
 
 /**
@@ -1039,6 +1052,18 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		goto out_free;
 	}
 	/*
+	 * Copied before any drm_dev_enter() section: a user page that never
+	 * answers (userfaultfd, FUSE) would stall drm_dev_unplug() too.
+	 */
+	for (i = 0; i < args->op_count; i++) {
+		struct drm_refgpu_vm_bind_op __user *u = u64_to_user_ptr(args->ops);
+
+		if (copy_from_user(&ops[i].args, &u[i], sizeof(ops[i].args))) {
+			ret = -EFAULT;
+			goto out_free;
+		}
+	}
+	/*
 	 * The BOs' pages are mapped for the device, and the page tables
 	 * written, only in drm_dev_enter() sections: remove frees both once
 	 * it has unplugged the device (refgpu_gem_release_dma(),
@@ -1050,12 +1075,6 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 		goto out_free;
 	}
 	for (i = 0; i < args->op_count; i++) {
-		struct drm_refgpu_vm_bind_op __user *u = u64_to_user_ptr(args->ops);
-
-		if (copy_from_user(&ops[i].args, &u[i], sizeof(ops[i].args))) {
-			ret = -EFAULT;
-			break;
-		}
 		ret = refgpu_bind_prepare_op(rdev, file, &ops[i]);
 		if (ret)
 			break;

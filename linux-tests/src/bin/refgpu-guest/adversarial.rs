@@ -882,7 +882,8 @@ impl Drop for Param {
 /// flood on a slow kernel):
 /// SUBMIT takes jobs until the file has that many (the gate included) and
 /// then fails with EBUSY, on that context and on another of the file,
-/// queuing nothing; the cgroup's `memory.current` grew by at least
+/// and again with the limit lowered to half of what the file holds
+/// (writing 0 fails with EINVAL and keeps it), queuing nothing; the cgroup's `memory.current` grew by at least
 /// [`JOB_BYTES`] a job (less the charge batches). Meanwhile another file
 /// runs a job on COMPUTE to its end and queues one on GFX (its own
 /// budget). Once the gate is released every job completes, no context
@@ -941,6 +942,24 @@ fn flood_child() -> R {
                 again.is_err_and(|e| e == libc::EBUSY),
                 "SUBMIT on another context of the file: {again:?}"
             );
+            // Lowered below what the file holds, the limit still refuses.
+            let lowered = FLOOD_LIMIT / 2;
+            std::fs::write(FILE_MAX_JOBS, lowered.to_string())
+                .map_err(|e| format!("{FILE_MAX_JOBS}: {e}"))?;
+            let again = dev.submit_full(flood, ib, dw, &[], &[], 0);
+            ensure!(
+                again.is_err_and(|e| e == libc::EBUSY),
+                "SUBMIT with {FILE_MAX_JOBS} lowered to {lowered}, the file holding {}: {again:?}",
+                accepted + 1
+            );
+            // 0 is refused and the limit kept.
+            let zero = std::fs::write(FILE_MAX_JOBS, "0");
+            ensure!(
+                zero.as_ref().is_err_and(|e| e.raw_os_error() == Some(libc::EINVAL)),
+                "writing 0 to {FILE_MAX_JOBS}: {zero:?}, not EINVAL"
+            );
+            let kept = std::fs::read_to_string(FILE_MAX_JOBS).map_err(|e| format!("{FILE_MAX_JOBS}: {e}"))?;
+            ensure!(kept.trim() == lowered.to_string(), "{FILE_MAX_JOBS} is {kept:?} after 0 was refused");
             let now = live()?[3];
             ensure!(
                 now == base + accepted,
