@@ -45,12 +45,22 @@ pub struct BufferDesc {
     pub tracking: Tracking,
     /// Shown in leak reports (a static string: no heap).
     pub tag: &'static str,
+    /// A buffer the driver keeps for itself (an event's or a timestamp's
+    /// word): only handles the allocation returned reach it.
+    pub(crate) driver: bool,
 }
 
 impl BufferDesc {
     /// `size` bytes, read-write, CPU-visible, implicit tracking.
     pub const fn new(size: u64) -> BufferDesc {
-        BufferDesc { size, align: 0, kind: MemKind::DEFAULT, tracking: Tracking::Implicit, tag: "" }
+        BufferDesc {
+            size,
+            align: 0,
+            kind: MemKind::DEFAULT,
+            tracking: Tracking::Implicit,
+            tag: "",
+            driver: false,
+        }
     }
 
     /// With a GPU address alignment.
@@ -96,6 +106,12 @@ impl BufferDesc {
         self.tag = tag;
         self
     }
+
+    /// A driver-internal buffer (see [`BufferHandle`]).
+    pub(crate) const fn driver(mut self) -> BufferDesc {
+        self.driver = true;
+        self
+    }
 }
 
 /// What the device knows about one buffer.
@@ -120,23 +136,48 @@ pub struct BufferInfo {
 }
 
 /// A generation-counted reference to a buffer of one device.
+///
+/// The buffers behind events and timestamp queries share the table with
+/// the user's but are the driver's own: their handles carry a mark
+/// ([`DRIVER`] in `index`) that [`BufferHandle::from_raw`] can not set
+/// and [`BufferHandle::into_raw`] does not return. A handle without the
+/// mark that names such a buffer (one forged from its slot and
+/// generation) is refused as [`BufferError::Unknown`] by every buffer
+/// operation, so it can neither free nor touch an event's word; and the
+/// driver's handles are never refused for lacking it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufferHandle {
     device: DeviceId,
+    /// The slot, with [`DRIVER`] set for a driver-internal buffer.
     index: u32,
     gen: u32,
 }
 
+/// The bit of [`BufferHandle`]'s `index` that marks a driver-internal
+/// buffer (no table has 2^31 slots).
+const DRIVER: u32 = 1 << 31;
+
 impl BufferHandle {
     /// A handle from its parts (FFI, tests of forged handles); validity is
-    /// checked when it is used.
+    /// checked when it is used. The top bit of `index` is ignored (no
+    /// table has 2^31 slots): such a handle names slot `index & 0x7FFF_FFFF`.
     pub const fn from_raw(device: DeviceId, index: u32, gen: u32) -> BufferHandle {
-        BufferHandle { device, index, gen }
+        BufferHandle { device, index: index & !DRIVER, gen }
     }
 
     /// Its parts: device, slot, generation.
     pub const fn into_raw(self) -> (DeviceId, u32, u32) {
-        (self.device, self.index, self.gen)
+        (self.device, self.slot(), self.gen)
+    }
+
+    /// The table slot it names.
+    const fn slot(self) -> u32 {
+        self.index & !DRIVER
+    }
+
+    /// Whether it is the handle of a driver-internal buffer.
+    const fn is_driver(self) -> bool {
+        self.index & DRIVER != 0
     }
 
     /// The device it belongs to.
@@ -147,7 +188,7 @@ impl BufferHandle {
 
 impl fmt::Display for BufferHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bo#{}.{}@{}", self.index, self.gen, self.device)
+        write!(f, "bo#{}.{}@{}", self.slot(), self.gen, self.device)
     }
 }
 
@@ -162,7 +203,9 @@ pub enum BufferError {
         /// This device.
         device: DeviceId,
     },
-    /// The handle never named a buffer of this device (forged).
+    /// The handle never named a buffer of this device (forged), or it
+    /// names one the driver keeps for itself (an event's or a timestamp's
+    /// word, see [`BufferHandle`]).
     Unknown,
     /// The handle's buffer was freed (use after free or double free).
     Stale,
@@ -227,6 +270,10 @@ pub(crate) struct Live<B> {
     /// Submissions being prepared or moves in progress that need it where
     /// it is (never evicted while > 0).
     pub(crate) pinned: u16,
+    /// A driver-internal buffer: only handles with the mark reach it (see
+    /// [`BufferHandle`]). Set at the allocation; the slot's next buffer
+    /// sets it anew.
+    pub(crate) driver: bool,
     /// A move between local and system memory is in progress: a
     /// submission that declares the buffer waits for it to end, and no
     /// second move starts (`docs/memory.md`, "Local memory and eviction").
@@ -320,14 +367,16 @@ impl<'s, B> BufferTable<'s, B> {
     }
 
     /// Adds a live buffer; O(1). On a full table the allocation is handed back.
+    /// `driver` marks a driver-internal buffer (see [`BufferHandle`]).
     pub(crate) fn insert(
         &mut self,
         info: BufferInfo,
         alloc: PoolAlloc<B>,
+        driver: bool,
     ) -> Result<BufferHandle, PoolAlloc<B>> {
         let index = if self.free_head != NIL {
             self.free_head
-        } else if (self.bump as usize) < self.slots.len() && self.bump != NIL {
+        } else if (self.bump as usize) < self.slots.len() && self.bump < DRIVER {
             self.bump
         } else {
             return Err(alloc);
@@ -355,41 +404,53 @@ impl<'s, B> BufferTable<'s, B> {
             touched: 0,
             evicted: 0,
             pinned: 0,
+            driver,
             moving: false,
         });
+        let gen = slot.gen;
         self.live = self.live.wrapping_add(1);
         self.live_bytes = self.live_bytes.wrapping_add(size);
-        Ok(BufferHandle { device: self.device, index, gen: slot.gen })
+        Ok(self.handle(index, gen, driver))
+    }
+
+    /// The handle of the buffer in slot `index` (below [`DRIVER`]).
+    fn handle(&self, index: u32, gen: u32, driver: bool) -> BufferHandle {
+        let index = if driver { index | DRIVER } else { index };
+        BufferHandle { device: self.device, index, gen }
     }
 
     fn check(&self, h: BufferHandle) -> Result<usize, BufferError> {
         if h.device != self.device {
             return Err(BufferError::ForeignDevice { handle: h.device, device: self.device });
         }
-        let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
+        let slot = self.slots.get(h.slot() as usize).ok_or(BufferError::Unknown)?;
         if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
             return Err(BufferError::Unknown);
         }
         if h.gen != slot.gen {
             return Err(BufferError::Stale);
         }
-        Ok(h.index as usize)
+        Ok(h.slot() as usize)
     }
 
-    /// The live buffer `h` names; O(1).
+    /// The live buffer `h` names; O(1). A handle without the driver's mark
+    /// for a driver-internal buffer (forged) is [`BufferError::Unknown`].
     pub(crate) fn get(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
         let i = self.check(h)?;
         match self.slots.get(i).map(|s| &s.state) {
-            Some(SlotState::Live(l)) => Ok(l),
+            Some(SlotState::Live(l)) if l.driver == h.is_driver() => Ok(l),
+            Some(SlotState::Live(_)) => Err(BufferError::Unknown),
             _ => Err(BufferError::Stale),
         }
     }
 
-    /// The live buffer `h` names, mutably; O(1).
+    /// The live buffer `h` names, mutably; O(1). Refuses as
+    /// [`BufferTable::get`] does.
     pub(crate) fn get_mut(&mut self, h: BufferHandle) -> Result<&mut Live<B>, BufferError> {
         let i = self.check(h)?;
         match self.slots.get_mut(i).map(|s| &mut s.state) {
-            Some(SlotState::Live(l)) => Ok(l),
+            Some(SlotState::Live(l)) if l.driver == h.is_driver() => Ok(l),
+            Some(SlotState::Live(_)) => Err(BufferError::Unknown),
             _ => Err(BufferError::Stale),
         }
     }
@@ -405,6 +466,9 @@ impl<'s, B> BufferTable<'s, B> {
         let i = self.check(h)?;
         let slot = self.slots.get_mut(i).ok_or(BufferError::Unknown)?;
         let SlotState::Live(l) = &slot.state else { return Err(BufferError::Stale) };
+        if l.driver != h.is_driver() {
+            return Err(BufferError::Unknown);
+        }
         if l.mapped {
             return Err(BufferError::Mapped);
         }
@@ -419,7 +483,7 @@ impl<'s, B> BufferTable<'s, B> {
         self.live_bytes = self.live_bytes.wrapping_sub(size);
         self.retiring = self.retiring.wrapping_add(1);
         self.retiring_bytes = self.retiring_bytes.wrapping_add(reserved);
-        Ok(h.index)
+        Ok(h.slot())
     }
 
     /// The retiring entry in slot `index`.
@@ -475,7 +539,7 @@ impl<'s, B> BufferTable<'s, B> {
             let (info, handle) = match &slot.state {
                 SlotState::Live(l) => {
                     let index = u32::try_from(i).unwrap_or(NIL);
-                    (l.info, Some(BufferHandle { device: self.device, index, gen: slot.gen }))
+                    (l.info, Some(self.handle(index, slot.gen, l.driver)))
                 }
                 SlotState::Retiring(r) => (r.info, None),
                 SlotState::Free => continue,
@@ -514,7 +578,7 @@ impl<'s, B> BufferTable<'s, B> {
             let Some(k) = key(l) else { continue };
             if best.is_none_or(|(bk, _)| k < bk) {
                 let index = u32::try_from(i).unwrap_or(NIL);
-                best = Some((k, BufferHandle { device: self.device, index, gen: slot.gen }));
+                best = Some((k, self.handle(index, slot.gen, l.driver)));
             }
         }
         best.map(|(_, h)| h)
@@ -525,11 +589,7 @@ impl<'s, B> BufferTable<'s, B> {
         for (i, slot) in self.slots.iter().enumerate() {
             if let SlotState::Live(l) = &slot.state {
                 f(LeakEntry {
-                    handle: BufferHandle {
-                        device: self.device,
-                        index: u32::try_from(i).unwrap_or(NIL),
-                        gen: slot.gen,
-                    },
+                    handle: self.handle(u32::try_from(i).unwrap_or(NIL), slot.gen, l.driver),
                     info: l.info,
                 });
             }
