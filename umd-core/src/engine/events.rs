@@ -23,7 +23,7 @@
 //! typed error ([`BufferError::Stale`], [`BufferError::ForeignDevice`]).
 //! Their buffers are driver-internal: a buffer handle forged from the slot
 //! and generation of one is refused by every buffer operation
-//! ([`BufferError::Unknown`], see [`BufferHandle`]).
+//! ([`BufferError::Unknown`], see [`BufferHandle::from_raw`]).
 
 use core::fmt;
 

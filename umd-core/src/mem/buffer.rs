@@ -9,6 +9,14 @@
 //! at. A slot whose generation would wrap is retired for good rather than
 //! risk a collision.
 //!
+//! The buffers behind events and timestamp queries share the table but
+//! are the driver's own: while one is live, its slot's generation carries
+//! [`DRIVER_MARK`], which no handle from [`BufferHandle::from_raw`] has, so
+//! a handle forged from such a buffer's slot and generation fails the
+//! generation check of every buffer operation ([`BufferError::Unknown`])
+//! and can neither free nor touch it; the driver's own handle, which has
+//! the mark, passes. The check costs nothing more on the hot path.
+//!
 //! A freed buffer's slot stays taken ("retiring") until the work that may
 //! still use its memory has finished: the slot itself is the deferred-free
 //! record, so the number of frees waiting for fences is bounded by the
@@ -45,8 +53,8 @@ pub struct BufferDesc {
     pub tracking: Tracking,
     /// Shown in leak reports (a static string: no heap).
     pub tag: &'static str,
-    /// A buffer the driver keeps for itself (an event's or a timestamp's
-    /// word): only handles the allocation returned reach it.
+    /// A driver-internal buffer (an event's or a timestamp's word): its
+    /// handle carries [`DRIVER_MARK`] (see the module docs).
     pub(crate) driver: bool,
 }
 
@@ -107,7 +115,7 @@ impl BufferDesc {
         self
     }
 
-    /// A driver-internal buffer (see [`BufferHandle`]).
+    /// A driver-internal buffer (see the module docs).
     pub(crate) const fn driver(mut self) -> BufferDesc {
         self.driver = true;
         self
@@ -136,48 +144,30 @@ pub struct BufferInfo {
 }
 
 /// A generation-counted reference to a buffer of one device.
-///
-/// The buffers behind events and timestamp queries share the table with
-/// the user's but are the driver's own: their handles carry a mark
-/// ([`DRIVER`] in `index`) that [`BufferHandle::from_raw`] can not set
-/// and [`BufferHandle::into_raw`] does not return. A handle without the
-/// mark that names such a buffer (one forged from its slot and
-/// generation) is refused as [`BufferError::Unknown`] by every buffer
-/// operation, so it can neither free nor touch an event's word; and the
-/// driver's handles are never refused for lacking it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct BufferHandle {
     device: DeviceId,
-    /// The slot, with [`DRIVER`] set for a driver-internal buffer.
     index: u32,
     gen: u32,
 }
 
-/// The bit of [`BufferHandle`]'s `index` that marks a driver-internal
-/// buffer (no table has 2^31 slots).
-const DRIVER: u32 = 1 << 31;
+/// The bit of a slot's generation (and of its handle's) that marks a
+/// driver-internal buffer while it is live; generations count in the
+/// other 31 bits.
+const DRIVER_MARK: u32 = 1 << 31;
 
 impl BufferHandle {
     /// A handle from its parts (FFI, tests of forged handles); validity is
-    /// checked when it is used. The top bit of `index` is ignored (no
-    /// table has 2^31 slots): such a handle names slot `index & 0x7FFF_FFFF`.
+    /// checked when it is used. The top bit of `gen` is ignored (generations
+    /// count in 31 bits): no such handle reaches a buffer of the driver's
+    /// own, an event's or a timestamp's (see the module docs).
     pub const fn from_raw(device: DeviceId, index: u32, gen: u32) -> BufferHandle {
-        BufferHandle { device, index: index & !DRIVER, gen }
+        BufferHandle { device, index, gen: gen & !DRIVER_MARK }
     }
 
-    /// Its parts: device, slot, generation.
+    /// Its parts: device, slot, generation (of 31 bits).
     pub const fn into_raw(self) -> (DeviceId, u32, u32) {
-        (self.device, self.slot(), self.gen)
-    }
-
-    /// The table slot it names.
-    const fn slot(self) -> u32 {
-        self.index & !DRIVER
-    }
-
-    /// Whether it is the handle of a driver-internal buffer.
-    const fn is_driver(self) -> bool {
-        self.index & DRIVER != 0
+        (self.device, self.index, self.gen & !DRIVER_MARK)
     }
 
     /// The device it belongs to.
@@ -188,7 +178,7 @@ impl BufferHandle {
 
 impl fmt::Display for BufferHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bo#{}.{}@{}", self.slot(), self.gen, self.device)
+        write!(f, "bo#{}.{}@{}", self.index, self.gen & !DRIVER_MARK, self.device)
     }
 }
 
@@ -205,7 +195,7 @@ pub enum BufferError {
     },
     /// The handle never named a buffer of this device (forged), or it
     /// names one the driver keeps for itself (an event's or a timestamp's
-    /// word, see [`BufferHandle`]).
+    /// word, see [`BufferHandle::from_raw`]).
     Unknown,
     /// The handle's buffer was freed (use after free or double free).
     Stale,
@@ -270,10 +260,6 @@ pub(crate) struct Live<B> {
     /// Submissions being prepared or moves in progress that need it where
     /// it is (never evicted while > 0).
     pub(crate) pinned: u16,
-    /// A driver-internal buffer: only handles with the mark reach it (see
-    /// [`BufferHandle`]). Set at the allocation; the slot's next buffer
-    /// sets it anew.
-    pub(crate) driver: bool,
     /// A move between local and system memory is in progress: a
     /// submission that declares the buffer waits for it to end, and no
     /// second move starts (`docs/memory.md`, "Local memory and eviction").
@@ -313,6 +299,20 @@ impl<B> BufferSlot<B> {
 }
 
 const NIL: u32 = u32::MAX;
+
+/// Why a handle of generation `h` is refused by a slot of generation
+/// `slot` (they differ, or are even): a generation never given, or one
+/// that differs only in [`DRIVER_MARK`] (forged for a driver-internal
+/// buffer, see the module docs), is unknown; an older one is stale.
+#[cold]
+fn refusal(h: u32, slot: u32) -> BufferError {
+    let (h_count, slot_count) = (h & !DRIVER_MARK, slot & !DRIVER_MARK);
+    if h_count % 2 == 0 || h_count >= slot_count {
+        BufferError::Unknown
+    } else {
+        BufferError::Stale
+    }
+}
 
 /// A fixed-capacity table of buffers over caller storage.
 #[derive(Debug)]
@@ -366,8 +366,8 @@ impl<'s, B> BufferTable<'s, B> {
         self.free_head == NIL && (self.bump as usize) >= self.slots.len().min(NIL as usize)
     }
 
-    /// Adds a live buffer; O(1). On a full table the allocation is handed back.
-    /// `driver` marks a driver-internal buffer (see [`BufferHandle`]).
+    /// Adds a live buffer, a driver-internal one when `driver` (see the
+    /// module docs); O(1). On a full table the allocation is handed back.
     pub(crate) fn insert(
         &mut self,
         info: BufferInfo,
@@ -376,7 +376,7 @@ impl<'s, B> BufferTable<'s, B> {
     ) -> Result<BufferHandle, PoolAlloc<B>> {
         let index = if self.free_head != NIL {
             self.free_head
-        } else if (self.bump as usize) < self.slots.len() && self.bump < DRIVER {
+        } else if (self.bump as usize) < self.slots.len() && self.bump != NIL {
             self.bump
         } else {
             return Err(alloc);
@@ -391,8 +391,9 @@ impl<'s, B> BufferTable<'s, B> {
         } else {
             self.bump = self.bump.wrapping_add(1);
         }
-        // Generations are odd while live, even while free or retiring.
-        slot.gen = slot.gen.wrapping_add(1);
+        // Generations are odd while live, even while free or retiring; a
+        // free slot's has no mark.
+        slot.gen = slot.gen.wrapping_add(1) | if driver { DRIVER_MARK } else { 0 };
         slot.next_free = NIL;
         let size = info.size;
         slot.state = SlotState::Live(Live {
@@ -404,53 +405,38 @@ impl<'s, B> BufferTable<'s, B> {
             touched: 0,
             evicted: 0,
             pinned: 0,
-            driver,
             moving: false,
         });
-        let gen = slot.gen;
         self.live = self.live.wrapping_add(1);
         self.live_bytes = self.live_bytes.wrapping_add(size);
-        Ok(self.handle(index, gen, driver))
-    }
-
-    /// The handle of the buffer in slot `index` (below [`DRIVER`]).
-    fn handle(&self, index: u32, gen: u32, driver: bool) -> BufferHandle {
-        let index = if driver { index | DRIVER } else { index };
-        BufferHandle { device: self.device, index, gen }
+        Ok(BufferHandle { device: self.device, index, gen: slot.gen })
     }
 
     fn check(&self, h: BufferHandle) -> Result<usize, BufferError> {
         if h.device != self.device {
             return Err(BufferError::ForeignDevice { handle: h.device, device: self.device });
         }
-        let slot = self.slots.get(h.slot() as usize).ok_or(BufferError::Unknown)?;
-        if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
-            return Err(BufferError::Unknown);
+        let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
+        if h.gen == slot.gen && h.gen % 2 == 1 {
+            return Ok(h.index as usize);
         }
-        if h.gen != slot.gen {
-            return Err(BufferError::Stale);
-        }
-        Ok(h.slot() as usize)
+        Err(refusal(h.gen, slot.gen))
     }
 
-    /// The live buffer `h` names; O(1). A handle without the driver's mark
-    /// for a driver-internal buffer (forged) is [`BufferError::Unknown`].
+    /// The live buffer `h` names; O(1).
     pub(crate) fn get(&self, h: BufferHandle) -> Result<&Live<B>, BufferError> {
         let i = self.check(h)?;
         match self.slots.get(i).map(|s| &s.state) {
-            Some(SlotState::Live(l)) if l.driver == h.is_driver() => Ok(l),
-            Some(SlotState::Live(_)) => Err(BufferError::Unknown),
+            Some(SlotState::Live(l)) => Ok(l),
             _ => Err(BufferError::Stale),
         }
     }
 
-    /// The live buffer `h` names, mutably; O(1). Refuses as
-    /// [`BufferTable::get`] does.
+    /// The live buffer `h` names, mutably; O(1).
     pub(crate) fn get_mut(&mut self, h: BufferHandle) -> Result<&mut Live<B>, BufferError> {
         let i = self.check(h)?;
         match self.slots.get_mut(i).map(|s| &mut s.state) {
-            Some(SlotState::Live(l)) if l.driver == h.is_driver() => Ok(l),
-            Some(SlotState::Live(_)) => Err(BufferError::Unknown),
+            Some(SlotState::Live(l)) => Ok(l),
             _ => Err(BufferError::Stale),
         }
     }
@@ -466,9 +452,6 @@ impl<'s, B> BufferTable<'s, B> {
         let i = self.check(h)?;
         let slot = self.slots.get_mut(i).ok_or(BufferError::Unknown)?;
         let SlotState::Live(l) = &slot.state else { return Err(BufferError::Stale) };
-        if l.driver != h.is_driver() {
-            return Err(BufferError::Unknown);
-        }
         if l.mapped {
             return Err(BufferError::Mapped);
         }
@@ -478,12 +461,12 @@ impl<'s, B> BufferTable<'s, B> {
             return Err(BufferError::Stale);
         };
         slot.state = SlotState::Retiring(Retiring { alloc: l.alloc, info: l.info, gate, mask });
-        slot.gen = slot.gen.wrapping_add(1);
+        slot.gen = (slot.gen & !DRIVER_MARK).wrapping_add(1);
         self.live = self.live.wrapping_sub(1);
         self.live_bytes = self.live_bytes.wrapping_sub(size);
         self.retiring = self.retiring.wrapping_add(1);
         self.retiring_bytes = self.retiring_bytes.wrapping_add(reserved);
-        Ok(h.slot())
+        Ok(h.index)
     }
 
     /// The retiring entry in slot `index`.
@@ -512,8 +495,9 @@ impl<'s, B> BufferTable<'s, B> {
         let SlotState::Retiring(r) = core::mem::replace(&mut slot.state, SlotState::Free) else {
             return None;
         };
-        // A slot whose next live generation would wrap is never reused.
-        if slot.gen < u32::MAX.wrapping_sub(1) {
+        // A slot whose next live generation would reach the mark is never
+        // reused.
+        if slot.gen < DRIVER_MARK.wrapping_sub(2) {
             slot.next_free = free_head;
             self.free_head = index;
         }
@@ -539,7 +523,7 @@ impl<'s, B> BufferTable<'s, B> {
             let (info, handle) = match &slot.state {
                 SlotState::Live(l) => {
                     let index = u32::try_from(i).unwrap_or(NIL);
-                    (l.info, Some(self.handle(index, slot.gen, l.driver)))
+                    (l.info, Some(BufferHandle { device: self.device, index, gen: slot.gen }))
                 }
                 SlotState::Retiring(r) => (r.info, None),
                 SlotState::Free => continue,
@@ -578,7 +562,7 @@ impl<'s, B> BufferTable<'s, B> {
             let Some(k) = key(l) else { continue };
             if best.is_none_or(|(bk, _)| k < bk) {
                 let index = u32::try_from(i).unwrap_or(NIL);
-                best = Some((k, self.handle(index, slot.gen, l.driver)));
+                best = Some((k, BufferHandle { device: self.device, index, gen: slot.gen }));
             }
         }
         best.map(|(_, h)| h)
@@ -589,7 +573,11 @@ impl<'s, B> BufferTable<'s, B> {
         for (i, slot) in self.slots.iter().enumerate() {
             if let SlotState::Live(l) = &slot.state {
                 f(LeakEntry {
-                    handle: self.handle(u32::try_from(i).unwrap_or(NIL), slot.gen, l.driver),
+                    handle: BufferHandle {
+                        device: self.device,
+                        index: u32::try_from(i).unwrap_or(NIL),
+                        gen: slot.gen,
+                    },
                     info: l.info,
                 });
             }
