@@ -4,7 +4,9 @@
 //! in the board's shared RAM through the C transport: buffers, a copy, a
 //! dispatch behind a cross-queue wait, an event, an injected hang reported
 //! and recovered (every output word checked), the state dump printed after
-//! that hang, and shutdown with the leak report, on both generations.
+//! that hang, and shutdown with the leak report, on both generations;
+//! before bring-up, that the transport keeps writes of the read-write
+//! ENGINE_ROOT registers.
 
 use qemu_tests::{boot, c_firmware, Run, Status};
 
@@ -13,7 +15,7 @@ fn runs(generation: u8) {
     let image: &'static str = Box::leak(elf.display().to_string().into_boxed_str());
     let out = boot(&Run::cortex_m(image, generation)).unwrap_or_else(|e| panic!("gen{generation}: {e}"));
     let tail = out.tail(30);
-    for name in ["c_workload", "c_dump", "c_shutdown"] {
+    for name in ["c_engine_roots", "c_workload", "c_dump", "c_shutdown"] {
         assert_eq!(out.boot.status(name), Some(&Status::Pass), "gen{generation}: {name}\n{tail}");
     }
     for line in [

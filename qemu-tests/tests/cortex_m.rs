@@ -88,7 +88,7 @@ macro_rules! gen_suite {
                 };
                 let text = lines.join("\n");
                 for want in
-                    ["queue q1 stuck at", "kind: hang", "error: queue hung and was reset", "rptr_seen:"]
+                    ["queue q1 stuck (platform clock ", "kind: hang", "error: queue hung and was reset", "rptr_seen:"]
                 {
                     assert!(text.contains(want), "state dump lacks {want:?}:\n{text}");
                 }

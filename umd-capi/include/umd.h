@@ -979,8 +979,14 @@ enum umd_status umd_capture_stop(const struct umd_device *dev, struct umd_captur
  * MMU mode `mmu` (`UMD_MMU_ENABLED` or `UMD_MMU_BYPASS`), and sets
  * `*out` to it (a pointer to `storage`).
  *
- * Blocks: yes, for the device's reset and MMU handshakes, at most about
- * 1 s each (a device that does not answer fails with `UMD_ERR_INIT`).
+ * Blocks: yes, for the device's reset and MMU handshakes, then for a
+ * fence round trip on every engine (a FENCE the CPU reads back, then the
+ * engine's reset handshake), each step at most about 1 s. An engine that
+ * stays silent costs about 1 s before bring-up goes on without it (the
+ * hang check deals with it later), so with every engine silent the call
+ * blocks about 1 s per engine and then fails with `UMD_ERR_INIT`, as it
+ * does when a handshake is not answered. A device that answers takes
+ * microseconds per step.
  * Not to be called on the same storage from two threads at once.
  *
  * # Safety

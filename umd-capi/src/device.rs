@@ -37,9 +37,12 @@ pub(crate) struct EventSlot {
     pub(crate) reserved: bool,
 }
 
-/// A live device's bookkeeping beside the core's: the events, kept here
-/// so that their buffers never reach C as buffer handles (the core
-/// accesses an event's word with atomics only).
+/// A live device's bookkeeping beside the core's: the events, which C
+/// names by an entry of this table, so that their buffers' handles never
+/// reach C (the core accesses an event's word with atomics only). A
+/// buffer handle C forges from an event buffer's slot and generation is
+/// refused by the core as unknown (`UMD_ERR_BAD_HANDLE`): the buffers of
+/// events are the driver's own.
 pub(crate) type Events = spin::Mutex<[EventSlot; EVENTS]>;
 
 /// What `umd_device_init` writes into the caller's storage. Only ever
@@ -160,8 +163,14 @@ pub(crate) unsafe fn capture_ctl<'a>(
 /// MMU mode `mmu` (`UMD_MMU_ENABLED` or `UMD_MMU_BYPASS`), and sets
 /// `*out` to it (a pointer to `storage`).
 ///
-/// Blocks: yes, for the device's reset and MMU handshakes, at most about
-/// 1 s each (a device that does not answer fails with `UMD_ERR_INIT`).
+/// Blocks: yes, for the device's reset and MMU handshakes, then for a
+/// fence round trip on every engine (a FENCE the CPU reads back, then the
+/// engine's reset handshake), each step at most about 1 s. An engine that
+/// stays silent costs about 1 s before bring-up goes on without it (the
+/// hang check deals with it later), so with every engine silent the call
+/// blocks about 1 s per engine and then fails with `UMD_ERR_INIT`, as it
+/// does when a handshake is not answered. A device that answers takes
+/// microseconds per step.
 /// Not to be called on the same storage from two threads at once.
 ///
 /// # Safety

@@ -1,10 +1,10 @@
 //! The C API from C on the host: `tools/install-capi.sh` builds the host
 //! library (feature `host`) and installs it with its header and pkg-config
 //! file; the system `cc` builds `examples/host.c` (with the example
-//! workload, `examples/workload.c`) and `tests/c/bad_input.c`
-//! with the flags of that pkg-config file, and both run against the
-//! in-process model. The captures the host example writes are decoded
-//! with `umd-dump`'s reader.
+//! workload, `examples/workload.c`), `tests/c/bad_input.c` and
+//! `tests/c/forged_event.c` with the flags of that pkg-config file, and
+//! each runs against the in-process model. The captures the host example
+//! writes are decoded with `umd-dump`'s reader.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -147,4 +147,11 @@ fn bad_input_from_c_gets_typed_statuses_and_changes_nothing() {
     let out = build_and_run(&[crate_dir().join("tests/c/bad_input.c")], &[]);
     let checks = out.lines().filter(|l| l.starts_with("bad-input ") && l.ends_with(": ok")).count();
     assert_eq!(checks, 18, "checks that passed:\n{out}");
+}
+
+#[test]
+fn a_buffer_handle_forged_for_an_event_is_refused_from_c() {
+    let out = build_and_run(&[crate_dir().join("tests/c/forged_event.c")], &[]);
+    let checks = out.lines().filter(|l| l.starts_with("forged-event ") && l.ends_with(": ok")).count();
+    assert_eq!(checks, 5, "checks that passed:\n{out}");
 }

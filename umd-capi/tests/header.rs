@@ -26,10 +26,13 @@ fn generate() -> String {
 fn header_is_up_to_date() {
     let path = crate_dir().join("include/umd.h");
     let fresh = generate();
-    if std::env::var_os("UMD_CAPI_BLESS").is_some() {
-        std::fs::write(&path, &fresh).expect("write include/umd.h");
-    }
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    // A bless run that changes the header fails too: a run with the
+    // variable set by mistake (CI) never passes on a header it rewrote.
+    if std::env::var_os("UMD_CAPI_BLESS").is_some() && committed != fresh {
+        std::fs::write(&path, &fresh).expect("write include/umd.h");
+        panic!("include/umd.h rewritten; rerun without UMD_CAPI_BLESS");
+    }
     assert!(
         committed == fresh,
         "include/umd.h is not what cbindgen generates from the crate; rewrite it with \

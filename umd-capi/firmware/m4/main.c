@@ -4,7 +4,9 @@
  * storage union, the example workload (examples/workload.c: buffers, a
  * copy, a dispatch behind a cross-queue wait, an event, an injected hang
  * reported and recovered, every output word checked), the state dump
- * after that hang (text, on the UART), shutdown with the leak report. Reports in qemu-tests' protocol (`@@ RESULT name PASS`,
+ * after that hang (text, on the UART), shutdown with the leak report;
+ * before bring-up, that the transport keeps what is written to the
+ * read-write ENGINE_ROOT registers. Reports in qemu-tests' protocol (`@@ RESULT name PASS`,
  * `@@ FATAL ...`) and exits with 0 when everything passed.
  */
 #include <stdio.h>
@@ -18,6 +20,29 @@ static union umd_device_storage storage;
 static struct umd_platform platform;
 /* The state dump's text (docs/c-api.md, "The state dump and the capture"). */
 static char dump[16384];
+
+/*
+ * The transport stores writes of ENGINE_ROOT_LO/HI(e) (read-write,
+ * docs/refgpu.md 2.1) and reads them back; each is 0 again afterwards.
+ * The model applies them only on the control doorbell, which nothing
+ * rings before bring-up (whose reset sets them to 0 anyway).
+ */
+static int engine_roots_stored(void)
+{
+    int ok = 1;
+    for (uint32_t e = 0; e < 3; e++) {
+        for (uint32_t hi = 0; hi < 2; hi++) {
+            uint32_t off = 0x040u + 8u * e + 4u * hi, want = hi ? 0x7u + e : 0x12345000u + (e << 12), got = 0;
+            ok &= platform.write_reg(platform.ctx, off, want) == UMD_OK;
+            ok &= platform.read_reg(platform.ctx, off, &got) == UMD_OK && got == want;
+            ok &= platform.write_reg(platform.ctx, off, 0) == UMD_OK;
+            if (got != want)
+                printf("ENGINE_ROOT register %#x: wrote %#x, read %#x\n", (unsigned)off, (unsigned)want,
+                       (unsigned)got);
+        }
+    }
+    return ok;
+}
 
 void umd_panic_hook(void)
 {
@@ -34,6 +59,8 @@ int main(void)
         printf("@@ FATAL attach: %s\n", umd_status_str(s));
         board_exit(2);
     }
+    int roots_ok = engine_roots_stored();
+    printf("@@ RESULT c_engine_roots %s\n", roots_ok ? "PASS" : "FAIL see above");
     umd_device *dev;
     s = umd_device_init(&storage, sizeof storage, &platform, UMD_MMU_ENABLED, &dev);
     if (s != UMD_OK) {
@@ -55,5 +82,5 @@ int main(void)
     printf("shutdown: %s, %u buffer (%u bytes) leaked, %u pages still used\n", umd_status_str(s),
            (unsigned)r.leaked_buffers, (unsigned)r.leaked_bytes, (unsigned)shared_ram_pages_used());
     printf("@@ RESULT c_shutdown %s\n", leak_ok ? "PASS" : "FAIL leak report or pages");
-    board_exit(failed || !dump_ok || !leak_ok ? 1 : 0);
+    board_exit(failed || !dump_ok || !leak_ok || !roots_ok ? 1 : 0);
 }

@@ -8,9 +8,9 @@
  * - registers: 32-bit atomic accesses; CLOCK read HI, LO, HI until HI is
  *   stable (CLOCK_HI then answers the HI of that read); IRQ_STATUS cleared
  *   by an atomic AND of the complement; writes of the control registers
- *   and the engines' ring registers stored (applied by the model on a
- *   doorbell); an engine's DOORBELL register rings that engine; other
- *   writes ignored, as on MMIO;
+ *   (ENGINE_ROOT_LO/HI of each engine included) and the engines' ring
+ *   registers stored (applied by the model on a doorbell); an engine's
+ *   DOORBELL register rings that engine; other writes ignored, as on MMIO;
  * - doorbells: an atomic add of 1 to DOORBELL(v) (0..2 the engines, 3 the
  *   control doorbell); an engine that does not exist is refused;
  * - memory: pages of system memory from a bitmap (first fit), zeroed;
@@ -46,6 +46,7 @@
 #define MMU_INVALIDATE 0x02Cu
 #define CLOCK_LO 0x030u
 #define CLOCK_HI 0x034u
+#define ENGINE_ROOT_BASE 0x040u /* ENGINE_ROOT_LO(e) at + 8e, _HI at + 8e + 4 */
 #define ENGINES 3u
 #define ENGINE_BASE 0x100u
 #define ENGINE_STRIDE 0x40u
@@ -197,6 +198,10 @@ static int32_t write_reg(void *ctx, uint32_t off, uint32_t value)
         return UMD_OK;
     default:
         break;
+    }
+    if (off >= ENGINE_ROOT_BASE && off < ENGINE_ROOT_BASE + 8u * ENGINES) {
+        store(REGS + off, value);
+        return UMD_OK;
     }
     if (off >= ENGINE_BASE && (off - ENGINE_BASE) / ENGINE_STRIDE < ENGINES) {
         uint32_t e = (off - ENGINE_BASE) / ENGINE_STRIDE;

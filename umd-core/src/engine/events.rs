@@ -21,6 +21,9 @@
 //! Both are buffers underneath: destroying one is a buffer free (fence
 //! gated), and a destroyed or foreign one is refused with the buffer's
 //! typed error ([`BufferError::Stale`], [`BufferError::ForeignDevice`]).
+//! Their buffers are driver-internal: a buffer handle forged from the slot
+//! and generation of one is refused by every buffer operation
+//! ([`BufferError::Unknown`], see [`BufferHandle::from_raw`]).
 
 use core::fmt;
 
@@ -114,7 +117,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     fn slot(&self, size: u64, tag: &'static str) -> Result<(BufferHandle, u64), AllocError> {
         // The default alignment (128 bytes) keeps each slot on cache lines of
         // its own (CPU writes and invalidates of one never touch another).
-        self.alloc_info(&BufferDesc::new(size).tag(tag)).map(|(h, info)| (h, info.va))
+        self.alloc_info(&BufferDesc::new(size).tag(tag).driver()).map(|(h, info)| (h, info.va))
     }
 
     /// A new event, reset.

@@ -9,6 +9,14 @@
 //! at. A slot whose generation would wrap is retired for good rather than
 //! risk a collision.
 //!
+//! The buffers behind events and timestamp queries share the table but
+//! are the driver's own: while one is live, its slot's generation carries
+//! [`DRIVER_MARK`], which no handle from [`BufferHandle::from_raw`] has, so
+//! a handle forged from such a buffer's slot and generation fails the
+//! generation check of every buffer operation ([`BufferError::Unknown`])
+//! and can neither free nor touch it; the driver's own handle, which has
+//! the mark, passes. The check costs nothing more on the hot path.
+//!
 //! A freed buffer's slot stays taken ("retiring") until the work that may
 //! still use its memory has finished: the slot itself is the deferred-free
 //! record, so the number of frees waiting for fences is bounded by the
@@ -45,12 +53,22 @@ pub struct BufferDesc {
     pub tracking: Tracking,
     /// Shown in leak reports (a static string: no heap).
     pub tag: &'static str,
+    /// A driver-internal buffer (an event's or a timestamp's word): its
+    /// handle carries [`DRIVER_MARK`] (see the module docs).
+    pub(crate) driver: bool,
 }
 
 impl BufferDesc {
     /// `size` bytes, read-write, CPU-visible, implicit tracking.
     pub const fn new(size: u64) -> BufferDesc {
-        BufferDesc { size, align: 0, kind: MemKind::DEFAULT, tracking: Tracking::Implicit, tag: "" }
+        BufferDesc {
+            size,
+            align: 0,
+            kind: MemKind::DEFAULT,
+            tracking: Tracking::Implicit,
+            tag: "",
+            driver: false,
+        }
     }
 
     /// With a GPU address alignment.
@@ -96,6 +114,12 @@ impl BufferDesc {
         self.tag = tag;
         self
     }
+
+    /// A driver-internal buffer (see the module docs).
+    pub(crate) const fn driver(mut self) -> BufferDesc {
+        self.driver = true;
+        self
+    }
 }
 
 /// What the device knows about one buffer.
@@ -127,16 +151,23 @@ pub struct BufferHandle {
     gen: u32,
 }
 
+/// The bit of a slot's generation (and of its handle's) that marks a
+/// driver-internal buffer while it is live; generations count in the
+/// other 31 bits.
+const DRIVER_MARK: u32 = 1 << 31;
+
 impl BufferHandle {
     /// A handle from its parts (FFI, tests of forged handles); validity is
-    /// checked when it is used.
+    /// checked when it is used. The top bit of `gen` is ignored (generations
+    /// count in 31 bits): no such handle reaches a buffer of the driver's
+    /// own, an event's or a timestamp's (see the module docs).
     pub const fn from_raw(device: DeviceId, index: u32, gen: u32) -> BufferHandle {
-        BufferHandle { device, index, gen }
+        BufferHandle { device, index, gen: gen & !DRIVER_MARK }
     }
 
-    /// Its parts: device, slot, generation.
+    /// Its parts: device, slot, generation (of 31 bits).
     pub const fn into_raw(self) -> (DeviceId, u32, u32) {
-        (self.device, self.index, self.gen)
+        (self.device, self.index, self.gen & !DRIVER_MARK)
     }
 
     /// The device it belongs to.
@@ -147,7 +178,7 @@ impl BufferHandle {
 
 impl fmt::Display for BufferHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "bo#{}.{}@{}", self.index, self.gen, self.device)
+        write!(f, "bo#{}.{}@{}", self.index, self.gen & !DRIVER_MARK, self.device)
     }
 }
 
@@ -162,7 +193,9 @@ pub enum BufferError {
         /// This device.
         device: DeviceId,
     },
-    /// The handle never named a buffer of this device (forged).
+    /// The handle never named a buffer of this device (forged), or it
+    /// names one the driver keeps for itself (an event's or a timestamp's
+    /// word, see [`BufferHandle::from_raw`]).
     Unknown,
     /// The handle's buffer was freed (use after free or double free).
     Stale,
@@ -267,6 +300,20 @@ impl<B> BufferSlot<B> {
 
 const NIL: u32 = u32::MAX;
 
+/// Why a handle of generation `h` is refused by a slot of generation
+/// `slot` (they differ, or are even): a generation never given, or one
+/// that differs only in [`DRIVER_MARK`] (forged for a driver-internal
+/// buffer, see the module docs), is unknown; an older one is stale.
+#[cold]
+fn refusal(h: u32, slot: u32) -> BufferError {
+    let (h_count, slot_count) = (h & !DRIVER_MARK, slot & !DRIVER_MARK);
+    if h_count % 2 == 0 || h_count >= slot_count {
+        BufferError::Unknown
+    } else {
+        BufferError::Stale
+    }
+}
+
 /// A fixed-capacity table of buffers over caller storage.
 #[derive(Debug)]
 pub(crate) struct BufferTable<'s, B> {
@@ -319,11 +366,13 @@ impl<'s, B> BufferTable<'s, B> {
         self.free_head == NIL && (self.bump as usize) >= self.slots.len().min(NIL as usize)
     }
 
-    /// Adds a live buffer; O(1). On a full table the allocation is handed back.
+    /// Adds a live buffer, a driver-internal one when `driver` (see the
+    /// module docs); O(1). On a full table the allocation is handed back.
     pub(crate) fn insert(
         &mut self,
         info: BufferInfo,
         alloc: PoolAlloc<B>,
+        driver: bool,
     ) -> Result<BufferHandle, PoolAlloc<B>> {
         let index = if self.free_head != NIL {
             self.free_head
@@ -342,8 +391,9 @@ impl<'s, B> BufferTable<'s, B> {
         } else {
             self.bump = self.bump.wrapping_add(1);
         }
-        // Generations are odd while live, even while free or retiring.
-        slot.gen = slot.gen.wrapping_add(1);
+        // Generations are odd while live, even while free or retiring; a
+        // free slot's has no mark.
+        slot.gen = slot.gen.wrapping_add(1) | if driver { DRIVER_MARK } else { 0 };
         slot.next_free = NIL;
         let size = info.size;
         slot.state = SlotState::Live(Live {
@@ -367,13 +417,10 @@ impl<'s, B> BufferTable<'s, B> {
             return Err(BufferError::ForeignDevice { handle: h.device, device: self.device });
         }
         let slot = self.slots.get(h.index as usize).ok_or(BufferError::Unknown)?;
-        if h.gen == 0 || h.gen % 2 == 0 || h.gen > slot.gen {
-            return Err(BufferError::Unknown);
+        if h.gen == slot.gen && h.gen % 2 == 1 {
+            return Ok(h.index as usize);
         }
-        if h.gen != slot.gen {
-            return Err(BufferError::Stale);
-        }
-        Ok(h.index as usize)
+        Err(refusal(h.gen, slot.gen))
     }
 
     /// The live buffer `h` names; O(1).
@@ -414,7 +461,7 @@ impl<'s, B> BufferTable<'s, B> {
             return Err(BufferError::Stale);
         };
         slot.state = SlotState::Retiring(Retiring { alloc: l.alloc, info: l.info, gate, mask });
-        slot.gen = slot.gen.wrapping_add(1);
+        slot.gen = (slot.gen & !DRIVER_MARK).wrapping_add(1);
         self.live = self.live.wrapping_sub(1);
         self.live_bytes = self.live_bytes.wrapping_sub(size);
         self.retiring = self.retiring.wrapping_add(1);
@@ -448,8 +495,9 @@ impl<'s, B> BufferTable<'s, B> {
         let SlotState::Retiring(r) = core::mem::replace(&mut slot.state, SlotState::Free) else {
             return None;
         };
-        // A slot whose next live generation would wrap is never reused.
-        if slot.gen < u32::MAX.wrapping_sub(1) {
+        // A slot whose next live generation would reach the mark is never
+        // reused.
+        if slot.gen < DRIVER_MARK.wrapping_sub(2) {
             slot.next_free = free_head;
             self.free_head = index;
         }

@@ -381,7 +381,7 @@ impl<'s, B> Buffers<'s, B> {
             tag: desc.tag,
             serial: self.serial,
         };
-        match self.table.insert(info, a) {
+        match self.table.insert(info, a, desc.driver) {
             Ok(h) => Ok((h, info)),
             Err(a) => {
                 // Unreachable in practice (checked above); give the memory back.

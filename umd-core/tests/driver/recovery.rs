@@ -649,7 +649,7 @@ fn the_state_dump_after_a_hang_names_the_queue_its_fences_and_the_report() {
 
     let mut text = String::new();
     dev.dump_state(&mut text, DumpFormat::Text).unwrap();
-    assert!(text.contains("queue q0 stuck at"), "{text}");
+    assert!(text.contains("queue q0 stuck (platform clock "), "{text}");
     assert!(text.contains("emitted: 2\n"), "{text}");
     assert!(text.contains("upto: 2\n"), "{text}");
 }

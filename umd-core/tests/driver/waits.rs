@@ -7,10 +7,10 @@ use super::{rig, small_cfg, with_device};
 use umd_core::config::{Config, HangConfig};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
-use umd_core::engine::EventError;
+use umd_core::engine::{BufferUse, EventError, Submit};
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
-use umd_core::mem::BufferError;
+use umd_core::mem::{BufferError, BufferHandle};
 use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
@@ -295,6 +295,61 @@ fn an_event_of_another_device_is_refused() {
     assert!(matches!(b.set_event(ev), Err(BufferError::ForeignDevice { .. })));
     assert!(matches!(b.destroy_event(ev), Err(BufferError::ForeignDevice { .. })));
     assert_eq!(a.event_is_set(ev), Ok(false), "the owner's event is unchanged");
+}
+
+/// A buffer handle forged from the slot and generation of an event's (or a
+/// timestamp's) buffer reaches nothing: every buffer operation refuses it
+/// as unknown, and the event and the timestamp go on working.
+#[test]
+fn forged_handles_to_event_and_timestamp_buffers_are_refused() {
+    let fake = Fake::new(Generation::Gen1, 8 << 20);
+    let mut storage: Box<SmallStorage> = Box::default();
+    let dev = Device::<Fake, 4>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    fake.state().mode = Mode::OnDelay;
+    // A freed slot is the next one handed out, one generation on (two
+    // steps: live generations are odd).
+    let forge_next = || {
+        let b = dev.alloc_buffer(64).unwrap();
+        let (id, index, gen) = b.into_raw();
+        dev.free(b).unwrap();
+        BufferHandle::from_raw(id, index, gen + 2)
+    };
+    let forged_ev = forge_next();
+    let ev = dev.create_event().unwrap();
+    let forged_ts = forge_next();
+    let ts = dev.create_timestamp().unwrap();
+    let live = dev.buffer_stats().live;
+    for forged in [forged_ev, forged_ts] {
+        let mut out = [0u8; 4];
+        assert_eq!(dev.write(forged, 0, &[1, 0, 0, 0]), Err(BufferError::Unknown));
+        assert_eq!(dev.read(forged, 0, &mut out), Err(BufferError::Unknown));
+        assert_eq!(dev.buffer(forged), Err(BufferError::Unknown));
+        assert_eq!(dev.va(forged), Err(BufferError::Unknown));
+        assert_eq!(dev.map(forged).err(), Some(BufferError::Unknown));
+        let declared =
+            dev.submit_with(&Submit::on(QueueId::COPY).using(&[BufferUse::write(forged)]), |cb| cb.barrier());
+        assert_eq!(declared.err(), Some(SubmitError::Buffer(BufferError::Unknown)));
+        assert_eq!(dev.free(forged), Err(BufferError::Unknown));
+    }
+    assert_eq!(dev.buffer_stats().live, live, "nothing was freed");
+    // The event and the timestamp are untouched and still work.
+    assert_eq!(dev.event_is_set(ev), Ok(false));
+    assert_eq!(dev.timestamp_ns(ts), Ok(None));
+    let f = dev
+        .submit(QueueId::COPY, &[], |cb| {
+            cb.push(&ts.write())?;
+            cb.push(&ev.set())
+        })
+        .unwrap();
+    dev.wait_event(ev, 1_000_000_000).unwrap();
+    dev.wait(f, 1_000_000_000).unwrap();
+    assert!(dev.timestamp_ns(ts).unwrap().is_some());
+    dev.destroy_event(ev).unwrap();
+    dev.destroy_timestamp(ts).unwrap();
+    // Once the slot is the user's again, its handle works.
+    let b = dev.alloc_buffer(64).unwrap();
+    dev.write(b, 0, &[1, 2, 3, 4]).unwrap();
+    dev.free(b).unwrap();
 }
 
 /// The event's word moves between the CPU and the GPU in both directions,
