@@ -502,8 +502,8 @@ pub fn write_report<B: Backend, const C: usize>(
     }
     writeln!(
         out,
-        "driver     : {} submissions, {} fence signals observed, {} interrupts acknowledged, {} ring wraps, {} pool waits",
-        st.submissions, st.fences_signalled, st.interrupts, st.ring_wraps, st.pool_waits
+        "driver     : {} submissions, {} fence signals observed, {} IRQ_STATUS acknowledgements, {} ring wraps, {} pool waits",
+        st.submissions, st.fences_signalled, st.irq_status_acks, st.ring_wraps, st.pool_waits
     )?;
     writeln!(
         out,

@@ -81,8 +81,13 @@ fn state_dumps_printed(r: &Run) {
         None => panic!("no {name} printed\n{}", out.tail(40)),
     };
     let fault = dump("state-after-page_fault_reported");
-    for want in ["mode: direct", "queue q2 faulted (platform clock ", "Translation fault on Read", "kind: fault", "ib_pool:"]
-    {
+    for want in [
+        "mode: direct",
+        "queue q2 faulted (platform clock ",
+        "Translation fault on Read",
+        "kind: fault",
+        "ib_pool:",
+    ] {
         assert!(fault.contains(want), "state after the fault lacks {want:?}:\n{fault}");
     }
     let hang = dump("state-after-hang_detected_and_recovered");

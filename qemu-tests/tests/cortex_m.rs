@@ -87,9 +87,12 @@ macro_rules! gen_suite {
                     panic!("no state dump printed after the hang\n{}", out.tail(40))
                 };
                 let text = lines.join("\n");
-                for want in
-                    ["queue q1 stuck (platform clock ", "kind: hang", "error: queue hung and was reset", "rptr_seen:"]
-                {
+                for want in [
+                    "queue q1 stuck (platform clock ",
+                    "kind: hang",
+                    "error: queue hung and was reset",
+                    "rptr_seen:",
+                ] {
                     assert!(text.contains(want), "state dump lacks {want:?}:\n{text}");
                 }
             }

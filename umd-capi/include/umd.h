@@ -728,9 +728,10 @@ typedef struct umd_stats {
    */
   uint64_t propagated_failures;
   /**
-   * Interrupts acknowledged.
+   * Service passes that found IRQ_STATUS bits set and cleared them (with
+   * or without interrupts: not the number of interrupts delivered).
    */
-  uint64_t interrupts;
+  uint64_t irq_status_acks;
   /**
    * Total ns spent waiting.
    */

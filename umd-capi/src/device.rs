@@ -320,8 +320,9 @@ pub struct umd_stats {
     pub resets: u64,
     /// Fences failed because work they waited on failed.
     pub propagated_failures: u64,
-    /// Interrupts acknowledged.
-    pub interrupts: u64,
+    /// Service passes that found IRQ_STATUS bits set and cleared them (with
+    /// or without interrupts: not the number of interrupts delivered).
+    pub irq_status_acks: u64,
     /// Total ns spent waiting.
     pub wait_ns: u64,
     /// Live buffers (events included).
@@ -357,7 +358,7 @@ pub unsafe extern "C" fn umd_device_stats(dev: *const umd_device, out: *mut umd_
         faults: s.faults,
         resets: s.resets,
         propagated_failures: s.propagated_failures,
-        interrupts: s.interrupts,
+        irq_status_acks: s.irq_status_acks,
         wait_ns: s.wait_ns,
         live_buffers: b.live,
         live_bytes: b.live_bytes,

@@ -264,7 +264,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         match self.b.ack_interrupts() {
             Ok(acked) => {
                 if acked.any {
-                    Counters::add(&self.stats.interrupts, 1);
+                    Counters::add(&self.stats.irq_status_acks, 1);
                 }
                 self.fault_irqs.note(acked.faults);
             }

@@ -359,7 +359,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             ("ring_wraps", s.ring_wraps),
             ("pool_waits", s.pool_waits),
             ("dep_waits", s.dep_waits),
-            ("interrupts", s.interrupts),
+            ("irq_status_acks", s.irq_status_acks),
             ("wait_ns", s.wait_ns),
             ("pte_writes", s.pte_writes),
             ("tlb_invalidations", s.tlb_invalidations),

@@ -123,7 +123,7 @@ pub struct DeviceStats {
     /// The device sets IRQ_STATUS on fences and faults whether or not the
     /// platform waits for interrupts, so a polling-only platform counts
     /// here too: this is not the number of interrupts delivered.
-    pub interrupts: u64,
+    pub irq_status_acks: u64,
     /// Total ns spent in `wait`.
     pub wait_ns: u64,
     /// Page-table entries written (direct mode).
@@ -162,7 +162,7 @@ pub(crate) struct Counters {
     pub(crate) ring_wraps: AtomicU64,
     pub(crate) pool_waits: AtomicU64,
     pub(crate) dep_waits: AtomicU64,
-    pub(crate) interrupts: AtomicU64,
+    pub(crate) irq_status_acks: AtomicU64,
     pub(crate) wait_ns: AtomicU64,
     pub(crate) evictions: AtomicU64,
     pub(crate) restores: AtomicU64,
@@ -351,7 +351,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             ring_wraps: l(&s.ring_wraps),
             pool_waits: l(&s.pool_waits),
             dep_waits: l(&s.dep_waits),
-            interrupts: l(&s.interrupts),
+            irq_status_acks: l(&s.irq_status_acks),
             wait_ns: l(&s.wait_ns),
             pte_writes: pte,
             tlb_invalidations: tlb,
