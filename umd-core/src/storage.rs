@@ -17,7 +17,7 @@ use core::mem::MaybeUninit;
 use heapless::Deque;
 
 use crate::debug::trace::TraceStorage;
-use crate::debug::{HangLog, HangStorage};
+use crate::debug::{HangLog, HangReport};
 use crate::mem::buffer::BufferSlot;
 use crate::mem::pool::Slab;
 use crate::mem::va::{VaHandle, VaNode};
@@ -57,7 +57,10 @@ pub struct DeviceStorage<
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
     pub(crate) local: [u64; LOCAL_WORDS],
-    pub(crate) hangs: HangStorage<HANGS>,
+    /// Zeroed, not `None`: `Option<HangReport>` keeps `None` in a niche
+    /// that is not all zeros, and the storage must stay all zeros
+    /// (`.bss`, no flash image: `tools/footprint.sh` checks it).
+    pub(crate) hangs: [MaybeUninit<Option<HangReport>>; HANGS],
 }
 
 impl<
@@ -79,7 +82,7 @@ impl<
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
             local: [0; LOCAL_WORDS],
-            hangs: HangStorage::new(),
+            hangs: [const { MaybeUninit::zeroed() }; HANGS],
         }
     }
 
@@ -94,7 +97,7 @@ impl<
             deps: &mut self.deps,
             trace: crate::debug::TraceRing::new(&mut self.trace),
             local: &mut self.local,
-            hangs: HangLog::new(&mut self.hangs),
+            hangs: HangLog::new(init_all(&mut self.hangs, || None)),
         }
     }
 }
@@ -103,8 +106,8 @@ impl<
 /// initialised values.
 fn init_all<T>(raw: &mut [MaybeUninit<T>], empty: impl Fn() -> T) -> &mut [T] {
     for s in raw.iter_mut() {
-        // The previous content is not dropped: buffer slots and slab
-        // descriptors have no drop glue.
+        // The previous content is not dropped: buffer slots, slab
+        // descriptors and hang reports have no drop glue.
         s.write(empty());
     }
     // SAFETY: the loop above initialised every element; `MaybeUninit<T>`

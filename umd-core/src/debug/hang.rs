@@ -289,26 +289,6 @@ impl fmt::Display for HangReport {
 /// `HANGS` parameter of [`crate::storage::DeviceStorage`]).
 pub const HANG_REPORTS: usize = 4;
 
-/// Storage for the last `N` hang and fault reports (in the device's
-/// storage; lent to its [`HangLog`]).
-#[derive(Debug)]
-pub struct HangStorage<const N: usize = HANG_REPORTS> {
-    reports: [Option<HangReport>; N],
-}
-
-impl<const N: usize> HangStorage<N> {
-    /// Empty (a `const fn`: usable in a `static`).
-    pub const fn new() -> Self {
-        HangStorage { reports: [None; N] }
-    }
-}
-
-impl<const N: usize> Default for HangStorage<N> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
 /// The last hang and fault reports, oldest overwritten first, and how many
 /// there were in all.
 #[derive(Debug)]
@@ -319,10 +299,10 @@ pub struct HangLog<'s> {
 }
 
 impl<'s> HangLog<'s> {
-    /// A log over `storage`.
-    pub fn new<const N: usize>(storage: &'s mut HangStorage<N>) -> Self {
-        storage.reports.iter_mut().for_each(|r| *r = None);
-        HangLog { reports: &mut storage.reports, total: 0 }
+    /// A log over `reports` (the device's storage), emptied.
+    pub fn new(reports: &'s mut [Option<HangReport>]) -> Self {
+        reports.iter_mut().for_each(|r| *r = None);
+        HangLog { reports, total: 0 }
     }
 
     /// How many reports it keeps.

@@ -5,5 +5,5 @@ pub mod capture;
 pub mod hang;
 pub mod trace;
 
-pub use hang::{HangLog, HangReason, HangReport, HangStorage, NearBuffer, Window, HANG_REPORTS};
+pub use hang::{HangLog, HangReason, HangReport, NearBuffer, Window, HANG_REPORTS};
 pub use trace::{TraceEvent, TraceKind, TraceRing};
