@@ -11,7 +11,7 @@
 //!
 //! The buffers behind events and timestamp queries share the table but
 //! are the driver's own: while one is live, its slot's generation carries
-//! [`DRIVER_MARK`], which no handle from [`BufferHandle::from_raw`] has, so
+//! `DRIVER_MARK` (bit 31 of the generation), which no handle from [`BufferHandle::from_raw`] has, so
 //! a handle forged from such a buffer's slot and generation fails the
 //! generation check of every buffer operation ([`BufferError::Unknown`])
 //! and can neither free nor touch it; the driver's own handle, which has
@@ -54,7 +54,7 @@ pub struct BufferDesc {
     /// Shown in leak reports (a static string: no heap).
     pub tag: &'static str,
     /// A driver-internal buffer (an event's or a timestamp's word): its
-    /// handle carries [`DRIVER_MARK`] (see the module docs).
+    /// handle carries `DRIVER_MARK` (see the module docs).
     pub(crate) driver: bool,
 }
 
