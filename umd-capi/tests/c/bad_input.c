@@ -8,21 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "umd.h"
-
-static int line_failed;
-
-#define IS(call, want)                                                         \
-    do {                                                                       \
-        umd_status got_ = (call);                                              \
-        if (got_ != (want)) {                                                  \
-            fprintf(stderr, "%s:%d: %s gave %d (%s), expected %s\n", __FILE__, \
-                    __LINE__, #call, (int)got_, umd_status_str(got_), #want);  \
-            line_failed = 1;                                                   \
-        }                                                                      \
-    } while (0)
-
-#define OK(call) IS(call, UMD_OK)
+#include "check.h"
 
 static union umd_device_storage storage1, storage2, forged;
 

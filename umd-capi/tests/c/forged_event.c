@@ -9,21 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "umd.h"
-
-static int line_failed;
-
-#define IS(call, want)                                                         \
-    do {                                                                       \
-        umd_status got_ = (call);                                              \
-        if (got_ != (want)) {                                                  \
-            fprintf(stderr, "%s:%d: %s gave %d (%s), expected %s\n", __FILE__, \
-                    __LINE__, #call, (int)got_, umd_status_str(got_), #want);  \
-            line_failed = 1;                                                   \
-        }                                                                      \
-    } while (0)
-
-#define OK(call) IS(call, UMD_OK)
+#include "check.h"
 
 static void check(const char *what)
 {
