@@ -302,6 +302,20 @@ fn build(target: &str, features: &str) -> Result<Artifacts, String> {
     Ok(Artifacts { image_dir: t.join(target).join("release"), sim: t.join("release").join("refgpu-sim") })
 }
 
+/// Builds the `umd-dump` tool for the host (release, in the harness's
+/// target directory) once per process; its path. The tests run it on a
+/// boot's UART output as `docs/debugging.md` does.
+pub fn umd_dump() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            cargo(&["build", "--release", "-p", "umd-dump", "--bin", "umd-dump"], &[])
+                .map_err(|e| e.to_string())?;
+            Ok(target_dir().join("release").join("umd-dump"))
+        })
+        .clone()
+}
+
 /// Whether Debian's bare-metal Arm C toolchain and picolibc are installed
 /// (what the C firmware is built with).
 pub fn arm_c_available() -> bool {
