@@ -6,7 +6,9 @@
 //!    --target aarch64-unknown-none --features image,defmt,validation -p
 //!    bm-images`; the Cortex-M images with
 //!    `cortex-m-image,defmt,validation`: umd-core's validation mode
-//!    compiled in, off unless an image's command line says `validation`) and
+//!    compiled in, off unless an image's command line says `validation`;
+//!    `image` also compiles umd-core's capture in, with no session unless
+//!    an image starts one) and
 //!    `refgpu-sim`, in their own target directory
 //!    (`$CARGO_TARGET_DIR/qemu-tests` or `target/qemu-tests`) so the nested
 //!    cargo never waits on the outer one's lock;
