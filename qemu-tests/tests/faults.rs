@@ -168,6 +168,40 @@ fn dma_overrun_walk_matches_the_guide() {
     }
 }
 
+/// Every checked block of `docs/debugging.md` names an output one of its
+/// tests checks (a misspelt name would be checked by none): the `bm-*`
+/// blocks by `dma_overrun_walk_matches_the_guide`, the `guest-*` ones by
+/// the guest's `dma_overrun_walk`, `demo-report` by `tests/demo.rs`.
+#[test]
+fn every_block_of_the_guide_has_a_checker() {
+    const CHECKED: &[&str] = &[
+        "bm-uart",
+        "bm-log",
+        "bm-report",
+        "bm-state",
+        "bm-deadlock",
+        "bm-umd-dump",
+        "guest-run",
+        "guest-dmesg",
+        "guest-devcoredump",
+        "guest-umd-dump",
+        "guest-state",
+        "demo-report",
+    ];
+    let blocks = guide_blocks();
+    for b in &blocks {
+        assert!(
+            CHECKED.contains(&b.name.as_str()),
+            "guide block check={} (line {}) is checked by no test",
+            b.name,
+            b.line
+        );
+    }
+    for name in CHECKED {
+        assert!(blocks.iter().any(|b| b.name == *name), "the guide has no block check={name}");
+    }
+}
+
 /// A data abort on purpose: the handler prints the exception class, the
 /// fault status, the faulting address (FAR) and ELR, and x0..x18, fp, lr;
 /// QEMU exits with status 3.
