@@ -92,6 +92,11 @@ fn overrun_then_cpu() -> Run {
     Run { args: vec!["overrun", "cpu"], ..Run::new("fault", 2, Mode::Polling) }
 }
 
+/// Where the walk's UART output is kept (`uart.log`).
+fn overrun_dir() -> PathBuf {
+    vm_harness::target_base().join("qemu-tests").join("overrun")
+}
+
 /// The guide, read from the workspace.
 fn guide_blocks() -> Vec<guide::Block> {
     let path = vm_harness::workspace_root().join("docs").join("debugging.md");
@@ -127,7 +132,7 @@ fn run_umd_dump(tool: &PathBuf, dir: &std::path::Path, command: &str) -> String 
 /// fault report (`check=bm-report`), the state dump after the fault
 /// (`check=bm-state`) and while a wait blocks (`check=bm-deadlock`), and
 /// the capture decoded by the guide's own `umd-dump` commands on the UART
-/// output (`check=bm-umd-dump`).
+/// output (`check=bm-umd-dump`), saved as `uart.log` in [`overrun_dir`].
 #[test]
 fn dma_overrun_walk_matches_the_guide() {
     let out = outcome(&overrun_then_cpu());
@@ -152,16 +157,18 @@ fn dma_overrun_walk_matches_the_guide() {
             }
         }
     }
-    // The capture: the UART output saved as the guide names it, and the
-    // guide's commands run on it.
+    // The capture: the UART output saved as the guide names it (kept, for
+    // a reader to run the guide's commands on), and the guide's commands
+    // run on it there.
     let tool = qemu_tests::umd_dump().unwrap_or_else(|e| panic!("building umd-dump: {e}"));
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("temporary directory: {e}"));
-    std::fs::write(dir.path().join("uart.log"), &console).unwrap_or_else(|e| panic!("uart.log: {e}"));
+    let dir = overrun_dir();
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    std::fs::write(dir.join("uart.log"), &console).unwrap_or_else(|e| panic!("uart.log: {e}"));
     let dumps = guide::named(&blocks, "bm-umd-dump").unwrap_or_else(|e| panic!("{e}"));
     for b in dumps {
         let commands = b.commands();
         assert!(!commands.is_empty(), "guide block at line {} runs no command", b.line);
-        let text: String = commands.iter().map(|c| run_umd_dump(&tool, dir.path(), c)).collect();
+        let text: String = commands.iter().map(|c| run_umd_dump(&tool, &dir, c)).collect();
         if let Err(e) = guide::check(b, &text) {
             panic!("{e}");
         }
