@@ -28,7 +28,9 @@
 //! - fault images: `@@ FAULT_ADDR <addr>` (the address about to be read),
 //!   `@@ KILL_MODEL_NOW ...` (the harness kills the model), `@@ DEVICE_LOST
 //!   ...`, `@@ ACCOUNTING ...` and `@@ CHECK ok|FAILED <why>` (the fault
-//!   matrix's accounting), `@@ SHUTDOWN ...`, `@@ BAD_DOORBELL ...`;
+//!   matrix's accounting), `@@ SHUTDOWN ...`, `@@ BAD_DOORBELL ...`,
+//!   `@@ OVERRUN ...`, `@@ DEADLOCK ...` and `@@ OVERRUN_FAILED <why>`
+//!   (the overrun walk of `docs/debugging.md`, with `rgcs:` capture lines);
 //!   `@@ ASYNC ...` from the Cortex-M4's async image
 //! - `@@ FATAL <why>` (bring-up failed), `@@ EXCEPTION ...`, `@@ PANIC ...`
 //! - `@@ DONE passed=<n> failed=<n>` then the semihosting exit status

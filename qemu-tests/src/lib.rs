@@ -6,7 +6,9 @@
 //!    --target aarch64-unknown-none --features image,defmt,validation -p
 //!    bm-images`; the Cortex-M images with
 //!    `cortex-m-image,defmt,validation`: umd-core's validation mode
-//!    compiled in, off unless an image's command line says `validation`) and
+//!    compiled in, off unless an image's command line says `validation`;
+//!    `image` also compiles umd-core's capture in, with no session unless
+//!    an image starts one) and
 //!    `refgpu-sim`, in their own target directory
 //!    (`$CARGO_TARGET_DIR/qemu-tests` or `target/qemu-tests`) so the nested
 //!    cargo never waits on the outer one's lock;
@@ -300,6 +302,20 @@ fn build(target: &str, features: &str) -> Result<Artifacts, String> {
         .map_err(|e| e.to_string())?;
     let t = target_dir();
     Ok(Artifacts { image_dir: t.join(target).join("release"), sim: t.join("release").join("refgpu-sim") })
+}
+
+/// Builds the `umd-dump` tool for the host (release, in the harness's
+/// target directory) once per process; its path. The tests run it on a
+/// boot's UART output as `docs/debugging.md` does.
+pub fn umd_dump() -> Result<PathBuf, String> {
+    static BUILT: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            cargo(&["build", "--release", "-p", "umd-dump", "--bin", "umd-dump"], &[])
+                .map_err(|e| e.to_string())?;
+            Ok(target_dir().join("release").join("umd-dump"))
+        })
+        .clone()
 }
 
 /// Whether Debian's bare-metal Arm C toolchain and picolibc are installed

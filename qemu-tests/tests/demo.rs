@@ -2,8 +2,10 @@
 //! `src/bin/demo.rs`): every frame verified, the report printed and a
 //! well-formed Chrome trace between the markers, with every job's GPU span
 //! on its engine's track and matched to its fence; both generations, MSI
-//! and polling, two and three frames in flight. And the command line of
-//! `src/bin/demo.rs` (no QEMU needed: it stops at the arguments).
+//! and polling, two and three frames in flight; the report's lines that
+//! `docs/debugging.md` quotes (its `check=demo-report` block). And the
+//! command line of `src/bin/demo.rs` (no QEMU needed: it stops at the
+//! arguments).
 
 use std::process::{Command, Output};
 
@@ -27,6 +29,14 @@ fn check_demo(generation: u8, mode: Mode, depth: &'static str) {
         &format!("{} frames in flight", &depth["depth=".len()..]),
     ] {
         assert!(text.contains(want), "report lacks {want:?}:\n{text}");
+    }
+    let path = vm_harness::workspace_root().join("docs").join("debugging.md");
+    let guide = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let blocks = vm_harness::guide::blocks(&guide);
+    for b in vm_harness::guide::named(&blocks, "demo-report").unwrap_or_else(|e| panic!("{e}")) {
+        if let Err(e) = vm_harness::guide::check(b, &text) {
+            panic!("{e}");
+        }
     }
     let json = out.trace.as_deref().unwrap_or_else(|| panic!("no trace between the markers\n{text}"));
     assert!(json.starts_with("{\"displayTimeUnit\"") && json.ends_with('}'), "trace is not one JSON object");

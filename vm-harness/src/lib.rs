@@ -23,6 +23,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 mod error;
+pub mod guide;
 mod outcome;
 pub mod setup;
 

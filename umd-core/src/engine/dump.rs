@@ -1,7 +1,8 @@
 //! The whole driver state in one call: [`DeviceCore::dump_state`] writes
 //! queues, rings, fences (emitted, completed, failed), pending waits, the
-//! IB pool, buffer classes, VA and local memory, statistics, the kept hang
-//! and fault reports and (with the `capture` feature) the capture session,
+//! IB pool, buffer classes and every live buffer's range, VA and local
+//! memory, statistics, the kept hang and fault reports and (with the
+//! `capture` feature) the capture session,
 //! as text or JSON ([`DumpFormat`]), into any [`core::fmt::Write`]: no
 //! heap, and bounded time (every loop runs over a fixed-capacity table).
 //!
@@ -321,6 +322,24 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             o.num("backed", c.backed)?;
             o.close(false)?;
         }
+        o.close(true)?;
+        // Every live buffer with its address range, to match a fault's or
+        // a packet's address against (under the memory lock, as the
+        // capture ring and the hang log are written under theirs).
+        o.list("list")?;
+        let mut res = Ok(());
+        self.mem.lock().buffers.leak_report(|e| {
+            res = res.and_then(|()| {
+                o.open("")?;
+                o.num("serial", e.info.serial)?;
+                o.text("tag", e.info.tag)?;
+                o.hex("va", e.info.va)?;
+                o.num("size", e.info.size)?;
+                o.hex("end", e.info.va.saturating_add(e.info.size))?;
+                o.close(false)
+            });
+        });
+        res?;
         o.close(true)?;
         o.close(false)?;
         match vs {

@@ -654,6 +654,52 @@ fn the_state_dump_after_a_hang_names_the_queue_its_fences_and_the_report() {
     assert!(text.contains("upto: 2\n"), "{text}");
 }
 
+/// The state dump lists every live buffer with its range (what
+/// `docs/debugging.md` matches a faulting copy's addresses against); a
+/// freed buffer leaves the list.
+#[test]
+fn the_state_dump_lists_every_live_buffer_with_its_range() {
+    use umd_core::engine::dump::DumpFormat;
+    use umd_core::mem::buffer::BufferDesc;
+    let mut rig_dev = rig(Generation::Gen2);
+    let dev: Device<'_, Fake, 4> = rig_dev.device(small_cfg());
+    let a = dev.alloc(&BufferDesc::new(4096).tag("dst")).unwrap();
+    let b = dev.alloc(&BufferDesc::new(100).tag("freed")).unwrap();
+    let va = dev.va(a).unwrap();
+    dev.free(b).unwrap();
+    // A tag that JSON must escape.
+    let d = dev.alloc(&BufferDesc::new(8).tag("quoted \"tag\"")).unwrap();
+    let c = dev.alloc(&BufferDesc::new(65536).tag("src")).unwrap();
+    let vc = dev.va(c).unwrap();
+    let mut json = String::new();
+    dev.dump_state(&mut json, DumpFormat::Json).unwrap();
+    let j: serde_json::Value = serde_json::from_str(&json).expect(&json);
+    let list = j["buffers"]["list"].as_array().expect(&json);
+    let find = |tag: &str| list.iter().find(|e| e["tag"] == tag);
+    let dst = find("dst").expect(&json);
+    assert_eq!(
+        (dst["va"].as_u64(), dst["size"].as_u64(), dst["end"].as_u64()),
+        (Some(va), Some(4096), Some(va + 4096))
+    );
+    let src = find("src").expect(&json);
+    assert_eq!((src["va"].as_u64(), src["end"].as_u64()), (Some(vc), Some(vc + 65536)), "{json}");
+    assert!(find("freed").is_none(), "a freed buffer is listed: {json}");
+    assert_eq!(find("quoted \"tag\"").and_then(|e| e["size"].as_u64()), Some(8), "{json}");
+    assert_eq!(list.len() as u64, j["buffers"]["live"].as_u64().unwrap(), "{json}");
+    let mut text = String::new();
+    dev.dump_state(&mut text, DumpFormat::Text).unwrap();
+    assert!(
+        text.contains(&format!(
+            "      tag: dst\n      va: {va:#x}\n      size: 4096\n      end: {:#x}\n",
+            va + 4096
+        )),
+        "{text}"
+    );
+    dev.free(a).unwrap();
+    dev.free(d).unwrap();
+    dev.free(c).unwrap();
+}
+
 #[test]
 fn the_hang_log_keeps_the_last_n_reports_and_counts_them_all() {
     let fake = Fake::new(Generation::Gen1, 4 << 20);

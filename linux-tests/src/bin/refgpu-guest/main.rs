@@ -14,6 +14,7 @@
 
 mod adversarial;
 mod debug_kernel;
+mod debugging;
 mod drm;
 mod fixture;
 mod fuzz;

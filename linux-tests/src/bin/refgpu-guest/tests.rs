@@ -70,6 +70,7 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
             "kernel_mode_sync_files_and_reset_status",
             crate::kernel_mode::kernel_mode_sync_files_and_reset_status,
         ),
+        ("dma_overrun_walk", crate::debugging::dma_overrun_walk),
         ("bench_submit_vs_null_ioctl", bench_submit_vs_null_ioctl),
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),
