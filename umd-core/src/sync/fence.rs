@@ -55,7 +55,10 @@ impl fmt::Display for Fence {
 }
 
 /// How an engine fault was reported (`docs/refgpu.md` section 2.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+///
+/// Its `Debug` shows the address and the opcode in hex, as the hang
+/// report, the devcoredump and `docs/refgpu.md` write them.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct FaultInfo {
     /// FAULT_STATUS KIND (1 translation, 2 permission, 3 invalid packet,
     /// 4 bad PTE, 5 bus).
@@ -66,6 +69,16 @@ pub struct FaultInfo {
     pub addr: u64,
     /// Opcode of the packet that faulted (0 if unknown).
     pub opcode: u8,
+}
+
+impl fmt::Debug for FaultInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "FaultInfo {{ kind: {:?}, access: {:?}, addr: {:#x}, opcode: {:#04x} }}",
+            self.kind, self.access, self.addr, self.opcode
+        )
+    }
 }
 
 /// Fault kinds.

@@ -566,6 +566,11 @@ fn a_fault_names_the_fault_and_innocent_contexts_go_on() {
         let f = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0000)).unwrap();
         let info = FaultInfo::from_regs(status, 0xDEAD_0000).unwrap();
         assert_eq!(dev.wait(f, T), Err(WaitError::Failed(FenceError::Fault(info))));
+        // Addresses and opcodes print in hex, as every report writes them.
+        assert_eq!(
+            format!("{info:?}"),
+            "FaultInfo { kind: Translation, access: Write, addr: 0xdead0000, opcode: 0x10 }"
+        );
         let report = dev.last_hang().expect("a report");
         assert_eq!(report.fault, Some(info));
         // Another context the kernel marks innocent: no failure.
