@@ -2,16 +2,20 @@
 //! and the page allocator over local memory (`LocalMem`).
 //!
 //! Local memory is the driver's to manage, not the platform's
-//! (`docs/memory.md`, "Local memory and eviction"): a bitmap over caller
-//! storage hands out runs of 4 KiB pages of it. The device core wraps a
+//! (`docs/memory.md`, "Local memory and eviction"): a
+//! [`PageAlloc`] over node storage from `DeviceStorage` hands out runs of
+//! 4 KiB pages of it, in a time that does not grow with the number of
+//! local buffers. The device core wraps a
 //! run in a [`crate::platform::DmaRegion`] that says it is local (its
 //! residency), so it goes back here and never to the platform's
 //! `dma_free`.
 //!
-//! Without the `local-memory` feature nothing is managed: every check
+//! Without the `local-memory` feature (or without `mmu`: local memory is
+//! only used with the GPU MMU) nothing is managed: every check
 //! folds to a constant and every request falls back to system memory.
 
-use super::pages::PageBitmap;
+use super::pages::PageAlloc;
+use super::va::VaNode;
 
 /// Where a buffer's (or a region's) memory is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +29,11 @@ pub enum Residency {
 /// Bytes of a local-memory page.
 pub(crate) const PAGE: u64 = 4096;
 
-/// Whether local memory is used at all (the `local-memory` feature). The
-/// checks on it fold to constants without it, and with them every move.
-pub(crate) const ON: bool = cfg!(feature = "local-memory");
+/// Whether local memory is used at all (the `local-memory` feature; with
+/// the `mmu` feature, as only the MMU moves buffers between local and
+/// system memory under one address). The checks on it fold to constants
+/// without it, and with them every move and the page allocator.
+pub(crate) const ON: bool = cfg!(all(feature = "local-memory", feature = "mmu"));
 
 /// Pages of local memory from [`LocalMem::alloc`]: `len` bytes at the
 /// device address `addr`, until [`LocalMem::free`] gives them back.
@@ -39,36 +45,38 @@ pub(crate) struct LocalPages {
     pub(crate) len: usize,
 }
 
-/// The local-memory page allocator (a bitmap over caller storage).
+/// The local-memory page allocator (over caller node storage).
 pub(crate) enum LocalMem<'d> {
     /// No local memory (yet): the storage waits.
-    Unset(&'d mut [u64]),
+    Unset(&'d mut [VaNode]),
     /// Local memory `[base, base + pages * 4 KiB)`.
-    Active { base: u64, pages: PageBitmap<&'d mut [u64]> },
+    Active { base: u64, pages: PageAlloc<&'d mut [VaNode]> },
     /// Moved out (transient).
     Gone,
 }
 
 impl<'d> LocalMem<'d> {
-    /// No local memory, with `words` of bitmap storage for later.
-    pub(crate) fn new(words: &'d mut [u64]) -> Self {
-        LocalMem::Unset(words)
+    /// No local memory, with `nodes` of page-allocator storage for later.
+    pub(crate) fn new(nodes: &'d mut [VaNode]) -> Self {
+        LocalMem::Unset(nodes)
     }
 
-    /// Uses `[base, base + size)` (as much of it as the storage covers).
-    /// Returns the bytes managed.
-    /// Without the `local-memory` feature: nothing (0).
+    /// Uses `[base, base + size)` (whole pages, at most
+    /// [`super::pages::MAX_WINDOW_PAGES`] of them). Returns the bytes
+    /// managed: 0 without node storage, or without the `local-memory`
+    /// feature.
     pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
         if !ON {
             return 0;
         }
-        let LocalMem::Unset(words) = self else { return 0 };
-        let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
-        if pages == 0 {
+        let LocalMem::Unset(nodes) = self else { return 0 };
+        let most = super::pages::MAX_WINDOW_PAGES.min(usize::MAX as u64);
+        let pages = usize::try_from((size / PAGE).min(most)).unwrap_or(0);
+        if pages == 0 || nodes.is_empty() {
             return 0;
         }
-        let LocalMem::Unset(words) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
-        match PageBitmap::new(words, pages) {
+        let LocalMem::Unset(nodes) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
+        match PageAlloc::new(nodes, pages) {
             Ok(p) => {
                 *self = LocalMem::Active { base, pages: p };
                 (pages as u64).saturating_mul(PAGE)
@@ -129,8 +137,8 @@ mod tests {
     /// none and every request falls back to system memory.
     #[test]
     fn local_memory_is_used_only_when_built_in() {
-        let mut words = [0u64; 2];
-        let mut local = LocalMem::new(&mut words);
+        let mut nodes = [VaNode::ZEROED; 4];
+        let mut local = LocalMem::new(&mut nodes);
         let managed = local.activate(0x4000_0000, 64 * PAGE);
         let r = local.alloc(2 * PAGE);
         if ON {
