@@ -161,12 +161,28 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// `live` blocks of `load`, then `steps` steps.
+    /// `live` blocks of `load`, then `steps` steps. The live pages stay
+    /// at most 5/8 of the window (a new size that would pass it is drawn
+    /// again), so neither allocator runs out.
     pub fn new(load: Load, live: usize, steps: usize) -> Schedule {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ live as u64);
         let fill: Vec<usize> = (0..live).map(|_| rng.pages(load)).collect();
-        let window = 2 * fill.iter().sum::<usize>();
-        let steps = (0..steps).map(|_| ((rng.next() as usize) % live, rng.pages(load))).collect();
+        let mut total: usize = fill.iter().sum();
+        let window = 2 * total;
+        let mut sizes = fill.clone();
+        let steps = (0..steps)
+            .map(|_| {
+                let victim = (rng.next() as usize) % live;
+                total -= sizes.swap_remove(victim);
+                let mut n = rng.pages(load);
+                while 8 * (total + n) > 5 * window {
+                    n = rng.pages(load);
+                }
+                total += n;
+                sizes.push(n);
+                (victim, n)
+            })
+            .collect();
         Schedule { window, fill, steps }
     }
 
