@@ -186,6 +186,22 @@ mod tests {
         assert_eq!(c.used_pages(), 6);
     }
 
+    /// [`NODES`] ranges: 1,023 one-page blocks and the hole after them.
+    /// Another block would split the hole: refused, nothing changed; a
+    /// freed page is taken again without a node.
+    #[test]
+    fn a_full_node_table_is_refused() {
+        let base = 0x4100_0000;
+        let mut c = CarveOut::new(base, base as u64, MAX_PAGES * PAGE).unwrap();
+        for i in 0..NODES - 1 {
+            assert_eq!(c.alloc(PAGE).unwrap().0, base + i * PAGE);
+        }
+        assert_eq!(c.alloc(PAGE), Err(PagesError::NodeTableFull { nodes: NODES }));
+        assert_eq!(c.used_pages(), NODES - 1);
+        assert_eq!(c.free(base + 5 * PAGE, PAGE), Ok(()));
+        assert_eq!(c.alloc(PAGE), Ok((base + 5 * PAGE, (base + 5 * PAGE) as u64)));
+    }
+
     #[test]
     fn device_offset_and_bad_bases() {
         let mut c = CarveOut::new(0x1000, 0x8000_0000, 2 * PAGE).unwrap();

@@ -481,7 +481,7 @@ struct PagesFixture<P> {
 
 /// `live` blocks of `load` in a `PageAlloc` (a node per page, as the
 /// host platforms build it), plus [`PAGES_STEPS`] pairs.
-fn pages_setup(load: Load, live: usize) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Vec<VaNode>>>> {
+fn pages_setup(load: Load, live: usize) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>> {
     let s = Schedule::new(load, live, PAGES_STEPS);
     let mut pages = page_alloc(&s);
     let live = s.fill(&mut pages);
@@ -513,8 +513,8 @@ fn replay_pages<P: Pages>(mut fx: Box<PagesFixture<P>>) -> Box<PagesFixture<P>> 
 #[bench::mixed_10k(args = (Load::Mixed, 10_000), setup = pages_setup)]
 #[bench::mixed_50k(args = (Load::Mixed, 50_000), setup = pages_setup)]
 fn pages_steps(
-    fx: Box<PagesFixture<umd_core::mem::pages::PageAlloc<Vec<VaNode>>>>,
-) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Vec<VaNode>>>> {
+    fx: Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>>,
+) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>> {
     replay_pages(fx)
 }
 

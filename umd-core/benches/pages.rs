@@ -35,7 +35,10 @@ fn time<P: Pages>(p: &mut P, live: &mut Vec<(usize, usize)>, s: &Schedule) -> f6
 }
 
 fn main() {
-    println!("{:<8} {:>7} {:>8} {:>13} {:>13} {:>8}", "load", "live", "window", "bitmap ns", "PageAlloc ns", "ratio");
+    println!(
+        "{:<8} {:>7} {:>8} {:>13} {:>13} {:>8}",
+        "load", "live", "window", "bitmap ns", "PageAlloc ns", "ratio"
+    );
     for load in [Load::Block8k, Load::Mixed] {
         let mut first = None;
         for live in [100, 10_000, 50_000] {
