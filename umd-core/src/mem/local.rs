@@ -46,39 +46,37 @@ pub(crate) struct LocalPages {
 }
 
 /// The local-memory page allocator (over caller node storage).
-pub(crate) enum LocalMem<'d> {
-    /// No local memory (yet): the storage waits.
-    Unset(&'d mut [VaNode]),
-    /// Local memory `[base, base + pages * 4 KiB)`.
-    Active { base: u64, pages: PageAlloc<&'d mut [VaNode]> },
-    /// Moved out (transient).
-    Gone,
+pub(crate) struct LocalMem<'d> {
+    /// The node storage, until local memory is activated.
+    unset: Option<&'d mut [VaNode]>,
+    /// Local memory `[base, base + pages * 4 KiB)` and its allocator, once
+    /// activated.
+    active: Option<(u64, PageAlloc<&'d mut [VaNode]>)>,
 }
 
 impl<'d> LocalMem<'d> {
     /// No local memory, with `nodes` of page-allocator storage for later.
     pub(crate) fn new(nodes: &'d mut [VaNode]) -> Self {
-        LocalMem::Unset(nodes)
+        LocalMem { unset: Some(nodes), active: None }
     }
 
     /// Uses `[base, base + size)` (whole pages, at most
     /// [`super::pages::MAX_WINDOW_PAGES`] of them). Returns the bytes
-    /// managed: 0 without node storage, or without the `local-memory`
-    /// feature.
+    /// managed: 0 without node storage, once active already, or without
+    /// the `local-memory` feature.
     pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
         if !ON {
             return 0;
         }
-        let LocalMem::Unset(nodes) = self else { return 0 };
         let most = super::pages::MAX_WINDOW_PAGES.min(usize::MAX as u64);
         let pages = usize::try_from((size / PAGE).min(most)).unwrap_or(0);
-        if pages == 0 || nodes.is_empty() {
+        if pages == 0 || self.unset.as_ref().is_none_or(|n| n.is_empty()) {
             return 0;
         }
-        let LocalMem::Unset(nodes) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
+        let Some(nodes) = self.unset.take() else { return 0 };
         match PageAlloc::new(nodes, pages) {
             Ok(p) => {
-                *self = LocalMem::Active { base, pages: p };
+                self.active = Some((base, p));
                 (pages as u64).saturating_mul(PAGE)
             }
             Err(_) => 0,
@@ -87,7 +85,7 @@ impl<'d> LocalMem<'d> {
 
     /// Whether there is local memory.
     pub(crate) fn is_active(&self) -> bool {
-        ON && matches!(self, LocalMem::Active { .. })
+        ON && self.active.is_some()
     }
 
     /// Bytes managed and bytes in use.
@@ -95,12 +93,12 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return (0, 0);
         }
-        match self {
-            LocalMem::Active { pages, .. } => (
+        match &self.active {
+            Some((_, pages)) => (
                 (pages.pages() as u64).saturating_mul(PAGE),
                 (pages.used_pages() as u64).saturating_mul(PAGE),
             ),
-            _ => (0, 0),
+            None => (0, 0),
         }
     }
 
@@ -109,7 +107,7 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return None;
         }
-        let LocalMem::Active { base, pages } = self else { return None };
+        let (base, pages) = self.active.as_mut()?;
         let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
         let first = pages.alloc(n).ok()?;
         let addr = base.checked_add((first as u64).checked_mul(PAGE)?)?;
@@ -122,9 +120,11 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return;
         }
-        let LocalMem::Active { base, pages } = self else { return };
-        let Some(off) = p.addr.checked_sub(*base) else { return };
-        let _ = pages.free((off / PAGE) as usize, p.len.div_ceil(PAGE as usize));
+        let Some((base, pages)) = self.active.as_mut() else { return };
+        let Some(first) = p.addr.checked_sub(*base).and_then(|off| usize::try_from(off / PAGE).ok()) else {
+            return;
+        };
+        let _ = pages.free(first, p.len.div_ceil(PAGE as usize));
     }
 }
 
