@@ -15,7 +15,7 @@
 //! | `doorbell(e)` | writes the model peer's eventfd for vector `e` |
 //! | `control_doorbell` | writes the model peer's eventfd for vector 3 |
 //! | `wait_irq` | `poll` on our own eventfds of vectors 0..2 (and the socket, to notice the server leaving); drains them |
-//! | `dma_alloc/free` | 4 KiB pages carved from the system-memory window (bitmap) |
+//! | `dma_alloc/free` | 4 KiB pages carved from the system-memory window (`umd_core::mem::pages::PageAlloc`) |
 //! | `now_ns`, `delay_ns` | CLOCK_MONOTONIC; spin below 2 µs, yield below 100 µs, sleep above |
 //!
 //! The server leaving (socket EOF) is noticed in `wait_irq` and in delays of
@@ -255,6 +255,8 @@ impl Cosim {
         if size % PAGE != 0 || window.base % PAGE as u64 != 0 {
             return Err(CosimError::Protocol("system memory window not 4 KiB aligned".into()));
         }
+        let heap = page_heap(size / PAGE)
+            .map_err(|e| CosimError::Protocol(format!("system memory window of {size} bytes: {e}")))?;
         let mem = Mapping::new(&file, size, window.file_offset).map_err(io_err("mapping system memory"))?;
         Ok(Self {
             stream,
@@ -265,7 +267,7 @@ impl Cosim {
             doorbells,
             irqs,
             mem_base: window.base,
-            heap: Mutex::new(page_heap(size / PAGE)),
+            heap: Mutex::new(heap),
             binding: Binding::new(),
             lost: AtomicBool::new(false),
             irq_wakeups: AtomicU64::new(0),

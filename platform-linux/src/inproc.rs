@@ -140,12 +140,14 @@ impl InProcess {
         let sink: Arc<dyn IrqSink> = irq.clone();
         let model = Arc::new(Model::with_irq_sink(cfg, sink)?);
         let pages = (model.mem_size() / PAGE as u64) as usize;
+        let heap = page_heap(pages)
+            .map_err(|_| ModelError::Config("the in-process platform needs a window of at least one page"))?;
         Ok(Self {
             base: model.mem_host_ptr(),
             mem_base: model.mem_base(),
             model,
             irq,
-            heap: Mutex::new(page_heap(pages)),
+            heap: Mutex::new(heap),
             irq_wakeups: AtomicU64::new(0),
             mode: opts.cache,
             cache: match opts.cache {

@@ -53,13 +53,16 @@ pub use drm::{Drm, DrmError};
 pub use inproc::{InProcess, InProcessError, InProcessOptions};
 pub use lock::FairLock;
 
-/// DMA pages of a model's memory window: `umd_core`'s bitmap page
-/// allocator over a host vector.
+/// DMA pages of a model's memory window: `umd_core`'s page allocator over
+/// a host vector of nodes.
 #[cfg(feature = "model")]
-type PageHeap = umd_core::mem::pages::PageBitmap<Vec<u64>>;
+type PageHeap = umd_core::mem::pages::PageAlloc<Vec<umd_core::mem::va::VaNode>>;
 
-/// A page heap of `pages` free pages.
+/// A page heap of `pages` free pages; refused for zero pages. One node per
+/// page: every block or hole is at least a page, so the node table is
+/// never full and only the pages run out (40 B of host memory per page,
+/// 640 KiB for the model's default 64 MiB).
 #[cfg(feature = "model")]
-fn page_heap(pages: usize) -> PageHeap {
-    PageHeap::new(vec![0; pages.div_ceil(64)], pages).expect("the storage holds one bit per page")
+fn page_heap(pages: usize) -> Result<PageHeap, umd_core::mem::pages::PagesError> {
+    PageHeap::new(vec![umd_core::mem::va::VaNode::EMPTY; pages], pages)
 }

@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use umd_core::hw::regs;
 use umd_core::ivshmem::shared_ram::{self, ATTACH_MAGIC, DOORBELL_OFF};
 use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage, Written, LOSS_WINDOW_NS};
-use umd_core::mem::pages::{PageBitmap, PAGE};
+use umd_core::mem::pages::{PageAlloc, PAGE};
+use umd_core::mem::va::VaNode;
 use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, Platform, PlatformError, SpinLock};
 
 // The binding's layout (docs/refgpu.md 2.3, "shared RAM"): the region is
@@ -35,8 +36,9 @@ use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, Platform, PlatformError,
 const REGION: usize = 16 << 20;
 const REGS: usize = shared_ram::regs_offset(REGION); // register page
 const BELLS: usize = shared_ram::doorbell_page_offset(REGION); // doorbell page
-/// System memory pages the bitmap can manage (16 MiB).
-const MAX_PAGES: usize = REGION / PAGE;
+/// Nodes of the page allocator: one per DMA block live or hole between
+/// blocks (`docs/memory.md`, "Physical pages"), 40 KiB.
+const NODES: usize = 1024;
 
 /// Why attaching failed.
 #[derive(Debug)]
@@ -55,8 +57,9 @@ pub struct SharedRamBoard {
     region: NonNull<AtomicU32>,
     /// Device address of the region's first byte (the published MEM_BASE).
     mem_base: u64,
-    /// System memory pages, handed out as DMA regions.
-    pages: Mutex<PageBitmap<[u64; MAX_PAGES / 64]>>,
+    /// System memory pages, handed out as DMA regions (from the
+    /// published MEM_SIZE on: `None` until then).
+    pages: Mutex<Option<PageAlloc<[VaNode; NODES]>>>,
     binding: Binding,
     live: Liveness,
     t0: Instant,
@@ -67,7 +70,7 @@ pub struct SharedRamBoard {
 unsafe impl Send for SharedRamBoard {}
 // SAFETY: through `&self` the region is only touched with 32-bit atomics
 // (the register and doorbell pages, through `word`) or, for DMA pages, by
-// whoever owns the `DmaRegion` the bitmap handed out once; the bitmap is
+// whoever owns the `DmaRegion` the page allocator handed out once; it is
 // behind a mutex and `Binding` and `Liveness` are thread-safe.
 unsafe impl Sync for SharedRamBoard {}
 
@@ -96,9 +99,7 @@ impl SharedRamBoard {
         let mut b = SharedRamBoard {
             region,
             mem_base: 0,
-            pages: Mutex::new(
-                PageBitmap::new([0; MAX_PAGES / 64], 0).map_err(|_| AttachError::Layout("pages", 0))?,
-            ),
+            pages: Mutex::new(None),
             binding: Binding::new(),
             live: Liveness::new(0, 0),
             t0: Instant::now(),
@@ -119,10 +120,10 @@ impl SharedRamBoard {
         }
         // Device addresses come from the model, never from a constant here.
         b.mem_base = published.mem_base;
-        b.pages = Mutex::new(
-            PageBitmap::new([0; MAX_PAGES / 64], mem_size / PAGE)
-                .map_err(|_| AttachError::Layout("pages", 0))?,
-        );
+        b.pages = Mutex::new(Some(
+            PageAlloc::new([VaNode::ZEROED; NODES], mem_size / PAGE)
+                .map_err(|_| AttachError::Layout("pages", published.mem_size))?,
+        ));
         b.live = Liveness::new(device_clock(&Regs(&b)).unwrap_or(0), b.now_ns());
         Ok(b)
     }
@@ -186,7 +187,7 @@ impl SharedPage for Bells<'_> {
     }
 }
 
-// SAFETY: every region is a run of system-memory pages the bitmap hands
+// SAFETY: every region is a run of system-memory pages the allocator hands
 // out once, zeroed, at CPU address region + offset and device address
 // MEM_BASE + offset (the device-address rule of docs/refgpu.md 2.3); the
 // model is the device side of the memory, not another CPU user. `now_ns`
@@ -197,9 +198,11 @@ unsafe impl Platform for SharedRamBoard {
     fn dma_alloc(&self, len: usize, _flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
         let len = len.max(1).next_multiple_of(PAGE);
         let oom = PlatformError::OutOfMemory { len };
-        let first = self.pages.lock().map_err(|_| oom)?.alloc(len / PAGE).map_err(|_| oom)?;
+        let mut pages = self.pages.lock().map_err(|_| oom)?;
+        let first = pages.as_mut().ok_or(oom)?.alloc(len / PAGE).map_err(|_| oom)?;
+        drop(pages);
         let off = first * PAGE;
-        // SAFETY: `off + len` lies in system memory (the bitmap manages
+        // SAFETY: `off + len` lies in system memory (the allocator manages
         // MEM_SIZE bytes), which precedes the binding pages in the mapping.
         let cpu = unsafe { self.region.as_ptr().cast::<u8>().add(off) };
         // SAFETY: the pages are ours until `dma_free` (see the impl comment).
@@ -212,7 +215,9 @@ unsafe impl Platform for SharedRamBoard {
     fn dma_free(&self, r: DmaRegion) {
         let first = r.dev_addr().wrapping_sub(self.mem_base) as usize / PAGE;
         if let Ok(mut pages) = self.pages.lock() {
-            let _ = pages.free(first, r.len() / PAGE); // refuses runs it did not hand out
+            if let Some(pages) = pages.as_mut() {
+                let _ = pages.free(first, r.len() / PAGE); // refuses runs it did not hand out
+            }
         }
     }
 

@@ -239,14 +239,14 @@
 /**
  * Bytes of storage `umd_device_init` needs (for a 64-bit target).
  */
-#define UMD_DEVICE_STORAGE_SIZE 348160
+#define UMD_DEVICE_STORAGE_SIZE 356352
 #endif
 
 #if defined(UMD_PTR32)
 /**
  * Bytes of storage `umd_device_init` needs (for a 32-bit target).
  */
-#define UMD_DEVICE_STORAGE_SIZE 327680
+#define UMD_DEVICE_STORAGE_SIZE 335872
 #endif
 
 /**

@@ -69,10 +69,10 @@ const LIVE: u32 = 0x554D_4431;
 
 /// Bytes of storage `umd_device_init` needs (for a 64-bit target).
 #[cfg(target_pointer_width = "64")]
-pub const UMD_DEVICE_STORAGE_SIZE: usize = 348_160;
+pub const UMD_DEVICE_STORAGE_SIZE: usize = 356_352;
 /// Bytes of storage `umd_device_init` needs (for a 32-bit target).
 #[cfg(target_pointer_width = "32")]
-pub const UMD_DEVICE_STORAGE_SIZE: usize = 327_680;
+pub const UMD_DEVICE_STORAGE_SIZE: usize = 335_872;
 /// The alignment `umd_device_init` needs of its storage (a `union
 /// umd_device_storage` has it).
 pub const UMD_DEVICE_STORAGE_ALIGN: usize = 8;

@@ -3,7 +3,10 @@
 //! per-kind entry points, and the store limit: hand-written stores of the
 //! same dwords), a direct-mode submission on the scripted
 //! fake (1 / 10 / 100 packets; 1 packet with 4 declared buffers), a wait on an already signalled fence, VA
-//! allocator steps and buffer alloc/free through the device. Built with
+//! allocator steps, physical page allocator steps (`mem::pages::PageAlloc`
+//! and, as the reference of the ratios in `docs/perf.md`, "Physical
+//! pages", the first-fit bitmap it replaced) and buffer alloc/free through
+//! the device. Built with
 //! the `validation` feature it runs only the validation mode's cost
 //! instead (`submit_validation`: the same submission with validation off
 //! and on; `docs/perf.md`, "Validation mode"), which the gate does not.
@@ -24,6 +27,10 @@
 
 #[path = "common/store.rs"]
 mod store_limit;
+
+#[path = "common/pages_load.rs"]
+mod pages_load;
+use pages_load::{page_alloc, replay, Bitmap, Load, Pages, Schedule};
 use store_limit::store;
 
 use std::hint::black_box;
@@ -462,9 +469,72 @@ fn buffer_alloc_free(fx: Box<BufferFixture>) -> Box<BufferFixture> {
     fx
 }
 
+/// Alloc/free pairs per physical page benchmark.
+const PAGES_STEPS: usize = 100;
+
+/// A page allocator with its live blocks and the pairs to replay.
+struct PagesFixture<P> {
+    pages: P,
+    live: Vec<(usize, usize)>,
+    steps: Vec<(usize, usize)>,
+}
+
+/// `live` blocks of `load` in a `PageAlloc` (a node per page, as the
+/// host platforms build it), plus [`PAGES_STEPS`] pairs.
+fn pages_setup(load: Load, live: usize) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>> {
+    let s = Schedule::new(load, live, PAGES_STEPS);
+    let mut pages = page_alloc(&s);
+    let live = s.fill(&mut pages);
+    Box::new(PagesFixture { pages, live, steps: s.steps })
+}
+
+/// The same blocks and pairs in the first-fit bitmap.
+fn bitmap_setup(load: Load, live: usize) -> Box<PagesFixture<Bitmap>> {
+    let s = Schedule::new(load, live, PAGES_STEPS);
+    let mut pages = Bitmap::new(s.window);
+    let live = s.fill(&mut pages);
+    Box::new(PagesFixture { pages, live, steps: s.steps })
+}
+
+fn replay_pages<P: Pages>(mut fx: Box<PagesFixture<P>>) -> Box<PagesFixture<P>> {
+    let PagesFixture { pages, live, steps } = &mut *fx;
+    black_box(replay(pages, live, steps));
+    fx
+}
+
+// 100 pairs (free a random live block, allocate the next size) on the
+// physical page allocator, at 100 / 10,000 / 50,000 live blocks of 8 KiB
+// and of the mixed 1-64 page sizes (benches/common/pages_load.rs).
+#[library_benchmark]
+#[bench::b8k_100(args = (Load::Block8k, 100), setup = pages_setup)]
+#[bench::b8k_10k(args = (Load::Block8k, 10_000), setup = pages_setup)]
+#[bench::b8k_50k(args = (Load::Block8k, 50_000), setup = pages_setup)]
+#[bench::mixed_100(args = (Load::Mixed, 100), setup = pages_setup)]
+#[bench::mixed_10k(args = (Load::Mixed, 10_000), setup = pages_setup)]
+#[bench::mixed_50k(args = (Load::Mixed, 50_000), setup = pages_setup)]
+fn pages_steps(
+    fx: Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>>,
+) -> Box<PagesFixture<umd_core::mem::pages::PageAlloc<Box<[VaNode]>>>> {
+    replay_pages(fx)
+}
+
+// `pages_steps` on the first-fit bitmap PageAlloc replaced (the ratios'
+// reference; a copy in the benchmark, so its counts only move with the
+// compiler).
+#[library_benchmark]
+#[bench::b8k_100(args = (Load::Block8k, 100), setup = bitmap_setup)]
+#[bench::b8k_10k(args = (Load::Block8k, 10_000), setup = bitmap_setup)]
+#[bench::b8k_50k(args = (Load::Block8k, 50_000), setup = bitmap_setup)]
+#[bench::mixed_100(args = (Load::Mixed, 100), setup = bitmap_setup)]
+#[bench::mixed_10k(args = (Load::Mixed, 10_000), setup = bitmap_setup)]
+#[bench::mixed_50k(args = (Load::Mixed, 50_000), setup = bitmap_setup)]
+fn pages_bitmap_steps(fx: Box<PagesFixture<Bitmap>>) -> Box<PagesFixture<Bitmap>> {
+    replay_pages(fx)
+}
+
 library_benchmark_group!(name = encode; benchmarks = encode_small, encode_small_kinds, encode_small_store);
 library_benchmark_group!(name = submission; benchmarks = submit, submit_declared_buffers, wait_signalled);
-library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, va_recycling_steps, va_recycling_handle_steps, buffer_alloc_free);
+library_benchmark_group!(name = memory; benchmarks = va_steps, va_handle_steps, va_recycling_steps, va_recycling_handle_steps, pages_steps, pages_bitmap_steps, buffer_alloc_free);
 
 /// A gen2 device (MMU bypassed) with validation switched on or off, 16
 /// live buffers, and the packet count; WRITE_DATA(4) packets go into the

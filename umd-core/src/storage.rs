@@ -30,17 +30,19 @@ use crate::sync::MAX_QUEUES;
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;
 
 /// Storage for one device: `BUFFERS` buffer handles, `VA_NODES` GPU VA
-/// allocator nodes, `SLABS` slab descriptors, `TRACE` trace events and a
-/// bitmap of `LOCAL_WORDS` words for local-memory pages (64 pages of 4 KiB
-/// per word: the default covers 16 MiB; a larger local memory is used up to
-/// that) and the last `HANGS` hang and fault reports
+/// allocator nodes, `SLABS` slab descriptors, `TRACE` trace events,
+/// `LOCAL_NODES` nodes of the local-memory page allocator
+/// ([`crate::mem::pages::PageAlloc`]: one per local block or hole between
+/// blocks, so the default 128 keep at least 63 local buffers whatever the
+/// holes; local memory of any size is managed) and the last `HANGS` hang
+/// and fault reports
 /// ([`crate::debug::HangLog`]). `docs/perf.md` lists its size per configuration.
 pub struct DeviceStorage<
     const BUFFERS: usize = 1024,
     const VA_NODES: usize = 1024,
     const SLABS: usize = 256,
     const TRACE: usize = 256,
-    const LOCAL_WORDS: usize = 64,
+    const LOCAL_NODES: usize = 128,
     const HANGS: usize = { crate::debug::HANG_REPORTS },
 > {
     /// Zeroed, not initialised: an empty slot is not all zeros (the
@@ -56,7 +58,7 @@ pub struct DeviceStorage<
     pub(crate) va: [VaNode; VA_NODES],
     pub(crate) deps: Deps,
     pub(crate) trace: TraceStorage<TRACE>,
-    pub(crate) local: [u64; LOCAL_WORDS],
+    pub(crate) local: [VaNode; LOCAL_NODES],
     /// Zeroed, not `None`: `Option<HangReport>` keeps `None` in a niche
     /// that is not all zeros, and the storage must stay all zeros
     /// (`.bss`, no flash image: `tools/footprint.sh` checks it).
@@ -68,9 +70,9 @@ impl<
         const VA_NODES: usize,
         const SLABS: usize,
         const TRACE: usize,
-        const LOCAL_WORDS: usize,
+        const LOCAL_NODES: usize,
         const HANGS: usize,
-    > DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
+    > DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_NODES, HANGS>
 {
     /// Empty storage (a `const fn`: usable in a `static`).
     pub const fn new() -> Self {
@@ -81,7 +83,7 @@ impl<
             va: [VaNode::ZEROED; VA_NODES],
             deps: DepGraph::new(),
             trace: TraceStorage::new(),
-            local: [0; LOCAL_WORDS],
+            local: [VaNode::ZEROED; LOCAL_NODES],
             hangs: [const { MaybeUninit::zeroed() }; HANGS],
         }
     }
@@ -122,9 +124,9 @@ impl<
         const VA_NODES: usize,
         const SLABS: usize,
         const TRACE: usize,
-        const LOCAL_WORDS: usize,
+        const LOCAL_NODES: usize,
         const HANGS: usize,
-    > Default for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
+    > Default for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_NODES, HANGS>
 {
     fn default() -> Self {
         Self::new()
@@ -136,9 +138,9 @@ impl<
         const VA_NODES: usize,
         const SLABS: usize,
         const TRACE: usize,
-        const LOCAL_WORDS: usize,
+        const LOCAL_NODES: usize,
         const HANGS: usize,
-    > core::fmt::Debug for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_WORDS, HANGS>
+    > core::fmt::Debug for DeviceStorage<BUFFERS, VA_NODES, SLABS, TRACE, LOCAL_NODES, HANGS>
 {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         f.debug_struct("DeviceStorage")
@@ -159,7 +161,7 @@ pub(crate) struct StorageParts<'s> {
     pub(crate) va: &'s mut [VaNode],
     pub(crate) deps: &'s mut Deps,
     pub(crate) trace: crate::debug::TraceRing<'s>,
-    pub(crate) local: &'s mut [u64],
+    pub(crate) local: &'s mut [VaNode],
     pub(crate) hangs: HangLog<'s>,
 }
 

@@ -405,7 +405,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
     /// engines. The large tables live in `storage`; the device borrows it
     /// and the platform for its lifetime. On error everything allocated is
     /// freed again. The device is built in place and then moved out
-    /// (about 29 KiB on 64-bit hosts, less with 32-bit pointers; `docs/perf.md`,
+    /// (about 34 KiB on 64-bit hosts, less with 32-bit pointers; `docs/perf.md`,
     /// "Size of the device per configuration"): firmware that
     /// counts stack bytes gives it its memory with [`Device::new_in`].
     pub fn new<

@@ -2,16 +2,20 @@
 //! and the page allocator over local memory (`LocalMem`).
 //!
 //! Local memory is the driver's to manage, not the platform's
-//! (`docs/memory.md`, "Local memory and eviction"): a bitmap over caller
-//! storage hands out runs of 4 KiB pages of it. The device core wraps a
+//! (`docs/memory.md`, "Local memory and eviction"): a
+//! [`PageAlloc`] over node storage from `DeviceStorage` hands out runs of
+//! 4 KiB pages of it, in a time that does not grow with the number of
+//! local buffers. The device core wraps a
 //! run in a [`crate::platform::DmaRegion`] that says it is local (its
 //! residency), so it goes back here and never to the platform's
 //! `dma_free`.
 //!
-//! Without the `local-memory` feature nothing is managed: every check
+//! Without the `local-memory` feature (or without `mmu`: local memory is
+//! only used with the GPU MMU) nothing is managed: every check
 //! folds to a constant and every request falls back to system memory.
 
-use super::pages::PageBitmap;
+use super::pages::PageAlloc;
+use super::va::VaNode;
 
 /// Where a buffer's (or a region's) memory is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -25,9 +29,11 @@ pub enum Residency {
 /// Bytes of a local-memory page.
 pub(crate) const PAGE: u64 = 4096;
 
-/// Whether local memory is used at all (the `local-memory` feature). The
-/// checks on it fold to constants without it, and with them every move.
-pub(crate) const ON: bool = cfg!(feature = "local-memory");
+/// Whether local memory is used at all (the `local-memory` feature; with
+/// the `mmu` feature, as only the MMU moves buffers between local and
+/// system memory under one address). The checks on it fold to constants
+/// without it, and with them every move and the page allocator.
+pub(crate) const ON: bool = cfg!(all(feature = "local-memory", feature = "mmu"));
 
 /// Pages of local memory from [`LocalMem::alloc`]: `len` bytes at the
 /// device address `addr`, until [`LocalMem::free`] gives them back.
@@ -39,38 +45,38 @@ pub(crate) struct LocalPages {
     pub(crate) len: usize,
 }
 
-/// The local-memory page allocator (a bitmap over caller storage).
-pub(crate) enum LocalMem<'d> {
-    /// No local memory (yet): the storage waits.
-    Unset(&'d mut [u64]),
-    /// Local memory `[base, base + pages * 4 KiB)`.
-    Active { base: u64, pages: PageBitmap<&'d mut [u64]> },
-    /// Moved out (transient).
-    Gone,
+/// The local-memory page allocator (over caller node storage).
+pub(crate) struct LocalMem<'d> {
+    /// The node storage, until local memory is activated.
+    unset: Option<&'d mut [VaNode]>,
+    /// Local memory `[base, base + pages * 4 KiB)` and its allocator, once
+    /// activated.
+    active: Option<(u64, PageAlloc<&'d mut [VaNode]>)>,
 }
 
 impl<'d> LocalMem<'d> {
-    /// No local memory, with `words` of bitmap storage for later.
-    pub(crate) fn new(words: &'d mut [u64]) -> Self {
-        LocalMem::Unset(words)
+    /// No local memory, with `nodes` of page-allocator storage for later.
+    pub(crate) fn new(nodes: &'d mut [VaNode]) -> Self {
+        LocalMem { unset: Some(nodes), active: None }
     }
 
-    /// Uses `[base, base + size)` (as much of it as the storage covers).
-    /// Returns the bytes managed.
-    /// Without the `local-memory` feature: nothing (0).
+    /// Uses `[base, base + size)` (whole pages, at most
+    /// [`super::pages::MAX_WINDOW_PAGES`] of them). Returns the bytes
+    /// managed: 0 without node storage, once active already, or without
+    /// the `local-memory` feature.
     pub(crate) fn activate(&mut self, base: u64, size: u64) -> u64 {
         if !ON {
             return 0;
         }
-        let LocalMem::Unset(words) = self else { return 0 };
-        let pages = usize::try_from(size / PAGE).unwrap_or(usize::MAX).min(words.len().saturating_mul(64));
-        if pages == 0 {
+        let most = super::pages::MAX_WINDOW_PAGES.min(usize::MAX as u64);
+        let pages = usize::try_from((size / PAGE).min(most)).unwrap_or(0);
+        if pages == 0 || self.unset.as_ref().is_none_or(|n| n.is_empty()) {
             return 0;
         }
-        let LocalMem::Unset(words) = core::mem::replace(self, LocalMem::Gone) else { return 0 };
-        match PageBitmap::new(words, pages) {
+        let Some(nodes) = self.unset.take() else { return 0 };
+        match PageAlloc::new(nodes, pages) {
             Ok(p) => {
-                *self = LocalMem::Active { base, pages: p };
+                self.active = Some((base, p));
                 (pages as u64).saturating_mul(PAGE)
             }
             Err(_) => 0,
@@ -79,7 +85,7 @@ impl<'d> LocalMem<'d> {
 
     /// Whether there is local memory.
     pub(crate) fn is_active(&self) -> bool {
-        ON && matches!(self, LocalMem::Active { .. })
+        ON && self.active.is_some()
     }
 
     /// Bytes managed and bytes in use.
@@ -87,12 +93,12 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return (0, 0);
         }
-        match self {
-            LocalMem::Active { pages, .. } => (
+        match &self.active {
+            Some((_, pages)) => (
                 (pages.pages() as u64).saturating_mul(PAGE),
                 (pages.used_pages() as u64).saturating_mul(PAGE),
             ),
-            _ => (0, 0),
+            None => (0, 0),
         }
     }
 
@@ -101,7 +107,7 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return None;
         }
-        let LocalMem::Active { base, pages } = self else { return None };
+        let (base, pages) = self.active.as_mut()?;
         let n = usize::try_from(bytes.div_ceil(PAGE)).ok()?;
         let first = pages.alloc(n).ok()?;
         let addr = base.checked_add((first as u64).checked_mul(PAGE)?)?;
@@ -114,9 +120,11 @@ impl<'d> LocalMem<'d> {
         if !ON {
             return;
         }
-        let LocalMem::Active { base, pages } = self else { return };
-        let Some(off) = p.addr.checked_sub(*base) else { return };
-        let _ = pages.free((off / PAGE) as usize, p.len.div_ceil(PAGE as usize));
+        let Some((base, pages)) = self.active.as_mut() else { return };
+        let Some(first) = p.addr.checked_sub(*base).and_then(|off| usize::try_from(off / PAGE).ok()) else {
+            return;
+        };
+        let _ = pages.free(first, p.len.div_ceil(PAGE as usize));
     }
 }
 
@@ -129,8 +137,8 @@ mod tests {
     /// none and every request falls back to system memory.
     #[test]
     fn local_memory_is_used_only_when_built_in() {
-        let mut words = [0u64; 2];
-        let mut local = LocalMem::new(&mut words);
+        let mut nodes = [VaNode::ZEROED; 4];
+        let mut local = LocalMem::new(&mut nodes);
         let managed = local.activate(0x4000_0000, 64 * PAGE);
         let r = local.alloc(2 * PAGE);
         if ON {
