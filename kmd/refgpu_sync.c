@@ -11,6 +11,7 @@
 #include <linux/dma-fence-chain.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/uaccess.h>
 
 #include <drm/drm_file.h>
 #include <drm/drm_syncobj.h>
@@ -49,6 +50,101 @@ int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
 }
 
 /**
+ * refgpu_copy_obj_array() - copy a user &drm_refgpu_obj_array in
+ * @a: the array, as the ioctl gave it
+ * @size: the size of one element as this driver knows it
+ * @max: the largest count
+ * @out: the kernel copy, @a->count elements of @size bytes (kvfree), or
+ *       NULL when the count is 0 (the stride is then not looked at)
+ *
+ * Each element is copied with copy_struct_from_user(): a stride larger than
+ * @size (a newer userspace's structure) must have zero bytes past @size.
+ *
+ * Return: 0, -EINVAL (count over @max, stride below @size or over
+ * %REFGPU_MAX_STRIDE), -E2BIG (non-zero bytes past @size), -EFAULT or
+ * -ENOMEM.
+ */
+int refgpu_copy_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max,
+			  void **out)
+{
+	void *p;
+	u32 i;
+	int ret;
+
+	*out = NULL;
+	if (!a->count)
+		return 0;
+	if (a->count > max || a->stride < size || a->stride > REFGPU_MAX_STRIDE)
+		return -EINVAL;
+	p = kvmalloc_array(a->count, size, GFP_KERNEL);
+	if (!p)
+		return -ENOMEM;
+	for (i = 0; i < a->count; i++) {
+		ret = copy_struct_from_user(p + i * size, size,
+					    u64_to_user_ptr(a->array + (u64)i * a->stride),
+					    a->stride);
+		if (ret) {
+			kvfree(p);
+			return ret;
+		}
+	}
+	*out = p;
+	return 0;
+}
+
+/**
+ * refgpu_copy_batch_syncs() - copy and check a SUBMIT_BATCH sync array
+ * @a: an array of &drm_refgpu_batch_sync
+ * @out: the syncs in SUBMIT's form (&drm_refgpu_sync, point 0 for a
+ *       binary syncobj), kvfree; NULL when the count is 0
+ *
+ * Return: as refgpu_copy_obj_array(), and -EINVAL for an unknown type or
+ * flag, a BINARY entry with a point or a TIMELINE entry without one.
+ */
+int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out)
+{
+	struct drm_refgpu_batch_sync *bs;
+	struct drm_refgpu_sync *s = NULL;
+	int ret;
+	u32 i;
+
+	*out = NULL;
+	ret = refgpu_copy_obj_array(a, sizeof(*bs), REFGPU_MAX_SYNCS, (void **)&bs);
+	if (ret || !bs)
+		return ret;
+	for (i = 0; i < a->count; i++) {
+		bool timeline;
+
+		switch (bs[i].flags) {
+		case REFGPU_BATCH_SYNC_BINARY:
+			timeline = false;
+			break;
+		case REFGPU_BATCH_SYNC_TIMELINE:
+			timeline = true;
+			break;
+		default:
+			ret = -EINVAL;
+			goto out_free;
+		}
+		if (timeline != !!bs[i].point) {
+			ret = -EINVAL;
+			goto out_free;
+		}
+	}
+	s = kvmalloc_array(a->count, sizeof(*s), GFP_KERNEL);
+	if (!s) {
+		ret = -ENOMEM;
+		goto out_free;
+	}
+	for (i = 0; i < a->count; i++)
+		s[i] = (struct drm_refgpu_sync) { .handle = bs[i].handle, .point = bs[i].point };
+	*out = s;
+out_free:
+	kvfree(bs);
+	return ret;
+}
+
+/**
  * refgpu_out_syncs_init() - copy an ioctl's out-sync array in
  * @os: the out-syncs (zeroed first, counted only once the array is checked;
  *      refgpu_out_syncs_fini() on every path)
@@ -66,6 +162,24 @@ int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
 	/* Only a checked count: refgpu_out_syncs_fini() loops over it. */
 	if (!ret)
 		os->count = count;
+	return ret;
+}
+
+/**
+ * refgpu_out_syncs_init_batch() - copy a SUBMIT_BATCH job's out-syncs in
+ * @os: the out-syncs (as refgpu_out_syncs_init())
+ * @a: the job's array of &drm_refgpu_batch_sync
+ *
+ * Return: as refgpu_copy_batch_syncs().
+ */
+int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a)
+{
+	int ret;
+
+	memset(os, 0, sizeof(*os));
+	ret = refgpu_copy_batch_syncs(a, &os->syncs);
+	if (!ret)
+		os->count = a->count;
 	return ret;
 }
 
