@@ -127,7 +127,8 @@ pub struct BatchJob<'a> {
 /// Why [`Drm::submit_jobs`] failed: no job was queued.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BatchRefused {
-    /// The kernel's errno (`ENOTTY` from a kernel without `SUBMIT_BATCH`).
+    /// The kernel's errno (`EINVAL` from a kernel without `SUBMIT_BATCH`, as
+    /// for any ioctl a DRM driver does not have).
     pub errno: Errno,
     /// The job the error is about, when it is one job's.
     pub job: Option<usize>,
@@ -243,7 +244,7 @@ impl Drm {
     /// `SUBMIT_BATCH`: queues `jobs` on context `ctx`, in order, all or
     /// none, in one ioctl. Returns the first job's sequence number on the
     /// context (the others follow it one by one). At most
-    /// [`Drm::max_batch_jobs`] jobs (`EINVAL` past it, `ENOTTY` from a
+    /// [`Drm::max_batch_jobs`] jobs (`EINVAL` past it, and from a
     /// kernel without the call).
     pub fn submit_jobs(&self, ctx: ContextId, jobs: &[BatchJob<'_>]) -> Result<u64, BatchRefused> {
         let refused = |errno| BatchRefused { errno, job: None };

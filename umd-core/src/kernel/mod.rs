@@ -30,6 +30,10 @@
 //!   producers reach the kernel; the wait-before-signal limit
 //!   ([`crate::config::HangConfig::unsubmitted_wait_ns`]) fails it as in
 //!   direct mode. This is what Mesa's threaded Vulkan queues do.
+//! - **Held work goes in one call.** `flush` hands every held submission
+//!   of a queue that is ready, from the front, to the kernel in one
+//!   [`KernelIo::submit_batch`] (the refgpu driver's `SUBMIT_BATCH`: all
+//!   or none), so N held submissions cost one ioctl.
 //! - **Waits in the kernel.** A host wait blocks in the kernel on the
 //!   fence's timeline point ([`KernelIo::wait`]), never in a polling loop.
 

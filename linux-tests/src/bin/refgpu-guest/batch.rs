@@ -53,8 +53,15 @@ fn strided<T: Copy>(items: &[T], stride: usize, fill: u8) -> Vec<u8> {
 
 /// SUBMIT_BATCH of the jobs at `array` (user memory): the result and the
 /// argument as the kernel wrote it back.
-fn submit_batch(d: &Dev, ctx: u32, stride: u32, count: u32, array: u64) -> (Result<(), Errno>, u::SubmitBatch) {
-    let mut a = u::SubmitBatch { ctx_id: ctx, jobs: u::ObjArray { stride, count, array }, ..Default::default() };
+fn submit_batch(
+    d: &Dev,
+    ctx: u32,
+    stride: u32,
+    count: u32,
+    array: u64,
+) -> (Result<(), Errno>, u::SubmitBatch) {
+    let mut a =
+        u::SubmitBatch { ctx_id: ctx, jobs: u::ObjArray { stride, count, array }, ..Default::default() };
     let r = d.ioctl(u::DRM_IOCTL_REFGPU_SUBMIT_BATCH, &mut a);
     (r, a)
 }
@@ -132,7 +139,12 @@ pub fn submit_batch_errors() -> R {
     let outs: Vec<[u::BatchSync; 1]> = (1..=4).map(|p| [timeline(s, p)]).collect();
     let good: Vec<u::BatchJob> = outs
         .iter()
-        .map(|o| u::BatchJob { ib_va: ib, ib_size_dw: dw, out_syncs: u::ObjArray::of(o), ..Default::default() })
+        .map(|o| u::BatchJob {
+            ib_va: ib,
+            ib_size_dw: dw,
+            out_syncs: u::ObjArray::of(o),
+            ..Default::default()
+        })
         .collect();
     let with = |k: usize, f: &dyn Fn(&mut u::BatchJob)| {
         let mut v = good.clone();
@@ -183,8 +195,24 @@ pub fn submit_batch_errors() -> R {
     expect("IB misaligned", ctx, &bad(1, &|j| j.ib_va = ib + 2), JOB, 4, einval, 1)?;
     expect("IB below VA_START", ctx, &bad(2, &|j| j.ib_va = 4096), JOB, 4, einval, 2)?;
     let unknown = [timeline(999, 1)];
-    expect("unknown in-sync handle", ctx, &bad(2, &|j| j.in_syncs = u::ObjArray::of(&unknown)), JOB, 4, enoent, 2)?;
-    expect("unknown out-sync handle", ctx, &bad(3, &|j| j.out_syncs = u::ObjArray::of(&unknown)), JOB, 4, enoent, 3)?;
+    expect(
+        "unknown in-sync handle",
+        ctx,
+        &bad(2, &|j| j.in_syncs = u::ObjArray::of(&unknown)),
+        JOB,
+        4,
+        enoent,
+        2,
+    )?;
+    expect(
+        "unknown out-sync handle",
+        ctx,
+        &bad(3, &|j| j.out_syncs = u::ObjArray::of(&unknown)),
+        JOB,
+        4,
+        enoent,
+        3,
+    )?;
     let unsubmitted = [timeline(s, 100)];
     expect(
         "unsubmitted timeline point",
@@ -213,7 +241,10 @@ pub fn submit_batch_errors() -> R {
         ("binary with a point", u::BatchSync { handle: bin, flags: u::batch_sync::BINARY, point: 1 }),
         ("timeline without a point", u::BatchSync { handle: s, flags: u::batch_sync::TIMELINE, point: 0 }),
         ("unknown sync type", u::BatchSync { handle: s, flags: 2, point: 1 }),
-        ("sync flag past the type", u::BatchSync { handle: s, flags: u::batch_sync::TIMELINE | 0x100, point: 1 }),
+        (
+            "sync flag past the type",
+            u::BatchSync { handle: s, flags: u::batch_sync::TIMELINE | 0x100, point: 1 },
+        ),
     ] {
         let one = [e];
         expect(what, ctx, &bad(3, &|j| j.out_syncs = u::ObjArray::of(&one)), JOB, 4, einval, 3)?;
@@ -231,15 +262,21 @@ pub fn submit_batch_errors() -> R {
     let g = Guarded::new()?;
     let fault = g.fault_addr();
     let (r, a) = submit_batch(d, ctx, JOB as u32, 4, fault);
-    ensure!(r == Err(efault) && a.error_index == 0, "job array in a PROT_NONE page: {r:?} {:#x}", a.error_index);
+    ensure!(
+        r == Err(efault) && a.error_index == 0,
+        "job array in a PROT_NONE page: {r:?} {:#x}",
+        a.error_index
+    );
     // Jobs 0 and 1 readable, 2 and 3 in the PROT_NONE page.
     let at = g.place(&plain(&good[..2]))?;
     let (r, a) = submit_batch(d, ctx, JOB as u32, 4, at);
     ensure!(r == Err(efault) && a.error_index == 2, "job 2 in a PROT_NONE page: {r:?} {:#x}", a.error_index);
     ensure!(live()? == before && d.query_point(s) == Ok(0), "job 2 in a PROT_NONE page: jobs queued");
-    let in_fault = |j: &mut u::BatchJob| j.in_syncs = u::ObjArray { stride: SYNC as u32, count: 1, array: fault };
+    let in_fault =
+        |j: &mut u::BatchJob| j.in_syncs = u::ObjArray { stride: SYNC as u32, count: 1, array: fault };
     expect("in-syncs in a PROT_NONE page", ctx, &bad(3, &in_fault), JOB, 4, efault, 3)?;
-    let out_fault = |j: &mut u::BatchJob| j.out_syncs = u::ObjArray { stride: SYNC as u32, count: 1, array: 8 };
+    let out_fault =
+        |j: &mut u::BatchJob| j.out_syncs = u::ObjArray { stride: SYNC as u32, count: 1, array: 8 };
     expect("out-syncs at address 8", ctx, &bad(1, &out_fault), JOB, 4, efault, 1)?;
 
     // The file's job limit covers the whole batch: 4 jobs past a limit of
@@ -254,7 +291,8 @@ pub fn submit_batch_errors() -> R {
     // out-sync at a longer stride too: the context's first seqnos.
     let zero_tail_sync = strided(&[timeline(s, 1)], SYNC + 8, 0);
     let mut jobs = good.clone();
-    jobs[0].out_syncs = u::ObjArray { stride: (SYNC + 8) as u32, count: 1, array: zero_tail_sync.as_ptr() as u64 };
+    jobs[0].out_syncs =
+        u::ObjArray { stride: (SYNC + 8) as u32, count: 1, array: zero_tail_sync.as_ptr() as u64 };
     let b = strided(&jobs, JOB + 8, 0);
     let (r, a) = submit_batch(d, ctx, (JOB + 8) as u32, 4, b.as_ptr() as u64);
     ensure!(r.is_ok(), "the valid batch: {r:?} (error_index {:#x})", a.error_index);
@@ -373,7 +411,12 @@ pub fn bench_submit_batch() -> R {
             let outs: Vec<[u::BatchSync; 1]> = (1..=u64::from(n)).map(|i| [timeline(s, point + i)]).collect();
             let jobs: Vec<u::BatchJob> = outs
                 .iter()
-                .map(|o| u::BatchJob { ib_va: ib, ib_size_dw: dw, out_syncs: u::ObjArray::of(o), ..Default::default() })
+                .map(|o| u::BatchJob {
+                    ib_va: ib,
+                    ib_size_dw: dw,
+                    out_syncs: u::ObjArray::of(o),
+                    ..Default::default()
+                })
                 .collect();
             let (r, a) = submit_batch(d, ctx, JOB as u32, n, jobs.as_ptr() as u64);
             ensure!(r.is_ok(), "SUBMIT_BATCH of {n}: {r:?} (error_index {:#x})", a.error_index);
