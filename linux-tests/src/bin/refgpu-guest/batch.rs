@@ -66,6 +66,35 @@ fn submit_batch(
     (r, a)
 }
 
+/// SUBMIT_BATCH of `n` jobs of the IB `(ib, dw)` on `ctx`, each waiting
+/// for point `after` of timeline `tl` (nothing for point 0; a job cannot
+/// wait for a point of its own batch) and job `i` signalling
+/// `after + i + 1`: the first seqno and `n`.
+pub fn submit_chain(
+    d: &Dev,
+    ctx: u32,
+    ib: u64,
+    dw: u32,
+    tl: u32,
+    after: u64,
+    n: u64,
+) -> Result<(u64, u64), Errno> {
+    let ins = [timeline(tl, after)];
+    let outs: Vec<[u::BatchSync; 1]> = (0..n).map(|i| [timeline(tl, after + i + 1)]).collect();
+    let jobs: Vec<u::BatchJob> = outs
+        .iter()
+        .map(|o| u::BatchJob {
+            ib_va: ib,
+            ib_size_dw: dw,
+            in_syncs: if after == 0 { u::ObjArray::default() } else { u::ObjArray::of(&ins) },
+            out_syncs: u::ObjArray::of(o),
+            ..Default::default()
+        })
+        .collect();
+    let (r, a) = submit_batch(d, ctx, JOB as u32, n as u32, jobs.as_ptr() as u64);
+    r.map(|()| (a.first_seqno, n))
+}
+
 /// Two pages, the second `PROT_NONE`: an address in it faults.
 struct Guarded {
     base: *mut u8,
@@ -376,9 +405,11 @@ pub fn submit_batch_runs() -> R {
 }
 
 /// N jobs (N = 1, 4, 16) as N SUBMITs or as one SUBMIT_BATCH, each job a
-/// NOP IB signalling its own point of a timeline syncobj (as kernel mode
-/// submits), against a null ioctl (VERSION without buffers) in the same
-/// guest: nanoseconds and ioctls per job.
+/// NOP IB, without syncs and with its own point of a timeline syncobj
+/// as out-sync (as kernel mode submits), against a null ioctl (VERSION
+/// without buffers) in the same guest: nanoseconds per job, that ÷ the
+/// null ioctl, and ioctls per job. Each run queues 1,024 jobs, then waits
+/// for them.
 pub fn bench_submit_batch() -> R {
     let mut fx = Fx::new()?;
     let ctx = fx.ctx(u::engine::COPY)?;
@@ -393,43 +424,57 @@ pub fn bench_submit_batch() -> R {
     let null = t0.elapsed().as_nanos() as f64 / f64::from(jobs_per_run);
     let mut point = fx.point;
     let mut line = format!("@@ BENCH submit_batch null_ioctl_ns={null:.0}");
-    for n in [1u32, 4, 16] {
-        let rounds = jobs_per_run / n;
-        // N SUBMITs.
-        let t0 = Instant::now();
-        for _ in 0..rounds {
-            for _ in 0..n {
-                point += 1;
-                d.submit(ctx, ib, dw, s, point).map_err(|e| format!("SUBMIT: errno {e}"))?;
+    for (name, synced) in [("plain", false), ("timeline", true)] {
+        for n in [1u32, 4, 16] {
+            let rounds = jobs_per_run / n;
+            let outs = |first: u64| -> Vec<[u::BatchSync; 1]> {
+                (0..u64::from(n)).map(|i| [timeline(s, first + i)]).collect()
+            };
+            // N SUBMITs.
+            let t0 = Instant::now();
+            for _ in 0..rounds {
+                for _ in 0..n {
+                    if synced {
+                        point += 1;
+                        d.submit(ctx, ib, dw, s, point)
+                    } else {
+                        d.submit_full(ctx, ib, dw, &[], &[], 0).map(|_| ())
+                    }
+                    .map_err(|e| format!("SUBMIT: errno {e}"))?;
+                }
             }
+            let each = t0.elapsed().as_nanos() as f64 / f64::from(rounds * n);
+            // One batch of N.
+            let t0 = Instant::now();
+            for _ in 0..rounds {
+                let o = outs(point + 1);
+                let jobs: Vec<u::BatchJob> = o
+                    .iter()
+                    .map(|o| u::BatchJob {
+                        ib_va: ib,
+                        ib_size_dw: dw,
+                        out_syncs: if synced { u::ObjArray::of(o) } else { u::ObjArray::default() },
+                        ..Default::default()
+                    })
+                    .collect();
+                let (r, a) = submit_batch(d, ctx, JOB as u32, n, jobs.as_ptr() as u64);
+                ensure!(r.is_ok(), "SUBMIT_BATCH of {n}: {r:?} (error_index {:#x})", a.error_index);
+                if synced {
+                    point += u64::from(n);
+                }
+            }
+            let batched = t0.elapsed().as_nanos() as f64 / f64::from(rounds * n);
+            // Drain: a last job with a point after everything queued.
+            point += 1;
+            d.submit(ctx, ib, dw, s, point).map_err(|e| format!("SUBMIT: errno {e}"))?;
+            d.wait_point(s, point, WAIT_NS).map_err(|e| format!("wait: errno {e}"))?;
+            line += &format!(
+                " {name}_n{n}_submit_ns={each:.0} {name}_n{n}_batch_ns={batched:.0} {name}_n{n}_submit_per_null={:.1} {name}_n{n}_batch_per_null={:.1} {name}_n{n}_batch_ioctls_per_job={:.3}",
+                each / null,
+                batched / null,
+                1.0 / f64::from(n)
+            );
         }
-        let each = t0.elapsed().as_nanos() as f64 / f64::from(rounds * n);
-        d.wait_point(s, point, WAIT_NS).map_err(|e| format!("wait: errno {e}"))?;
-        // One batch of N.
-        let t0 = Instant::now();
-        for _ in 0..rounds {
-            let outs: Vec<[u::BatchSync; 1]> = (1..=u64::from(n)).map(|i| [timeline(s, point + i)]).collect();
-            let jobs: Vec<u::BatchJob> = outs
-                .iter()
-                .map(|o| u::BatchJob {
-                    ib_va: ib,
-                    ib_size_dw: dw,
-                    out_syncs: u::ObjArray::of(o),
-                    ..Default::default()
-                })
-                .collect();
-            let (r, a) = submit_batch(d, ctx, JOB as u32, n, jobs.as_ptr() as u64);
-            ensure!(r.is_ok(), "SUBMIT_BATCH of {n}: {r:?} (error_index {:#x})", a.error_index);
-            point += u64::from(n);
-        }
-        let batched = t0.elapsed().as_nanos() as f64 / f64::from(rounds * n);
-        d.wait_point(s, point, WAIT_NS).map_err(|e| format!("wait: errno {e}"))?;
-        line += &format!(
-            " n{n}_submit_ns_per_job={each:.0} n{n}_batch_ns_per_job={batched:.0} n{n}_submit_per_null={:.1} n{n}_batch_per_null={:.1} n{n}_ioctls_per_job_batch={:.3}",
-            each / null,
-            batched / null,
-            1.0 / f64::from(n)
-        );
     }
     fx.point = point;
     println!("{line} jobs={jobs_per_run}");
