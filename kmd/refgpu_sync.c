@@ -104,14 +104,16 @@ int refgpu_copy_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32
 int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out)
 {
 	struct drm_refgpu_batch_sync *bs;
-	struct drm_refgpu_sync *s = NULL;
+	struct drm_refgpu_sync *s;
+	void *copy;
 	int ret;
 	u32 i;
 
 	*out = NULL;
-	ret = refgpu_copy_obj_array(a, sizeof(*bs), REFGPU_MAX_SYNCS, (void **)&bs);
-	if (ret || !bs)
+	ret = refgpu_copy_obj_array(a, sizeof(*bs), REFGPU_MAX_SYNCS, &copy);
+	if (ret || !copy)
 		return ret;
+	bs = copy;
 	for (i = 0; i < a->count; i++) {
 		bool timeline;
 
