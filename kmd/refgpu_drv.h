@@ -422,8 +422,7 @@ struct refgpu_out_syncs {
 };
 
 int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out);
-int refgpu_copy_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max,
-			  void **out);
+int refgpu_check_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max);
 int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out);
 int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count);
 int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a);

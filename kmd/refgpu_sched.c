@@ -1405,10 +1405,12 @@ int refgpu_ioctl_submit_batch(struct drm_device *dev, void *data, struct drm_fil
 	args->error_index = REFGPU_BATCH_NO_INDEX;
 	if (args->flags || args->pad)
 		return -EINVAL;
-	if (!n || n > REFGPU_MAX_BATCH_JOBS ||
-	    args->jobs.stride < sizeof(struct drm_refgpu_batch_job) ||
-	    args->jobs.stride > REFGPU_MAX_STRIDE)
+	if (!n)
 		return -EINVAL;
+	ret = refgpu_check_obj_array(&args->jobs, sizeof(struct drm_refgpu_batch_job),
+				     REFGPU_MAX_BATCH_JOBS);
+	if (ret)
+		return ret;
 
 	ctx = refgpu_ctx_lookup(rfile, args->ctx_id);
 	if (!ctx)

@@ -50,46 +50,37 @@ int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
 }
 
 /**
- * refgpu_copy_obj_array() - copy a user &drm_refgpu_obj_array in
+ * refgpu_check_obj_array() - the checks every &drm_refgpu_obj_array gets
  * @a: the array, as the ioctl gave it
  * @size: the size of one element as this driver knows it
  * @max: the largest count
- * @out: the kernel copy, @a->count elements of @size bytes (kvfree), or
- *       NULL when the count is 0 (the stride is then not looked at)
  *
- * Each element is copied with copy_struct_from_user(): a stride larger than
- * @size (a newer userspace's structure) must have zero bytes past @size.
+ * Its elements are then copied with copy_struct_from_user(), @a->stride
+ * bytes apart: a stride larger than @size (a newer userspace's structure)
+ * must have zero bytes past @size (-E2BIG otherwise). A count of 0 is
+ * checked by the caller (an empty sync array is not read at all).
  *
- * Return: 0, -EINVAL (count over @max, stride below @size or over
- * %REFGPU_MAX_STRIDE), -E2BIG (non-zero bytes past @size), -EFAULT or
- * -ENOMEM.
+ * Return: 0, or -EINVAL (count over @max, stride below @size or over
+ * %REFGPU_MAX_STRIDE).
  */
-int refgpu_copy_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max,
-			  void **out)
+int refgpu_check_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max)
 {
-	void *p;
-	u32 i;
-	int ret;
-
-	*out = NULL;
-	if (!a->count)
-		return 0;
 	if (a->count > max || a->stride < size || a->stride > REFGPU_MAX_STRIDE)
 		return -EINVAL;
-	p = kvmalloc_array(a->count, size, GFP_KERNEL);
-	if (!p)
-		return -ENOMEM;
-	for (i = 0; i < a->count; i++) {
-		ret = copy_struct_from_user(p + i * size, size,
-					    u64_to_user_ptr(a->array + (u64)i * a->stride),
-					    a->stride);
-		if (ret) {
-			kvfree(p);
-			return ret;
-		}
-	}
-	*out = p;
 	return 0;
+}
+
+/* A SUBMIT_BATCH sync's type is explicit and must match its point. */
+static int refgpu_batch_sync_check(const struct drm_refgpu_batch_sync *b)
+{
+	switch (b->flags) {
+	case REFGPU_BATCH_SYNC_BINARY:
+		return b->point ? -EINVAL : 0;
+	case REFGPU_BATCH_SYNC_TIMELINE:
+		return b->point ? 0 : -EINVAL;
+	default:
+		return -EINVAL;
+	}
 }
 
 /**
@@ -98,52 +89,40 @@ int refgpu_copy_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32
  * @out: the syncs in SUBMIT's form (&drm_refgpu_sync, point 0 for a
  *       binary syncobj), kvfree; NULL when the count is 0
  *
- * Return: as refgpu_copy_obj_array(), and -EINVAL for an unknown type or
- * flag, a BINARY entry with a point or a TIMELINE entry without one.
+ * Return: 0, -EINVAL (refgpu_check_obj_array(), an unknown type or flag, a
+ * BINARY entry with a point or a TIMELINE entry without one), -E2BIG
+ * (non-zero bytes past the structure), -EFAULT or -ENOMEM.
  */
 int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out)
 {
-	struct drm_refgpu_batch_sync *bs;
+	struct drm_refgpu_batch_sync b;
 	struct drm_refgpu_sync *s;
-	void *copy;
 	int ret;
 	u32 i;
 
 	*out = NULL;
-	ret = refgpu_copy_obj_array(a, sizeof(*bs), REFGPU_MAX_SYNCS, &copy);
-	if (ret || !copy)
+	if (!a->count)
+		return 0;
+	ret = refgpu_check_obj_array(a, sizeof(b), REFGPU_MAX_SYNCS);
+	if (ret)
 		return ret;
-	bs = copy;
-	for (i = 0; i < a->count; i++) {
-		bool timeline;
-
-		switch (bs[i].flags) {
-		case REFGPU_BATCH_SYNC_BINARY:
-			timeline = false;
-			break;
-		case REFGPU_BATCH_SYNC_TIMELINE:
-			timeline = true;
-			break;
-		default:
-			ret = -EINVAL;
-			goto out_free;
-		}
-		if (timeline != !!bs[i].point) {
-			ret = -EINVAL;
-			goto out_free;
-		}
-	}
 	s = kvmalloc_array(a->count, sizeof(*s), GFP_KERNEL);
-	if (!s) {
-		ret = -ENOMEM;
-		goto out_free;
+	if (!s)
+		return -ENOMEM;
+	for (i = 0; i < a->count; i++) {
+		ret = copy_struct_from_user(&b, sizeof(b),
+					    u64_to_user_ptr(a->array + (u64)i * a->stride),
+					    a->stride);
+		if (!ret)
+			ret = refgpu_batch_sync_check(&b);
+		if (ret) {
+			kvfree(s);
+			return ret;
+		}
+		s[i] = (struct drm_refgpu_sync) { .handle = b.handle, .point = b.point };
 	}
-	for (i = 0; i < a->count; i++)
-		s[i] = (struct drm_refgpu_sync) { .handle = bs[i].handle, .point = bs[i].point };
 	*out = s;
-out_free:
-	kvfree(bs);
-	return ret;
+	return 0;
 }
 
 /**
