@@ -569,7 +569,9 @@ impl KernelIo for Drm {
     }
 
     fn submit_batch(&self, ctx: ContextId, jobs: &[KernelJob<'_>]) -> Result<u64, BatchError> {
-        if self.max_batch == 0 {
+        // One job is one SUBMIT: a batch of one costs more than SUBMIT in
+        // the kernel (docs/perf.md, "Kernel-mode driver in a guest").
+        if self.max_batch == 0 || jobs.len() == 1 {
             return submit_each(self, ctx, jobs);
         }
         let mut first = None;
