@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 /* Copyright the refgpu authors */
 /*
- * The sync arrays of SUBMIT and VM_BIND: in-syncs (syncobj, timeline
- * point) to wait for, out-syncs to signal. Out-syncs are looked up, and a
- * timeline node allocated for each with a point, before the ioctl changes
- * anything, so that signalling them afterwards cannot fail.
+ * The sync arrays of SUBMIT, SUBMIT_BATCH and VM_BIND: in-syncs (syncobj,
+ * timeline point) to wait for, out-syncs to signal. Out-syncs are looked
+ * up, and a timeline node allocated for each with a point, before the
+ * ioctl changes anything, so that signalling them afterwards cannot fail.
+ * SUBMIT_BATCH's arrays are drm_refgpu_obj_arrays, checked here too.
  */
 
 #include <linux/dma-fence.h>
