@@ -281,6 +281,9 @@ static int refgpu_ioctl_get_param(struct drm_device *dev, void *data, struct drm
 	case REFGPU_PARAM_JOB_TIMEOUT_MS:
 		args->value = jiffies_to_msecs(rdev->engines[0].period);
 		break;
+	case REFGPU_PARAM_MAX_BATCH_JOBS:
+		args->value = REFGPU_MAX_BATCH_JOBS;
+		break;
 	default:
 		return -EINVAL;
 	}
@@ -341,6 +344,7 @@ static const struct drm_ioctl_desc refgpu_ioctls[] = {
 	REFGPU_IOCTL(CTX_DESTROY, ctx_destroy),
 	REFGPU_IOCTL(SUBMIT, submit),
 	REFGPU_IOCTL(CTX_QUERY, ctx_query),
+	REFGPU_IOCTL(SUBMIT_BATCH, submit_batch),
 #undef REFGPU_IOCTL
 };
 
@@ -385,7 +389,7 @@ static const struct drm_driver refgpu_drm_driver = {
 	.desc = "reference GPU",
 	.date = "20250101",
 	.major = 1,
-	.minor = 0,
+	.minor = 1,	/* 1: SUBMIT_BATCH, PARAM_MAX_BATCH_JOBS */
 };
 
 static int refgpu_read_info(struct refgpu_device *rdev)

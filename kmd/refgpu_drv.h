@@ -32,6 +32,9 @@
 #define REFGPU_MAX_CTX_PER_FILE	64
 #define REFGPU_MAX_SYNCS	64
 #define REFGPU_MAX_BIND_OPS	4096
+#define REFGPU_MAX_BATCH_JOBS	64	/* SUBMIT_BATCH jobs.count */
+/* Largest obj_array stride: bounds the tail copy_struct_from_user() checks. */
+#define REFGPU_MAX_STRIDE	SZ_4K
 /* User VA starts above the first MiB (catches small NULL-based addresses). */
 #define REFGPU_VA_START		SZ_1M
 /* Kernel region at the top of the packet address range: rings, fence slots. */
@@ -382,8 +385,8 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);
 void refgpu_vm_release_kept(struct refgpu_device *rdev);
 void refgpu_vm_release_dma(struct refgpu_device *rdev);
-bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int max);
-void refgpu_vm_job_uncharge(struct refgpu_vm *vm);
+bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int n, unsigned int max);
+void refgpu_vm_job_uncharge(struct refgpu_vm *vm, unsigned int n);
 void refgpu_vm_count_kept(struct refgpu_device *rdev, u32 *vms, u32 *vas, u32 *pts);
 int refgpu_debugfs_vms_show(struct seq_file *m, void *data);
 
@@ -399,6 +402,7 @@ int refgpu_ioctl_ctx_create(struct drm_device *dev, void *data, struct drm_file 
 int refgpu_ioctl_ctx_destroy(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file);
+int refgpu_ioctl_submit_batch(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_debugfs_engines_show(struct seq_file *m, void *data);
 
 /* refgpu_sync.c */
@@ -418,7 +422,10 @@ struct refgpu_out_syncs {
 };
 
 int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out);
+int refgpu_check_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max);
+int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out);
 int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count);
+int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a);
 int refgpu_out_syncs_resolve(struct refgpu_out_syncs *os, struct drm_file *file);
 void refgpu_out_syncs_signal(struct refgpu_out_syncs *os, struct dma_fence *fence);
 void refgpu_out_syncs_fini(struct refgpu_out_syncs *os);

@@ -827,7 +827,7 @@ static void refgpu_job_put_work(struct work_struct *work)
 	struct refgpu_vm *vm = job->vm;
 
 	atomic_dec(&ctx->rdev->job_count);
-	refgpu_vm_job_uncharge(vm);
+	refgpu_vm_job_uncharge(vm, 1);
 	kfree(job);
 	/* The device's last reference may go with these (refgpu_put_wq). */
 	refgpu_ctx_put(ctx);
@@ -1121,6 +1121,112 @@ int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *
 
 /* ----- submit */
 
+/* The checks SUBMIT and SUBMIT_BATCH make on an IB's range. */
+static int refgpu_check_ib(struct refgpu_device *rdev, u64 va, u32 dw)
+{
+	u64 end;
+
+	if (!dw || dw > rdev->ib_max_dw || !IS_ALIGNED(va, rdev->ib_align))
+		return -EINVAL;
+	if (check_add_overflow(va, 4ull * dw, &end) || va < REFGPU_VA_START ||
+	    end > rdev->kva_base)
+		return -EINVAL;
+	return 0;
+}
+
+/* Frees a job refgpu_job_create() made that was never armed. */
+static void refgpu_job_abort(struct refgpu_job *job)
+{
+	struct refgpu_ctx *ctx = job->ctx;
+
+	drm_sched_job_cleanup(&job->base);
+	refgpu_vm_put(job->vm);
+	kfree(job->hw_fence);
+	kfree(job);
+	atomic_dec(&ctx->rdev->job_count);
+	refgpu_ctx_put(ctx);
+}
+
+/**
+ * refgpu_job_create() - a job of @ctx running one IB after its in-syncs
+ * @ctx: the context (the job takes a reference of its own)
+ * @file: the file whose syncobj handles @in names
+ * @ib_va: the IB, checked by refgpu_check_ib()
+ * @ib_dw: its size in dwords
+ * @in: the in-syncs, checked by refgpu_copy_syncs() or
+ *      refgpu_copy_batch_syncs()
+ * @in_count: their count
+ *
+ * The job and its hardware fence are charged to the caller's memory cgroup;
+ * the caller has counted the job against the file's limit
+ * (refgpu_vm_job_charge()). The job is initialised, not armed: until it is,
+ * refgpu_job_abort() frees it.
+ *
+ * Return: the job, or ERR_PTR(-ENOMEM, -ENOENT for an unknown syncobj,
+ * -EINVAL for a point that was never submitted, or drm_sched's error).
+ */
+static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_file *file,
+					    u64 ib_va, u32 ib_dw,
+					    const struct drm_refgpu_sync *in, u32 in_count)
+{
+	struct refgpu_job *job;
+	int ret;
+	u32 i;
+
+	/* Charged to the caller's memory cgroup, as its page tables are. */
+	job = kzalloc(sizeof(*job), GFP_KERNEL_ACCOUNT);
+	if (!job)
+		return ERR_PTR(-ENOMEM);
+	/* run_job and a reset signal it: neither may allocate. */
+	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL_ACCOUNT);
+	if (!job->hw_fence) {
+		kfree(job);
+		return ERR_PTR(-ENOMEM);
+	}
+	job->ib_va = ib_va;
+	job->ib_dw = ib_dw;
+#ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
+	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx, file->client_id);
+#else
+	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
+#endif
+	if (ret) {
+		kfree(job->hw_fence);
+		kfree(job);
+		return ERR_PTR(ret);
+	}
+	kref_get(&ctx->ref);
+	job->ctx = ctx;
+	job->vm = refgpu_vm_get(ctx->vm);
+	atomic_inc(&ctx->rdev->job_count);
+
+	for (i = 0; i < in_count; i++) {
+		struct dma_fence *f;
+
+		ret = drm_syncobj_find_fence(file, in[i].handle, in[i].point, 0, &f);
+		if (!ret)
+			ret = drm_sched_job_add_dependency(&job->base, f);
+		if (ret) {
+			refgpu_job_abort(job);
+			return ERR_PTR(ret);
+		}
+	}
+	return job;
+}
+
+/*
+ * The context checks SUBMIT and SUBMIT_BATCH make before taking any job:
+ * the device is still answering and the context is not guilty.
+ */
+static int refgpu_ctx_check(struct refgpu_ctx *ctx)
+{
+	if (READ_ONCE(ctx->rdev->lost))
+		return refgpu_gone_error(ctx->rdev);
+	if (atomic_read(&ctx->guilty))
+		return -ECANCELED;
+	return 0;
+}
+
 int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file)
 {
 	struct refgpu_device *rdev = to_refgpu_device(dev);
@@ -1133,18 +1239,13 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	struct refgpu_ctx *ctx;
 	struct refgpu_job *job;
 	int ret, fd = -1;
-	u64 end;
-	u32 i;
 
 	args->out_fence_fd = -1;
 	if (args->flags & ~REFGPU_SUBMIT_FLAGS_MASK)
 		return -EINVAL;
-	if (!args->ib_size_dw || args->ib_size_dw > rdev->ib_max_dw ||
-	    !IS_ALIGNED(args->ib_va, rdev->ib_align))
-		return -EINVAL;
-	if (check_add_overflow(args->ib_va, 4ull * args->ib_size_dw, &end) ||
-	    args->ib_va < REFGPU_VA_START || end > rdev->kva_base)
-		return -EINVAL;
+	ret = refgpu_check_ib(rdev, args->ib_va, args->ib_size_dw);
+	if (ret)
+		return ret;
 
 	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
 	if (ret)
@@ -1158,70 +1259,31 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		ret = -ENOENT;
 		goto out_free;
 	}
-	if (READ_ONCE(rdev->lost)) {
-		ret = refgpu_gone_error(rdev);
+	ret = refgpu_ctx_check(ctx);
+	if (ret)
 		goto out_put_ctx;
-	}
-	if (atomic_read(&ctx->guilty)) {
-		ret = -ECANCELED;
-		goto out_put_ctx;
-	}
 
 	/* The file's jobs are bounded: a queue is the caller's memory too. */
-	if (!refgpu_vm_job_charge(ctx->vm, READ_ONCE(file_max_jobs))) {
+	if (!refgpu_vm_job_charge(ctx->vm, 1, READ_ONCE(file_max_jobs))) {
 		ret = -EBUSY;
 		goto out_put_ctx;
 	}
-	/* Charged to the caller's memory cgroup, as its page tables are. */
-	job = kzalloc(sizeof(*job), GFP_KERNEL_ACCOUNT);
-	if (!job) {
-		ret = -ENOMEM;
+	job = refgpu_job_create(ctx, file, args->ib_va, args->ib_size_dw, in,
+				args->in_sync_count);
+	if (IS_ERR(job)) {
+		ret = PTR_ERR(job);
 		goto out_uncharge;
-	}
-	/* run_job and a reset signal it: neither may allocate. */
-	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL_ACCOUNT);
-	if (!job->hw_fence) {
-		kfree(job);
-		ret = -ENOMEM;
-		goto out_uncharge;
-	}
-	job->ib_va = args->ib_va;
-	job->ib_dw = args->ib_size_dw;
-#ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
-	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx, file->client_id);
-#else
-	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
-#endif
-	if (ret) {
-		kfree(job->hw_fence);
-		kfree(job);
-		goto out_uncharge;
-	}
-	/* From here the job owns the context reference. */
-	job->ctx = ctx;
-	job->vm = refgpu_vm_get(ctx->vm);
-	atomic_inc(&rdev->job_count);
-
-	for (i = 0; i < args->in_sync_count; i++) {
-		struct dma_fence *f;
-
-		ret = drm_syncobj_find_fence(file, in[i].handle, in[i].point, 0, &f);
-		if (ret)
-			goto out_put_job;
-		ret = drm_sched_job_add_dependency(&job->base, f);
-		if (ret)
-			goto out_put_job;
 	}
 	ret = refgpu_out_syncs_resolve(&out, file);
 	if (ret)
-		goto out_put_job;
+		goto out_abort_job;
 	if (args->flags & REFGPU_SUBMIT_OUT_SYNC_FILE) {
 		struct dma_fence *stub;
 
 		fd = get_unused_fd_flags(O_CLOEXEC);
 		if (fd < 0) {
 			ret = fd;
-			goto out_put_job;
+			goto out_abort_job;
 		}
 		/*
 		 * Made now, so that nothing fails once the job is queued: around
@@ -1233,7 +1295,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		dma_fence_put(stub);
 		if (!sync_file) {
 			ret = -ENOMEM;
-			goto out_put_job;
+			goto out_abort_job;
 		}
 	}
 
@@ -1241,7 +1303,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	if (ctx->destroyed) {
 		mutex_unlock(&ctx->submit_lock);
 		ret = -ENOENT;
-		goto out_put_job;
+		goto out_abort_job;
 	}
 	drm_sched_job_arm(&job->base);
 	finished = dma_fence_get(&job->base.s_fence->finished);
@@ -1259,25 +1321,157 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		dma_fence_put(finished);
 	}
 	ret = 0;
-	goto out_free;
+	goto out_put_ctx;
 
-out_put_job:
+out_abort_job:
 	if (sync_file)
 		fput(sync_file->file);
 	if (fd >= 0)
 		put_unused_fd(fd);
-	drm_sched_job_cleanup(&job->base);
-	refgpu_vm_put(job->vm);
-	kfree(job->hw_fence);
-	kfree(job);
-	atomic_dec(&rdev->job_count);
+	refgpu_job_abort(job);
 out_uncharge:
-	refgpu_vm_job_uncharge(ctx->vm);
+	refgpu_vm_job_uncharge(ctx->vm, 1);
 out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:
 	refgpu_out_syncs_fini(&out);
 	kvfree(in);
+	return ret;
+}
+
+/**
+ * struct refgpu_batch_entry - one job of a SUBMIT_BATCH, from its checks
+ * to its push
+ * @job: the job, initialised (NULL before, and once the scheduler has it)
+ * @out: its out-syncs, resolved
+ * @finished: its scheduler fence, once armed
+ */
+struct refgpu_batch_entry {
+	struct refgpu_job *job;
+	struct refgpu_out_syncs out;
+	struct dma_fence *finished;
+};
+
+/*
+ * Copies job @i of @args and checks it as SUBMIT would, then makes its job
+ * (in-syncs added) and resolves its out-syncs: everything that can fail.
+ */
+static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
+				const struct drm_refgpu_submit_batch *args, u32 i,
+				struct refgpu_batch_entry *e)
+{
+	u64 uptr = args->jobs.array + (u64)i * args->jobs.stride;
+	struct drm_refgpu_sync *in;
+	struct drm_refgpu_batch_job j;
+	int ret;
+
+	ret = copy_struct_from_user(&j, sizeof(j), u64_to_user_ptr(uptr), args->jobs.stride);
+	if (ret)
+		return ret;
+	if (j.flags)
+		return -EINVAL;
+	ret = refgpu_check_ib(ctx->rdev, j.ib_va, j.ib_size_dw);
+	if (ret)
+		return ret;
+	ret = refgpu_copy_batch_syncs(&j.in_syncs, &in);
+	if (ret)
+		return ret;
+	ret = refgpu_out_syncs_init_batch(&e->out, &j.out_syncs);
+	if (ret)
+		goto out_free;
+	e->job = refgpu_job_create(ctx, file, j.ib_va, j.ib_size_dw, in, j.in_syncs.count);
+	if (IS_ERR(e->job)) {
+		ret = PTR_ERR(e->job);
+		e->job = NULL;
+		goto out_free;
+	}
+	ret = refgpu_out_syncs_resolve(&e->out, file);
+out_free:
+	kvfree(in);
+	return ret;
+}
+
+int refgpu_ioctl_submit_batch(struct drm_device *dev, void *data, struct drm_file *file)
+{
+	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_submit_batch *args = data;
+	struct refgpu_batch_entry *e;
+	struct refgpu_ctx *ctx;
+	u32 n = args->jobs.count;
+	u32 i;
+	int ret;
+
+	args->first_seqno = 0;
+	args->error_index = REFGPU_BATCH_NO_INDEX;
+	if (args->flags || args->pad)
+		return -EINVAL;
+	if (!n)
+		return -EINVAL;
+	ret = refgpu_check_obj_array(&args->jobs, sizeof(struct drm_refgpu_batch_job),
+				     REFGPU_MAX_BATCH_JOBS);
+	if (ret)
+		return ret;
+
+	ctx = refgpu_ctx_lookup(rfile, args->ctx_id);
+	if (!ctx)
+		return -ENOENT;
+	ret = refgpu_ctx_check(ctx);
+	if (ret)
+		goto out_put_ctx;
+	/* All of the batch counts, or none of it (SUBMIT's limit). */
+	if (!refgpu_vm_job_charge(ctx->vm, n, READ_ONCE(file_max_jobs))) {
+		ret = -EBUSY;
+		goto out_put_ctx;
+	}
+	e = kvcalloc(n, sizeof(*e), GFP_KERNEL_ACCOUNT);
+	if (!e) {
+		ret = -ENOMEM;
+		goto out_uncharge;
+	}
+
+	/* Every job is checked and made before the first is queued. */
+	for (i = 0; i < n; i++) {
+		ret = refgpu_batch_prepare(ctx, file, args, i, &e[i]);
+		if (ret) {
+			args->error_index = i;
+			goto out_free;
+		}
+	}
+
+	mutex_lock(&ctx->submit_lock);
+	if (ctx->destroyed) {
+		mutex_unlock(&ctx->submit_lock);
+		ret = -ENOENT;
+		goto out_free;
+	}
+	/* Armed and pushed in a row: consecutive seqnos, array order. */
+	for (i = 0; i < n; i++) {
+		drm_sched_job_arm(&e[i].job->base);
+		e[i].finished = dma_fence_get(&e[i].job->base.s_fence->finished);
+		drm_sched_entity_push_job(&e[i].job->base);
+		e[i].job = NULL;	/* the scheduler's now */
+	}
+	mutex_unlock(&ctx->submit_lock);
+
+	args->first_seqno = e[0].finished->seqno;
+	for (i = 0; i < n; i++) {
+		refgpu_out_syncs_signal(&e[i].out, e[i].finished);
+		dma_fence_put(e[i].finished);
+	}
+
+out_free:
+	for (i = 0; i < n; i++) {
+		if (e[i].job)
+			refgpu_job_abort(e[i].job);
+		refgpu_out_syncs_fini(&e[i].out);
+	}
+	kvfree(e);
+	if (!ret)
+		goto out_put_ctx;
+out_uncharge:
+	refgpu_vm_job_uncharge(ctx->vm, n);
+out_put_ctx:
+	refgpu_ctx_put(ctx);
 	return ret;
 }
 

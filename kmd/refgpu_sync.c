@@ -1,16 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0 OR MIT
 /* Copyright the refgpu authors */
 /*
- * The sync arrays of SUBMIT and VM_BIND: in-syncs (syncobj, timeline
- * point) to wait for, out-syncs to signal. Out-syncs are looked up, and a
- * timeline node allocated for each with a point, before the ioctl changes
- * anything, so that signalling them afterwards cannot fail.
+ * The sync arrays of SUBMIT, SUBMIT_BATCH and VM_BIND: in-syncs (syncobj,
+ * timeline point) to wait for, out-syncs to signal. Out-syncs are looked
+ * up, and a timeline node allocated for each with a point, before the
+ * ioctl changes anything, so that signalling them afterwards cannot fail.
+ * SUBMIT_BATCH's arrays are drm_refgpu_obj_arrays, checked here too.
  */
 
 #include <linux/dma-fence.h>
 #include <linux/dma-fence-chain.h>
 #include <linux/slab.h>
 #include <linux/string.h>
+#include <linux/uaccess.h>
 
 #include <drm/drm_file.h>
 #include <drm/drm_syncobj.h>
@@ -49,6 +51,82 @@ int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
 }
 
 /**
+ * refgpu_check_obj_array() - the checks every &drm_refgpu_obj_array gets
+ * @a: the array, as the ioctl gave it
+ * @size: the size of one element as this driver knows it
+ * @max: the largest count
+ *
+ * Its elements are then copied with copy_struct_from_user(), @a->stride
+ * bytes apart: a stride larger than @size (a newer userspace's structure)
+ * must have zero bytes past @size (-E2BIG otherwise). A count of 0 is
+ * checked by the caller (an empty sync array is not read at all).
+ *
+ * Return: 0, or -EINVAL (count over @max, stride below @size or over
+ * %REFGPU_MAX_STRIDE).
+ */
+int refgpu_check_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max)
+{
+	if (a->count > max || a->stride < size || a->stride > REFGPU_MAX_STRIDE)
+		return -EINVAL;
+	return 0;
+}
+
+/* A SUBMIT_BATCH sync's type is explicit and must match its point. */
+static int refgpu_batch_sync_check(const struct drm_refgpu_batch_sync *b)
+{
+	switch (b->flags) {
+	case REFGPU_BATCH_SYNC_BINARY:
+		return b->point ? -EINVAL : 0;
+	case REFGPU_BATCH_SYNC_TIMELINE:
+		return b->point ? 0 : -EINVAL;
+	default:
+		return -EINVAL;
+	}
+}
+
+/**
+ * refgpu_copy_batch_syncs() - copy and check a SUBMIT_BATCH sync array
+ * @a: an array of &drm_refgpu_batch_sync
+ * @out: the syncs in SUBMIT's form (&drm_refgpu_sync, point 0 for a
+ *       binary syncobj), kvfree; NULL when the count is 0
+ *
+ * Return: 0, -EINVAL (refgpu_check_obj_array(), an unknown type or flag, a
+ * BINARY entry with a point or a TIMELINE entry without one), -E2BIG
+ * (non-zero bytes past the structure), -EFAULT or -ENOMEM.
+ */
+int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out)
+{
+	struct drm_refgpu_batch_sync b;
+	struct drm_refgpu_sync *s;
+	int ret;
+	u32 i;
+
+	*out = NULL;
+	if (!a->count)
+		return 0;
+	ret = refgpu_check_obj_array(a, sizeof(b), REFGPU_MAX_SYNCS);
+	if (ret)
+		return ret;
+	s = kvmalloc_array(a->count, sizeof(*s), GFP_KERNEL);
+	if (!s)
+		return -ENOMEM;
+	for (i = 0; i < a->count; i++) {
+		ret = copy_struct_from_user(&b, sizeof(b),
+					    u64_to_user_ptr(a->array + (u64)i * a->stride),
+					    a->stride);
+		if (!ret)
+			ret = refgpu_batch_sync_check(&b);
+		if (ret) {
+			kvfree(s);
+			return ret;
+		}
+		s[i] = (struct drm_refgpu_sync) { .handle = b.handle, .point = b.point };
+	}
+	*out = s;
+	return 0;
+}
+
+/**
  * refgpu_out_syncs_init() - copy an ioctl's out-sync array in
  * @os: the out-syncs (zeroed first, counted only once the array is checked;
  *      refgpu_out_syncs_fini() on every path)
@@ -66,6 +144,24 @@ int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
 	/* Only a checked count: refgpu_out_syncs_fini() loops over it. */
 	if (!ret)
 		os->count = count;
+	return ret;
+}
+
+/**
+ * refgpu_out_syncs_init_batch() - copy a SUBMIT_BATCH job's out-syncs in
+ * @os: the out-syncs (as refgpu_out_syncs_init())
+ * @a: the job's array of &drm_refgpu_batch_sync
+ *
+ * Return: as refgpu_copy_batch_syncs().
+ */
+int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a)
+{
+	int ret;
+
+	memset(os, 0, sizeof(*os));
+	ret = refgpu_copy_batch_syncs(a, &os->syncs);
+	if (!ret)
+		os->count = a->count;
 	return ret;
 }
 

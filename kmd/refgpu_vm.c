@@ -837,36 +837,38 @@ void refgpu_vm_release_dma(struct refgpu_device *rdev)
 }
 
 /**
- * refgpu_vm_job_charge() - count a new job against its file's limit
+ * refgpu_vm_job_charge() - count new jobs against their file's limit
  * @vm: the file's VM (one per open file)
+ * @n: the jobs (1 for SUBMIT, the batch's count for SUBMIT_BATCH)
  * @max: the jobs the file may have
  *
  * A job counts from SUBMIT until it is freed (its fence signalled and the
  * scheduler let go of it): queued, in a ring, or just ended.
  *
  * The limit may have been lowered below what the file holds: any count
- * at or past @max refuses.
+ * that would pass @max refuses.
  *
- * Return: false, nothing counted, when the file has @max jobs or more.
+ * Return: false, nothing counted, when the file would have more than @max.
  */
-bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int max)
+bool refgpu_vm_job_charge(struct refgpu_vm *vm, unsigned int n, unsigned int max)
 {
 	int old = atomic_read(&vm->jobs);
 
 	do {
-		if ((unsigned int)old >= max)
+		if (n > max || (unsigned int)old > max - n)
 			return false;
-	} while (!atomic_try_cmpxchg(&vm->jobs, &old, old + 1));
+	} while (!atomic_try_cmpxchg(&vm->jobs, &old, old + n));
 	return true;
 }
 
 /**
- * refgpu_vm_job_uncharge() - a job counted by refgpu_vm_job_charge() is gone
- * @vm: its file's VM
+ * refgpu_vm_job_uncharge() - jobs counted by refgpu_vm_job_charge() are gone
+ * @vm: their file's VM
+ * @n: how many
  */
-void refgpu_vm_job_uncharge(struct refgpu_vm *vm)
+void refgpu_vm_job_uncharge(struct refgpu_vm *vm, unsigned int n)
 {
-	atomic_dec(&vm->jobs);
+	atomic_sub(n, &vm->jobs);
 }
 
 /**

@@ -27,8 +27,8 @@ use rustix::io::Errno;
 use rustix::ioctl::{Ioctl, IoctlOutput, Opcode};
 use rustix::mm::{MapFlags, ProtFlags};
 use umd_core::platform::{
-    ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
-    KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
+    submit_each, BatchError, ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo,
+    KernelIo, KernelJob, KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
 
 /// The GPU page size (VM_BIND granule).
@@ -110,12 +110,39 @@ fn io_os(e: std::io::Error) -> PlatformError {
     Errno::from_io_error(&e).map_or(PlatformError::Os(Errno::IO.raw_os_error()), os)
 }
 
+/// One job of [`Drm::submit_jobs`]: an IB and the syncobjs it waits for
+/// and signals (`SUBMIT_BATCH`, docs/linux.md).
+#[derive(Clone, Copy, Debug)]
+pub struct BatchJob<'a> {
+    /// The IB's GPU address.
+    pub ib_va: u64,
+    /// Its length in dwords.
+    pub ib_dwords: u32,
+    /// Waited for before the job runs.
+    pub in_syncs: &'a [u::BatchSync],
+    /// Signalled with the job's fence.
+    pub out_syncs: &'a [u::BatchSync],
+}
+
+/// Why [`Drm::submit_jobs`] failed: no job was queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchRefused {
+    /// The kernel's errno (`EINVAL` from a kernel without `SUBMIT_BATCH`, as
+    /// for any ioctl a DRM driver does not have).
+    pub errno: Errno,
+    /// The job the error is about, when it is one job's.
+    pub job: Option<usize>,
+}
+
 /// A refgpu render node, as a kernel-mode platform.
 #[derive(Debug)]
 pub struct Drm {
     fd: OwnedFd,
     info: KernelInfo,
     generation: u32,
+    /// Jobs one `SUBMIT_BATCH` takes; 0 when the kernel (minor version 0)
+    /// has no such call. Read once, at open.
+    max_batch: usize,
     /// One timeline syncobj per queue.
     timelines: Vec<u32>,
     /// Binary syncobjs holding imported foreign syncs.
@@ -154,7 +181,8 @@ impl Drm {
             .open(path)
             .map_err(|e| DrmError::Open(path.to_path_buf(), e))?;
         let fd: OwnedFd = file.into();
-        let name = driver_name(fd.as_fd()).map_err(|e| DrmError::Ioctl("DRM_IOCTL_VERSION", e))?;
+        let (name, minor) =
+            driver_version(fd.as_fd()).map_err(|e| DrmError::Ioctl("DRM_IOCTL_VERSION", e))?;
         if name != "refgpu" {
             return Err(DrmError::NotRefgpu(path.to_path_buf(), name));
         }
@@ -168,6 +196,13 @@ impl Drm {
             ib_align: param(u::param::IB_ALIGN, "GET_PARAM IB_ALIGN")?,
         };
         let generation = param(u::param::GENERATION, "GET_PARAM GENERATION")? as u32;
+        // SUBMIT_BATCH came with minor version 1: an older kernel gets a
+        // SUBMIT per job.
+        let max_batch = if minor >= u::MINOR_SUBMIT_BATCH {
+            param(u::param::MAX_BATCH_JOBS, "GET_PARAM MAX_BATCH_JOBS")? as usize
+        } else {
+            0
+        };
         let mut timelines = Vec::new();
         for _ in 0..info.engines {
             match drm_ffi::syncobj::create(fd.as_fd(), false) {
@@ -180,7 +215,7 @@ impl Drm {
                 }
             }
         }
-        Ok(Drm { fd, info, generation, timelines, foreign: Mutex::new(Vec::new()), config })
+        Ok(Drm { fd, info, generation, max_batch, timelines, foreign: Mutex::new(Vec::new()), config })
     }
 
     /// The driver configuration for devices on this node: the defaults
@@ -198,6 +233,47 @@ impl Drm {
     /// The chip's generation (1 or 2), as the kernel reports it.
     pub fn generation(&self) -> u32 {
         self.generation
+    }
+
+    /// How many jobs one [`Drm::submit_jobs`] takes: 0 when the kernel
+    /// has no `SUBMIT_BATCH` (driver minor version 0).
+    pub fn max_batch_jobs(&self) -> usize {
+        self.max_batch
+    }
+
+    /// `SUBMIT_BATCH`: queues `jobs` on context `ctx`, in order, all or
+    /// none, in one ioctl. Returns the first job's sequence number on the
+    /// context (the others follow it one by one). At most
+    /// [`Drm::max_batch_jobs`] jobs (`EINVAL` past it, and from a
+    /// kernel without the call).
+    pub fn submit_jobs(&self, ctx: ContextId, jobs: &[BatchJob<'_>]) -> Result<u64, BatchRefused> {
+        let refused = |errno| BatchRefused { errno, job: None };
+        let count = u32::try_from(jobs.len()).map_err(|_| refused(Errno::INVAL))?;
+        let array = |s: &[u::BatchSync]| -> Result<u::ObjArray, BatchRefused> {
+            let mut a = u::ObjArray::of(s);
+            a.count = u32::try_from(s.len()).map_err(|_| refused(Errno::INVAL))?;
+            Ok(a)
+        };
+        let mut descs = Vec::with_capacity(jobs.len());
+        for j in jobs {
+            descs.push(u::BatchJob {
+                flags: 0,
+                ib_size_dw: j.ib_dwords,
+                ib_va: j.ib_va,
+                in_syncs: array(j.in_syncs)?,
+                out_syncs: array(j.out_syncs)?,
+            });
+        }
+        let mut a = u::SubmitBatch { ctx_id: ctx.0, jobs: u::ObjArray::of(&descs), ..Default::default() };
+        a.jobs.count = count;
+        // `descs` and the sync slices it points into outlive the call.
+        match self.call(u::DRM_IOCTL_REFGPU_SUBMIT_BATCH, &mut a) {
+            Ok(()) => Ok(a.first_seqno),
+            Err(errno) => Err(BatchRefused {
+                errno,
+                job: (a.error_index != u::BATCH_NO_INDEX).then_some(a.error_index as usize),
+            }),
+        }
     }
 
     fn timeline(&self, queue: u32) -> Result<u32, PlatformError> {
@@ -295,11 +371,12 @@ impl Drop for Drm {
     }
 }
 
-fn driver_name(fd: BorrowedFd<'_>) -> Result<String, Errno> {
+/// The driver's name and minor version (`DRM_IOCTL_VERSION`).
+fn driver_version(fd: BorrowedFd<'_>) -> Result<(String, i32), Errno> {
     let mut name: Vec<i8> = Vec::new();
-    drm_ffi::get_version(fd, Some(&mut name), None, None)
+    let v = drm_ffi::get_version(fd, Some(&mut name), None, None)
         .map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO))?;
-    Ok(name.iter().map(|c| *c as u8 as char).collect())
+    Ok((name.iter().map(|c| *c as u8 as char).collect(), v.version_minor))
 }
 
 fn get_param(fd: BorrowedFd<'_>, param: u32) -> Result<u64, Errno> {
@@ -488,12 +565,52 @@ impl KernelIo for Drm {
             out_syncs: out.as_ptr() as u64,
             ..Default::default()
         };
-        match self.call(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a) {
-            Ok(()) => Ok(a.seqno),
-            Err(Errno::CANCELED) => Err(KernelSubmitError::Cancelled),
-            Err(Errno::NODEV | Errno::IO) => Err(KernelSubmitError::DeviceLost),
-            Err(e) => Err(KernelSubmitError::Platform(os(e))),
+        self.call(u::DRM_IOCTL_REFGPU_SUBMIT, &mut a).map(|()| a.seqno).map_err(submit_error)
+    }
+
+    fn submit_batch(&self, ctx: ContextId, jobs: &[KernelJob<'_>]) -> Result<u64, BatchError> {
+        // One job is one SUBMIT: a batch of one costs more than SUBMIT in
+        // the kernel (docs/perf.md, "Kernel-mode driver in a guest").
+        if self.max_batch == 0 || jobs.len() == 1 {
+            return submit_each(self, ctx, jobs);
         }
+        let mut first = None;
+        for (c, chunk) in jobs.chunks(self.max_batch).enumerate() {
+            let queued = c * self.max_batch;
+            let platform = |e| BatchError { queued, error: KernelSubmitError::Platform(e) };
+            // Per job: its waits, then its one signal.
+            let mut syncs: Vec<Vec<u::BatchSync>> = Vec::with_capacity(chunk.len());
+            for j in chunk {
+                let mut v = Vec::with_capacity(j.waits.len() + 1);
+                for w in j.waits {
+                    v.push(match *w {
+                        KernelWait::Point(p) => {
+                            let handle = self.timeline(p.queue).map_err(platform)?;
+                            batch_sync(handle, p.point)
+                        }
+                        KernelWait::Foreign(f) if self.is_foreign(f) => batch_sync(f.0 as u32, 0),
+                        KernelWait::Foreign(_) => {
+                            return Err(platform(PlatformError::Os(Errno::NOENT.raw_os_error())))
+                        }
+                    });
+                }
+                v.push(batch_sync(self.timeline(j.signal.queue).map_err(platform)?, j.signal.point));
+                syncs.push(v);
+            }
+            let descs: Vec<BatchJob<'_>> = chunk
+                .iter()
+                .zip(&syncs)
+                .map(|(j, s)| {
+                    let (ins, out) = s.split_at(s.len() - 1);
+                    BatchJob { ib_va: j.ib_va, ib_dwords: j.ib_dwords, in_syncs: ins, out_syncs: out }
+                })
+                .collect();
+            let seq = self
+                .submit_jobs(ctx, &descs)
+                .map_err(|r| BatchError { queued, error: submit_error(r.errno) })?;
+            first.get_or_insert(seq);
+        }
+        Ok(first.unwrap_or(0))
     }
 
     fn completed(&self, queue: u32) -> Result<u64, PlatformError> {
@@ -518,6 +635,22 @@ impl KernelIo for Drm {
             .map(|_| ())
             .map_err(io_os)
     }
+}
+
+/// SUBMIT's and SUBMIT_BATCH's errnos, as the core sees them.
+fn submit_error(e: Errno) -> KernelSubmitError {
+    match e {
+        Errno::CANCELED => KernelSubmitError::Cancelled,
+        Errno::NODEV | Errno::IO => KernelSubmitError::DeviceLost,
+        e => KernelSubmitError::Platform(os(e)),
+    }
+}
+
+/// A SUBMIT_BATCH sync: a timeline point, or (point 0) a binary syncobj,
+/// as SUBMIT reads `point`.
+fn batch_sync(handle: u32, point: u64) -> u::BatchSync {
+    let flags = if point == 0 { u::batch_sync::BINARY } else { u::batch_sync::TIMELINE };
+    u::BatchSync { handle, flags, point }
 }
 
 #[cfg(test)]

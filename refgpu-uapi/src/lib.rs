@@ -52,6 +52,8 @@ pub mod nr {
     pub const SUBMIT: u32 = 0x06;
     /// `DRM_REFGPU_CTX_QUERY`.
     pub const CTX_QUERY: u32 = 0x07;
+    /// `DRM_REFGPU_SUBMIT_BATCH` (driver minor version 1).
+    pub const SUBMIT_BATCH: u32 = 0x08;
 }
 
 /// `DRM_IOCTL_REFGPU_GET_PARAM`.
@@ -70,6 +72,12 @@ pub const DRM_IOCTL_REFGPU_CTX_DESTROY: u32 = drm_iow::<CtxDestroy>(nr::CTX_DEST
 pub const DRM_IOCTL_REFGPU_SUBMIT: u32 = drm_iowr::<Submit>(nr::SUBMIT);
 /// `DRM_IOCTL_REFGPU_CTX_QUERY`.
 pub const DRM_IOCTL_REFGPU_CTX_QUERY: u32 = drm_iowr::<CtxQuery>(nr::CTX_QUERY);
+/// `DRM_IOCTL_REFGPU_SUBMIT_BATCH` (driver minor version 1).
+pub const DRM_IOCTL_REFGPU_SUBMIT_BATCH: u32 = drm_iowr::<SubmitBatch>(nr::SUBMIT_BATCH);
+
+/// The driver's minor version (`DRM_IOCTL_VERSION`) from which
+/// [`DRM_IOCTL_REFGPU_SUBMIT_BATCH`] and [`param::MAX_BATCH_JOBS`] exist.
+pub const MINOR_SUBMIT_BATCH: i32 = 1;
 
 /// Engines (`REFGPU_ENGINE_*`).
 pub mod engine {
@@ -109,6 +117,8 @@ pub mod param {
     pub const MAX_SYNCS: u32 = 10;
     /// The hang-detection window in milliseconds.
     pub const JOB_TIMEOUT_MS: u32 = 11;
+    /// Largest SUBMIT_BATCH job count (driver minor version 1).
+    pub const MAX_BATCH_JOBS: u32 = 12;
 }
 
 /// `struct drm_refgpu_get_param`.
@@ -268,6 +278,91 @@ pub struct Submit {
     pub out_syncs: u64,
     /// Out: the job's sequence number on its context.
     pub seqno: u64,
+}
+
+/// `struct drm_refgpu_obj_array`: an array of structures that may grow in
+/// later versions. A `stride` below the structure this crate defines is
+/// `EINVAL`, a larger one (at most 4096) must have zero bytes past it
+/// (`E2BIG`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ObjArray {
+    /// The size of one element, as the caller knows the structure.
+    pub stride: u32,
+    /// Elements.
+    pub count: u32,
+    /// User pointer to `count` elements, `stride` bytes apart.
+    pub array: u64,
+}
+
+impl ObjArray {
+    /// The array of `items`, with their own size as the stride.
+    pub fn of<T>(items: &[T]) -> ObjArray {
+        ObjArray {
+            stride: core::mem::size_of::<T>() as u32,
+            count: items.len() as u32,
+            array: items.as_ptr() as u64,
+        }
+    }
+}
+
+/// SUBMIT_BATCH sync types (`REFGPU_BATCH_SYNC_*`).
+pub mod batch_sync {
+    /// A binary syncobj; `point` must be 0.
+    pub const BINARY: u32 = 0;
+    /// A non-zero point on a timeline syncobj.
+    pub const TIMELINE: u32 = 1;
+    /// The bits the type takes.
+    pub const TYPE_MASK: u32 = 0xff;
+}
+
+/// `struct drm_refgpu_batch_sync`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchSync {
+    /// The syncobj handle.
+    pub handle: u32,
+    /// A [`batch_sync`] type; other bits zero.
+    pub flags: u32,
+    /// `TIMELINE`: the point, non-zero; `BINARY`: zero.
+    pub point: u64,
+}
+
+/// `struct drm_refgpu_batch_job`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchJob {
+    /// Must be zero.
+    pub flags: u32,
+    /// The IB's size in dwords.
+    pub ib_size_dw: u32,
+    /// GPU VA of the IB.
+    pub ib_va: u64,
+    /// [`BatchSync`]s waited for.
+    pub in_syncs: ObjArray,
+    /// [`BatchSync`]s signalled with the job's fence.
+    pub out_syncs: ObjArray,
+}
+
+/// SUBMIT_BATCH `error_index` when the error is not one job's.
+pub const BATCH_NO_INDEX: u32 = u32::MAX;
+
+/// `struct drm_refgpu_submit_batch`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SubmitBatch {
+    /// In: the context id.
+    pub ctx_id: u32,
+    /// Must be zero.
+    pub flags: u32,
+    /// In: the [`BatchJob`]s, queued in array order.
+    pub jobs: ObjArray,
+    /// Out: the sequence number of `jobs[0]` (`jobs[i]` has `first_seqno + i`).
+    pub first_seqno: u64,
+    /// Out: the job whose check failed, or [`BATCH_NO_INDEX`].
+    pub error_index: u32,
+    /// Must be zero.
+    pub pad: u32,
 }
 
 /// Context states of CTX_QUERY (`REFGPU_CTX_STATE_*`).

@@ -50,6 +50,14 @@ fn structs() -> Vec<StructRow> {
                 seqno
             ]
         ),
+        layout!("drm_refgpu_obj_array", u::ObjArray, [stride, count, array]),
+        layout!("drm_refgpu_batch_sync", u::BatchSync, [handle, flags, point]),
+        layout!("drm_refgpu_batch_job", u::BatchJob, [flags, ib_size_dw, ib_va, in_syncs, out_syncs]),
+        layout!(
+            "drm_refgpu_submit_batch",
+            u::SubmitBatch,
+            [ctx_id, flags, jobs, first_seqno, error_index, pad]
+        ),
         layout!(
             "drm_refgpu_ctx_query",
             u::CtxQuery,
@@ -68,6 +76,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("DRM_IOCTL_REFGPU_CTX_DESTROY", u::DRM_IOCTL_REFGPU_CTX_DESTROY.into()),
         ("DRM_IOCTL_REFGPU_SUBMIT", u::DRM_IOCTL_REFGPU_SUBMIT.into()),
         ("DRM_IOCTL_REFGPU_CTX_QUERY", u::DRM_IOCTL_REFGPU_CTX_QUERY.into()),
+        ("DRM_IOCTL_REFGPU_SUBMIT_BATCH", u::DRM_IOCTL_REFGPU_SUBMIT_BATCH.into()),
         ("REFGPU_ENGINE_GFX", u::engine::GFX.into()),
         ("REFGPU_ENGINE_COMPUTE", u::engine::COMPUTE.into()),
         ("REFGPU_ENGINE_COPY", u::engine::COPY.into()),
@@ -84,6 +93,11 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("REFGPU_PARAM_MAX_BIND_OPS", u::param::MAX_BIND_OPS.into()),
         ("REFGPU_PARAM_MAX_SYNCS", u::param::MAX_SYNCS.into()),
         ("REFGPU_PARAM_JOB_TIMEOUT_MS", u::param::JOB_TIMEOUT_MS.into()),
+        ("REFGPU_PARAM_MAX_BATCH_JOBS", u::param::MAX_BATCH_JOBS.into()),
+        ("REFGPU_BATCH_SYNC_BINARY", u::batch_sync::BINARY.into()),
+        ("REFGPU_BATCH_SYNC_TIMELINE", u::batch_sync::TIMELINE.into()),
+        ("REFGPU_BATCH_SYNC_TYPE_MASK", u::batch_sync::TYPE_MASK.into()),
+        ("REFGPU_BATCH_NO_INDEX", u::BATCH_NO_INDEX.into()),
         ("REFGPU_BO_NO_CPU_MAPPING", u::BO_NO_CPU_MAPPING.into()),
         ("REFGPU_BO_GPU_READ_ONLY", u::BO_GPU_READ_ONLY.into()),
         ("REFGPU_BO_FLAGS_MASK", u::BO_FLAGS_MASK.into()),

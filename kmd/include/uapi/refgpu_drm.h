@@ -24,6 +24,7 @@ extern "C" {
 #define DRM_REFGPU_CTX_DESTROY		0x05
 #define DRM_REFGPU_SUBMIT		0x06
 #define DRM_REFGPU_CTX_QUERY		0x07
+#define DRM_REFGPU_SUBMIT_BATCH		0x08	/* driver minor version 1 */
 
 /* Engines (docs/refgpu.md section 1). */
 #define REFGPU_ENGINE_GFX		0
@@ -44,6 +45,7 @@ extern "C" {
 #define REFGPU_PARAM_MAX_BIND_OPS	9	/* largest VM_BIND op_count */
 #define REFGPU_PARAM_MAX_SYNCS		10	/* largest sync count per ioctl */
 #define REFGPU_PARAM_JOB_TIMEOUT_MS	11	/* hang detection window */
+#define REFGPU_PARAM_MAX_BATCH_JOBS	12	/* largest SUBMIT_BATCH job count (minor 1) */
 
 struct drm_refgpu_get_param {
 	__u32 param;	/* in: REFGPU_PARAM_* */
@@ -141,6 +143,55 @@ struct drm_refgpu_submit {
 	__u64 seqno;		/* out: the job's sequence number on its context */
 };
 
+/*
+ * An array of user structures whose size may grow in later versions
+ * (panthor's drm_panthor_obj_array): @stride is the size of one element as
+ * the caller knows it. A stride smaller than the structure this header
+ * defines is -EINVAL, a larger one (at most 4096) must have zero bytes past
+ * the known structure (-E2BIG otherwise).
+ */
+struct drm_refgpu_obj_array {
+	__u32 stride;	/* sizeof one element, as the caller's header has it */
+	__u32 count;
+	__u64 array;	/* user pointer to count elements, stride bytes apart */
+};
+
+/* SUBMIT_BATCH sync types: the syncobj kind is explicit, not told by point. */
+#define REFGPU_BATCH_SYNC_BINARY	0 /* a binary syncobj; point must be 0 */
+#define REFGPU_BATCH_SYNC_TIMELINE	1 /* a point (non-zero) on a timeline syncobj */
+#define REFGPU_BATCH_SYNC_TYPE_MASK	0xffu
+
+struct drm_refgpu_batch_sync {
+	__u32 handle;	/* syncobj handle */
+	__u32 flags;	/* REFGPU_BATCH_SYNC_{BINARY,TIMELINE}; other bits zero */
+	__u64 point;	/* TIMELINE: the point, non-zero; BINARY: zero */
+};
+
+struct drm_refgpu_batch_job {
+	__u32 flags;		/* must be zero */
+	__u32 ib_size_dw;	/* IB size in dwords, as SUBMIT */
+	__u64 ib_va;		/* GPU VA of the IB, as SUBMIT */
+	struct drm_refgpu_obj_array in_syncs;	/* struct drm_refgpu_batch_sync: waited for */
+	struct drm_refgpu_obj_array out_syncs;	/* struct drm_refgpu_batch_sync: signalled */
+};
+
+/* SUBMIT_BATCH error_index when the error is not one job's. */
+#define REFGPU_BATCH_NO_INDEX		0xffffffffu
+
+/*
+ * Queues jobs[0..count) on one context, in array order, or none of them:
+ * every job is checked (and its syncobjs looked up) before the first is
+ * queued. On an error about one job, error_index names it.
+ */
+struct drm_refgpu_submit_batch {
+	__u32 ctx_id;		/* in */
+	__u32 flags;		/* in: must be zero */
+	struct drm_refgpu_obj_array jobs;	/* in: struct drm_refgpu_batch_job */
+	__u64 first_seqno;	/* out: seqno of jobs[0]; jobs[i] has first_seqno + i */
+	__u32 error_index;	/* out: the failing job, or REFGPU_BATCH_NO_INDEX */
+	__u32 pad;		/* must be zero */
+};
+
 /* CTX_QUERY state. */
 #define REFGPU_CTX_STATE_OK		0 /* no reset touched this context */
 #define REFGPU_CTX_STATE_INNOCENT	1 /* its engine was reset for another context */
@@ -174,6 +225,8 @@ struct drm_refgpu_ctx_query {
 	DRM_IOWR(DRM_COMMAND_BASE + DRM_REFGPU_SUBMIT, struct drm_refgpu_submit)
 #define DRM_IOCTL_REFGPU_CTX_QUERY \
 	DRM_IOWR(DRM_COMMAND_BASE + DRM_REFGPU_CTX_QUERY, struct drm_refgpu_ctx_query)
+#define DRM_IOCTL_REFGPU_SUBMIT_BATCH \
+	DRM_IOWR(DRM_COMMAND_BASE + DRM_REFGPU_SUBMIT_BATCH, struct drm_refgpu_submit_batch)
 
 #if defined(__cplusplus)
 }

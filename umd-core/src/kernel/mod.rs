@@ -30,6 +30,10 @@
 //!   producers reach the kernel; the wait-before-signal limit
 //!   ([`crate::config::HangConfig::unsubmitted_wait_ns`]) fails it as in
 //!   direct mode. This is what Mesa's threaded Vulkan queues do.
+//! - **Held work goes in one call.** `flush` hands every held submission
+//!   of a queue that is ready, from the front, to the kernel in one
+//!   [`KernelIo::submit_batch`] (the refgpu driver's `SUBMIT_BATCH`: all
+//!   or none), so N held submissions cost one ioctl.
 //! - **Waits in the kernel.** A host wait blocks in the kernel on the
 //!   fence's timeline point ([`KernelIo::wait`]), never in a polling loop.
 
@@ -48,8 +52,8 @@ use crate::hw::{probe, ChipId, IbRef};
 use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::{
-    ContextId, ContextStatus, DmaRegion, ForeignSync, Guilt, KernelIo, KernelSubmitError, KernelSync,
-    KernelWait, PlatformError,
+    ContextId, ContextStatus, DmaRegion, ForeignSync, Guilt, KernelIo, KernelJob, KernelSubmitError,
+    KernelSync, KernelWait, PlatformError,
 };
 use crate::sync::atomic::{AtomicU64, Ordering};
 use crate::sync::deps::MAX_WAITS;
@@ -252,30 +256,56 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     }
 
     fn flush(&self, qs: &mut KernelQueue, q: usize) -> Result<(), Gone> {
-        while let Some(h) = qs.held.front().copied() {
-            if !self.ready(h.waits()) {
-                return Ok(());
-            }
-            match self.give(qs, q, &h) {
-                Ok(()) => {
-                    qs.held.pop_front();
-                    qs.blocked_since_ns = None;
-                }
-                // Guilty: the check fails the held work with the rest.
-                Err(KernelSubmitError::Cancelled) => return Ok(()),
-                Err(
-                    KernelSubmitError::DeviceLost | KernelSubmitError::Platform(PlatformError::DeviceLost),
-                ) => return Err(Gone),
-                Err(KernelSubmitError::Platform(_)) => {
-                    // The kernel refused work the engine already counts as
-                    // emitted: it stays held until the wait-before-signal
-                    // limit fails it.
-                    crate::log::log_error!("queue {}: kernel refused held submission {}", q, h.seqno.0);
-                    return Ok(());
-                }
+        // Every held submission that is ready, from the front (order), in
+        // one kernel call: N held jobs flushed are one batch ioctl.
+        let mut jobs: heapless::Vec<KernelJob<'_>, HELD_JOBS> = heapless::Vec::new();
+        for h in qs.held.iter().take_while(|h| self.ready(h.waits())) {
+            let signal = KernelSync { queue: q as u32, point: h.seqno.0 };
+            let job = KernelJob { ib_va: h.ib.va.get(), ib_dwords: h.ib.dwords, waits: h.waits(), signal };
+            if jobs.push(job).is_err() {
+                break;
             }
         }
-        Ok(())
+        let Some(first) = jobs.first().map(|j| j.signal.point) else { return Ok(()) };
+        let ctx = qs.ctx.ok_or(Gone)?;
+        let (queued, error) = match self.p.submit_batch(ctx, &jobs) {
+            Ok(seq) => {
+                // The context numbers its jobs from 1; ours continue from `base`.
+                if qs.base.wrapping_add(seq) != first {
+                    crate::log::log_error!(
+                        "queue {}: kernel context sequence {} does not match submission {}",
+                        q,
+                        seq,
+                        first
+                    );
+                }
+                (jobs.len(), None)
+            }
+            Err(e) => (e.queued, Some(e.error)),
+        };
+        drop(jobs);
+        for _ in 0..queued {
+            if let Some(h) = qs.held.pop_front() {
+                self.note_submitted(q, h.seqno);
+                qs.blocked_since_ns = None;
+            }
+        }
+        match error {
+            None => Ok(()),
+            // Guilty: the check fails the held work with the rest.
+            Some(KernelSubmitError::Cancelled) => Ok(()),
+            Some(KernelSubmitError::DeviceLost | KernelSubmitError::Platform(PlatformError::DeviceLost)) => {
+                Err(Gone)
+            }
+            Some(KernelSubmitError::Platform(_)) => {
+                // The kernel refused work the engine already counts as
+                // emitted: it stays held until the wait-before-signal
+                // limit fails it.
+                let seq = qs.held.front().map_or(0, |h| h.seqno.0);
+                crate::log::log_error!("queue {}: kernel refused held submission {}", q, seq);
+                Ok(())
+            }
+        }
     }
 
     fn queue_state(&self, qs: &KernelQueue, _q: usize) -> crate::engine::backend::QueueHw {

@@ -124,6 +124,52 @@ impl fmt::Display for KernelSubmitError {
 
 impl core::error::Error for KernelSubmitError {}
 
+/// One job of [`KernelIo::submit_batch`]: what [`KernelIo::submit`] takes
+/// for one IB.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KernelJob<'a> {
+    /// The IB's GPU address.
+    pub ib_va: u64,
+    /// Its length in dwords.
+    pub ib_dwords: u32,
+    /// What it runs after.
+    pub waits: &'a [KernelWait],
+    /// The point its completion reaches.
+    pub signal: KernelSync,
+}
+
+/// Why [`KernelIo::submit_batch`] stopped: the first `queued` jobs were
+/// queued (in order), the next one was refused with `error`, and no later
+/// one was queued.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BatchError {
+    /// Jobs queued before the refusal (0 for a kernel batch call, which
+    /// takes all of its jobs or none).
+    pub queued: usize,
+    /// Why the next one was refused.
+    pub error: KernelSubmitError,
+}
+
+/// [`KernelIo::submit_batch`] one job at a time with [`KernelIo::submit`]:
+/// what a kernel without a batch call allows. Returns the first job's
+/// sequence number (`Ok(0)` for no jobs).
+pub fn submit_each<P: KernelIo + ?Sized>(
+    p: &P,
+    ctx: ContextId,
+    jobs: &[KernelJob<'_>],
+) -> Result<u64, BatchError> {
+    let mut first = 0;
+    for (queued, j) in jobs.iter().enumerate() {
+        let seq = p
+            .submit(ctx, j.ib_va, j.ib_dwords, j.waits, j.signal)
+            .map_err(|error| BatchError { queued, error })?;
+        if queued == 0 {
+            first = seq;
+        }
+    }
+    Ok(first)
+}
+
 /// Kernel-mediated mode: the kernel owns the rings, the page tables and
 /// hang recovery; the core owns GPU addresses, IBs, dependencies and the
 /// meaning of failures.
@@ -176,6 +222,15 @@ pub trait KernelIo: Platform {
         waits: &[KernelWait],
         signal: KernelSync,
     ) -> Result<u64, KernelSubmitError>;
+
+    /// Queues `jobs` on `ctx` in order, as many [`KernelIo::submit`]s
+    /// would, in as few kernel calls as the kernel allows (a DRM driver's
+    /// multi-job submit takes all of its jobs or none). Returns the first
+    /// job's sequence number on the context; the others follow it one by
+    /// one. The provided method is [`submit_each`]: one call per job.
+    fn submit_batch(&self, ctx: ContextId, jobs: &[KernelJob<'_>]) -> Result<u64, BatchError> {
+        submit_each(self, ctx, jobs)
+    }
 
     /// The point queue `queue`'s timeline has reached.
     fn completed(&self, queue: u32) -> Result<u64, PlatformError>;

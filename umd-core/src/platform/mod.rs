@@ -469,8 +469,8 @@ pub mod fake;
 mod kernel_io;
 pub(crate) mod slots;
 pub use kernel_io::{
-    ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelSubmitError, KernelSync,
-    KernelWait, MAX_FOREIGN,
+    submit_each, BatchError, ContextId, ContextStatus, ForeignSync, Guilt, KernelInfo, KernelIo, KernelJob,
+    KernelSubmitError, KernelSync, KernelWait, MAX_FOREIGN,
 };
 
 /// The spin lock the project's bare-metal platforms use

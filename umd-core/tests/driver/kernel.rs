@@ -20,8 +20,8 @@ use umd_core::kernel::KernelDevice;
 use umd_core::mem::BufferDesc;
 use umd_core::platform::fake::FakeState;
 use umd_core::platform::{
-    ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo, KernelIo,
-    KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
+    submit_each, BatchError, ContextId, ContextStatus, DmaFlags, DmaRegion, ForeignSync, Guilt, KernelInfo,
+    KernelIo, KernelJob, KernelSubmitError, KernelSync, KernelWait, Platform, PlatformError,
 };
 use umd_core::storage::DeviceStorage;
 use umd_core::sync::{Cause, FaultInfo, FenceError, QueueId};
@@ -76,6 +76,11 @@ struct KState {
     /// other threads run while the core is between the kernel's answer and
     /// what follows it.
     submit_yields: bool,
+    /// The kernel has a multi-job submit (all or none, one call); without
+    /// it `submit_batch` is the trait's one submit per job.
+    batch: bool,
+    /// Submit calls made: one per `submit`, one per multi-job submit.
+    submit_calls: u32,
 }
 
 /// The fake kernel behind a mutex (the core calls platforms through `&self`).
@@ -100,6 +105,8 @@ impl FakeKernel {
             calls: 0,
             lose_at: None,
             submit_yields: false,
+            batch: false,
+            submit_calls: 0,
         }))
     }
 
@@ -279,12 +286,42 @@ impl KernelIo for FakeKernel {
     ) -> Result<u64, KernelSubmitError> {
         let (r, yields) = {
             let mut k = self.k();
+            k.submit_calls += 1;
             (k.submit(ctx, ib_va, ib_dw, waits, signal), k.submit_yields)
         };
         if yields && r.is_ok() {
             std::thread::yield_now();
         }
         r
+    }
+    fn submit_batch(&self, ctx: ContextId, jobs: &[KernelJob<'_>]) -> Result<u64, BatchError> {
+        if !self.k().batch {
+            return submit_each(self, ctx, jobs);
+        }
+        let mut k = self.k();
+        k.submit_calls += 1;
+        // All or none: what refuses one job refuses the batch (the checks
+        // of `KState::submit` first, so the jobs after them all go in).
+        let refuse = |error| BatchError { queued: 0, error };
+        if k.lost {
+            return Err(refuse(KernelSubmitError::DeviceLost));
+        }
+        let c = k.contexts[ctx.0 as usize].as_ref();
+        match c {
+            None => return Err(refuse(KernelSubmitError::Platform(PlatformError::Os(2)))),
+            Some(c) if c.guilty.is_some() => return Err(refuse(KernelSubmitError::Cancelled)),
+            Some(_) => {}
+        }
+        let unready = jobs.iter().flat_map(|j| j.waits).any(|w| !k.ready_point(w));
+        if unready || k.refuse_after.is_some() {
+            return Err(refuse(KernelSubmitError::Platform(PlatformError::Os(22))));
+        }
+        let mut first = None;
+        for j in jobs {
+            let seq = k.submit(ctx, j.ib_va, j.ib_dwords, j.waits, j.signal).map_err(refuse)?;
+            first.get_or_insert(seq);
+        }
+        Ok(first.unwrap_or(0))
     }
     fn completed(&self, queue: u32) -> Result<u64, PlatformError> {
         let mut k = self.k();
@@ -317,6 +354,14 @@ impl KernelIo for FakeKernel {
 }
 
 impl KState {
+    /// Whether the kernel would take `w` as an in-sync: a point submitted.
+    fn ready_point(&self, w: &KernelWait) -> bool {
+        match w {
+            KernelWait::Point(s) => s.point <= self.added[s.queue as usize],
+            KernelWait::Foreign(_) => true,
+        }
+    }
+
     /// The submit call, under the fake's lock.
     fn submit(
         &mut self,
@@ -477,6 +522,65 @@ fn waits_become_timeline_points_and_wait_before_signal_is_held() {
         assert_eq!(dev.sync_point(gfx2), Ok(KernelSync { queue: 0, point: 2 }));
         dev.wait(gfx2, T).unwrap();
         dev.wait(compute, T).unwrap();
+    });
+}
+
+#[test]
+fn held_jobs_reach_the_kernel_in_one_call_when_it_has_a_batch_submit() {
+    // Five GFX jobs held behind a COPY fence nobody submitted: when the
+    // producer arrives, a kernel with a multi-job submit gets all five in
+    // one call (two calls in all, with the producer's); one without it
+    // gets five SUBMITs. Either way in order, with consecutive seqnos.
+    for (batch, calls) in [(true, 2), (false, 6)] {
+        with_kernel(Generation::Gen2, |dev, k| {
+            k.k().batch = batch;
+            let future = dev.next_fence(QueueId::COPY).unwrap();
+            let mut held = vec![dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x10_0000)).unwrap()];
+            for i in 1..5u64 {
+                held.push(dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000 + 8 * i)).unwrap());
+            }
+            assert_eq!(k.k().submit_calls, 0, "all held in the core");
+            let producer = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0040)).unwrap();
+            assert_eq!(producer, future);
+            {
+                let st = k.k();
+                assert_eq!(st.submit_calls, calls, "batch submit {batch}");
+                let gfx: Vec<_> = st.jobs.iter().filter(|j| j.signal.queue == 0).collect();
+                assert_eq!(gfx.len(), 5);
+                for (i, j) in gfx.iter().enumerate() {
+                    assert_eq!((j.seq, j.signal.point), (i as u64 + 1, i as u64 + 1));
+                }
+                assert_eq!(gfx[0].waits, vec![KernelWait::Point(KernelSync { queue: 2, point: 1 })]);
+            }
+            for f in held {
+                dev.wait(f, T).unwrap();
+            }
+        });
+    }
+}
+
+#[test]
+fn a_batch_the_kernel_refuses_stays_held() {
+    // The kernel refuses the batch as a whole: nothing of it is queued, the
+    // held jobs stay held and fail as held work the kernel refuses does.
+    with_kernel(Generation::Gen2, |dev, k| {
+        k.k().batch = true;
+        let future = dev.next_fence(QueueId::COPY).unwrap();
+        let a = dev.submit(QueueId::GFX, &[future], |cb| cb.timestamp(0x10_0000)).unwrap();
+        let b = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0008)).unwrap();
+        k.k().refuse_after = Some(1);
+        let producer = dev.submit(QueueId::COPY, &[], |cb| cb.timestamp(0x10_0010)).unwrap();
+        dev.wait(producer, T).unwrap();
+        assert_eq!(
+            k.k().jobs.iter().filter(|j| j.signal.queue == 0).count(),
+            0,
+            "nothing of the batch queued"
+        );
+        assert_eq!(dev.wait(a, T), Err(WaitError::Failed(FenceError::DeviceHung)));
+        assert!(dev.wait(b, T).is_err());
+        k.k().refuse_after = None;
+        let next = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0018)).unwrap();
+        dev.wait(next, T).unwrap();
     });
 }
 

@@ -237,6 +237,17 @@ pub fn failslab_ioctls() -> R {
         dev.wait_point(tl, last.get(), fixture::WAIT_NS).map_err(|e| format!("wait for the job: errno {e}"))
     };
     run("SUBMIT", each_failure(&fs, "SUBMIT", &[], submit, done))?;
+    // SUBMIT_BATCH of three jobs, each with an in-sync and an out-sync.
+    let batch = || {
+        let p = last.get();
+        let (seq, n) = crate::batch::submit_chain(dev, ctx, ib, dw, tl, p, 3)?;
+        last.set(p + n);
+        Ok(seq)
+    };
+    let batch_done = |_| {
+        dev.wait_point(tl, last.get(), fixture::WAIT_NS).map_err(|e| format!("wait for the batch: errno {e}"))
+    };
+    run("SUBMIT_BATCH", each_failure(&fs, "SUBMIT_BATCH", &[], batch, batch_done))?;
     ok(dev.ctx_destroy(ctx), "CTX_DESTROY")?;
     drop(fs);
     println!("guest: failslab: allocations per call: {}", counts.join(", "));

@@ -217,6 +217,7 @@ mod errs {
     pub const CTX_DESTROY: &[i32] = &[EINVAL, ENOENT, EFAULT];
     pub const SUBMIT: &[i32] = &[EINVAL, ENOENT, ECANCELED, EBUSY, EMFILE, ENOMEM, EFAULT];
     pub const CTX_QUERY: &[i32] = &[EINVAL, ENOENT, EFAULT];
+    pub const SUBMIT_BATCH: &[i32] = &[EINVAL, E2BIG, ENOENT, ECANCELED, EBUSY, ENOMEM, EFAULT];
     pub const GEM_CLOSE: &[i32] = &[EINVAL, EFAULT];
     pub const PRIME_EXPORT: &[i32] = &[EINVAL, ENOENT, EFAULT, ENOMEM, EMFILE];
     pub const PRIME_IMPORT: &[i32] = &[EINVAL, EBADF, EFAULT, ENOMEM];
@@ -415,7 +416,7 @@ impl Fuzz {
         let syncobjs = self.pool.syncobjs.clone();
         let ctxs = self.pool.ctxs.clone();
         let mut call;
-        match self.rng.below(19) {
+        match self.rng.below(20) {
             0 => {
                 call = c("GET_PARAM", u::DRM_IOCTL_REFGPU_GET_PARAM, errs::GET_PARAM);
                 let p =
@@ -644,6 +645,58 @@ impl Fuzz {
                     call.args.push(arg(hs));
                 }
             }
+            19 => {
+                // The job array, then a sync array the jobs' syncs point
+                // into (its third slot) or wild and PROT_NONE pointers.
+                call = c("SUBMIT_BATCH", u::DRM_IOCTL_REFGPU_SUBMIT_BATCH, errs::SUBMIT_BATCH);
+                let job = std::mem::size_of::<u::BatchJob>() as u32;
+                let ctx = self.handle(&ctxs);
+                let (flags, pad) = (self.flags(0), self.pad());
+                let n = self.count(64);
+                let stride = match self.rng.below(8) {
+                    0..=4 => job,
+                    5 => job + 8 * (1 + self.rng.below(4) as u32),
+                    _ => self.rng.pick(&[0, job - 8, 4096, 4097, u32::MAX]),
+                };
+                let nsync = self.count(64);
+                let syncs = self.syncs(nsync);
+                let sync_at = self.arena.addr(SLOT[2]);
+                let none = self.arena.addr(RW_END);
+                let mut jobs = Vec::new();
+                let fit = (48 * PAGE) / (stride.clamp(1, 8192) as usize);
+                for _ in 0..(n as usize).min(70).min(fit) {
+                    let (va, dw) =
+                        if self.rng.chance(3, 4) { self.pool.ib } else { (self.va(), self.count(1 << 20)) };
+                    let jf = if self.rng.chance(1, 10) { self.flags(0) } else { 0 };
+                    let mut b = B::default().u32(jf).u32(dw).u64(va);
+                    for _ in 0..2 {
+                        let (st, cnt, at) = match self.rng.below(6) {
+                            0..=2 => (16, 0, 0),
+                            3 => (16, nsync.min(70), sync_at),
+                            4 => (self.rng.pick(&[0, 8, 24, 4097]), 1 + self.rng.below(3) as u32, sync_at),
+                            _ => (16, self.count(64), self.rng.pick(&[0, none, 0xffff_8000_0000_0000])),
+                        };
+                        b = b.u32(st).u32(cnt).u64(at);
+                    }
+                    let mut bytes = b.0;
+                    let tail = if self.rng.chance(1, 8) { 1 } else { 0 };
+                    // Laid out at the stride (a wild one at most a page and
+                    // a bit: the kernel refuses it before reading).
+                    bytes.resize(bytes.len().max(stride.min(4104) as usize), tail);
+                    jobs.extend_from_slice(&bytes);
+                }
+                call.args.push(arg(B::default()
+                    .u32(ctx)
+                    .u32(flags)
+                    .u32(stride)
+                    .u32(n)
+                    .u64(0)
+                    .u64(0)
+                    .u32(u32::MAX)
+                    .u32(pad)
+                    .0));
+                call.args.extend([arg(jobs), arg(syncs)]);
+            }
             _ => {
                 // RESET, SIGNAL, TIMELINE_SIGNAL, QUERY, TRANSFER.
                 let n = self.core_count();
@@ -800,6 +853,7 @@ fn ptr_fields(name: &str) -> &'static [usize] {
     match name {
         "VM_BIND" => &[16, 24, 32],
         "SUBMIT" => &[32, 40],
+        "SUBMIT_BATCH" => &[16],
         "SYNCOBJ_TIMELINE_WAIT" => &[0, 8],
         "SYNCOBJ_WAIT" | "SYNCOBJ_RESET" | "SYNCOBJ_SIGNAL" => &[0],
         "SYNCOBJ_TIMELINE_SIGNAL" | "SYNCOBJ_QUERY" => &[0, 8],

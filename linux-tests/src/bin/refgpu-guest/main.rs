@@ -13,6 +13,7 @@
 //! timed out was.
 
 mod adversarial;
+mod batch;
 mod debug_kernel;
 mod debugging;
 mod drm;
