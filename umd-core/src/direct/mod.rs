@@ -95,6 +95,9 @@ impl MmuMode {
 pub struct DirectQueue {
     pub(crate) ring: Option<Ring>,
     pub(crate) watch: Watch,
+    /// The write pointer last published to RING_WPTR (the ring's own is
+    /// ahead of it while jobs emitted with `Job::hold` wait for a flush).
+    pub(crate) published: usize,
 }
 
 /// The direct-mode backend.
@@ -156,6 +159,21 @@ impl<'d, P: DirectIo> Direct<'d, P> {
         } else {
             Err(Gone)
         }
+    }
+
+    /// Publishes the ring's write pointer to engine `e` and rings its
+    /// doorbell, if it moved since the last time: every packet written
+    /// (and cleaned) so far becomes the engine's.
+    fn publish(&self, qs: &mut DirectQueue, e: u32) -> Result<(), Gone> {
+        let Some(wptr) = qs.ring.as_ref().map(Ring::wptr) else { return Err(Gone) };
+        if wptr == qs.published {
+            return Ok(());
+        }
+        // Packets visible before the write pointer that points at them.
+        mem_fence(Ordering::Release);
+        self.p.write_reg(regs::engine_reg(e, er::RING_WPTR), wptr as u32).map_err(|_| Gone)?;
+        qs.published = wptr;
+        self.p.doorbell(e).map_err(|_| Gone)
     }
 
     /// GPU address of queue `q`'s fence slot.
@@ -300,12 +318,17 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let len = if written.wrapped { ring.size() } else { written.bytes };
         let from = if written.wrapped { 0 } else { written.start };
         self.p.cache_clean(ring.region(), from, len);
-        mem_fence(Ordering::Release);
-        self.p
-            .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
-            .map_err(|_| EmitError::Lost)?;
-        self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
-        Ok(EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 })
+        let info = EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 };
+        if job.hold {
+            // Deferred doorbell: `flush` publishes it with the others.
+            return Ok(info);
+        }
+        self.publish(qs, e).map_err(|Gone| EmitError::Lost)?;
+        Ok(info)
+    }
+
+    fn flush(&self, qs: &mut DirectQueue, q: usize) -> Result<(), Gone> {
+        self.publish(qs, q as u32)
     }
 
     fn poll(&self, q: usize) -> Poll {
@@ -344,6 +367,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
             size: r.size(),
             va: r.gpu_va(),
             wptr: r.wptr(),
+            published: qs.published,
             rptr_seen: r.rptr_seen(),
             rptr: self.p.read_reg(regs::engine_reg(q as u32, er::RING_RPTR)).ok(),
         });
@@ -476,7 +500,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             MmuMode::Bypass => (None, 0),
             MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
         };
-        let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default() });
+        let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default(), published: 0 });
         let mut dev = DeviceCore::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
         dev.init_direct(table_pages)?;
         Ok(dev)

@@ -32,7 +32,7 @@
 //! - [`backend`]: what a mode provides (sealed);
 //! - `queue`: one queue (timeline, emitted and processed marks, failure
 //!   history, submit lock);
-//! - [`submit`]: the submission path; [`validate`]: the validation mode's
+//! - [`submit`]: the submission path; [`batch`]: deferred doorbells; [`validate`]: the validation mode's
 //!   checks of a submission;
 //! - [`complete`]: completion processing, the service loop, failure
 //!   handling, resets and device loss;
@@ -44,6 +44,7 @@
 //! - [`lifecycle`]: bring-up of the shared parts, teardown, leak report.
 
 pub mod backend;
+pub mod batch;
 pub mod buffers;
 #[cfg(feature = "capture")]
 pub mod capture;
@@ -77,6 +78,7 @@ use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 pub use crate::platform::ClockSync;
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
+pub use batch::MAX_HELD;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
 pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InPlace, InitError, ShutdownReport};

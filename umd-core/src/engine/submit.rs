@@ -363,7 +363,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // (and keep the dependency code of a submission without waits).
         let waiting = !waits.is_empty();
         // Built once: a retry changes only its sequence number.
-        let mut job = Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib };
+        let hold = self.batching();
+        let mut job = Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib, hold };
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -428,6 +429,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     }
                     q.emitted.store(seqno.0, Ordering::Release);
                     drop(mem);
+                    // Deferred doorbells: held, or handed over with the
+                    // rest once the window passed or the limit is reached.
+                    let gone = hold && self.note_held(qi, q, &mut qs, seqno).is_err();
                     let fence = FenceId { queue, seqno };
                     // Under the submit lock: the queue's commits are in
                     // order, so the pool's lock can wait for the next pick.
@@ -441,6 +445,10 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     #[cfg(feature = "capture")]
                     self.capture_submit(queue, seqno, s.waits, ib, caller);
                     drop(qs);
+                    if gone {
+                        // The fence fails with the device's other work.
+                        self.device_lost();
+                    }
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);
                     }
@@ -455,6 +463,13 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     }
                     match e {
                         EmitError::Full(err) => {
+                            // Held work first: the engine frees room only
+                            // once it was given the work that fills it.
+                            if hold && self.publish_locked(qi, q, &mut qs).is_err() {
+                                drop(qs);
+                                self.device_lost();
+                                return Err(SubmitError::DeviceLost);
+                            }
                             // Wait for the engine to consume, checking it
                             // for a hang ourselves (we hold its queue).
                             if let Ok(true) = self.check_locked(qi, &mut qs) {
