@@ -7,6 +7,7 @@
 //! off (`hang-capture`, `trace`, `local-memory`, `mmu`) every check, typed
 //! error, reset and recovery stays.
 
+mod batch;
 mod kernel;
 mod lifecycle;
 mod memory;
