@@ -500,7 +500,8 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             MmuMode::Bypass => (None, 0),
             MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
         };
-        let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default(), published: 0 });
+        let queues =
+            core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default(), published: 0 });
         let mut dev = DeviceCore::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
         dev.init_direct(table_pages)?;
         Ok(dev)

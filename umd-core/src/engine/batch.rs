@@ -66,7 +66,13 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// caller holds, `qs`): notes when the queue began holding, and hands
     /// everything held to the hardware when the window has passed or
     /// [`MAX_HELD`] are held.
-    pub(crate) fn note_held(&self, qi: usize, q: &Queue<B>, qs: &mut B::Queue, seqno: Seqno) -> Result<(), Gone> {
+    pub(crate) fn note_held(
+        &self,
+        qi: usize,
+        q: &Queue<B>,
+        qs: &mut B::Queue,
+        seqno: Seqno,
+    ) -> Result<(), Gone> {
         let now = self.b.platform().now_ns();
         let held = seqno.distance(q.published());
         let since = if held <= 1 {

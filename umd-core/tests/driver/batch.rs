@@ -11,10 +11,10 @@ use umd_core::config::{Config, HangConfig};
 use umd_core::direct::Device;
 use umd_core::engine::dump::DumpFormat;
 use umd_core::engine::MAX_HELD;
-use umd_core::error::{FenceStatus, SubmitError};
+use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
-use umd_core::platform::fake::{Fake, Mode};
-use umd_core::sync::{Fence, QueueId};
+use umd_core::platform::fake::{EngineFault, Fake, Mode};
+use umd_core::sync::{Fence, FenceError, QueueId};
 
 /// 1 ms: far longer than the virtual time a few submissions take (the
 /// fake's clock moves 100 ns per read), far shorter than a wait's timeout.
@@ -40,6 +40,16 @@ fn hw_wptr(dev: &Device<'_, Fake, 4>, q: QueueId) -> u32 {
     dev.platform().state().engines[usize::from(q.0)].wptr
 }
 
+/// The `batch_held` count of queue `q` in the JSON state dump.
+fn held_in_dump(dev: &Device<'_, Fake, 4>, q: QueueId) -> u64 {
+    let mut dump = String::new();
+    dev.dump_state(&mut dump, DumpFormat::Json).unwrap();
+    let entry = format!("\"queue\":{},\"emitted\"", q.0);
+    let rest = dump.split(&entry).nth(1).unwrap_or_else(|| panic!("no entry for {q:?}: {dump}"));
+    let held = rest.split("\"batch_held\":").nth(1).unwrap_or_else(|| panic!("no batch_held: {dump}"));
+    held.split(',').next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("bad batch_held: {dump}"))
+}
+
 #[test]
 fn submissions_within_the_window_ring_once() {
     for gen in [Generation::Gen1, Generation::Gen2] {
@@ -50,10 +60,7 @@ fn submissions_within_the_window_ring_once() {
         let fences: Vec<Fence> = (0..8).map(|i| tiny(&dev, QueueId::COPY, i)).collect();
         assert_eq!(doorbells(&dev), d0, "{gen}: held submissions rang");
         assert_eq!(hw_wptr(&dev, QueueId::COPY), w0, "{gen}: held submissions published RING_WPTR");
-        let mut dump = String::new();
-        dev.dump_state(&mut dump, DumpFormat::Json).unwrap();
-        let copy = dump.split("\"queue\":2,").nth(1).unwrap_or_default();
-        assert!(copy.contains("\"batch_held\":8,"), "{gen}: the dump shows 8 held on COPY: {dump}");
+        assert_eq!(held_in_dump(&dev, QueueId::COPY), 8, "{gen}: the dump shows 8 held");
         dev.flush(QueueId::COPY).unwrap();
         assert_eq!(doorbells(&dev), d0 + 1, "{gen}: one doorbell for 8 submissions");
         assert_ne!(hw_wptr(&dev, QueueId::COPY), w0, "{gen}: the flush published RING_WPTR");
@@ -238,4 +245,29 @@ fn a_hang_check_does_not_count_held_work_as_stuck() {
     assert_eq!(dev.stats().hangs, 0);
     dev.platform().state().mode = Mode::OnDelay;
     dev.wait(f, SECOND).unwrap();
+}
+
+#[test]
+fn a_reset_cancels_held_work_and_the_queue_holds_again() {
+    let mut r = rig(Generation::Gen2);
+    let hang = HangConfig { window_ns: 1_000_000, ..Config::DEFAULT.hang };
+    let dev: Device<'_, Fake, 4> = r.device(Config { hang, ..cfg(100_000_000) });
+    dev.platform().state().engines[0].fault = EngineFault::Stuck;
+    let f1 = tiny(&dev, QueueId::GFX, 0);
+    dev.flush(QueueId::GFX).unwrap();
+    let held = [tiny(&dev, QueueId::GFX, 1), tiny(&dev, QueueId::GFX, 2)];
+    // The published one hangs; the held ones are cancelled with it.
+    assert_eq!(dev.wait(f1, SECOND), Err(WaitError::Failed(FenceError::DeviceHung)));
+    assert_eq!(held_in_dump(&dev, QueueId::GFX), 0, "the cancelled work is not held any more");
+    for f in held {
+        assert_eq!(dev.query(f), Ok(FenceStatus::Failed(FenceError::DeviceHung)));
+    }
+    // The queue holds again, from an empty ring.
+    dev.platform().state().engines[0].fault = EngineFault::None;
+    dev.platform().state().mode = Mode::OnDelay;
+    let d0 = doorbells(&dev);
+    let f4 = tiny(&dev, QueueId::GFX, 3);
+    assert_eq!(doorbells(&dev), d0, "the first submission after the reset is held");
+    dev.wait(f4, SECOND).unwrap();
+    assert_eq!(doorbells(&dev), d0 + 1);
 }
