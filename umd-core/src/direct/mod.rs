@@ -112,6 +112,9 @@ pub struct Direct<'d, P: DirectIo> {
     programmed: bool,
     pte_writes: AtomicU64,
     tlb_invalidations: AtomicU64,
+    /// Doorbells rung per engine since bring-up (the bring-up round trip
+    /// not counted); written under the queue's submit lock.
+    doorbells: [AtomicU64; MAX_QUEUES],
 }
 
 impl<P: DirectIo> sealed::Sealed for Direct<'_, P> {}
@@ -173,7 +176,19 @@ impl<'d, P: DirectIo> Direct<'d, P> {
         mem_fence(Ordering::Release);
         self.p.write_reg(regs::engine_reg(e, er::RING_WPTR), wptr as u32).map_err(|_| Gone)?;
         qs.published = wptr;
-        self.p.doorbell(e).map_err(|_| Gone)
+        self.p.doorbell(e).map_err(|_| Gone)?;
+        self.rang(e);
+        Ok(())
+    }
+
+    /// Counts a doorbell of engine `e` (the caller holds queue `e`'s
+    /// submit lock, or the device exclusively: the count has one writer
+    /// at a time, so a load and a store do, with no atomic add).
+    #[inline(always)]
+    fn rang(&self, e: u32) {
+        if let Some(c) = self.doorbells.get(e as usize) {
+            c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
     }
 
     /// GPU address of queue `q`'s fence slot.
@@ -323,7 +338,13 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
             // Deferred doorbell: `flush` publishes it with the others.
             return Ok(info);
         }
-        self.publish(qs, e).map_err(|Gone| EmitError::Lost)?;
+        mem_fence(Ordering::Release);
+        self.p
+            .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
+            .map_err(|_| EmitError::Lost)?;
+        qs.published = written.wptr;
+        self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
+        self.rang(e);
         Ok(info)
     }
 
@@ -376,6 +397,10 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
 
     fn mapping_counters(&self) -> (u64, u64) {
         (self.pte_writes.load(Ordering::Relaxed), self.tlb_invalidations.load(Ordering::Relaxed))
+    }
+
+    fn doorbells(&self) -> u64 {
+        self.doorbells.iter().fold(0u64, |n, c| n.wrapping_add(c.load(Ordering::Relaxed)))
     }
 
     fn stop(&self) {
@@ -495,6 +520,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             programmed: false,
             pte_writes: AtomicU64::new(0),
             tlb_invalidations: AtomicU64::new(0),
+            doorbells: core::array::from_fn(|_| AtomicU64::new(0)),
         };
         let (va, table_pages) = match mmu {
             MmuMode::Bypass => (None, 0),

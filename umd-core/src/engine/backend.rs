@@ -239,6 +239,11 @@ pub trait Backend: sealed::Sealed + Sized {
     fn mapping_counters(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Engine doorbells rung since bring-up, for statistics (direct mode;
+    /// a kernel driver rings its own).
+    fn doorbells(&self) -> u64 {
+        0
+    }
 
     /// The device clock (ns, the clock TIMESTAMP writes), if this mode can
     /// read it (direct mode reads CLOCK_LO/HI; a kernel driver does not

@@ -359,6 +359,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             ("resets", s.resets),
             ("propagated_failures", s.propagated_failures),
             ("ring_wraps", s.ring_wraps),
+            ("doorbells", s.doorbells),
             ("pool_waits", s.pool_waits),
             ("dep_waits", s.dep_waits),
             ("irq_status_acks", s.irq_status_acks),

@@ -117,6 +117,10 @@ pub struct DeviceStats {
     pub propagated_failures: u64,
     /// Ring writes that wrapped.
     pub ring_wraps: u64,
+    /// Engine doorbells rung (direct mode; 0 in kernel mode, whose kernel
+    /// driver rings): one per submission with the batch window off, one
+    /// per flush with it on ([`crate::config::Config::batch_window_ns`]).
+    pub doorbells: u64,
     /// Times recording waited for an IB chunk.
     pub pool_waits: u64,
     /// Times a submission waited for room in the dependency table.
@@ -351,6 +355,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             resets: l(&s.resets),
             propagated_failures: l(&s.propagated_failures),
             ring_wraps: l(&s.ring_wraps),
+            doorbells: self.b.doorbells(),
             pool_waits: l(&s.pool_waits),
             dep_waits: l(&s.dep_waits),
             irq_status_acks: l(&s.irq_status_acks),

@@ -71,6 +71,7 @@ fn submissions_within_the_window_ring_once() {
         // Nothing held: another flush rings nothing.
         dev.flush_all().unwrap();
         assert_eq!(doorbells(&dev), d0 + 1, "{gen}: an empty flush rang");
+        assert_eq!(dev.stats().doorbells, 1, "{gen}: the statistics count the one doorbell");
         assert_eq!(dev.flush(QueueId(7)), Err(SubmitError::UnknownQueue(QueueId(7))));
     }
 }
@@ -82,6 +83,7 @@ fn window_off_rings_once_per_submission() {
     let d0 = doorbells(&dev);
     let last = (0..5).map(|i| tiny(&dev, QueueId::COPY, i)).last().unwrap();
     assert_eq!(doorbells(&dev), d0 + 5, "one doorbell per submission with the window off");
+    assert_eq!(dev.stats().doorbells, 5, "the statistics count every doorbell");
     dev.flush(QueueId::COPY).unwrap();
     assert_eq!(doorbells(&dev), d0 + 5, "a flush with the window off rings nothing");
     dev.wait(last, SECOND).unwrap();
