@@ -152,7 +152,8 @@ pub fn bursts<B: Backend, const C: usize>(
         let mut last = None;
         for k in 0..burst {
             let word = va + 4 * (k as u64 % 1024);
-            let f = dev.submit(q, &[], |cb| cb.write_data(word, &[i as u32])).map_err(|_| BenchError::Submit)?;
+            let f =
+                dev.submit(q, &[], |cb| cb.write_data(word, &[i as u32])).map_err(|_| BenchError::Submit)?;
             last = Some(f);
         }
         if let Some(f) = last {

@@ -186,7 +186,7 @@ pub(crate) fn resume<P: DirectIo>(
 ) -> Result<(), Gone> {
     let Some(ring) = qs.ring.as_mut() else { return Err(Gone) };
     ring.reset();
-    qs.published = 0;
+    qs.held = false;
     d.force_slot(q, upto)
 }
 

@@ -95,8 +95,11 @@ impl MmuMode {
 pub struct DirectQueue {
     pub(crate) ring: Option<Ring>,
     pub(crate) watch: Watch,
-    /// The write pointer last published to RING_WPTR (the ring's own is
-    /// ahead of it while jobs emitted with `Job::hold` wait for a flush).
+    /// Jobs emitted with `Job::hold` wait for a flush: RING_WPTR is then
+    /// `published`, behind the ring's own write pointer. (A device's jobs
+    /// are all held or none: `Config::batch_window_ns` is fixed.)
+    pub(crate) held: bool,
+    /// The write pointer last published, while `held`.
     pub(crate) published: usize,
 }
 
@@ -112,9 +115,10 @@ pub struct Direct<'d, P: DirectIo> {
     programmed: bool,
     pte_writes: AtomicU64,
     tlb_invalidations: AtomicU64,
-    /// Doorbells rung per engine since bring-up (the bring-up round trip
-    /// not counted); written under the queue's submit lock.
-    doorbells: [AtomicU64; MAX_QUEUES],
+    /// Doorbells rung per engine by flushes of held jobs (an unheld job
+    /// rings one of its own: the engine counts those as submissions);
+    /// written under the queue's submit lock.
+    flushes: [AtomicU64; MAX_QUEUES],
 }
 
 impl<P: DirectIo> sealed::Sealed for Direct<'_, P> {}
@@ -165,30 +169,24 @@ impl<'d, P: DirectIo> Direct<'d, P> {
     }
 
     /// Publishes the ring's write pointer to engine `e` and rings its
-    /// doorbell, if it moved since the last time: every packet written
-    /// (and cleaned) so far becomes the engine's.
+    /// doorbell, if jobs are held: every packet written (and cleaned) so
+    /// far becomes the engine's.
     fn publish(&self, qs: &mut DirectQueue, e: u32) -> Result<(), Gone> {
-        let Some(wptr) = qs.ring.as_ref().map(Ring::wptr) else { return Err(Gone) };
-        if wptr == qs.published {
+        if !qs.held {
             return Ok(());
         }
+        let Some(wptr) = qs.ring.as_ref().map(Ring::wptr) else { return Err(Gone) };
         // Packets visible before the write pointer that points at them.
         mem_fence(Ordering::Release);
         self.p.write_reg(regs::engine_reg(e, er::RING_WPTR), wptr as u32).map_err(|_| Gone)?;
-        qs.published = wptr;
+        qs.held = false;
         self.p.doorbell(e).map_err(|_| Gone)?;
-        self.rang(e);
-        Ok(())
-    }
-
-    /// Counts a doorbell of engine `e` (the caller holds queue `e`'s
-    /// submit lock, or the device exclusively: the count has one writer
-    /// at a time, so a load and a store do, with no atomic add).
-    #[inline(always)]
-    fn rang(&self, e: u32) {
-        if let Some(c) = self.doorbells.get(e as usize) {
+        // One writer at a time (the caller holds queue `e`'s submit lock,
+        // or the device exclusively): a load and a store, no atomic add.
+        if let Some(c) = self.flushes.get(e as usize) {
             c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         }
+        Ok(())
     }
 
     /// GPU address of queue `q`'s fence slot.
@@ -336,15 +334,16 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let info = EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 };
         if job.hold {
             // Deferred doorbell: `flush` publishes it with the others.
+            if !qs.held {
+                (qs.held, qs.published) = (true, written.start);
+            }
             return Ok(info);
         }
         mem_fence(Ordering::Release);
         self.p
             .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
             .map_err(|_| EmitError::Lost)?;
-        qs.published = written.wptr;
         self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
-        self.rang(e);
         Ok(info)
     }
 
@@ -388,7 +387,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
             size: r.size(),
             va: r.gpu_va(),
             wptr: r.wptr(),
-            published: qs.published,
+            published: if qs.held { qs.published } else { r.wptr() },
             rptr_seen: r.rptr_seen(),
             rptr: self.p.read_reg(regs::engine_reg(q as u32, er::RING_RPTR)).ok(),
         });
@@ -399,8 +398,8 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         (self.pte_writes.load(Ordering::Relaxed), self.tlb_invalidations.load(Ordering::Relaxed))
     }
 
-    fn doorbells(&self) -> u64 {
-        self.doorbells.iter().fold(0u64, |n, c| n.wrapping_add(c.load(Ordering::Relaxed)))
+    fn flush_doorbells(&self) -> u64 {
+        self.flushes.iter().fold(0u64, |n, c| n.wrapping_add(c.load(Ordering::Relaxed)))
     }
 
     fn stop(&self) {
@@ -520,14 +519,18 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             programmed: false,
             pte_writes: AtomicU64::new(0),
             tlb_invalidations: AtomicU64::new(0),
-            doorbells: core::array::from_fn(|_| AtomicU64::new(0)),
+            flushes: core::array::from_fn(|_| AtomicU64::new(0)),
         };
         let (va, table_pages) = match mmu {
             MmuMode::Bypass => (None, 0),
             MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
         };
-        let queues =
-            core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default(), published: 0 });
+        let queues = core::array::from_fn(|_| DirectQueue {
+            ring: None,
+            watch: Watch::default(),
+            held: false,
+            published: 0,
+        });
         let mut dev = DeviceCore::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
         dev.init_direct(table_pages)?;
         Ok(dev)

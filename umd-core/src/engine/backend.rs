@@ -239,9 +239,11 @@ pub trait Backend: sealed::Sealed + Sized {
     fn mapping_counters(&self) -> (u64, u64) {
         (0, 0)
     }
-    /// Engine doorbells rung since bring-up, for statistics (direct mode;
-    /// a kernel driver rings its own).
-    fn doorbells(&self) -> u64 {
+    /// Engine doorbells rung by [`Backend::flush`] of jobs emitted with
+    /// [`Job::hold`], for statistics (direct mode: a job emitted without
+    /// it rings once, counted by the engine as a submission; a kernel
+    /// driver rings its own).
+    fn flush_doorbells(&self) -> u64 {
         0
     }
 

@@ -65,14 +65,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// After the held emit of `seqno` on queue `qi` (whose submit lock the
     /// caller holds, `qs`): notes when the queue began holding, and hands
     /// everything held to the hardware when the window has passed or
-    /// [`MAX_HELD`] are held.
-    pub(crate) fn note_held(
-        &self,
-        qi: usize,
-        q: &Queue<B>,
-        qs: &mut B::Queue,
-        seqno: Seqno,
-    ) -> Result<(), Gone> {
+    /// [`MAX_HELD`] are held. A device found lost then fails every pending
+    /// fence, this one too. Out of line: the submission path with the
+    /// window off does not carry it.
+    #[inline(never)]
+    pub(crate) fn note_held(&self, qi: usize, q: &Queue<B>, qs: &mut B::Queue, seqno: Seqno) {
         let now = self.b.platform().now_ns();
         let held = seqno.distance(q.published());
         let since = if held <= 1 {
@@ -81,10 +78,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         } else {
             q.held_since.load(Ordering::Acquire)
         };
-        if held >= MAX_HELD as i64 || now.saturating_sub(since) >= self.cfg.batch_window_ns {
-            self.publish_locked(qi, q, qs)?;
+        if (held >= MAX_HELD as i64 || now.saturating_sub(since) >= self.cfg.batch_window_ns)
+            && self.publish_locked(qi, q, qs).is_err()
+        {
+            self.device_lost_holding(Some(qi));
         }
-        Ok(())
     }
 
     /// Hands queue `qi`'s held submissions to the hardware (the caller
@@ -96,6 +94,20 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         self.b.flush(qs, qi)?;
         q.published.store(q.emitted().0, Ordering::Release);
         Ok(())
+    }
+
+    /// A full ring: hands queue `qi`'s held submissions to the hardware
+    /// (the caller holds its submit lock, `qs`), since the engine frees
+    /// room only once it was given the work that fills the ring. True when
+    /// the device was found lost (every pending fence then failed).
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn publish_for_room(&self, qi: usize, q: &Queue<B>, qs: &mut B::Queue) -> bool {
+        let lost = self.publish_locked(qi, q, qs).is_err();
+        if lost {
+            self.device_lost_holding(Some(qi));
+        }
+        lost
     }
 
     /// Hands queue `qi`'s held submissions to the hardware, waiting for its

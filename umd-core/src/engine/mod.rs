@@ -342,6 +342,18 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         self.queues.iter().take(self.nq).fold(0u64, |n, q| n.wrapping_add(q.emitted().0))
     }
 
+    /// Engine doorbells rung (direct mode): with the batch window off one
+    /// per submission that reached the hardware (an emit succeeds only
+    /// once its doorbell did: no count on the submission path), with it on
+    /// one per flush, counted by the backend.
+    fn doorbells(&self) -> u64 {
+        match B::MODE {
+            Mode::Kernel => 0,
+            Mode::Direct if self.batching() => self.b.flush_doorbells(),
+            Mode::Direct => self.submissions(),
+        }
+    }
+
     /// Counters.
     pub fn stats(&self) -> DeviceStats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -355,7 +367,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             resets: l(&s.resets),
             propagated_failures: l(&s.propagated_failures),
             ring_wraps: l(&s.ring_wraps),
-            doorbells: self.b.doorbells(),
+            doorbells: self.doorbells(),
             pool_waits: l(&s.pool_waits),
             dep_waits: l(&s.dep_waits),
             irq_status_acks: l(&s.irq_status_acks),

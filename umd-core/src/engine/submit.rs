@@ -363,8 +363,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // (and keep the dependency code of a submission without waits).
         let waiting = !waits.is_empty();
         // Built once: a retry changes only its sequence number.
-        let hold = self.batching();
-        let mut job = Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib, hold };
+        let mut job =
+            Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib, hold: self.batching() };
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -431,7 +431,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     drop(mem);
                     // Deferred doorbells: held, or handed over with the
                     // rest once the window passed or the limit is reached.
-                    let gone = hold && self.note_held(qi, q, &mut qs, seqno).is_err();
+                    if job.hold {
+                        self.note_held(qi, q, &mut qs, seqno);
+                    }
                     let fence = FenceId { queue, seqno };
                     // Under the submit lock: the queue's commits are in
                     // order, so the pool's lock can wait for the next pick.
@@ -445,10 +447,6 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     #[cfg(feature = "capture")]
                     self.capture_submit(queue, seqno, s.waits, ib, caller);
                     drop(qs);
-                    if gone {
-                        // The fence fails with the device's other work.
-                        self.device_lost();
-                    }
                     if info.wrapped {
                         Counters::add(&self.stats.ring_wraps, 1);
                     }
@@ -465,9 +463,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                         EmitError::Full(err) => {
                             // Held work first: the engine frees room only
                             // once it was given the work that fills it.
-                            if hold && self.publish_locked(qi, q, &mut qs).is_err() {
+                            if job.hold && self.publish_for_room(qi, q, &mut qs) {
                                 drop(qs);
-                                self.device_lost();
                                 return Err(SubmitError::DeviceLost);
                             }
                             // Wait for the engine to consume, checking it
