@@ -24,7 +24,7 @@
 //! | `ib_chunk_bytes` | [`Config::ib_chunk_bytes`] | bytes | a multiple of 256 from 1 KiB to 16 MiB, and at most the generation's IB limit (checked at bring-up: 1 MiB on gen1) (64K) |
 //! | `ring_bytes` | [`Config::ring_bytes`] | bytes | a power of two from 4 KiB to 4 MiB (64K) |
 //! | `batching` | [`Config::batching`] (IB chunk sharing; defers no doorbell) | boolean | (on) |
-//! | `batch_window_ns` | [`Config::batch_window_ns`] (deferred doorbells) | ns (0 = off) | at most 100 ms (0) |
+//! | `batch_window_ns` | [`Config::batch_window_ns`] (deferred doorbells) | ns (0 = off) | at most 100 ms; only 0 without umd-core's `deferred-doorbells` feature (0) |
 //! | `pool_exhaustion` | [`Config::pool_exhaustion`] | `wait` or `error` | (`wait`) |
 //! | `use_irq` | [`Config::use_irq`] | boolean | (on) |
 //! | `wait_step0_until_ns` .. `wait_step2_until_ns` | [`WaitStep::until_ns`] of steps 0..2 (step 3 lasts forever) | ns | each greater than the one before, step 0 may be 0, at most 1 h (2 µs, 100 µs, 1 ms) |
@@ -260,7 +260,9 @@ impl Key {
             Key::RingBytes => "a power of two from 4 KiB to 4 MiB",
             Key::Batching | Key::UseIrq => "a boolean (1/0, true/false, yes/no, on/off)",
             Key::PoolExhaustion => "`wait` or `error`",
-            Key::BatchWindowNs => "ns, at most 100 ms (0: off)",
+            Key::BatchWindowNs => {
+                "ns, at most 100 ms (0: off; only 0 without umd-core's feature deferred-doorbells)"
+            }
             Key::WaitStepUntil(_) => {
                 "ns, greater than the step before and less than the step after, at most 1 h"
             }
@@ -282,6 +284,13 @@ const HOUR_NS: u64 = 3_600 * 1_000 * MS;
 
 /// The longest [`Config::batch_window_ns`]: 100 ms.
 pub const MAX_BATCH_WINDOW_NS: u64 = 100 * MS;
+
+/// Whether `ns` is a batch window this build takes: at most
+/// [`MAX_BATCH_WINDOW_NS`], and 0 without umd-core's `deferred-doorbells`
+/// feature.
+pub const fn batch_window_ok(ns: u64) -> bool {
+    ns <= MAX_BATCH_WINDOW_NS && (ns == 0 || cfg!(feature = "deferred-doorbells"))
+}
 
 /// A tunable out of its range ([`Config::validate`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -397,7 +406,7 @@ impl Config {
             }
             before = Some(s.until_ns);
         }
-        if self.batch_window_ns > MAX_BATCH_WINDOW_NS {
+        if !batch_window_ok(self.batch_window_ns) {
             return bad(Key::BatchWindowNs);
         }
         if self.dep_wait_ns > HOUR_NS {

@@ -444,6 +444,11 @@ fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), &'stat
     if cfg.hang.window_ns == 0 {
         return Err("hang window must not be 0");
     }
+    if !crate::config::batch_window_ok(cfg.batch_window_ns) {
+        return Err(
+            "batch_window_ns must be at most 100 ms, and 0 without umd-core's deferred-doorbells feature",
+        );
+    }
     Ok(())
 }
 

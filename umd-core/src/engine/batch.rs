@@ -39,6 +39,11 @@ use super::backend::{Backend, Gone};
 use super::queue::QueueCore;
 use super::{DeviceCore, Raw};
 
+/// Whether deferred doorbells are built in (umd-core's
+/// `deferred-doorbells` feature, on by default). Without it a window other
+/// than 0 is refused and none of this module's code is linked.
+pub const BUILT: bool = cfg!(feature = "deferred-doorbells");
+
 /// Submissions a queue holds back at most: the one that makes this many
 /// is handed to the hardware with the others at once.
 pub const MAX_HELD: u64 = 32;
@@ -47,10 +52,11 @@ pub const MAX_HELD: u64 = 32;
 type Queue<B> = QueueCore<Raw<B>, <B as Backend>::Queue>;
 
 impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
-    /// Whether deferred doorbells are on (a window other than 0).
+    /// Whether deferred doorbells are on (built in, and a window other
+    /// than 0).
     #[inline(always)]
     pub(crate) fn batching(&self) -> bool {
-        self.cfg.batch_window_ns != 0
+        BUILT && self.cfg.batch_window_ns != 0
     }
 
     /// Submissions queue `q` holds (emitted, not handed to the hardware);
