@@ -11,9 +11,10 @@ use conformance::{SUITE_CHUNKS, SUITE_CONFIG, SUITE_MMU};
 use platform_linux::suite::run_suite;
 use platform_linux::{Cache, InProcess, InProcessOptions};
 use refgpu_model::{Generation as ModelGen, ModelConfig};
+use std::sync::atomic::{AtomicU64, Ordering};
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::regs;
-use umd_core::platform::DirectIo;
+use umd_core::platform::{DirectIo, DmaFlags, DmaRegion, IrqWait, Platform, PlatformError};
 use umd_core::storage::DeviceStorage;
 
 fn platform(gen: ModelGen, cache: Cache) -> InProcess {
@@ -80,6 +81,88 @@ fn gen2_validation_mode() {
     let failures = run_suite(&dev, "Gen2 validation");
     assert!(failures.is_empty(), "Gen2 validation:\n{}", failures.join("\n"));
     assert!(dev.validation(), "the suite left validation on");
+}
+
+/// The whole suite with deferred doorbells (a 200 µs window): every
+/// scenario's work reaches the GPU through the flush rules (a wait or
+/// query on a held fence, another queue's wait, the window's expiry, a
+/// full ring) and passes as with the window off; the window did defer
+/// doorbells (fewer doorbells than submissions).
+fn run_batching(gen: ModelGen) {
+    let inner = platform(gen, Cache::Coherent);
+    let p = Counting { inner: &inner, doorbells: AtomicU64::new(0) };
+    let cfg = umd_core::config::Config { batch_window_ns: 200_000, ..SUITE_CONFIG };
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev: Device<'_, Counting<'_>, SUITE_CHUNKS> =
+        Device::new(&p, &mut storage, cfg, SUITE_MMU).expect("device comes up");
+    let label = format!("{gen:?} batch window");
+    let failures = run_suite(&dev, &label);
+    assert!(failures.is_empty(), "{label}:\n{}", failures.join("\n"));
+    let (submissions, doorbells) = (dev.stats().submissions, p.doorbells.load(Ordering::Relaxed));
+    println!("{label}: {submissions} submissions, {doorbells} doorbells");
+    assert!(doorbells < submissions, "{label}: {doorbells} doorbells for {submissions} submissions");
+    let report = dev.shutdown();
+    assert_eq!(report.leaked_buffers, 0, "the suite leaked buffers");
+    assert_eq!(inner.dma_pages_used(), 0, "platform memory leaked");
+}
+
+/// The in-process platform, its engine doorbells counted.
+struct Counting<'a> {
+    inner: &'a InProcess,
+    doorbells: AtomicU64,
+}
+
+// SAFETY: every region comes from the wrapped platform, which honours
+// `DmaRegion::new`'s contract, and its clock is the wrapped one.
+unsafe impl Platform for Counting<'_> {
+    type RawMutex = <InProcess as Platform>::RawMutex;
+    fn dma_alloc(&self, len: usize, flags: DmaFlags) -> Result<DmaRegion, PlatformError> {
+        self.inner.dma_alloc(len, flags)
+    }
+    fn dma_free(&self, region: DmaRegion) {
+        self.inner.dma_free(region)
+    }
+    fn cache_clean(&self, region: &DmaRegion, offset: usize, len: usize) {
+        self.inner.cache_clean(region, offset, len)
+    }
+    fn cache_invalidate(&self, region: &DmaRegion, offset: usize, len: usize) {
+        self.inner.cache_invalidate(region, offset, len)
+    }
+    fn now_ns(&self) -> u64 {
+        self.inner.now_ns()
+    }
+    fn delay_ns(&self, ns: u64) {
+        self.inner.delay_ns(ns)
+    }
+    fn wait_irq(&self, timeout_ns: u64) -> IrqWait {
+        self.inner.wait_irq(timeout_ns)
+    }
+}
+
+impl DirectIo for Counting<'_> {
+    fn read_reg(&self, offset: u32) -> Result<u32, PlatformError> {
+        self.inner.read_reg(offset)
+    }
+    fn write_reg(&self, offset: u32, value: u32) -> Result<(), PlatformError> {
+        self.inner.write_reg(offset, value)
+    }
+    fn doorbell(&self, engine: u32) -> Result<(), PlatformError> {
+        self.doorbells.fetch_add(1, Ordering::Relaxed);
+        self.inner.doorbell(engine)
+    }
+    fn control_doorbell(&self) -> Result<(), PlatformError> {
+        self.inner.control_doorbell()
+    }
+}
+
+#[test]
+fn gen1_batch_window() {
+    run_batching(ModelGen::Gen1);
+}
+
+#[test]
+fn gen2_batch_window() {
+    run_batching(ModelGen::Gen2);
 }
 
 #[test]

@@ -23,7 +23,8 @@
 //! | --- | --- | --- | --- |
 //! | `ib_chunk_bytes` | [`Config::ib_chunk_bytes`] | bytes | a multiple of 256 from 1 KiB to 16 MiB, and at most the generation's IB limit (checked at bring-up: 1 MiB on gen1) (64K) |
 //! | `ring_bytes` | [`Config::ring_bytes`] | bytes | a power of two from 4 KiB to 4 MiB (64K) |
-//! | `batching` | [`Config::batching`] | boolean | (on) |
+//! | `batching` | [`Config::batching`] (IB chunk sharing; defers no doorbell) | boolean | (on) |
+//! | `batch_window_ns` | [`Config::batch_window_ns`] (deferred doorbells) | ns (0 = off) | at most 100 ms; only 0 without umd-core's `deferred-doorbells` feature (0) |
 //! | `pool_exhaustion` | [`Config::pool_exhaustion`] | `wait` or `error` | (`wait`) |
 //! | `use_irq` | [`Config::use_irq`] | boolean | (on) |
 //! | `wait_step0_until_ns` .. `wait_step2_until_ns` | [`WaitStep::until_ns`] of steps 0..2 (step 3 lasts forever) | ns | each greater than the one before, step 0 may be 0, at most 1 h (2 µs, 100 µs, 1 ms) |
@@ -84,8 +85,19 @@ pub struct Config {
     pub ib_chunk_bytes: usize,
     /// Ring size in bytes per engine (power of two, 4 KiB ..= 4 MiB).
     pub ring_bytes: usize,
-    /// Whether small submissions share an IB chunk.
+    /// Whether small submissions share an IB chunk (memory only: each
+    /// submission still publishes its ring write and rings the doorbell;
+    /// deferring those is [`Config::batch_window_ns`]).
     pub batching: bool,
+    /// Deferred doorbells: submissions to one queue within this many ns
+    /// share one write-pointer update and one doorbell (0, the default:
+    /// off, every submission rings). A held submission reaches the GPU
+    /// when the oldest held one is this old at the next driver call, when
+    /// a wait, a status query or another queue's submission needs its
+    /// fence, when [`crate::engine::MAX_HELD`] are held or the ring is
+    /// full, on [`crate::engine::DeviceCore::flush`], and at shutdown
+    /// (`docs/architecture.md`, "Deferred doorbells"). At most 100 ms.
+    pub batch_window_ns: u64,
     /// What recording does when no chunk is free.
     pub pool_exhaustion: PoolExhaustion,
     /// The fence-wait schedule, checked in order.
@@ -108,7 +120,9 @@ pub struct Config {
 }
 
 impl Config {
-    /// The defaults: 64 KiB chunks and rings, batching on, wait for the
+    /// The defaults: 64 KiB chunks and rings, IB chunk sharing on,
+    /// deferred doorbells off (the figures in `docs/perf.md`, "Deferred
+    /// doorbells"), wait for the
     /// oldest fence when the pool is empty, the wait schedule of `docs/porting.md`
     /// (spin 2 µs, 1 µs polls to 100 µs, 10 µs polls to 1 ms, then 100 µs),
     /// interrupts when available, hang after 500 ms without progress or
@@ -117,6 +131,7 @@ impl Config {
         ib_chunk_bytes: 64 * 1024,
         ring_bytes: 64 * 1024,
         batching: true,
+        batch_window_ns: 0,
         pool_exhaustion: PoolExhaustion::WaitOldest,
         wait_steps: [
             WaitStep { until_ns: 2_000, interval_ns: 0 },
@@ -160,6 +175,8 @@ pub enum Key {
     RingBytes,
     /// `batching`.
     Batching,
+    /// `batch_window_ns`.
+    BatchWindowNs,
     /// `pool_exhaustion`.
     PoolExhaustion,
     /// `use_irq`.
@@ -184,10 +201,11 @@ pub enum Key {
 
 impl Key {
     /// Every key, in the order [`Config::text`] prints them.
-    pub const ALL: [Key; 18] = [
+    pub const ALL: [Key; 19] = [
         Key::IbChunkBytes,
         Key::RingBytes,
         Key::Batching,
+        Key::BatchWindowNs,
         Key::PoolExhaustion,
         Key::UseIrq,
         Key::WaitStepUntil(0),
@@ -211,6 +229,7 @@ impl Key {
             Key::IbChunkBytes => "ib_chunk_bytes",
             Key::RingBytes => "ring_bytes",
             Key::Batching => "batching",
+            Key::BatchWindowNs => "batch_window_ns",
             Key::PoolExhaustion => "pool_exhaustion",
             Key::UseIrq => "use_irq",
             Key::WaitStepUntil(0) => "wait_step0_until_ns",
@@ -241,6 +260,9 @@ impl Key {
             Key::RingBytes => "a power of two from 4 KiB to 4 MiB",
             Key::Batching | Key::UseIrq => "a boolean (1/0, true/false, yes/no, on/off)",
             Key::PoolExhaustion => "`wait` or `error`",
+            Key::BatchWindowNs => {
+                "ns, at most 100 ms (0: off; only 0 without umd-core's feature deferred-doorbells)"
+            }
             Key::WaitStepUntil(_) => {
                 "ns, greater than the step before and less than the step after, at most 1 h"
             }
@@ -259,6 +281,16 @@ impl Key {
 const MS: u64 = 1_000_000;
 /// One hour in ns: the longest wait any tunable may name.
 const HOUR_NS: u64 = 3_600 * 1_000 * MS;
+
+/// The longest [`Config::batch_window_ns`]: 100 ms.
+pub const MAX_BATCH_WINDOW_NS: u64 = 100 * MS;
+
+/// Whether `ns` is a batch window this build takes: at most
+/// [`MAX_BATCH_WINDOW_NS`], and 0 without umd-core's `deferred-doorbells`
+/// feature.
+pub const fn batch_window_ok(ns: u64) -> bool {
+    ns <= MAX_BATCH_WINDOW_NS && (ns == 0 || cfg!(feature = "deferred-doorbells"))
+}
 
 /// A tunable out of its range ([`Config::validate`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -374,6 +406,9 @@ impl Config {
             }
             before = Some(s.until_ns);
         }
+        if !batch_window_ok(self.batch_window_ns) {
+            return bad(Key::BatchWindowNs);
+        }
         if self.dep_wait_ns > HOUR_NS {
             return bad(Key::DepWaitNs);
         }
@@ -452,6 +487,7 @@ impl Config {
                 self.wait_steps.get_mut(usize::from(n)).ok_or(range)?.interval_ns = v;
             }
             Key::DepWaitNs => self.dep_wait_ns = ns()?,
+            Key::BatchWindowNs => self.batch_window_ns = ns()?,
             Key::LocalMinResidency => {
                 self.local_min_residency = u32::try_from(ns()?).map_err(|_| range)?;
             }
@@ -503,6 +539,7 @@ impl fmt::Display for ConfigText<'_> {
                 Key::WaitStepUntil(n) => write!(f, "{}", step(n).until_ns),
                 Key::WaitStepInterval(n) => write!(f, "{}", step(n).interval_ns),
                 Key::DepWaitNs => write!(f, "{}", c.dep_wait_ns),
+                Key::BatchWindowNs => write!(f, "{}", c.batch_window_ns),
                 Key::LocalMinResidency => write!(f, "{}", c.local_min_residency),
                 Key::HangWindowNs => write!(f, "{}", c.hang.window_ns),
                 Key::HangMinProgressBytes => write!(f, "{}", c.hang.min_progress_bytes),

@@ -74,6 +74,23 @@ fn bad_entries_are_typed_errors_naming_the_key_and_nothing_changes() {
     assert_eq!(kind("ib_chunk_bytes=1000"), ("ib_chunk_bytes".into(), 1, range(Key::IbChunkBytes)));
     assert_eq!(kind("hang_window_ns=0"), ("hang_window_ns".into(), 1, range(Key::HangWindowNs)));
     assert_eq!(
+        kind("batch_window_ns=100000001"),
+        ("batch_window_ns".into(), 1, range(Key::BatchWindowNs)),
+        "the batch window is at most 100 ms"
+    );
+    assert_eq!(kind("batch_window_ns=1K"), ("batch_window_ns".into(), 1, ParseErrorKind::Malformed));
+    assert_eq!(Config::DEFAULT.batch_window_ns, 0, "off by default");
+    if cfg!(feature = "deferred-doorbells") {
+        let c = Config::DEFAULT.with_text("batch_window_ns=100000000").unwrap();
+        assert_eq!(c.batch_window_ns, 100_000_000);
+    } else {
+        assert_eq!(
+            kind("batch_window_ns=1000"),
+            ("batch_window_ns".into(), 1, range(Key::BatchWindowNs)),
+            "a window needs the deferred-doorbells feature"
+        );
+    }
+    assert_eq!(
         kind("hang_max_windows=4294967296"),
         ("hang_max_windows".into(), 1, range(Key::HangMaxWindows))
     );

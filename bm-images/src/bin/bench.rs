@@ -3,8 +3,13 @@
 //! lines (the host's `qemu-tests` bench `bare_metal` compares them with
 //! the same scenarios over co-simulation).
 //!
-//! Semihosting command line: `polling` (default) or `msi`. Time is the
-//! generic timer (`CNTVCT_EL0`, the counter frequency is printed).
+//! Semihosting command line: `polling` (default) or `msi`; `chunk=<bytes>`
+//! (the IB chunk size); `window=<ns>` (`Config::batch_window_ns`, default
+//! 0); `batch`: only the deferred-doorbell scenarios (`bench::bursts` of
+//! 8 and `bench::service_latency`, with `@@ DOORBELLS <name>
+//! submissions=<n> doorbells=<n>` lines; the host's `qemu-tests` bench
+//! `batching` boots it with the window off and on). Time is the generic
+//! timer (`CNTVCT_EL0`, the counter frequency is printed).
 #![no_std]
 #![no_main]
 
@@ -62,6 +67,30 @@ fn micro(dev: &boot::Gpu<16>) {
     );
 }
 
+/// The deferred-doorbell scenarios, then the image exits.
+fn batch(dev: &boot::Gpu<16>, samples: &mut [u64]) -> ! {
+    match bench::bursts(dev, 8, 20, &mut samples[..200]) {
+        Ok(b) => {
+            line("burst8", &b.time);
+            println!("@@ DOORBELLS burst8 submissions={} doorbells={}", b.submissions, b.doorbells);
+        }
+        Err(e) => {
+            println!("@@ RESULT bench FAIL bursts: {e:?}");
+            exit::exit(1)
+        }
+    }
+    match bench::service_latency(dev, 20, &mut samples[..200]) {
+        Ok(f) => line("service_latency", &f),
+        Err(e) => {
+            println!("@@ RESULT bench FAIL service_latency: {e:?}");
+            exit::exit(1)
+        }
+    }
+    println!("stats: {:?}", dev.stats());
+    println!("@@ RESULT bench PASS");
+    exit::exit(0)
+}
+
 /// The device's memory.
 static DEVICE: boot::Slot<16> = boot::slot();
 
@@ -70,9 +99,13 @@ fn main() -> ! {
     let samples = unsafe { &mut *core::ptr::addr_of_mut!(SAMPLES) };
     // `chunk=<bytes>`: IB chunk size (default: Config::DEFAULT's 64 KiB).
     let chunk = boot::arg_u64("chunk").map_or(Config::DEFAULT.ib_chunk_bytes, |c| c as usize);
-    let cfg = Config { ib_chunk_bytes: chunk, ..Config::DEFAULT };
+    let window = boot::arg_u64("window").unwrap_or(0);
+    let cfg = Config { ib_chunk_bytes: chunk, batch_window_ns: window, ..Config::DEFAULT };
     let (dev, mode) = boot::device("bench", &DEVICE, cfg, MmuMode::DEFAULT);
-    println!("IB chunk {chunk} bytes");
+    println!("IB chunk {chunk} bytes, batch window {window} ns");
+    if boot::has_arg("batch") {
+        batch(&dev, samples);
+    }
     println!(
         "counter: CNTFRQ_EL0 = {} Hz ({} ns per tick)",
         timer::frequency(),

@@ -186,6 +186,7 @@ pub(crate) fn resume<P: DirectIo>(
 ) -> Result<(), Gone> {
     let Some(ring) = qs.ring.as_mut() else { return Err(Gone) };
     ring.reset();
+    qs.held = false;
     d.force_slot(q, upto)
 }
 

@@ -95,6 +95,12 @@ impl MmuMode {
 pub struct DirectQueue {
     pub(crate) ring: Option<Ring>,
     pub(crate) watch: Watch,
+    /// Jobs emitted with `Job::hold` wait for a flush: RING_WPTR is then
+    /// `published`, behind the ring's own write pointer. (A device's jobs
+    /// are all held or none: `Config::batch_window_ns` is fixed.)
+    pub(crate) held: bool,
+    /// The write pointer last published, while `held`.
+    pub(crate) published: usize,
 }
 
 /// The direct-mode backend.
@@ -109,6 +115,10 @@ pub struct Direct<'d, P: DirectIo> {
     programmed: bool,
     pte_writes: AtomicU64,
     tlb_invalidations: AtomicU64,
+    /// Doorbells rung per engine by flushes of held jobs (an unheld job
+    /// rings one of its own: the engine counts those as submissions);
+    /// written under the queue's submit lock.
+    flushes: [AtomicU64; MAX_QUEUES],
 }
 
 impl<P: DirectIo> sealed::Sealed for Direct<'_, P> {}
@@ -156,6 +166,27 @@ impl<'d, P: DirectIo> Direct<'d, P> {
         } else {
             Err(Gone)
         }
+    }
+
+    /// Publishes the ring's write pointer to engine `e` and rings its
+    /// doorbell, if jobs are held: every packet written (and cleaned) so
+    /// far becomes the engine's.
+    fn publish(&self, qs: &mut DirectQueue, e: u32) -> Result<(), Gone> {
+        if !qs.held {
+            return Ok(());
+        }
+        let Some(wptr) = qs.ring.as_ref().map(Ring::wptr) else { return Err(Gone) };
+        // Packets visible before the write pointer that points at them.
+        mem_fence(Ordering::Release);
+        self.p.write_reg(regs::engine_reg(e, er::RING_WPTR), wptr as u32).map_err(|_| Gone)?;
+        qs.held = false;
+        self.p.doorbell(e).map_err(|_| Gone)?;
+        // One writer at a time (the caller holds queue `e`'s submit lock,
+        // or the device exclusively): a load and a store, no atomic add.
+        if let Some(c) = self.flushes.get(e as usize) {
+            c.store(c.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// GPU address of queue `q`'s fence slot.
@@ -300,12 +331,24 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
         let len = if written.wrapped { ring.size() } else { written.bytes };
         let from = if written.wrapped { 0 } else { written.start };
         self.p.cache_clean(ring.region(), from, len);
+        let info = EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 };
+        if job.hold {
+            // Deferred doorbell: `flush` publishes it with the others.
+            if !qs.held {
+                (qs.held, qs.published) = (true, written.start);
+            }
+            return Ok(info);
+        }
         mem_fence(Ordering::Release);
         self.p
             .write_reg(regs::engine_reg(e, er::RING_WPTR), written.wptr as u32)
             .map_err(|_| EmitError::Lost)?;
         self.p.doorbell(e).map_err(|_| EmitError::Lost)?;
-        Ok(EmitInfo { wrapped: written.wrapped, wptr: written.wptr as u64 })
+        Ok(info)
+    }
+
+    fn flush(&self, qs: &mut DirectQueue, q: usize) -> Result<(), Gone> {
+        self.publish(qs, q as u32)
     }
 
     fn poll(&self, q: usize) -> Poll {
@@ -344,6 +387,7 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
             size: r.size(),
             va: r.gpu_va(),
             wptr: r.wptr(),
+            published: if qs.held { qs.published } else { r.wptr() },
             rptr_seen: r.rptr_seen(),
             rptr: self.p.read_reg(regs::engine_reg(q as u32, er::RING_RPTR)).ok(),
         });
@@ -352,6 +396,10 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
 
     fn mapping_counters(&self) -> (u64, u64) {
         (self.pte_writes.load(Ordering::Relaxed), self.tlb_invalidations.load(Ordering::Relaxed))
+    }
+
+    fn flush_doorbells(&self) -> u64 {
+        self.flushes.iter().fold(0u64, |n, c| n.wrapping_add(c.load(Ordering::Relaxed)))
     }
 
     fn stop(&self) {
@@ -395,6 +443,11 @@ fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), &'stat
     }
     if cfg.hang.window_ns == 0 {
         return Err("hang window must not be 0");
+    }
+    if !crate::config::batch_window_ok(cfg.batch_window_ns) {
+        return Err(
+            "batch_window_ns must be at most 100 ms, and 0 without umd-core's deferred-doorbells feature",
+        );
     }
     Ok(())
 }
@@ -471,12 +524,18 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             programmed: false,
             pte_writes: AtomicU64::new(0),
             tlb_invalidations: AtomicU64::new(0),
+            flushes: core::array::from_fn(|_| AtomicU64::new(0)),
         };
         let (va, table_pages) = match mmu {
             MmuMode::Bypass => (None, 0),
             MmuMode::Enabled { va_base, va_size, table_pages } => (Some((va_base, va_size)), table_pages),
         };
-        let queues = core::array::from_fn(|_| DirectQueue { ring: None, watch: Watch::default() });
+        let queues = core::array::from_fn(|_| DirectQueue {
+            ring: None,
+            watch: Watch::default(),
+            held: false,
+            published: 0,
+        });
         let mut dev = DeviceCore::assemble_in(slot, direct, storage, cfg, va, None, queues)?;
         dev.init_direct(table_pages)?;
         Ok(dev)

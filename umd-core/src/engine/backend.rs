@@ -44,6 +44,13 @@ pub struct Job<'a> {
     pub foreign: &'a [ForeignSync],
     /// The IB.
     pub ib: IbRef,
+    /// The engine defers doorbells ([`crate::config::Config::batch_window_ns`]):
+    /// the backend may keep the job from the hardware until
+    /// [`Backend::flush`] (direct mode writes and cleans its ring packets
+    /// but neither publishes the write pointer nor rings). A backend may
+    /// also hand it over at once (kernel mode does): the engine's later
+    /// flush then finds nothing of it left.
+    pub hold: bool,
 }
 
 /// Why a backend did not take a job. Nothing reached the hardware.
@@ -189,13 +196,20 @@ pub trait Backend: sealed::Sealed + Sized {
     /// Reads queue `q`'s completion state.
     fn poll(&self, q: usize) -> Poll;
 
-    /// Whether this backend may hold emitted submissions back
-    /// ([`Backend::flush`] then needs calling).
+    /// Whether this backend holds emitted submissions back on its own,
+    /// jobs without [`Job::hold`] too (kernel mode's wait before signal):
+    /// the engine then calls [`Backend::flush`] on every queue after each
+    /// submission and service pass. Jobs emitted with [`Job::hold`] are
+    /// flushed by the engine's deferred-doorbell rules
+    /// ([`super::batch`]) whatever this says.
     fn holds(&self) -> bool {
         false
     }
-    /// Hands queue `q`'s held-back submissions whose waits are satisfiable
-    /// now to the hardware (under the queue's submit lock).
+    /// Hands queue `q`'s held-back submissions to the hardware (under the
+    /// queue's submit lock): every job emitted with [`Job::hold`] (direct
+    /// mode: one write-pointer update and one doorbell for all of them),
+    /// and those the backend held on its own whose waits are satisfiable
+    /// now. Nothing held: nothing done.
     fn flush(&self, qs: &mut Self::Queue, q: usize) -> Result<(), Gone> {
         let _ = (qs, q);
         Ok(())
@@ -225,6 +239,13 @@ pub trait Backend: sealed::Sealed + Sized {
     fn mapping_counters(&self) -> (u64, u64) {
         (0, 0)
     }
+    /// Engine doorbells rung by [`Backend::flush`] of jobs emitted with
+    /// [`Job::hold`], for statistics (direct mode: a job emitted without
+    /// it rings once, counted by the engine as a submission; a kernel
+    /// driver rings its own).
+    fn flush_doorbells(&self) -> u64 {
+        0
+    }
 
     /// The device clock (ns, the clock TIMESTAMP writes), if this mode can
     /// read it (direct mode reads CLOCK_LO/HI; a kernel driver does not
@@ -250,9 +271,9 @@ pub trait Backend: sealed::Sealed + Sized {
 /// The hardware side of a queue, as the state dump shows it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueHw {
-    /// Direct mode: the ring's size in bytes, the write pointer published,
-    /// the read pointer last seen by the driver, and RING_RPTR as read now
-    /// (`None` when the register could not be read).
+    /// Direct mode: the ring's size in bytes, the write pointers written
+    /// and published, the read pointer last seen by the driver, and
+    /// RING_RPTR as read now (`None` when the register could not be read).
     pub ring: Option<RingState>,
     /// Kernel mode: submissions held back (waiting for a fence not yet
     /// handed to the kernel), and whether the queue has a kernel context.
@@ -266,8 +287,11 @@ pub struct RingState {
     pub size: usize,
     /// GPU address.
     pub va: u64,
-    /// The write pointer published.
+    /// The write pointer written: packets up to here are in the ring.
     pub wptr: usize,
+    /// The write pointer published to RING_WPTR (behind `wptr` while
+    /// submissions are held: [`crate::config::Config::batch_window_ns`]).
+    pub published: usize,
     /// The read pointer the driver last saw.
     pub rptr_seen: usize,
     /// RING_RPTR read now.
@@ -279,6 +303,6 @@ pub struct RingState {
 pub struct EmitInfo {
     /// The ring wrapped (direct mode).
     pub wrapped: bool,
-    /// The write pointer published (direct mode), for the trace.
+    /// The write pointer written (direct mode), for the trace.
     pub wptr: u64,
 }

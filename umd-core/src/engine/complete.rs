@@ -177,6 +177,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     #[cfg_attr(all(feature = "size-first", target_os = "none"), inline(never))]
     pub(crate) fn process_all(&self) {
         self.flush_held();
+        self.expire_held();
         for qi in 0..self.nq {
             self.process(qi);
         }
@@ -211,6 +212,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         if fence.id.seqno.is_after(emitted) {
             return Err(WaitError::NotSubmitted(fence));
         }
+        // A held fence goes to the hardware before anyone waits on it.
+        self.touch(qi, fence.id.seqno);
         self.process(qi);
         Ok(match q.outcome(fence.id.seqno) {
             Outcome::Signalled => FenceStatus::Signalled,
@@ -304,7 +307,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let Some(q) = self.queues.get(qi) else { return Ok(false) };
         let view = QueueView {
             queue: qi,
-            emitted: q.emitted(),
+            // Held work (deferred doorbells) is not the hardware's yet:
+            // not judged.
+            emitted: if self.batching() { q.published() } else { q.emitted() },
             completed: q.completed(),
             blocked_on: self.blocked_on(qi),
             hang: self.tun.lock().hang,
@@ -349,6 +354,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         }
         // 2. Remember the failure before anything can see the timeline pass it.
         q.record_failure(after, upto, failure.error);
+        // Held work was cancelled with the rest (the ring starts empty).
+        q.published.store(upto.0, Ordering::Release);
         // 3. Poison what waits on it.
         self.propagate();
         // 4. Release engines waiting on the cancelled work; move the timeline on.

@@ -221,6 +221,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             o.num("completed", completed.0)?;
             o.num("pending", emitted.distance(completed).max(0) as u64)?;
             o.num("processed", q.processed.load(crate::sync::atomic::Ordering::Acquire))?;
+            o.num("batch_held", self.held_count(q))?;
             o.list("failed")?;
             let mut res = Ok(());
             let acked = q.failures(&mut |r| {
@@ -246,6 +247,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                             o.hex("va", r.va)?;
                             o.num("size", r.size as u64)?;
                             o.hex("wptr", r.wptr as u64)?;
+                            o.hex("wptr_published", r.published as u64)?;
                             o.hex("rptr_seen", r.rptr_seen as u64)?;
                             match r.rptr {
                                 Some(v) => o.hex("rptr", u64::from(v))?,
@@ -376,6 +378,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             ("resets", s.resets),
             ("propagated_failures", s.propagated_failures),
             ("ring_wraps", s.ring_wraps),
+            ("doorbells", s.doorbells),
             ("pool_waits", s.pool_waits),
             ("dep_waits", s.dep_waits),
             ("irq_status_acks", s.irq_status_acks),

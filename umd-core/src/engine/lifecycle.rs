@@ -385,6 +385,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         if self.torn_down.swap(true, crate::sync::atomic::Ordering::AcqRel) {
             return ShutdownReport::default();
         }
+        // Held submissions (deferred doorbells) reach the hardware before
+        // it stops, as an explicit flush would hand them over.
+        self.publish_all_mut();
         self.b.stop();
         let mut report = ShutdownReport::default();
         let stats = self.mem.get_mut().buffers.stats();

@@ -32,7 +32,7 @@
 //! - [`backend`]: what a mode provides (sealed);
 //! - `queue`: one queue (timeline, emitted and processed marks, failure
 //!   history, submit lock);
-//! - [`submit`]: the submission path; [`validate`]: the validation mode's
+//! - [`submit`]: the submission path; [`batch`]: deferred doorbells; [`validate`]: the validation mode's
 //!   checks of a submission;
 //! - [`complete`]: completion processing, the service loop, failure
 //!   handling, resets and device loss;
@@ -44,6 +44,7 @@
 //! - [`lifecycle`]: bring-up of the shared parts, teardown, leak report.
 
 pub mod backend;
+pub mod batch;
 pub mod buffers;
 #[cfg(feature = "capture")]
 pub mod capture;
@@ -77,6 +78,7 @@ use crate::sync::{DeviceId, Fence, FenceId, QueueId, Seqno, MAX_QUEUES};
 pub use crate::platform::ClockSync;
 pub use crate::storage::PENDING_WAITS;
 pub use backend::Backend;
+pub use batch::MAX_HELD;
 pub use buffers::{BufferAccess, BufferUse, Mapped};
 pub use events::{Event, EventError, TimestampQuery};
 pub use lifecycle::{InPlace, InitError, ShutdownReport};
@@ -115,6 +117,10 @@ pub struct DeviceStats {
     pub propagated_failures: u64,
     /// Ring writes that wrapped.
     pub ring_wraps: u64,
+    /// Engine doorbells rung (direct mode; 0 in kernel mode, whose kernel
+    /// driver rings): one per submission with the batch window off, one
+    /// per flush with it on ([`crate::config::Config::batch_window_ns`]).
+    pub doorbells: u64,
     /// Times recording waited for an IB chunk.
     pub pool_waits: u64,
     /// Times a submission waited for room in the dependency table.
@@ -336,6 +342,18 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         self.queues.iter().take(self.nq).fold(0u64, |n, q| n.wrapping_add(q.emitted().0))
     }
 
+    /// Engine doorbells rung (direct mode): with the batch window off one
+    /// per submission that reached the hardware (an emit succeeds only
+    /// once its doorbell did: no count on the submission path), with it on
+    /// one per flush, counted by the backend.
+    fn doorbells(&self) -> u64 {
+        match B::MODE {
+            Mode::Kernel => 0,
+            Mode::Direct if self.batching() => self.b.flush_doorbells(),
+            Mode::Direct => self.submissions(),
+        }
+    }
+
     /// Counters.
     pub fn stats(&self) -> DeviceStats {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -349,6 +367,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
             resets: l(&s.resets),
             propagated_failures: l(&s.propagated_failures),
             ring_wraps: l(&s.ring_wraps),
+            doorbells: self.doorbells(),
             pool_waits: l(&s.pool_waits),
             dep_waits: l(&s.dep_waits),
             irq_status_acks: l(&s.irq_status_acks),

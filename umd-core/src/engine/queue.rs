@@ -30,6 +30,14 @@ pub(crate) struct QueueCore<R: RawMutex, Q> {
     pub(crate) timeline: Timeline,
     /// The last emitted sequence number (written under `submit`).
     pub(crate) emitted: AtomicU64,
+    /// With deferred doorbells (`engine::batch`): the last sequence
+    /// number handed to the hardware; the ones after it, up to `emitted`,
+    /// are held (written under `submit`; unused with the window off).
+    pub(crate) published: AtomicU64,
+    /// With deferred doorbells: when the oldest held submission was
+    /// emitted (platform ns; meaningful while one is held; written under
+    /// `submit`).
+    pub(crate) held_since: AtomicU64,
     /// How far completion bookkeeping (trace spans, dependency and buffer
     /// reclaim) has followed the timeline.
     pub(crate) processed: AtomicU64,
@@ -53,6 +61,8 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
         QueueCore {
             timeline: Timeline::new(0),
             emitted: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            held_since: AtomicU64::new(0),
             processed: AtomicU64::new(0),
             history_top: AtomicU64::new(0),
             failures: AtomicU64::new(0),
@@ -65,6 +75,12 @@ impl<R: RawMutex, Q> QueueCore<R, Q> {
 
     pub(crate) fn emitted(&self) -> Seqno {
         Seqno(self.emitted.load(Ordering::Acquire))
+    }
+
+    /// The last sequence number handed to the hardware (deferred
+    /// doorbells only: see `published`).
+    pub(crate) fn published(&self) -> Seqno {
+        Seqno(self.published.load(Ordering::Acquire))
     }
 
     pub(crate) fn completed(&self) -> Seqno {

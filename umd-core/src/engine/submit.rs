@@ -363,7 +363,8 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // (and keep the dependency code of a submission without waits).
         let waiting = !waits.is_empty();
         // Built once: a retry changes only its sequence number.
-        let mut job = Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib };
+        let mut job =
+            Job { queue: qi, seqno: Seqno(0), waits, foreign: s.foreign, ib, hold: self.batching() };
         loop {
             let mut qs = q.submit.lock();
             if self.is_lost() {
@@ -428,6 +429,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     }
                     q.emitted.store(seqno.0, Ordering::Release);
                     drop(mem);
+                    // Deferred doorbells: held, or handed over with the
+                    // rest once the window passed or the limit is reached.
+                    if job.hold {
+                        self.note_held(qi, q, &mut qs, seqno);
+                    }
                     let fence = FenceId { queue, seqno };
                     // Under the submit lock: the queue's commits are in
                     // order, so the pool's lock can wait for the next pick.
@@ -455,6 +461,12 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
                     }
                     match e {
                         EmitError::Full(err) => {
+                            // Held work first: the engine frees room only
+                            // once it was given the work that fills it.
+                            if job.hold && self.publish_for_room(qi, q, &mut qs) {
+                                drop(qs);
+                                return Err(SubmitError::DeviceLost);
+                            }
                             // Wait for the engine to consume, checking it
                             // for a hang ourselves (we hold its queue).
                             if let Ok(true) = self.check_locked(qi, &mut qs) {

@@ -99,6 +99,7 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         let p = self.b.platform();
         let start = p.now_ns();
         let mut how = Pause { irq_ok: self.cfg.use_irq, block_ok: true };
+        self.touch(qi, fence.id.seqno);
         loop {
             let completed = self.process(qi);
             if self.is_lost() {

@@ -19,6 +19,16 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
     assert!(matches!(e, InitError::BadConfig(_)));
     assert_eq!(fake.state().allocs, 0);
+    // A batch window over 100 ms, or any window in a build without
+    // deferred doorbells.
+    let windows: &[u64] = if umd_core::engine::batch::BUILT { &[100_000_001] } else { &[1, 100_000_001] };
+    for &batch_window_ns in windows {
+        let bad = Config { batch_window_ns, ..Config::DEFAULT };
+        let fake = Fake::new(Generation::Gen1, 1 << 20);
+        let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
+        assert!(matches!(e, InitError::BadConfig(m) if m.contains("batch_window_ns")), "{e:?}");
+        assert_eq!(fake.state().allocs, 0);
+    }
     let fake = Fake::new(Generation::Gen1, 1 << 20);
     fake.state().regs[0] = 0x1234_0100;
     let e = Device::<Fake, 4>::new(&fake, &mut storage, Config::DEFAULT, MmuMode::Bypass).err().unwrap();

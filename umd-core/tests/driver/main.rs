@@ -7,6 +7,8 @@
 //! off (`hang-capture`, `trace`, `local-memory`, `mmu`) every check, typed
 //! error, reset and recovery stays.
 
+#[cfg(feature = "deferred-doorbells")]
+mod batch;
 mod kernel;
 mod lifecycle;
 mod memory;
