@@ -185,14 +185,21 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
 
     /// Lets the backend hand held-back submissions (kernel mode's wait
     /// before signal) to the hardware, on every queue whose submit lock is
-    /// free (a busy queue's holder flushes it).
+    /// free (a busy queue's holder flushes it) and that holds no work for
+    /// the batch window.
     pub(crate) fn flush_held(&self) {
         if !self.b.holds() {
             return;
         }
         for qi in 0..self.nq {
             let Some(q) = self.queues.get(qi) else { continue };
+            // Work held for the batch window goes by the window's rules
+            // (`super::batch`); what the backend holds behind it waits
+            // for it anyway (queue order).
             let Some(mut qs) = q.submit.try_lock() else { continue };
+            if self.held_count(q) != 0 {
+                continue;
+            }
             if self.b.flush(&mut qs, qi).is_err() {
                 drop(qs);
                 self.device_lost();

@@ -33,7 +33,10 @@
 //! - **Held work goes in one call.** `flush` hands every held submission
 //!   of a queue that is ready, from the front, to the kernel in one
 //!   [`KernelIo::submit_batch`] (the refgpu driver's `SUBMIT_BATCH`: all
-//!   or none), so N held submissions cost one ioctl.
+//!   or none), so N held submissions cost one ioctl. With a batch window
+//!   ([`crate::config::Config::batch_window_ns`]) every submission is held
+//!   until the engine's deferred-doorbell rules flush its queue: the
+//!   submissions of one window share one SUBMIT_BATCH.
 //! - **Waits in the kernel.** A host wait blocks in the kernel on the
 //!   fence's timeline point ([`KernelIo::wait`]), never in a polling loop.
 
@@ -64,9 +67,10 @@ pub type KernelDevice<'d, P, const CHUNKS: usize = 16> = DeviceCore<'d, Kernel<'
 
 pub use crate::platform::MAX_FOREIGN;
 
-/// Submissions a queue may hold back (wait before signal) before further
-/// submissions to it wait, as for a full ring.
-pub const HELD_JOBS: usize = 16;
+/// Submissions a queue may hold back (wait before signal, or a batch
+/// window) before further submissions to it wait, as for a full ring: as
+/// many as a batch window holds at most, so a window's submissions fit.
+pub const HELD_JOBS: usize = crate::engine::batch::MAX_HELD as usize;
 
 /// How long teardown waits for the kernel to finish submitted work.
 const STOP_WAIT_NS: u64 = 5_000_000_000;
@@ -245,7 +249,10 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
             }
         }
         let q = job.queue;
-        if qs.held.is_empty() && self.ready(h.waits()) {
+        // A job the engine defers (its batch window) stays held until the
+        // engine's flush, which hands the queue's held jobs over in one
+        // call.
+        if !job.hold && qs.held.is_empty() && self.ready(h.waits()) {
             self.give(qs, q, &h).map_err(|e| submit_error(q, e))?;
             return Ok(EmitInfo::default());
         }

@@ -560,6 +560,48 @@ fn held_jobs_reach_the_kernel_in_one_call_when_it_has_a_batch_submit() {
 }
 
 #[test]
+fn a_batch_window_sends_its_submissions_in_one_kernel_call() {
+    // With a batch window every submission is held in the core until the
+    // window's rules flush its queue: eight GFX submissions, then a wait on
+    // the last (which flushes at once), reach the kernel as one multi-job
+    // submit. Past the window, the next submission flushes what
+    // it joined. Window 0: one SUBMIT each, as before.
+    let window = 200_000;
+    for (window_ns, calls) in [(window, 1), (0, 8)] {
+        let k = FakeKernel::new(Generation::Gen2);
+        k.k().batch = true;
+        let mut storage: Box<Storage> = Box::default();
+        let dev = KernelDevice::<FakeKernel, 4>::new(
+            &k,
+            &mut storage,
+            Config { batch_window_ns: window_ns, ..cfg() },
+        )
+        .unwrap();
+        let fences: Vec<_> = (0..8u64)
+            .map(|i| dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0000 + 8 * i)).unwrap())
+            .collect();
+        if window_ns != 0 {
+            assert_eq!(k.k().submit_calls, 0, "all eight held for the window");
+        }
+        dev.wait(*fences.last().unwrap(), T).unwrap();
+        assert_eq!(k.k().submit_calls, calls, "window {window_ns}");
+        for f in &fences {
+            assert_eq!(dev.query(*f), Ok(FenceStatus::Signalled));
+        }
+        if window_ns != 0 {
+            // One more, held; the window passes; the next submission
+            // hands both over in one call.
+            dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0100)).unwrap();
+            assert_eq!(k.k().submit_calls, 1);
+            dev.platform().delay_ns(window_ns);
+            let last = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x10_0108)).unwrap();
+            assert_eq!(k.k().submit_calls, 2, "both in the second call");
+            dev.wait(last, T).unwrap();
+        }
+    }
+}
+
+#[test]
 fn a_batch_the_kernel_refuses_stays_held() {
     // The kernel refuses the batch as a whole: nothing of it is queued, the
     // held jobs stay held and fail as held work the kernel refuses does.
