@@ -721,8 +721,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// first: a region tree's callers took it out unless it is recyclable;
     /// without recycling the list index's callers took it out right after
     /// the lookup (which keeps the region's slot in registers); with
-    /// recycling it is taken out here. O(1).
-    #[inline(always)]
+    /// recycling it is taken out here. O(1). One shared copy with
+    /// `size-first`.
+    #[cfg_attr(feature = "size-first", inline(never))]
+    #[cfg_attr(not(feature = "size-first"), inline(always))]
     fn release_alloc(&mut self, r: u32, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         if !(RECYCLE && self.recycle_push(x, size)) {
