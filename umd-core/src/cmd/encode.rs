@@ -426,7 +426,22 @@ fn encode_in<G: Gen>(
     base_va: u64,
 ) -> Result<usize, EncodeError> {
     let desc = G::DESC;
-    per_kind!(encode_one(desc, cmd, out, pos, base_va))
+    per_kind!(encode_one_folded(desc, cmd, out, pos, base_va))
+}
+
+/// [`encode_one`] with the walk specialised for `kind` (what `per_kind!`
+/// calls in each arm).
+#[cfg(not(any(feature = "compact-encoder", feature = "size-first")))]
+#[inline(always)]
+fn encode_one_folded(
+    desc: &'static GenDesc,
+    kind: PacketKind,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_one::<false>(desc, kind, cmd, out, pos, base_va)
 }
 
 /// `size-first` with the folded encoder: the general path (`encode`: the
@@ -456,7 +471,7 @@ fn encode_kind<G: Gen>(
     pos: usize,
     base_va: u64,
 ) -> Result<usize, EncodeError> {
-    encode_one(G::DESC, kind, cmd, out, pos, base_va)
+    encode_one::<false>(G::DESC, kind, cmd, out, pos, base_va)
 }
 
 /// `compact-encoder`: the per-kind entry points share the one walk.
@@ -497,16 +512,15 @@ fn encode_dyn(
     pos: usize,
     base_va: u64,
 ) -> Result<usize, EncodeError> {
-    // The validation walk shared with `placement_in`.
-    let prep = prepare_dyn(desc, cmd.kind(), cmd)?;
-    write_prepared(desc, &prep, out, pos, base_va)
+    encode_one::<true>(desc, cmd.kind(), cmd, out, pos, base_va)
 }
 
-/// Validates `cmd` (a `kind` command) and writes it at `out[pos..]`, the
-/// walk specialised for `kind` (the folded encoder).
-#[cfg(not(feature = "compact-encoder"))]
+/// Validates `cmd` (a `kind` command) and writes it at `out[pos..]`:
+/// with `SHARED` through `prepare_dyn`, the validation walk shared with
+/// `placement_in` (the general walk), otherwise with the walk inlined
+/// and specialised for `kind` (the folded encoder).
 #[inline(always)]
-fn encode_one(
+fn encode_one<const SHARED: bool>(
     desc: &'static GenDesc,
     kind: PacketKind,
     cmd: &Command<'_>,
@@ -514,21 +528,8 @@ fn encode_one(
     pos: usize,
     base_va: u64,
 ) -> Result<usize, EncodeError> {
-    let prep = prepare(desc, kind, cmd)?;
-    write_prepared(desc, &prep, out, pos, base_va)
-}
-
-/// Writes the validated `prep` at `out[pos..]`, where `out[0]` is at GPU
-/// address `base_va`, NOP padding first.
-#[inline(always)]
-fn write_prepared(
-    desc: &'static GenDesc,
-    prep: &Prepared<'_>,
-    out: &mut [u32],
-    pos: usize,
-    base_va: u64,
-) -> Result<usize, EncodeError> {
     let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
+    let prep = if SHARED { prepare_dyn(desc, kind, cmd)? } else { prepare(desc, kind, cmd)? };
     let place = prep.placement(desc, va);
     let total = place.total();
     // One length check for the whole packet (padding included); the
