@@ -187,6 +187,6 @@ check_budget() {
         status=1
     fi
 }
-check_budget gen2,size-first,mmu "${FAST_MMU_BUDGET:-FAST_MMU_BUDGET_VALUE}" "fast driver with the MMU"
+check_budget gen2,size-first,mmu "${FAST_MMU_BUDGET:-40960}" "fast driver with the MMU"
 check_budget gen2,compact-encoder "${SMALLEST_BUDGET:-28672}" "smallest one-generation driver"
 exit $status
