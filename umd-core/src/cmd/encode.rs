@@ -445,7 +445,7 @@ fn encode_one_folded(
 }
 
 /// `size-first` with the folded encoder: the general path (`encode`: the
-/// ring's packets, `push` of a command, CHAIN) takes the one shared walk
+/// ring's WAIT_MEMs, `push` of a command, CHAIN) takes the one shared walk
 /// of `compact-encoder` (the folded copies per kind cost ~5 KB of
 /// Cortex-M code per generation); the per-kind entry points keep their
 /// folded code.
