@@ -4,15 +4,20 @@
 # section sizes of its own object (compiler-builtins excluded), and fails if
 # a panic path survived optimisation (a function of ours that still
 # references a core::panicking routine after fat LTO), or if the driver
-# built without the mmu feature links the GPU VA allocator, or if the
-# smallest one-generation driver's .text is above its 28 KiB budget.
+# built without the mmu feature links the GPU VA allocator, or if a
+# budgeted build's .text is above its budget (the fast one-generation
+# driver with the MMU, 42 KiB; the smallest one-generation driver, 28 KiB).
+# FAST_MMU_BUDGET and SMALLEST_BUDGET (bytes) override the budgets, to
+# show that the check fails.
 #
 # `tools/footprint.sh table` instead prints the per-configuration table of
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
 # entry points) on thumbv7em-none-eabihf, per generation feature set,
 # encoder and optional part (umd-core's features hang-capture, trace,
-# local-memory, mmu; without mmu the probe runs in MMU bypass), and where the bytes of the smallest one-generation build
-# go (symbol sizes of the fat-LTO object, grouped by subsystem).
+# local-memory, mmu; without mmu the probe runs in MMU bypass), each with
+# the folded encoder, with size-first and with the compact encoder, and
+# where the bytes of the budgeted fast build with the MMU go (symbol
+# sizes of the fat-LTO object, grouped by subsystem).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,30 +70,42 @@ if [ "${1:-}" = table ]; then
     lib="target/$t/footprint/libfootprint.a"
     all=hang-capture,trace,local-memory,mmu
     yn() { case ",$1," in *",$2,"*) echo yes ;; *) echo no ;; esac; }
-    printf '| generations, encoder, entry points | hang capture | trace | local memory | MMU | .text | .rodata |\n'
-    printf '| --- | :-: | :-: | :-: | :-: | ---: | ---: |\n'
+    # One row per feature set: its .text with the folded (fast) encoder,
+    # the same with size-first, and with the compact encoder. `build`
+    # leaves the sizes in $sizes (not printed: an exit in a command
+    # substitution would not stop the script).
+    build() {
+        cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$1"
+        panic_paths "$lib" "$t ($1)" || exit 1
+        [ "$(yn "$1" mmu)" = yes ] || va_linked "$lib" "$t ($1)" || exit 1
+        sizes=$(own_sizes "$lib")
+    }
+    printf '| generations, entry points | hang capture | trace | local memory | MMU | .text | .text, `size-first` | .text, `compact-encoder` | .rodata |\n'
+    printf '| --- | :-: | :-: | :-: | :-: | ---: | ---: | ---: | ---: |\n'
     for f in \
         gen1,gen2,codec,$all gen1,gen2,$all gen1,gen2,validation,$all gen1,$all gen2,$all \
         gen1,gen2,trace,local-memory,mmu gen1,gen2,hang-capture,local-memory,mmu \
         gen1,gen2,hang-capture,trace,mmu gen1,gen2,hang-capture,trace,local-memory gen1,gen2 \
         gen2,trace,local-memory,mmu gen2,hang-capture,local-memory,mmu \
-        gen2,hang-capture,trace,mmu gen2,hang-capture,trace,local-memory gen1 gen2 gen2,size-first \
-        gen1,gen2,compact-encoder,$all gen2,compact-encoder,$all gen1,gen2,compact-encoder gen2,compact-encoder; do
-        cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$f"
-        panic_paths "$lib" "$t ($f)" || exit 1
-        [ "$(yn "$f" mmu)" = yes ] || va_linked "$lib" "$t ($f)" || exit 1
-        read -r text rodata _ <<<"$(own_sizes "$lib")"
+        gen2,hang-capture,trace,mmu gen2,hang-capture,trace,local-memory gen1 gen2,mmu gen2; do
+        build "$f"
+        read -r fast rodata _ <<<"$sizes"
+        build "$f,size-first"
+        read -r sf _ <<<"$sizes"
+        build "$f,compact-encoder"
+        read -r compact _ <<<"$sizes"
         base=$(tr , '\n' <<<"$f" | grep -Ev '^(hang-capture|trace|local-memory|mmu)$' | paste -sd, -)
-        printf '| `%s` | %s | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
-            "$(yn "$f" local-memory)" "$(yn "$f" mmu)" "$text" "$rodata"
+        printf '| `%s` | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$base" "$(yn "$f" hang-capture)" "$(yn "$f" trace)" \
+            "$(yn "$f" local-memory)" "$(yn "$f" mmu)" "$fast" "$sf" "$compact" "$rodata"
     done
-    # Where a one-generation driver's bytes go (the last build: the
-    # smallest, gen2 with the compact encoder and none of the optional
-    # parts), by subsystem; a symbol counts in the first group whose
-    # pattern it matches.
+    # Where the bytes of the budgeted fast build go (gen2, the folded
+    # encoder, size-first, the MMU, none of the other optional parts), by
+    # subsystem; a symbol counts in the first group whose pattern it
+    # matches.
+    build gen2,size-first,mmu
     dir=$(mktemp -d)
     (cd "$dir" && ar x "$OLDPWD/$lib")
-    printf '\n| part of `gen2,compact-encoder` (no hang capture, trace, local memory, MMU) | .text |\n| --- | ---: |\n'
+    printf '\n| part of `gen2,size-first,mmu` (folded encoder; no hang capture, trace, local memory) | .text |\n| --- | ---: |\n'
     llvm-nm -S -t d --demangle "$dir"/footprint-*.o | awk '
         $3 ~ /^[tT]$/ {
             n = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", n); s = $2 + 0
@@ -151,20 +168,25 @@ t=thumbv7em-none-eabihf
 cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \
     --features gen1,gen2,hang-capture,trace,local-memory
 va_linked "target/$t/footprint/libfootprint.a" "$t (driver without mmu)" || status=1
-# The size budget (docs/perf.md, "Per configuration"): the smallest
-# one-generation direct-mode driver (gen2, compact encoder, none of the
-# optional parts) stays within 28 KiB of .text (24 KiB until exact
-# failure answers, the device-loss race fix and buffer memory allocated
-# outside the memory lock took 2.4 KB, 27 KiB until the bring-up fence
-# round trip and the forged-handle check took 1.4 KB: docs/perf.md,
-# "Budget of the smallest build").
-budget=28672
-cargo build -q -p footprint --profile footprint --target "$t" --no-default-features \
-    --features gen2,compact-encoder
-read -r text _ <<<"$(own_sizes "target/$t/footprint/libfootprint.a")"
-printf '%-40s %-24s %8s (budget %s)\n' "smallest one-generation driver" "$t" "$text" "$budget"
-if [ "$text" -gt "$budget" ]; then
-    echo "$t (gen2,compact-encoder): $text bytes of .text, above the budget of $budget" >&2
-    status=1
-fi
+# The size budgets (docs/perf.md, "Budgets"), both checked: the fast
+# one-generation driver with the MMU (gen2, the folded encoder,
+# size-first, mmu; what a firmware that wants protection and encoding
+# speed links), whose goal is 24 KiB and whose budget is held at the
+# figure reached so that no change adds to it unnoticed; and the
+# smallest one-generation driver (gen2, compact encoder, none of the
+# optional parts), the floor for a firmware without the MMU, within
+# 28 KiB.
+check_budget() {
+    local features=$1 budget=$2 what=$3 text
+    cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$features"
+    panic_paths "target/$t/footprint/libfootprint.a" "$t ($features)" || status=1
+    read -r text _ <<<"$(own_sizes "target/$t/footprint/libfootprint.a")"
+    printf '%-40s %-24s %8s (budget %s)\n' "$what" "$t" "$text" "$budget"
+    if [ "$text" -gt "$budget" ]; then
+        echo "$t ($features): $text bytes of .text, above the budget of $budget" >&2
+        status=1
+    fi
+}
+check_budget gen2,size-first,mmu "${FAST_MMU_BUDGET:-43008}" "fast driver with the MMU"
+check_budget gen2,compact-encoder "${SMALLEST_BUDGET:-28672}" "smallest one-generation driver"
 exit $status

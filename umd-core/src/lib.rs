@@ -42,12 +42,14 @@
 //! and GPU VA allocator; without it only `MmuMode::Bypass` brings a device
 //! up). `compact-encoder`: a smaller, slower encoder (one description
 //! walk for every packet instead of code folded per packet kind); it
-//! implies `size-first`: code size before speed outside the encoder (the
-//! ring written in two passes, a batching recording's first pick through
+//! implies `size-first`: code size before speed outside the per-kind
+//! encoder entry points (the general `Encoder::encode` as the compact
+//! encoder's one walk, the ring written in two passes, a batching recording's first pick through
 //! the general path, a 64-bit atomic load as an exchange where atomics are
 //! emulated, on bare metal the lock's acquisition as one shared call instead
-//! of an inlined attempt and a few small helpers of the allocation and wait
-//! paths out of line), with the same behaviour.
+//! of an inlined attempt, a few small helpers of the allocation and wait
+//! paths out of line, and the GPU VA allocator's index as its address
+//! list without region trees), with the same behaviour.
 //! `validation`: the validation mode (see [`engine`]).
 //! `capture`: the command-stream capture ([`debug::capture`],
 //! `DeviceCore::start_capture`); off by default, and without it the submit

@@ -89,6 +89,28 @@ pub const MAX_RING: usize = 4 << 20;
 #[cfg(not(feature = "size-first"))]
 const STAGE_DWORDS: usize = 48;
 
+/// Encodes ring packet `c` at `out[pos..]` (`out[0]` at GPU address
+/// `base`): a submission's own two packets, INDIRECT_BUFFER and FENCE,
+/// through their per-kind entry points (no call and no dispatch on the
+/// command, and with `size-first` not the general walk), the rest
+/// through `Encoder::encode`. Same dwords and errors as `encode`.
+#[inline(always)]
+fn encode_packet(
+    enc: &Encoder,
+    c: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base: u64,
+) -> Result<usize, EncodeError> {
+    match *c {
+        Command::IndirectBuffer { addr, size_dw } => {
+            enc.encode_indirect_buffer(addr, size_dw, out, pos, base)
+        }
+        Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, out, pos, base),
+        _ => enc.encode(c, out, pos, base),
+    }
+}
+
 /// A ring in GPU-visible memory.
 #[derive(Debug)]
 pub struct Ring {
@@ -218,14 +240,7 @@ impl Ring {
         for c in cmds {
             // A submission's own two packets through their inlined entry
             // points (no call and no dispatch on the command per packet).
-            let encoded = match *c {
-                Command::IndirectBuffer { addr, size_dw } => {
-                    enc.encode_indirect_buffer(addr, size_dw, stage, pos, base)
-                }
-                Command::Fence { addr, value, irq } => enc.encode_fence(addr, value, irq, stage, pos, base),
-                _ => enc.encode(c, stage, pos, base),
-            };
-            match encoded {
+            match encode_packet(enc, c, stage, pos, base) {
                 Ok(n) => pos = pos.saturating_add(n),
                 Err(EncodeError::BufferFull { .. }) => return Ok(None),
                 Err(e) => return Err(e),
@@ -360,7 +375,7 @@ impl Ring {
         let ring = self.region.words_mut().get_mut(..size / 4).ok_or(RingError::BadSize { size })?;
         let mut pos = start / 4;
         for c in cmds {
-            pos = pos.saturating_add(enc.encode(c, ring, pos, gpu_va).map_err(RingError::Encode)?);
+            pos = pos.saturating_add(encode_packet(enc, c, ring, pos, gpu_va).map_err(RingError::Encode)?);
         }
         Ok(self.advance(pad, len, wptr))
     }

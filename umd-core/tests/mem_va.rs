@@ -848,7 +848,10 @@ fn region_tree_updates_touch_only_their_path() {
 /// arena): 500 of them freed, then 500 allocated again, counting the
 /// reaches into the node storage: before the kept ranges stayed in their
 /// trees the frees took 20 and the allocations 18 per operation (removal
-/// and insertion); now 13 (the descent) and 1. Bounds 16 and 4.
+/// and insertion); now 13 (the descent) and 1. Bounds 16 and 4. With
+/// `size-first` there are no region trees (the list index, here one walk
+/// over a region of up to 1,000 ranges): the same answers, reuse and
+/// flush, and the bounds, which are the trees', are not checked.
 #[test]
 #[cfg_attr(miri, ignore = "2,000 operations through a counting storage: minutes under Miri")]
 fn recycled_ranges_stay_in_their_region_tree() {
@@ -884,7 +887,9 @@ fn recycled_ranges_stay_in_their_region_tree() {
     assert_eq!(again, freed, "the kept ranges are reused");
     let per_op = [frees / 500, allocs / 500];
     println!("node storage reaches per operation (recycled free, recycled alloc): {per_op:?}");
-    assert!(per_op[0] <= 16 && per_op[1] <= 4, "{per_op:?}");
+    if !cfg!(feature = "size-first") {
+        assert!(per_op[0] <= 16 && per_op[1] <= 4, "{per_op:?}");
+    }
     // Kept again, then flushed: out of the tree and coalesced.
     for x in &again[..100] {
         a.free(*x).unwrap();

@@ -228,7 +228,7 @@ macro_rules! per_gen {
     };
 }
 
-#[cfg(not(feature = "compact-encoder"))]
+#[cfg(not(any(feature = "compact-encoder", feature = "size-first")))]
 /// Calls `$f(desc, kind, cmd, ...)` with the packet kind as a constant in
 /// the arms of the packets a submission path writes often (FENCE,
 /// WRITE_DATA, DMA_COPY, FILL, INDIRECT_BUFFER, CHAIN), so their description
@@ -407,8 +407,8 @@ fn placement_in(desc: &'static GenDesc, cmd: &Command<'_>, va: u64) -> Result<Co
 
 /// `prepare` with description and kind read at run time: the one copy of
 /// the validation walk shared by `placement_in` and, with
-/// `compact-encoder`, `encode_dyn` (two inlined copies cost ~1.4 KB of
-/// Cortex-M code).
+/// `compact-encoder` or `size-first`, `encode_dyn` (two inlined copies
+/// cost ~1.4 KB of Cortex-M code).
 #[inline(never)]
 fn prepare_dyn<'c>(
     desc: &'static GenDesc,
@@ -418,7 +418,7 @@ fn prepare_dyn<'c>(
     prepare(desc, kind, cmd)
 }
 
-#[cfg(not(feature = "compact-encoder"))]
+#[cfg(not(any(feature = "compact-encoder", feature = "size-first")))]
 fn encode_in<G: Gen>(
     cmd: &Command<'_>,
     out: &mut [u32],
@@ -426,7 +426,38 @@ fn encode_in<G: Gen>(
     base_va: u64,
 ) -> Result<usize, EncodeError> {
     let desc = G::DESC;
-    per_kind!(encode_one(desc, cmd, out, pos, base_va))
+    per_kind!(encode_one_folded(desc, cmd, out, pos, base_va))
+}
+
+/// [`encode_one`] with the walk specialised for `kind` (what `per_kind!`
+/// calls in each arm).
+#[cfg(not(any(feature = "compact-encoder", feature = "size-first")))]
+#[inline(always)]
+fn encode_one_folded(
+    desc: &'static GenDesc,
+    kind: PacketKind,
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_one::<false>(desc, kind, cmd, out, pos, base_va)
+}
+
+/// `size-first` with the folded encoder: the general path (`encode`: the
+/// ring's WAIT_MEMs, `push` of a command, CHAIN) takes the one shared walk
+/// of `compact-encoder` (the folded copies per kind cost ~5 KB of
+/// Cortex-M code per generation); the per-kind entry points keep their
+/// folded code.
+#[cfg(all(feature = "size-first", not(feature = "compact-encoder")))]
+#[inline(always)]
+fn encode_in<G: Gen>(
+    cmd: &Command<'_>,
+    out: &mut [u32],
+    pos: usize,
+    base_va: u64,
+) -> Result<usize, EncodeError> {
+    encode_dyn(G::DESC, cmd, out, pos, base_va)
 }
 
 /// A per-kind entry point's body: `cmd` is a `kind` command built by the
@@ -440,7 +471,7 @@ fn encode_kind<G: Gen>(
     pos: usize,
     base_va: u64,
 ) -> Result<usize, EncodeError> {
-    encode_one(G::DESC, kind, cmd, out, pos, base_va)
+    encode_one::<false>(G::DESC, kind, cmd, out, pos, base_va)
 }
 
 /// `compact-encoder`: the per-kind entry points share the one walk.
@@ -470,8 +501,9 @@ fn encode_in<G: Gen>(
     encode_dyn(G::DESC, cmd, out, pos, base_va)
 }
 
-/// The one copy of `compact-encoder`'s walk, shared by the generations.
-#[cfg(feature = "compact-encoder")]
+/// The one copy of the general walk (`compact-encoder`, `size-first`),
+/// shared by the generations.
+#[cfg(any(feature = "compact-encoder", feature = "size-first"))]
 #[inline(never)]
 fn encode_dyn(
     desc: &'static GenDesc,
@@ -480,12 +512,15 @@ fn encode_dyn(
     pos: usize,
     base_va: u64,
 ) -> Result<usize, EncodeError> {
-    encode_one(desc, cmd.kind(), cmd, out, pos, base_va)
+    encode_one::<true>(desc, cmd.kind(), cmd, out, pos, base_va)
 }
 
-/// Validates `cmd` (a `kind` command) and writes it at `out[pos..]`.
+/// Validates `cmd` (a `kind` command) and writes it at `out[pos..]`:
+/// with `SHARED` through `prepare_dyn`, the validation walk shared with
+/// `placement_in` (the general walk), otherwise with the walk inlined
+/// and specialised for `kind` (the folded encoder).
 #[inline(always)]
-fn encode_one(
+fn encode_one<const SHARED: bool>(
     desc: &'static GenDesc,
     kind: PacketKind,
     cmd: &Command<'_>,
@@ -494,12 +529,7 @@ fn encode_one(
     base_va: u64,
 ) -> Result<usize, EncodeError> {
     let va = base_va.wrapping_add((pos as u64).wrapping_mul(4));
-    // The folded encoder specialises the walk per kind; the compact one
-    // shares `placement_in`'s copy.
-    #[cfg(not(feature = "compact-encoder"))]
-    let prep = prepare(desc, kind, cmd)?;
-    #[cfg(feature = "compact-encoder")]
-    let prep = prepare_dyn(desc, kind, cmd)?;
+    let prep = if SHARED { prepare_dyn(desc, kind, cmd)? } else { prepare(desc, kind, cmd)? };
     let place = prep.placement(desc, va);
     let total = place.total();
     // One length check for the whole packet (padding included); the

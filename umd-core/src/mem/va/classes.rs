@@ -60,8 +60,10 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         self.heads.get(c).copied().unwrap_or(NIL)
     }
 
-    /// First non-empty class `>= c`.
-    #[inline]
+    /// First non-empty class `>= c`. One shared copy with `size-first`
+    /// (`find_fit` searches up to three times).
+    #[cfg_attr(feature = "size-first", inline(never))]
+    #[cfg_attr(not(feature = "size-first"), inline)]
     pub(super) fn find_class(&self, c: usize) -> Option<usize> {
         let fl = c / SL_COUNT;
         let sl = (c % SL_COUNT) as u32;

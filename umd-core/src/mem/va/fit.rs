@@ -6,8 +6,10 @@ use super::classes::{class_at_least, class_of};
 use super::{State, VaAllocator, VaError, VaNode, VaPlacement, EXACT_PROBES, GRANULE_SHIFT, MIN_ALIGN, NIL};
 
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, RECYCLE> {
-    /// Address at which `[size]` aligned to `align` fits in hole `h`.
-    #[inline]
+    /// Address at which `[size]` aligned to `align` fits in hole `h`. One
+    /// shared copy with `size-first` (`find_fit` tries up to 10 holes).
+    #[cfg_attr(feature = "size-first", inline(never))]
+    #[cfg_attr(not(feature = "size-first"), inline)]
     pub(super) fn fit(&self, h: u32, size: u64, align: u64, placement: VaPlacement) -> Option<u64> {
         let v = self.node(h)?;
         let end = v.start.wrapping_add(v.len);
@@ -116,8 +118,11 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     }
 
     /// Turns range `x` (`size` bytes at `addr`, out of the index and the
-    /// counters) into a hole, coalescing with its neighbours. O(1).
-    #[inline(always)]
+    /// counters) into a hole, coalescing with its neighbours. O(1). One
+    /// shared copy with `size-first` (`free`, `free_handle` and the
+    /// recycling flush inline it otherwise).
+    #[cfg_attr(feature = "size-first", inline(never))]
+    #[cfg_attr(not(feature = "size-first"), inline(always))]
     pub(super) fn make_hole(&mut self, x: u32, addr: u64, size: u64) {
         let (p, n) = self.node(x).map_or((NIL, NIL), |v| (v.prev, v.next));
         let left = self.state(p) == State::Hole;

@@ -25,16 +25,43 @@ pub(super) const LIST_GRANULES_LOG2: u32 = 5;
 /// range after them where a walk stops, and one to spare.
 const LIST_WALK: usize = (1 << LIST_GRANULES_LOG2) + 2;
 
+/// With the `size-first` feature every allocator uses the list index,
+/// whatever its regions' size, and no region tree code is linked: the
+/// same allocations, frees and addresses, but a lookup walks the ranges
+/// of its region, which with regions above 2^[`LIST_GRANULES_LOG2`]
+/// granules (fewer nodes than one per 4 KiB of arena) is O(n) in the
+/// allocator's ranges instead of O(log n) (`docs/memory.md`, "Cost of
+/// each operation").
+pub(super) const LIST_ONLY: bool = cfg!(feature = "size-first");
+
 /// Words of the group bitmap (one bit per group).
 pub(super) const GROUP_WORDS: usize = 64;
 
 impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, RECYCLE> {
+    /// Whether the address list is the index (no region trees): a
+    /// constant with [`LIST_ONLY`], so the trees' code is not linked.
+    #[inline(always)]
+    pub(super) fn list_index(&self) -> bool {
+        LIST_ONLY || self.list_index
+    }
+
+    /// Most ranges a walk of one list-indexed region visits: with
+    /// [`LIST_ONLY`] a region may hold every range of the allocator.
+    #[inline(always)]
+    fn list_walk(&self) -> usize {
+        if LIST_ONLY {
+            (self.capacity as usize).saturating_add(2)
+        } else {
+            LIST_WALK
+        }
+    }
+
     /// Enters allocation `n` (`size` bytes at `addr`) into the index and
     /// the counters.
     #[inline(always)]
     pub(super) fn index_alloc(&mut self, n: u32, addr: u64, size: u64) {
         if let Some(r) = self.region_of(addr) {
-            if self.list_index {
+            if self.list_index() {
                 let first = self.root(r);
                 if first == NIL || addr < self.start(first) {
                     self.set_root(r, n);
@@ -54,7 +81,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let Some(r) = self.region_of(addr) else {
             return NIL;
         };
-        let a = if self.list_index {
+        let a = if self.list_index() {
             self.list_pred_or_eq(r, addr).or_else(|| {
                 let p = self.prev_region(r)?;
                 self.list_pred_or_eq(p, u64::MAX)
@@ -173,7 +200,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
 
     pub(super) fn find_alloc(&self, addr: u64) -> Option<u32> {
         let r = self.region_of(addr)?;
-        if self.list_index {
+        if self.list_index() {
             return self.list_find(r, addr);
         }
         let mut x = self.root(r);
@@ -195,7 +222,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     #[inline]
     pub(super) fn list_find(&self, r: u32, addr: u64) -> Option<u32> {
         let mut x = self.root(r);
-        for _ in 0..LIST_WALK {
+        for _ in 0..self.list_walk() {
             let v = self.node(x)?;
             if v.start >= addr {
                 return (v.start == addr && v.is_allocation()).then_some(x);
@@ -220,7 +247,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// order (`forward`) or backwards, while they start in the region; at
     /// most [`LIST_WALK`] of them (every range is at least a granule).
     pub(super) fn region_walk(&self, r: u32, from: u32, forward: bool) -> RegionWalk<'_, S, RECYCLE> {
-        RegionWalk { va: self, region: r, at: from, left: LIST_WALK, forward }
+        RegionWalk { va: self, region: r, at: from, left: self.list_walk(), forward }
     }
 }
 

@@ -30,7 +30,10 @@
 //!   ranges of its region, an insertion or removal is O(1) (the next
 //!   allocation is at most two ranges on, as holes are coalesced). No tree
 //!   rotations: with many small allocations this halves the cost of an
-//!   alloc/free pair (docs/perf.md, talc's benchmark suite).
+//!   alloc/free pair (docs/perf.md, talc's benchmark suite). With the
+//!   `size-first` feature the list index serves every allocator, whatever
+//!   its regions' size, and no tree code is linked (a lookup then walks
+//!   its region's ranges: `docs/memory.md`, "Cost of each operation").
 //!
 //! - Optionally ([`VaAllocator::new_recycling`]), freed ranges of 1 to
 //!   [`RECYCLE_CLASSES`] granules are kept on one stack per exact length
@@ -88,7 +91,7 @@ mod recycle;
 mod validate;
 
 use classes::{CLASSES, FL_COUNT};
-use index::{GROUP, GROUP_WORDS, LIST_GRANULES_LOG2};
+use index::{GROUP, GROUP_WORDS, LIST_GRANULES_LOG2, LIST_ONLY};
 
 /// Granule of the arena: every address and size is a multiple of it, and it
 /// is the smallest alignment, above every alignment refgpu's packets need
@@ -413,6 +416,8 @@ pub struct VaAllocator<S, const RECYCLE: bool = false> {
     /// Regions are small enough (at most 2^LIST_GRANULES_LOG2 granules)
     /// that the directory slot holds the region's first allocation and the
     /// address list is the index; otherwise it holds an AVL tree's root.
+    /// Always with `size-first` ([`index::LIST_ONLY`]); read through
+    /// `list_index()`.
     list_index: bool,
     /// Bit `f`: some class of level `f` is non-empty.
     fl_bits: u64,
@@ -504,7 +509,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             high_water: 0,
             region_shift,
             regions,
-            list_index: region_shift <= GRANULE_SHIFT + LIST_GRANULES_LOG2,
+            list_index: LIST_ONLY || region_shift <= GRANULE_SHIFT + LIST_GRANULES_LOG2,
             fl_bits: 0,
             sl_bits: [0; FL_COUNT],
             heads: [NIL; CLASSES],
@@ -660,7 +665,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// of at most 34 ranges), the rest O(1).
     pub fn free(&mut self, addr: u64) -> Result<u64, VaError> {
         let r = self.region_of(addr).ok_or(VaError::NotAllocated)?;
-        let x = if self.list_index {
+        let x = if self.list_index() {
             let x = self.list_find(r, addr).ok_or(VaError::NotAllocated)?;
             if !RECYCLE {
                 // Out of the list index here, next to the lookup that has
@@ -693,7 +698,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
         let Some(r) = self.region_of(addr).filter(|_| current) else {
             return self.free(addr);
         };
-        if !self.list_index {
+        if !self.list_index() {
             if self.recyclable(self.len(x)) {
                 // Kept by recycling: it stays in its tree.
             } else if self.root(r) == x && self.left(x) == NIL && self.right(x) == NIL {
@@ -716,12 +721,14 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
     /// first: a region tree's callers took it out unless it is recyclable;
     /// without recycling the list index's callers took it out right after
     /// the lookup (which keeps the region's slot in registers); with
-    /// recycling it is taken out here. O(1).
-    #[inline(always)]
+    /// recycling it is taken out here. O(1). One shared copy with
+    /// `size-first`.
+    #[cfg_attr(feature = "size-first", inline(never))]
+    #[cfg_attr(not(feature = "size-first"), inline(always))]
     fn release_alloc(&mut self, r: u32, x: u32, addr: u64) -> u64 {
         let size = self.len(x);
         if !(RECYCLE && self.recycle_push(x, size)) {
-            if RECYCLE && self.list_index {
+            if RECYCLE && self.list_index() {
                 self.list_unindex(r, x);
             }
             self.make_hole(x, addr, size);

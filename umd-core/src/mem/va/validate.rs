@@ -150,7 +150,7 @@ impl<S: AsRef<[VaNode]> + AsMut<[VaNode]>, const RECYCLE: bool> VaAllocator<S, R
             if root != NIL {
                 in_group = in_group.wrapping_add(1);
             }
-            if self.list_index {
+            if self.list_index() {
                 // The directory slot names the region's first indexed range:
                 // an allocation or a recycled range (recycled ranges stay in
                 // the list index until flushed).
