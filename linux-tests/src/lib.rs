@@ -131,6 +131,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",
     "bench_umd_submit_kernel_vs_direct",
+    "bench_ib_sweep_kernel_mode",
     "module_reload",
     "lost_device_keeps_memory",
     "unbind_with_open_file",
