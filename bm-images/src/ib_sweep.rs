@@ -447,12 +447,20 @@ pub fn merge(reps: &[Row]) -> Option<Row> {
 /// Why a sweep's rows do not have the expected shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShapeError {
-    /// The rows are not the chunk sizes expected, in order.
+    /// Not one row per chunk size within the IB limit.
     Rows {
         /// Rows seen.
         seen: usize,
         /// Rows expected.
         expected: usize,
+    },
+    /// A row's device did not run with the chunk size of its place in
+    /// [`CHUNK_SIZES`] (the chunk size was not applied).
+    ChunkSize {
+        /// The chunk size expected.
+        expected: usize,
+        /// The device's.
+        seen: usize,
     },
     /// A row's pool is not its chunks times the chunk size asked for
     /// (the chunk size was not applied).
@@ -486,6 +494,9 @@ impl fmt::Display for ShapeError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ShapeError::Rows { seen, expected } => write!(f, "{seen} rows, expected {expected}"),
+            ShapeError::ChunkSize { expected, seen } => {
+                write!(f, "the row for {expected} B chunks ran with {seen} B chunks")
+            }
             ShapeError::PoolSize { chunk_bytes, pool_bytes } => {
                 write!(f, "{chunk_bytes} B chunks: pool of {pool_bytes} B")
             }
