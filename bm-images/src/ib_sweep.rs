@@ -525,9 +525,11 @@ impl fmt::Display for ShapeError {
 /// chunk the small ones left open).
 pub fn check_shape(rows: &[Row], max_ib_bytes: usize) -> Result<(), ShapeError> {
     let expected = sizes_within(max_ib_bytes).count();
-    if rows.len() != expected || rows.iter().zip(sizes_within(max_ib_bytes)).any(|(r, c)| r.chunk_bytes != c)
-    {
+    if rows.len() != expected {
         return Err(ShapeError::Rows { seen: rows.len(), expected });
+    }
+    if let Some((r, c)) = rows.iter().zip(sizes_within(max_ib_bytes)).find(|(r, c)| r.chunk_bytes != *c) {
+        return Err(ShapeError::ChunkSize { expected: c, seen: r.chunk_bytes });
     }
     let per_row = (ROUNDS * (SMALL_PER_ROUND + 1)) as u64;
     for r in rows {
