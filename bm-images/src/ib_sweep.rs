@@ -31,6 +31,7 @@
 use core::fmt;
 
 use umd_core::cmd::{EncodeError, Encoder};
+use umd_core::config::Config;
 use umd_core::engine::{Backend, DeviceCore};
 use umd_core::ibpool::Recorder;
 use umd_core::platform::Platform;
@@ -41,7 +42,7 @@ use crate::bench::{figures, BenchError, Figures};
 /// IB chunk sizes swept, smallest first (bytes).
 pub const CHUNK_SIZES: [usize; 6] = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20];
 /// The row the CPU cost is compared with: `Config::DEFAULT`'s chunk size.
-pub const BASELINE_CHUNK: usize = 64 << 10;
+pub const BASELINE_CHUNK: usize = Config::DEFAULT.ib_chunk_bytes;
 /// Chunks of the pool in the rows up to 1 MiB (the bare-metal images'
 /// device).
 pub const CHUNKS: usize = 16;
@@ -154,11 +155,6 @@ pub struct Row {
 impl Row {
     /// The line's name: `ib_sweep`.
     pub const NAME: &'static str = "ib_sweep";
-
-    /// CHAINs per submission, in thousandths.
-    pub fn chains_per_submit_milli(&self) -> u64 {
-        self.chains.saturating_mul(1000).checked_div(self.submissions).unwrap_or(0)
-    }
 
     /// A row from its [`Display`](fmt::Display) text; `None` if it is not one or a
     /// field is missing or not a number.
@@ -533,7 +529,7 @@ pub fn check_shape(rows: &[Row], max_ib_bytes: usize) -> Result<(), ShapeError> 
     }
     let per_row = (ROUNDS * (SMALL_PER_ROUND + 1)) as u64;
     for r in rows {
-        if r.pool_bytes != r.chunks.saturating_mul(r.chunk_bytes) || r.chunks != chunks_for(r.chunk_bytes) {
+        if r.pool_bytes != r.chunks.saturating_mul(r.chunk_bytes) {
             return Err(ShapeError::PoolSize { chunk_bytes: r.chunk_bytes, pool_bytes: r.pool_bytes });
         }
         if r.submissions != per_row {
