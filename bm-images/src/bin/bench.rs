@@ -178,8 +178,7 @@ fn sweep() -> ! {
         println!("@@ BENCH {m}");
         *row = m;
     }
-    let n = sizes;
-    match ib_sweep::check_shape(rows.get(..n).unwrap_or(&[]), max_ib) {
+    match ib_sweep::check_shape(rows.get(..sizes).unwrap_or(&[]), max_ib) {
         Ok(()) => {
             println!("@@ RESULT ib_sweep PASS");
             exit::exit(0)
