@@ -10,7 +10,7 @@
 //! sweep instead (`bm_images::ib_sweep`; the host's `qemu-tests` test
 //! `ib_sweep`): for each chunk size within the generation's IB limit a
 //! device of its own (`Config::ib_chunk_bytes` set, the command line's
-//! `umd.` entries applied over `Config::DEFAULT`), brought up, run and
+//! `umd.` entries applied over `ib_sweep::BASE_CONFIG`), brought up, run and
 //! shut down in turn on the one transport, the whole sweep
 //! `ib_sweep::REPEATS` times, all in this boot; an `ib_sweep: repeat`
 //! line per device, then one `@@ BENCH ib_sweep ...` line per chunk size
@@ -130,7 +130,7 @@ fn sweep() -> ! {
         println!("@@ FATAL the sweep's storage is taken");
         exit::exit(2)
     };
-    let base = boot::config_from_args(Config::DEFAULT);
+    let base = boot::config_from_args(ib_sweep::BASE_CONFIG);
     // Each repeat runs every chunk size in turn: reps[size][repeat].
     let mut reps = [[Row::default(); REPEATS]; CHUNK_SIZES.len()];
     let mut max_ib = usize::MAX;

@@ -224,7 +224,7 @@ fn ib_sweep_row<const C: usize>(
 /// The IB chunk-size sweep (`bm_images::ib_sweep`, `docs/perf.md`, "IB
 /// sizing") in kernel mode: the workload the bare-metal sweep runs in
 /// direct mode, on a kernel-mode device per chunk size within the
-/// generation's IB limit (`Config::DEFAULT` but the chunk size), the
+/// generation's IB limit (`ib_sweep::BASE_CONFIG` but the chunk size), the
 /// whole sweep `ib_sweep::REPEATS` times; one `@@ BENCH ib_sweep` line
 /// per chunk size (the repeats' medians) and `@@ BENCH
 /// ib_sweep_cpu_ratio` (each row's CPU per submission over the 64 KiB
@@ -246,7 +246,7 @@ pub fn bench_ib_sweep_kernel_mode() -> R {
             if chunk > max_ib {
                 continue;
             }
-            let cfg = umd_core::config::Config { ib_chunk_bytes: chunk, ..umd_core::config::Config::DEFAULT };
+            let cfg = umd_core::config::Config { ib_chunk_bytes: chunk, ..ib_sweep::BASE_CONFIG };
             let (row, limit) = if ib_sweep::chunks_for(chunk) == CHUNKS {
                 ib_sweep_row::<CHUNKS>(cfg, &mut samples)?
             } else {
