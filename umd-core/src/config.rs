@@ -86,10 +86,11 @@ pub struct Config {
     ///
     /// 64 KiB by default, from that section's sweep of 4 KiB to 8 MiB on
     /// bare metal and in kernel mode. 4 KiB chunks CHAIN a 32 KiB
-    /// submission 8 times, cost 1.10–1.13x the CPU per submission on gen2
-    /// bare metal, and 16 of them take no submission above 64 KiB. From
-    /// 16 KiB up the CPU cost and the submit → fence time stay within the
-    /// noise while the memory held grows 4x a step. 64 KiB takes such a
+    /// submission 8 times, cost 1.35–1.42x the CPU per submission of a mix
+    /// of small and such large submissions on bare metal, and 16 of them
+    /// take no submission above 64 KiB. From 16 KiB up the CPU cost and
+    /// the submit → fence time stay within 3 % while the memory held
+    /// grows 4x a step. 64 KiB takes such a
     /// submission in one chunk (two when it continues a chunk the small
     /// submissions partly filled) and, with 16 chunks, one of up to
     /// 1 MiB, for 1 MiB held. Many small submissions share one chunk
