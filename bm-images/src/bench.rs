@@ -66,6 +66,8 @@ pub enum BenchError {
     Wait,
     /// `alloc_buffer` failed.
     Alloc,
+    /// The work's results read back wrong.
+    Wrong,
 }
 
 /// Per-submit CPU cost: one sample per `submit`, `samples.len()` of them.

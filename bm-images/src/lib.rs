@@ -49,6 +49,7 @@ pub mod demo;
 pub mod device_loss;
 #[cfg(target_os = "none")]
 pub mod fault_matrix;
+pub mod ib_sweep;
 pub mod knobs;
 #[cfg(target_os = "none")]
 pub mod suite;

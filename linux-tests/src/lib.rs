@@ -135,6 +135,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_vm_bind_batched",
     "bench_umd_submit_kernel_vs_direct",
     "bench_submit_batch",
+    "bench_ib_sweep_kernel_mode",
     "module_reload",
     "lost_device_keeps_memory",
     "unbind_with_open_file",

@@ -197,3 +197,82 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     );
     Ok(())
 }
+
+/// One kernel-mode row of the IB chunk-size sweep: a device of `C`
+/// chunks with `cfg` on a render node opened for it, the workload, the
+/// device shut down; the row and the generation's IB limit. Each device
+/// has a `Drm` of its own: the platform's timeline syncobjs live in the
+/// `Drm`, and a second device on the same one would find its fences'
+/// points already signalled by the first's.
+fn ib_sweep_row<const C: usize>(
+    cfg: umd_core::config::Config,
+    samples: &mut bm_images::ib_sweep::Samples,
+) -> Result<(bm_images::ib_sweep::Row, usize), String> {
+    use bm_images::ib_sweep;
+    let drm = drm()?;
+    let mut storage: Box<DeviceStorage> = Box::default();
+    let dev = KernelDevice::<Drm, C>::new(&drm, &mut storage, cfg)
+        .map_err(|e| format!("device with {} B chunks: {e}", cfg.ib_chunk_bytes))?;
+    let max_ib = ib_sweep::max_ib_bytes(dev.encoder());
+    let row = ib_sweep::run(&dev, samples);
+    let report = dev.shutdown();
+    let row = row.map_err(|e| format!("{} B chunks: {e:?}", cfg.ib_chunk_bytes))?;
+    ensure!(report.leaked_buffers == 0, "{} B chunks: leaked buffers", cfg.ib_chunk_bytes);
+    Ok((row, max_ib))
+}
+
+/// The IB chunk-size sweep (`bm_images::ib_sweep`, `docs/perf.md`, "IB
+/// sizing") in kernel mode: the workload the bare-metal sweep runs in
+/// direct mode, on a kernel-mode device per chunk size within the
+/// generation's IB limit (`ib_sweep::BASE_CONFIG` but the chunk size), the
+/// whole sweep `ib_sweep::REPEATS` times; one `@@ BENCH ib_sweep` line
+/// per chunk size (the repeats' medians) and `@@ BENCH
+/// ib_sweep_cpu_ratio` (each row's CPU per submission over the 64 KiB
+/// row's). Fails when the rows do not have the sweep's shape
+/// (`ib_sweep::check_shape`).
+pub fn bench_ib_sweep_kernel_mode() -> R {
+    use bm_images::ib_sweep::{
+        self, Row, Samples, BASELINE_CHUNK, CHUNKS, CHUNKS_ABOVE_1M, CHUNK_SIZES, REPEATS,
+    };
+
+    let mut samples = Box::new(Samples::new());
+    let mut reps: Vec<Vec<Row>> = Vec::new();
+    let mut max_ib = usize::MAX;
+    for _ in 0..REPEATS {
+        let mut k = 0;
+        for chunk in CHUNK_SIZES {
+            // The first device tells the generation's limit, before the
+            // sizes it excludes.
+            if chunk > max_ib {
+                continue;
+            }
+            let cfg = umd_core::config::Config { ib_chunk_bytes: chunk, ..ib_sweep::BASE_CONFIG };
+            let (row, limit) = if ib_sweep::chunks_for(chunk) == CHUNKS {
+                ib_sweep_row::<CHUNKS>(cfg, &mut samples)?
+            } else {
+                ib_sweep_row::<CHUNKS_ABOVE_1M>(cfg, &mut samples)?
+            };
+            max_ib = limit;
+            if reps.len() <= k {
+                reps.push(Vec::new());
+            }
+            if let Some(r) = reps.get_mut(k) {
+                r.push(row);
+            }
+            k += 1;
+        }
+    }
+    let rows: Vec<Row> = reps.iter().filter_map(|r| ib_sweep::merge(r)).collect();
+    ensure!(rows.len() == reps.len(), "the repeats of a chunk size differ in pool");
+    let base =
+        rows.iter().find(|r| r.chunk_bytes == BASELINE_CHUNK).map_or(1, |r| r.cpu_per_submit_ns.max(1));
+    for r in &rows {
+        println!("@@ BENCH {r}");
+    }
+    let ratios: Vec<String> = rows
+        .iter()
+        .map(|r| format!("{}={:.2}", r.chunk_bytes, r.cpu_per_submit_ns as f64 / base as f64))
+        .collect();
+    println!("@@ BENCH ib_sweep_cpu_ratio {}", ratios.join(" "));
+    ib_sweep::check_shape(&rows, max_ib).map_err(|e| format!("the sweep's shape: {e}"))
+}

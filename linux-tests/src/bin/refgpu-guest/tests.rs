@@ -78,6 +78,7 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
         ("bench_vm_bind_batched", bench_vm_bind_batched),
         ("bench_umd_submit_kernel_vs_direct", crate::kernel_mode::bench_umd_submit_kernel_vs_direct),
         ("bench_submit_batch", crate::batch::bench_submit_batch),
+        ("bench_ib_sweep_kernel_mode", crate::kernel_mode::bench_ib_sweep_kernel_mode),
         ("module_reload", crate::unplug::module_reload),
         ("lost_device_keeps_memory", crate::unplug::lost_device_keeps_memory),
         ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
