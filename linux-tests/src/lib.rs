@@ -136,6 +136,7 @@ pub const GUEST_TESTS: &[&str] = &[
     "bench_umd_submit_kernel_vs_direct",
     "bench_submit_batch",
     "bench_ib_sweep_kernel_mode",
+    "bench_umd_batch_window",
     "module_reload",
     "lost_device_keeps_memory",
     "unbind_with_open_file",

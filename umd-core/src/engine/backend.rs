@@ -241,8 +241,9 @@ pub trait Backend: sealed::Sealed + Sized {
     }
     /// Engine doorbells rung by [`Backend::flush`] of jobs emitted with
     /// [`Job::hold`], for statistics (direct mode: a job emitted without
-    /// it rings once, counted by the engine as a submission; a kernel
-    /// driver rings its own).
+    /// it rings once, counted by the engine as a submission); in kernel
+    /// mode every submit call made to the kernel (a SUBMIT, or one
+    /// multi-job submit for a flush), whose driver rings the engine.
     fn flush_doorbells(&self) -> u64 {
         0
     }

@@ -117,9 +117,11 @@ pub struct DeviceStats {
     pub propagated_failures: u64,
     /// Ring writes that wrapped.
     pub ring_wraps: u64,
-    /// Engine doorbells rung (direct mode; 0 in kernel mode, whose kernel
-    /// driver rings): one per submission with the batch window off, one
-    /// per flush with it on ([`crate::config::Config::batch_window_ns`]).
+    /// Engine doorbells rung: one per submission with the batch window
+    /// off, one per flush with it on
+    /// ([`crate::config::Config::batch_window_ns`]). Kernel mode, whose
+    /// kernel driver rings: the submit calls made to the kernel (one per
+    /// SUBMIT, one per multi-job submit of a flush).
     pub doorbells: u64,
     /// Times recording waited for an IB chunk.
     pub pool_waits: u64,
@@ -345,10 +347,11 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
     /// Engine doorbells rung (direct mode): with the batch window off one
     /// per submission that reached the hardware (an emit succeeds only
     /// once its doorbell did: no count on the submission path), with it on
-    /// one per flush, counted by the backend.
+    /// one per flush, counted by the backend. Kernel mode: the submit
+    /// calls made to the kernel, counted by the backend.
     fn doorbells(&self) -> u64 {
         match B::MODE {
-            Mode::Kernel => 0,
+            Mode::Kernel => self.b.flush_doorbells(),
             Mode::Direct if self.batching() => self.b.flush_doorbells(),
             Mode::Direct => self.submissions(),
         }

@@ -125,6 +125,8 @@ pub struct Kernel<'d, P: KernelIo> {
     /// The last sequence number of each queue the kernel knows (given to
     /// it, or cancelled and signalled): what a held submission waits for.
     submitted: [AtomicU64; MAX_QUEUES],
+    /// Submit calls made to the kernel (statistics: `DeviceStats::doorbells`).
+    submit_calls: AtomicU64,
 }
 
 impl<P: KernelIo> sealed::Sealed for Kernel<'_, P> {}
@@ -164,6 +166,7 @@ impl<'d, P: KernelIo> Kernel<'d, P> {
     fn give(&self, qs: &KernelQueue, q: usize, h: &Held) -> Result<(), KernelSubmitError> {
         let ctx = qs.ctx.ok_or(KernelSubmitError::DeviceLost)?;
         let signal = KernelSync { queue: q as u32, point: h.seqno.0 };
+        self.submit_calls.fetch_add(1, Ordering::Relaxed);
         let seq = self.p.submit(ctx, h.ib.va.get(), h.ib.dwords, h.waits(), signal)?;
         // The context numbers its jobs from 1; ours continue from `base`.
         if qs.base.wrapping_add(seq) != h.seqno.0 {
@@ -275,6 +278,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
         }
         let Some(first) = jobs.first().map(|j| j.signal.point) else { return Ok(()) };
         let ctx = qs.ctx.ok_or(Gone)?;
+        self.submit_calls.fetch_add(1, Ordering::Relaxed);
         let (queued, error) = match self.p.submit_batch(ctx, &jobs) {
             Ok(seq) => {
                 // The context numbers its jobs from 1; ours continue from `base`.
@@ -321,6 +325,10 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
 
     fn holds(&self) -> bool {
         true
+    }
+
+    fn flush_doorbells(&self) -> u64 {
+        self.submit_calls.load(Ordering::Relaxed)
     }
 
     fn poll(&self, q: usize) -> Poll {
@@ -508,6 +516,7 @@ impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS>
             ctx: core::array::from_fn(|_| AtomicU64::new(0)),
             base: core::array::from_fn(|_| AtomicU64::new(0)),
             submitted: core::array::from_fn(|_| AtomicU64::new(0)),
+            submit_calls: AtomicU64::new(0),
         };
         let mut queues: [KernelQueue; MAX_QUEUES] = core::array::from_fn(|_| KernelQueue::new());
         for (q, qs) in queues.iter_mut().enumerate().take(nq) {

@@ -585,6 +585,7 @@ fn a_batch_window_sends_its_submissions_in_one_kernel_call() {
         }
         dev.wait(*fences.last().unwrap(), T).unwrap();
         assert_eq!(k.k().submit_calls, calls, "window {window_ns}");
+        assert_eq!(dev.stats().doorbells, u64::from(calls), "kernel submit calls are its doorbells");
         for f in &fences {
             assert_eq!(dev.query(*f), Ok(FenceStatus::Signalled));
         }

@@ -198,6 +198,68 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     Ok(())
 }
 
+/// The batch window through umd-core's kernel mode
+/// (`Config::batch_window_ns`, `docs/architecture.md`, "Deferred
+/// doorbells"), off and on, on a device of its own each (a `Drm` each:
+/// the platform's timelines live in the `Drm`): bursts of 8 submissions
+/// then a wait for the last (`bm_images::bench::bursts`: the submit calls
+/// made to the kernel per submission, `DeviceStats::doorbells`, and the
+/// burst's time to its last fence), and submit -> GPU write seen with only
+/// `service` calls (`bm_images::bench::service_latency`: the window's cost
+/// to a caller that never waits). One `@@ BENCH umd_batch_window` line per
+/// window. Fails when the window off makes other than one submit call per
+/// submission, or the window on does not make fewer.
+pub fn bench_umd_batch_window() -> R {
+    use bm_images::bench::{bursts, service_latency};
+
+    // Long enough that a burst's eight submissions (tens of µs each in
+    // this guest) fit in one window.
+    const WINDOW_NS: u64 = 5_000_000;
+    let mut samples = vec![0u64; 32];
+    let mut medians = Vec::new();
+    for window_ns in [0, WINDOW_NS] {
+        let drm = drm()?;
+        let cfg = umd_core::config::Config { use_irq: false, batch_window_ns: window_ns, ..SUITE_CONFIG };
+        let mut storage: Box<DeviceStorage> = Box::default();
+        let dev = KernelDevice::<Drm, 16>::new(&drm, &mut storage, cfg).map_err(|e| e.to_string())?;
+        let b =
+            bursts(&dev, 8, 4, &mut samples).map_err(|e| format!("window {window_ns} ns: bursts: {e:?}"))?;
+        let lat = service_latency(&dev, 4, &mut samples)
+            .map_err(|e| format!("window {window_ns} ns: service latency: {e:?}"))?;
+        let report = dev.shutdown();
+        ensure!(report.leaked_buffers == 0, "window {window_ns} ns: leaked buffers");
+        let per = b.doorbells as f64 / b.submissions as f64;
+        println!(
+            "@@ BENCH umd_batch_window window_ns={window_ns} submit_calls_per_submission={per:.3} burst8_median_ns={} service_latency_median_ns={} n={}",
+            b.time.median, lat.median, b.time.n
+        );
+        if window_ns == 0 {
+            ensure!(
+                b.doorbells == b.submissions,
+                "window off: {} submit calls for {} submissions",
+                b.doorbells,
+                b.submissions
+            );
+        } else {
+            ensure!(
+                b.doorbells < b.submissions,
+                "window on: {} submit calls for {} submissions",
+                b.doorbells,
+                b.submissions
+            );
+        }
+        medians.push((b.time.median, lat.median));
+    }
+    if let [(b0, l0), (b1, l1)] = medians[..] {
+        println!(
+            "@@ BENCH umd_batch_window_ratio burst8_on/off={:.2} service_latency_on/off={:.2}",
+            b1 as f64 / b0.max(1) as f64,
+            l1 as f64 / l0.max(1) as f64
+        );
+    }
+    Ok(())
+}
+
 /// One kernel-mode row of the IB chunk-size sweep: a device of `C`
 /// chunks with `cfg` on a render node opened for it, the workload, the
 /// device shut down; the row and the generation's IB limit. Each device

@@ -79,6 +79,7 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
         ("bench_umd_submit_kernel_vs_direct", crate::kernel_mode::bench_umd_submit_kernel_vs_direct),
         ("bench_submit_batch", crate::batch::bench_submit_batch),
         ("bench_ib_sweep_kernel_mode", crate::kernel_mode::bench_ib_sweep_kernel_mode),
+        ("bench_umd_batch_window", crate::kernel_mode::bench_umd_batch_window),
         ("module_reload", crate::unplug::module_reload),
         ("lost_device_keeps_memory", crate::unplug::lost_device_keeps_memory),
         ("unbind_with_open_file", crate::unplug::unbind_with_open_file),
