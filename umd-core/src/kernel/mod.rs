@@ -386,6 +386,12 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
             qs.blocked_since_ns = None;
             return Ok(None);
         };
+        // Held for the batch window (after what the engine published): not
+        // the kernel's yet and not judged; the window's rules flush it.
+        if front.seqno.is_after(v.emitted) {
+            qs.blocked_since_ns = None;
+            return Ok(None);
+        }
         let missing = front.waits().iter().find_map(|w| match w {
             KernelWait::Point(s) if !Seqno(s.point).is_signalled_by(self.submitted(s.queue as usize)) => {
                 Some(crate::sync::FenceId { queue: QueueId(s.queue as u8), seqno: Seqno(s.point) })
