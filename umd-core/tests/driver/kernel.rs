@@ -13,6 +13,7 @@ use crate::race;
 use umd_core::cmd::Command;
 use umd_core::config::{Config, HangConfig};
 use umd_core::decode::Decoder;
+use umd_core::engine::InitError;
 use umd_core::engine::Submit;
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::{ChipId, Generation};
@@ -559,6 +560,23 @@ fn held_jobs_reach_the_kernel_in_one_call_when_it_has_a_batch_submit() {
     }
 }
 
+#[test]
+fn a_batch_window_the_build_cannot_keep_is_refused_at_bring_up() {
+    // Past the longest window, or any window without the deferred-doorbells
+    // feature: a typed error, no device.
+    let k = FakeKernel::new(Generation::Gen2);
+    let mut storage: Box<Storage> = Box::default();
+    let mut refused = |ns: u64| {
+        matches!(
+            KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, Config { batch_window_ns: ns, ..cfg() }),
+            Err(InitError::BadConfig(_))
+        )
+    };
+    assert!(refused(umd_core::config::MAX_BATCH_WINDOW_NS + 1));
+    assert_eq!(refused(200_000), !cfg!(feature = "deferred-doorbells"));
+}
+
+#[cfg(feature = "deferred-doorbells")]
 #[test]
 fn a_batch_window_sends_its_submissions_in_one_kernel_call() {
     // With a batch window every submission is held in the core until the
