@@ -444,22 +444,6 @@ fn encode_one_folded(
     encode_one::<false>(desc, kind, cmd, out, pos, base_va)
 }
 
-/// `size-first` with the folded encoder: the general path (`encode`: the
-/// ring's WAIT_MEMs, `push` of a command, CHAIN) takes the one shared walk
-/// of `compact-encoder` (the folded copies per kind cost ~5 KB of
-/// Cortex-M code per generation); the per-kind entry points keep their
-/// folded code.
-#[cfg(all(feature = "size-first", not(feature = "compact-encoder")))]
-#[inline(always)]
-fn encode_in<G: Gen>(
-    cmd: &Command<'_>,
-    out: &mut [u32],
-    pos: usize,
-    base_va: u64,
-) -> Result<usize, EncodeError> {
-    encode_dyn(G::DESC, cmd, out, pos, base_va)
-}
-
 /// A per-kind entry point's body: `cmd` is a `kind` command built by the
 /// caller, so with `G`'s description a constant everything folds.
 #[cfg(not(feature = "compact-encoder"))]
@@ -487,10 +471,13 @@ fn encode_kind<G: Gen>(
     encode_dyn(G::DESC, cmd, out, pos, base_va)
 }
 
-/// `compact-encoder`: one table walk for every packet, with the packet
-/// kind read at run time (the folded copies above cost ~4 KB of Cortex-M
-/// code per generation; this costs the walk's time on every packet).
-#[cfg(feature = "compact-encoder")]
+/// `compact-encoder` and `size-first`: one table walk for every packet
+/// of the general path (`encode`: the ring's WAIT_MEMs, `push` of a
+/// command, CHAIN), with the packet kind read at run time (the folded
+/// copies above cost ~4-5 KB of Cortex-M code per generation; this costs
+/// the walk's time on every packet). With `size-first` alone the per-kind
+/// entry points keep their folded code.
+#[cfg(any(feature = "compact-encoder", feature = "size-first"))]
 #[inline(always)]
 fn encode_in<G: Gen>(
     cmd: &Command<'_>,
