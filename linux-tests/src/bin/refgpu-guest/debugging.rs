@@ -7,8 +7,6 @@
 //! kernel-mode half cannot drift from the driver. On gen1 the walk runs
 //! with its own checks (the fault, the refusal, the fix, a devcoredump).
 
-use std::io::Read;
-
 use conformance::SUITE_CONFIG;
 use platform_linux::Drm;
 use umd_core::debug::capture::Capture;
@@ -46,26 +44,13 @@ fn kernel_log(after: u64) -> Result<(Vec<String>, u64), String> {
         .custom_flags(libc::O_NONBLOCK)
         .open("/dev/kmsg")
         .map_err(|e| format!("/dev/kmsg: {e}"))?;
-    let (mut out, mut last, mut buf) = (Vec::new(), after, vec![0u8; 8192]);
-    loop {
-        match f.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                // "<prio>,<seq>,<usec>,<flags>;<message>"
-                let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
-                let (head, msg) = rec.split_once(';').unwrap_or(("", &rec));
-                let seq: u64 = head.split(',').nth(1).and_then(|q| q.parse().ok()).unwrap_or(0);
-                last = last.max(seq);
-                let line = msg.lines().next().unwrap_or("");
-                if seq > after && line.contains("refgpu") {
-                    out.push(line.to_string());
-                }
-            }
-            // Records overwritten while reading: go on with the next.
-            Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
-            Err(_) => break,
-        }
-    }
+    let recs = crate::tests::read_records(&mut f);
+    let last = recs.iter().map(|(_, seq, _)| *seq).fold(after, u64::max);
+    let out = recs
+        .into_iter()
+        .filter(|(_, seq, m)| *seq > after && m.contains("refgpu"))
+        .map(|(_, _, m)| m)
+        .collect();
     Ok((out, last))
 }
 

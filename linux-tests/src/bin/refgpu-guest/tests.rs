@@ -1270,8 +1270,9 @@ pub fn kmsg_start() {
     }
 }
 
-/// (level, message) of every record until EAGAIN.
-fn read_records(f: &mut std::fs::File) -> Vec<(u32, String)> {
+/// (level, sequence number, first line of the message) of every record of
+/// /dev/kmsg until EAGAIN (records are "<prio>,<seq>,<usec>,<flags>;<message>").
+pub(crate) fn read_records(f: &mut std::fs::File) -> Vec<(u32, u64, String)> {
     let mut out = Vec::new();
     let mut buf = vec![0u8; 8192];
     loop {
@@ -1280,9 +1281,12 @@ fn read_records(f: &mut std::fs::File) -> Vec<(u32, String)> {
             Ok(n) => {
                 let rec = String::from_utf8_lossy(&buf[..n]).into_owned();
                 let (head, msg) = rec.split_once(';').unwrap_or(("", &rec));
-                let prio: u32 = head.split(',').next().and_then(|p| p.parse().ok()).unwrap_or(0);
-                out.push((prio & 7, msg.lines().next().unwrap_or("").to_string()));
+                let mut fields = head.split(',');
+                let prio: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+                let seq: u64 = fields.next().and_then(|q| q.parse().ok()).unwrap_or(0);
+                out.push((prio & 7, seq, msg.lines().next().unwrap_or("").to_string()));
             }
+            // Records overwritten while reading: go on with the next.
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => continue,
             Err(_) => break,
         }
@@ -1325,7 +1329,7 @@ pub fn kmsg_clean() -> R {
     let recs = read_records(f);
     let bad: Vec<String> = recs
         .iter()
-        .filter(|(lvl, m)| {
+        .filter(|(lvl, _, m)| {
             let alarming =
                 ["BUG", "WARNING:", "Oops", "Call Trace", "general protection", "refgpu", "drm", "sched"]
                     .iter()
@@ -1333,11 +1337,11 @@ pub fn kmsg_clean() -> R {
             let report = DEBUG_MARKERS.iter().any(|w| m.contains(w));
             (*lvl <= 3 || (alarming && *lvl <= 4) || report) && !EXPECTED.iter().any(|e| m.contains(e))
         })
-        .map(|(l, m)| format!("<{l}> {m}"))
+        .map(|(l, _, m)| format!("<{l}> {m}"))
         .collect();
     let warns = recs
         .iter()
-        .filter(|(_, m)| m.contains("hung, resetting") || m.contains("faulted, resetting"))
+        .filter(|(_, _, m)| m.contains("hung, resetting") || m.contains("faulted, resetting"))
         .count();
     ensure!(bad.is_empty(), "unexpected kernel messages: {}", bad.join(" || "));
     ensure!(warns >= 3, "expected the hang and fault reset messages, saw {warns}");
