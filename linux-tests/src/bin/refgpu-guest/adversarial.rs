@@ -274,7 +274,7 @@ fn gone(e: Errno) -> bool {
 
 /// Per round: a fresh file whose only other reference is none (no CPU
 /// mapping: the IBs are in a BO of a helper file, imported with PRIME), 4
-/// BOs of 1 MiB; threads race on it: one maps BOs into 8 slots and unmaps
+/// BOs of 1 MiB mapped into every other slot; threads race on it: one maps BOs into 8 slots and unmaps
 /// them, one closes BOs and creates new ones, one submits jobs that write
 /// into the slots, one closes the file after a delay that grows with the
 /// round. Every ioctl returns 0 or its expected error, every job's fence
@@ -299,6 +299,11 @@ fn threads_race_one_fd() -> R {
     let dmabuf = helper.prime_export(ibs.handle).map_err(|e| format!("PRIME export: errno {e}"))?;
     let mut tally = [0u32; 3];
     let mut cut = 0;
+    // Maps that took effect, and where the guilty contexts faulted: in a
+    // racing slot, in the IBs, elsewhere (with the first such address).
+    let maps = AtomicU32::new(0);
+    let mut faults = [0u32; 3];
+    let mut stray = None;
     for round in 0..RACE_ROUNDS {
         let dev = Dev::open().map_err(|e| format!("open: errno {e}"))?;
         let ibh = dev.prime_import(dmabuf.as_raw_fd()).map_err(|e| format!("PRIME import: errno {e}"))?;
@@ -306,6 +311,13 @@ fn threads_race_one_fd() -> R {
         let mut bos = Vec::new();
         for _ in 0..4 {
             bos.push(dev.bo_create(1 << 20, 0).map_err(|e| format!("BO_CREATE: errno {e}"))?);
+        }
+        // Even slots start mapped, odd ones unmapped: the first jobs of
+        // contexts 0 and 2 (even slots) succeed and those of contexts 1
+        // and 3 fault, however slowly the racing maps go.
+        for (i, slot) in (0..RACE_SLOTS).step_by(2).enumerate() {
+            dev.map(bos[i % bos.len()], 0, RACE_VA + slot * (1 << 20), 1 << 20, 0)
+                .map_err(|e| format!("map slot {slot}: errno {e}"))?;
         }
         let bos = Mutex::new(bos);
         let fd = dev.into_raw_fd();
@@ -322,20 +334,22 @@ fn threads_race_one_fd() -> R {
                     let slot = RACE_VA + rng.below(RACE_SLOTS) * (1 << 20);
                     let r = if rng.chance(2, 3) {
                         let h = bos.lock().map(|b| rng.pick(&b)).unwrap_or(0);
-                        vm_bind(fd, &[map_op(h, 0, slot, 1 << 20, 0)]).or_else(|e| {
+                        vm_bind(fd, &[map_op(h, 0, slot, 1 << 20, 0)]).map(|()| true).or_else(|e| {
                             if e == libc::EEXIST || e == libc::ENOENT {
-                                Ok(())
+                                Ok(false)
                             } else {
                                 Err(e)
                             }
                         })
                     } else {
-                        vm_bind(fd, &[unmap_op(slot, 1 << 20)])
+                        vm_bind(fd, &[unmap_op(slot, 1 << 20)]).map(|()| false)
                     };
                     match r {
                         Err(e) if gone(e) => return,
                         Err(e) => return fail(format!("VM_BIND: errno {e}")),
-                        Ok(()) => {}
+                        Ok(mapped) => {
+                            maps.fetch_add(u32::from(mapped), Ordering::Relaxed);
+                        }
                     }
                 }
             });
@@ -370,8 +384,20 @@ fn threads_race_one_fd() -> R {
         if let Some(f) = failure.into_inner().map_err(|_| "lock".to_string())? {
             return Err(format!("round {round}: {f}"));
         }
-        let fences = fences?;
+        let Submitted { fences, guilty } = fences?;
         cut += u32::from(fences.len() < RACE_JOBS);
+        for (status, addr) in guilty {
+            let slots = RACE_VA..RACE_VA + RACE_SLOTS * (1 << 20);
+            let k = if slots.contains(&addr) {
+                0
+            } else if (IB_VA..IB_VA + IB_SIZE).contains(&addr) {
+                1
+            } else {
+                stray.get_or_insert((status, addr));
+                2
+            };
+            faults[k] += 1;
+        }
         for fd in fences {
             let st = end_status(fd);
             // SAFETY: a sync_file the kernel gave us.
@@ -384,11 +410,15 @@ fn threads_race_one_fd() -> R {
             }
         }
     }
+    let maps = maps.into_inner();
     println!(
-        "guest: threads_race_one_fd: fences: {} succeeded, {} faulted (-EIO), {} cancelled; the close cut the submitter short in {cut} of {RACE_ROUNDS} rounds",
-        tally[0], tally[1], tally[2]
+        "guest: threads_race_one_fd: fences: {} succeeded, {} faulted (-EIO), {} cancelled; the close cut the submitter short in {cut} of {RACE_ROUNDS} rounds; {maps} maps took effect; guilty contexts faulted {} times in the slots, {} in the IBs, {} elsewhere (first: {stray:x?})",
+        tally[0], tally[1], tally[2], faults[0], faults[1], faults[2]
     );
-    ensure!(tally[0] > 0 && tally[1] > 0, "the race never ran a job or never faulted one: {tally:?}");
+    ensure!(
+        tally[0] > 0 && tally[1] > 0,
+        "the race never ran a job or never faulted one: {tally:?}, {maps} maps, faults (slots, IBs, elsewhere) {faults:?}, first stray (status, address) {stray:x?}"
+    );
     fixture::clear_devcoredumps()
 }
 
@@ -406,9 +436,11 @@ fn vm_bind(fd: RawFd, ops: &[u::VmBindOp]) -> Result<(), Errno> {
 }
 
 /// The racing submitter: jobs on four GFX contexts in turn (a new one
-/// for a guilty one), each with a sync_file; stops when the file is gone.
-fn submitter(fd: RawFd, ib: &[(u64, u32)], fail: &dyn Fn(String)) -> Result<Vec<RawFd>, String> {
+/// for a guilty one, whose fault it records), each with a sync_file;
+/// stops when the file is gone.
+fn submitter(fd: RawFd, ib: &[(u64, u32)], fail: &dyn Fn(String)) -> Result<Submitted, String> {
     let mut fences = Vec::new();
+    let mut guilty = Vec::new();
     let mut ctxs = [None; 4];
     for (j, &(va, dw)) in ib.iter().enumerate() {
         let ctx = &mut ctxs[j % 4];
@@ -438,6 +470,15 @@ fn submitter(fd: RawFd, ib: &[(u64, u32)], fail: &dyn Fn(String)) -> Result<Vec<
             Ok(()) => fences.push(a.out_fence_fd),
             Err(e) if gone(e) => break,
             Err(e) if e == libc::ECANCELED => {
+                let mut q = u::CtxQuery { ctx_id: c, ..Default::default() };
+                match drm::ioctl(fd, u::DRM_IOCTL_REFGPU_CTX_QUERY, &mut q) {
+                    Ok(()) => guilty.push((q.fault_status, q.fault_addr)),
+                    Err(e) if gone(e) => break,
+                    Err(e) => {
+                        fail(format!("CTX_QUERY of a guilty context: errno {e}"));
+                        break;
+                    }
+                }
                 let mut d = u::CtxDestroy { ctx_id: c, pad: 0 };
                 if let Err(e) = drm::ioctl(fd, u::DRM_IOCTL_REFGPU_CTX_DESTROY, &mut d) {
                     if !gone(e) {
@@ -453,7 +494,14 @@ fn submitter(fd: RawFd, ib: &[(u64, u32)], fail: &dyn Fn(String)) -> Result<Vec<
             }
         }
     }
-    Ok(fences)
+    Ok(Submitted { fences, guilty })
+}
+
+/// What [`submitter`] leaves: the sync_files of its jobs, and the
+/// (FAULT_STATUS, fault address) of each context it found guilty.
+struct Submitted {
+    fences: Vec<RawFd>,
+    guilty: Vec<(u64, u64)>,
 }
 
 // ----- unmap and GEM_CLOSE under a running job

@@ -207,10 +207,18 @@ fn main() {
         let mut r = std::panic::catch_unwind(f).unwrap_or_else(|_| Err("panicked".into()));
         let ms = t0.elapsed().as_millis();
         // Every test closes what it opened: the driver's live objects
-        // (freed asynchronously after the last job) return to where they were.
+        // (freed asynchronously after the last job) return to where they
+        // were. A failed test is waited for too, so the next one does not
+        // start with its leftovers in its baseline; its leak, if any, is
+        // part of its failure.
         removed |= REMOVES_DEVICE.contains(&name);
-        if r.is_ok() && !removed {
-            r = no_leak(before);
+        if !removed {
+            let drained = no_leak(before);
+            r = match (r, drained) {
+                (Ok(()), d) => d,
+                (Err(why), Ok(())) => Err(why),
+                (Err(why), Err(leak)) => Err(format!("{why}; and {leak}")),
+            };
         }
         match r {
             Ok(()) => {
