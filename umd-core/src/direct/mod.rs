@@ -33,7 +33,7 @@ use crate::mem::pagetable::Perms;
 use crate::mem::pool::BackingError;
 use crate::platform::slots::FenceSlots;
 use crate::platform::{DirectIo, DmaRegion, PlatformError};
-use crate::ring::{Ring, RingError, MAX_RING, MIN_RING};
+use crate::ring::{Ring, RingError};
 use crate::sync::deps::MAX_WAITS;
 use crate::sync::{Seqno, MAX_QUEUES};
 
@@ -430,24 +430,16 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     }
 }
 
-fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), &'static str> {
-    if !cfg.ring_bytes.is_power_of_two() || !(MIN_RING..=MAX_RING).contains(&cfg.ring_bytes) {
-        return Err("ring_bytes must be a power of two from 4 KiB to 4 MiB");
-    }
+/// The tunables' ranges, then what depends on the chip and the build: the
+/// generation's IB limit and the pool's chunk count.
+fn check_config(cfg: &Config, enc: &Encoder, chunks: usize) -> Result<(), InitError> {
+    cfg.validate().map_err(InitError::OutOfRange)?;
     let max_ib = (enc.desc().limits.max_ib_dwords as usize).saturating_mul(4);
-    if cfg.ib_chunk_bytes < 1024 || cfg.ib_chunk_bytes % 256 != 0 || cfg.ib_chunk_bytes > max_ib {
-        return Err("ib_chunk_bytes must be a multiple of 256 from 1 KiB to the generation's IB limit");
+    if cfg.ib_chunk_bytes > max_ib {
+        return Err(InitError::BadConfig("ib_chunk_bytes is past the generation's IB limit"));
     }
     if chunks == 0 || chunks > crate::ibpool::MAX_CHUNKS {
-        return Err("the IB pool needs 1 to 64 chunks");
-    }
-    if cfg.hang.window_ns == 0 {
-        return Err("hang window must not be 0");
-    }
-    if !crate::config::batch_window_ok(cfg.batch_window_ns) {
-        return Err(
-            "batch_window_ns must be at most 100 ms, and 0 without umd-core's deferred-doorbells feature",
-        );
+        return Err(InitError::BadConfig("the IB pool needs 1 to 64 chunks"));
     }
     Ok(())
 }
@@ -510,7 +502,7 @@ impl<'d, P: DirectIo, const CHUNKS: usize> DeviceCore<'d, Direct<'d, P>, CHUNKS>
             crate::log::log_warn!("chip has {} engines; this build drives the first {}", engines, MAX_QUEUES);
         }
         let enc = Encoder::new(chip.generation);
-        check_config(&cfg, &enc, CHUNKS).map_err(InitError::BadConfig)?;
+        check_config(&cfg, &enc, CHUNKS)?;
         if !MMU && matches!(mmu, MmuMode::Enabled { .. }) {
             return Err(InitError::BadConfig("MMU not built in (umd-core feature mmu)"));
         }

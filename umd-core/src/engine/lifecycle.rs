@@ -33,8 +33,12 @@ pub enum InitError {
     Probe(ProbeError),
     /// A platform call failed.
     Platform(PlatformError),
-    /// A configuration value is out of range.
+    /// The configuration does not fit the chip or the build (`what` says
+    /// which value and why).
     BadConfig(&'static str),
+    /// A tunable is outside its range ([`crate::config::Config::validate`],
+    /// which every bring-up runs first).
+    OutOfRange(crate::config::RangeError),
     /// The IB pool could not be laid out.
     Pool(PoolSetupError),
     /// The GPU VA arena or allocator refused.
@@ -81,6 +85,7 @@ impl fmt::Display for InitError {
             InitError::Probe(e) => write!(f, "probe: {e}"),
             InitError::Platform(e) => write!(f, "platform: {e}"),
             InitError::BadConfig(what) => write!(f, "bad configuration: {what}"),
+            InitError::OutOfRange(e) => write!(f, "bad configuration: {e}"),
             InitError::Pool(e) => write!(f, "IB pool: {e}"),
             InitError::Va(e) => write!(f, "GPU VA: {e}"),
             InitError::Vm(e) => write!(f, "page tables: {e}"),

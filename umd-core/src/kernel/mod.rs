@@ -509,14 +509,7 @@ impl<'d, P: KernelIo, const CHUNKS: usize> DeviceCore<'d, Kernel<'d, P>, CHUNKS>
     ) -> Result<Self, InitError> {
         let info = p.info().map_err(InitError::Platform)?;
         let chip = probe(info.chip_id).map_err(InitError::Probe)?;
-        if cfg.ib_chunk_bytes < 1024 || cfg.ib_chunk_bytes % 256 != 0 {
-            return Err(InitError::BadConfig("ib_chunk_bytes must be a multiple of 256 from 1 KiB"));
-        }
-        if !crate::config::batch_window_ok(cfg.batch_window_ns) {
-            return Err(InitError::BadConfig(
-                "batch_window_ns must be at most 100 ms, and 0 without umd-core's deferred-doorbells feature",
-            ));
-        }
+        cfg.validate().map_err(InitError::OutOfRange)?;
         let va_size = info.va_end.checked_sub(info.va_start).filter(|s| *s > 0);
         let va_size = va_size.ok_or(InitError::BadConfig("the kernel reports an empty VA range"))?;
         let nq = (info.engines as usize).min(MAX_QUEUES).min(crate::hw::regs::ENGINES as usize);

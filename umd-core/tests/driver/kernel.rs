@@ -569,11 +569,19 @@ fn a_batch_window_the_build_cannot_keep_is_refused_at_bring_up() {
     let mut refused = |ns: u64| {
         matches!(
             KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, Config { batch_window_ns: ns, ..cfg() }),
-            Err(InitError::BadConfig(_))
+            Err(InitError::OutOfRange(umd_core::config::RangeError {
+                key: umd_core::config::Key::BatchWindowNs
+            }))
         )
     };
     assert!(refused(umd_core::config::MAX_BATCH_WINDOW_NS + 1));
     assert_eq!(refused(200_000), !cfg!(feature = "deferred-doorbells"));
+    // Every other tunable's range is checked too.
+    let bad = Config { dep_wait_ns: u64::MAX, ..cfg() };
+    assert_eq!(
+        KernelDevice::<FakeKernel, 4>::new(&k, &mut storage, bad).err(),
+        Some(InitError::OutOfRange(umd_core::config::RangeError { key: umd_core::config::Key::DepWaitNs }))
+    );
 }
 
 #[cfg(feature = "deferred-doorbells")]

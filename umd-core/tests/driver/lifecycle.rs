@@ -3,7 +3,7 @@
 //! dangle or cross devices, and the leak report at shutdown.
 
 use super::{small_cfg, Storage};
-use umd_core::config::Config;
+use umd_core::config::{Config, Key, RangeError};
 use umd_core::direct::{Device, InitError, MmuMode};
 use umd_core::error::{SubmitError, WaitError};
 use umd_core::hw::Generation;
@@ -17,8 +17,21 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
     let bad = Config { ring_bytes: 3000, ..Config::DEFAULT };
     let fake = Fake::new(Generation::Gen1, 1 << 20);
     let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
-    assert!(matches!(e, InitError::BadConfig(_)));
+    assert_eq!(e, InitError::OutOfRange(RangeError { key: Key::RingBytes }));
+    assert!(e.to_string().contains("ring_bytes out of range"), "{e}");
     assert_eq!(fake.state().allocs, 0);
+    // Every tunable's range is checked at bring-up, not only those that
+    // shape the memory: a dependency wait past an hour, a local-memory
+    // residency past 1024.
+    for (bad, key) in [
+        (Config { dep_wait_ns: u64::MAX, ..Config::DEFAULT }, Key::DepWaitNs),
+        (Config { local_min_residency: 1025, ..Config::DEFAULT }, Key::LocalMinResidency),
+    ] {
+        let fake = Fake::new(Generation::Gen1, 1 << 20);
+        let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
+        assert_eq!(e, InitError::OutOfRange(RangeError { key }));
+        assert_eq!(fake.state().allocs, 0);
+    }
     // A batch window over 100 ms, or any window in a build without
     // deferred doorbells.
     let windows: &[u64] = if umd_core::engine::batch::BUILT { &[100_000_001] } else { &[1, 100_000_001] };
@@ -26,7 +39,7 @@ fn init_rejects_bad_config_and_frees_what_it_allocated() {
         let bad = Config { batch_window_ns, ..Config::DEFAULT };
         let fake = Fake::new(Generation::Gen1, 1 << 20);
         let e = Device::<Fake, 4>::new(&fake, &mut storage, bad, MmuMode::Bypass).err().unwrap();
-        assert!(matches!(e, InitError::BadConfig(m) if m.contains("batch_window_ns")), "{e:?}");
+        assert_eq!(e, InitError::OutOfRange(RangeError { key: Key::BatchWindowNs }));
         assert_eq!(fake.state().allocs, 0);
     }
     let fake = Fake::new(Generation::Gen1, 1 << 20);
