@@ -18,8 +18,12 @@
 //! comes from the GPU clock, and the exported trace shows each job on its
 //! engine's GPU track next to the driver's CPU-side events. Two or three
 //! frames are in flight (`depth`): frame `f` reuses frame `f - depth`'s
-//! buffers after the CPU has waited for that frame's GFX fence and checked
-//! every output word bit-exactly. Every buffer comes from
+//! buffers. The GPU orders the reuse itself (frame `f`'s COPY waits for
+//! the old frame's COMPUTE, its COMPUTE for the old GFX); the CPU waits
+//! only for the old upload before it rewrites the staging buffer, and
+//! checks every output word of the old frame bit-exactly after queueing
+//! the new frame's COPY and COMPUTE, before its GFX overwrites the output,
+//! so the check never leaves COPY, the busiest engine, without work. Every buffer comes from
 //! the driver's buffer manager: the slots' buffers live for the run, and
 //! each frame's constant table is a transient buffer, checked and freed
 //! when the frame retires. The report shows the pools' figures.
@@ -153,6 +157,27 @@ pub struct Summary {
     pub allocs: u32,
 }
 
+impl Summary {
+    /// The busiest engine (its index in [`Summary::queues`]), the share of
+    /// the GPU span it was busy and the share its own jobs allow, both in
+    /// per mille. However well the CPU keeps up, the busiest engine cannot
+    /// start before the first frame's earlier stages have run, nor finish
+    /// the span before the last frame's later stages have run after it:
+    /// the span is at least its busy time plus one average job of each
+    /// other stage.
+    pub fn bottleneck(&self) -> Option<(usize, u64, u64)> {
+        let (b, busiest) = self.queues.iter().enumerate().max_by_key(|(_, q)| q.engine_ns)?;
+        let other: u64 = (self.queues.iter().enumerate())
+            .filter(|(q, _)| *q != b)
+            .map(|(_, q)| q.engine_ns.checked_div(u64::from(q.jobs)).unwrap_or(0))
+            .sum();
+        let busy = busiest.engine_ns;
+        let share = busy.saturating_mul(1000).checked_div(self.gpu_span_ns)?;
+        let bound = busy.saturating_mul(1000).checked_div(busy.saturating_add(other))?;
+        Some((b, share, bound))
+    }
+}
+
 fn pattern_a(frame: u32, i: usize) -> f32 {
     (i as f32) * 0.25 - (frame as f32) * 3.0
 }
@@ -261,12 +286,24 @@ pub fn run<B: Backend, const C: usize>(
         let Some(slot) = slots.get(si).and_then(Option::as_ref) else {
             return Err(err("slots", "a slot index past the depth"));
         };
-        // Retire the frame that used this slot `depth` frames ago.
-        if let Some(old) = inflight.get_mut(si).and_then(Option::take) {
-            retire(dev, slot, old, &mut sum, trace)?;
-        }
+        // The frame that used this slot `depth` frames ago. Its stages
+        // free the slot's buffers one by one, and the GPU waits for them
+        // where it can: COPY only needs that frame's COMPUTE to have read
+        // `input`, COMPUTE its GFX to have read `result`. The CPU waits for
+        // its COPY (the staging buffer it rewrites), then for its GFX and
+        // checks its output only after this frame's COPY and COMPUTE are
+        // queued, so the CPU's check never leaves COPY without work.
+        let old = inflight.get_mut(si).and_then(Option::take);
         if f >= frames {
+            if let Some(old) = old {
+                retire(dev, slot, old, &mut sum, trace)?;
+            }
             continue;
+        }
+        if let Some(o) = &old {
+            let r = dev.wait(o.copy, FAIL_GUARD_NS);
+            drain_trace(dev, trace);
+            r.map_err(|e| err("wait for a frame's upload", e))?;
         }
         // 1. CPU writes the inputs (the copy cleans the CPU cache).
         write_words(dev, slot.staging.h, 2 * N, |i| {
@@ -280,8 +317,11 @@ pub fn run<B: Backend, const C: usize>(
         let consts = alloc(dev, (CONST_DWORDS * 4) as u64, "frame constants", &mut allocs)?;
         let t = ts.va + u64::from(f) * 48;
         let (stg, inp, res, out) = (slot.staging.va, slot.input.va, slot.result.va, slot.output.va);
+        // What the GPU waits for before it may overwrite `input`, `result`.
+        let input_free = old.as_ref().map(|o| o.compute);
+        let result_free = old.as_ref().map(|o| o.gfx);
         // 2. COPY: upload in tiles + the constant table (chained IB).
-        let copy = submit(dev, QueueId::COPY, &[], |cb| {
+        let copy = submit(dev, QueueId::COPY, input_free.as_slice(), |cb| {
             cb.timestamp(t + 32)?;
             let mut off = 0;
             while off < 2 * n4 {
@@ -298,11 +338,17 @@ pub fn run<B: Backend, const C: usize>(
             cb.timestamp(t + 40)
         })?;
         // 3. COMPUTE: waits for the upload, DISPATCH saxpy.
-        let compute = submit(dev, QueueId::COMPUTE, &[copy], |cb| {
+        let waits = [copy, result_free.unwrap_or(copy)];
+        let waits = waits.get(..if result_free.is_some() { 2 } else { 1 }).unwrap_or(&[]);
+        let compute = submit(dev, QueueId::COMPUTE, waits, |cb| {
             cb.timestamp(t + 16)?;
             cb.dispatch(DispatchOp::SaxpyF32, inp, inp + n4, res, N as u32, scalar(f))?;
             cb.timestamp(t + 24)
         })?;
+        // The old frame's output is checked before GFX overwrites it.
+        if let Some(old) = old {
+            retire(dev, slot, old, &mut sum, trace)?;
+        }
         // 4. GFX: waits for the compute, copies the result out.
         let gfx = submit(dev, QueueId::GFX, &[compute], |cb| {
             cb.timestamp(t)?;
@@ -557,6 +603,17 @@ pub fn write_report<B: Backend, const C: usize>(
             Ms(sum.gpu_span_ns),
             busy / sum.gpu_span_ns,
             (busy % sum.gpu_span_ns) * 100 / sum.gpu_span_ns
+        )?;
+    }
+    if let Some((q, share, bound)) = sum.bottleneck() {
+        writeln!(
+            out,
+            "bottleneck : {} busy {}.{}% of the span; its jobs allow {}.{}% (one job of each other stage before or after it)",
+            ["GFX", "COMPUTE", "COPY"].get(q).copied().unwrap_or("?"),
+            share / 10,
+            share % 10,
+            bound / 10,
+            bound % 10
         )?;
     }
     let p = dev.pool_stats();
