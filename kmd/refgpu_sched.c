@@ -28,13 +28,12 @@
 
 #include <drm/drm_debugfs.h>
 #include <drm/drm_file.h>
-
-#include "refgpu_trace.h"
 #include <drm/drm_managed.h>
 #include <drm/drm_print.h>
 #include <drm/drm_syncobj.h>
 
 #include "refgpu_drv.h"
+#include "refgpu_trace.h"
 
 static unsigned int job_timeout_ms = 1000;
 module_param(job_timeout_ms, uint, 0444);
