@@ -54,6 +54,8 @@ struct sg_table;
  * @base: the dma_fence (first: a fence is freed with kfree_rcu() of it)
  * @node: entry in &refgpu_engine.inflight
  * @engine: the engine that runs it
+ * @ctx_id: its job's context, and @out_context:@out_seqno the job's out
+ *	fence (the scheduler's finished fence), for the tracepoints
  * @ib_va: the job's IB, written again into the ring after a reset
  * @ib_dw: its size in dwords
  * @ring_start: ring position of the job's INDIRECT_BUFFER packet
@@ -72,6 +74,9 @@ struct refgpu_fence {
 	u32 engine;
 	u32 ib_dw;
 	u64 ib_va;
+	u32 ctx_id;
+	u64 out_context;
+	u64 out_seqno;
 	u64 ring_start;
 	u64 ring_done;
 	unsigned long started;

@@ -33,6 +33,7 @@
 #include <drm/drm_syncobj.h>
 
 #include "refgpu_drv.h"
+#include "refgpu_trace.h"
 
 static unsigned int job_timeout_ms = 1000;
 module_param(job_timeout_ms, uint, 0444);
@@ -139,6 +140,7 @@ static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
 		list_del_init(&f->node);
 		eng->completed = f->base.seqno;
 		dma_fence_signal_locked(&f->base);
+		trace_refgpu_complete(f);
 		dma_fence_put(&f->base);
 		signalled = true;
 	}
@@ -154,6 +156,7 @@ static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
 		list_del_init(&f->node);
 		dma_fence_set_error(&f->base, error);
 		dma_fence_signal_locked(&f->base);
+		trace_refgpu_complete(f);
 		dma_fence_put(&f->base);
 	}
 }
@@ -225,6 +228,7 @@ void refgpu_engine_irq(struct refgpu_engine *eng, u32 status)
 		eng->fault_addr = rg_eread(rdev, eng->id, REFGPU_FAULT_ADDR_LO) |
 				  (u64)rg_eread(rdev, eng->id, REFGPU_FAULT_ADDR_HI) << 32;
 		eng->faulted = true;
+		trace_refgpu_fault(eng);
 	}
 	refgpu_engine_signal_locked(eng);
 	spin_unlock_irqrestore(&eng->lock, flags);
@@ -391,6 +395,9 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	fence->engine = eng->id;
 	fence->ib_va = job->ib_va;
 	fence->ib_dw = job->ib_dw;
+	fence->ctx_id = job->ctx->id;
+	fence->out_context = sched_job->s_fence->finished.context;
+	fence->out_seqno = sched_job->s_fence->finished.seqno;
 	INIT_LIST_HEAD(&fence->node);
 
 	err = sched_job->s_fence->finished.error;
@@ -416,7 +423,9 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 		       err ? eng->emitted : ++eng->emitted);
 	if (err) {
 		dma_fence_set_error(&fence->base, err);
+		trace_refgpu_run(job, fence);
 		dma_fence_signal_locked(&fence->base);
+		trace_refgpu_complete(fence);
 	} else {
 		/* In flight before WPTR shows it: its interrupt finds it. */
 		if (list_empty(&eng->inflight))
@@ -424,6 +433,7 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 		list_add_tail(&fence->node, &eng->inflight);
 		dma_fence_get(&fence->base);
 		refgpu_ring_job_locked(eng, fence, true);
+		trace_refgpu_run(job, fence);
 	}
 	spin_unlock_irq(&eng->lock);
 
@@ -672,6 +682,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		}
 	}
 	refgpu_coredump(eng, guilty, why);
+	trace_refgpu_reset(eng, fault ? "fault" : why == REFGPU_STALLED ? "stall" : "overtime", culprit);
 	if (guilty) {
 		struct refgpu_ctx *ctx = guilty->ctx;
 
@@ -717,6 +728,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 			list_del_init(&f->node);
 			dma_fence_set_error(&f->base, fault ? -EIO : -ETIMEDOUT);
 			dma_fence_signal_locked(&f->base);
+			trace_refgpu_complete(f);
 			dma_fence_put(&f->base);
 			continue;
 		}
@@ -739,6 +751,7 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		if (ret) {
 			dma_fence_set_error(&f->base, ret == -ENOSPC ? -ECANCELED : ret);
 			dma_fence_signal_locked(&f->base);
+			trace_refgpu_complete(f);
 			dma_fence_put(&f->base);
 			continue;
 		}
@@ -1306,6 +1319,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 		goto out_abort_job;
 	}
 	drm_sched_job_arm(&job->base);
+	trace_refgpu_submit(file, job);
 	finished = dma_fence_get(&job->base.s_fence->finished);
 	drm_sched_entity_push_job(&job->base);
 	mutex_unlock(&ctx->submit_lock);
@@ -1447,6 +1461,7 @@ int refgpu_ioctl_submit_batch(struct drm_device *dev, void *data, struct drm_fil
 	/* Armed and pushed in a row: consecutive seqnos, array order. */
 	for (i = 0; i < n; i++) {
 		drm_sched_job_arm(&e[i].job->base);
+		trace_refgpu_submit(file, e[i].job);
 		e[i].finished = dma_fence_get(&e[i].job->base.s_fence->finished);
 		drm_sched_entity_push_job(&e[i].job->base);
 		e[i].job = NULL;	/* the scheduler's now */

@@ -35,6 +35,7 @@
 #include <drm/drm_syncobj.h>
 
 #include "refgpu_drv.h"
+#include "refgpu_trace.h"
 
 #define REFGPU_VA_READ_ONLY	DRM_GPUVA_USERBITS
 
@@ -1146,6 +1147,7 @@ int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *fi
 			ret = drm_gpuvm_sm_unmap(&vm->base, &ctx, a->va, a->size);
 		if (WARN_ON(ret))
 			break;
+		trace_refgpu_bind(file, vm, a, ops[i].obj ? ops[i].obj->size : 0);
 	}
 	/*
 	 * The tables the unmaps left empty, and those a failed call created,

@@ -130,6 +130,8 @@ pub const GUEST_TESTS: &[&str] = &[
     "conformance_kernel_mode_validation",
     "kernel_mode_sync_files_and_reset_status",
     "dma_overrun_walk",
+    "tracepoints_follow_a_job",
+    "tracepoints_name_resets",
     "bench_submit_vs_null_ioctl",
     "bench_wait_syncobj_vs_poll",
     "bench_vm_bind_batched",

@@ -23,6 +23,7 @@ mod hostile;
 mod kernel_mode;
 mod recovery;
 mod tests;
+mod tracing;
 mod unplug;
 mod vm_tables;
 

@@ -73,6 +73,8 @@ pub fn all(kind: linux_tests::KernelKind) -> Vec<Test> {
             crate::kernel_mode::kernel_mode_sync_files_and_reset_status,
         ),
         ("dma_overrun_walk", crate::debugging::dma_overrun_walk),
+        ("tracepoints_follow_a_job", crate::tracing::tracepoints_follow_a_job),
+        ("tracepoints_name_resets", crate::tracing::tracepoints_name_resets),
         ("bench_submit_vs_null_ioctl", bench_submit_vs_null_ioctl),
         ("bench_wait_syncobj_vs_poll", bench_wait_syncobj_vs_poll),
         ("bench_vm_bind_batched", bench_vm_bind_batched),
