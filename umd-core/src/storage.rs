@@ -26,6 +26,22 @@ use crate::sync::deps::DepGraph;
 pub use crate::sync::deps::PENDING_WAITS;
 use crate::sync::MAX_QUEUES;
 
+/// The MCU configuration's storage (`docs/memory.md`, "Choosing the
+/// capacities"; its size is in `docs/perf.md`, "Capacity and RAM per
+/// configuration"): 64 buffer handles; no GPU VA nodes (the MMU bypassed,
+/// [`crate::direct::MmuMode::Bypass`]: a buffer's GPU address is its
+/// memory's own, and bring-up with the MMU on is refused for want of
+/// nodes); 16 slab descriptors (64 buffers of any slab bin: the 64 KiB
+/// bin's slab has the fewest slots, 4); no trace events and no
+/// local-memory nodes (built without the `trace` and `local-memory`
+/// features); one hang report. With [`MCU_CHUNKS`] IB chunks and one
+/// generation.
+pub type McuStorage = DeviceStorage<64, 0, 16, 0, 0, 1>;
+
+/// IB chunks of the MCU configuration's device
+/// (`Device<'_, P, MCU_CHUNKS>`, the default count).
+pub const MCU_CHUNKS: usize = 16;
+
 /// A capacity an operation ran into, named by the parameter that sets it:
 /// the errors that report a full table say which one to raise
 /// ([`crate::mem::AllocError::limit`], [`crate::error::SubmitError::limit`];
