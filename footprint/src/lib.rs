@@ -156,7 +156,7 @@ pub extern "C" fn umd_fp_carve_out(base: usize, len: usize) -> u32 {
     if CARVE.is_completed() {
         return 0;
     }
-    match platform_baremetal::carveout::CarveOut::new(base, base as u64, len) {
+    match platform_baremetal::carveout::McuCarveOut::with_nodes(base, base as u64, len) {
         Some(c) => {
             CARVE.call_once(|| spin::Mutex::new(c));
             1

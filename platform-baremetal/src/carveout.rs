@@ -39,10 +39,12 @@ pub const MAX_PAGES: usize = 16384;
 pub const NODES: usize = 1024;
 
 /// The node count of the MCU configuration's carve-out ([`McuCarveOut`]):
-/// enough for a device of `umd_core::storage::McuStorage` (its fixed pools,
-/// its size-class slabs and its large buffers, each one block, with a
-/// hole between each two), 40 B each.
-pub const MCU_NODES: usize = 48;
+/// a device of `umd_core::storage::McuStorage` (MMU bypassed, the default
+/// `Config`) takes 5 blocks at bring-up and one per large buffer, 69 with
+/// its 64 buffers all large (slabs are fewer: 64 buffers of the largest
+/// slab bin fill 16), so 139 nodes keep them whatever the holes between
+/// them. 40 B each.
+pub const MCU_NODES: usize = 2 * (5 + 64) + 1;
 
 /// The MCU configuration's carve-out (`docs/memory.md`, "Choosing the
 /// capacities").
@@ -57,12 +59,19 @@ pub struct CarveOut<const N: usize = NODES> {
     pages: PageAlloc<[VaNode; N]>,
 }
 
-impl<const N: usize> CarveOut<N> {
+impl CarveOut {
     /// A carve-out of `len` bytes (rounded down to whole pages, at most
     /// [`MAX_PAGES`]) at CPU address `cpu_base` and device address
-    /// `dev_base`; both must be page aligned and `len` at least one page
-    /// (else `None`).
-    pub fn new(cpu_base: usize, dev_base: u64, len: usize) -> Option<CarveOut<N>> {
+    /// `dev_base`, with the default [`NODES`]; both must be page aligned
+    /// and `len` at least one page (else `None`).
+    pub fn new(cpu_base: usize, dev_base: u64, len: usize) -> Option<CarveOut> {
+        CarveOut::with_nodes(cpu_base, dev_base, len)
+    }
+}
+
+impl<const N: usize> CarveOut<N> {
+    /// As [`CarveOut::new`], with `N` nodes (`McuCarveOut::with_nodes`).
+    pub fn with_nodes(cpu_base: usize, dev_base: u64, len: usize) -> Option<CarveOut<N>> {
         if cpu_base % PAGE != 0 || dev_base % PAGE as u64 != 0 {
             return None;
         }
@@ -181,7 +190,10 @@ pub(crate) fn cache_span(region: &DmaRegion, offset: usize, len: usize) -> Optio
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
+    use std::string::ToString;
 
     #[test]
     fn alloc_free_good_fit() {
@@ -211,10 +223,25 @@ mod tests {
         for i in 0..NODES - 1 {
             assert_eq!(c.alloc(PAGE).unwrap().0, base + i * PAGE);
         }
-        assert_eq!(c.alloc(PAGE), Err(PagesError::NodeTableFull { nodes: NODES }));
+        let err = c.alloc(PAGE).unwrap_err();
+        assert_eq!(err, PagesError::NodeTableFull { nodes: NODES });
+        assert!(err.to_string().contains("CarveOut's NODES"), "{err}: names the parameter to raise");
         assert_eq!(c.used_pages(), NODES - 1);
         assert_eq!(c.free(base + 5 * PAGE, PAGE), Ok(()));
         assert_eq!(c.alloc(PAGE), Ok((base + 5 * PAGE, (base + 5 * PAGE) as u64)));
+    }
+
+    /// The node count is the carve-out's `N`: the MCU configuration's
+    /// [`MCU_NODES`] hold `MCU_NODES - 1` one-page blocks.
+    #[test]
+    fn the_node_count_is_a_parameter() {
+        let base = 0x4100_0000;
+        let mut c = McuCarveOut::with_nodes(base, base as u64, MAX_PAGES * PAGE).unwrap();
+        for _ in 0..MCU_NODES - 1 {
+            c.alloc(PAGE).unwrap();
+        }
+        assert_eq!(c.alloc(PAGE), Err(PagesError::NodeTableFull { nodes: MCU_NODES }));
+        assert_eq!(c.used_pages(), MCU_NODES - 1, "nothing changed on error");
     }
 
     #[test]

@@ -64,7 +64,9 @@ pub enum Limit {
     IbChunks,
     /// Submissions with cross-queue waits pending on one queue (the
     /// dependency graph's depth): [`PENDING_WAITS`], a build constant, not
-    /// a parameter; the submission succeeds once earlier ones complete.
+    /// a parameter (in kernel mode also the jobs a queue holds back,
+    /// `kernel::HELD_JOBS`); the submission succeeds once earlier ones
+    /// complete.
     PendingWaits,
 }
 

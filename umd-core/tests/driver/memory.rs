@@ -4,7 +4,7 @@
 //! without the MMU, page-table cache maintenance, CPU access on a
 //! non-coherent system, and allocations racing frees.
 
-use super::{small_cfg, with_device, Storage};
+use super::{names_its_parameter, small_cfg, with_device, Storage};
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
@@ -17,7 +17,7 @@ use umd_core::platform::fake;
 use umd_core::platform::fake::MEM_BASE;
 use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 #[cfg(feature = "mmu")]
-use umd_core::storage::DeviceStorage;
+use umd_core::storage::{DeviceStorage, Limit};
 use umd_core::sync::{FenceError, QueueId};
 
 #[test]
@@ -225,7 +225,11 @@ fn every_allocation_failure_names_its_cause() {
     let mut small: Box<DeviceStorage<4, 256, 64, 16>> = Box::default();
     let dev = Device::<Fake, 4>::new(&fake, &mut small, small_cfg(), MmuMode::Bypass).unwrap();
     let hs: Vec<_> = (0..4).map(|_| dev.alloc_buffer(64).unwrap()).collect();
-    assert_eq!(dev.alloc_buffer(64), Err(AllocError::TableFull { capacity: 4 }));
+    let before = (dev.buffer_stats(), dev.va_stats());
+    let err = dev.alloc_buffer(64).unwrap_err();
+    assert_eq!(err, AllocError::TableFull { capacity: 4 });
+    names_its_parameter(&err, err.limit(), Limit::Buffers, "DeviceStorage's BUFFERS");
+    assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
     hs.into_iter().for_each(|h| dev.free(h).unwrap());
     drop(dev);
     // Slab descriptors of the small and medium classes.
@@ -233,8 +237,13 @@ fn every_allocation_failure_names_its_cause() {
     let dev = Device::<Fake, 4>::new(&fake, &mut few_slabs, small_cfg(), MmuMode::Bypass).unwrap();
     let a = dev.alloc_buffer(64).unwrap();
     let b = dev.alloc_buffer(2048).unwrap();
-    assert_eq!(dev.alloc_buffer(300), Err(AllocError::SlabCapacity { class: SizeClass::Small }));
-    assert_eq!(dev.alloc_buffer(9000), Err(AllocError::SlabCapacity { class: SizeClass::Medium }));
+    let before = (dev.buffer_stats(), dev.va_stats());
+    for (size, class) in [(300, SizeClass::Small), (9000, SizeClass::Medium)] {
+        let err = dev.alloc_buffer(size).unwrap_err();
+        assert_eq!(err, AllocError::SlabCapacity { class });
+        names_its_parameter(&err, err.limit(), Limit::Slabs, "DeviceStorage's SLABS");
+        assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
+    }
     dev.free(a).unwrap();
     dev.free(b).unwrap();
     drop(dev);
@@ -242,13 +251,16 @@ fn every_allocation_failure_names_its_cause() {
     let mut few_nodes: Box<DeviceStorage<256, 8, 64, 16>> = Box::default();
     let dev = Device::<Fake, 4>::new(&fake, &mut few_nodes, small_cfg(), MmuMode::DEFAULT).unwrap();
     let mut got = Vec::new();
-    let err = loop {
+    let (err, before) = loop {
+        let before = (dev.buffer_stats(), dev.va_stats());
         match dev.alloc_buffer(100_000) {
             Ok(h) => got.push(h),
-            Err(e) => break e,
+            Err(e) => break (e, before),
         }
     };
     assert_eq!(err, AllocError::VaNodes);
+    names_its_parameter(&err, err.limit(), Limit::VaNodes, "DeviceStorage's VA_NODES");
+    assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
     assert!(!got.is_empty());
     got.into_iter().for_each(|h| dev.free(h).unwrap());
     drop(dev);
