@@ -322,8 +322,9 @@ fn a_wrong_memory_base_fails_bring_up_with_the_address_and_the_window() {
 }
 
 /// `docs/perf.md`, "Capacity and RAM per configuration": the bytes of
-/// `DeviceStorage` per unit of each parameter, the fixed part and the
-/// totals of the default and the MCU configuration are the real ones
+/// `DeviceStorage` per unit of each parameter, the fixed part, the
+/// totals of the default and the MCU configuration, and the device's bytes
+/// per IB chunk are the real ones
 /// (exactly, on a 64-bit host with the default features and neither
 /// `validation` nor `size-first`).
 #[cfg(all(
@@ -381,4 +382,8 @@ fn the_capacity_table_is_the_real_one() {
     assert_eq!(sum(|u| u.1 * u.3), default, "the default total is the parts' sum");
     assert_eq!(sum(|u| u.1 * u.4), mcu, "the MCU total is the parts' sum");
     assert_eq!(row("total"), vec![default, mcu], "the totals");
+    // What an IB chunk adds to the device.
+    let chunk = (size_of::<Device<'_, Fake, 16>>() - size_of::<Device<'_, Fake, 8>>()) / 8;
+    let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(&format!("adds {chunk} B per IB chunk")), "an IB chunk is {chunk} B of the device");
 }
