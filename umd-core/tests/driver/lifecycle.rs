@@ -346,9 +346,10 @@ fn the_capacity_table_is_the_real_one() {
     // The numbers of the row that starts with "| `name`": thousands
     // separators dropped, cells that are not a number skipped.
     let row = |name: &str| -> Vec<usize> {
-        let line = section.lines().find(|l| l.starts_with(&format!("| {name} "))).unwrap_or_else(|| {
-            panic!("docs/perf.md, 'Capacity and RAM per configuration': no row {name}")
-        });
+        let line = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} ")))
+            .unwrap_or_else(|| panic!("docs/perf.md, 'Capacity and RAM per configuration': no row {name}"));
         line.split('|').filter_map(|c| c.trim().replace(',', "").parse().ok()).collect()
     };
     // 64 units more of one parameter, over 64 of every one (the hang log's

@@ -100,7 +100,11 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     let err = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap_err();
     assert_eq!(err, SubmitError::PoolEmpty);
     names_its_parameter(&err, err.limit(), Limit::IbChunks, "Device's CHUNKS");
-    assert_eq!((dev.last_emitted(QueueId::GFX), dev.pool_stats()), (emitted, pool), "nothing changed on error");
+    assert_eq!(
+        (dev.last_emitted(QueueId::GFX), dev.pool_stats()),
+        (emitted, pool),
+        "nothing changed on error"
+    );
     // Reclaim after the fences signal.
     dev.platform().state().run(0);
     dev.wait(a, 1_000_000_000).unwrap();
