@@ -3,7 +3,7 @@
 //!
 //! Local memory is the driver's to manage, not the platform's
 //! (`docs/memory.md`, "Local memory and eviction"): a
-//! [`PageAlloc`](super::pages::PageAlloc) over node storage from `DeviceStorage` hands out runs of
+//! [`pages::PageAlloc`](super::pages::PageAlloc) over node storage from `DeviceStorage` hands out runs of
 //! 4 KiB pages of it, in a time that does not grow with the number of
 //! local buffers. The device core wraps a
 //! run in a [`crate::platform::DmaRegion`] that says it is local (its
@@ -46,7 +46,7 @@ pub(crate) struct LocalPages {
     pub(crate) len: usize,
 }
 
-/// The allocator of activated local memory: a [`PageAlloc`](super::pages::PageAlloc) when local
+/// The allocator of activated local memory: a [`pages::PageAlloc`](super::pages::PageAlloc) when local
 /// memory is built in ([`ON`]).
 #[cfg(all(feature = "local-memory", feature = "mmu"))]
 type Pages<'d> = PageAlloc<&'d mut [VaNode]>;
