@@ -388,3 +388,21 @@ fn the_capacity_table_is_the_real_one() {
     let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(flat.contains(&format!("adds {chunk} B per IB chunk")), "an IB chunk is {chunk} B of the device");
 }
+
+/// The MCU configuration's storage has no VA nodes: bring-up with the MMU
+/// on is refused, naming the parameter, and leaves nothing allocated; in
+/// bypass it comes up.
+#[cfg(feature = "mmu")]
+#[test]
+fn a_storage_without_va_nodes_names_them_with_the_mmu_on() {
+    use umd_core::mem::VaError;
+    use umd_core::storage::{McuStorage, MCU_CHUNKS};
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<McuStorage> = Box::default();
+    let err = Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).unwrap_err();
+    assert_eq!(err, InitError::Va(VaError::NodeCapacity));
+    assert!(err.to_string().ends_with("raise DeviceStorage's VA_NODES parameter"), "{err}");
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
+    let dev = Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    dev.free(dev.alloc_buffer(64).unwrap()).unwrap();
+}
