@@ -4,7 +4,7 @@
 //! without the MMU, page-table cache maintenance, CPU access on a
 //! non-coherent system, and allocations racing frees.
 
-use super::{names_its_parameter, small_cfg, with_device, Storage};
+use super::{small_cfg, with_device, Storage};
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::{BufferUse, Submit};
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
@@ -17,7 +17,7 @@ use umd_core::platform::fake;
 use umd_core::platform::fake::MEM_BASE;
 use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
 #[cfg(feature = "mmu")]
-use umd_core::storage::{DeviceStorage, Limit};
+use umd_core::storage::DeviceStorage;
 use umd_core::sync::{FenceError, QueueId};
 
 #[test]
@@ -196,6 +196,8 @@ fn a_refused_request_leaves_the_buffer_statistics_as_they_were() {
 #[cfg(feature = "mmu")]
 #[test]
 fn every_allocation_failure_names_its_cause() {
+    use super::names_its_parameter;
+    use umd_core::storage::Limit;
     // Bad requests.
     with_device::<4>(Generation::Gen2, small_cfg(), MmuMode::DEFAULT, |dev| {
         assert_eq!(dev.alloc_buffer(0), Err(AllocError::ZeroSize));
