@@ -399,7 +399,8 @@ fn a_storage_without_va_nodes_names_them_with_the_mmu_on() {
     use umd_core::storage::{McuStorage, MCU_CHUNKS};
     let fake = Fake::new(Generation::Gen2, 8 << 20);
     let mut storage: Box<McuStorage> = Box::default();
-    let err = Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).unwrap_err();
+    let err =
+        Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).unwrap_err();
     assert_eq!(err, InitError::Va(VaError::NodeCapacity));
     assert!(err.to_string().ends_with("raise DeviceStorage's VA_NODES parameter"), "{err}");
     assert_eq!(fake.state().allocs, 0, "nothing left allocated");
