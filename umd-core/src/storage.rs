@@ -7,6 +7,13 @@
 //! it is placed by the loader and never moved on a stack), and lends to
 //! the device for the device's lifetime. The device itself is small.
 //!
+//! Every capacity is a const parameter: the default [`DeviceStorage`]
+//! suits a host or a large SoC, [`McuStorage`] (with [`MCU_CHUNKS`] IB
+//! chunks) a microcontroller; a full table is refused with an error whose
+//! [`Limit`] names the parameter to raise (`docs/memory.md`, "Choosing the
+//! capacities"; bytes per unit in `docs/perf.md`, "Capacity and RAM per
+//! configuration").
+//!
 //! ```ignore
 //! static STORAGE: static_cell::ConstStaticCell<DeviceStorage> = ConstStaticCell::new(DeviceStorage::new());
 //! let dev = Device::new(&PLATFORM, STORAGE.take(), Config::DEFAULT, MmuMode::DEFAULT)?;
