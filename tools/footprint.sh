@@ -201,7 +201,7 @@ check_budget gen2,compact-encoder "${SMALLEST_BUDGET:-28672}" "smallest one-gene
 # it must be panic-free too (the carve-out and the board functions
 # included).
 mcu=gen2,compact-encoder,mcu
-mcu_budget=${MCU_RAM_BUDGET:-61440}
+mcu_budget=${MCU_RAM_BUDGET:-56320}
 cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$mcu"
 lib="target/$t/footprint/libfootprint.a"
 panic_paths "$lib" "$t ($mcu)" 'umd_core|umd_fp_|board_|platform_baremetal' || status=1
