@@ -213,7 +213,7 @@ pub trait Backend: sealed::Sealed + Sized {
     /// What holds the engine's GPU VA allocator: the allocator itself
     /// where [`Backend::VA_ALLOCATOR`] is true, else nothing (no bytes in
     /// the device).
-    type Va<'v>: sealed::VaHold<'v>;
+    type Va<'v>: sealed::VaHold<'v> + Send;
 
     /// The platform.
     fn platform(&self) -> &Self::P;
