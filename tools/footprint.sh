@@ -6,9 +6,10 @@
 # references a core::panicking routine after fat LTO), or if the driver
 # built without the mmu feature links the GPU VA allocator, or if a
 # budgeted build's .text is above its budget (the fast one-generation
-# driver with the MMU, 42 KiB; the smallest one-generation driver, 28 KiB).
-# FAST_MMU_BUDGET and SMALLEST_BUDGET (bytes) override the budgets, to
-# show that the check fails.
+# driver with the MMU, 42 KiB; the smallest one-generation driver, 28 KiB),
+# or if the MCU configuration's RAM (.data + .bss) is above its budget.
+# FAST_MMU_BUDGET, SMALLEST_BUDGET and MCU_RAM_BUDGET (bytes) override the
+# budgets, to show that the check fails.
 #
 # `tools/footprint.sh table` instead prints the per-configuration table of
 # docs/perf.md: the direct-mode driver alone (probe without its `codec`
@@ -189,4 +190,34 @@ check_budget() {
 }
 check_budget gen2,size-first,mmu "${FAST_MMU_BUDGET:-43008}" "fast driver with the MMU"
 check_budget gen2,compact-encoder "${SMALLEST_BUDGET:-28672}" "smallest one-generation driver"
+# The MCU configuration's RAM (docs/memory.md, "Choosing the capacities";
+# docs/perf.md, "Capacity and RAM per configuration"): the probe built
+# with `mcu` (gen2, compact encoder, no optional part; its device and
+# storage the MCU preset's, its board memory the bare-metal carve-out
+# with the preset's node table), whose .data + .bss is the whole RAM the
+# driver needs but the stack: the device, its storage, the carve-out and
+# the driver's other statics. Held to MCU_RAM_BUDGET (bytes) at the figure
+# reached; the goal is 16 KiB. Its statics are listed, largest first, and
+# it must be panic-free too (the carve-out and the board functions
+# included).
+mcu=gen2,compact-encoder,mcu
+mcu_budget=${MCU_RAM_BUDGET:-56320}
+cargo build -q -p footprint --profile footprint --target "$t" --no-default-features --features "$mcu"
+lib="target/$t/footprint/libfootprint.a"
+panic_paths "$lib" "$t ($mcu)" 'umd_core|umd_fp_|board_|platform_baremetal' || status=1
+read -r text _ data bss <<<"$(own_sizes "$lib")"
+ram=$((data + bss))
+printf '%-40s %-24s %8s (.text %s; budget %s)\n' "MCU configuration: RAM (.data + .bss)" "$t" "$ram" "$text" "$mcu_budget"
+dir=$(mktemp -d)
+(cd "$dir" && ar x "$OLDPWD/$lib")
+llvm-nm -S -t d --size-sort --demangle "$dir"/footprint-*.o | awk '$3 ~ /^[bBdD]$/ { n = $0; sub(/^[^ ]+ [^ ]+ [^ ]+ /, "", n); sub(/::h[0-9a-f]+$/, "", n); printf "    %8d  %s\n", $2, n }' | sort -nr
+rm -rf "$dir"
+if [ "$data" -gt 64 ]; then
+    echo "$t ($mcu): $data bytes of .data: a static of the MCU configuration is not all zeros" >&2
+    status=1
+fi
+if [ "$ram" -gt "$mcu_budget" ]; then
+    echo "$t ($mcu): $ram bytes of RAM, above the budget of $mcu_budget" >&2
+    status=1
+fi
 exit $status

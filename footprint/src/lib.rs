@@ -115,16 +115,80 @@ pub extern "C" fn umd_fp_device_smoke() -> u32 {
     u32::from(ok)
 }
 
+/// The probe's storage: 64 buffers, 128 VA nodes, 32 slabs, 64 trace
+/// events (the other parameters default), or the MCU configuration's.
+#[cfg(not(feature = "mcu"))]
+type Storage = umd_core::storage::DeviceStorage<64, 128, 32, 64>;
+#[cfg(feature = "mcu")]
+type Storage = umd_core::storage::McuStorage;
+
+/// The probe device's IB chunks.
+#[cfg(not(feature = "mcu"))]
+const CHUNKS: usize = 8;
+#[cfg(feature = "mcu")]
+const CHUNKS: usize = umd_core::storage::MCU_CHUNKS;
+
 /// The device's tables (a `static`: placed by the loader, never moved; all
 /// zeros, so in `.bss`, which `tools/footprint.sh` checks).
-static STORAGE: spin::Mutex<umd_core::storage::DeviceStorage<64, 128, 32, 64>> =
-    spin::Mutex::new(umd_core::storage::DeviceStorage::new());
+static STORAGE: spin::Mutex<Storage> = spin::Mutex::new(umd_core::storage::DeviceStorage::new());
 
 /// The device's own memory (a `static`, so that bring-up writes the
 /// engine where it stays instead of moving it through the stack; all
 /// zeros, in `.bss`).
-static DEVICE: spin::Mutex<core::mem::MaybeUninit<umd_core::direct::Device<'static, board::Board, 8>>> =
+static DEVICE: spin::Mutex<core::mem::MaybeUninit<umd_core::direct::Device<'static, board::Board, CHUNKS>>> =
     spin::Mutex::new(core::mem::MaybeUninit::uninit());
+
+/// The MCU probe's board memory: the bare-metal carve-out with the MCU
+/// configuration's node table, behind the board's `board_alloc` and
+/// `board_free` (which the probe then provides, as a firmware would),
+/// set up by [`umd_fp_carve_out`]. Its node table is RAM the driver
+/// needs, so it is measured with the device's.
+/// (A `spin::Once`, all zeros until set: `.bss`, no flash image.)
+#[cfg(feature = "mcu")]
+static CARVE: spin::Once<spin::Mutex<platform_baremetal::carveout::McuCarveOut>> = spin::Once::new();
+
+/// Makes `len` bytes at `base` (CPU and device address alike) the MCU
+/// probe's board memory; 1 if taken (page aligned, at least a page, set
+/// once).
+#[cfg(feature = "mcu")]
+#[no_mangle]
+pub extern "C" fn umd_fp_carve_out(base: usize, len: usize) -> u32 {
+    if CARVE.is_completed() {
+        return 0;
+    }
+    match platform_baremetal::carveout::McuCarveOut::with_nodes(base, base as u64, len) {
+        Some(c) => {
+            CARVE.call_once(|| spin::Mutex::new(c));
+            1
+        }
+        None => 0,
+    }
+}
+
+/// The board's allocator over [`CARVE`]: whole pages, the device address
+/// written to `dev_addr`; null when none is left.
+///
+/// # Safety
+/// `dev_addr` must be valid for a write of a `u64`.
+#[cfg(feature = "mcu")]
+#[no_mangle]
+pub unsafe extern "C" fn board_alloc(len: usize, dev_addr: *mut u64) -> *mut u8 {
+    let Some(Ok((cpu, dev))) = CARVE.get().map(|c| c.lock().alloc(len)) else {
+        return core::ptr::null_mut();
+    };
+    // SAFETY: the caller's contract.
+    unsafe { dev_addr.write(dev) };
+    cpu as *mut u8
+}
+
+/// Gives a block of [`board_alloc`] back (anything else frees nothing).
+#[cfg(feature = "mcu")]
+#[no_mangle]
+pub extern "C" fn board_free(p: *mut u8, len: usize) {
+    if let Some(c) = CARVE.get() {
+        let _ = c.lock().free(p as usize, len);
+    }
+}
 
 /// Runs the whole conformance suite on the board platform; returns the
 /// number of scenarios that did not pass (built with `with-conformance`).

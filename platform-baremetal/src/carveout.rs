@@ -21,9 +21,9 @@ pub const PAGE: usize = umd_core::mem::pages::PAGE;
 /// Most pages one carve-out manages (64 MiB).
 pub const MAX_PAGES: usize = 16384;
 
-/// Nodes of the page allocator: one per block handed out or hole between
-/// blocks, so at least 511 blocks live whatever the holes (1,023 without
-/// holes). A device's blocks are its fixed pools (page tables, fence
+/// Nodes of the page allocator by default (a [`CarveOut`]'s `N`): one per
+/// block handed out or hole between blocks, so at least 511 blocks live
+/// whatever the holes (1,023 without holes). A device's blocks are its fixed pools (page tables, fence
 /// slots, rings, the IB pool), one per slab of the size-class pools and
 /// one per buffer of its own: the default `DeviceStorage` (1,024 buffer
 /// handles, 256 slabs) keeps a few hundred at most in practice. 40 KiB of
@@ -33,27 +33,49 @@ pub const MAX_PAGES: usize = 16384;
 /// one node per 16 pages keeps the allocator's address index a list
 /// (O(1) frees, `docs/memory.md`). A request beyond it is refused as
 /// [`PagesError::NodeTableFull`] (the platform's `dma_alloc`: out of
-/// memory).
+/// memory). A firmware with few blocks picks a smaller `N`: the MCU
+/// configuration's [`MCU_NODES`] (`docs/memory.md`, "Choosing the
+/// capacities").
 pub const NODES: usize = 1024;
 
-/// A page allocator over `[cpu_base, cpu_base + pages * PAGE)`.
+/// The node count of the MCU configuration's carve-out ([`McuCarveOut`]):
+/// a device of `umd_core::storage::McuStorage` (MMU bypassed, the default
+/// `Config`) takes 5 blocks at bring-up and one per large buffer, 69 with
+/// its 64 buffers all large (slabs are fewer: 64 buffers of the largest
+/// slab bin fill 16), so 139 nodes keep them whatever the holes between
+/// them. 40 B each.
+pub const MCU_NODES: usize = 2 * (5 + 64) + 1;
+
+/// The MCU configuration's carve-out (`docs/memory.md`, "Choosing the
+/// capacities").
+pub type McuCarveOut = CarveOut<MCU_NODES>;
+
+/// A page allocator over `[cpu_base, cpu_base + pages * PAGE)`, with `N`
+/// nodes (40 B each, in this value) for its blocks and holes.
 #[derive(Debug)]
-pub struct CarveOut {
+pub struct CarveOut<const N: usize = NODES> {
     cpu_base: usize,
     dev_base: u64,
-    pages: PageAlloc<[VaNode; NODES]>,
+    pages: PageAlloc<[VaNode; N]>,
 }
 
 impl CarveOut {
     /// A carve-out of `len` bytes (rounded down to whole pages, at most
     /// [`MAX_PAGES`]) at CPU address `cpu_base` and device address
-    /// `dev_base`; both must be page aligned and `len` at least one page
-    /// (else `None`).
+    /// `dev_base`, with the default [`NODES`]; both must be page aligned
+    /// and `len` at least one page (else `None`).
     pub fn new(cpu_base: usize, dev_base: u64, len: usize) -> Option<CarveOut> {
+        CarveOut::with_nodes(cpu_base, dev_base, len)
+    }
+}
+
+impl<const N: usize> CarveOut<N> {
+    /// As [`CarveOut::new`], with `N` nodes (`McuCarveOut::with_nodes`).
+    pub fn with_nodes(cpu_base: usize, dev_base: u64, len: usize) -> Option<CarveOut<N>> {
         if cpu_base % PAGE != 0 || dev_base % PAGE as u64 != 0 {
             return None;
         }
-        let pages = PageAlloc::new([VaNode::ZEROED; NODES], (len / PAGE).min(MAX_PAGES)).ok()?;
+        let pages = PageAlloc::new([VaNode::ZEROED; N], (len / PAGE).min(MAX_PAGES)).ok()?;
         Some(CarveOut { cpu_base, dev_base, pages })
     }
 
@@ -101,16 +123,16 @@ impl CarveOut {
 /// the shared-RAM platforms): regions of whole pages, zeroed and cleaned to
 /// memory before they are handed out.
 #[derive(Debug)]
-pub(crate) struct DmaPages(spin::Mutex<CarveOut>);
+pub(crate) struct DmaPages<const N: usize>(spin::Mutex<CarveOut<N>>);
 
-impl DmaPages {
+impl<const N: usize> DmaPages<N> {
     /// The DMA memory of `carve`.
     ///
     /// # Safety
     /// The carve-out's pages must be memory used by nothing else, which the
     /// device reaches at the carve-out's device addresses, for the value's
     /// life.
-    pub(crate) unsafe fn new(carve: CarveOut) -> DmaPages {
+    pub(crate) unsafe fn new(carve: CarveOut<N>) -> DmaPages<N> {
         DmaPages(spin::Mutex::new(carve))
     }
 
@@ -168,7 +190,10 @@ pub(crate) fn cache_span(region: &DmaRegion, offset: usize, len: usize) -> Optio
 
 #[cfg(test)]
 mod tests {
+    extern crate std;
+
     use super::*;
+    use std::string::ToString;
 
     #[test]
     fn alloc_free_good_fit() {
@@ -198,10 +223,25 @@ mod tests {
         for i in 0..NODES - 1 {
             assert_eq!(c.alloc(PAGE).unwrap().0, base + i * PAGE);
         }
-        assert_eq!(c.alloc(PAGE), Err(PagesError::NodeTableFull { nodes: NODES }));
+        let err = c.alloc(PAGE).unwrap_err();
+        assert_eq!(err, PagesError::NodeTableFull { nodes: NODES });
+        assert!(err.to_string().contains("CarveOut's NODES"), "{err}: names the parameter to raise");
         assert_eq!(c.used_pages(), NODES - 1);
         assert_eq!(c.free(base + 5 * PAGE, PAGE), Ok(()));
         assert_eq!(c.alloc(PAGE), Ok((base + 5 * PAGE, (base + 5 * PAGE) as u64)));
+    }
+
+    /// The node count is the carve-out's `N`: the MCU configuration's
+    /// [`MCU_NODES`] hold `MCU_NODES - 1` one-page blocks.
+    #[test]
+    fn the_node_count_is_a_parameter() {
+        let base = 0x4100_0000;
+        let mut c = McuCarveOut::with_nodes(base, base as u64, MAX_PAGES * PAGE).unwrap();
+        for _ in 0..MCU_NODES - 1 {
+            c.alloc(PAGE).unwrap();
+        }
+        assert_eq!(c.alloc(PAGE), Err(PagesError::NodeTableFull { nodes: MCU_NODES }));
+        assert_eq!(c.used_pages(), MCU_NODES - 1, "nothing changed on error");
     }
 
     #[test]

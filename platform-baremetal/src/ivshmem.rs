@@ -32,7 +32,7 @@ use umd_core::hw::regs;
 use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage};
 use umd_core::platform::{DirectIo, IrqWait, Platform, PlatformError};
 
-use crate::carveout::{CarveOut, DmaPages};
+use crate::carveout::{CarveOut, DmaPages, NODES};
 
 /// PCI IDs of QEMU's ivshmem device.
 pub const VENDOR_ID: u16 = 0x1af4;
@@ -74,12 +74,12 @@ pub mod info {
 pub use crate::hal::Hal;
 
 /// The refgpu behind an ivshmem-doorbell device.
-pub struct IvshmemGpu<H: Hal> {
+pub struct IvshmemGpu<H: Hal, const N: usize = NODES> {
     /// BAR0; the lock makes the `&self` doorbell the pointer's one user.
     bar0: spin::Mutex<UniqueMmioPointer<'static, Bar0Regs>>,
     page: NonNull<AtomicU32>,
     model_peer: u32,
-    carve: DmaPages,
+    carve: DmaPages<N>,
     hal: H,
     binding: Binding,
     lost: Liveness,
@@ -97,7 +97,7 @@ pub const LINK_RETRY_NS: u64 = 1_000_000;
 /// A sensible limit for [`IvshmemGpu::wait_link`]: 5 s (a failure guard).
 pub const LINK_TIMEOUT_NS: u64 = 5_000_000_000;
 
-impl<H: Hal> IvshmemGpu<H> {
+impl<H: Hal, const N: usize> IvshmemGpu<H, N> {
     /// Wraps an ivshmem-doorbell device whose BAR0 registers are at `bar0`
     /// and whose shared memory (register page, then the info page) is at
     /// `shm`. The model's peer id comes from the info page when present
@@ -109,7 +109,7 @@ impl<H: Hal> IvshmemGpu<H> {
     /// used by nothing else; the carve-out's pages must be memory the
     /// device reaches at the carve-out's device addresses and that nothing
     /// else uses.
-    pub unsafe fn new(bar0: NonNull<u32>, shm: NonNull<u32>, carve: CarveOut, hal: H) -> IvshmemGpu<H> {
+    pub unsafe fn new(bar0: NonNull<u32>, shm: NonNull<u32>, carve: CarveOut<N>, hal: H) -> IvshmemGpu<H, N> {
         let mut g = IvshmemGpu {
             // SAFETY: the contract above: BAR0 is mapped for 16 bytes (the
             // four registers of `Bar0Regs`), 4-aligned, and only this value
@@ -259,17 +259,17 @@ impl<H: Hal> IvshmemGpu<H> {
 // SAFETY: the raw pointers are the device's BAR0 registers and the shared
 // register page, valid for the transport's life (`new`'s contract) and
 // reachable from any CPU; nothing about them is tied to a thread.
-unsafe impl<H: Hal + Send> Send for IvshmemGpu<H> {}
+unsafe impl<H: Hal + Send, const N: usize> Send for IvshmemGpu<H, N> {}
 // SAFETY: through `&self` the register page is only touched with atomics,
 // BAR0 with single volatile stores (the doorbell) and loads, the carve-out
 // under its lock, the loss state with atomics; the HAL must be `Sync`.
-unsafe impl<H: Hal + Sync> Sync for IvshmemGpu<H> {}
+unsafe impl<H: Hal + Sync, const N: usize> Sync for IvshmemGpu<H, N> {}
 
 // SAFETY: every region comes from the carve-out, which never hands a page
 // out twice; `new`'s contract makes those pages ours and reachable by the
 // device at the carve-out's device addresses; they are zeroed and cleaned
 // before being returned. `now_ns` is the HAL's monotonic clock.
-unsafe impl<H: Hal> Platform for IvshmemGpu<H> {
+unsafe impl<H: Hal, const N: usize> Platform for IvshmemGpu<H, N> {
     type RawMutex = umd_core::platform::SpinLock;
 
     crate::transport::carve_out_platform_methods!();

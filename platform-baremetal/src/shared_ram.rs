@@ -33,7 +33,7 @@ use embedded_hal::delay::DelayNs;
 use umd_core::ivshmem::{device_clock, Binding, Health, Liveness, SharedPage};
 use umd_core::platform::{IrqWait, Platform, PlatformError};
 
-use crate::carveout::{CarveOut, DmaPages};
+use crate::carveout::{CarveOut, DmaPages, NODES};
 pub use crate::hal::Hal;
 
 /// The binding's layout (mirrors `refgpu_model::shared_ram`, which the
@@ -124,9 +124,9 @@ impl core::error::Error for AttachError {}
 pub use umd_core::ivshmem::LOSS_WINDOW_NS;
 
 /// The refgpu in a shared RAM region.
-pub struct SharedRamGpu<H: Hal> {
+pub struct SharedRamGpu<H: Hal, const N: usize = NODES> {
     region: NonNull<AtomicU32>,
-    carve: DmaPages,
+    carve: DmaPages<N>,
     hal: H,
     binding: Binding,
     lost: Liveness,
@@ -135,7 +135,7 @@ pub struct SharedRamGpu<H: Hal> {
     pub loss_window_ns: u64,
 }
 
-impl<H: Hal> SharedRamGpu<H> {
+impl<H: Hal, const N: usize> SharedRamGpu<H, N> {
     /// Waits up to `wait_ns` for a model to attach to the region at
     /// `region` (ATTACH = "RGSR"), checks the layout, and wraps it with
     /// the carve-out `carve` (pages of the region's system memory).
@@ -149,10 +149,10 @@ impl<H: Hal> SharedRamGpu<H> {
     /// else.
     pub unsafe fn attach(
         region: NonNull<u32>,
-        carve: CarveOut,
+        carve: CarveOut<N>,
         hal: H,
         wait_ns: u64,
-    ) -> Result<SharedRamGpu<H>, AttachError> {
+    ) -> Result<SharedRamGpu<H, N>, AttachError> {
         let g = SharedRamGpu {
             region: region.cast(),
             // SAFETY: the carve-out's pages are the device's and used by
@@ -255,7 +255,7 @@ impl<H: Hal> SharedRamGpu<H> {
     }
 
     /// The register page, as the binding sees it.
-    fn reg_page(&self) -> RegPage<'_, H> {
+    fn reg_page(&self) -> RegPage<'_, H, N> {
         RegPage(self)
     }
 
@@ -277,18 +277,18 @@ impl<H: Hal> SharedRamGpu<H> {
 
 // SAFETY: the pointer is the shared region, valid for the value's life
 // (`attach`'s contract) and not tied to a thread.
-unsafe impl<H: Hal + Send> Send for SharedRamGpu<H> {}
+unsafe impl<H: Hal + Send, const N: usize> Send for SharedRamGpu<H, N> {}
 // SAFETY: through `&self` the region is touched only with 32-bit atomics,
 // the carve-out and the liveness state under their locks; the HAL must be
 // `Sync`.
-unsafe impl<H: Hal + Sync> Sync for SharedRamGpu<H> {}
+unsafe impl<H: Hal + Sync, const N: usize> Sync for SharedRamGpu<H, N> {}
 
 // SAFETY: every region comes from the carve-out, which never hands a page
 // out twice; `attach`'s contract makes those pages ours and reachable by
 // the device at the carve-out's device addresses; they are zeroed (and
 // cleaned through the HAL) before being returned. `now_ns` is the HAL's
 // monotonic clock.
-unsafe impl<H: Hal> Platform for SharedRamGpu<H> {
+unsafe impl<H: Hal, const N: usize> Platform for SharedRamGpu<H, N> {
     type RawMutex = umd_core::platform::SpinLock;
 
     crate::transport::carve_out_platform_methods!();
@@ -301,9 +301,9 @@ unsafe impl<H: Hal> Platform for SharedRamGpu<H> {
 crate::transport::binding_direct_io!(SharedRamGpu);
 
 /// The register page inside the region, as the binding sees it.
-struct RegPage<'a, H: Hal>(&'a SharedRamGpu<H>);
+struct RegPage<'a, H: Hal, const N: usize>(&'a SharedRamGpu<H, N>);
 
-impl<H: Hal> SharedPage for RegPage<'_, H> {
+impl<H: Hal, const N: usize> SharedPage for RegPage<'_, H, N> {
     fn word(&self, off: u32) -> Option<&AtomicU32> {
         if off >= 4096 {
             return None;

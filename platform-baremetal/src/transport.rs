@@ -66,7 +66,7 @@ macro_rules! carve_out_platform_methods {
 }
 pub(crate) use carve_out_platform_methods;
 
-/// `impl<H: Hal> DirectIo for $transport<H>`, for a transport with fields
+/// `impl<H: Hal, const N: usize> DirectIo for $transport<H, N>`, for a transport with fields
 /// `lost: Liveness` and `binding: Binding` and methods
 /// `reg_page(&self) -> impl SharedPage` (its register page) and
 /// `ring(&self, vector: u32) -> Result<(), PlatformError>` (rings a
@@ -82,7 +82,7 @@ pub(crate) use carve_out_platform_methods;
 /// [`PlatformError::Unsupported`]: umd_core::platform::PlatformError::Unsupported
 macro_rules! binding_direct_io {
     ($transport:ident) => {
-        impl<H: $crate::hal::Hal> ::umd_core::platform::DirectIo for $transport<H> {
+        impl<H: $crate::hal::Hal, const N: usize> ::umd_core::platform::DirectIo for $transport<H, N> {
             fn read_reg(&self, offset: u32) -> Result<u32, ::umd_core::platform::PlatformError> {
                 if self.lost.is_lost() {
                     return Err(::umd_core::platform::PlatformError::DeviceLost);

@@ -7,6 +7,13 @@
 //! it is placed by the loader and never moved on a stack), and lends to
 //! the device for the device's lifetime. The device itself is small.
 //!
+//! Every capacity is a const parameter: the default [`DeviceStorage`]
+//! suits a host or a large SoC, [`McuStorage`] (with [`MCU_CHUNKS`] IB
+//! chunks) a microcontroller; a full table is refused with an error whose
+//! [`Limit`] names the parameter to raise (`docs/memory.md`, "Choosing the
+//! capacities"; bytes per unit in `docs/perf.md`, "Capacity and RAM per
+//! configuration").
+//!
 //! ```ignore
 //! static STORAGE: static_cell::ConstStaticCell<DeviceStorage> = ConstStaticCell::new(DeviceStorage::new());
 //! let dev = Device::new(&PLATFORM, STORAGE.take(), Config::DEFAULT, MmuMode::DEFAULT)?;
@@ -25,6 +32,75 @@ use crate::platform::DmaRegion;
 use crate::sync::deps::DepGraph;
 pub use crate::sync::deps::PENDING_WAITS;
 use crate::sync::MAX_QUEUES;
+
+/// The MCU configuration's storage (`docs/memory.md`, "Choosing the
+/// capacities"; its size is in `docs/perf.md`, "Capacity and RAM per
+/// configuration"): 64 buffer handles; no GPU VA nodes (the MMU bypassed,
+/// [`crate::direct::MmuMode::Bypass`]: a buffer's GPU address is its
+/// memory's own, and bring-up with the MMU on is refused for want of
+/// nodes); 16 slab descriptors (64 buffers of any slab bin: the 64 KiB
+/// bin's slab has the fewest slots, 4); no trace events and no
+/// local-memory nodes (built without the `trace` and `local-memory`
+/// features); one hang report. With [`MCU_CHUNKS`] IB chunks and one
+/// generation.
+pub type McuStorage = DeviceStorage<64, 0, 16, 0, 0, 1>;
+
+/// IB chunks of the MCU configuration's device
+/// (`Device<'_, P, MCU_CHUNKS>`, the default count).
+pub const MCU_CHUNKS: usize = 16;
+
+/// A capacity an operation ran into, named by the parameter that sets it:
+/// the errors that report a full table say which one to raise
+/// ([`crate::mem::AllocError::limit`], [`crate::error::SubmitError::limit`];
+/// `docs/memory.md`, "Choosing the capacities"). Their `Display` ends
+/// with this one's ("raise DeviceStorage's BUFFERS parameter").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Limit {
+    /// Buffer handles (live or waiting for their fence): [`DeviceStorage`]'s
+    /// `BUFFERS`.
+    Buffers,
+    /// GPU VA allocator nodes (one per buffer, slab or hole of the VA
+    /// arena): [`DeviceStorage`]'s `VA_NODES`.
+    VaNodes,
+    /// Slab descriptors of the small and medium size classes:
+    /// [`DeviceStorage`]'s `SLABS`.
+    Slabs,
+    /// IB chunks of the device's IB pool: the `CHUNKS` parameter of
+    /// [`crate::direct::Device`] (direct mode; not in the storage).
+    IbChunks,
+    /// Submissions with cross-queue waits pending on one queue (the
+    /// dependency graph's depth): [`PENDING_WAITS`], a build constant, not
+    /// a parameter (in kernel mode also the jobs a queue holds back,
+    /// `kernel::HELD_JOBS`); the submission succeeds once earlier ones
+    /// complete.
+    PendingWaits,
+}
+
+impl Limit {
+    /// The parameter that sets this capacity, as the source spells it
+    /// (`"DeviceStorage's BUFFERS"`; `"PENDING_WAITS"` for the constant).
+    pub const fn parameter(self) -> &'static str {
+        match self {
+            Limit::Buffers => "DeviceStorage's BUFFERS",
+            Limit::VaNodes => "DeviceStorage's VA_NODES",
+            Limit::Slabs => "DeviceStorage's SLABS",
+            Limit::IbChunks => "Device's CHUNKS",
+            Limit::PendingWaits => "PENDING_WAITS",
+        }
+    }
+}
+
+impl core::fmt::Display for Limit {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Limit::PendingWaits => {
+                write!(f, "let earlier ones complete ({} is a build constant)", self.parameter())
+            }
+            _ => write!(f, "raise {} parameter", self.parameter()),
+        }
+    }
+}
 
 /// The dependency graph of a device.
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;

@@ -203,6 +203,10 @@ impl<'d, P: DirectIo> Backend for Direct<'d, P> {
     // In MMU bypass a GPU address is the DMA region's device address: the
     // VA allocator is only needed (and only linked) with the MMU built in.
     const VA_ALLOCATOR: bool = MMU;
+    #[cfg(feature = "mmu")]
+    type Va<'v> = Option<crate::engine::buffers::DriverVa<'v>>;
+    #[cfg(not(feature = "mmu"))]
+    type Va<'v> = crate::engine::backend::sealed::NoVa;
 
     fn platform(&self) -> &P {
         self.p

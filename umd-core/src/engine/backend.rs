@@ -23,8 +23,52 @@ use crate::platform::{DmaRegion, ForeignSync, Platform};
 use crate::sync::{FenceError, FenceId, QueueId, Seqno};
 
 pub(crate) mod sealed {
+    use crate::engine::buffers::DriverVa;
+
     /// Only this crate's backends.
     pub trait Sealed {}
+
+    /// Where the engine keeps its GPU VA allocator ([`super::Backend::Va`]).
+    pub trait VaHold<'v> {
+        /// Holds `alloc` (dropped where the backend never uses one).
+        fn hold(alloc: Option<DriverVa<'v>>) -> Self;
+        /// The allocator, if any.
+        fn get(&self) -> Option<&DriverVa<'v>>;
+        /// The allocator, if any.
+        fn get_mut(&mut self) -> Option<&mut DriverVa<'v>>;
+    }
+
+    impl<'v> VaHold<'v> for Option<DriverVa<'v>> {
+        fn hold(alloc: Option<DriverVa<'v>>) -> Self {
+            alloc
+        }
+        fn get(&self) -> Option<&DriverVa<'v>> {
+            self.as_ref()
+        }
+        fn get_mut(&mut self) -> Option<&mut DriverVa<'v>> {
+            self.as_mut()
+        }
+    }
+
+    /// No allocator, in no bytes: a backend that never chooses GPU
+    /// addresses (direct mode without the `mmu` feature) holds this
+    /// instead of an allocator of about 5 KiB.
+    #[cfg(not(feature = "mmu"))]
+    #[derive(Debug)]
+    pub struct NoVa;
+
+    #[cfg(not(feature = "mmu"))]
+    impl<'v> VaHold<'v> for NoVa {
+        fn hold(_: Option<DriverVa<'v>>) -> Self {
+            NoVa
+        }
+        fn get(&self) -> Option<&DriverVa<'v>> {
+            None
+        }
+        fn get_mut(&mut self) -> Option<&mut DriverVa<'v>> {
+            None
+        }
+    }
 }
 
 /// The device stopped answering (a register access or the kernel failed).
@@ -166,6 +210,10 @@ pub trait Backend: sealed::Sealed + Sized {
     /// (a compile-time constant, so none of the allocator's code is
     /// linked) and every GPU address is the memory's device address.
     const VA_ALLOCATOR: bool;
+    /// What holds the engine's GPU VA allocator: the allocator itself
+    /// where [`Backend::VA_ALLOCATOR`] is true, else nothing (no bytes in
+    /// the device).
+    type Va<'v>: sealed::VaHold<'v> + Send;
 
     /// The platform.
     fn platform(&self) -> &Self::P;

@@ -22,6 +22,7 @@ use crate::platform::{DmaFlags, DmaRegion, Platform};
 use crate::storage::Backed;
 use crate::sync::QueueId;
 
+use super::backend::sealed::VaHold;
 use super::backend::Backend;
 use super::{Counters, DeviceCore};
 
@@ -212,15 +213,17 @@ pub(crate) type DriverVa<'d> = VaAllocator<&'d mut [VaNode], true>;
 /// feature). There the answer is a compile-time constant, so none of the
 /// allocator's code is linked; every use goes through [`VaSlot::get_mut`]
 /// or [`VaSlot::get`].
+/// Where `B` can not use one, the slot is [`Backend::Va`]'s nothing: no
+/// bytes of the device.
 pub(crate) struct VaSlot<'d, B: Backend> {
-    alloc: Option<DriverVa<'d>>,
+    alloc: B::Va<'d>,
     _backend: PhantomData<fn() -> B>,
 }
 
 impl<'d, B: Backend> VaSlot<'d, B> {
     /// Holds `alloc` (ignored when `B` can not use one).
     pub(crate) fn new(alloc: Option<DriverVa<'d>>) -> Self {
-        VaSlot { alloc, _backend: PhantomData }
+        VaSlot { alloc: B::Va::hold(alloc), _backend: PhantomData }
     }
 
     /// Whether GPU addresses come from the allocator (false: they are the
@@ -234,7 +237,7 @@ impl<'d, B: Backend> VaSlot<'d, B> {
     #[inline(always)]
     pub(crate) fn get(&self) -> Option<&DriverVa<'d>> {
         if B::VA_ALLOCATOR {
-            self.alloc.as_ref()
+            self.alloc.get()
         } else {
             None
         }
@@ -244,7 +247,7 @@ impl<'d, B: Backend> VaSlot<'d, B> {
     #[inline(always)]
     pub(crate) fn get_mut(&mut self) -> Option<&mut DriverVa<'d>> {
         if B::VA_ALLOCATOR {
-            self.alloc.as_mut()
+            self.alloc.get_mut()
         } else {
             None
         }

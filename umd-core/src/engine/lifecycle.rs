@@ -87,6 +87,9 @@ impl fmt::Display for InitError {
             InitError::BadConfig(what) => write!(f, "bad configuration: {what}"),
             InitError::OutOfRange(e) => write!(f, "bad configuration: {e}"),
             InitError::Pool(e) => write!(f, "IB pool: {e}"),
+            InitError::Va(e @ VaError::NodeCapacity) => {
+                write!(f, "GPU VA: {e}; {}", crate::storage::Limit::VaNodes)
+            }
             InitError::Va(e) => write!(f, "GPU VA: {e}"),
             InitError::Vm(e) => write!(f, "page tables: {e}"),
             InitError::Map => write!(f, "mapping the driver's memory failed"),
@@ -258,6 +261,9 @@ impl<'d, B: Backend, const CHUNKS: usize> DeviceCore<'d, B, CHUNKS> {
         // refuses the MMU before this without the `mmu` feature). The one
         // step that can fail, before anything is written.
         let va = match va_arena.filter(|_| B::VA_ALLOCATOR) {
+            // A storage without VA nodes (`McuStorage`) is for the MMU
+            // bypassed: named as the parameter to raise.
+            Some(_) if parts.va.is_empty() => return Err(InitError::Va(VaError::NodeCapacity)),
             Some((base, size)) => {
                 Some(VaAllocator::new_recycling(parts.va, base, size).map_err(InitError::Va)?)
             }

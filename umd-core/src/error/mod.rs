@@ -9,6 +9,7 @@ use crate::cmd::EncodeError;
 use crate::mem::buffer::BufferError;
 use crate::platform::PlatformError;
 use crate::ring::RingError;
+use crate::storage::Limit;
 use crate::sync::deps::{Cycle, DepError};
 use crate::sync::{Fence, FenceError, QueueId};
 
@@ -31,7 +32,7 @@ pub enum SubmitError {
     /// Recording failed (the command that failed and why).
     Encode(EncodeError),
     /// No IB chunk free and the policy is to fail (or waiting for one
-    /// timed out).
+    /// timed out; [`Limit::IbChunks`]).
     PoolEmpty,
     /// The ring stayed full for the whole wait (the engine is not
     /// consuming).
@@ -43,7 +44,8 @@ pub enum SubmitError {
         /// Waits given.
         given: usize,
     },
-    /// Too many submissions with waits are still pending on the queue.
+    /// Too many submissions with waits are still pending on the queue
+    /// ([`Limit::PendingWaits`]).
     TooManyPending(QueueId),
     /// A wait on a fence that failed: the submission would run on input
     /// that never arrived, so it is not executed.
@@ -107,11 +109,13 @@ impl fmt::Display for SubmitError {
                 write!(f, "IB of {dwords} dwords exceeds the limit {max}")
             }
             SubmitError::Encode(e) => write!(f, "recording failed: {e}"),
-            SubmitError::PoolEmpty => write!(f, "no IB chunk available"),
+            SubmitError::PoolEmpty => write!(f, "no IB chunk available; {}", Limit::IbChunks),
             SubmitError::RingFull(e) => write!(f, "{e}"),
             SubmitError::Cycle(c) => write!(f, "wait cycle: {c}"),
             SubmitError::TooManyWaits { given } => write!(f, "{given} waits exceed the limit"),
-            SubmitError::TooManyPending(q) => write!(f, "too many pending submissions with waits on {q}"),
+            SubmitError::TooManyPending(q) => {
+                write!(f, "too many pending submissions with waits on {q}; {}", Limit::PendingWaits)
+            }
             SubmitError::DependencyFailed { fence, error } => {
                 write!(f, "waits on failed fence {fence}: {error}")
             }
@@ -140,6 +144,19 @@ impl fmt::Display for SubmitError {
 }
 
 impl core::error::Error for SubmitError {}
+
+impl SubmitError {
+    /// The capacity this error ran into, if it is a full table
+    /// ([`Limit`] names the parameter to raise); `None` for every other
+    /// cause.
+    pub const fn limit(&self) -> Option<Limit> {
+        match self {
+            SubmitError::PoolEmpty => Some(Limit::IbChunks),
+            SubmitError::TooManyPending(_) => Some(Limit::PendingWaits),
+            _ => None,
+        }
+    }
+}
 
 impl From<DepError> for SubmitError {
     fn from(e: DepError) -> Self {

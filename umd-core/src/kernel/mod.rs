@@ -200,6 +200,7 @@ impl<'d, P: KernelIo> Backend for Kernel<'d, P> {
     type Maps = ();
     const MODE: crate::engine::Mode = crate::engine::Mode::Kernel;
     const VA_ALLOCATOR: bool = true;
+    type Va<'v> = Option<crate::engine::buffers::DriverVa<'v>>;
 
     fn platform(&self) -> &P {
         self.p

@@ -3,7 +3,7 @@
 //!
 //! Local memory is the driver's to manage, not the platform's
 //! (`docs/memory.md`, "Local memory and eviction"): a
-//! [`PageAlloc`] over node storage from `DeviceStorage` hands out runs of
+//! [`pages::PageAlloc`](super::pages::PageAlloc) over node storage from `DeviceStorage` hands out runs of
 //! 4 KiB pages of it, in a time that does not grow with the number of
 //! local buffers. The device core wraps a
 //! run in a [`crate::platform::DmaRegion`] that says it is local (its
@@ -14,6 +14,7 @@
 //! only used with the GPU MMU) nothing is managed: every check
 //! folds to a constant and every request falls back to system memory.
 
+#[cfg(all(feature = "local-memory", feature = "mmu"))]
 use super::pages::PageAlloc;
 use super::va::VaNode;
 
@@ -45,13 +46,46 @@ pub(crate) struct LocalPages {
     pub(crate) len: usize,
 }
 
+/// The allocator of activated local memory: a [`pages::PageAlloc`](super::pages::PageAlloc) when local
+/// memory is built in ([`ON`]).
+#[cfg(all(feature = "local-memory", feature = "mmu"))]
+type Pages<'d> = PageAlloc<&'d mut [VaNode]>;
+/// Without local memory built in, a type with no value: a device holds no
+/// page allocator (about 5 KiB) it could never use.
+#[cfg(not(all(feature = "local-memory", feature = "mmu")))]
+type Pages<'d> = Unbuilt<'d>;
+
+/// No value exists (an `Infallible` field): local memory is not built in.
+/// The borrow is the one a `PageAlloc` would hold.
+#[cfg(not(all(feature = "local-memory", feature = "mmu")))]
+pub(crate) struct Unbuilt<'d>(core::convert::Infallible, core::marker::PhantomData<&'d mut [VaNode]>);
+
+#[cfg(not(all(feature = "local-memory", feature = "mmu")))]
+impl Unbuilt<'_> {
+    fn never(&self) -> ! {
+        match self.0 {}
+    }
+    fn pages(&self) -> usize {
+        self.never()
+    }
+    fn used_pages(&self) -> usize {
+        self.never()
+    }
+    fn alloc(&mut self, _: usize) -> Result<usize, super::pages::PagesError> {
+        self.never()
+    }
+    fn free(&mut self, _: usize, _: usize) -> Result<(), super::pages::PagesError> {
+        self.never()
+    }
+}
+
 /// The local-memory page allocator (over caller node storage).
 pub(crate) struct LocalMem<'d> {
     /// The node storage, until local memory is activated.
     unset: Option<&'d mut [VaNode]>,
     /// Local memory `[base, base + pages * 4 KiB)` and its allocator, once
     /// activated.
-    active: Option<(u64, PageAlloc<&'d mut [VaNode]>)>,
+    active: Option<(u64, Pages<'d>)>,
 }
 
 impl<'d> LocalMem<'d> {
@@ -74,12 +108,19 @@ impl<'d> LocalMem<'d> {
             return 0;
         }
         let Some(nodes) = self.unset.take() else { return 0 };
+        #[cfg(all(feature = "local-memory", feature = "mmu"))]
         match PageAlloc::new(nodes, pages) {
             Ok(p) => {
                 self.active = Some((base, p));
                 (pages as u64).saturating_mul(PAGE)
             }
             Err(_) => 0,
+        }
+        #[cfg(not(all(feature = "local-memory", feature = "mmu")))]
+        {
+            // Not reached (`ON` is false): nothing to manage.
+            let _ = (nodes, base);
+            0
         }
     }
 

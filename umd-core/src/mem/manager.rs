@@ -29,6 +29,7 @@ use crate::mem::pool::{
     Backing, BackingError, Pool, PoolAlloc, PoolError, PoolStats, SizeClass, Slab, LARGE_GRANULE,
 };
 use crate::mem::va::{VaError, MIN_ALIGN};
+use crate::storage::Limit;
 use crate::sync::{DeviceId, Seqno, MAX_QUEUES};
 
 /// Why an allocation failed: every cause is named.
@@ -47,7 +48,8 @@ pub enum AllocError {
         /// Bytes asked.
         size: u64,
     },
-    /// Every buffer handle is in use (live or waiting for a fence).
+    /// Every buffer handle is in use (live or waiting for a fence;
+    /// [`Limit::Buffers`]).
     TableFull {
         /// The table's capacity.
         capacity: usize,
@@ -57,7 +59,7 @@ pub enum AllocError {
         /// The class of the request.
         class: SizeClass,
     },
-    /// The VA allocator's node storage is exhausted (give it more nodes).
+    /// The VA allocator's node storage is exhausted ([`Limit::VaNodes`]).
     VaNodes,
     /// The platform has no memory left for the block.
     PlatformMemory {
@@ -66,7 +68,8 @@ pub enum AllocError {
         /// Bytes the platform was asked for.
         len: usize,
     },
-    /// The small or medium class has no slab descriptor left.
+    /// The small or medium class has no slab descriptor left
+    /// ([`Limit::Slabs`]).
     SlabCapacity {
         /// The class.
         class: SizeClass,
@@ -124,17 +127,21 @@ impl fmt::Display for AllocError {
                 write!(f, "alignment {align:#x} is not a power of two up to 2 MiB")
             }
             AllocError::TooLarge { size } => write!(f, "{size} bytes overflow the address space"),
-            AllocError::TableFull { capacity } => write!(f, "all {capacity} buffer handles are in use"),
+            AllocError::TableFull { capacity } => {
+                write!(f, "all {capacity} buffer handles are in use; {}", Limit::Buffers)
+            }
             AllocError::LocalMemory => write!(f, "local memory full"),
             AllocError::VaSpace { class } => {
                 write!(f, "{} buffer: no GPU VA range is large enough", class.name())
             }
-            AllocError::VaNodes => f.write_str("GPU VA allocator node storage is exhausted"),
+            AllocError::VaNodes => {
+                write!(f, "GPU VA allocator node storage is exhausted; {}", Limit::VaNodes)
+            }
             AllocError::PlatformMemory { class, len } => {
                 write!(f, "{} buffer: platform memory exhausted ({len} bytes asked)", class.name())
             }
             AllocError::SlabCapacity { class } => {
-                write!(f, "{} class exhausted: no slab descriptor left", class.name())
+                write!(f, "{} class exhausted: no slab descriptor left; {}", class.name(), Limit::Slabs)
             }
             AllocError::Map { class } => write!(f, "{} buffer: mapping for the GPU failed", class.name()),
             AllocError::Unaligned { align, got } => write!(
@@ -159,6 +166,18 @@ impl fmt::Display for AllocError {
 impl core::error::Error for AllocError {}
 
 impl AllocError {
+    /// The capacity this error ran into, if it is a full table
+    /// ([`Limit`] names the parameter to raise); `None` for every other
+    /// cause.
+    pub const fn limit(&self) -> Option<Limit> {
+        match self {
+            AllocError::TableFull { .. } => Some(Limit::Buffers),
+            AllocError::VaNodes => Some(Limit::VaNodes),
+            AllocError::SlabCapacity { .. } => Some(Limit::Slabs),
+            _ => None,
+        }
+    }
+
     fn from_pool(e: PoolError, align: u64, at: Option<u64>) -> AllocError {
         match e {
             PoolError::ZeroSize => AllocError::ZeroSize,

@@ -111,7 +111,10 @@ impl fmt::Display for PagesError {
                 write!(f, "pages {first}..{} are not an allocated run", first.saturating_add(*pages))
             }
             PagesError::NodeTableFull { nodes } => {
-                write!(f, "all {nodes} nodes of the page allocator's storage are in use")
+                write!(
+                    f,
+                    "all {nodes} nodes of the page allocator's storage are in use; raise its owner's node count (DeviceStorage's LOCAL_NODES for local memory, CarveOut's NODES for a bare-metal carve-out)"
+                )
             }
             PagesError::WindowTooLarge { pages } => {
                 write!(f, "a window of {pages} pages is larger than {MAX_WINDOW_PAGES}")

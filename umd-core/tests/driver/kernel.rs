@@ -815,10 +815,9 @@ fn a_full_dependency_table_waits_then_refuses_in_kernel_mode_too() {
         dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();
     }
     let jobs = k.k().jobs.len();
-    assert_eq!(
-        dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)),
-        Err(SubmitError::TooManyPending(QueueId::GFX))
-    );
+    let err = dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap_err();
+    assert_eq!(err, SubmitError::TooManyPending(QueueId::GFX));
+    super::names_its_parameter(&err, err.limit(), umd_core::storage::Limit::PendingWaits, "PENDING_WAITS");
     assert_eq!(k.k().jobs.len(), jobs, "nothing reached the kernel");
     k.k().run();
     dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x10_0008)).unwrap();

@@ -333,3 +333,90 @@ fn a_wrong_memory_base_fails_bring_up_with_the_address_and_the_window() {
         drop(dev);
     }
 }
+
+/// `docs/perf.md`, "Capacity and RAM per configuration": the bytes of
+/// `DeviceStorage` per unit of each parameter, the fixed part, the
+/// totals of the default and the MCU configuration, and the device's bytes
+/// per IB chunk are the real ones
+/// (exactly, on a 64-bit host with the default features and neither
+/// `validation` nor `size-first`).
+#[cfg(all(
+    target_pointer_width = "64",
+    feature = "trace",
+    feature = "hang-capture",
+    feature = "local-memory",
+    feature = "mmu",
+    not(feature = "validation"),
+    not(feature = "size-first")
+))]
+#[test]
+fn the_capacity_table_is_the_real_one() {
+    use std::mem::size_of;
+    use umd_core::storage::{DeviceStorage, McuStorage};
+    let perf = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/perf.md")).unwrap();
+    let section = perf.split("### Capacity and RAM per configuration").nth(1).expect("the section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    // The numbers of the row that starts with "| `name`": thousands
+    // separators dropped, cells that are not a number skipped.
+    let row = |name: &str| -> Vec<usize> {
+        let line = section
+            .lines()
+            .find(|l| l.starts_with(&format!("| {name} ")))
+            .unwrap_or_else(|| panic!("docs/perf.md, 'Capacity and RAM per configuration': no row {name}"));
+        line.split('|').filter_map(|c| c.trim().replace(',', "").parse().ok()).collect()
+    };
+    // 64 units more of one parameter, over 64 of every one (the hang log's
+    // 4 and 68: its reports are the largest elements).
+    type Base = DeviceStorage<64, 64, 64, 64, 64, 4>;
+    let base = size_of::<Base>();
+    let per = |bigger: usize| {
+        let d = bigger - base;
+        assert_eq!(d % 64, 0, "{d} B for 64 more units: not linear");
+        d / 64
+    };
+    // (row, bytes per unit, units in `Base`, in the default, in the MCU
+    // configuration)
+    let units = [
+        ("`BUFFERS`", per(size_of::<DeviceStorage<128, 64, 64, 64, 64, 4>>()), 64, 1024, 64),
+        ("`VA_NODES`", per(size_of::<DeviceStorage<64, 128, 64, 64, 64, 4>>()), 64, 1024, 0),
+        ("`SLABS`", per(size_of::<DeviceStorage<64, 64, 128, 64, 64, 4>>()), 64, 256, 16),
+        ("`TRACE`", per(size_of::<DeviceStorage<64, 64, 64, 128, 64, 4>>()), 64, 256, 0),
+        ("`LOCAL_NODES`", per(size_of::<DeviceStorage<64, 64, 64, 64, 128, 4>>()), 64, 128, 0),
+        ("`HANGS`", per(size_of::<DeviceStorage<64, 64, 64, 64, 64, 68>>()), 4, 4, 1),
+    ];
+    let fixed = base - units.iter().map(|u| u.1 * u.2).sum::<usize>();
+    let (default, mcu) = (size_of::<DeviceStorage>(), size_of::<McuStorage>());
+    for (name, bytes, _, d, m) in units {
+        assert_eq!(row(name), vec![bytes, d, bytes * d, m, bytes * m], "row {name}");
+    }
+    assert_eq!(row("fixed"), vec![fixed, fixed, fixed], "the fixed part");
+    let sum = |pick: fn(&(&str, usize, usize, usize, usize)) -> usize| {
+        fixed + units.iter().map(pick).sum::<usize>()
+    };
+    assert_eq!(sum(|u| u.1 * u.3), default, "the default total is the parts' sum");
+    assert_eq!(sum(|u| u.1 * u.4), mcu, "the MCU total is the parts' sum");
+    assert_eq!(row("total"), vec![default, mcu], "the totals");
+    // What an IB chunk adds to the device.
+    let chunk = (size_of::<Device<'_, Fake, 16>>() - size_of::<Device<'_, Fake, 8>>()) / 8;
+    let flat = section.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(flat.contains(&format!("adds {chunk} B per IB chunk")), "an IB chunk is {chunk} B of the device");
+}
+
+/// The MCU configuration's storage has no VA nodes: bring-up with the MMU
+/// on is refused, naming the parameter, and leaves nothing allocated; in
+/// bypass it comes up.
+#[cfg(feature = "mmu")]
+#[test]
+fn a_storage_without_va_nodes_names_them_with_the_mmu_on() {
+    use umd_core::mem::VaError;
+    use umd_core::storage::{McuStorage, MCU_CHUNKS};
+    let fake = Fake::new(Generation::Gen2, 8 << 20);
+    let mut storage: Box<McuStorage> = Box::default();
+    let err =
+        Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::DEFAULT).unwrap_err();
+    assert_eq!(err, InitError::Va(VaError::NodeCapacity));
+    assert!(err.to_string().ends_with("raise DeviceStorage's VA_NODES parameter"), "{err}");
+    assert_eq!(fake.state().allocs, 0, "nothing left allocated");
+    let dev = Device::<Fake, MCU_CHUNKS>::new(&fake, &mut storage, small_cfg(), MmuMode::Bypass).unwrap();
+    dev.free(dev.alloc_buffer(64).unwrap()).unwrap();
+}

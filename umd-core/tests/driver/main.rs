@@ -21,7 +21,18 @@ use umd_core::config::Config;
 use umd_core::direct::{Device, MmuMode};
 use umd_core::hw::Generation;
 use umd_core::platform::fake::Fake;
-use umd_core::storage::DeviceStorage;
+use umd_core::storage::{DeviceStorage, Limit};
+
+/// A capacity error names the parameter to raise: `limit()` says which,
+/// and the message ends with it ("raise DeviceStorage's BUFFERS
+/// parameter").
+fn names_its_parameter(err: &dyn std::fmt::Display, got: Option<Limit>, limit: Limit, parameter: &str) {
+    assert_eq!(got, Some(limit), "{err}");
+    assert_eq!(limit.parameter(), parameter);
+    let text = err.to_string();
+    assert!(text.ends_with(&limit.to_string()), "{text}");
+    assert!(text.contains(parameter), "{text}");
+}
 
 /// A 4 KiB ring and 4 KiB IB chunks, polling: small enough that the tests
 /// reach the ring's and the pool's limits in a few submissions.

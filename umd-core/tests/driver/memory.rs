@@ -196,6 +196,8 @@ fn a_refused_request_leaves_the_buffer_statistics_as_they_were() {
 #[cfg(feature = "mmu")]
 #[test]
 fn every_allocation_failure_names_its_cause() {
+    use super::names_its_parameter;
+    use umd_core::storage::Limit;
     // Bad requests.
     with_device::<4>(Generation::Gen2, small_cfg(), MmuMode::DEFAULT, |dev| {
         assert_eq!(dev.alloc_buffer(0), Err(AllocError::ZeroSize));
@@ -225,7 +227,11 @@ fn every_allocation_failure_names_its_cause() {
     let mut small: Box<DeviceStorage<4, 256, 64, 16>> = Box::default();
     let dev = Device::<Fake, 4>::new(&fake, &mut small, small_cfg(), MmuMode::Bypass).unwrap();
     let hs: Vec<_> = (0..4).map(|_| dev.alloc_buffer(64).unwrap()).collect();
-    assert_eq!(dev.alloc_buffer(64), Err(AllocError::TableFull { capacity: 4 }));
+    let before = (dev.buffer_stats(), dev.va_stats());
+    let err = dev.alloc_buffer(64).unwrap_err();
+    assert_eq!(err, AllocError::TableFull { capacity: 4 });
+    names_its_parameter(&err, err.limit(), Limit::Buffers, "DeviceStorage's BUFFERS");
+    assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
     hs.into_iter().for_each(|h| dev.free(h).unwrap());
     drop(dev);
     // Slab descriptors of the small and medium classes.
@@ -233,8 +239,13 @@ fn every_allocation_failure_names_its_cause() {
     let dev = Device::<Fake, 4>::new(&fake, &mut few_slabs, small_cfg(), MmuMode::Bypass).unwrap();
     let a = dev.alloc_buffer(64).unwrap();
     let b = dev.alloc_buffer(2048).unwrap();
-    assert_eq!(dev.alloc_buffer(300), Err(AllocError::SlabCapacity { class: SizeClass::Small }));
-    assert_eq!(dev.alloc_buffer(9000), Err(AllocError::SlabCapacity { class: SizeClass::Medium }));
+    let before = (dev.buffer_stats(), dev.va_stats());
+    for (size, class) in [(300, SizeClass::Small), (9000, SizeClass::Medium)] {
+        let err = dev.alloc_buffer(size).unwrap_err();
+        assert_eq!(err, AllocError::SlabCapacity { class });
+        names_its_parameter(&err, err.limit(), Limit::Slabs, "DeviceStorage's SLABS");
+        assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
+    }
     dev.free(a).unwrap();
     dev.free(b).unwrap();
     drop(dev);
@@ -242,13 +253,16 @@ fn every_allocation_failure_names_its_cause() {
     let mut few_nodes: Box<DeviceStorage<256, 8, 64, 16>> = Box::default();
     let dev = Device::<Fake, 4>::new(&fake, &mut few_nodes, small_cfg(), MmuMode::DEFAULT).unwrap();
     let mut got = Vec::new();
-    let err = loop {
+    let (err, before) = loop {
+        let before = (dev.buffer_stats(), dev.va_stats());
         match dev.alloc_buffer(100_000) {
             Ok(h) => got.push(h),
-            Err(e) => break e,
+            Err(e) => break (e, before),
         }
     };
     assert_eq!(err, AllocError::VaNodes);
+    names_its_parameter(&err, err.limit(), Limit::VaNodes, "DeviceStorage's VA_NODES");
+    assert_eq!((dev.buffer_stats(), dev.va_stats()), before, "nothing changed on error");
     assert!(!got.is_empty());
     got.into_iter().for_each(|h| dev.free(h).unwrap());
     drop(dev);

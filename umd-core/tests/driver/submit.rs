@@ -3,13 +3,14 @@
 //! (batching, exhaustion by policy), bad input to `submit`, several
 //! threads on several queues, and the trace of submissions.
 
-use super::{rig, small_cfg, with_device, Storage};
+use super::{names_its_parameter, rig, small_cfg, with_device, Storage};
 use umd_core::config::{Config, PoolExhaustion};
 use umd_core::direct::{Device, MmuMode};
 use umd_core::engine::Submit;
 use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::platform::fake::{Fake, Mode};
+use umd_core::storage::Limit;
 use umd_core::sync::{Fence, FenceId, QueueId};
 
 #[test]
@@ -95,7 +96,15 @@ fn pool_exhaustion_errors_or_waits_by_policy() {
     let a = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0000)).unwrap();
     let _b = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0008)).unwrap();
     assert_eq!(dev.pool_stats().in_flight, 2);
-    assert_eq!(dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)), Err(SubmitError::PoolEmpty));
+    let (emitted, pool) = (dev.last_emitted(QueueId::GFX), dev.pool_stats());
+    let err = dev.submit(QueueId::GFX, &[], |cb| cb.timestamp(0x8030_0010)).unwrap_err();
+    assert_eq!(err, SubmitError::PoolEmpty);
+    names_its_parameter(&err, err.limit(), Limit::IbChunks, "Device's CHUNKS");
+    assert_eq!(
+        (dev.last_emitted(QueueId::GFX), dev.pool_stats()),
+        (emitted, pool),
+        "nothing changed on error"
+    );
     // Reclaim after the fences signal.
     dev.platform().state().run(0);
     dev.wait(a, 1_000_000_000).unwrap();

@@ -3,7 +3,7 @@
 //! work, waits before signal, full dependency tables, and events (GPU and
 //! host set, reset, wait; timestamps).
 
-use super::{rig, small_cfg, with_device};
+use super::{names_its_parameter, rig, small_cfg, with_device};
 use umd_core::config::{Config, HangConfig};
 use umd_core::debug::HangReason;
 use umd_core::direct::{Device, MmuMode};
@@ -12,7 +12,7 @@ use umd_core::error::{FenceStatus, SubmitError, WaitError};
 use umd_core::hw::Generation;
 use umd_core::mem::{BufferError, BufferHandle};
 use umd_core::platform::fake::{EngineFault, Fake, Mode, NonCoherent, Scripted};
-use umd_core::storage::DeviceStorage;
+use umd_core::storage::{DeviceStorage, Limit};
 use umd_core::sync::{FenceError, QueueId};
 
 #[test]
@@ -238,10 +238,9 @@ fn a_full_dependency_table_waits_then_refuses() {
             dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0008)).unwrap();
         }
         let emitted = dev.last_emitted(QueueId::GFX).unwrap();
-        assert_eq!(
-            dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0010)),
-            Err(SubmitError::TooManyPending(QueueId::GFX))
-        );
+        let err = dev.submit(QueueId::GFX, &[copy], |cb| cb.timestamp(0x8030_0010)).unwrap_err();
+        assert_eq!(err, SubmitError::TooManyPending(QueueId::GFX));
+        names_its_parameter(&err, err.limit(), Limit::PendingWaits, "PENDING_WAITS");
         assert_eq!(dev.last_emitted(QueueId::GFX), Some(emitted), "nothing emitted");
         assert!(dev.stats().dep_waits > 0, "it waited for room first");
         // Room comes back as the work completes, and no edge was dropped.
