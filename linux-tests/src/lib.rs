@@ -159,6 +159,11 @@ pub const ADVERSARIAL_TESTS: &[&str] = &[
     "kmsg_clean",
 ];
 
+/// The profile suite (`rgtest.suite=profile`): where a SUBMIT's time goes,
+/// from ftrace's `function_graph` tracer in the guest (docs/perf.md,
+/// "Where a SUBMIT's time goes").
+pub const PROFILE_TESTS: &[&str] = &["submit_profile"];
+
 /// Which list of guest tests a boot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Suite {
@@ -166,6 +171,8 @@ pub enum Suite {
     Main,
     /// [`ADVERSARIAL_TESTS`].
     Adversarial,
+    /// [`PROFILE_TESTS`].
+    Profile,
 }
 
 impl Suite {
@@ -184,6 +191,7 @@ impl Suite {
                 }
                 v
             }
+            Suite::Profile => PROFILE_TESTS.to_vec(),
         }
     }
 
@@ -192,6 +200,7 @@ impl Suite {
         match self {
             Suite::Main => "",
             Suite::Adversarial => "-adversarial",
+            Suite::Profile => "-profile",
         }
     }
 
@@ -206,6 +215,7 @@ impl Suite {
                 }
                 _ => " rgtest.suite=adversarial".into(),
             },
+            Suite::Profile => " rgtest.suite=profile".into(),
         }
     }
 }
@@ -1093,6 +1103,12 @@ pub fn check_suite_on(gen: u8, suite: Suite, kind: KernelKind) {
     if suite == Suite::Adversarial {
         for l in out.boot.console.iter().filter_map(|l| l.find("guest: ").map(|i| &l[i..])) {
             println!("gen{gen} {}", l.trim_end());
+        }
+    }
+    // The profile suite's table (docs/perf.md, "Where a SUBMIT's time goes").
+    if suite == Suite::Profile {
+        for l in out.boot.console.iter().filter_map(|l| l.find("@@ PROFILE ").map(|i| &l[i + 11..])) {
+            println!("gen{gen} profile {}", l.trim_end());
         }
     }
     println!(
