@@ -1153,8 +1153,8 @@ static void refgpu_job_abort(struct refgpu_job *job)
  * @file: the file whose syncobj handles @in names
  * @ib_va: the IB, checked by refgpu_check_ib()
  * @ib_dw: its size in dwords
- * @in: the in-syncs, checked by refgpu_copy_syncs() or
- *      refgpu_copy_batch_syncs()
+ * @in: the in-syncs, checked by refgpu_copy_syncs_into() or
+ *      refgpu_copy_batch_syncs_into()
  * @in_count: their count
  *
  * The job and its hardware fence are charged to the caller's memory cgroup;
@@ -1231,6 +1231,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 {
 	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_sync in_buf[REFGPU_SYNCS_INLINE];
 	struct drm_refgpu_submit *args = data;
 	struct drm_refgpu_sync *in = NULL;
 	struct refgpu_out_syncs out;
@@ -1247,7 +1248,8 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	if (ret)
 		return ret;
 
-	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
+	ret = refgpu_copy_syncs_into(args->in_syncs, args->in_sync_count, in_buf,
+				     ARRAY_SIZE(in_buf), &in);
 	if (ret)
 		return ret;
 	ret = refgpu_out_syncs_init(&out, args->out_syncs, args->out_sync_count);
@@ -1335,7 +1337,7 @@ out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:
 	refgpu_out_syncs_fini(&out);
-	kvfree(in);
+	refgpu_free_syncs(in, in_buf);
 	return ret;
 }
 
@@ -1361,6 +1363,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 				struct refgpu_batch_entry *e)
 {
 	u64 uptr = args->jobs.array + (u64)i * args->jobs.stride;
+	struct drm_refgpu_sync in_buf[REFGPU_SYNCS_INLINE];
 	struct drm_refgpu_sync *in;
 	struct drm_refgpu_batch_job j;
 	int ret;
@@ -1373,7 +1376,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 	ret = refgpu_check_ib(ctx->rdev, j.ib_va, j.ib_size_dw);
 	if (ret)
 		return ret;
-	ret = refgpu_copy_batch_syncs(&j.in_syncs, &in);
+	ret = refgpu_copy_batch_syncs_into(&j.in_syncs, in_buf, ARRAY_SIZE(in_buf), &in);
 	if (ret)
 		return ret;
 	ret = refgpu_out_syncs_init_batch(&e->out, &j.out_syncs);
@@ -1387,7 +1390,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 	}
 	ret = refgpu_out_syncs_resolve(&e->out, file);
 out_free:
-	kvfree(in);
+	refgpu_free_syncs(in, in_buf);
 	return ret;
 }
 

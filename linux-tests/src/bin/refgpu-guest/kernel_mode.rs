@@ -171,6 +171,7 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     let mut ks: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
     let kdev = KernelDevice::<Drm, 16>::new(&drm, &mut ks, cfg).map_err(|e| e.to_string())?;
     let kernel_ns = time_submits(&kdev, "kernel mode")?;
+    let ioctls = ioctls_per_submission(&drm, &kdev)?;
     drop(kdev);
 
     // Direct mode, in-process model.
@@ -191,11 +192,31 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     let null_ns = t0.elapsed().as_nanos() as f64 / N as f64;
     let (k, d) = (kernel_ns / N as f64, direct_ns / N as f64);
     println!(
-        "@@ BENCH umd_submit_kernel_vs_direct kernel_mode_ns={k:.0} direct_mode_ns={d:.0} null_ioctl_ns={null_ns:.0} kernel/direct={:.1} kernel/null_ioctl={:.1} n={N}",
+        "@@ BENCH umd_submit_kernel_vs_direct kernel_mode_ns={k:.0} direct_mode_ns={d:.0} null_ioctl_ns={null_ns:.0} kernel/direct={:.1} kernel/null_ioctl={:.1} ioctls_per_submission={ioctls:.2} n={N}",
         k / d,
         k / null_ns
     );
+    ensure!(ioctls == 1.0, "kernel mode made {ioctls:.2} ioctls per submission, not one SUBMIT");
     Ok(())
+}
+
+/// The ioctls `dev` makes per submission on `drm` (`Drm::ioctls`), over
+/// `BATCH` submissions of one WRITE_DATA with no wait among them (the
+/// wait after them not counted).
+fn ioctls_per_submission(drm: &Drm, dev: &KernelDevice<'_, Drm, 16>) -> Result<f64, String> {
+    let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let va = dev.va(buf).map_err(|e| e.to_string())?;
+    let before = drm.ioctls();
+    let mut last = None;
+    for i in 0..BATCH {
+        last = Some(dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[i as u32])).map_err(|e| e.to_string())?);
+    }
+    let calls = drm.ioctls() - before;
+    if let Some(f) = last {
+        dev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
+    }
+    dev.free(buf).map_err(|e| e.to_string())?;
+    Ok(calls as f64 / BATCH as f64)
 }
 
 /// The batch window through umd-core's kernel mode
