@@ -278,12 +278,22 @@ struct refgpu_ctx {
  * struct refgpu_job - one SUBMIT
  */
 struct refgpu_job {
+	/*
+	 * The hardware fence, in the job's own allocation and first in it
+	 * (refgpu_job_create() checks): once run_job has initialised it
+	 * (base.ops set), the allocation is the fence's, freed by DRM core's
+	 * dma_fence_free() (kfree_rcu() of the fence's address, the job's)
+	 * with the fence's last reference; the job holds one until it is
+	 * done with its fields (refgpu_job_put_work()). Never initialised,
+	 * the job is plain memory. One allocation per job instead of two.
+	 */
+	struct refgpu_fence hw_fence_mem;
 	struct drm_sched_job base;
 	struct refgpu_ctx *ctx;		/* reference */
 	struct refgpu_vm *vm;		/* reference */
 	u64 ib_va;
 	u32 ib_dw;
-	/* Allocated at SUBMIT, initialised (base.ops set) by run_job. */
+	/* &@hw_fence_mem: initialised (base.ops set) by run_job. */
 	struct refgpu_fence *hw_fence;
 	struct work_struct put_work;	/* drops @ctx and @vm, on refgpu_put_wq */
 };

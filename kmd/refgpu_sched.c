@@ -820,6 +820,19 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 
 static void refgpu_ctx_put(struct refgpu_ctx *ctx);
 
+/*
+ * Lets go of the job's memory: the job's reference on its hardware fence,
+ * whose last reference frees it (struct refgpu_job), or the memory itself
+ * when run_job never initialised the fence. The job is not touched after.
+ */
+static void refgpu_job_mem_put(struct refgpu_job *job)
+{
+	if (job->hw_fence->base.ops)
+		dma_fence_put(&job->hw_fence->base);
+	else
+		kfree(job);
+}
+
 static void refgpu_job_put_work(struct work_struct *work)
 {
 	struct refgpu_job *job = container_of(work, struct refgpu_job, put_work);
@@ -828,19 +841,10 @@ static void refgpu_job_put_work(struct work_struct *work)
 
 	atomic_dec(&ctx->rdev->job_count);
 	refgpu_vm_job_uncharge(vm, 1);
-	kfree(job);
+	refgpu_job_mem_put(job);
 	/* The device's last reference may go with these (refgpu_put_wq). */
 	refgpu_ctx_put(ctx);
 	refgpu_vm_put(vm);
-}
-
-/* A hardware fence run_job never initialised is plain memory. */
-static void refgpu_hw_fence_put(struct refgpu_fence *fence)
-{
-	if (fence->base.ops)
-		dma_fence_put(&fence->base);
-	else
-		kfree(fence);
 }
 
 static void refgpu_job_free(struct drm_sched_job *sched_job)
@@ -848,7 +852,6 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 
 	drm_sched_job_cleanup(sched_job);
-	refgpu_hw_fence_put(job->hw_fence);
 	INIT_WORK(&job->put_work, refgpu_job_put_work);
 	queue_work(refgpu_put_wq, &job->put_work);
 }
@@ -1141,7 +1144,6 @@ static void refgpu_job_abort(struct refgpu_job *job)
 
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
-	kfree(job->hw_fence);
 	kfree(job);
 	atomic_dec(&ctx->rdev->job_count);
 	refgpu_ctx_put(ctx);
@@ -1173,16 +1175,17 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 	int ret;
 	u32 i;
 
-	/* Charged to the caller's memory cgroup, as its page tables are. */
+	/* dma_fence_free() frees the job through its fence's address. */
+	BUILD_BUG_ON(offsetof(struct refgpu_job, hw_fence_mem) != 0);
+	/*
+	 * Charged to the caller's memory cgroup, as its page tables are; with
+	 * its hardware fence, which run_job and a reset signal: neither may
+	 * allocate.
+	 */
 	job = kzalloc(sizeof(*job), GFP_KERNEL_ACCOUNT);
 	if (!job)
 		return ERR_PTR(-ENOMEM);
-	/* run_job and a reset signal it: neither may allocate. */
-	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL_ACCOUNT);
-	if (!job->hw_fence) {
-		kfree(job);
-		return ERR_PTR(-ENOMEM);
-	}
+	job->hw_fence = &job->hw_fence_mem;
 	job->ib_va = ib_va;
 	job->ib_dw = ib_dw;
 #ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
@@ -1191,7 +1194,6 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
 #endif
 	if (ret) {
-		kfree(job->hw_fence);
 		kfree(job);
 		return ERR_PTR(ret);
 	}

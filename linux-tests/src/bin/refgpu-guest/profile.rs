@@ -3,15 +3,18 @@
 //!
 //! The SUBMIT benchmark of the main suite (2,000 SUBMITs of a NOP IB
 //! without syncs, then 2,000 each signalling its own timeline point,
-//! queued without waiting), once untimed-traced for the figures and once
-//! under ftrace's `function_graph` tracer restricted (`set_ftrace_filter`)
-//! to the functions of [`TRACED`] and to this process (`set_ftrace_pid`):
-//! each traced call's duration includes its children, traced or not. The
-//! guest prints one `@@ PROFILE <phase> <function> calls=<per SUBMIT>
-//! us=<per SUBMIT> share=<of refgpu_ioctl_submit>` line per function seen
-//! under the ioctl, slowest first, and `@@ BENCH submit_profile` with the
-//! untraced figures and the unsignalled points a timeline SUBMIT found
-//! in front of its own (what `drm_syncobj_add_point()` walks).
+//! queued without waiting), once untraced for the figures and then under
+//! ftrace's `function_graph` tracer restricted (`set_ftrace_filter`) to
+//! the functions of [`COARSE`], then of [`TRACED`], and to this process
+//! (`set_ftrace_pid`): each traced call's duration includes its children,
+//! traced or not (and the tracer's cost for the traced ones). The guest
+//! prints one `@@ PROFILE <pass>-<phase> <function> calls=<per SUBMIT>
+//! us=<per SUBMIT> share=<of refgpu_ioctl_submit> depth=<below it>` line
+//! per function seen under the ioctl, slowest first, and `@@ BENCH
+//! submit_profile*` lines with the figures and the points of the timeline
+//! submitted and not yet signalled when a timeline SUBMIT ran (what
+//! `drm_syncobj_add_point()` walks, read with SYNCOBJ_QUERY every tenth
+//! SUBMIT).
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -87,12 +90,12 @@ fn tracefs(file: &str, value: &str) -> R {
     std::fs::write(format!("{TRACING}/{file}"), value).map_err(|e| format!("{TRACING}/{file} <- {value}: {e}"))
 }
 
-/// Sets the filter to [`TRACED`], one name at a time (a name the kernel
-/// cannot trace is refused alone); returns the names refused.
-fn set_filter() -> Result<Vec<&'static str>, String> {
+/// Sets the filter to `names`, one at a time (a name the kernel cannot
+/// trace is refused alone); returns the names refused.
+fn set_filter(names: &[&'static str]) -> Result<Vec<&'static str>, String> {
     tracefs("set_ftrace_filter", "")?;
     let mut skipped = Vec::new();
-    for f in TRACED {
+    for f in names {
         let mut file = std::fs::OpenOptions::new()
             .append(true)
             .open(format!("{TRACING}/set_ftrace_filter"))
@@ -243,9 +246,62 @@ fn null_ioctl_ns(d: &Dev) -> Result<f64, String> {
     Ok(t0.elapsed().as_nanos() as f64 / f64::from(N))
 }
 
+/// The submit path's steps alone (the ioctl's direct children and
+/// `drm_syncobj_add_point()`): few traced calls, so the SUBMITs keep
+/// nearly their untraced pace and the GPU falls behind as far as untraced
+/// (the timeline walk's length), where [`TRACED`]'s overhead lets it keep
+/// up.
+const COARSE: &[&str] = &[
+    "refgpu_ioctl_submit",
+    "refgpu_job_create",
+    "refgpu_out_syncs_resolve",
+    "refgpu_out_syncs_signal",
+    "drm_syncobj_add_point",
+    "drm_sched_job_arm",
+    "drm_sched_entity_push_job",
+];
+
+/// The benchmark's two phases traced with `filter`; prints the table of
+/// each (`<pass>-plain`, `<pass>-timeline`) and the run's figures.
+fn traced_run(fx: &mut Fx, ctx: u32, ib: u64, dw: u32, pass: &str, filter: &[&'static str]) -> R {
+    tracefs("tracing_on", "0")?;
+    tracefs("current_tracer", "nop")?;
+    let skipped = set_filter(filter)?;
+    if !skipped.is_empty() {
+        println!("@@ PROFILE {pass} not traceable here: {}", skipped.join(" "));
+    }
+    tracefs("set_ftrace_pid", &std::process::id().to_string())?;
+    tracefs("buffer_size_kb", "32768")?;
+    tracefs("options/funcgraph-tail", "1")?;
+    tracefs("options/funcgraph-irqs", "0")?;
+    // A call's time is its CPU's, not the time its task was scheduled out.
+    tracefs("options/sleep-time", "0")?;
+    tracefs("trace", "")?;
+    tracefs("current_tracer", "function_graph")?;
+    tracefs("tracing_on", "1")?;
+    // trace_marker refuses writes while tracing is off.
+    marker("plain")?;
+    let run = phases(fx, ctx, ib, dw, 10);
+    tracefs("tracing_on", "0")?;
+    let (plain, timeline, pending) = run?;
+    let trace = std::fs::read_to_string(format!("{TRACING}/trace")).map_err(|e| format!("trace: {e}"))?;
+    tracefs("current_tracer", "nop")?;
+    tracefs("set_ftrace_filter", "")?;
+    tracefs("set_ftrace_pid", "")?;
+    let cut = trace.find("phase timeline").ok_or("no timeline marker in the trace")?;
+    let lost = trace.contains("LOST");
+    let p = report(&format!("{pass}-plain"), &parse(&trace[..cut]))?;
+    let t = report(&format!("{pass}-timeline"), &parse(&trace[cut..]))?;
+    println!(
+        "@@ BENCH submit_profile_{pass} submit_ns={plain:.0} submit_timeline_out_ns={timeline:.0} ioctl_us_plain={p:.2} ioctl_us_timeline={t:.2} pending_points_per_timeline_submit={pending:.0} lost_events={lost}"
+    );
+    Ok(())
+}
+
 /// The profile: the benchmark untraced (figures, then the points pending
-/// per timeline SUBMIT in a run with queries), then traced; the trace is
-/// split at the `phase timeline` marker.
+/// per timeline SUBMIT in a run with queries), then traced twice, with
+/// [`COARSE`] and with [`TRACED`]; each trace is split at the
+/// `phase timeline` marker.
 fn submit_profile() -> R {
     let mut fx = Fx::new()?;
     let ctx = fx.ctx(u::engine::COPY)?;
@@ -258,36 +314,7 @@ fn submit_profile() -> R {
         plain / null,
         timeline / null
     );
-
     crate::mount("tracefs", TRACING, "tracefs");
-    tracefs("tracing_on", "0")?;
-    tracefs("current_tracer", "nop")?;
-    let skipped = set_filter()?;
-    println!("@@ PROFILE not traceable here: {}", skipped.join(" "));
-    tracefs("set_ftrace_pid", &std::process::id().to_string())?;
-    tracefs("buffer_size_kb", "32768")?;
-    tracefs("options/funcgraph-tail", "1")?;
-    tracefs("options/funcgraph-irqs", "0")?;
-    // A call's time is its CPU's, not the time its task was scheduled out.
-    tracefs("options/sleep-time", "0")?;
-    tracefs("trace", "")?;
-    tracefs("current_tracer", "function_graph")?;
-    tracefs("tracing_on", "1")?;
-    // trace_marker refuses writes while tracing is off.
-    marker("plain")?;
-    let run = phases(&mut fx, ctx, ib, dw, 0);
-    tracefs("tracing_on", "0")?;
-    let (traced_plain, traced_timeline, _) = run?;
-    let trace = std::fs::read_to_string(format!("{TRACING}/trace")).map_err(|e| format!("trace: {e}"))?;
-    tracefs("current_tracer", "nop")?;
-    tracefs("set_ftrace_filter", "")?;
-    tracefs("set_ftrace_pid", "")?;
-    let cut = trace.find("phase timeline").ok_or("no timeline marker in the trace")?;
-    let lost = trace.contains("LOST");
-    let p = report("plain", &parse(&trace[..cut]))?;
-    let t = report("timeline", &parse(&trace[cut..]))?;
-    println!(
-        "@@ BENCH submit_profile_traced submit_ns={traced_plain:.0} submit_timeline_out_ns={traced_timeline:.0} ioctl_us_plain={p:.2} ioctl_us_timeline={t:.2} lost_events={lost}"
-    );
-    Ok(())
+    traced_run(&mut fx, ctx, ib, dw, "coarse", COARSE)?;
+    traced_run(&mut fx, ctx, ib, dw, "fine", TRACED)
 }
