@@ -247,7 +247,9 @@ fn ioctls_per_submission(drm: &Drm, dev: &KernelDevice<'_, Drm, 16>) -> Result<f
     let before = drm.ioctls();
     let mut last = None;
     for i in 0..BATCH {
-        last = Some(dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[i as u32])).map_err(|e| e.to_string())?);
+        last = Some(
+            dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[i as u32])).map_err(|e| e.to_string())?,
+        );
     }
     let calls = drm.ioctls() - before;
     if let Some(f) = last {

@@ -87,7 +87,8 @@ const TRACED: &[&str] = &[
 ];
 
 fn tracefs(file: &str, value: &str) -> R {
-    std::fs::write(format!("{TRACING}/{file}"), value).map_err(|e| format!("{TRACING}/{file} <- {value}: {e}"))
+    std::fs::write(format!("{TRACING}/{file}"), value)
+        .map_err(|e| format!("{TRACING}/{file} <- {value}: {e}"))
 }
 
 /// Sets the filter to `names`, one at a time (a name the kernel cannot
@@ -128,12 +129,15 @@ fn parse(trace: &str) -> Vec<Call> {
         let Some((head, body)) = line.split_once('|') else { continue };
         let Some((cpu, dur)) = head.split_once(')') else { continue };
         let cpu = cpu.trim().to_string();
-        let us = dur
-            .split_whitespace()
-            .find_map(|w| w.parse::<f64>().ok())
-            .map(|v| if dur.contains(" ms") { v * 1e3 } else { v });
+        let us = dur.split_whitespace().find_map(|w| w.parse::<f64>().ok()).map(|v| {
+            if dur.contains(" ms") {
+                v * 1e3
+            } else {
+                v
+            }
+        });
         let body = body.trim();
-        let name_of = |s: &str| s.split(|c| c == '(' || c == ' ').next().unwrap_or("").to_string();
+        let name_of = |s: &str| s.split(['(', ' ']).next().unwrap_or("").to_string();
         let stack = stacks.entry(cpu).or_default();
         if let Some(rest) = body.strip_prefix("} /* ") {
             let name = name_of(rest.trim_end_matches(" */"));
