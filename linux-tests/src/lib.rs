@@ -55,9 +55,12 @@
 //! the kernel command-line word `rgtest.suite=adversarial` that `/init`
 //! reads ([`Suite::cmdline`]); the adversarial boot also passes the fuzz
 //! seed of the environment variable `RGTEST_SEED`, if set, as
-//! `rgtest.seed=N`. The guest binary runs exactly the chosen list (it
-//! checks its own list against this one), so a test the guest did not
-//! report is a failure on the host.
+//! `rgtest.seed=N`. A third suite, [`PROFILE_TESTS`]
+//! (`rgtest.suite=profile`, `tests/profile.rs`, ignored by default), is a
+//! measurement: where a SUBMIT's time goes, from ftrace in the guest. The
+//! guest binary runs exactly the chosen list (it checks its own list
+//! against this one), so a test the guest did not report is a failure on
+//! the host.
 //!
 //! Both suites boot on a debug kernel too ([`KernelKind::Debug`]:
 //! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
