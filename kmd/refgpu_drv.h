@@ -283,12 +283,22 @@ struct refgpu_ctx {
  * struct refgpu_job - one SUBMIT
  */
 struct refgpu_job {
+	/*
+	 * The hardware fence, in the job's own allocation and first in it
+	 * (refgpu_job_create() checks): once run_job has initialised it
+	 * (base.ops set), the allocation is the fence's, freed by DRM core's
+	 * dma_fence_free() (kfree_rcu() of the fence's address, the job's)
+	 * with the fence's last reference; the job holds one until it is
+	 * done with its fields (refgpu_job_put_work()). Never initialised,
+	 * the job is plain memory. One allocation per job instead of two.
+	 */
+	struct refgpu_fence hw_fence_mem;
 	struct drm_sched_job base;
 	struct refgpu_ctx *ctx;		/* reference */
 	struct refgpu_vm *vm;		/* reference */
 	u64 ib_va;
 	u32 ib_dw;
-	/* Allocated at SUBMIT, initialised (base.ops set) by run_job. */
+	/* &@hw_fence_mem: initialised (base.ops set) by run_job. */
 	struct refgpu_fence *hw_fence;
 	struct work_struct put_work;	/* drops @ctx and @vm, on refgpu_put_wq */
 };
@@ -412,23 +422,44 @@ int refgpu_debugfs_engines_show(struct seq_file *m, void *data);
 
 /* refgpu_sync.c */
 
+/*
+ * Sync arrays this short are copied into storage of the caller (the stack,
+ * a batch entry) instead of the heap: a SUBMIT with its one timeline
+ * out-point allocates nothing for it but the timeline node.
+ */
+#define REFGPU_SYNCS_INLINE	2
+
 /**
  * struct refgpu_out_syncs - the syncobjs an ioctl signals when it succeeds
  * @count: entries
  * @syncs: what userspace asked for (handle, timeline point), copied in
  * @objs: the syncobjs, looked up
  * @chains: a timeline node per entry with a point, allocated up front
+ * @syncs_inline: @syncs for up to %REFGPU_SYNCS_INLINE entries
+ * @objs_inline: @objs for as many
+ * @chains_inline: @chains for as many
+ *
+ * Points into itself once initialised: not copied or moved until
+ * refgpu_out_syncs_fini().
  */
 struct refgpu_out_syncs {
 	u32 count;
 	struct drm_refgpu_sync *syncs;
 	struct drm_syncobj **objs;
 	struct dma_fence_chain **chains;
+	struct drm_refgpu_sync syncs_inline[REFGPU_SYNCS_INLINE];
+	struct drm_syncobj *objs_inline[REFGPU_SYNCS_INLINE];
+	struct dma_fence_chain *chains_inline[REFGPU_SYNCS_INLINE];
 };
 
 int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out);
+int refgpu_copy_syncs_into(u64 uptr, u32 count, struct drm_refgpu_sync *buf, u32 buf_len,
+			   struct drm_refgpu_sync **out);
+void refgpu_free_syncs(struct drm_refgpu_sync *s, const struct drm_refgpu_sync *buf);
 int refgpu_check_obj_array(const struct drm_refgpu_obj_array *a, size_t size, u32 max);
-int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out);
+int refgpu_copy_batch_syncs_into(const struct drm_refgpu_obj_array *a,
+				 struct drm_refgpu_sync *buf, u32 buf_len,
+				 struct drm_refgpu_sync **out);
 int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count);
 int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a);
 int refgpu_out_syncs_resolve(struct refgpu_out_syncs *os, struct drm_file *file);

@@ -833,6 +833,19 @@ static enum drm_gpu_sched_stat refgpu_job_timedout(struct drm_sched_job *sched_j
 
 static void refgpu_ctx_put(struct refgpu_ctx *ctx);
 
+/*
+ * Lets go of the job's memory: the job's reference on its hardware fence,
+ * whose last reference frees it (struct refgpu_job), or the memory itself
+ * when run_job never initialised the fence. The job is not touched after.
+ */
+static void refgpu_job_mem_put(struct refgpu_job *job)
+{
+	if (job->hw_fence->base.ops)
+		dma_fence_put(&job->hw_fence->base);
+	else
+		kfree(job);
+}
+
 static void refgpu_job_put_work(struct work_struct *work)
 {
 	struct refgpu_job *job = container_of(work, struct refgpu_job, put_work);
@@ -841,19 +854,10 @@ static void refgpu_job_put_work(struct work_struct *work)
 
 	atomic_dec(&ctx->rdev->job_count);
 	refgpu_vm_job_uncharge(vm, 1);
-	kfree(job);
+	refgpu_job_mem_put(job);
 	/* The device's last reference may go with these (refgpu_put_wq). */
 	refgpu_ctx_put(ctx);
 	refgpu_vm_put(vm);
-}
-
-/* A hardware fence run_job never initialised is plain memory. */
-static void refgpu_hw_fence_put(struct refgpu_fence *fence)
-{
-	if (fence->base.ops)
-		dma_fence_put(&fence->base);
-	else
-		kfree(fence);
 }
 
 static void refgpu_job_free(struct drm_sched_job *sched_job)
@@ -861,7 +865,6 @@ static void refgpu_job_free(struct drm_sched_job *sched_job)
 	struct refgpu_job *job = to_refgpu_job(sched_job);
 
 	drm_sched_job_cleanup(sched_job);
-	refgpu_hw_fence_put(job->hw_fence);
 	INIT_WORK(&job->put_work, refgpu_job_put_work);
 	queue_work(refgpu_put_wq, &job->put_work);
 }
@@ -1154,7 +1157,6 @@ static void refgpu_job_abort(struct refgpu_job *job)
 
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
-	kfree(job->hw_fence);
 	kfree(job);
 	atomic_dec(&ctx->rdev->job_count);
 	refgpu_ctx_put(ctx);
@@ -1166,8 +1168,8 @@ static void refgpu_job_abort(struct refgpu_job *job)
  * @file: the file whose syncobj handles @in names
  * @ib_va: the IB, checked by refgpu_check_ib()
  * @ib_dw: its size in dwords
- * @in: the in-syncs, checked by refgpu_copy_syncs() or
- *      refgpu_copy_batch_syncs()
+ * @in: the in-syncs, checked by refgpu_copy_syncs_into() or
+ *      refgpu_copy_batch_syncs_into()
  * @in_count: their count
  *
  * The job and its hardware fence are charged to the caller's memory cgroup;
@@ -1186,16 +1188,17 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 	int ret;
 	u32 i;
 
-	/* Charged to the caller's memory cgroup, as its page tables are. */
+	/* dma_fence_free() frees the job through its fence's address. */
+	BUILD_BUG_ON(offsetof(struct refgpu_job, hw_fence_mem) != 0);
+	/*
+	 * Charged to the caller's memory cgroup, as its page tables are; with
+	 * its hardware fence, which run_job and a reset signal: neither may
+	 * allocate.
+	 */
 	job = kzalloc(sizeof(*job), GFP_KERNEL_ACCOUNT);
 	if (!job)
 		return ERR_PTR(-ENOMEM);
-	/* run_job and a reset signal it: neither may allocate. */
-	job->hw_fence = kzalloc(sizeof(*job->hw_fence), GFP_KERNEL_ACCOUNT);
-	if (!job->hw_fence) {
-		kfree(job);
-		return ERR_PTR(-ENOMEM);
-	}
+	job->hw_fence = &job->hw_fence_mem;
 	job->ib_va = ib_va;
 	job->ib_dw = ib_dw;
 #ifdef REFGPU_SCHED_JOB_CLIENT_ID	/* 6.12.111 has it, 6.12.95 not (Kbuild) */
@@ -1204,7 +1207,6 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 	ret = drm_sched_job_init(&job->base, &ctx->entity, 1, ctx);
 #endif
 	if (ret) {
-		kfree(job->hw_fence);
 		kfree(job);
 		return ERR_PTR(ret);
 	}
@@ -1244,6 +1246,7 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 {
 	struct refgpu_device *rdev = to_refgpu_device(dev);
 	struct refgpu_file *rfile = file->driver_priv;
+	struct drm_refgpu_sync in_buf[REFGPU_SYNCS_INLINE];
 	struct drm_refgpu_submit *args = data;
 	struct drm_refgpu_sync *in = NULL;
 	struct refgpu_out_syncs out;
@@ -1260,7 +1263,8 @@ int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *fil
 	if (ret)
 		return ret;
 
-	ret = refgpu_copy_syncs(args->in_syncs, args->in_sync_count, &in);
+	ret = refgpu_copy_syncs_into(args->in_syncs, args->in_sync_count, in_buf,
+				     ARRAY_SIZE(in_buf), &in);
 	if (ret)
 		return ret;
 	ret = refgpu_out_syncs_init(&out, args->out_syncs, args->out_sync_count);
@@ -1349,7 +1353,7 @@ out_put_ctx:
 	refgpu_ctx_put(ctx);
 out_free:
 	refgpu_out_syncs_fini(&out);
-	kvfree(in);
+	refgpu_free_syncs(in, in_buf);
 	return ret;
 }
 
@@ -1375,6 +1379,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 				struct refgpu_batch_entry *e)
 {
 	u64 uptr = args->jobs.array + (u64)i * args->jobs.stride;
+	struct drm_refgpu_sync in_buf[REFGPU_SYNCS_INLINE];
 	struct drm_refgpu_sync *in;
 	struct drm_refgpu_batch_job j;
 	int ret;
@@ -1387,7 +1392,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 	ret = refgpu_check_ib(ctx->rdev, j.ib_va, j.ib_size_dw);
 	if (ret)
 		return ret;
-	ret = refgpu_copy_batch_syncs(&j.in_syncs, &in);
+	ret = refgpu_copy_batch_syncs_into(&j.in_syncs, in_buf, ARRAY_SIZE(in_buf), &in);
 	if (ret)
 		return ret;
 	ret = refgpu_out_syncs_init_batch(&e->out, &j.out_syncs);
@@ -1401,7 +1406,7 @@ static int refgpu_batch_prepare(struct refgpu_ctx *ctx, struct drm_file *file,
 	}
 	ret = refgpu_out_syncs_resolve(&e->out, file);
 out_free:
-	kvfree(in);
+	refgpu_free_syncs(in, in_buf);
 	return ret;
 }
 

@@ -29,25 +29,71 @@
  */
 int refgpu_copy_syncs(u64 uptr, u32 count, struct drm_refgpu_sync **out)
 {
-	struct drm_refgpu_sync *s;
+	return refgpu_copy_syncs_into(uptr, count, NULL, 0, out);
+}
+
+/* SUBMIT's and VM_BIND's syncs have no flags yet. */
+static int refgpu_check_syncs(const struct drm_refgpu_sync *s, u32 count)
+{
 	u32 i;
+
+	for (i = 0; i < count; i++) {
+		if (s[i].flags)
+			return -EINVAL;
+	}
+	return 0;
+}
+
+/**
+ * refgpu_copy_syncs_into() - refgpu_copy_syncs() into the caller's storage
+ * when the array fits
+ * @uptr: user pointer
+ * @count: entries (at most %REFGPU_MAX_SYNCS)
+ * @buf: storage for up to @buf_len entries (may be NULL with @buf_len 0)
+ * @buf_len: its size in entries
+ * @out: @buf, a heap copy, or NULL when @count is 0; release it with
+ *       refgpu_free_syncs()
+ *
+ * Return: as refgpu_copy_syncs().
+ */
+int refgpu_copy_syncs_into(u64 uptr, u32 count, struct drm_refgpu_sync *buf, u32 buf_len,
+			   struct drm_refgpu_sync **out)
+{
+	struct drm_refgpu_sync *s;
+	int ret;
 
 	*out = NULL;
 	if (!count)
 		return 0;
 	if (count > REFGPU_MAX_SYNCS)
 		return -EINVAL;
-	s = vmemdup_array_user(u64_to_user_ptr(uptr), count, sizeof(*s));
-	if (IS_ERR(s))
-		return PTR_ERR(s);
-	for (i = 0; i < count; i++) {
-		if (s[i].flags) {
-			kvfree(s);
-			return -EINVAL;
-		}
+	if (count <= buf_len) {
+		if (copy_from_user(buf, u64_to_user_ptr(uptr), count * sizeof(*buf)))
+			return -EFAULT;
+		s = buf;
+	} else {
+		s = vmemdup_array_user(u64_to_user_ptr(uptr), count, sizeof(*s));
+		if (IS_ERR(s))
+			return PTR_ERR(s);
+	}
+	ret = refgpu_check_syncs(s, count);
+	if (ret) {
+		refgpu_free_syncs(s, buf);
+		return ret;
 	}
 	*out = s;
 	return 0;
+}
+
+/**
+ * refgpu_free_syncs() - release a copy made by refgpu_copy_syncs_into()
+ * @s: the copy (or NULL)
+ * @buf: the storage it was given
+ */
+void refgpu_free_syncs(struct drm_refgpu_sync *s, const struct drm_refgpu_sync *buf)
+{
+	if (s != buf)
+		kvfree(s);
 }
 
 /**
@@ -85,16 +131,22 @@ static int refgpu_batch_sync_check(const struct drm_refgpu_batch_sync *b)
 }
 
 /**
- * refgpu_copy_batch_syncs() - copy and check a SUBMIT_BATCH sync array
+ * refgpu_copy_batch_syncs_into() - copy and check a SUBMIT_BATCH sync
+ * array, into the caller's storage when it fits
  * @a: an array of &drm_refgpu_batch_sync
+ * @buf: storage for up to @buf_len entries (may be NULL with @buf_len 0)
+ * @buf_len: its size in entries
  * @out: the syncs in SUBMIT's form (&drm_refgpu_sync, point 0 for a
- *       binary syncobj), kvfree; NULL when the count is 0
+ *       binary syncobj): @buf, a heap copy, or NULL when the count is 0;
+ *       release it with refgpu_free_syncs()
  *
  * Return: 0, -EINVAL (refgpu_check_obj_array(), an unknown type or flag, a
  * BINARY entry with a point or a TIMELINE entry without one), -E2BIG
  * (non-zero bytes past the structure), -EFAULT or -ENOMEM.
  */
-int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_refgpu_sync **out)
+int refgpu_copy_batch_syncs_into(const struct drm_refgpu_obj_array *a,
+				 struct drm_refgpu_sync *buf, u32 buf_len,
+				 struct drm_refgpu_sync **out)
 {
 	struct drm_refgpu_batch_sync b;
 	struct drm_refgpu_sync *s;
@@ -107,7 +159,7 @@ int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_ref
 	ret = refgpu_check_obj_array(a, sizeof(b), REFGPU_MAX_SYNCS);
 	if (ret)
 		return ret;
-	s = kvmalloc_array(a->count, sizeof(*s), GFP_KERNEL);
+	s = a->count <= buf_len ? buf : kvmalloc_array(a->count, sizeof(*s), GFP_KERNEL);
 	if (!s)
 		return -ENOMEM;
 	for (i = 0; i < a->count; i++) {
@@ -117,7 +169,7 @@ int refgpu_copy_batch_syncs(const struct drm_refgpu_obj_array *a, struct drm_ref
 		if (!ret)
 			ret = refgpu_batch_sync_check(&b);
 		if (ret) {
-			kvfree(s);
+			refgpu_free_syncs(s, buf);
 			return ret;
 		}
 		s[i] = (struct drm_refgpu_sync) { .handle = b.handle, .point = b.point };
@@ -140,7 +192,8 @@ int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
 	int ret;
 
 	memset(os, 0, sizeof(*os));
-	ret = refgpu_copy_syncs(uptr, count, &os->syncs);
+	ret = refgpu_copy_syncs_into(uptr, count, os->syncs_inline, REFGPU_SYNCS_INLINE,
+				     &os->syncs);
 	/* Only a checked count: refgpu_out_syncs_fini() loops over it. */
 	if (!ret)
 		os->count = count;
@@ -152,14 +205,14 @@ int refgpu_out_syncs_init(struct refgpu_out_syncs *os, u64 uptr, u32 count)
  * @os: the out-syncs (as refgpu_out_syncs_init())
  * @a: the job's array of &drm_refgpu_batch_sync
  *
- * Return: as refgpu_copy_batch_syncs().
+ * Return: as refgpu_copy_batch_syncs_into().
  */
 int refgpu_out_syncs_init_batch(struct refgpu_out_syncs *os, const struct drm_refgpu_obj_array *a)
 {
 	int ret;
 
 	memset(os, 0, sizeof(*os));
-	ret = refgpu_copy_batch_syncs(a, &os->syncs);
+	ret = refgpu_copy_batch_syncs_into(a, os->syncs_inline, REFGPU_SYNCS_INLINE, &os->syncs);
 	if (!ret)
 		os->count = a->count;
 	return ret;
@@ -180,10 +233,15 @@ int refgpu_out_syncs_resolve(struct refgpu_out_syncs *os, struct drm_file *file)
 
 	if (!os->count)
 		return 0;
-	os->objs = kcalloc(os->count, sizeof(*os->objs), GFP_KERNEL);
-	os->chains = kcalloc(os->count, sizeof(*os->chains), GFP_KERNEL);
-	if (!os->objs || !os->chains)
-		return -ENOMEM;
+	if (os->count <= REFGPU_SYNCS_INLINE) {
+		os->objs = os->objs_inline;
+		os->chains = os->chains_inline;
+	} else {
+		os->objs = kcalloc(os->count, sizeof(*os->objs), GFP_KERNEL);
+		os->chains = kcalloc(os->count, sizeof(*os->chains), GFP_KERNEL);
+		if (!os->objs || !os->chains)
+			return -ENOMEM;
+	}
 	for (i = 0; i < os->count; i++) {
 		os->objs[i] = drm_syncobj_find(file, os->syncs[i].handle);
 		if (!os->objs[i])
@@ -232,8 +290,10 @@ void refgpu_out_syncs_fini(struct refgpu_out_syncs *os)
 		if (os->objs && os->objs[i])
 			drm_syncobj_put(os->objs[i]);
 	}
-	kfree(os->chains);
-	kfree(os->objs);
-	kvfree(os->syncs);
+	if (os->chains != os->chains_inline)
+		kfree(os->chains);
+	if (os->objs != os->objs_inline)
+		kfree(os->objs);
+	refgpu_free_syncs(os->syncs, os->syncs_inline);
 	memset(os, 0, sizeof(*os));
 }

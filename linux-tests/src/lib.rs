@@ -55,9 +55,12 @@
 //! the kernel command-line word `rgtest.suite=adversarial` that `/init`
 //! reads ([`Suite::cmdline`]); the adversarial boot also passes the fuzz
 //! seed of the environment variable `RGTEST_SEED`, if set, as
-//! `rgtest.seed=N`. The guest binary runs exactly the chosen list (it
-//! checks its own list against this one), so a test the guest did not
-//! report is a failure on the host.
+//! `rgtest.seed=N`. A third suite, [`PROFILE_TESTS`]
+//! (`rgtest.suite=profile`, `tests/profile.rs`, ignored by default), is a
+//! measurement: where a SUBMIT's time goes, from ftrace in the guest. The
+//! guest binary runs exactly the chosen list (it checks its own list
+//! against this one), so a test the guest did not report is a failure on
+//! the host.
 //!
 //! Both suites boot on a debug kernel too ([`KernelKind::Debug`]:
 //! lockdep, KASAN, kmemleak, DEBUG_OBJECTS, DMA-API debugging, failslab),
@@ -161,6 +164,11 @@ pub const ADVERSARIAL_TESTS: &[&str] = &[
     "kmsg_clean",
 ];
 
+/// The profile suite (`rgtest.suite=profile`): where a SUBMIT's time goes,
+/// from ftrace's `function_graph` tracer in the guest (docs/perf.md,
+/// "Where a SUBMIT's time goes").
+pub const PROFILE_TESTS: &[&str] = &["submit_profile"];
+
 /// Which list of guest tests a boot runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Suite {
@@ -168,6 +176,8 @@ pub enum Suite {
     Main,
     /// [`ADVERSARIAL_TESTS`].
     Adversarial,
+    /// [`PROFILE_TESTS`].
+    Profile,
 }
 
 impl Suite {
@@ -186,6 +196,7 @@ impl Suite {
                 }
                 v
             }
+            Suite::Profile => PROFILE_TESTS.to_vec(),
         }
     }
 
@@ -194,6 +205,7 @@ impl Suite {
         match self {
             Suite::Main => "",
             Suite::Adversarial => "-adversarial",
+            Suite::Profile => "-profile",
         }
     }
 
@@ -208,6 +220,7 @@ impl Suite {
                 }
                 _ => " rgtest.suite=adversarial".into(),
             },
+            Suite::Profile => " rgtest.suite=profile".into(),
         }
     }
 }
@@ -1095,6 +1108,12 @@ pub fn check_suite_on(gen: u8, suite: Suite, kind: KernelKind) {
     if suite == Suite::Adversarial {
         for l in out.boot.console.iter().filter_map(|l| l.find("guest: ").map(|i| &l[i..])) {
             println!("gen{gen} {}", l.trim_end());
+        }
+    }
+    // The profile suite's table (docs/perf.md, "Where a SUBMIT's time goes").
+    if suite == Suite::Profile {
+        for l in out.boot.console.iter().filter_map(|l| l.find("@@ PROFILE ").map(|i| &l[i + 11..])) {
+            println!("gen{gen} profile {}", l.trim_end());
         }
     }
     println!(

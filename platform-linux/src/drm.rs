@@ -20,6 +20,7 @@ use std::fs::OpenOptions;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use refgpu_uapi as u;
@@ -149,6 +150,8 @@ pub struct Drm {
     foreign: Mutex<Vec<u32>>,
     /// The configuration the environment gives ([`Drm::config`]).
     config: umd_core::config::Config,
+    /// Ioctls made since the node was opened ([`Drm::ioctls`]).
+    ioctls: AtomicU64,
 }
 
 impl Drm {
@@ -215,7 +218,16 @@ impl Drm {
                 }
             }
         }
-        Ok(Drm { fd, info, generation, max_batch, timelines, foreign: Mutex::new(Vec::new()), config })
+        Ok(Drm {
+            fd,
+            info,
+            generation,
+            max_batch,
+            timelines,
+            foreign: Mutex::new(Vec::new()),
+            config,
+            ioctls: AtomicU64::new(0),
+        })
     }
 
     /// The driver configuration for devices on this node: the defaults
@@ -233,6 +245,18 @@ impl Drm {
     /// The chip's generation (1 or 2), as the kernel reports it.
     pub fn generation(&self) -> u32 {
         self.generation
+    }
+
+    /// The ioctls this node has made since it was opened (those of
+    /// [`Drm::open`] not counted): what a submission, a wait or a buffer
+    /// costs in calls into the kernel.
+    pub fn ioctls(&self) -> u64 {
+        self.ioctls.load(Ordering::Relaxed)
+    }
+
+    /// Counts one ioctl ([`Drm::ioctls`]).
+    fn count(&self) {
+        self.ioctls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// How many jobs one [`Drm::submit_jobs`] takes: 0 when the kernel
@@ -281,6 +305,7 @@ impl Drm {
     }
 
     fn call<T>(&self, op: u32, arg: &mut T) -> Result<(), Errno> {
+        self.count();
         // SAFETY: see `Call`; callers pair each request code with its
         // structure.
         unsafe { rustix::ioctl::ioctl(&self.fd, Call { op, arg }) }
@@ -295,9 +320,14 @@ impl Drm {
     /// [`umd_core::kernel::KernelDevice::sync_point`]) as a sync_file.
     pub fn export_sync_file(&self, sync: KernelSync) -> Result<OwnedFd, PlatformError> {
         let tl = self.timeline(sync.queue)?;
+        self.count();
         let tmp = drm_ffi::syncobj::create(self.fd(), false).map_err(io_os)?.handle;
-        let r = drm_ffi::syncobj::transfer(self.fd(), tl, tmp, sync.point, 0)
-            .and_then(|_| drm_ffi::syncobj::handle_to_fd(self.fd(), tmp, true));
+        self.count();
+        let r = drm_ffi::syncobj::transfer(self.fd(), tl, tmp, sync.point, 0).and_then(|_| {
+            self.count();
+            drm_ffi::syncobj::handle_to_fd(self.fd(), tmp, true)
+        });
+        self.count();
         let _ = drm_ffi::syncobj::destroy(self.fd(), tmp);
         let h = r.map_err(io_os)?;
         // SAFETY: the kernel returned a new file descriptor we now own.
@@ -307,6 +337,7 @@ impl Drm {
     /// Exports queue `queue`'s whole timeline as a syncobj fd (another
     /// process imports it with `SYNCOBJ_FD_TO_HANDLE` and waits for points).
     pub fn export_timeline(&self, queue: u32) -> Result<OwnedFd, PlatformError> {
+        self.count();
         let h = drm_ffi::syncobj::handle_to_fd(self.fd(), self.timeline(queue)?, false).map_err(io_os)?;
         // SAFETY: the kernel returned a new file descriptor we now own.
         Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(h.fd) })
@@ -315,6 +346,7 @@ impl Drm {
     /// Imports a sync_file: a submission made with it in
     /// [`umd_core::engine::Submit::after_foreign`] waits for its fence.
     pub fn import_sync_file(&self, fd: BorrowedFd<'_>) -> Result<ForeignSync, PlatformError> {
+        self.count();
         let h = drm_ffi::syncobj::create(self.fd(), false).map_err(io_os)?.handle;
         let mut a = drm_ffi::drm_syncobj_handle {
             handle: h,
@@ -327,6 +359,7 @@ impl Drm {
         // refuses): the ioctl is made here, into the new syncobj.
         let r = self.call(DRM_IOCTL_SYNCOBJ_FD_TO_HANDLE, &mut a).map_err(os);
         if let Err(e) = r {
+            self.count();
             let _ = drm_ffi::syncobj::destroy(self.fd(), h);
             return Err(e);
         }
@@ -336,6 +369,7 @@ impl Drm {
 
     /// Imports a binary syncobj fd another process exported.
     pub fn import_syncobj(&self, fd: BorrowedFd<'_>) -> Result<ForeignSync, PlatformError> {
+        self.count();
         let h = drm_ffi::syncobj::fd_to_handle(self.fd(), fd, false).map_err(io_os)?.handle;
         self.keep_foreign(h);
         Ok(ForeignSync(u64::from(h)))
@@ -351,6 +385,7 @@ impl Drm {
         let mut v = self.foreign.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(i) = v.iter().position(|h| u64::from(*h) == f.0) {
             let h = v.swap_remove(i);
+            self.count();
             let _ = drm_ffi::syncobj::destroy(self.fd(), h);
         }
     }
@@ -407,6 +442,7 @@ unsafe impl Platform for Drm {
             e => os(e),
         })?;
         let close = |e| {
+            self.count();
             let _ = drm_ffi::gem::close(self.fd(), c.handle);
             e
         };
@@ -440,6 +476,7 @@ unsafe impl Platform for Drm {
             let _ = unsafe { rustix::mm::munmap(p.as_ptr().cast(), region.len()) };
         }
         if let Ok(h) = u32::try_from(region.handle()) {
+            self.count();
             let _ = drm_ffi::gem::close(self.fd(), h);
         }
     }
@@ -615,6 +652,7 @@ impl KernelIo for Drm {
 
     fn completed(&self, queue: u32) -> Result<u64, PlatformError> {
         let mut points = [0u64];
+        self.count();
         drm_ffi::syncobj::query(self.fd(), &[self.timeline(queue)?], &mut points, false).map_err(io_os)?;
         Ok(points[0])
     }
@@ -622,6 +660,7 @@ impl KernelIo for Drm {
     fn wait(&self, sync: KernelSync, timeout_ns: u64) -> Result<bool, PlatformError> {
         let deadline = now_ns().saturating_add(timeout_ns).min(i64::MAX as u64) as i64;
         let tl = self.timeline(sync.queue)?;
+        self.count();
         match drm_ffi::syncobj::timeline_wait(self.fd(), &[tl], &[sync.point], deadline, true, true, false) {
             Ok(_) => Ok(true),
             Err(e) if e.raw_os_error() == Some(Errno::TIME.raw_os_error()) => Ok(false),
@@ -631,6 +670,7 @@ impl KernelIo for Drm {
     }
 
     fn signal(&self, sync: KernelSync) -> Result<(), PlatformError> {
+        self.count();
         drm_ffi::syncobj::timeline_signal(self.fd(), &[self.timeline(sync.queue)?], &[sync.point])
             .map(|_| ())
             .map_err(io_os)

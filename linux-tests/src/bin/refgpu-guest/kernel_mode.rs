@@ -156,8 +156,11 @@ fn time_submits<B: Backend, const C: usize>(dev: &DeviceCore<'_, B, C>, what: &s
 /// The CPU cost of one submission through the driver core, in kernel mode
 /// (record into the IB pool, `SUBMIT` with a timeline out-sync) against
 /// direct mode (record, ring write, doorbell) on the in-process model of
-/// the same generation on this guest's CPU, and against a null ioctl
-/// (`DRM_IOCTL_VERSION`). Same work: one WRITE_DATA per submission.
+/// the same generation on this guest's CPU, against the raw SUBMIT it
+/// issues (`time_raw_submits`) and against a null ioctl
+/// (`DRM_IOCTL_VERSION`). Same work: one WRITE_DATA per submission. Also
+/// counts the ioctls a kernel-mode submission makes (`Drm::ioctls`) and
+/// fails unless it is one: its SUBMIT.
 pub fn bench_umd_submit_kernel_vs_direct() -> R {
     use platform_linux::InProcess;
     use refgpu_model::{Generation as ModelGen, ModelConfig};
@@ -171,6 +174,7 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     let mut ks: Box<DeviceStorage<64, 128, 32, 64>> = Box::default();
     let kdev = KernelDevice::<Drm, 16>::new(&drm, &mut ks, cfg).map_err(|e| e.to_string())?;
     let kernel_ns = time_submits(&kdev, "kernel mode")?;
+    let ioctls = ioctls_per_submission(&drm, &kdev)?;
     drop(kdev);
 
     // Direct mode, in-process model.
@@ -182,6 +186,8 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
     let direct_ns = time_submits(&ddev, "direct mode")?;
     drop(ddev);
 
+    let raw_submit_ns = time_raw_submits()?;
+
     // A null ioctl (one DRM_IOCTL_VERSION without buffers).
     let raw = crate::drm::Dev::open().map_err(|e| format!("open: errno {e}"))?;
     let t0 = Instant::now();
@@ -189,13 +195,68 @@ pub fn bench_umd_submit_kernel_vs_direct() -> R {
         raw.version_null().map_err(|e| format!("VERSION: errno {e}"))?;
     }
     let null_ns = t0.elapsed().as_nanos() as f64 / N as f64;
-    let (k, d) = (kernel_ns / N as f64, direct_ns / N as f64);
+    let (k, d, r) = (kernel_ns / N as f64, direct_ns / N as f64, raw_submit_ns / N as f64);
     println!(
-        "@@ BENCH umd_submit_kernel_vs_direct kernel_mode_ns={k:.0} direct_mode_ns={d:.0} null_ioctl_ns={null_ns:.0} kernel/direct={:.1} kernel/null_ioctl={:.1} n={N}",
+        "@@ BENCH umd_submit_kernel_vs_direct kernel_mode_ns={k:.0} direct_mode_ns={d:.0} raw_submit_ns={r:.0} null_ioctl_ns={null_ns:.0} kernel/direct={:.1} kernel/raw_submit={:.2} kernel/null_ioctl={:.1} raw_submit/null_ioctl={:.1} ioctls_per_submission={ioctls:.2} n={N}",
         k / d,
-        k / null_ns
+        k / r,
+        k / null_ns,
+        r / null_ns
     );
+    ensure!(ioctls == 1.0, "kernel mode made {ioctls:.2} ioctls per submission, not one SUBMIT");
     Ok(())
+}
+
+/// Nanoseconds spent in `N` raw SUBMITs of what a kernel-mode submission
+/// hands the kernel (an IB of one WRITE_DATA on COPY, its own point of a
+/// timeline syncobj as out-sync), on a file of their own, in batches of
+/// `BATCH` with a wait for each batch's last point untimed, as
+/// `time_submits` does; checks the last write landed.
+fn time_raw_submits() -> Result<f64, String> {
+    let mut fx = crate::fixture::Fx::new()?;
+    let ctx = fx.ctx(refgpu_uapi::engine::COPY)?;
+    let va = crate::fixture::DATA_VA;
+    let mut ns = 0f64;
+    for b in 0..N / BATCH {
+        // The IBs first, untimed: the kernel-mode figure's recording is
+        // the core's, this one's is not the kernel's.
+        let mut ibs = Vec::with_capacity(BATCH);
+        for i in 0..BATCH {
+            ibs.push(fx.ib(&[crate::tests::write_data(va, &[(b * BATCH + i) as u32])])?);
+        }
+        let (s, mut point) = (fx.sync, fx.point);
+        let t0 = Instant::now();
+        for (ib, dw) in ibs {
+            point += 1;
+            fx.dev.submit(ctx, ib, dw, s, point).map_err(|e| format!("SUBMIT: errno {e}"))?;
+        }
+        ns += t0.elapsed().as_nanos() as f64;
+        fx.point = point;
+        fx.wait(point)?;
+    }
+    ensure!(fx.data.map.r32(0) == (N - 1) as u32, "the raw SUBMITs' last write");
+    Ok(ns)
+}
+
+/// The ioctls `dev` makes per submission on `drm` (`Drm::ioctls`), over
+/// `BATCH` submissions of one WRITE_DATA with no wait among them (the
+/// wait after them not counted).
+fn ioctls_per_submission(drm: &Drm, dev: &KernelDevice<'_, Drm, 16>) -> Result<f64, String> {
+    let buf = dev.alloc_buffer(4096).map_err(|e| e.to_string())?;
+    let va = dev.va(buf).map_err(|e| e.to_string())?;
+    let before = drm.ioctls();
+    let mut last = None;
+    for i in 0..BATCH {
+        last = Some(
+            dev.submit(QueueId::COPY, &[], |cb| cb.write_data(va, &[i as u32])).map_err(|e| e.to_string())?,
+        );
+    }
+    let calls = drm.ioctls() - before;
+    if let Some(f) = last {
+        dev.wait(f, 10_000_000_000).map_err(|e| e.to_string())?;
+    }
+    dev.free(buf).map_err(|e| e.to_string())?;
+    Ok(calls as f64 / BATCH as f64)
 }
 
 /// The batch window through umd-core's kernel mode

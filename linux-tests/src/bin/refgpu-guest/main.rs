@@ -21,6 +21,7 @@ mod fixture;
 mod fuzz;
 mod hostile;
 mod kernel_mode;
+mod profile;
 mod recovery;
 mod tests;
 mod tracing;
@@ -102,6 +103,8 @@ fn suite(cmdline: &str) -> (Vec<tests::Test>, Vec<&'static str>) {
     let kind = kernel_kind(cmdline);
     if cmdline.split_whitespace().any(|w| w == "rgtest.suite=adversarial") {
         (adversarial::all(kind), linux_tests::Suite::Adversarial.tests(kind))
+    } else if cmdline.split_whitespace().any(|w| w == "rgtest.suite=profile") {
+        (profile::all(), linux_tests::Suite::Profile.tests(kind))
     } else {
         (tests::all(kind), linux_tests::Suite::Main.tests(kind))
     }
