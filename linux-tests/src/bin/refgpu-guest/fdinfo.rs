@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use refgpu_uapi as u;
 use umd_core::cmd::{Command, Payload};
 
-use crate::drm::{self, map_op, now_ns, sync, Dev};
+use crate::drm::{self, map_op, now_ns, Dev};
 use crate::ensure;
 use crate::fixture::{self, Fx, DATA_VA};
 use crate::recovery::wait_step;
@@ -218,28 +218,57 @@ pub fn fdinfo_memory() -> R {
     check("every handle closed", 0, 0, 0)
 }
 
+/// The DRM clients of the device (debugfs `clients`, one line each after
+/// the header): a file is there from its open until its release.
+fn clients() -> Result<usize, String> {
+    let p = fixture::debugfs_dir()?.join("clients");
+    let s = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+    Ok(s.lines().skip(1).filter(|l| !l.trim().is_empty()).count())
+}
+
 /// A file is closed while its job runs on COPY (held after it started),
 /// then the job ends: the kernel does not touch the closed file's state
-/// (on the debug kernel KASAN would report it), and a file opened after
-/// the close, which may get the freed memory, shows no engine time it did
-/// not use.
+/// (on the debug kernel KASAN would report it), the job succeeds, and a
+/// file opened after the close, which may get the freed memory, shows no
+/// engine time it did not use. The file must really be released: nothing
+/// of it may stay mapped (a CPU mapping of a DRM descriptor holds the
+/// file), so the gate the job waits on is a buffer of a second file,
+/// imported, and debugfs `clients` loses one entry at the close.
 pub fn fdinfo_file_closed_mid_job() -> R {
-    let mut fx = Fx::new()?;
-    let cp = fx.ctx(u::engine::COPY)?;
+    let gate = Dev::open().map_err(|e| format!("open: errno {e}"))?;
+    let gbo = fixture::buf(&gate, 64 << 10, DATA_VA)?;
+    let dmabuf = gate.prime_export(gbo.handle).map_err(|e| format!("PRIME export: errno {e}"))?;
+    let dev = Dev::open().map_err(|e| format!("open: errno {e}"))?;
+    let gen = if dev.param(u::param::GENERATION) == Ok(1) {
+        umd_core::hw::Generation::Gen1
+    } else {
+        umd_core::hw::Generation::Gen2
+    };
+    let imported = dev.prime_import(dmabuf.as_raw_fd()).map_err(|e| format!("PRIME import: errno {e}"))?;
+    dev.vm_bind(&[map_op(imported, 0, DATA_VA, 64 << 10, 0)]).map_err(|e| format!("VM_BIND: errno {e}"))?;
+    let cp = dev.ctx_create(u::engine::COPY).map_err(|e| format!("CTX_CREATE: errno {e}"))?;
     let (m, s) = (0x700, 0x740);
-    let (ib, dw) = fx.ib(&gated(DATA_VA + m, DATA_VA + s, &[]))?;
-    let job = fx
-        .dev
-        .submit_full(cp, ib, dw, &[], &[sync(fx.sync, 1)], u::SUBMIT_OUT_SYNC_FILE)
+    let (ib, dw) = {
+        // Its CPU mapping goes at the end of the block: the IB stays bound.
+        let ibuf = fixture::buf(&dev, fixture::IB_SIZE, fixture::IB_VA)?;
+        fixture::encode_ib(gen, &ibuf, &mut 0, &gated(DATA_VA + m, DATA_VA + s, &[]))?
+    };
+    let job = dev
+        .submit_full(cp, ib, dw, &[], &[], u::SUBMIT_OUT_SYNC_FILE)
         .map_err(|e| format!("SUBMIT: errno {e}"))?;
     // SAFETY: the sync_file the kernel just gave us, owned by nobody else.
     let fence = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(job.out_fence_fd) };
-    wait_word(&fx.data.map, m as usize, 1, "the COPY job's marker")?;
-    // Close the file; the data buffer's CPU mapping keeps it for the test.
-    let Fx { dev, data, ib, .. } = fx;
-    drop((dev, ib));
+    wait_word(&gbo.map, m as usize, 1, "the COPY job's marker")?;
+    let open = clients()?;
+    drop(dev);
+    ensure!(
+        clients()? + 1 == open,
+        "the file was not released at its close: {open} clients -> {}",
+        clients()?
+    );
+    ensure!(!drm::poll_in(fence.as_raw_fd(), 0), "the job ended before the test released it");
     let fresh = Dev::open().map_err(|e| format!("open: errno {e}"))?;
-    data.map.w32(s as usize, 1);
+    gbo.map.w32(s as usize, 1);
     ensure!(drm::poll_in(fence.as_raw_fd(), 10_000), "the closed file's job did not end");
     let st =
         drm::sync_file_status(fence.as_raw_fd()).map_err(|e| format!("SYNC_IOC_FILE_INFO: errno {e}"))?;
@@ -249,5 +278,6 @@ pub fn fdinfo_file_closed_mid_job() -> R {
         "a file opened after the close: {:?}",
         engines_ns(fresh.fd())?
     );
+    ensure!(engines_ns(gate.fd())? == [0; 3], "the gate's file ran nothing: {:?}", engines_ns(gate.fd())?);
     Ok(())
 }
