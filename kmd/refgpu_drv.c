@@ -311,9 +311,16 @@ static int refgpu_open(struct drm_device *dev, struct drm_file *file)
 	}
 	rfile->rdev = rdev;
 	xa_init_flags(&rfile->ctxs, XA_FLAGS_ALLOC1);
+	rfile->stats = refgpu_file_stats_create();
+	if (!rfile->stats) {
+		ret = -ENOMEM;
+		kfree(rfile);
+		goto out_exit;
+	}
 	rfile->vm = refgpu_vm_create(rdev);
 	if (IS_ERR(rfile->vm)) {
 		ret = PTR_ERR(rfile->vm);
+		refgpu_file_stats_put(rfile->stats);
 		kfree(rfile);
 		goto out_exit;
 	}
@@ -330,7 +337,20 @@ static void refgpu_postclose(struct drm_device *dev, struct drm_file *file)
 	refgpu_file_ctx_fini(rfile);
 	xa_destroy(&rfile->ctxs);
 	refgpu_vm_put(rfile->vm);
+	/* Jobs still running keep the stats (their fences hold them). */
+	refgpu_file_stats_put(rfile->stats);
 	kfree(rfile);
+}
+
+/*
+ * fdinfo (docs/linux.md, "fdinfo"): DRM core prints drm-driver,
+ * drm-client-id and drm-pdev, then this the engines' busy time and the
+ * memory of the file's buffer objects.
+ */
+static void refgpu_show_fdinfo(struct drm_printer *p, struct drm_file *file)
+{
+	refgpu_show_engine_fdinfo(p, file->driver_priv);
+	drm_show_memory_stats(p, file);
 }
 
 static const struct drm_ioctl_desc refgpu_ioctls[] = {
@@ -348,7 +368,11 @@ static const struct drm_ioctl_desc refgpu_ioctls[] = {
 #undef REFGPU_IOCTL
 };
 
-DEFINE_DRM_GEM_FOPS(refgpu_fops);
+static const struct file_operations refgpu_fops = {
+	.owner = THIS_MODULE,
+	DRM_GEM_FOPS,
+	.show_fdinfo = drm_show_fdinfo,
+};
 
 static int refgpu_debugfs_counts_show(struct seq_file *m, void *data)
 {
@@ -380,6 +404,7 @@ static const struct drm_driver refgpu_drm_driver = {
 			   DRIVER_SYNCOBJ_TIMELINE | DRIVER_GEM_GPUVA,
 	.open = refgpu_open,
 	.postclose = refgpu_postclose,
+	.show_fdinfo = refgpu_show_fdinfo,
 	.ioctls = refgpu_ioctls,
 	.num_ioctls = ARRAY_SIZE(refgpu_ioctls),
 	.fops = &refgpu_fops,

@@ -47,6 +47,7 @@
 struct refgpu_vm;
 struct refgpu_ctx;
 struct dma_buf_attachment;
+struct drm_printer;
 struct sg_table;
 
 /**
@@ -64,6 +65,10 @@ struct sg_table;
  * @started: jiffies when the job became the engine's next work (written
  *	into the ring behind completed work, or its predecessor completed):
  *	the start of its run time for the hard bound (job_max_ms)
+ * @busy_since: ktime_get_ns() at the same moment, 0 while the job is not
+ *	the engine's next work: the start of its busy time (fdinfo)
+ * @stats: the busy time of its file's jobs (a reference, dropped with the
+ *	fence: the file may be closed while the job runs)
  *
  * Allocated with its job at SUBMIT and initialised by run_job: nothing on
  * the path that signals it allocates memory.
@@ -80,6 +85,8 @@ struct refgpu_fence {
 	u64 ring_start;
 	u64 ring_done;
 	unsigned long started;
+	u64 busy_since;
+	struct refgpu_file_stats *stats;
 };
 
 /**
@@ -229,12 +236,26 @@ struct refgpu_device {
 #define to_refgpu_device(d) container_of(d, struct refgpu_device, drm)
 
 /**
+ * struct refgpu_file_stats - an open file's engine time, for fdinfo
+ * @ref: held by the file and by the hardware fence of each of its jobs
+ * @busy_ns: per engine, the nanoseconds its jobs were the engine's next
+ *	work, from then until they signalled or were taken out of the ring by
+ *	a reset (docs/linux.md, "fdinfo"); written and read under that
+ *	engine's &refgpu_engine.lock
+ */
+struct refgpu_file_stats {
+	struct kref ref;
+	u64 busy_ns[REFGPU_ENGINES];
+};
+
+/**
  * struct refgpu_file - per-open-file state
  */
 struct refgpu_file {
 	struct refgpu_device *rdev;
 	struct refgpu_vm *vm;
 	struct xarray ctxs;		/* id -> struct refgpu_ctx */
+	struct refgpu_file_stats *stats;
 };
 
 /**
@@ -419,6 +440,9 @@ int refgpu_ioctl_ctx_query(struct drm_device *dev, void *data, struct drm_file *
 int refgpu_ioctl_submit(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_ioctl_submit_batch(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_debugfs_engines_show(struct seq_file *m, void *data);
+struct refgpu_file_stats *refgpu_file_stats_create(void);
+void refgpu_file_stats_put(struct refgpu_file_stats *stats);
+void refgpu_show_engine_fdinfo(struct drm_printer *p, struct refgpu_file *rfile);
 
 /* refgpu_sync.c */
 

@@ -51,6 +51,18 @@ static int refgpu_gem_vmap(struct drm_gem_object *obj, struct iosys_map *map)
 	return drm_gem_shmem_object_vmap(obj, map);
 }
 
+/*
+ * fdinfo's drm-resident-memory: an object's pages are taken all at once
+ * (a GPU mapping pins them until the object is freed; a CPU mapping or
+ * vmap holds them while it lasts). Nothing is purgeable (no madvise).
+ * Read under the file's table_lock, unlocked: a race with a change is
+ * harmless (&drm_gem_object_funcs.status).
+ */
+static enum drm_gem_object_status refgpu_gem_status(struct drm_gem_object *obj)
+{
+	return READ_ONCE(to_drm_gem_shmem_obj(obj)->pages) ? DRM_GEM_OBJECT_RESIDENT : 0;
+}
+
 static const struct drm_gem_object_funcs refgpu_gem_funcs = {
 	.free = refgpu_gem_free,
 	.print_info = drm_gem_shmem_object_print_info,
@@ -61,6 +73,7 @@ static const struct drm_gem_object_funcs refgpu_gem_funcs = {
 	.vunmap = drm_gem_shmem_object_vunmap,
 	.mmap = refgpu_gem_mmap,
 	.vm_ops = &drm_gem_shmem_vm_ops,
+	.status = refgpu_gem_status,
 };
 
 /**

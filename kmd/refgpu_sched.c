@@ -79,9 +79,107 @@ static const char *refgpu_fence_get_timeline_name(struct dma_fence *fence)
 	return refgpu_engine_names[container_of(fence, struct refgpu_fence, base)->engine];
 }
 
+/* ----- busy time per open file (fdinfo; docs/linux.md, "fdinfo") */
+
+/**
+ * refgpu_file_stats_create() - the engine time of a new open file
+ *
+ * Return: the stats with one reference (the file's), or NULL.
+ */
+struct refgpu_file_stats *refgpu_file_stats_create(void)
+{
+	struct refgpu_file_stats *stats = kzalloc(sizeof(*stats), GFP_KERNEL_ACCOUNT);
+
+	if (stats)
+		kref_init(&stats->ref);
+	return stats;
+}
+
+static void refgpu_file_stats_release(struct kref *ref)
+{
+	kfree(container_of(ref, struct refgpu_file_stats, ref));
+}
+
+/**
+ * refgpu_file_stats_put() - drop a reference to a file's engine time
+ * @stats: the stats, or NULL
+ *
+ * Any context: the last reference may go with a fence, in an interrupt.
+ */
+void refgpu_file_stats_put(struct refgpu_file_stats *stats)
+{
+	if (stats)
+		kref_put(&stats->ref, refgpu_file_stats_release);
+}
+
+/*
+ * @f became its engine's next work (written into an empty ring, or the
+ * jobs before it ended): its run time for job_max_ms and its busy time
+ * start. Under the engine's lock.
+ */
+static void refgpu_fence_begin(struct refgpu_fence *f)
+{
+	f->started = jiffies;
+	f->busy_since = ktime_get_ns();
+}
+
+/*
+ * @f leaves its engine's ring (completed, failed, or taken out by a
+ * reset): the time since it became the engine's next work goes to its
+ * file. Only the first job of a ring has begun; the others add nothing.
+ * Under the engine's lock, before the fence signals (a waiter then reads
+ * the time).
+ */
+static void refgpu_fence_end(struct refgpu_engine *eng, struct refgpu_fence *f)
+{
+	lockdep_assert_held(&eng->lock);
+	if (!f->busy_since)
+		return;
+	f->stats->busy_ns[eng->id] += ktime_get_ns() - f->busy_since;
+	f->busy_since = 0;
+}
+
+/**
+ * refgpu_show_engine_fdinfo() - the drm-engine-* keys of an open file
+ * @p: the fdinfo printer
+ * @rfile: the file
+ *
+ * Per engine, the busy time of the file's jobs that left the ring, plus
+ * that of its job the engine is on now, if any: the value grows while a
+ * long job runs, and never goes back (its end adds the same time, and
+ * more).
+ */
+void refgpu_show_engine_fdinfo(struct drm_printer *p, struct refgpu_file *rfile)
+{
+	struct refgpu_file_stats *stats = rfile->stats;
+	u32 e;
+
+	for (e = 0; e < REFGPU_ENGINES; e++) {
+		struct refgpu_engine *eng = &rfile->rdev->engines[e];
+		struct refgpu_fence *f;
+		u64 ns;
+
+		spin_lock_irq(&eng->lock);
+		ns = stats->busy_ns[e];
+		f = list_first_entry_or_null(&eng->inflight, struct refgpu_fence, node);
+		if (f && f->stats == stats && f->busy_since)
+			ns += ktime_get_ns() - f->busy_since;
+		spin_unlock_irq(&eng->lock);
+		drm_printf(p, "drm-engine-%s:\t%llu ns\n", refgpu_engine_names[e], ns);
+	}
+}
+
+/* The fence holds its file's stats: the file may be closed first. */
+static void refgpu_fence_release(struct dma_fence *fence)
+{
+	refgpu_file_stats_put(container_of(fence, struct refgpu_fence, base)->stats);
+	dma_fence_free(fence);
+}
+
 static const struct dma_fence_ops refgpu_fence_ops = {
 	.get_driver_name = refgpu_fence_get_driver_name,
 	.get_timeline_name = refgpu_fence_get_timeline_name,
+	.release = refgpu_fence_release,
 };
 
 /*
@@ -134,9 +232,10 @@ static void refgpu_engine_signal_locked(struct refgpu_engine *eng)
 		if (f->ring_done > pos) {
 			/* The next job's run time starts when this one's ended. */
 			if (signalled)
-				f->started = jiffies;
+				refgpu_fence_begin(f);
 			break;
 		}
+		refgpu_fence_end(eng, f);
 		list_del_init(&f->node);
 		eng->completed = f->base.seqno;
 		dma_fence_signal_locked(&f->base);
@@ -153,6 +252,7 @@ static void refgpu_engine_cancel_locked(struct refgpu_engine *eng, int error)
 
 	lockdep_assert_held(&eng->lock);
 	list_for_each_entry_safe(f, tmp, &eng->inflight, node) {
+		refgpu_fence_end(eng, f);
 		list_del_init(&f->node);
 		dma_fence_set_error(&f->base, error);
 		dma_fence_signal_locked(&f->base);
@@ -429,7 +529,7 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	} else {
 		/* In flight before WPTR shows it: its interrupt finds it. */
 		if (list_empty(&eng->inflight))
-			fence->started = jiffies;
+			refgpu_fence_begin(fence);
 		list_add_tail(&fence->node, &eng->inflight);
 		dma_fence_get(&fence->base);
 		refgpu_ring_job_locked(eng, fence, true);
@@ -715,6 +815,8 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 		f = j->hw_fence;
 		if (list_empty(&f->node))
 			continue;
+		/* Its busy time ends with the reset (a replay begins anew). */
+		refgpu_fence_end(eng, f);
 		/*
 		 * Each context with work in the ring counts this reset once
 		 * (CTX_QUERY.reset_count: other clients' resets are not its
@@ -755,7 +857,8 @@ static void refgpu_engine_recover(struct refgpu_engine *eng, enum refgpu_hang wh
 			dma_fence_put(&f->base);
 			continue;
 		}
-		f->started = jiffies;
+		if (list_empty(&eng->inflight))
+			refgpu_fence_begin(f);
 		list_add_tail(&f->node, &eng->inflight);
 		refgpu_ring_job_locked(eng, f, !f->base.error);
 		any = true;
@@ -835,15 +938,18 @@ static void refgpu_ctx_put(struct refgpu_ctx *ctx);
 
 /*
  * Lets go of the job's memory: the job's reference on its hardware fence,
- * whose last reference frees it (struct refgpu_job), or the memory itself
- * when run_job never initialised the fence. The job is not touched after.
+ * whose last reference frees it (struct refgpu_job) and the file's stats
+ * it holds (refgpu_fence_release()), or the memory itself when run_job
+ * never initialised the fence. The job is not touched after.
  */
 static void refgpu_job_mem_put(struct refgpu_job *job)
 {
-	if (job->hw_fence->base.ops)
+	if (job->hw_fence->base.ops) {
 		dma_fence_put(&job->hw_fence->base);
-	else
+	} else {
+		refgpu_file_stats_put(job->hw_fence->stats);
 		kfree(job);
+	}
 }
 
 static void refgpu_job_put_work(struct work_struct *work)
@@ -1157,6 +1263,7 @@ static void refgpu_job_abort(struct refgpu_job *job)
 
 	drm_sched_job_cleanup(&job->base);
 	refgpu_vm_put(job->vm);
+	refgpu_file_stats_put(job->hw_fence->stats);
 	kfree(job);
 	atomic_dec(&ctx->rdev->job_count);
 	refgpu_ctx_put(ctx);
@@ -1184,6 +1291,7 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 					    u64 ib_va, u32 ib_dw,
 					    const struct drm_refgpu_sync *in, u32 in_count)
 {
+	struct refgpu_file *rfile = file->driver_priv;
 	struct refgpu_job *job;
 	int ret;
 	u32 i;
@@ -1213,6 +1321,8 @@ static struct refgpu_job *refgpu_job_create(struct refgpu_ctx *ctx, struct drm_f
 	kref_get(&ctx->ref);
 	job->ctx = ctx;
 	job->vm = refgpu_vm_get(ctx->vm);
+	job->hw_fence->stats = rfile->stats;
+	kref_get(&rfile->stats->ref);
 	atomic_inc(&ctx->rdev->job_count);
 
 	for (i = 0; i < in_count; i++) {

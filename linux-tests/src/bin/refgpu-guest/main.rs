@@ -17,6 +17,7 @@ mod batch;
 mod debug_kernel;
 mod debugging;
 mod drm;
+mod fdinfo;
 mod fixture;
 mod fuzz;
 mod hostile;
