@@ -889,6 +889,12 @@ fn prime_share() -> R {
 
 // ----- hangs and faults
 
+/// The IB that hangs in `hang_recovery`: a WAIT_MEM on a flag nobody
+/// writes (`devcoredump` finds it in the dump).
+fn hang_ib() -> [Command<'static>; 1] {
+    [wait_eq(DATA_VA + 0x40, 0xDEAD)]
+}
+
 fn hang_recovery() -> R {
     let mut fx = Fx::new()?;
     fixture::clear_devcoredumps()?;
@@ -902,7 +908,7 @@ fn hang_recovery() -> R {
     let h = fx.ctx(u::engine::GFX)?;
     let j = fx.ctx(u::engine::GFX)?;
     let k = fx.ctx(u::engine::COPY)?;
-    let (ib, dw) = fx.ib(&[wait_eq(flag, 0xDEAD)])?;
+    let (ib, dw) = fx.ib(&hang_ib())?;
     fx.point += 1;
     let ph = fx.point;
     let sh =
@@ -973,7 +979,62 @@ fn devcoredump() -> R {
     }
     // STATUS at the time of the hang: BUSY | WAITING | IN_IB (0xb).
     ensure!(dump.contains("STATUS: 0xb"), "STATUS of a WAIT_MEM hang in an IB:\n{dump}");
+    // The culprit's IB is hang_ib(), as this process wrote it.
+    let gen = Fx::new()?.gen;
+    let d = dump_of_this_process(&dump, gen)?;
+    let ib = &d.ib_windows[0];
+    let mut want = vec![0u32; 64];
+    let mut n = 0;
+    for c in hang_ib() {
+        n += umd_core::cmd::Encoder::new(gen)
+            .encode(&c, &mut want, n, ib.va)
+            .map_err(|e| format!("encode {c:?}: {e}"))?;
+    }
+    ensure!(
+        ib.words == want[..n],
+        "the dump's IB {:08x?} is not the one written, {:08x?}",
+        ib.words,
+        &want[..n]
+    );
+    // umd-dump marks the WAIT_MEM the engine hung on (CUR_ADDR).
+    let text = umd_dump::devcoredump::render_text(&d);
+    let marked: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("=>")).collect();
+    ensure!(
+        marked.len() == 2 && marked[1].contains("WAIT_MEM"),
+        "umd-dump marks the ring's INDIRECT_BUFFER and the IB's WAIT_MEM:\n{text}"
+    );
     Ok(())
+}
+
+/// Parses `dump` with umd-dump's reader and checks what every dump with a
+/// culprit of this process holds: the device's generation, this
+/// process's pid and command name, and the culprit's IB whole in the head
+/// window (the words are the caller's to check).
+fn dump_of_this_process(
+    dump: &str,
+    gen: umd_core::hw::Generation,
+) -> Result<umd_dump::devcoredump::Devcoredump, String> {
+    let d = umd_dump::devcoredump::parse(dump.as_bytes()).map_err(|e| format!("{e}:\n{dump}"))?;
+    ensure!(d.generation == gen, "the dump's generation {} on a {gen} device", d.generation);
+    let comm = std::fs::read_to_string("/proc/self/comm").map_err(|e| format!("/proc/self/comm: {e}"))?;
+    let job = d.job.as_ref().ok_or_else(|| format!("the dump names no culprit:\n{dump}"))?;
+    ensure!(
+        u32::try_from(job.pid) == Ok(std::process::id()) && job.comm == comm.trim_end(),
+        "the dump's process {} ({}), this one {} ({})",
+        job.pid,
+        job.comm,
+        std::process::id(),
+        comm.trim_end()
+    );
+    let ib = d.ib_windows.first().ok_or_else(|| format!("no IB window:\n{dump}"))?;
+    ensure!(
+        ib.name == "head"
+            && ib.va == job.ib_va
+            && ib.words.len() == job.ib_size_dw as usize
+            && ib.end == umd_dump::devcoredump::WindowEnd::Complete,
+        "the head window is not the whole IB:\n{dump}"
+    );
+    Ok(d)
 }
 
 fn fault_recovery() -> R {
@@ -1002,6 +1063,19 @@ fn fault_recovery() -> R {
     )?;
     let dump = fixture::take_devcoredump()?;
     ensure!(dump.contains("reason: fault") && dump.contains("engine: 1 (compute)"), "devcoredump:\n{dump}");
+    // The culprit's IB, word for word as written into the IB buffer; the
+    // faulting DMA_COPY at CUR_ADDR.
+    let d = dump_of_this_process(&dump, fx.gen)?;
+    let ib = &d.ib_windows[0];
+    let off = ib.va.checked_sub(fx.ib.va).filter(|o| o + 4 * ib.words.len() as u64 <= fx.ib.size);
+    let off = off.ok_or_else(|| format!("the dump's IB {:#x} is not in the IB buffer", ib.va))? as usize;
+    let written: Vec<u32> = (0..ib.words.len()).map(|i| fx.ib.map.r32(off + 4 * i)).collect();
+    ensure!(ib.words == written, "the dump's IB {:08x?}, written {written:08x?}", ib.words);
+    let text = umd_dump::devcoredump::render_text(&d);
+    ensure!(
+        text.lines().any(|l| l.trim_start().starts_with("=>") && l.contains("DMA_COPY")),
+        "umd-dump marks the faulting DMA_COPY:\n{text}"
+    );
     // Another context on the same engine works.
     let c = fx.ctx(u::engine::COMPUTE)?;
     let p = fx.run(c, &[write_data(DATA_VA + 128, &[0x600D])])?;
