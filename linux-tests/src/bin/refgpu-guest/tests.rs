@@ -1006,10 +1006,14 @@ fn devcoredump() -> R {
     Ok(())
 }
 
+/// Dwords of an IB a devcoredump shows from its start (`docs/linux.md`).
+const DUMP_IB_HEAD_DW: usize = 1024;
+
 /// Parses `dump` with umd-dump's reader and checks what every dump with a
 /// culprit of this process holds: the device's generation, this
-/// process's pid and command name, and the culprit's IB whole in the head
-/// window (the words are the caller's to check).
+/// process's pid and command name, and the culprit's IB in the head
+/// window, whole or cut at the window limit (the words are the caller's
+/// to check).
 fn dump_of_this_process(
     dump: &str,
     gen: umd_core::hw::Generation,
@@ -1027,14 +1031,24 @@ fn dump_of_this_process(
         comm.trim_end()
     );
     let ib = d.ib_windows.first().ok_or_else(|| format!("no IB window:\n{dump}"))?;
+    let shown = (job.ib_size_dw as usize).min(DUMP_IB_HEAD_DW);
+    let end = if shown == job.ib_size_dw as usize {
+        umd_dump::devcoredump::WindowEnd::Complete
+    } else {
+        umd_dump::devcoredump::WindowEnd::Cut { at: ib.va + 4 * shown as u64, reason: "window limit".into() }
+    };
     ensure!(
-        ib.name == "head"
-            && ib.va == job.ib_va
-            && ib.words.len() == job.ib_size_dw as usize
-            && ib.end == umd_dump::devcoredump::WindowEnd::Complete,
-        "the head window is not the whole IB:\n{dump}"
+        ib.name == "head" && ib.va == job.ib_va && ib.words.len() == shown && ib.end == end,
+        "the head window is not the IB's first {shown} dwords ending {end:?}:\n{dump}"
     );
     Ok(d)
+}
+
+/// The dwords of `fx`'s IB buffer at GPU address `va`.
+fn ib_words(fx: &Fx, va: u64, n: usize) -> Result<Vec<u32>, String> {
+    let off = va.checked_sub(fx.ib.va).filter(|o| o + 4 * n as u64 <= fx.ib.size);
+    let off = off.ok_or_else(|| format!("{va:#x} + {n} dwords is not in the IB buffer"))? as usize;
+    Ok((0..n).map(|i| fx.ib.map.r32(off + 4 * i)).collect())
 }
 
 fn fault_recovery() -> R {
@@ -1067,9 +1081,7 @@ fn fault_recovery() -> R {
     // faulting DMA_COPY at CUR_ADDR.
     let d = dump_of_this_process(&dump, fx.gen)?;
     let ib = &d.ib_windows[0];
-    let off = ib.va.checked_sub(fx.ib.va).filter(|o| o + 4 * ib.words.len() as u64 <= fx.ib.size);
-    let off = off.ok_or_else(|| format!("the dump's IB {:#x} is not in the IB buffer", ib.va))? as usize;
-    let written: Vec<u32> = (0..ib.words.len()).map(|i| fx.ib.map.r32(off + 4 * i)).collect();
+    let written = ib_words(&fx, ib.va, ib.words.len())?;
     ensure!(ib.words == written, "the dump's IB {:08x?}, written {written:08x?}", ib.words);
     let text = umd_dump::devcoredump::render_text(&d);
     ensure!(
@@ -1081,6 +1093,39 @@ fn fault_recovery() -> R {
     let p = fx.run(c, &[write_data(DATA_VA + 128, &[0x600D])])?;
     fx.wait(p)?;
     ensure!(fx.data.map.r32(128) == 0x600D, "the engine after the fault");
+    // An IB larger than the head window faulting past it: the head is cut
+    // at the window limit, and a second window starts at CUR_ADDR, on the
+    // faulting DMA_COPY.
+    let fill = [0x5EEDu32; 200];
+    let mut big: Vec<Command<'_>> = (0..6).map(|i| write_data(DATA_VA + 0x1000 + 0x400 * i, &fill)).collect();
+    big.push(Command::Copy { src: unmapped, dst: DATA_VA + 64, size: 8 });
+    let (_, q, status) = fault_case(&mut fx, u::engine::COMPUTE, &big)?;
+    ensure!(status == -libc::EIO && q.state == u::ctx_state::GUILTY, "the large IB's fault: {status}");
+    let dump = fixture::take_devcoredump()?;
+    let d = dump_of_this_process(&dump, fx.gen)?;
+    let job = d.job.as_ref().ok_or("no culprit")?;
+    ensure!(job.ib_size_dw as usize > DUMP_IB_HEAD_DW, "the large IB has {} dwords", job.ib_size_dw);
+    let head = &d.ib_windows[0];
+    ensure!(head.words == ib_words(&fx, head.va, head.words.len())?, "the large IB's head:\n{dump}");
+    let cur = d.register("CUR_ADDR").ok_or("no CUR_ADDR")?;
+    let w = d.ib_windows.get(1).ok_or_else(|| format!("no window at CUR_ADDR:\n{dump}"))?;
+    let left = (job.ib_va + 4 * u64::from(job.ib_size_dw))
+        .checked_sub(cur)
+        .filter(|_| cur >= job.ib_va)
+        .ok_or_else(|| format!("CUR_ADDR {cur:#x} is not in the IB:\n{dump}"))? as usize
+        / 4;
+    ensure!(
+        w.name == "cur"
+            && w.va == cur
+            && w.words.len() >= left
+            && w.words[..left] == ib_words(&fx, cur, left)?[..],
+        "the window at CUR_ADDR {cur:#x} is not the IB's last {left} dwords:\n{dump}"
+    );
+    let text = umd_dump::devcoredump::render_text(&d);
+    ensure!(
+        text.lines().any(|l| l.trim_start().starts_with("=>") && l.contains("DMA_COPY")),
+        "umd-dump marks the large IB's faulting DMA_COPY:\n{text}"
+    );
     Ok(())
 }
 
