@@ -501,11 +501,12 @@ static u64 refgpu_eread64(struct refgpu_device *rdev, u32 e, u32 lo, u32 hi)
 }
 
 /*
- * Appends a window of @n dwords of @vm's memory at @va to the dump in
- * @buf (@len of @size bytes used), 8 a line, and the line that says where
- * and why it was cut; the window ends at the first page that is not
- * readable and where the buffer has room for no more lines. Returns the
- * new length.
+ * Appends a window of @vm's memory at @va to the dump in @buf (@len of
+ * @size bytes used): a line naming it and its @n dwords, the dwords 8 a
+ * line, and a line saying whether all were shown or where and why the
+ * window was cut: after @shown dwords, at the first page that cannot be
+ * read, or where the buffer keeps no room for another line and the end
+ * line. Returns the new length.
  */
 static size_t refgpu_dump_ib_window(char *buf, size_t size, size_t len, struct refgpu_vm *vm,
 				    const char *name, u64 va, u32 n, u32 shown)
