@@ -889,8 +889,8 @@ fn prime_share() -> R {
 
 // ----- hangs and faults
 
-/// The IB that hangs in `hang_recovery`: a WAIT_MEM on a flag nobody
-/// writes (`devcoredump` finds it in the dump).
+/// The IB that hangs in `hang_recovery`: a WAIT_MEM on a flag (data
+/// offset 0x40) nobody writes (`devcoredump` finds it in the dump).
 fn hang_ib() -> [Command<'static>; 1] {
     [wait_eq(DATA_VA + 0x40, 0xDEAD)]
 }
@@ -898,7 +898,6 @@ fn hang_ib() -> [Command<'static>; 1] {
 fn hang_recovery() -> R {
     let mut fx = Fx::new()?;
     fixture::clear_devcoredumps()?;
-    let flag = DATA_VA + 0x40;
     // Another client, with a context on the engine that hangs and one on
     // another engine: the reset is none of its business.
     let other = Fx::new()?;
