@@ -416,6 +416,7 @@ void refgpu_vm_put(struct refgpu_vm *vm);
 u64 refgpu_vm_fence_value(struct refgpu_vm *vm, u32 engine);
 pid_t refgpu_vm_pid(const struct refgpu_vm *vm);
 const char *refgpu_vm_comm(const struct refgpu_vm *vm);
+int refgpu_vm_peek(struct refgpu_vm *vm, u64 va, u32 *dst, u32 n);
 dma_addr_t refgpu_vm_root_dma(struct refgpu_vm *vm);
 int refgpu_ioctl_vm_bind(struct drm_device *dev, void *data, struct drm_file *file);
 int refgpu_engine_set_root(struct refgpu_engine *eng, struct refgpu_vm *vm);

@@ -549,8 +549,18 @@ static struct dma_fence *refgpu_job_run(struct drm_sched_job *sched_job)
 	return dma_fence_get(&fence->base);
 }
 
-/* The devcoredump text of one engine, captured into a buffer allocated with it. */
-#define REFGPU_DUMP_SIZE	SZ_16K
+/*
+ * The devcoredump text of one engine, captured into a buffer allocated
+ * with it (docs/linux.md, "The devcoredump"): the header and ring window
+ * take about 1.5 KiB, the IB windows below at most 90 bytes per 8 dwords.
+ */
+#define REFGPU_DUMP_SIZE	SZ_32K
+/* IB dwords shown from the IB's start, and from CUR_ADDR outside them. */
+#define REFGPU_DUMP_IB_HEAD_DW	1024
+#define REFGPU_DUMP_IB_CUR_DW	256
+/* One line of IB dwords, and the lines that close a window. */
+#define REFGPU_DUMP_LINE	96
+#define REFGPU_DUMP_CLOSE	128
 
 /* Why the timeout handler resets an engine, if it does. */
 enum refgpu_hang {
@@ -595,6 +605,59 @@ static void refgpu_coredump_work(struct work_struct *work)
 	drm_dev_exit(idx);
 }
 
+static u64 refgpu_eread64(struct refgpu_device *rdev, u32 e, u32 lo, u32 hi)
+{
+	return rg_eread(rdev, e, lo) | (u64)rg_eread(rdev, e, hi) << 32;
+}
+
+/*
+ * Appends a window of @vm's memory at @va to the dump in @buf (@len of
+ * @size bytes used): a line naming it and its @n dwords, the dwords 8 a
+ * line, and a line saying whether all were shown or where and why the
+ * window was cut: after @shown dwords, at the first page that cannot be
+ * read, or where the buffer keeps no room for another line and the end
+ * line. Returns the new length.
+ */
+static size_t refgpu_dump_ib_window(char *buf, size_t size, size_t len, struct refgpu_vm *vm,
+				    const char *name, u64 va, u32 n, u32 shown)
+{
+	const char *cut = NULL;
+	u32 w[8], i, k;
+	int got;
+
+	len += scnprintf(buf + len, size - len, "ib window %s: va %#018llx dwords %u\n", name, va, n);
+	while (n) {
+		if (size - len < REFGPU_DUMP_LINE + REFGPU_DUMP_CLOSE) {
+			cut = "dump buffer full";
+			break;
+		}
+		if (!shown) {
+			cut = "window limit";
+			break;
+		}
+		k = min3(n, shown, (u32)ARRAY_SIZE(w));
+		got = refgpu_vm_peek(vm, va, w, k);
+		if (got <= 0) {
+			cut = got == -EBUSY ? "VM busy" : got == -ERANGE ? "outside GPU memory" :
+			      "not mapped";
+			break;
+		}
+		len += scnprintf(buf + len, size - len, "%016llx:", va);
+		for (i = 0; i < (u32)got; i++)
+			len += scnprintf(buf + len, size - len, " %08x", w[i]);
+		len += scnprintf(buf + len, size - len, "\n");
+		va += 4 * got;
+		n -= got;
+		shown -= got;
+	}
+	if (cut)
+		len += scnprintf(buf + len, size - len, "ib window end: cut at %#018llx: %s\n",
+				 va, cut);
+	else
+		len += scnprintf(buf + len, size - len, "ib window end: complete\n");
+	return len;
+}
+
 /*
  * Writes the engine's state into its dump buffer (no allocation) and has
  * refgpu_coredump_work() publish it. Skipped while the last one is still
@@ -604,9 +667,10 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job,
 			    enum refgpu_hang why)
 {
 	struct refgpu_device *rdev = eng->rdev;
-	u32 e = eng->id, rptr, i, start;
+	u32 e = eng->id, rptr, status, i, start;
 	size_t size = REFGPU_DUMP_SIZE, len = 0;
 	char *buf = eng->dump;
+	u64 cur;
 
 	if (test_and_set_bit_lock(0, &eng->dump_busy))
 		return;
@@ -614,6 +678,7 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job,
 	P("refgpu devcoredump\n");
 	P("reason: %s\n", refgpu_hang_reasons[why]);
 	P("chip_id: %#010x\n", rdev->chip_id);
+	P("generation: %u\n", rdev->gen);
 	P("engine: %u (%s)\n", e, refgpu_engine_names[e]);
 	if (job) {
 		P("context: %u ib_va: %#llx ib_size_dw: %u\n", job->ctx->id, job->ib_va, job->ib_dw);
@@ -630,9 +695,10 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job,
 	P("RPTR: %#x\n", rptr);
 	P("WPTR: %#x\n", rg_eread(rdev, e, REFGPU_RING_WPTR));
 	P("CTRL: %#x\n", rg_eread(rdev, e, REFGPU_CTRL));
-	P("STATUS: %#x\n", rg_eread(rdev, e, REFGPU_STATUS));
-	P("CUR_ADDR: %#010x%08x\n", rg_eread(rdev, e, REFGPU_CUR_ADDR_HI),
-	  rg_eread(rdev, e, REFGPU_CUR_ADDR_LO));
+	status = rg_eread(rdev, e, REFGPU_STATUS);
+	P("STATUS: %#x\n", status);
+	cur = refgpu_eread64(rdev, e, REFGPU_CUR_ADDR_LO, REFGPU_CUR_ADDR_HI);
+	P("CUR_ADDR: %#018llx\n", cur);
 	P("IB_BASE: %#010x%08x\n", rg_eread(rdev, e, REFGPU_IB_BASE_HI),
 	  rg_eread(rdev, e, REFGPU_IB_BASE_LO));
 	P("IB_SIZE: %#x\n", rg_eread(rdev, e, REFGPU_IB_SIZE));
@@ -652,6 +718,18 @@ static void refgpu_coredump(struct refgpu_engine *eng, struct refgpu_job *job,
 	}
 	P("\n");
 #undef P
+	if (job) {
+		u32 head = min_t(u32, job->ib_dw, REFGPU_DUMP_IB_HEAD_DW);
+
+		len = refgpu_dump_ib_window(buf, size, len, job->vm, "head", job->ib_va,
+					    job->ib_dw, head);
+		/* Past the head, or in a buffer the IB chained to. */
+		if ((status & REFGPU_STATUS_IN_IB) &&
+		    (cur < job->ib_va || cur >= job->ib_va + 4ull * head))
+			len = refgpu_dump_ib_window(buf, size, len, job->vm, "cur", cur,
+						    REFGPU_DUMP_IB_CUR_DW,
+						    REFGPU_DUMP_IB_CUR_DW);
+	}
 	eng->dump_len = len;
 	queue_work(system_wq, &eng->dump_work);
 }
@@ -675,11 +753,6 @@ static struct refgpu_fence *refgpu_engine_culprit_locked(struct refgpu_engine *e
 		if (pos >= f->ring_start && pos < f->ring_done)
 			return f;
 	return NULL;
-}
-
-static u64 refgpu_eread64(struct refgpu_device *rdev, u32 e, u32 lo, u32 hi)
-{
-	return rg_eread(rdev, e, lo) | (u64)rg_eread(rdev, e, hi) << 32;
 }
 
 /*

@@ -20,6 +20,7 @@
 #include <linux/build_bug.h>
 #include <linux/dma-fence.h>
 #include <linux/dma-mapping.h>
+#include <linux/highmem.h>
 #include <linux/moduleparam.h>
 #include <linux/scatterlist.h>
 #include <linux/sched.h>
@@ -404,6 +405,60 @@ pid_t refgpu_vm_pid(const struct refgpu_vm *vm)
 const char *refgpu_vm_comm(const struct refgpu_vm *vm)
 {
 	return vm->comm;
+}
+
+/**
+ * refgpu_vm_peek() - copies dwords of a VM's memory for a devcoredump
+ * @vm: the VM
+ * @va: GPU address of the first dword (4-byte aligned)
+ * @dst: where the dwords go
+ * @n: dwords to copy
+ *
+ * Translates @va through the page tables the driver wrote, as the GPU
+ * does, and copies from the pages their entries point at: guest RAM in
+ * [MEM_BASE, MEM_BASE + MEM_SIZE), read through kmap_local. Neither
+ * allocates nor sleeps (the timeout handler runs it on the fence-signalling
+ * path): while a VM_BIND holds the tables, nothing is copied.
+ *
+ * Return: the dwords copied, fewer than @n where a page is not mapped
+ * (-ENOENT if that is the first), outside GPU memory (-ERANGE), or
+ * -EBUSY while a VM_BIND holds the tables.
+ */
+int refgpu_vm_peek(struct refgpu_vm *vm, u64 va, u32 *dst, u32 n)
+{
+	u32 done = 0;
+	int err = 0;
+
+	if (!n)
+		return 0;
+	if (!mutex_trylock(&vm->lock))
+		return -EBUSY;
+	while (done < n) {
+		struct refgpu_pt *l3 = refgpu_vm_l3(vm, va, 0);
+		u32 off = offset_in_page(va);
+		u32 k = min_t(u32, n - done, (PAGE_SIZE - off) / 4);
+		dma_addr_t pa;
+		void *page;
+		u64 pte;
+
+		pte = l3 ? READ_ONCE(l3->cpu[refgpu_pt_index(va, 3)]) : 0;
+		if (!(pte & REFGPU_PTE_VALID)) {
+			err = -ENOENT;
+			break;
+		}
+		pa = pte & REFGPU_PTE_ADDR_MASK;
+		if (!refgpu_in_window(vm->rdev, pa, PAGE_SIZE) || !pfn_valid(PHYS_PFN(pa))) {
+			err = -ERANGE;
+			break;
+		}
+		page = kmap_local_page(pfn_to_page(PHYS_PFN(pa)));
+		memcpy(dst + done, page + off, 4 * k);
+		kunmap_local(page);
+		done += k;
+		va += 4 * k;
+	}
+	mutex_unlock(&vm->lock);
+	return done ? done : err;
 }
 
 /* ----- the bind context: validated ops, preallocations, deferred release */

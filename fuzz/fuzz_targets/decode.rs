@@ -1,11 +1,12 @@
-//! The decoder, `umd-dump`'s text and JSON renderings and the `.rgcs`
-//! reader on arbitrary bytes. Invariants: no panic; the items cover the
-//! input exactly (each starts where the previous ended, only a truncated
-//! packet ends the walk early and it then covers the rest); every decoded
-//! packet without a rule violation re-encodes, at its own address, to the
-//! very bytes it came from (NOP payloads aside, which the device ignores);
-//! the text dump has one line per item plus the summary, the JSON one item
-//! per item.
+//! The decoder, `umd-dump`'s text and JSON renderings, the `.rgcs`
+//! reader and the devcoredump reader on arbitrary bytes. Invariants: no
+//! panic; the items cover the input exactly (each starts where the
+//! previous ended, only a truncated packet ends the walk early and it
+//! then covers the rest); every decoded packet without a rule violation
+//! re-encodes, at its own address, to the very bytes it came from (NOP
+//! payloads aside, which the device ignores); the text dump has one line
+//! per item plus the summary, the JSON one item per item; a devcoredump
+//! parses or gets an error naming one of its lines.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -49,6 +50,16 @@ fn check(gen: Generation, bytes: &[u8], base_va: u64) {
 }
 
 fuzz_target!(|data: &[u8]| {
+    // A devcoredump: a parse or a typed error naming a line, never a panic.
+    if umd_dump::devcoredump::is_devcoredump(data) {
+        match umd_dump::devcoredump::parse(data) {
+            Ok(d) => {
+                let _ = umd_dump::devcoredump::render_text(&d);
+            }
+            Err(e) => assert!(e.line >= 1 && e.line <= data.split(|b| *b == b'\n').count() + 1),
+        }
+        return;
+    }
     // A `.rgcs` file, or a raw stream of the generation the first byte picks.
     if StreamFile::is_stream_file(data) {
         if let Ok(f) = StreamFile::parse(data) {

@@ -1,12 +1,14 @@
 //! Rendering of decoded refgpu command streams, for `umd-dump` and for any
 //! std tool (hang reports, traces) that wants the same text or JSON; and
-//! of captures, every submission in order ([`capture`]).
+//! of captures, every submission in order ([`capture`]); and of the
+//! kernel driver's devcoredumps ([`devcoredump`]).
 //!
 //! The text form is one line per packet: byte offset, GPU address, the
 //! packet with its decoded fields (the names come from the generation's
 //! description in `umd-core`), and the raw dwords.
 
 pub mod capture;
+pub mod devcoredump;
 pub mod examples;
 
 use std::fmt::Write as _;

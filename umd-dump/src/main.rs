@@ -8,7 +8,10 @@
 //! A `.rgcs` file (`docs/refgpu.md` section 8) names its generation and base
 //! address; a raw stream needs `--gen` (and `--base`, default 0). A capture
 //! (`.rgcs` format version 2, section 8.1) prints every submission in order
-//! with its fence and waits, then its packets. `--hex` reads the `rgcs:`
+//! with its fence and waits, then its packets. A devcoredump of the kernel
+//! driver (its first line `refgpu devcoredump`, `docs/linux.md`) prints its
+//! header and its ring and IB windows decoded, the packets at RPTR and
+//! CUR_ADDR marked `=>`. `--hex` reads the `rgcs:`
 //! lines of a UART log instead of bytes; `--out FILE` writes the bytes read
 //! (a capture rebuilt from hex lines) instead of printing. `-` reads
 //! standard input.
@@ -26,7 +29,9 @@ use umd_core::hw::Generation;
     name = "umd-dump",
     about = "Decodes a refgpu command stream and prints one line per packet (or JSON)",
     after_help = "A .rgcs file names its generation and base address; a raw stream needs --gen (and --base, \
-                  default 0). Exit status 2 for bad arguments or a file that cannot be read."
+                  default 0). A devcoredump of the kernel driver (/sys/class/devcoredump/devcdN/data, first \
+                  line `refgpu devcoredump`) is recognised and decoded with the generation it names. Exit \
+                  status 2 for bad arguments or a file that cannot be read or parsed."
 )]
 struct Args {
     /// Generation of the stream (overrides a .rgcs file's)
@@ -77,6 +82,14 @@ fn run(args: Args) -> Result<(), String> {
     if let Some(out) = &args.out {
         std::fs::write(out, &bytes).map_err(|e| format!("{out}: {e}"))?;
         eprintln!("umd-dump: wrote {} bytes to {out}", bytes.len());
+        return Ok(());
+    }
+    if umd_dump::devcoredump::is_devcoredump(&bytes) {
+        if args.json || args.out.is_some() {
+            return Err(format!("{}: a devcoredump prints as text only (no --json or --out)", args.path));
+        }
+        let d = umd_dump::devcoredump::parse(&bytes).map_err(|e| format!("{}: {e}", args.path))?;
+        print!("{}", umd_dump::devcoredump::render_text(&d));
         return Ok(());
     }
     if umd_dump::capture::is_capture(&bytes) {

@@ -26,6 +26,8 @@ const GUIDE: &str = include_str!("../../../../docs/debugging.md");
 
 /// Where the walk writes its capture (the guide's `umd-dump` command names it).
 const CAPTURE: &str = "/tmp/overrun.rgcs";
+/// Where the walk saves the devcoredump (the guide's `umd-dump` command names it).
+const DEVCOREDUMP: &str = "/tmp/refgpu.devcd";
 /// The source buffer, and the size the copy should have had.
 const SRC_BYTES: u64 = 64 << 10;
 /// The destination buffer: smaller than the copy.
@@ -64,9 +66,9 @@ fn check_blocks(blocks: &[guide::Block], name: &str, output: &str) -> R {
 
 /// The walk: the overrun faults (`check=guest-run` quotes the lines this
 /// test prints), the kernel log says so (`check=guest-dmesg`), the
-/// devcoredump holds the engine's state (`check=guest-devcoredump`), the
-/// capture decoded by the guide's `umd-dump` command names the copy
-/// (`check=guest-umd-dump`), the state dump lists the fault and the
+/// devcoredump holds the engine's state and the IB (`check=guest-devcoredump`),
+/// the guide's `umd-dump` commands decode it and the capture, both naming
+/// the copy (`check=guest-umd-dump`), the state dump lists the fault and the
 /// buffers (`check=guest-state`), validation refuses the same submission
 /// and the fixed size passes (in `guest-run`).
 pub fn dma_overrun_walk() -> R {
@@ -136,20 +138,27 @@ pub fn dma_overrun_walk() -> R {
     check_blocks(&blocks, "guest-state", &state)?;
     let dump = fixture::take_devcoredump()?;
     check_blocks(&blocks, "guest-devcoredump", &dump)?;
+    std::fs::write(DEVCOREDUMP, &dump).map_err(|x| format!("{DEVCOREDUMP}: {x}"))?;
     let (log, _) = kernel_log(seen)?;
     check_blocks(&blocks, "guest-dmesg", &log.join("\n"))?;
-    // The guide's command, run on the capture this walk wrote: the same
-    // rendering as the `umd-dump` binary's.
+    // The guide's commands, run on the capture and the devcoredump this
+    // walk saved: the same renderings as the `umd-dump` binary's.
     for b in guide::named(&blocks, "guest-umd-dump")? {
         let mut text = String::new();
         for c in b.commands() {
             let path = c.strip_prefix("umd-dump ").ok_or(format!("not a umd-dump command: {c}"))?;
             let bytes = std::fs::read(path.trim()).map_err(|x| format!("{path}: {x}"))?;
-            text += &umd_dump::capture::render_text(&bytes)?;
+            if umd_dump::devcoredump::is_devcoredump(&bytes) {
+                let d = umd_dump::devcoredump::parse(&bytes).map_err(|x| format!("{path}: {x}"))?;
+                text += &umd_dump::devcoredump::render_text(&d);
+            } else {
+                text += &umd_dump::capture::render_text(&bytes)?;
+            }
         }
         ensure!(!b.commands().is_empty(), "guide block at line {} runs no command", b.line);
         guide::check(b, &text)?;
     }
     let _ = std::fs::remove_file(CAPTURE);
+    let _ = std::fs::remove_file(DEVCOREDUMP);
     Ok(())
 }

@@ -186,15 +186,22 @@ fn devcds() -> Vec<std::path::PathBuf> {
 }
 
 /// Waits (up to 10 s) for a devcoredump, reads it, dismisses it and waits
-/// until it is gone.
+/// until it is gone. The entry appears before its `data` file
+/// (`device_add()` links the class entry, then adds the attributes): a
+/// missing `data` is waited for like a missing entry.
 pub fn take_devcoredump() -> Result<String, String> {
     let t0 = std::time::Instant::now();
     loop {
         if let Some(d) = devcds().first() {
             let data = d.join("data");
-            let bytes = std::fs::read(&data).map_err(|e| format!("{}: {e}", data.display()))?;
-            clear_devcoredumps()?;
-            return Ok(String::from_utf8_lossy(&bytes).into_owned());
+            match std::fs::read(&data) {
+                Ok(bytes) => {
+                    clear_devcoredumps()?;
+                    return Ok(String::from_utf8_lossy(&bytes).into_owned());
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(format!("{}: {e}", data.display())),
+            }
         }
         if t0.elapsed() > std::time::Duration::from_secs(10) {
             return Err("no devcoredump under /sys/class/devcoredump".into());

@@ -894,10 +894,15 @@ fn prime_share() -> R {
 
 // ----- hangs and faults
 
+/// The IB that hangs in `hang_recovery`: a WAIT_MEM on a flag (data
+/// offset 0x40) nobody writes (`devcoredump` finds it in the dump).
+fn hang_ib() -> [Command<'static>; 1] {
+    [wait_eq(DATA_VA + 0x40, 0xDEAD)]
+}
+
 fn hang_recovery() -> R {
     let mut fx = Fx::new()?;
     fixture::clear_devcoredumps()?;
-    let flag = DATA_VA + 0x40;
     // Another client, with a context on the engine that hangs and one on
     // another engine: the reset is none of its business.
     let other = Fx::new()?;
@@ -907,7 +912,7 @@ fn hang_recovery() -> R {
     let h = fx.ctx(u::engine::GFX)?;
     let j = fx.ctx(u::engine::GFX)?;
     let k = fx.ctx(u::engine::COPY)?;
-    let (ib, dw) = fx.ib(&[wait_eq(flag, 0xDEAD)])?;
+    let (ib, dw) = fx.ib(&hang_ib())?;
     fx.point += 1;
     let ph = fx.point;
     let sh =
@@ -978,7 +983,76 @@ fn devcoredump() -> R {
     }
     // STATUS at the time of the hang: BUSY | WAITING | IN_IB (0xb).
     ensure!(dump.contains("STATUS: 0xb"), "STATUS of a WAIT_MEM hang in an IB:\n{dump}");
+    // The culprit's IB is hang_ib(), as this process wrote it.
+    let gen = Fx::new()?.gen;
+    let d = dump_of_this_process(&dump, gen)?;
+    let ib = &d.ib_windows[0];
+    let mut want = vec![0u32; 64];
+    let mut n = 0;
+    for c in hang_ib() {
+        n += umd_core::cmd::Encoder::new(gen)
+            .encode(&c, &mut want, n, ib.va)
+            .map_err(|e| format!("encode {c:?}: {e}"))?;
+    }
+    ensure!(
+        ib.words == want[..n],
+        "the dump's IB {:08x?} is not the one written, {:08x?}",
+        ib.words,
+        &want[..n]
+    );
+    // umd-dump marks the WAIT_MEM the engine hung on (CUR_ADDR).
+    let text = umd_dump::devcoredump::render_text(&d);
+    let marked: Vec<&str> = text.lines().filter(|l| l.trim_start().starts_with("=>")).collect();
+    ensure!(
+        marked.len() == 2 && marked[1].contains("WAIT_MEM"),
+        "umd-dump marks the ring's INDIRECT_BUFFER and the IB's WAIT_MEM:\n{text}"
+    );
     Ok(())
+}
+
+/// Dwords of an IB a devcoredump shows from its start (`docs/linux.md`).
+const DUMP_IB_HEAD_DW: usize = 1024;
+
+/// Parses `dump` with umd-dump's reader and checks what every dump with a
+/// culprit of this process holds: the device's generation, this
+/// process's pid and command name, and the culprit's IB in the head
+/// window, whole or cut at the window limit (the words are the caller's
+/// to check).
+fn dump_of_this_process(
+    dump: &str,
+    gen: umd_core::hw::Generation,
+) -> Result<umd_dump::devcoredump::Devcoredump, String> {
+    let d = umd_dump::devcoredump::parse(dump.as_bytes()).map_err(|e| format!("{e}:\n{dump}"))?;
+    ensure!(d.generation == gen, "the dump's generation {} on a {gen} device", d.generation);
+    let comm = std::fs::read_to_string("/proc/self/comm").map_err(|e| format!("/proc/self/comm: {e}"))?;
+    let job = d.job.as_ref().ok_or_else(|| format!("the dump names no culprit:\n{dump}"))?;
+    ensure!(
+        u32::try_from(job.pid) == Ok(std::process::id()) && job.comm == comm.trim_end(),
+        "the dump's process {} ({}), this one {} ({})",
+        job.pid,
+        job.comm,
+        std::process::id(),
+        comm.trim_end()
+    );
+    let ib = d.ib_windows.first().ok_or_else(|| format!("no IB window:\n{dump}"))?;
+    let shown = (job.ib_size_dw as usize).min(DUMP_IB_HEAD_DW);
+    let end = if shown == job.ib_size_dw as usize {
+        umd_dump::devcoredump::WindowEnd::Complete
+    } else {
+        umd_dump::devcoredump::WindowEnd::Cut { at: ib.va + 4 * shown as u64, reason: "window limit".into() }
+    };
+    ensure!(
+        ib.name == "head" && ib.va == job.ib_va && ib.words.len() == shown && ib.end == end,
+        "the head window is not the IB's first {shown} dwords ending {end:?}:\n{dump}"
+    );
+    Ok(d)
+}
+
+/// The dwords of `fx`'s IB buffer at GPU address `va`.
+fn ib_words(fx: &Fx, va: u64, n: usize) -> Result<Vec<u32>, String> {
+    let off = va.checked_sub(fx.ib.va).filter(|o| o + 4 * n as u64 <= fx.ib.size);
+    let off = off.ok_or_else(|| format!("{va:#x} + {n} dwords is not in the IB buffer"))? as usize;
+    Ok((0..n).map(|i| fx.ib.map.r32(off + 4 * i)).collect())
 }
 
 fn fault_recovery() -> R {
@@ -1007,11 +1081,55 @@ fn fault_recovery() -> R {
     )?;
     let dump = fixture::take_devcoredump()?;
     ensure!(dump.contains("reason: fault") && dump.contains("engine: 1 (compute)"), "devcoredump:\n{dump}");
+    // The culprit's IB, word for word as written into the IB buffer; the
+    // faulting DMA_COPY at CUR_ADDR.
+    let d = dump_of_this_process(&dump, fx.gen)?;
+    let ib = &d.ib_windows[0];
+    let written = ib_words(&fx, ib.va, ib.words.len())?;
+    ensure!(ib.words == written, "the dump's IB {:08x?}, written {written:08x?}", ib.words);
+    let text = umd_dump::devcoredump::render_text(&d);
+    ensure!(
+        text.lines().any(|l| l.trim_start().starts_with("=>") && l.contains("DMA_COPY")),
+        "umd-dump marks the faulting DMA_COPY:\n{text}"
+    );
     // Another context on the same engine works.
     let c = fx.ctx(u::engine::COMPUTE)?;
     let p = fx.run(c, &[write_data(DATA_VA + 128, &[0x600D])])?;
     fx.wait(p)?;
     ensure!(fx.data.map.r32(128) == 0x600D, "the engine after the fault");
+    // An IB larger than the head window faulting past it: the head is cut
+    // at the window limit, and a second window starts at CUR_ADDR, on the
+    // faulting DMA_COPY.
+    let fill = [0x5EEDu32; 200];
+    let mut big: Vec<Command<'_>> = (0..6).map(|i| write_data(DATA_VA + 0x1000 + 0x400 * i, &fill)).collect();
+    big.push(Command::Copy { src: unmapped, dst: DATA_VA + 64, size: 8 });
+    let (_, q, status) = fault_case(&mut fx, u::engine::COMPUTE, &big)?;
+    ensure!(status == -libc::EIO && q.state == u::ctx_state::GUILTY, "the large IB's fault: {status}");
+    let dump = fixture::take_devcoredump()?;
+    let d = dump_of_this_process(&dump, fx.gen)?;
+    let job = d.job.as_ref().ok_or("no culprit")?;
+    ensure!(job.ib_size_dw as usize > DUMP_IB_HEAD_DW, "the large IB has {} dwords", job.ib_size_dw);
+    let head = &d.ib_windows[0];
+    ensure!(head.words == ib_words(&fx, head.va, head.words.len())?, "the large IB's head:\n{dump}");
+    let cur = d.register("CUR_ADDR").ok_or("no CUR_ADDR")?;
+    let w = d.ib_windows.get(1).ok_or_else(|| format!("no window at CUR_ADDR:\n{dump}"))?;
+    let left = (job.ib_va + 4 * u64::from(job.ib_size_dw))
+        .checked_sub(cur)
+        .filter(|_| cur >= job.ib_va)
+        .ok_or_else(|| format!("CUR_ADDR {cur:#x} is not in the IB:\n{dump}"))? as usize
+        / 4;
+    ensure!(
+        w.name == "cur"
+            && w.va == cur
+            && w.words.len() >= left
+            && w.words[..left] == ib_words(&fx, cur, left)?[..],
+        "the window at CUR_ADDR {cur:#x} is not the IB's last {left} dwords:\n{dump}"
+    );
+    let text = umd_dump::devcoredump::render_text(&d);
+    ensure!(
+        text.lines().any(|l| l.trim_start().starts_with("=>") && l.contains("DMA_COPY")),
+        "umd-dump marks the large IB's faulting DMA_COPY:\n{text}"
+    );
     Ok(())
 }
 
