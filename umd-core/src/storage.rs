@@ -49,58 +49,7 @@ pub type McuStorage = DeviceStorage<64, 0, 16, 0, 0, 1>;
 /// (`Device<'_, P, MCU_CHUNKS>`, the default count).
 pub const MCU_CHUNKS: usize = 16;
 
-/// A capacity an operation ran into, named by the parameter that sets it:
-/// the errors that report a full table say which one to raise
-/// ([`crate::mem::AllocError::limit`], [`crate::error::SubmitError::limit`];
-/// `docs/memory.md`, "Choosing the capacities"). Their `Display` ends
-/// with this one's ("raise DeviceStorage's BUFFERS parameter").
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Limit {
-    /// Buffer handles (live or waiting for their fence): [`DeviceStorage`]'s
-    /// `BUFFERS`.
-    Buffers,
-    /// GPU VA allocator nodes (one per buffer, slab or hole of the VA
-    /// arena): [`DeviceStorage`]'s `VA_NODES`.
-    VaNodes,
-    /// Slab descriptors of the small and medium size classes:
-    /// [`DeviceStorage`]'s `SLABS`.
-    Slabs,
-    /// IB chunks of the device's IB pool: the `CHUNKS` parameter of
-    /// [`crate::direct::Device`] (direct mode; not in the storage).
-    IbChunks,
-    /// Submissions with cross-queue waits pending on one queue (the
-    /// dependency graph's depth): [`PENDING_WAITS`], a build constant, not
-    /// a parameter (in kernel mode also the jobs a queue holds back,
-    /// `kernel::HELD_JOBS`); the submission succeeds once earlier ones
-    /// complete.
-    PendingWaits,
-}
-
-impl Limit {
-    /// The parameter that sets this capacity, as the source spells it
-    /// (`"DeviceStorage's BUFFERS"`; `"PENDING_WAITS"` for the constant).
-    pub const fn parameter(self) -> &'static str {
-        match self {
-            Limit::Buffers => "DeviceStorage's BUFFERS",
-            Limit::VaNodes => "DeviceStorage's VA_NODES",
-            Limit::Slabs => "DeviceStorage's SLABS",
-            Limit::IbChunks => "Device's CHUNKS",
-            Limit::PendingWaits => "PENDING_WAITS",
-        }
-    }
-}
-
-impl core::fmt::Display for Limit {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        match self {
-            Limit::PendingWaits => {
-                write!(f, "let earlier ones complete ({} is a build constant)", self.parameter())
-            }
-            _ => write!(f, "raise {} parameter", self.parameter()),
-        }
-    }
-}
+pub use crate::config::Limit;
 
 /// The dependency graph of a device.
 pub type Deps = DepGraph<MAX_QUEUES, PENDING_WAITS>;

@@ -6,10 +6,10 @@ use core::fmt;
 pub mod validation;
 
 use crate::cmd::EncodeError;
+use crate::config::Limit;
 use crate::mem::buffer::BufferError;
 use crate::platform::PlatformError;
 use crate::ring::RingError;
-use crate::storage::Limit;
 use crate::sync::deps::{Cycle, DepError};
 use crate::sync::{Fence, FenceError, QueueId};
 

@@ -22,6 +22,7 @@ use core::fmt;
 
 use heapless::deque::DequeView;
 
+use crate::config::Limit;
 use crate::mem::buffer::{
     BufferDesc, BufferError, BufferHandle, BufferInfo, BufferSlot, BufferTable, LeakEntry, Live, Tracking,
 };
@@ -29,7 +30,6 @@ use crate::mem::pool::{
     Backing, BackingError, Pool, PoolAlloc, PoolError, PoolStats, SizeClass, Slab, LARGE_GRANULE,
 };
 use crate::mem::va::{VaError, MIN_ALIGN};
-use crate::storage::Limit;
 use crate::sync::{DeviceId, Seqno, MAX_QUEUES};
 
 /// Why an allocation failed: every cause is named.
